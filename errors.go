@@ -1,0 +1,51 @@
+package eventbus
+
+import (
+	"errors"
+	"strconv"
+)
+
+// Sentinel errors. Callers branch on them with [errors.Is]; the errors the
+// package returns wrap them with more detail.
+var (
+	// ErrInvalidOption is wrapped by the error New or Subscribe return for an
+	// option that is negative, above its maximum, or cannot hold one byte.
+	ErrInvalidOption = errors.New("eventbus: invalid option")
+
+	// ErrClosed is returned by Publish on a bus that has been closed. It is the
+	// normal shutdown race, so it is cheap and logs nothing.
+	ErrClosed = errors.New("eventbus: bus closed")
+
+	// ErrSubscriberLimitExceeded is wrapped by the *SubscriberLimitError that
+	// Subscribe returns when the bus already has MaxSubscribers subscribers.
+	ErrSubscriberLimitExceeded = errors.New("eventbus: subscriber limit exceeded")
+
+	// ErrInvalidEvent is wrapped by the error Publish returns for an event it
+	// cannot accept: an empty type, a type with CR or LF, or data or metadata
+	// that cannot be encoded as JSON.
+	ErrInvalidEvent = errors.New("eventbus: invalid event")
+
+	// ErrEventTooLarge is wrapped by the error Publish returns when the encoded
+	// envelope is larger than Options.MaxEventBytes.
+	ErrEventTooLarge = errors.New("eventbus: event too large")
+
+	// ErrEvicted is wrapped by Subscription.Err after the bus evicted the
+	// subscription because its queue overflowed.
+	ErrEvicted = errors.New("eventbus: subscriber evicted")
+)
+
+// SubscriberLimitError is returned by Subscribe when the bus is full. It
+// matches ErrSubscriberLimitExceeded with [errors.Is]; use [errors.As] to read
+// the limit.
+type SubscriberLimitError struct {
+	// Limit is the bus's MaxSubscribers.
+	Limit int
+}
+
+// Error implements error.
+func (e *SubscriberLimitError) Error() string {
+	return "eventbus: subscriber limit exceeded (limit " + strconv.Itoa(e.Limit) + ")"
+}
+
+// Unwrap returns ErrSubscriberLimitExceeded.
+func (e *SubscriberLimitError) Unwrap() error { return ErrSubscriberLimitExceeded }

@@ -1,0 +1,526 @@
+package eventbus
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
+
+// Synthetic frame types. Synthetic frames are local to one subscriber and
+// carry no id, so they never consume a slot of the per-session sequence.
+const (
+	// TypeReplayComplete marks the seam between replayed and live frames of a
+	// resumed subscription.
+	TypeReplayComplete = "replay_complete"
+	// TypeStateResyncRequired tells the client that it missed events it cannot
+	// get back and must refetch its state.
+	TypeStateResyncRequired = "state_resync_required"
+	// TypeSlowClientWarning is sent once per overflow episode when a
+	// subscriber's live queue reaches WarnThresholdRatio of a cap.
+	TypeSlowClientWarning = "slow_client_warning"
+	// TypeClientEvicted is the terminal frame of an evicted subscriber.
+	TypeClientEvicted = "client_evicted"
+	// TypeStreamError is the terminal frame the HTTP layer writes when a
+	// stream ends for a reason other than eviction, close or disconnect.
+	TypeStreamError = "stream_error"
+)
+
+// Resync and eviction reasons, as they appear in frame data.
+const (
+	ReasonEpochReset           = "epoch_reset"
+	ReasonRingEvicted          = "ring_evicted"
+	ReasonReplayBudgetExceeded = "replay_budget_exceeded"
+	ReasonQueueOverflow        = "queue_overflow"
+	ReasonQueueBytesOverflow   = "queue_bytes_overflow"
+)
+
+type frameKind uint8
+
+const (
+	kindEvent frameKind = iota
+	kindSynthetic
+	kindTerminal
+)
+
+// Frame is one frame of a subscription: a published event (with an id) or a
+// synthetic frame (without). It is a small value; copy it freely.
+//
+// The bytes a Frame exposes are shared by every subscriber that received it
+// and by the SSE writer: they are encoded once, at publish, and must never be
+// modified. The zero Frame has no type and encodes to nothing.
+type Frame struct {
+	// wire is the complete SSE frame; the JSON envelope is wire[json:len-2].
+	wire []byte
+	json int32
+	kind frameKind
+	id   uint64
+	typ  string
+}
+
+// ID returns the event's id, or 0 for a synthetic frame (ids start at 1).
+func (f Frame) ID() uint64 { return f.id }
+
+// Type returns the frame's event type.
+func (f Frame) Type() string { return f.typ }
+
+// JSON returns the encoded envelope, exactly what follows "data: " on the
+// wire. The slice is shared and must not be modified.
+func (f Frame) JSON() []byte {
+	if f.wire == nil {
+		return nil
+	}
+	return f.wire[f.json : len(f.wire)-2 : len(f.wire)-2]
+}
+
+// Size returns the length of the encoded envelope in bytes: the unit of every
+// byte cap of the package.
+func (f Frame) Size() int {
+	if f.wire == nil {
+		return 0
+	}
+	return len(f.wire) - 2 - int(f.json)
+}
+
+// AppendSSE appends the frame's Server-Sent Events encoding to dst and
+// returns the extended slice: an "id: N" line only for events with an id,
+// then "event: <type>", one "data: <envelope>" line and a blank line. The
+// encoding was built once, at publish; this is a single copy.
+func (f Frame) AppendSSE(dst []byte) []byte { return append(dst, f.wire...) }
+
+// Synthetic reports whether the frame was made by the bus for one subscriber
+// (it has no id).
+func (f Frame) Synthetic() bool { return f.kind != kindEvent }
+
+// Terminal reports whether the frame is the last one of its stream
+// (client_evicted or stream_error).
+func (f Frame) Terminal() bool { return f.kind == kindTerminal }
+
+// String returns the SSE encoding, for debugging and examples.
+func (f Frame) String() string { return string(f.wire) }
+
+// StreamErrorFrame returns a terminal stream_error frame with data
+// {"error":msg,"errorKind":kind}, stamped with the current time. The HTTP
+// handler writes it when a stream must end for a reason other than eviction,
+// close or disconnect.
+func StreamErrorFrame(msg, kind string) Frame {
+	d := make([]byte, 0, 48+len(msg)+len(kind))
+	d = append(d, `{"error":`...)
+	d = appendJSONString(d, msg)
+	d = append(d, `,"errorKind":`...)
+	d = appendJSONString(d, kind)
+	d = append(d, '}')
+	return syntheticFrame(TypeStreamError, kindTerminal, d, nowMillis(nil))
+}
+
+// syntheticFrame builds an id-less frame around pre-encoded data.
+func syntheticFrame(typ string, kind frameKind, data []byte, ts int64) Frame {
+	const ev, dl = "event: ", "\ndata: "
+	b := make([]byte, 0, len(ev)+2*len(typ)+len(dl)+len(data)+64)
+	b = append(b, ev...)
+	b = append(b, typ...)
+	b = append(b, dl...)
+	j := len(b)
+	b = append(b, `{"v":1,"type":`...)
+	b = appendJSONString(b, typ)
+	b = append(b, `,"data":`...)
+	b = append(b, data...)
+	b = append(b, `,"_meta":{"serverTimestamp":`...)
+	b = strconv.AppendInt(b, ts, 10)
+	b = append(b, "}}\n\n"...)
+	return Frame{wire: b, json: int32(j), kind: kind, typ: typ}
+}
+
+// syntheticData is a tiny JSON object writer for synthetic frame data. The
+// data of synthetic frames is a handful of numbers and short strings, so a
+// hand-written encoder keeps them cheap and deterministic in field order.
+type syntheticData struct{ b []byte }
+
+func (d *syntheticData) key(k string) {
+	if len(d.b) == 0 {
+		d.b = append(d.b, '{')
+	} else {
+		d.b = append(d.b, ',')
+	}
+	d.b = append(d.b, '"')
+	d.b = append(d.b, k...)
+	d.b = append(d.b, `":`...)
+}
+
+func (d *syntheticData) uint(k string, v uint64) *syntheticData {
+	d.key(k)
+	d.b = strconv.AppendUint(d.b, v, 10)
+	return d
+}
+
+func (d *syntheticData) int(k string, v int) *syntheticData {
+	d.key(k)
+	d.b = strconv.AppendInt(d.b, int64(v), 10)
+	return d
+}
+
+func (d *syntheticData) str(k, v string) *syntheticData {
+	d.key(k)
+	d.b = appendJSONString(d.b, v)
+	return d
+}
+
+func (d *syntheticData) bytes() []byte {
+	if len(d.b) == 0 {
+		return []byte("{}")
+	}
+	return append(d.b, '}')
+}
+
+// replayCompleteFrame is 5.1's replay_complete.
+func replayCompleteFrame(count int, last uint64, epoch string, ts int64) Frame {
+	d := &syntheticData{b: make([]byte, 0, 128)}
+	d.int("replayedCount", count)
+	if count > 0 {
+		d.uint("lastReplayedEventId", last).uint("lastEventId", last)
+	}
+	d.str("epoch", epoch)
+	return syntheticFrame(TypeReplayComplete, kindSynthetic, d.bytes(), ts)
+}
+
+// resyncFrame is state_resync_required (5.1, 5.2, 5.4).
+func resyncFrame(reason, detail string, lastDelivered, earliest uint64, epoch string, ts int64) Frame {
+	d := &syntheticData{b: make([]byte, 0, 160)}
+	d.str("reason", reason)
+	if detail != "" {
+		d.str("detail", detail)
+	}
+	d.uint("lastDeliveredId", lastDelivered).uint("earliestAvailableId", earliest).str("epoch", epoch)
+	return syntheticFrame(TypeStateResyncRequired, kindSynthetic, d.bytes(), ts)
+}
+
+// queueCounts is a snapshot of a queue's live counts and caps.
+type queueCounts struct {
+	liveCount, maxQueued, liveBytes, maxBytes int
+}
+
+// warningFrame is section 6's slow_client_warning.
+func warningFrame(c queueCounts, lastEventID uint64, threshold string, ts int64) Frame {
+	d := &syntheticData{b: make([]byte, 0, 160)}
+	d.int("queueSize", c.liveCount).int("maxQueued", c.maxQueued).uint("lastEventId", lastEventID)
+	d.int("queuedBytes", c.liveBytes).int("maxQueuedBytes", c.maxBytes).str("threshold", threshold)
+	return syntheticFrame(TypeSlowClientWarning, kindSynthetic, d.bytes(), ts)
+}
+
+// evictedFrame is section 7's client_evicted; eventBytes < 0 leaves it out.
+func evictedFrame(reason string, droppedAfter uint64, c queueCounts, eventBytes int, ts int64) Frame {
+	d := &syntheticData{b: make([]byte, 0, 192)}
+	d.str("reason", reason).uint("droppedAfter", droppedAfter)
+	d.int("queueSize", c.liveCount).int("maxQueued", c.maxQueued)
+	d.int("queuedBytes", c.liveBytes).int("maxQueuedBytes", c.maxBytes)
+	if eventBytes >= 0 {
+		d.int("eventBytes", eventBytes)
+	}
+	return syntheticFrame(TypeClientEvicted, kindTerminal, d.bytes(), ts)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it without HTML escaping: quotes, backslashes, control characters,
+// U+2028 and U+2029, and invalid UTF-8 as U+FFFD. The result never holds a
+// raw CR or LF byte.
+func appendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// Event is what a caller publishes. The bus assigns the id and stamps "v";
+// a caller can set neither.
+type Event struct {
+	// Type is the event type: non-empty, without CR or LF. It becomes the SSE
+	// event: field and the envelope's "type".
+	Type string
+	// Data is the payload, encoded once with encoding/json. A json.RawMessage
+	// is validated and compacted instead. nil (or an empty RawMessage) leaves
+	// "data" out of the envelope.
+	Data any
+	// Meta holds extra "_meta" keys. "serverTimestamp" is kept when it is a
+	// finite number; otherwise Publish stamps the current Unix milliseconds.
+	Meta map[string]any
+	// OriginatorClientID, when not empty, is copied into the envelope so the
+	// client that caused the event can recognise it.
+	OriginatorClientID string
+}
+
+// encoded is an event encoded outside the bus lock: buf holds the envelope's
+// tail (everything after the id) from offset head, with room before it for
+// the id-dependent head, which frame writes under the lock.
+type encoded struct {
+	buf  []byte
+	head int
+	typ  string
+}
+
+const (
+	headID    = "id: "
+	headEvent = "\nevent: "
+	headData  = "\ndata: "
+	headJSON  = `{"id":`
+	maxDigits = 20
+)
+
+// frame completes the encoding with id: it writes "id: N\nevent: T\ndata:
+// {"id":N" right-aligned before the tail. It does O(len(type)) copying and
+// no allocation, so it may run under the bus lock.
+func (p *encoded) frame(id uint64) Frame {
+	var d [maxDigits]byte
+	digits := strconv.AppendUint(d[:0], id, 10)
+	i := p.head
+	i -= len(digits)
+	copy(p.buf[i:], digits)
+	i -= len(headJSON)
+	copy(p.buf[i:], headJSON)
+	j := i
+	i -= len(headData)
+	copy(p.buf[i:], headData)
+	i -= len(p.typ)
+	copy(p.buf[i:], p.typ)
+	i -= len(headEvent)
+	copy(p.buf[i:], headEvent)
+	i -= len(digits)
+	copy(p.buf[i:], digits)
+	i -= len(headID)
+	copy(p.buf[i:], headID)
+	wire := p.buf[i:len(p.buf):len(p.buf)]
+	return Frame{wire: wire, json: int32(j - i), kind: kindEvent, id: id, typ: p.typ}
+}
+
+func (p *encoded) release() { p.buf = nil }
+
+// scratch holds reusable encoding buffers; the data is copied into the
+// event's own buffer, so a scratch never escapes a Publish.
+type scratch struct {
+	data bytes.Buffer
+	enc  *json.Encoder
+	b    []byte
+	t    []byte
+}
+
+var scratchPool = sync.Pool{New: func() any {
+	s := &scratch{}
+	s.enc = json.NewEncoder(&s.data)
+	s.enc.SetEscapeHTML(false)
+	return s
+}}
+
+func (s *scratch) free() {
+	// A huge event must not pin its buffers in the pool forever.
+	if s.data.Cap() > 64<<10 || cap(s.b) > 64<<10 || cap(s.t) > 64<<10 {
+		return
+	}
+	s.data.Reset()
+	s.b, s.t = s.b[:0], s.t[:0]
+	scratchPool.Put(s)
+}
+
+// encodeValue appends the JSON encoding of v to s.data. Panics in a
+// MarshalJSON become errors: Publish must never panic.
+func (s *scratch) encodeValue(v any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: encoding panicked: %v", ErrInvalidEvent, r)
+		}
+	}()
+	if raw, ok := v.(json.RawMessage); ok {
+		if err := json.Compact(&s.data, raw); err != nil {
+			return fmt.Errorf("%w: invalid JSON: %v", ErrInvalidEvent, err)
+		}
+		return nil
+	}
+	if err := s.enc.Encode(v); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidEvent, err)
+	}
+	s.data.Truncate(s.data.Len() - 1) // Encode's trailing newline
+	return nil
+}
+
+// finiteNumber reports whether v is a finite JSON number.
+func finiteNumber(v any) bool {
+	switch n := v.(type) {
+	case float64:
+		return !math.IsNaN(n) && !math.IsInf(n, 0)
+	case float32:
+		return !math.IsNaN(float64(n)) && !math.IsInf(float64(n), 0)
+	case int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
+		return true
+	case json.Number:
+		_, err := n.Float64()
+		return err == nil
+	}
+	return false
+}
+
+// validType checks an event type.
+func validType(t string) error {
+	if t == "" {
+		return fmt.Errorf("%w: empty type", ErrInvalidEvent)
+	}
+	if strings.ContainsAny(t, "\r\n") {
+		return fmt.Errorf("%w: type contains CR or LF", ErrInvalidEvent)
+	}
+	return nil
+}
+
+// encode validates e and encodes everything of its envelope but the id,
+// outside the bus lock. The result needs one allocation.
+func (b *EventBus) encode(e Event) (encoded, error) {
+	if err := validType(e.Type); err != nil {
+		return encoded{}, err
+	}
+	s := scratchPool.Get().(*scratch)
+	defer s.free()
+
+	// s.data collects, in order: data, then the _meta members.
+	hasData := false
+	switch v := e.Data.(type) {
+	case nil:
+	case json.RawMessage:
+		if len(v) > 0 {
+			if err := s.encodeValue(v); err != nil {
+				return encoded{}, err
+			}
+			hasData = true
+		}
+	default:
+		if err := s.encodeValue(v); err != nil {
+			return encoded{}, err
+		}
+		hasData = true
+	}
+	dataEnd := s.data.Len()
+
+	s.data.WriteString(`"serverTimestamp":`)
+	if ts, ok := e.Meta["serverTimestamp"]; ok && finiteNumber(ts) {
+		if err := s.encodeValue(ts); err != nil {
+			return encoded{}, err
+		}
+	} else {
+		s.b = strconv.AppendInt(s.b[:0], b.now(), 10)
+		s.data.Write(s.b)
+	}
+	if len(e.Meta) > 0 {
+		for _, k := range slices.Sorted(maps.Keys(e.Meta)) {
+			if k == "serverTimestamp" {
+				continue
+			}
+			s.data.WriteByte(',')
+			s.b = appendJSONString(s.b[:0], k)
+			s.data.Write(s.b)
+			s.data.WriteByte(':')
+			if err := s.encodeValue(e.Meta[k]); err != nil {
+				return encoded{}, fmt.Errorf("%w (in _meta[%q])", err, k)
+			}
+		}
+	}
+	all := s.data.Bytes()
+	data, meta := all[:dataEnd], all[dataEnd:]
+
+	const (
+		vType  = `,"v":1,"type":`
+		kData  = `,"data":`
+		kMeta  = `,"_meta":{`
+		kOrig  = `},"originatorClientId":`
+		closer = "}\n\n"
+	)
+	s.t = appendJSONString(s.t[:0], e.Type)
+	typeJSON := s.t
+	tail := len(vType) + len(typeJSON) + len(kMeta) + len(meta) + 1 + len(closer)
+	if hasData {
+		tail += len(kData) + len(data)
+	}
+	var orig []byte
+	if e.OriginatorClientID != "" {
+		orig = appendJSONString(s.b[:0], e.OriginatorClientID)
+		tail += len(kOrig) - 1 + len(orig)
+	}
+	// The envelope is {"id":N followed by the tail without its "\n\n". The
+	// id is not known yet; take the digits of the next one, which is exact
+	// for a single publisher and off by at most one byte under a race.
+	size := len(headJSON) + digits(b.lastID.Load()+1) + tail - 2
+	if size > b.opts.MaxEventBytes {
+		return encoded{}, fmt.Errorf("%w: %d bytes encoded, MaxEventBytes is %d", ErrEventTooLarge, size, b.opts.MaxEventBytes)
+	}
+
+	head := len(headID) + maxDigits + len(headEvent) + len(e.Type) + len(headData) + len(headJSON) + maxDigits
+	buf := make([]byte, head, head+tail)
+	buf = append(buf, vType...)
+	buf = append(buf, typeJSON...)
+	if hasData {
+		buf = append(buf, kData...)
+		buf = append(buf, data...)
+	}
+	buf = append(buf, kMeta...)
+	buf = append(buf, meta...)
+	if orig != nil {
+		buf = append(buf, kOrig...)
+		buf = append(buf, orig...)
+	} else {
+		buf = append(buf, '}')
+	}
+	buf = append(buf, closer...)
+	return encoded{buf: buf, head: head, typ: e.Type}, nil
+}
+
+func digits(n uint64) int {
+	d := 1
+	for n >= 10 {
+		n /= 10
+		d++
+	}
+	return d
+}

@@ -1,0 +1,319 @@
+package eventbus
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"log/slog"
+	"sync/atomic"
+)
+
+// SubscribeOptions configures one subscription. The zero value subscribes
+// live only, with the bus's default caps.
+type SubscribeOptions struct {
+	// Resume reports whether LastEventID is set. Without it the subscription
+	// is live only; with it, LastEventID 0 means "from the start".
+	Resume bool
+	// LastEventID is the id of the last event the client received; the
+	// subscription replays what came after it (SPEC 5.1).
+	LastEventID uint64
+	// Epoch is the bus epoch the client saw. When Resume is set and Epoch
+	// differs from the bus's, the client gets an epoch_reset resync. Empty or
+	// longer than 64 bytes: ignored.
+	Epoch string
+	// MaxQueued is the live frame cap; 0 means Options.MaxQueued, negative
+	// is an error wrapping ErrInvalidOption.
+	MaxQueued int
+}
+
+// Subscription is one subscriber's view of a bus: a bounded queue of frames
+// that the bus fills and one consumer drains.
+//
+// Consume it either with Events, a blocking iterator, or with Ready and
+// AppendReady, for a writer that must also wait on timers or a request
+// context. Only one goroutine may consume at a time; Close and Err are safe
+// to call from any goroutine. No goroutine runs per subscription.
+type Subscription struct {
+	bus *EventBus
+	q   boundedAsyncQueue
+
+	// Guarded by bus.mu.
+	warned    bool
+	cancelled bool
+
+	warnFrames, resetFrames, warnBytes, resetBytes float64
+
+	stop     func() bool // stops watching the context; nil if none
+	released atomic.Bool
+	endErr   atomic.Pointer[error]
+	iterated atomic.Bool
+}
+
+// Subscribe registers a subscription and, when opts.Resume is set, queues
+// the replay of SPEC 5.1 ahead of the live frames. Registration is
+// synchronous: an event published after Subscribe returns is delivered.
+//
+// When ctx is done the subscription is cancelled (its buffer dropped). On a
+// closed bus Subscribe returns an ended subscription and no error; with a
+// ctx already done, an ended subscription that was never registered. It
+// returns an error wrapping ErrInvalidOption for a negative MaxQueued and a
+// *SubscriberLimitError when the bus is full. Subscribe does not block on
+// other subscribers.
+func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subscription, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if opts.MaxQueued < 0 {
+		return nil, fmt.Errorf("%w: MaxQueued is %d, must not be negative", ErrInvalidOption, opts.MaxQueued)
+	}
+	maxQueued := opts.MaxQueued
+	if maxQueued == 0 {
+		maxQueued = b.opts.MaxQueued
+	}
+	s := &Subscription{bus: b}
+	s.q.init(maxQueued, b.opts.MaxQueuedBytes)
+	s.warnFrames = WarnThresholdRatio * float64(maxQueued)
+	s.resetFrames = WarnResetRatio * float64(maxQueued)
+	s.warnBytes = WarnThresholdRatio * float64(b.opts.MaxQueuedBytes)
+	s.resetBytes = WarnResetRatio * float64(b.opts.MaxQueuedBytes)
+
+	if b.isClosed.Load() {
+		s.end(nil)
+		s.q.close(true)
+		return s, nil
+	}
+	if err := ctx.Err(); err != nil {
+		s.end(err)
+		s.q.close(false)
+		return s, nil
+	}
+	if ctx.Done() != nil {
+		// Set before the lock: publishers that evict s read it after
+		// acquiring the lock, so they see it.
+		s.stop = context.AfterFunc(ctx, func() { s.cancel(ctx.Err(), true) })
+	}
+
+	b.mu.Lock()
+	switch {
+	case b.closed:
+		b.mu.Unlock()
+		s.end(nil)
+		s.q.close(true)
+		s.release()
+		return s, nil
+	case s.cancelled:
+		// ctx ended between the check above and the lock.
+		b.mu.Unlock()
+		return s, nil
+	case len(b.subs) >= b.opts.MaxSubscribers:
+		b.mu.Unlock()
+		s.end(ErrSubscriberLimitExceeded)
+		s.q.close(false)
+		s.release()
+		return nil, &SubscriberLimitError{Limit: b.opts.MaxSubscribers}
+	}
+	b.subs = append(b.subs, s)
+	b.subscribed.Store(int64(len(b.subs)))
+	if opts.Resume {
+		b.replayLocked(s, opts)
+	}
+	b.mu.Unlock()
+	return s, nil
+}
+
+// replayLocked queues SPEC 5.1's replay for s: resync frames, the ring
+// events after the cursor within the replay budget, and replay_complete. All
+// of them are forced: replay never counts toward the live caps.
+func (b *EventBus) replayLocked(s *Subscription, opts SubscribeOptions) {
+	n := opts.LastEventID
+	now := b.now()
+	first := b.ring.firstID()
+	earliest := first
+	if b.ring.Len() == 0 {
+		earliest = b.nextID
+	}
+	mismatch := opts.Epoch != "" && len(opts.Epoch) <= 64 && opts.Epoch != b.epoch
+
+	start := 0 // ring position of the first frame to replay
+	var resync Frame
+	switch {
+	case mismatch || n >= b.nextID:
+		detail := ""
+		if mismatch {
+			detail = "epoch_mismatch"
+		}
+		resync = resyncFrame(ReasonEpochReset, detail, n, earliest, b.epoch, now)
+	case b.ring.Len() > 0 && first > n+1:
+		resync = resyncFrame(ReasonRingEvicted, "", n, first, b.epoch, now)
+	default:
+		start = b.ring.Len()
+		if i := b.ring.indexOf(n + 1); i >= 0 {
+			start = i
+		}
+	}
+
+	count := b.ring.Len() - start
+	s.q.reserve(count + 3)
+	if resync.wire != nil {
+		s.q.forcePush(resync)
+	}
+	budget := b.opts.ReplayBudgetBytes
+	replayed, spent := 0, 0
+	var last uint64
+	for i := start; i < b.ring.Len(); i++ {
+		f := b.ring.at(i)
+		if replayed > 0 && spent+f.Size() > budget {
+			s.q.forcePush(resyncFrame(ReasonReplayBudgetExceeded, "", last, f.id, b.epoch, now))
+			break
+		}
+		s.q.forcePush(f)
+		spent += f.Size()
+		replayed++
+		last = f.id
+	}
+	s.q.forcePush(replayCompleteFrame(replayed, last, b.epoch, now))
+}
+
+// checkWarningLocked runs SPEC 6's warning check after an accepted live
+// push with the counts c after it. It builds and force-pushes the warning
+// under the lock, so the warning sits right after its triggering event even
+// with concurrent publishers; the diagnostic is returned for later.
+func (s *Subscription) checkWarningLocked(c queueCounts, id uint64, now func() int64) (diagnostic, bool) {
+	lc, lb := float64(c.liveCount), float64(c.liveBytes)
+	if s.warned && lc <= s.resetFrames && lb <= s.resetBytes {
+		s.warned = false
+	}
+	if s.warned {
+		return diagnostic{}, false
+	}
+	frames, bytes := lc >= s.warnFrames, lb >= s.warnBytes
+	var threshold string
+	switch {
+	case frames && bytes:
+		threshold = "frames_and_bytes"
+	case frames:
+		threshold = "frames"
+	case bytes:
+		threshold = "bytes"
+	default:
+		return diagnostic{}, false
+	}
+	s.warned = true
+	s.q.forcePush(warningFrame(c, id, threshold, now()))
+	return diagnostic{"eventbus: slow client", []slog.Attr{
+		slog.String("threshold", threshold), slog.Uint64("lastEventId", id),
+		slog.Int("queueSize", c.liveCount), slog.Int("maxQueued", c.maxQueued),
+		slog.Int("queuedBytes", c.liveBytes), slog.Int("maxQueuedBytes", c.maxBytes),
+	}}, true
+}
+
+// evict ends s after Publish unregistered it under the lock: the terminal
+// frame goes behind what is queued, and the queue closes with drain.
+func (s *Subscription) evict(ev eviction, now int64) diagnostic {
+	reason := ev.result.reason()
+	eventBytes := -1
+	if ev.result == pushRejectedBytes {
+		eventBytes = ev.size
+	}
+	s.end(fmt.Errorf("%w: %s", ErrEvicted, reason))
+	s.q.forcePush(evictedFrame(reason, ev.id, ev.counts, eventBytes, now))
+	s.q.close(true)
+	s.release()
+	return diagnostic{"eventbus: subscriber evicted", []slog.Attr{
+		slog.String("reason", reason), slog.Uint64("droppedAfter", ev.id),
+		slog.Int("queueSize", ev.counts.liveCount), slog.Int("maxQueued", ev.counts.maxQueued),
+		slog.Int("queuedBytes", ev.counts.liveBytes), slog.Int("maxQueuedBytes", ev.counts.maxBytes),
+	}}
+}
+
+// cancel ends s without drain and unregisters it. fromCtx is set when the
+// context's AfterFunc calls it, which needs no stopping.
+func (s *Subscription) cancel(err error, fromCtx bool) {
+	b := s.bus
+	b.mu.Lock()
+	s.cancelled = true
+	b.removeLocked(s)
+	b.mu.Unlock()
+	s.end(err)
+	s.q.close(false)
+	if !fromCtx {
+		s.release()
+	}
+}
+
+// end records why s ended; the first reason wins.
+func (s *Subscription) end(err error) { s.endErr.CompareAndSwap(nil, &err) }
+
+// release stops watching the context, once.
+func (s *Subscription) release() {
+	if s.stop != nil && s.released.CompareAndSwap(false, true) {
+		s.stop()
+	}
+}
+
+// Close cancels the subscription: buffered frames are dropped, the consumer
+// sees the end, and the bus forgets it. Close is idempotent, does not block
+// and may be called from any goroutine.
+func (s *Subscription) Close() { s.cancel(context.Canceled, false) }
+
+// Err returns why the subscription ended: an error wrapping ErrEvicted after
+// an eviction, the context's error (or context.Canceled after Close) after a
+// cancellation, and nil while it is open or when the bus was closed.
+func (s *Subscription) Err() error {
+	if p := s.endErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Ready returns a channel that receives a value when frames may be ready or
+// the subscription has ended. Call AppendReady until it returns no frames
+// before waiting on Ready again: the channel is signalled when the queue
+// goes from empty to non-empty, not for every frame. The channel is never
+// closed.
+func (s *Subscription) Ready() <-chan struct{} { return s.q.ready }
+
+// AppendReady appends every frame that is ready, without waiting, to dst and
+// returns the extended slice. open is false once the subscription has ended
+// and every frame it will deliver has been returned; dst then holds its last
+// frames (possibly a terminal one). Frames taken count no longer toward the
+// caps. One consumer at a time.
+func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
+	frames, open = s.q.popAll(dst)
+	if !open {
+		s.release()
+	}
+	return frames, open
+}
+
+// Events returns an iterator over the subscription's frames, in order,
+// including synthetic ones. It blocks waiting for frames and stops when the
+// subscription ends (cancellation, eviction after its terminal frame, or
+// bus Close after the queued frames). Breaking out of the loop closes the
+// subscription. The iterator is single-use: ranging over it again yields
+// nothing.
+func (s *Subscription) Events() iter.Seq[Frame] {
+	return func(yield func(Frame) bool) {
+		if s.iterated.Swap(true) {
+			return
+		}
+		defer s.Close()
+		var batch []Frame
+		for {
+			var open bool
+			batch, open = s.q.popAll(batch[:0])
+			for _, f := range batch {
+				if !yield(f) {
+					return
+				}
+			}
+			clear(batch) // do not pin delivered frames while waiting
+			if !open {
+				return
+			}
+			if len(batch) == 0 {
+				<-s.q.ready
+			}
+		}
+	}
+}
