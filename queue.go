@@ -6,10 +6,10 @@ import "sync"
 type pushResult uint8
 
 const (
-	pushAccepted pushResult = iota
-	pushIgnored             // the queue is closed: never an eviction
-	pushRejectedFrames      // liveCount >= maxQueued: queue_overflow
-	pushRejectedBytes       // liveBytes + size > maxQueuedBytes: queue_bytes_overflow
+	pushAccepted       pushResult = iota
+	pushIgnored                   // the queue is closed: never an eviction
+	pushRejectedFrames            // liveCount >= maxQueued: queue_overflow
+	pushRejectedBytes             // liveBytes + size > maxQueuedBytes: queue_bytes_overflow
 )
 
 // reason returns the wire reason of a rejection.
