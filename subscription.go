@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
@@ -317,3 +318,10 @@ func (s *Subscription) Events() iter.Seq[Frame] {
 		}
 	}
 }
+
+// errWriteBlocked ends a subscription whose HTTP write failed or blocked.
+var errWriteBlocked = errors.New("eventbus: stream write failed or blocked")
+
+// cancelBlocked cancels s because its writer could not deliver: no drain,
+// no terminal frame.
+func (s *Subscription) cancelBlocked() { s.cancel(errWriteBlocked, false) }

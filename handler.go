@@ -1,0 +1,400 @@
+package eventbus
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// ErrSessionNotFound is what a Handler's Lookup returns (or wraps) for an
+// unknown session; the handler answers 404.
+var ErrSessionNotFound = errors.New("eventbus: session not found")
+
+// Handler serves one bus per request as a resumable Server-Sent Events
+// stream (SPEC section 10), typically on a route such as
+// "GET /session/{id}/events" of an [http.ServeMux].
+//
+// Request rules, checked in this order before subscribing: the writer must
+// support flushing (else 500); Last-Event-ID comes from the header, or when
+// that is absent or empty from the lastEventId query parameter, and is
+// ASCII digits up to 2^53-1 (anything else is logged and means live only);
+// the epoch comes from the Event-Epoch header or the epoch parameter;
+// maxQueued, when present, is one decimal in [16, 2048] (else 400
+// invalid_max_queued); Lookup's ErrSessionNotFound is 404
+// session_not_found; a full bus is 429 subscriber_limit_exceeded with
+// Retry-After: 5. Error bodies are JSON {"error":...,"code":...}.
+//
+// The stream starts with the headers and "retry:", then writes every frame
+// that is ready as one batch with one flush, a ": heartbeat" comment after
+// Heartbeat without a write, and sets a write deadline before every write
+// (when the connection supports one): a write that fails or blocks past it
+// cancels the subscription at once. A client disconnect cancels it promptly.
+// The handler starts no goroutine of its own.
+//
+// A Handler is safe for concurrent use once its fields are set; they must
+// not change while it serves. Its zero value answers 404 to everything
+// because it has no Lookup.
+type Handler struct {
+	// Lookup finds the bus of a request, typically by r.PathValue("id").
+	// It returns an error wrapping ErrSessionNotFound (or a nil bus) for an
+	// unknown session; any other error is a 500.
+	Lookup func(r *http.Request) (*EventBus, error)
+	// Logger receives diagnostics; nil means slog.Default().
+	Logger *slog.Logger
+	// Retry is the SSE reconnection delay sent first; 0 means DefaultRetry.
+	Retry time.Duration
+	// Heartbeat is the idle time before a comment line; 0 means
+	// DefaultHeartbeat.
+	Heartbeat time.Duration
+	// WriteTimeout bounds each write and flush; 0 means DefaultWriteTimeout.
+	WriteTimeout time.Duration
+}
+
+func (h *Handler) logger() *slog.Logger {
+	if h.Logger != nil {
+		return h.Logger
+	}
+	return slog.Default()
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeJSONError(w, http.StatusMethodNotAllowed, "method not allowed", "method_not_allowed", 0)
+		return
+	}
+	if !canFlush(w) {
+		writeJSONError(w, http.StatusInternalServerError, "response writer cannot flush", "streaming_unsupported", 0)
+		return
+	}
+	query, _ := url.ParseQuery(r.URL.RawQuery) // a malformed pair is skipped, the rest kept
+
+	opts := SubscribeOptions{}
+	raw := r.Header.Get("Last-Event-ID")
+	if raw == "" {
+		if v := query["lastEventId"]; len(v) > 0 {
+			raw = v[0]
+		}
+	}
+	if raw != "" {
+		if id, ok := ParseLastEventID(raw); ok {
+			opts.Resume, opts.LastEventID = true, id
+		} else {
+			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed Last-Event-ID, serving live only",
+				slog.String("value", strconv.Quote(truncate(raw, 64))))
+		}
+	}
+	opts.Epoch = r.Header.Get("Event-Epoch")
+	if opts.Epoch == "" {
+		opts.Epoch = query.Get("epoch")
+	}
+	if v, ok := query["maxQueued"]; ok {
+		n, err := parseMaxQueued(v)
+		if err != nil {
+			writeJSONError(w, http.StatusBadRequest, err.Error(), "invalid_max_queued", 0)
+			return
+		}
+		opts.MaxQueued = n
+	}
+
+	var bus *EventBus
+	var err error
+	if h.Lookup != nil {
+		bus, err = h.Lookup(r)
+	}
+	switch {
+	case errors.Is(err, ErrSessionNotFound) || (err == nil && bus == nil):
+		writeJSONError(w, http.StatusNotFound, "session not found", "session_not_found", 0)
+		return
+	case err != nil:
+		h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: session lookup failed", slog.String("error", err.Error()))
+		writeJSONError(w, http.StatusInternalServerError, "session lookup failed", "internal", 0)
+		return
+	}
+
+	sub, err := bus.Subscribe(r.Context(), opts)
+	if err != nil {
+		var limit *SubscriberLimitError
+		if errors.As(err, &limit) {
+			w.Header().Set("Retry-After", "5")
+			writeJSONError(w, http.StatusTooManyRequests, "subscriber limit exceeded", "subscriber_limit_exceeded", limit.Limit)
+			return
+		}
+		writeJSONError(w, http.StatusInternalServerError, err.Error(), "internal", 0)
+		return
+	}
+	defer sub.Close()
+
+	hd := w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-cache, no-transform")
+	if r.ProtoMajor == 1 {
+		hd.Set("Connection", "keep-alive")
+	}
+	hd.Set("X-Accel-Buffering", "no")
+	hd.Set("Event-Epoch", bus.Epoch())
+	hd.Set("Access-Control-Expose-Headers", "Event-Epoch")
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+
+	s := stream{
+		w:       w,
+		rc:      http.NewResponseController(w),
+		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
+	}
+	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), orDefault(h.Retry, DefaultRetry).Milliseconds(), 10)
+	s.buf = append(s.buf, "\n\n"...)
+	if err := s.flushBatch(); err != nil {
+		h.dropBlocked(r.Context(), sub, err)
+		return
+	}
+	h.serve(r.Context(), sub, &s)
+}
+
+// serve is the stream loop: write what is ready as one batch, else wait for
+// frames, the heartbeat or the client going away.
+func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
+	defer func() {
+		// A bug must not take the daemon down with a half-written stream:
+		// tell the client, log it, and end this stream only.
+		if p := recover(); p != nil {
+			h.logger().LogAttrs(ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
+			s.buf = StreamErrorFrame("internal error", "internal").AppendSSE(s.buf[:0])
+			_ = s.flushBatch()
+		}
+	}()
+	heartbeat := orDefault(h.Heartbeat, DefaultHeartbeat)
+	timer := time.NewTimer(heartbeat)
+	defer timer.Stop()
+	var frames []Frame
+	for {
+		var open bool
+		frames, open = sub.AppendReady(frames[:0])
+		terminal := false
+		for _, f := range frames {
+			s.add(f)
+			terminal = terminal || f.Terminal()
+		}
+		got := len(frames) > 0
+		clear(frames) // do not pin delivered frames while idle
+		if !open && !terminal && ctx.Err() == nil {
+			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) {
+				// Ended for a reason the client would not otherwise learn.
+				s.add(StreamErrorFrame(err.Error(), "internal"))
+			}
+		}
+		if len(s.buf) > 0 || s.pending {
+			if err := s.flushBatch(); err != nil {
+				h.dropBlocked(ctx, sub, err)
+				return
+			}
+			timer.Reset(heartbeat)
+		}
+		if !open {
+			return
+		}
+		if got {
+			continue // more may have arrived while writing
+		}
+		select {
+		case <-sub.Ready():
+		case <-timer.C:
+			s.buf = append(s.buf, ": heartbeat\n\n"...)
+			if err := s.flushBatch(); err != nil {
+				h.dropBlocked(ctx, sub, err)
+				return
+			}
+			timer.Reset(heartbeat)
+		case <-ctx.Done():
+			return // the deferred Close cancels without drain
+		}
+	}
+}
+
+// dropBlocked ends a subscription whose write failed or hit its deadline:
+// no drain, no frame (the connection is unusable).
+func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, err error) {
+	sub.cancelBlocked()
+	if ctx.Err() == nil {
+		h.logger().LogAttrs(ctx, slog.LevelWarn, "eventbus: stream write failed, subscriber dropped",
+			slog.String("error", err.Error()))
+	}
+}
+
+// stream batches frames for one response. Every batch is written with one
+// Write when it fits maxBatchBuffer (frames of directWriteSize or more go
+// out from their shared bytes) and flushed once, under one write deadline.
+type stream struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	buf     []byte
+	err     error // the first write error; later writes are skipped
+	pending bool  // written since the last flush
+	armed   bool  // the deadline of this batch is set
+}
+
+const (
+	// Frames this large are written from their shared bytes instead of
+	// being copied into the batch.
+	directWriteSize = 64 << 10
+	// A batch buffer beyond this is written out before it grows further,
+	// and is not kept between batches.
+	maxBatchBuffer = 1 << 20
+)
+
+func (s *stream) add(f Frame) {
+	if s.err != nil {
+		return
+	}
+	big := f.Size() >= directWriteSize
+	if big || len(s.buf)+len(f.wire) > maxBatchBuffer {
+		s.write(nil)
+	}
+	if big {
+		s.write(f.wire)
+		return
+	}
+	s.buf = f.AppendSSE(s.buf)
+}
+
+// write sends p, or the batch buffer when p is nil, under the batch's
+// deadline.
+func (s *stream) write(p []byte) {
+	if p == nil {
+		p = s.buf
+		s.buf = s.buf[:0]
+		if cap(s.buf) > maxBatchBuffer {
+			s.buf = nil
+		}
+	}
+	if s.err != nil || len(p) == 0 {
+		return
+	}
+	s.arm()
+	if s.err == nil {
+		_, s.err = s.w.Write(p)
+		s.pending = true
+	}
+}
+
+func (s *stream) arm() {
+	if s.armed {
+		return
+	}
+	s.armed = true
+	err := s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.err = err
+	}
+}
+
+// flushBatch writes what is buffered, flushes once, and returns the first
+// error of the batch.
+func (s *stream) flushBatch() error {
+	s.write(nil)
+	if s.err == nil && s.pending {
+		s.err = s.rc.Flush()
+	}
+	s.pending, s.armed = false, false
+	return s.err
+}
+
+// canFlush reports whether w, or a writer it wraps (the Unwrap convention
+// of http.ResponseController), can flush. It is checked before subscribing:
+// once the status line is out it is too late to answer 500.
+func canFlush(w http.ResponseWriter) bool {
+	for {
+		switch x := w.(type) {
+		case http.Flusher:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
+// ParseLastEventID parses a Last-Event-ID value strictly: one or more ASCII
+// digits (leading zeros allowed) whose value is at most MaxEventID. Anything
+// else, including a sign, a space or an empty string, reports false. It
+// never allocates and reads a hostile 10 MB value in one pass.
+func ParseLastEventID(s string) (uint64, bool) {
+	if s == "" {
+		return 0, false
+	}
+	var n uint64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+		if n > MaxEventID {
+			return 0, false
+		}
+	}
+	return n, true
+}
+
+// parseMaxQueued applies SPEC 10's rules to the maxQueued values of a query.
+func parseMaxQueued(v []string) (int, error) {
+	if len(v) != 1 {
+		return 0, errors.New("maxQueued must be given once")
+	}
+	if v[0] == "" {
+		return 0, errors.New("maxQueued is empty")
+	}
+	n := 0
+	for i := 0; i < len(v[0]); i++ {
+		c := v[0][i]
+		if c < '0' || c > '9' {
+			return 0, errors.New("maxQueued must be a decimal number")
+		}
+		if n <= MaxClientMaxQueued {
+			// Past the maximum the value is out of range whatever follows;
+			// stop accumulating so 20 digits cannot overflow.
+			n = n*10 + int(c-'0')
+		}
+	}
+	if n < MinClientMaxQueued || n > MaxClientMaxQueued {
+		return 0, errors.New("maxQueued must be between " + strconv.Itoa(MinClientMaxQueued) + " and " + strconv.Itoa(MaxClientMaxQueued))
+	}
+	return n, nil
+}
+
+// writeJSONError answers an error with {"error":msg,"code":code} and, for a
+// positive limit, "limit".
+func writeJSONError(w http.ResponseWriter, status int, msg, code string, limit int) {
+	b := make([]byte, 0, 64+len(msg))
+	b = append(b, `{"error":`...)
+	b = appendJSONString(b, msg)
+	b = append(b, `,"code":`...)
+	b = appendJSONString(b, code)
+	if limit > 0 {
+		b = append(b, `,"limit":`...)
+		b = strconv.AppendInt(b, int64(limit), 10)
+	}
+	b = append(b, "}\n"...)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
