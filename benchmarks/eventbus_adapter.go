@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+
+	"github.com/ssebus/eventbus"
+)
+
+// (5) eventbus itself: bus.Publish and subscribers that drain with
+// AppendReady, waiting on Ready only when nothing was ready.
+
+func init() {
+	libraries = append(libraries, library{name: "eventbus", new: func(c config) fanout { return &eventbusFanout{cfg: c} }})
+}
+
+// benchData is boxed once so the harness does not add a slice-to-interface
+// allocation per Publish.
+var benchData any = json.RawMessage(benchPayload)
+
+// busOptions: room for every subscriber of the largest run, per-subscription
+// frame cap from -queue (eventbus allows up to 2048), everything else default,
+// diagnostics discarded (evictions and warnings are counted from the frames).
+func busOptions(cfg config) eventbus.Options {
+	return eventbus.Options{
+		MaxSubscribers: 1 << 16,
+		MaxQueued:      cfg.queue,
+		Logger:         slog.New(slog.DiscardHandler),
+	}
+}
+
+type eventbusFanout struct {
+	cfg    config
+	bus    *eventbus.EventBus
+	subs   []*eventbus.Subscription
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (f *eventbusFanout) start(sinks []*sink) error {
+	bus, err := eventbus.New(busOptions(f.cfg))
+	if err != nil {
+		return err
+	}
+	f.bus = bus
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	for _, s := range sinks {
+		sub, err := bus.Subscribe(ctx, eventbus.SubscribeOptions{})
+		if err != nil {
+			return err
+		}
+		f.subs = append(f.subs, sub)
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			s.waitRelease()
+			drainEventbus(sub, s)
+		}()
+	}
+	return nil
+}
+
+// drainEventbus is the subscriber loop: take every ready frame, check ids,
+// wait only when nothing was ready.
+func drainEventbus(sub *eventbus.Subscription, s *sink) {
+	buf := make([]eventbus.Frame, 0, 256)
+	evicted := false
+	for {
+		var open bool
+		buf, open = sub.AppendReady(buf[:0])
+		for _, fr := range buf {
+			if fr.Synthetic() {
+				switch fr.Type() {
+				case eventbus.TypeSlowClientWarning:
+					s.warnings++
+				case eventbus.TypeClientEvicted:
+					evicted = true
+				}
+				continue
+			}
+			s.see(fr.ID())
+		}
+		if !open {
+			break
+		}
+		if len(buf) == 0 {
+			<-sub.Ready()
+		}
+	}
+	switch {
+	case evicted || errors.Is(sub.Err(), eventbus.ErrEvicted):
+		s.end("evicted")
+	default:
+		s.end("closed")
+	}
+}
+
+func (f *eventbusFanout) publish(uint64) error {
+	_, err := f.bus.Publish(eventbus.Event{Type: "bench", Data: benchData})
+	return err
+}
+
+func (f *eventbusFanout) stop() {
+	_ = f.bus.Close() // drains: subscribers get what is queued, then the end
+	f.wg.Wait()
+	f.cancel()
+}

@@ -1,0 +1,277 @@
+// Command benchmarks compares eventbus with peer Go pub/sub and SSE libraries
+// on the same workloads and checks every delivery.
+//
+//	go run . [-events N] [-subs 1,64,1000] [-count 3] [-timeout 30s] ...
+//
+// It prints markdown tables. See RESULTS.md for a recorded run.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// libraries in report order; the eventbus adapters register themselves from
+// their own file.
+var (
+	libraries = []library{
+		{name: "naive (RWMutex + chan)", new: func(c config) fanout { return &naiveFanout{cfg: c} }},
+		{name: "cskr/pubsub/v2", new: func(c config) fanout { return &pubsubFanout{cfg: c} }},
+		{name: "tmaxmax/go-sse Joe", new: func(config) fanout { return &joeFanout{} }},
+		{name: "r3labs/sse/v2", new: func(config) fanout { return &r3Fanout{} }},
+	}
+	httpLibraries = []httpLibrary{
+		{name: "naive, flush per batch", new: naiveHTTP(false)},
+		{name: "naive, flush per event", new: naiveHTTP(true)},
+		{name: "r3labs/sse/v2 Server", new: r3labsHTTP},
+		{name: "tmaxmax/go-sse Server", new: gosseHTTP},
+	}
+)
+
+type httpLibrary struct {
+	name string
+	new  func(cfg config) *httpServer
+}
+
+func (h httpLibrary) asLibrary() library {
+	return library{name: h.name, new: func(c config) fanout { return &httpFanout{newServer: h.new, cfg: c} }}
+}
+
+type flags struct {
+	events      int
+	subs        []int
+	count       int
+	timeout     time.Duration
+	stall       time.Duration
+	queue       int
+	stallSubs   int
+	stallEvents int
+	httpEvents  int
+	httpClients []int
+	scenarios   []string
+	libs        string
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad number %q", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func main() {
+	var fl flags
+	var subs, httpClients, scenarios string
+	flag.IntVar(&fl.events, "events", 10000, "events per in-process fan-out run")
+	flag.StringVar(&subs, "subs", "1,64,1000", "subscriber counts for the in-process fan-out")
+	flag.IntVar(&fl.count, "count", 3, "repetitions of each measured run (median reported)")
+	flag.DurationVar(&fl.timeout, "timeout", 30*time.Second, "hard deadline of one run (watchdog)")
+	flag.DurationVar(&fl.stall, "stall", 3*time.Second, "no progress at all for this long = blocked (watchdog)")
+	flag.IntVar(&fl.queue, "queue", 1024, "per-subscriber buffer for the libraries that let us choose it (naive chan cap, pubsub cap, eventbus MaxQueued; max 2048)")
+	flag.IntVar(&fl.stallSubs, "stall-subs", 64, "subscribers in the stalled-subscriber scenario (one of them never reads)")
+	flag.IntVar(&fl.stallEvents, "stall-events", 5000, "events published in the stalled-subscriber scenario")
+	flag.IntVar(&fl.httpEvents, "http-events", 2000, "events per HTTP run")
+	flag.StringVar(&httpClients, "http-clients", "16,256", "HTTP client counts")
+	flag.StringVar(&scenarios, "scenarios", "fanout,stall,http", "scenarios to run")
+	flag.StringVar(&fl.libs, "libs", "", "only libraries whose name contains one of these comma-separated substrings")
+	flag.Parse()
+	var err error
+	if fl.subs, err = parseInts(subs); err != nil {
+		fatal(err)
+	}
+	if fl.httpClients, err = parseInts(httpClients); err != nil {
+		fatal(err)
+	}
+	fl.scenarios = strings.Split(scenarios, ",")
+	if fl.queue < 1 || fl.queue > 2048 || fl.count < 1 || fl.events < 1 || fl.stallSubs < 2 {
+		fatal(fmt.Errorf("bad flags"))
+	}
+	run(os.Stdout, fl)
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "benchmarks:", err)
+	os.Exit(2)
+}
+
+func selected(name, filter string) bool {
+	if filter == "" {
+		return true
+	}
+	for _, f := range strings.Split(filter, ",") {
+		if f != "" && strings.Contains(strings.ToLower(name), strings.ToLower(f)) {
+			return true
+		}
+	}
+	return false
+}
+
+func run(w io.Writer, fl flags) {
+	start := time.Now()
+	cfg := config{queue: fl.queue}
+	o := runOpts{timeout: fl.timeout, stall: fl.stall, stopMax: 5 * time.Second}
+	fmt.Fprintf(w, "# eventbus peer comparison\n\n")
+	fmt.Fprintf(w, "%s, GOOS/GOARCH %s/%s, NumCPU %d, GOMAXPROCS %d\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0))
+	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -stall-subs %d -stall-events %d -http-events %d -http-clients %s\n\n",
+		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.stallSubs, fl.stallEvents, fl.httpEvents, joinInts(fl.httpClients))
+
+	if slices.Contains(fl.scenarios, "fanout") {
+		fmt.Fprintf(w, "## In-process fan-out\n\n")
+		fmt.Fprintf(w, "One publisher, N subscribers each draining in its own goroutine; %d events; median of %d runs.\n", fl.events, fl.count)
+		fmt.Fprintf(w, "ns/delivery = wall time / (events x subscribers); allocs/event = Mallocs delta / events (whole process).\n\n")
+		for _, n := range fl.subs {
+			fmt.Fprintf(w, "### %d subscriber(s)\n\n", n)
+			printRuns(w, runAll(libraries, cfg, n, fl.events, fl.count, o, fl.libs))
+		}
+	}
+	if slices.Contains(fl.scenarios, "stall") {
+		fmt.Fprintf(w, "## Stalled subscriber\n\n")
+		fmt.Fprintf(w, "%d subscribers, one never reads; %d events published in a tight loop. "+
+			"\"blocked\" = the publisher made no progress for 1s. Healthy = got every event the publisher managed to publish, once, in order.\n\n",
+			fl.stallSubs, fl.stallEvents)
+		fmt.Fprintf(w, "| library | publisher | healthy subscribers complete | fewest events a healthy one had | stalled one evicted | stalled one received after release |\n")
+		fmt.Fprintf(w, "|---|---|---|---|---|---|\n")
+		for _, lib := range libraries {
+			if !selected(lib.name, fl.libs) {
+				continue
+			}
+			r := runStall(lib, cfg, fl.stallSubs, fl.stallEvents, time.Second, 5*time.Second)
+			printStall(w, r)
+		}
+		fmt.Fprintln(w)
+	}
+	if slices.Contains(fl.scenarios, "http") {
+		fmt.Fprintf(w, "## HTTP over loopback\n\n")
+		fmt.Fprintf(w, "One publisher, N HTTP clients on 127.0.0.1 parsing SSE and checking every id; %d events; median of %d runs. "+
+			"ns/delivery = wall / (events x clients); allocs/event counts server and clients (same process).\n\n", fl.httpEvents, fl.count)
+		var libs []library
+		for _, h := range httpLibraries {
+			libs = append(libs, h.asLibrary())
+		}
+		for _, n := range fl.httpClients {
+			fmt.Fprintf(w, "### %d clients\n\n", n)
+			printRuns(w, runAll(libs, cfg, n, fl.httpEvents, fl.count, o, fl.libs))
+		}
+	}
+	fmt.Fprintf(w, "total run time: %s\n", time.Since(start).Round(100*time.Millisecond))
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+type aggregate struct {
+	lib      string
+	runs     []result
+	okRuns   int
+	worst    result
+	medianNs float64
+	minNs    float64
+	maxNs    float64
+	medAlloc float64
+}
+
+func runAll(libs []library, cfg config, subs, events, count int, o runOpts, filter string) []aggregate {
+	var out []aggregate
+	for _, lib := range libs {
+		if !selected(lib.name, filter) {
+			continue
+		}
+		a := aggregate{lib: lib.name}
+		for range count {
+			r := runFanout(lib, cfg, subs, events, o)
+			a.runs = append(a.runs, r)
+			if r.status == statusOK {
+				a.okRuns++
+			} else if a.worst.status == "" || a.worst.status == statusOK {
+				a.worst = r
+			}
+			if r.status == statusBlocked || r.status == statusError {
+				break // do not wait for the watchdog again
+			}
+		}
+		if a.worst.status == "" {
+			a.worst = a.runs[0]
+		}
+		ns := make([]float64, len(a.runs))
+		al := make([]float64, len(a.runs))
+		for i, r := range a.runs {
+			ns[i], al[i] = r.nsPerDelivery, r.allocsPerEvent
+		}
+		slices.Sort(ns)
+		slices.Sort(al)
+		a.medianNs, a.minNs, a.maxNs = ns[len(ns)/2], ns[0], ns[len(ns)-1]
+		a.medAlloc = al[len(al)/2]
+		out = append(out, a)
+	}
+	return out
+}
+
+func printRuns(w io.Writer, aggs []aggregate) {
+	fmt.Fprintf(w, "| library | result | ns/delivery | (min-max) | allocs/event | delivered | notes |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---|\n")
+	for _, a := range aggs {
+		res := string(statusOK)
+		if a.okRuns != len(a.runs) {
+			res = fmt.Sprintf("**%s** (%d/%d runs ok)", a.worst.status, a.okRuns, len(a.runs))
+		}
+		ns := fmt.Sprintf("%.1f", a.medianNs)
+		if a.okRuns != len(a.runs) {
+			ns = "(" + ns + ")" // not comparable: the run did not deliver everything
+		}
+		var delivered, want uint64
+		var warnings uint64
+		for _, r := range a.runs {
+			delivered += r.delivered
+			want += uint64(r.events * r.subs)
+			warnings += r.warnings
+		}
+		notes := a.worst.detail
+		if warnings > 0 {
+			notes = strings.TrimSpace(notes + fmt.Sprintf(" %d slow_client_warning frames", warnings))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %.1f-%.1f | %.2f | %d/%d | %s |\n",
+			a.lib, res, ns, a.minNs, a.maxNs, a.medAlloc, delivered, want, notes)
+	}
+	fmt.Fprintln(w)
+}
+
+func printStall(w io.Writer, r stallResult) {
+	pub := fmt.Sprintf("never blocked (published all %d)", r.publishedBefore)
+	if r.publisherBlock {
+		pub = fmt.Sprintf("**blocked** after %d events", r.publishedBefore)
+	}
+	ev := "no"
+	if r.stalledEvicted {
+		ev = "yes"
+	}
+	stalled := fmt.Sprintf("%d", r.stalledGot)
+	if r.stalledReason != "" && r.stalledReason != "closed" {
+		stalled += " then " + r.stalledReason
+	}
+	if r.hung {
+		fmt.Fprintf(w, "| %s | %s | ? | %d | ? | teardown hung %s |\n", r.lib, pub, r.healthyMin, r.detail)
+		return
+	}
+	fmt.Fprintf(w, "| %s | %s | %d/%d | %d | %s | %s |\n", r.lib, pub, r.healthyAll, r.healthyTotal, r.healthyMin, ev, stalled)
+}
