@@ -29,6 +29,10 @@ var (
 	// envelope is larger than Options.MaxEventBytes.
 	ErrEventTooLarge = errors.New("eventbus: event too large")
 
+	// ErrInvalidFilter is wrapped by the error Subscribe returns for an
+	// invalid SubscribeOptions.Types entry; the message names the filter.
+	ErrInvalidFilter = errors.New("eventbus: invalid type filter")
+
 	// ErrEvicted is wrapped by Subscription.Err after the bus evicted the
 	// subscription because its queue overflowed.
 	ErrEvicted = errors.New("eventbus: subscriber evicted")

@@ -1,9 +1,9 @@
 package eventbus
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -76,9 +76,42 @@ type Options struct {
 	// Logger receives diagnostics; nil means slog.Default() at the time of
 	// logging. It is never called with the bus lock held.
 	Logger *slog.Logger
-	// Now is the clock for serverTimestamp stamps; nil means time.Now.
+	// Now is the clock for serverTimestamp stamps and the overflow window;
+	// nil means time.Now.
 	Now func() time.Time
+	// OverflowPolicy decides what a rejected live push does to a
+	// subscriber; 0 means OverflowEvict. A subscription may override it.
+	OverflowPolicy OverflowPolicy
+	// OnDiagnostic, when set, receives every diagnostic before it is
+	// logged; returning true suppresses the log line. It is called without
+	// the bus lock, on the goroutine that caused the diagnostic (Publish,
+	// Signal, a stream writer), and must not block.
+	OnDiagnostic func(Diagnostic) (suppress bool)
 }
+
+// OverflowPolicy decides what happens when a subscriber's live queue
+// rejects a frame. The zero value means "the default": OverflowEvict for a
+// bus, the bus's policy for a subscription.
+type OverflowPolicy uint8
+
+const (
+	// OverflowEvict ends the subscriber with a terminal client_evicted
+	// frame (SPEC 7).
+	OverflowEvict OverflowPolicy = iota + 1
+	// OverflowResync drops the subscriber's queued live frames, queues
+	// state_resync_required and then the rejected frame, and keeps the
+	// subscriber; the third overflow within OverflowWindow evicts it with
+	// reason repeated_overflow (SPEC 11).
+	OverflowResync
+)
+
+// OverflowWindow is the window in which a third overflow under
+// OverflowResync evicts.
+const OverflowWindow = 60 * time.Second
+
+// ReasonRepeatedOverflow is the client_evicted reason of OverflowResync's
+// third overflow within OverflowWindow.
+const ReasonRepeatedOverflow = "repeated_overflow"
 
 func (o Options) withDefaults() (Options, error) {
 	fields := []struct {
@@ -101,6 +134,12 @@ func (o Options) withDefaults() (Options, error) {
 		case *f.v == 0:
 			*f.v = f.def
 		}
+	}
+	if o.OverflowPolicy > OverflowResync {
+		return o, fmt.Errorf("%w: unknown OverflowPolicy %d", ErrInvalidOption, o.OverflowPolicy)
+	}
+	if o.OverflowPolicy == 0 {
+		o.OverflowPolicy = OverflowEvict
 	}
 	if o.RingSize > MaxRingSize {
 		return o, fmt.Errorf("%w: RingSize is %d, above MaxRingSize %d", ErrInvalidOption, o.RingSize, MaxRingSize)
@@ -127,6 +166,8 @@ type EventBus struct {
 	lastID     atomic.Uint64
 	isClosed   atomic.Bool
 	subscribed atomic.Int64
+
+	stats counters
 }
 
 // New returns an open bus configured by opts. It returns an error wrapping
@@ -175,6 +216,8 @@ func (b *EventBus) Close() error {
 	b.subs = nil
 	b.subscribed.Store(0)
 	b.ring.reset()
+	b.stats.ringLen.Store(0)
+	b.stats.ringBytes.Store(0)
 	b.mu.Unlock()
 	for _, s := range subs {
 		s.end(nil)
@@ -202,33 +245,24 @@ func nowMillis(now func() time.Time) int64 {
 	return time.Now().UnixMilli()
 }
 
-// diagnostic is a log record decided under the lock and emitted after it.
-type diagnostic struct {
-	msg   string
-	attrs []slog.Attr
-}
-
-func (b *EventBus) emit(ds []diagnostic) {
-	if len(ds) == 0 {
-		return
-	}
-	l := b.logger()
-	for _, d := range ds {
-		l.LogAttrs(context.Background(), slog.LevelWarn, d.msg, d.attrs...)
-	}
-}
-
 // eviction is a subscriber rejected under the lock, ended after it.
 type eviction struct {
 	s      *Subscription
-	result pushResult
+	reason string
 	id     uint64
 	counts queueCounts
-	size   int
+	bytes  int // eventBytes for the bytes reason, else -1
+}
+
+// fanout collects what a publish decided under the lock and acts on after.
+type fanout struct {
+	diags   []Diagnostic
+	evicted []eviction
 }
 
 // Publish assigns the event the next id, appends it to the ring and queues
-// it for every subscriber, and returns the stamped frame.
+// it for every subscriber whose filter matches, and returns the stamped
+// frame.
 //
 // Publish never blocks on a subscriber and never panics. It returns an
 // error wrapping ErrInvalidEvent for an empty type, a type with CR or LF, or
@@ -237,23 +271,20 @@ type eviction struct {
 // Close. A rejected event uses no id and reaches nobody.
 func (b *EventBus) Publish(e Event) (Frame, error) {
 	if b.isClosed.Load() {
+		b.stats.rejClosed.Add(1)
 		return Frame{}, ErrClosed
 	}
 	p, err := b.encode(e)
 	if err != nil {
-		b.logger().LogAttrs(context.Background(), slog.LevelWarn, "eventbus: publish rejected",
-			slog.String("type", truncate(e.Type, 64)), slog.String("error", err.Error()))
+		b.rejected(e.Type, err)
 		return Frame{}, err
 	}
 
-	var (
-		evicted []eviction
-		diags   []diagnostic
-	)
+	var out fanout
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		p.release()
+		b.stats.rejClosed.Add(1)
 		return Frame{}, ErrClosed
 	}
 	id := b.nextID
@@ -261,28 +292,116 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	f := p.frame(id)
 	b.ring.append(f)
 	b.lastID.Store(id)
+	b.stats.published.Add(1)
+	b.stats.ringLen.Store(int64(b.ring.Len()))
+	b.stats.ringBytes.Store(int64(b.ring.Bytes()))
+	b.fanOutLocked(f, id, &out)
+	b.mu.Unlock()
+
+	b.finish(&out)
+	return f, nil
+}
+
+// Signal publishes a change signal (SPEC 11): a type and the resource it is
+// about, without data and without an id. A signal never enters the ring and
+// is never replayed (a reconnecting client refetches). In a subscriber's
+// queue a queued, undelivered signal with the same (type, about) is replaced
+// in place by the newer one, keeping the older one's position: a coalesced
+// signal can therefore reach a client before events published after the
+// signal it replaced. Signals are live frames under both caps and honour
+// type filters.
+//
+// Signal never blocks and never panics. It returns an error wrapping
+// ErrInvalidEvent for an invalid type, ErrEventTooLarge above
+// MaxEventBytes, and ErrClosed after Close.
+func (b *EventBus) Signal(typ, about string) error {
+	if b.isClosed.Load() {
+		b.stats.rejClosed.Add(1)
+		return ErrClosed
+	}
+	if err := validType(typ); err != nil {
+		b.rejected(typ, err)
+		return err
+	}
+	f := signalFrame(typ, about, b.now())
+	if f.Size() > b.opts.MaxEventBytes {
+		err := fmt.Errorf("%w: signal of %d bytes, MaxEventBytes is %d", ErrEventTooLarge, f.Size(), b.opts.MaxEventBytes)
+		b.rejected(typ, err)
+		return err
+	}
+	var out fanout
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		b.stats.rejClosed.Add(1)
+		return ErrClosed
+	}
+	b.stats.signals.Add(1)
+	b.fanOutLocked(f, b.nextID-1, &out)
+	b.mu.Unlock()
+	b.finish(&out)
+	return nil
+}
+
+// rejected counts and reports a publish that failed before the lock.
+func (b *EventBus) rejected(typ string, err error) {
+	if errors.Is(err, ErrEventTooLarge) {
+		b.stats.rejTooLarge.Add(1)
+	} else {
+		b.stats.rejInvalid.Add(1)
+	}
+	b.emit(Diagnostic{DiagPublishRejected, "eventbus: publish rejected", []slog.Attr{
+		slog.String("type", truncate(typ, 64)), slog.String("error", err.Error())}})
+}
+
+// fanOutLocked pushes f to every subscriber whose filter matches, in
+// subscription order. lastID is the id of f, or for a signal the last id
+// published. Accepted pushes run the warning check; rejected ones follow
+// the subscriber's overflow policy; evicted subscribers are unregistered
+// here and ended by finish.
+func (b *EventBus) fanOutLocked(f Frame, lastID uint64, out *fanout) {
+	removed := false
 	for i, s := range b.subs {
+		if !s.filter.match(f.typ) {
+			continue
+		}
 		res, c := s.q.push(f)
 		switch res {
 		case pushAccepted:
-			if d, ok := s.checkWarningLocked(c, id, b.now); ok {
-				diags = append(diags, d)
+			if d, ok := s.checkWarningLocked(c, lastID); ok {
+				out.diags = append(out.diags, d)
 			}
+		case pushCoalesced:
+			b.stats.dropCoalesced.Add(1)
 		case pushRejectedFrames, pushRejectedBytes:
-			evicted = append(evicted, eviction{s, res, id, c, f.Size()})
+			ev := eviction{s: s, reason: res.reason(), id: lastID, counts: c, bytes: -1}
+			if res == pushRejectedBytes {
+				ev.bytes = f.Size()
+			}
+			if s.policy == OverflowResync {
+				if d, ok := s.overflowResyncLocked(f, res, lastID); ok {
+					out.diags = append(out.diags, d)
+					continue
+				}
+				ev.reason, ev.bytes = ReasonRepeatedOverflow, -1
+			}
+			out.evicted = append(out.evicted, ev)
 			b.subs[i] = nil
+			removed = true
 		}
 	}
-	if evicted != nil {
+	if removed {
 		b.compactSubsLocked()
 	}
-	b.mu.Unlock()
+}
 
-	for _, ev := range evicted {
-		diags = append(diags, ev.s.evict(ev, b.now()))
+// finish ends the subscribers a publish evicted and emits its
+// diagnostics, after the lock is released.
+func (b *EventBus) finish(out *fanout) {
+	for _, ev := range out.evicted {
+		out.diags = append(out.diags, ev.s.evict(ev))
 	}
-	b.emit(diags)
-	return f, nil
+	b.emit(out.diags...)
 }
 
 // compactSubsLocked removes the nil slots Publish left for evicted
@@ -298,6 +417,16 @@ func (b *EventBus) compactSubsLocked() {
 	clear(b.subs[n:])
 	b.subs = b.subs[:n]
 	b.subscribed.Store(int64(n))
+}
+
+// addLocked registers s.
+func (b *EventBus) addLocked(s *Subscription) {
+	b.subs = append(b.subs, s)
+	n := int64(len(b.subs))
+	b.subscribed.Store(n)
+	if n > b.stats.peak.Load() {
+		b.stats.peak.Store(n)
+	}
 }
 
 // removeLocked unregisters s, keeping subscription order. It reports whether

@@ -45,6 +45,7 @@ type frameKind uint8
 
 const (
 	kindEvent frameKind = iota
+	kindSignal
 	kindSynthetic
 	kindTerminal
 )
@@ -57,11 +58,12 @@ const (
 // modified. The zero Frame has no type and encodes to nothing.
 type Frame struct {
 	// wire is the complete SSE frame; the JSON envelope is wire[json:len-2].
-	wire []byte
-	json int32
-	kind frameKind
-	id   uint64
-	typ  string
+	wire  []byte
+	json  int32
+	kind  frameKind
+	id    uint64
+	typ   string
+	about string // signals only
 }
 
 // ID returns the event's id, or 0 for a synthetic frame (ids start at 1).
@@ -94,9 +96,17 @@ func (f Frame) Size() int {
 // encoding was built once, at publish; this is a single copy.
 func (f Frame) AppendSSE(dst []byte) []byte { return append(dst, f.wire...) }
 
-// Synthetic reports whether the frame was made by the bus for one subscriber
-// (it has no id).
-func (f Frame) Synthetic() bool { return f.kind != kindEvent }
+// Synthetic reports whether the frame was made by the bus for one
+// subscriber (replay_complete, state_resync_required, slow_client_warning,
+// client_evicted, stream_error). Synthetic frames have no id.
+func (f Frame) Synthetic() bool { return f.kind >= kindSynthetic }
+
+// Signal reports whether the frame is a coalescable change signal published
+// with EventBus.Signal. Signals have no id and are never replayed.
+func (f Frame) Signal() bool { return f.kind == kindSignal }
+
+// About returns the resource a signal concerns, "" for other frames.
+func (f Frame) About() string { return f.about }
 
 // Terminal reports whether the frame is the last one of its stream
 // (client_evicted or stream_error).
@@ -135,6 +145,25 @@ func syntheticFrame(typ string, kind frameKind, data []byte, ts int64) Frame {
 	b = strconv.AppendInt(b, ts, 10)
 	b = append(b, "}}\n\n"...)
 	return Frame{wire: b, json: int32(j), kind: kind, typ: typ}
+}
+
+// signalFrame builds SPEC 11's signal envelope
+// {"v":1,"type":T,"about":A,"_meta":{"serverTimestamp":ms}}.
+func signalFrame(typ, about string, ts int64) Frame {
+	const ev, dl = "event: ", "\ndata: "
+	b := make([]byte, 0, len(ev)+2*len(typ)+len(dl)+len(about)+80)
+	b = append(b, ev...)
+	b = append(b, typ...)
+	b = append(b, dl...)
+	j := len(b)
+	b = append(b, `{"v":1,"type":`...)
+	b = appendJSONString(b, typ)
+	b = append(b, `,"about":`...)
+	b = appendJSONString(b, about)
+	b = append(b, `,"_meta":{"serverTimestamp":`...)
+	b = strconv.AppendInt(b, ts, 10)
+	b = append(b, "}}\n\n"...)
+	return Frame{wire: b, json: int32(j), kind: kindSignal, typ: typ, about: about}
 }
 
 // syntheticData is a tiny JSON object writer for synthetic frame data. The

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -23,6 +24,8 @@ var ErrSessionNotFound = errors.New("eventbus: session not found")
 // that is absent or empty from the lastEventId query parameter, and is
 // ASCII digits up to 2^53-1 (anything else is logged and means live only);
 // the epoch comes from the Event-Epoch header or the epoch parameter;
+// types, when present, is a comma-separated list of type filters (see
+// SubscribeOptions.Types; an invalid one is 400 invalid_filter);
 // maxQueued, when present, is one decimal in [16, 2048] (else 400
 // invalid_max_queued); Lookup's ErrSessionNotFound is 404
 // session_not_found; a full bus is 429 subscriber_limit_exceeded with
@@ -100,6 +103,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if opts.Epoch == "" {
 		opts.Epoch = query.Get("epoch")
 	}
+	if v := query["types"]; len(v) > 0 {
+		for _, list := range v {
+			for t := range strings.SplitSeq(list, ",") {
+				if t != "" {
+					opts.Types = append(opts.Types, t)
+				}
+			}
+		}
+		if _, err := compileFilters(opts.Types); err != nil {
+			writeJSONError(w, http.StatusBadRequest, err.Error(), "invalid_filter", 0)
+			return
+		}
+	}
 	if v, ok := query["maxQueued"]; ok {
 		n, err := parseMaxQueued(v)
 		if err != nil {
@@ -159,7 +175,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), orDefault(h.Retry, DefaultRetry).Milliseconds(), 10)
 	s.buf = append(s.buf, "\n\n"...)
 	if err := s.flushBatch(); err != nil {
-		h.dropBlocked(r.Context(), sub, err)
+		h.dropBlocked(r.Context(), sub, &s, err)
 		return
 	}
 	h.serve(r.Context(), sub, &s)
@@ -199,7 +215,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		}
 		if len(s.buf) > 0 || s.pending {
 			if err := s.flushBatch(); err != nil {
-				h.dropBlocked(ctx, sub, err)
+				h.dropBlocked(ctx, sub, s, err)
 				return
 			}
 			timer.Reset(heartbeat)
@@ -215,7 +231,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		case <-timer.C:
 			s.buf = append(s.buf, ": heartbeat\n\n"...)
 			if err := s.flushBatch(); err != nil {
-				h.dropBlocked(ctx, sub, err)
+				h.dropBlocked(ctx, sub, s, err)
 				return
 			}
 			timer.Reset(heartbeat)
@@ -227,12 +243,14 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 
 // dropBlocked ends a subscription whose write failed or hit its deadline:
 // no drain, no frame (the connection is unusable).
-func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, err error) {
-	sub.cancelBlocked()
-	if ctx.Err() == nil {
-		h.logger().LogAttrs(ctx, slog.LevelWarn, "eventbus: stream write failed, subscriber dropped",
-			slog.String("error", err.Error()))
+// A write that fails because the client went away is a plain
+// cancellation; anything else is counted as dropped, reason blocked.
+func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream, err error) {
+	if ctx.Err() != nil {
+		sub.Close()
+		return
 	}
+	sub.cancelBlocked(s.frames, err)
 }
 
 // stream batches frames for one response. Every batch is written with one
@@ -246,6 +264,7 @@ type stream struct {
 	err     error // the first write error; later writes are skipped
 	pending bool  // written since the last flush
 	armed   bool  // the deadline of this batch is set
+	frames  int   // frames in this batch
 }
 
 const (
@@ -258,6 +277,7 @@ const (
 )
 
 func (s *stream) add(f Frame) {
+	s.frames++
 	if s.err != nil {
 		return
 	}
@@ -310,7 +330,7 @@ func (s *stream) flushBatch() error {
 	if s.err == nil && s.pending {
 		s.err = s.rc.Flush()
 	}
-	s.pending, s.armed = false, false
+	s.pending, s.armed, s.frames = false, false, 0
 	return s.err
 }
 

@@ -10,6 +10,7 @@ const (
 	pushIgnored                   // the queue is closed: never an eviction
 	pushRejectedFrames            // liveCount >= maxQueued: queue_overflow
 	pushRejectedBytes             // liveBytes + size > maxQueuedBytes: queue_bytes_overflow
+	pushCoalesced                 // a signal replaced a queued one with the same (type, about)
 )
 
 // reason returns the wire reason of a rejection.
@@ -50,7 +51,17 @@ type boundedAsyncQueue struct {
 	maxBytes  int
 	closed    bool
 	ready     chan struct{}
+
+	// popped counts entries ever removed from the head, so popped+i is the
+	// stable position of the i-th entry; signals maps a queued signal's
+	// (type, about) to its position, for in-place coalescing (SPEC 11).
+	popped  uint64
+	signals map[signalKey]uint64
+	// lastID is the id of the last event the consumer dequeued.
+	lastID uint64
 }
+
+type signalKey struct{ typ, about string }
 
 func newQueue(maxQueued, maxBytes int) *boundedAsyncQueue {
 	q := &boundedAsyncQueue{}
@@ -69,10 +80,24 @@ func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 // A single frame larger than the byte cap is accepted when no live entry is
 // queued, so an oversized event still reaches a keeping-up consumer; the next
 // live push behind it is rejected.
+//
+// A signal with the same (type, about) as a queued, undelivered signal
+// replaces it in place instead (pushCoalesced): it takes the older one's
+// position, liveCount is unchanged and liveBytes moves by the difference.
 func (q *boundedAsyncQueue) push(f Frame) (pushResult, queueCounts) {
 	size := f.Size()
 	q.mu.Lock()
 	c := queueCounts{q.liveCount, q.maxQueued, q.liveBytes, q.maxBytes}
+	if f.kind == kindSignal && !q.closed {
+		if pos, ok := q.signals[signalKey{f.typ, f.about}]; ok {
+			j := q.index(int(pos - q.popped))
+			q.liveBytes += size - q.buf[j].f.Size()
+			q.buf[j].f = f
+			c.liveBytes = q.liveBytes
+			q.mu.Unlock()
+			return pushCoalesced, c
+		}
+	}
 	switch {
 	case q.closed:
 		q.mu.Unlock()
@@ -84,7 +109,7 @@ func (q *boundedAsyncQueue) push(f Frame) (pushResult, queueCounts) {
 		q.mu.Unlock()
 		return pushRejectedBytes, c
 	}
-	wake := q.appendLocked(queueEntry{f: f})
+	wake := q.appendLiveLocked(f)
 	q.liveCount++
 	q.liveBytes += size
 	c.liveCount, c.liveBytes = q.liveCount, q.liveBytes
@@ -127,23 +152,37 @@ func (q *boundedAsyncQueue) appendLocked(e queueEntry) bool {
 	if q.n == len(q.buf) {
 		q.resizeLocked(max(2*len(q.buf), 8))
 	}
-	j := q.head + q.n
+	q.buf[q.index(q.n)] = e
+	q.n++
+	return q.n == 1
+}
+
+// appendLiveLocked appends f as live and, for a signal, records its
+// position for coalescing. The caller updates the live counts.
+func (q *boundedAsyncQueue) appendLiveLocked(f Frame) bool {
+	wake := q.appendLocked(queueEntry{f: f})
+	if f.kind == kindSignal {
+		if q.signals == nil {
+			q.signals = make(map[signalKey]uint64)
+		}
+		q.signals[signalKey{f.typ, f.about}] = q.popped + uint64(q.n-1)
+	}
+	return wake
+}
+
+// index maps the i-th entry from the head to its slot.
+func (q *boundedAsyncQueue) index(i int) int {
+	j := q.head + i
 	if j >= len(q.buf) {
 		j -= len(q.buf)
 	}
-	q.buf[j] = e
-	q.n++
-	return q.n == 1
+	return j
 }
 
 func (q *boundedAsyncQueue) resizeLocked(size int) {
 	buf := make([]queueEntry, size)
 	for i := range q.n {
-		j := q.head + i
-		if j >= len(q.buf) {
-			j -= len(q.buf)
-		}
-		buf[i] = q.buf[j]
+		buf[i] = q.buf[q.index(i)]
 	}
 	q.buf, q.head = buf, 0
 }
@@ -191,7 +230,59 @@ func (q *boundedAsyncQueue) popLocked() queueEntry {
 		q.liveCount--
 		q.liveBytes -= e.f.Size()
 	}
+	switch e.f.kind {
+	case kindEvent:
+		q.lastID = e.f.id
+	case kindSignal:
+		if k := (signalKey{e.f.typ, e.f.about}); q.signals[k] == q.popped {
+			delete(q.signals, k)
+		}
+	}
+	q.popped++
 	return e
+}
+
+// dropLiveLocked removes every live entry, keeping forced ones in order,
+// and returns how many it removed (SPEC 11's resync overflow policy).
+func (q *boundedAsyncQueue) dropLiveLocked() int {
+	kept := 0
+	for i := range q.n {
+		if e := q.buf[q.index(i)]; e.forced {
+			q.buf[q.index(kept)] = e
+			kept++
+		}
+	}
+	for i := kept; i < q.n; i++ {
+		q.buf[q.index(i)] = queueEntry{}
+	}
+	dropped := q.n - kept
+	q.n, q.liveCount, q.liveBytes = kept, 0, 0
+	// Every queued signal was live and is gone; positions are re-based.
+	clear(q.signals)
+	return dropped
+}
+
+// resync applies the resync overflow policy after f was rejected: drop the
+// live entries, force-push the marker that mark builds from the id of the
+// last event the consumer dequeued, then append f as live (the queue now
+// holds no live entry, so the caps admit it). It returns the number of
+// entries dropped and that id. On a closed queue it does nothing.
+func (q *boundedAsyncQueue) resync(f Frame, mark func(lastDelivered uint64) Frame) (dropped int, lastDelivered uint64) {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return 0, 0
+	}
+	dropped = q.dropLiveLocked()
+	lastDelivered = q.lastID
+	wake := q.appendLocked(queueEntry{f: mark(lastDelivered), forced: true})
+	q.appendLiveLocked(f)
+	q.liveCount, q.liveBytes = 1, f.Size()
+	q.mu.Unlock()
+	if wake {
+		q.wake()
+	}
+	return dropped, lastDelivered
 }
 
 // popAll appends every buffered frame to dst. open is false once the queue
@@ -217,6 +308,7 @@ func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 		dropped = q.n
 		clear(q.buf)
 		q.buf, q.head, q.n, q.liveCount, q.liveBytes = nil, 0, 0, 0, 0
+		q.signals = nil
 	}
 	q.mu.Unlock()
 	if !was || dropped > 0 {

@@ -25,6 +25,19 @@ type SubscribeOptions struct {
 	// MaxQueued is the live frame cap; 0 means Options.MaxQueued, negative
 	// is an error wrapping ErrInvalidOption.
 	MaxQueued int
+	// Types restricts the subscription to event types (SPEC 11): up to
+	// MaxTypeFilters filters of up to MaxTypeFilterBytes, each an exact type
+	// or a trailing wildcard such as "plugin.tool.github.*" (segments of
+	// [a-z0-9_]+; it matches "plugin.tool.github.pr_opened" but neither
+	// "plugin.tool.github" nor "plugin.tool.gitlab.x"). Empty means every
+	// type. Synthetic frames always pass; filtered-out events never count
+	// toward the caps. On a filtered stream ids increase but are not
+	// contiguous: a client must not treat such gaps as loss.
+	Types []string
+	// OverflowPolicy overrides the bus's Options.OverflowPolicy for this
+	// subscription; 0 keeps the bus's. It is the embedder's choice, never a
+	// remote client's.
+	OverflowPolicy OverflowPolicy
 }
 
 // Subscription is one subscriber's view of a bus: a bounded queue of frames
@@ -38,9 +51,13 @@ type Subscription struct {
 	bus *EventBus
 	q   boundedAsyncQueue
 
+	filter *typeFilter
+	policy OverflowPolicy
+
 	// Guarded by bus.mu.
 	warned    bool
 	cancelled bool
+	overflows [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
 
 	warnFrames, resetFrames, warnBytes, resetBytes float64
 
@@ -57,8 +74,9 @@ type Subscription struct {
 // When ctx is done the subscription is cancelled (its buffer dropped). On a
 // closed bus Subscribe returns an ended subscription and no error; with a
 // ctx already done, an ended subscription that was never registered. It
-// returns an error wrapping ErrInvalidOption for a negative MaxQueued and a
-// *SubscriberLimitError when the bus is full. Subscribe does not block on
+// returns an error wrapping ErrInvalidOption for a negative MaxQueued or an
+// unknown OverflowPolicy, one wrapping ErrInvalidFilter for an invalid
+// Types entry, and a *SubscriberLimitError when the bus is full. Subscribe does not block on
 // other subscribers.
 func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subscription, error) {
 	if ctx == nil {
@@ -67,11 +85,21 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 	if opts.MaxQueued < 0 {
 		return nil, fmt.Errorf("%w: MaxQueued is %d, must not be negative", ErrInvalidOption, opts.MaxQueued)
 	}
+	if opts.OverflowPolicy > OverflowResync {
+		return nil, fmt.Errorf("%w: unknown OverflowPolicy %d", ErrInvalidOption, opts.OverflowPolicy)
+	}
+	filter, err := compileFilters(opts.Types)
+	if err != nil {
+		return nil, err
+	}
 	maxQueued := opts.MaxQueued
 	if maxQueued == 0 {
 		maxQueued = b.opts.MaxQueued
 	}
-	s := &Subscription{bus: b}
+	s := &Subscription{bus: b, filter: filter, policy: opts.OverflowPolicy}
+	if s.policy == 0 {
+		s.policy = b.opts.OverflowPolicy
+	}
 	s.q.init(maxQueued, b.opts.MaxQueuedBytes)
 	s.warnFrames = WarnThresholdRatio * float64(maxQueued)
 	s.resetFrames = WarnResetRatio * float64(maxQueued)
@@ -113,8 +141,7 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		s.release()
 		return nil, &SubscriberLimitError{Limit: b.opts.MaxSubscribers}
 	}
-	b.subs = append(b.subs, s)
-	b.subscribed.Store(int64(len(b.subs)))
+	b.addLocked(s)
 	if opts.Resume {
 		b.replayLocked(s, opts)
 	}
@@ -123,8 +150,9 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 }
 
 // replayLocked queues SPEC 5.1's replay for s: resync frames, the ring
-// events after the cursor within the replay budget, and replay_complete. All
-// of them are forced: replay never counts toward the live caps.
+// events after the cursor that pass its filter, within the replay budget,
+// and replay_complete. All of them are forced: replay never counts toward
+// the live caps. The resync rules go by ids, whatever the filter.
 func (b *EventBus) replayLocked(s *Subscription, opts SubscribeOptions) {
 	n := opts.LastEventID
 	now := b.now()
@@ -144,8 +172,10 @@ func (b *EventBus) replayLocked(s *Subscription, opts SubscribeOptions) {
 			detail = "epoch_mismatch"
 		}
 		resync = resyncFrame(ReasonEpochReset, detail, n, earliest, b.epoch, now)
+		b.stats.resync(ReasonEpochReset)
 	case b.ring.Len() > 0 && first > n+1:
 		resync = resyncFrame(ReasonRingEvicted, "", n, first, b.epoch, now)
+		b.stats.resync(ReasonRingEvicted)
 	default:
 		start = b.ring.Len()
 		if i := b.ring.indexOf(n + 1); i >= 0 {
@@ -153,8 +183,7 @@ func (b *EventBus) replayLocked(s *Subscription, opts SubscribeOptions) {
 		}
 	}
 
-	count := b.ring.Len() - start
-	s.q.reserve(count + 3)
+	s.q.reserve(b.ring.Len() - start + 3)
 	if resync.wire != nil {
 		s.q.forcePush(resync)
 	}
@@ -163,8 +192,17 @@ func (b *EventBus) replayLocked(s *Subscription, opts SubscribeOptions) {
 	var last uint64
 	for i := start; i < b.ring.Len(); i++ {
 		f := b.ring.at(i)
+		if !s.filter.match(f.typ) {
+			continue
+		}
 		if replayed > 0 && spent+f.Size() > budget {
 			s.q.forcePush(resyncFrame(ReasonReplayBudgetExceeded, "", last, f.id, b.epoch, now))
+			b.stats.resync(ReasonReplayBudgetExceeded)
+			for ; i < b.ring.Len(); i++ {
+				if s.filter.match(b.ring.at(i).typ) {
+					b.stats.dropBudget.Add(1)
+				}
+			}
 			break
 		}
 		s.q.forcePush(f)
@@ -179,13 +217,13 @@ func (b *EventBus) replayLocked(s *Subscription, opts SubscribeOptions) {
 // push with the counts c after it. It builds and force-pushes the warning
 // under the lock, so the warning sits right after its triggering event even
 // with concurrent publishers; the diagnostic is returned for later.
-func (s *Subscription) checkWarningLocked(c queueCounts, id uint64, now func() int64) (diagnostic, bool) {
+func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic, bool) {
 	lc, lb := float64(c.liveCount), float64(c.liveBytes)
 	if s.warned && lc <= s.resetFrames && lb <= s.resetBytes {
 		s.warned = false
 	}
 	if s.warned {
-		return diagnostic{}, false
+		return Diagnostic{}, false
 	}
 	frames, bytes := lc >= s.warnFrames, lb >= s.warnBytes
 	var threshold string
@@ -197,31 +235,62 @@ func (s *Subscription) checkWarningLocked(c queueCounts, id uint64, now func() i
 	case bytes:
 		threshold = "bytes"
 	default:
-		return diagnostic{}, false
+		return Diagnostic{}, false
 	}
 	s.warned = true
-	s.q.forcePush(warningFrame(c, id, threshold, now()))
-	return diagnostic{"eventbus: slow client", []slog.Attr{
+	s.q.forcePush(warningFrame(c, id, threshold, s.bus.now()))
+	s.bus.stats.warnings.Add(1)
+	return Diagnostic{DiagSlowClient, "eventbus: slow client", []slog.Attr{
 		slog.String("threshold", threshold), slog.Uint64("lastEventId", id),
 		slog.Int("queueSize", c.liveCount), slog.Int("maxQueued", c.maxQueued),
 		slog.Int("queuedBytes", c.liveBytes), slog.Int("maxQueuedBytes", c.maxBytes),
 	}}, true
 }
 
-// evict ends s after Publish unregistered it under the lock: the terminal
-// frame goes behind what is queued, and the queue closes with drain.
-func (s *Subscription) evict(ev eviction, now int64) diagnostic {
-	reason := ev.result.reason()
-	eventBytes := -1
-	if ev.result == pushRejectedBytes {
-		eventBytes = ev.size
+// overflowResyncLocked applies OverflowResync after f was rejected: unless
+// this is the third overflow within OverflowWindow (then it reports false
+// and the caller evicts), the queued live frames are dropped, a
+// state_resync_required frame is queued, then f. The subscriber stays.
+func (s *Subscription) overflowResyncLocked(f Frame, res pushResult, lastID uint64) (Diagnostic, bool) {
+	b := s.bus
+	now := b.now()
+	if s.overflows[0] != 0 && now-s.overflows[0] < OverflowWindow.Milliseconds() {
+		return Diagnostic{}, false
 	}
-	s.end(fmt.Errorf("%w: %s", ErrEvicted, reason))
-	s.q.forcePush(evictedFrame(reason, ev.id, ev.counts, eventBytes, now))
+	s.overflows[0], s.overflows[1] = s.overflows[1], now
+	reason := res.reason()
+	// The client missed everything after the last event it dequeued; what
+	// it can get again starts at the rejected event (for a signal, which has
+	// no id, at the next id).
+	earliest := f.id
+	if f.kind != kindEvent {
+		earliest = lastID + 1
+	}
+	dropped, lastDelivered := s.q.resync(f, func(lastDelivered uint64) Frame {
+		return resyncFrame(reason, "", lastDelivered, earliest, b.epoch, now)
+	})
+	b.stats.dropOverflow.Add(uint64(dropped))
+	b.stats.resync(reason)
+	// Everything live is gone: the episode is over, warn again next time.
+	s.warned = false
+	return Diagnostic{DiagOverflowResync, "eventbus: slow client resynced", []slog.Attr{
+		slog.String("reason", reason), slog.Uint64("lastDeliveredId", lastDelivered),
+		slog.Uint64("earliestAvailableId", earliest), slog.Int("dropped", dropped),
+	}}, true
+}
+
+// evict ends s after a publish unregistered it under the lock: the
+// terminal frame goes behind what is queued, and the queue closes with
+// drain.
+func (s *Subscription) evict(ev eviction) Diagnostic {
+	b := s.bus
+	s.end(fmt.Errorf("%w: %s", ErrEvicted, ev.reason))
+	s.q.forcePush(evictedFrame(ev.reason, ev.id, ev.counts, ev.bytes, b.now()))
 	s.q.close(true)
 	s.release()
-	return diagnostic{"eventbus: subscriber evicted", []slog.Attr{
-		slog.String("reason", reason), slog.Uint64("droppedAfter", ev.id),
+	b.stats.eviction(ev.reason)
+	return Diagnostic{DiagEvicted, "eventbus: subscriber evicted", []slog.Attr{
+		slog.String("reason", ev.reason), slog.Uint64("droppedAfter", ev.id),
 		slog.Int("queueSize", ev.counts.liveCount), slog.Int("maxQueued", ev.counts.maxQueued),
 		slog.Int("queuedBytes", ev.counts.liveBytes), slog.Int("maxQueuedBytes", ev.counts.maxBytes),
 	}}
@@ -229,17 +298,21 @@ func (s *Subscription) evict(ev eviction, now int64) diagnostic {
 
 // cancel ends s without drain and unregisters it. fromCtx is set when the
 // context's AfterFunc calls it, which needs no stopping.
-func (s *Subscription) cancel(err error, fromCtx bool) {
+func (s *Subscription) cancel(err error, fromCtx bool) int {
 	b := s.bus
 	b.mu.Lock()
 	s.cancelled = true
 	b.removeLocked(s)
 	b.mu.Unlock()
 	s.end(err)
-	s.q.close(false)
+	dropped := s.q.close(false)
 	if !fromCtx {
 		s.release()
 	}
+	if err != errWriteBlocked {
+		b.stats.dropCancel.Add(uint64(dropped))
+	}
+	return dropped
 }
 
 // end records why s ended; the first reason wins.
@@ -281,6 +354,7 @@ func (s *Subscription) Ready() <-chan struct{} { return s.q.ready }
 // caps. One consumer at a time.
 func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
 	frames, open = s.q.popAll(dst)
+	s.bus.stats.delivered.Add(uint64(len(frames) - len(dst)))
 	if !open {
 		s.release()
 	}
@@ -303,6 +377,7 @@ func (s *Subscription) Events() iter.Seq[Frame] {
 		for {
 			var open bool
 			batch, open = s.q.popAll(batch[:0])
+			s.bus.stats.delivered.Add(uint64(len(batch)))
 			for _, f := range batch {
 				if !yield(f) {
 					return
@@ -323,5 +398,12 @@ func (s *Subscription) Events() iter.Seq[Frame] {
 var errWriteBlocked = errors.New("eventbus: stream write failed or blocked")
 
 // cancelBlocked cancels s because its writer could not deliver: no drain,
-// no terminal frame.
-func (s *Subscription) cancelBlocked() { s.cancel(errWriteBlocked, false) }
+// no terminal frame. lost is the number of frames of the failed batch; they
+// and the buffered ones are counted as dropped, reason blocked.
+func (s *Subscription) cancelBlocked(lost int, cause error) {
+	dropped := s.cancel(errWriteBlocked, false)
+	b := s.bus
+	b.stats.dropBlock.Add(uint64(lost + dropped))
+	b.emit(Diagnostic{DiagWriteFailed, "eventbus: stream write failed, subscriber dropped", []slog.Attr{
+		slog.String("error", cause.Error()), slog.Int("dropped", lost+dropped)}})
+}
