@@ -1,0 +1,560 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/ssebus/eventbus"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// newTestServer serves a fresh daemon over httptest. Cleanup closes every bus
+// first, so open streams end and the httptest server can close.
+func newTestServer(t *testing.T, opts eventbus.Options) (*server, *httptest.Server) {
+	t.Helper()
+	s, err := newServer(config{
+		Options: opts,
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s.routes())
+	t.Cleanup(func() {
+		s.closeAll()
+		ts.Close()
+		http.DefaultClient.CloseIdleConnections()
+	})
+	return s, ts
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) json(t *testing.T) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("response body %q is not a JSON object: %v", r.body, err)
+	}
+	return m
+}
+
+func do(t *testing.T, method, url, body string) response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{resp.StatusCode, resp.Header, b}
+}
+
+func publish(t *testing.T, ts *httptest.Server, session, body string) response {
+	t.Helper()
+	return do(t, http.MethodPost, ts.URL+"/session/"+session+"/events", body)
+}
+
+// status returns GET /session/{id} decoded, or nil on 404.
+func status(t *testing.T, ts *httptest.Server, session string) map[string]any {
+	t.Helper()
+	r := do(t, http.MethodGet, ts.URL+"/session/"+session, "")
+	if r.status == http.StatusNotFound {
+		return nil
+	}
+	if r.status != http.StatusOK {
+		t.Fatalf("status of %s: %d %s", session, r.status, r.body)
+	}
+	return r.json(t)
+}
+
+// waitFor polls cond until it holds or 5 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+type sseFrame struct {
+	id, event, data string
+}
+
+// sseStream reads frames from one GET /session/{id}/events response.
+type sseStream struct {
+	resp   *http.Response
+	r      *bufio.Reader
+	cancel context.CancelFunc
+}
+
+func openStream(t *testing.T, url string, header http.Header) *sseStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	s := &sseStream{resp: resp, r: bufio.NewReader(resp.Body), cancel: cancel}
+	t.Cleanup(s.close)
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, b)
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+		t.Fatalf("GET %s: Content-Type %q", url, ct)
+	}
+	return s
+}
+
+func (s *sseStream) close() {
+	s.cancel()
+	s.resp.Body.Close()
+}
+
+// next returns the next frame with a data line; comments and retry: lines
+// are skipped. At the end of the stream it returns io.EOF.
+func (s *sseStream) next() (sseFrame, error) {
+	var f sseFrame
+	for {
+		line, err := s.r.ReadString('\n')
+		if err != nil {
+			if err == io.EOF && line == "" {
+				return f, io.EOF
+			}
+			return f, fmt.Errorf("reading stream: %w (partial line %q)", err, line)
+		}
+		line = strings.TrimSuffix(line, "\n")
+		switch {
+		case line == "":
+			if f.data != "" {
+				return f, nil
+			}
+			f = sseFrame{}
+		case strings.HasPrefix(line, "id: "):
+			f.id = strings.TrimPrefix(line, "id: ")
+		case strings.HasPrefix(line, "event: "):
+			f.event = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			f.data = strings.TrimPrefix(line, "data: ")
+		}
+	}
+}
+
+func (s *sseStream) mustNext(t *testing.T) (sseFrame, map[string]any) {
+	t.Helper()
+	f, err := s.next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env map[string]any
+	if err := json.Unmarshal([]byte(f.data), &env); err != nil {
+		t.Fatalf("frame data %q: %v", f.data, err)
+	}
+	return f, env
+}
+
+func (s *sseStream) mustEnd(t *testing.T) {
+	t.Helper()
+	for {
+		f, err := s.next()
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("stream did not end cleanly: %v (last frame %+v)", err, f)
+		}
+	}
+}
+
+func TestPublishAssignsIDsAndEncodesTheBody(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+
+	r := publish(t, ts, "s1", `{"type":"chat","data":{"text":"hi","n":[1, 2]},"originatorClientId":"c1"}`)
+	if r.status != http.StatusOK || r.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("POST: %d %q %s", r.status, r.header.Get("Content-Type"), r.body)
+	}
+	first := r.json(t)
+	if first["id"] != float64(1) {
+		t.Fatalf("first id: %s", r.body)
+	}
+	epoch, _ := first["epoch"].(string)
+	if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(epoch) {
+		t.Fatalf("epoch %q", epoch)
+	}
+	r = publish(t, ts, "s1", `{"type":"chat","originatorClientId":""}`)
+	if got := r.json(t); r.status != http.StatusOK || got["id"] != float64(2) || got["epoch"] != epoch {
+		t.Fatalf("second POST: %d %s", r.status, r.body)
+	}
+	if st := status(t, ts, "s1"); st["lastEventId"] != float64(2) || st["epoch"] != epoch {
+		t.Fatalf("status: %v", st)
+	}
+
+	// Resume from the start to see what was stored.
+	s := openStream(t, ts.URL+"/session/s1/events", http.Header{"Last-Event-Id": {"0"}})
+	f, _ := s.mustNext(t)
+	if f.id != "1" || f.event != "chat" ||
+		!strings.HasPrefix(f.data, `{"id":1,"v":1,"type":"chat","data":{"text":"hi","n":[1,2]},"_meta":{"serverTimestamp":`) ||
+		!strings.HasSuffix(f.data, `},"originatorClientId":"c1"}`) {
+		t.Fatalf("first frame: %+v", f)
+	}
+	f, env := s.mustNext(t)
+	if f.id != "2" {
+		t.Fatalf("second frame: %+v", f)
+	}
+	for _, k := range []string{"data", "originatorClientId"} {
+		if _, ok := env[k]; ok {
+			t.Errorf("second frame has %q although the POST left it empty: %s", k, f.data)
+		}
+	}
+	f, env = s.mustNext(t)
+	if f.event != eventbus.TypeReplayComplete || f.id != "" {
+		t.Fatalf("after the replay: %+v", f)
+	}
+	if d, _ := env["data"].(map[string]any); d["replayedCount"] != float64(2) {
+		t.Fatalf("replay_complete: %s", f.data)
+	}
+}
+
+func TestPublishRejectsBadBodiesAndPublishesNothing(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+	cases := []struct {
+		name, body, code string
+	}{
+		{"not json", `not json`, "invalid_body"},
+		{"empty", ``, "invalid_body"},
+		{"array", `[1]`, "invalid_body"},
+		{"truncated", `{"type":"a"`, "invalid_body"},
+		{"two values", `{"type":"a"} {"type":"b"}`, "invalid_body"},
+		{"unknown field", `{"type":"a","id":7}`, "invalid_body"},
+		{"type not a string", `{"type":1}`, "invalid_body"},
+		{"bad data", `{"type":"a","data":{x}}`, "invalid_body"},
+		{"missing type", `{"data":1}`, "invalid_event"},
+		{"empty type", `{"type":""}`, "invalid_event"},
+		{"type with LF", `{"type":"a\nb"}`, "invalid_event"},
+		{"type with CR", `{"type":"a\rb"}`, "invalid_event"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := publish(t, ts, "bad", c.body)
+			if r.status != http.StatusBadRequest || r.header.Get("Content-Type") != "application/json" {
+				t.Fatalf("%d %q %s", r.status, r.header.Get("Content-Type"), r.body)
+			}
+			got := r.json(t)
+			if got["code"] != c.code || got["error"] == "" {
+				t.Fatalf("body %s, want code %q", r.body, c.code)
+			}
+		})
+	}
+	if st := status(t, ts, "bad"); st != nil && st["lastEventId"] != float64(0) {
+		t.Fatalf("a rejected POST published something: %v", st)
+	}
+	// The next good event still gets id 1.
+	if r := publish(t, ts, "bad", `{"type":"ok"}`); r.json(t)["id"] != float64(1) {
+		t.Fatalf("%s", r.body)
+	}
+}
+
+func TestPublishTooLargeIs413(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{MaxEventBytes: 1024})
+
+	big := `{"type":"blob","data":"` + strings.Repeat("x", 2000) + `"}`
+	r := publish(t, ts, "big", big)
+	if r.status != http.StatusRequestEntityTooLarge || r.json(t)["code"] != "event_too_large" {
+		t.Fatalf("event over MaxEventBytes: %d %s", r.status, r.body)
+	}
+	// A body past MaxEventBytes+bodySlack is cut off before it is read to the end.
+	huge := `{"type":"blob","data":"` + strings.Repeat("x", 1024+bodySlack) + `"}`
+	r = publish(t, ts, "big", huge)
+	if r.status != http.StatusRequestEntityTooLarge || r.json(t)["code"] != "body_too_large" {
+		t.Fatalf("body over the limit: %d %s", r.status, r.body)
+	}
+	// Whitespace that compaction removes does not count toward the event size.
+	spaced := `{"type":"blob","data":[` + strings.Repeat(" ", 4000) + `1]}`
+	if r := publish(t, ts, "big", spaced); r.status != http.StatusOK || r.json(t)["id"] != float64(1) {
+		t.Fatalf("spaced small event: %d %s", r.status, r.body)
+	}
+}
+
+func TestSessionIDTooLong(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+	r := publish(t, ts, strings.Repeat("s", maxSessionIDBytes+1), `{"type":"a"}`)
+	if r.status != http.StatusBadRequest || r.json(t)["code"] != "invalid_session_id" {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+}
+
+func TestMaxSessionsAndShutdownAreRefusedClearly(t *testing.T) {
+	s, err := newServer(config{MaxSessions: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s.routes())
+	defer ts.Close()
+	defer s.closeAll()
+
+	if r := publish(t, ts, "one", `{"type":"a"}`); r.status != http.StatusOK {
+		t.Fatalf("first session: %d %s", r.status, r.body)
+	}
+	if r := publish(t, ts, "two", `{"type":"a"}`); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" {
+		t.Fatalf("POST to a second session: %d %s", r.status, r.body)
+	}
+	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" {
+		t.Fatalf("GET of a second session: %d %s", r.status, r.body)
+	}
+	if r := do(t, http.MethodGet, ts.URL+"/session/"+strings.Repeat("x", maxSessionIDBytes+1)+"/events", ""); r.status != http.StatusBadRequest {
+		t.Fatalf("GET of a too long id: %d %s", r.status, r.body)
+	}
+	// The existing session still streams; a DELETE makes room.
+	openStream(t, ts.URL+"/session/one/events", nil).close()
+	do(t, http.MethodDelete, ts.URL+"/session/one", "")
+	if r := publish(t, ts, "two", `{"type":"a"}`); r.status != http.StatusOK {
+		t.Fatalf("POST after DELETE made room: %d %s", r.status, r.body)
+	}
+
+	s.closeAll()
+	if r := publish(t, ts, "two", `{"type":"a"}`); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "shutting_down" {
+		t.Fatalf("POST while shutting down: %d %s", r.status, r.body)
+	}
+	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "shutting_down" {
+		t.Fatalf("GET while shutting down: %d %s", r.status, r.body)
+	}
+}
+
+func TestDeleteStartsANewEpoch(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+
+	first := publish(t, ts, "d", `{"type":"a"}`).json(t)
+	publish(t, ts, "d", `{"type":"a"}`)
+	s := openStream(t, ts.URL+"/session/d/events", nil)
+
+	r := do(t, http.MethodDelete, ts.URL+"/session/d", "")
+	if r.status != http.StatusNoContent || len(r.body) != 0 {
+		t.Fatalf("DELETE: %d %s", r.status, r.body)
+	}
+	s.mustEnd(t) // the stream of the closed bus drains and ends
+	if st := status(t, ts, "d"); st != nil {
+		t.Fatalf("deleted session still has a status: %v", st)
+	}
+	if r := do(t, http.MethodDelete, ts.URL+"/session/d", ""); r.status != http.StatusNoContent {
+		t.Fatalf("DELETE of an unknown session: %d %s", r.status, r.body)
+	}
+	if r := do(t, http.MethodDelete, ts.URL+"/session/never", ""); r.status != http.StatusNoContent {
+		t.Fatalf("DELETE of a never seen session: %d %s", r.status, r.body)
+	}
+
+	again := publish(t, ts, "d", `{"type":"a"}`).json(t)
+	if again["id"] != float64(1) || again["epoch"] == first["epoch"] {
+		t.Fatalf("POST after DELETE: %v, before: %v", again, first)
+	}
+
+	// A GET after DELETE starts a new session too.
+	do(t, http.MethodDelete, ts.URL+"/session/d", "")
+	s = openStream(t, ts.URL+"/session/d/events", nil)
+	st := status(t, ts, "d")
+	if st == nil || st["epoch"] == again["epoch"] || st["lastEventId"] != float64(0) {
+		t.Fatalf("status after GET: %v", st)
+	}
+	s.close()
+}
+
+func TestDisconnectCutsStreamsAndTheClientResumes(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+	url := ts.URL + "/session/cut/events"
+
+	a := openStream(t, url, nil)
+	b := openStream(t, url, nil)
+	waitFor(t, "two subscribers", func() bool {
+		st := status(t, ts, "cut")
+		return st["subscribers"] == float64(2) && st["streams"] == float64(2)
+	})
+	epoch := status(t, ts, "cut")["epoch"]
+	publish(t, ts, "cut", `{"type":"a","data":1}`)
+	publish(t, ts, "cut", `{"type":"a","data":2}`)
+	for _, s := range []*sseStream{a, b} {
+		for _, want := range []string{"1", "2"} {
+			if f, _ := s.mustNext(t); f.id != want {
+				t.Fatalf("got %+v, want id %s", f, want)
+			}
+		}
+	}
+
+	r := do(t, http.MethodPost, ts.URL+"/session/cut/disconnect", "")
+	if r.status != http.StatusOK || r.json(t)["disconnected"] != float64(2) {
+		t.Fatalf("disconnect: %d %s", r.status, r.body)
+	}
+	for _, s := range []*sseStream{a, b} {
+		if _, err := s.next(); err == nil {
+			t.Fatal("a cut stream still delivers frames")
+		}
+	}
+	waitFor(t, "no subscribers", func() bool {
+		st := status(t, ts, "cut")
+		return st["subscribers"] == float64(0) && st["streams"] == float64(0)
+	})
+	if r := do(t, http.MethodPost, ts.URL+"/session/cut/disconnect", ""); r.json(t)["disconnected"] != float64(0) {
+		t.Fatalf("second disconnect: %s", r.body)
+	}
+	if r := do(t, http.MethodPost, ts.URL+"/session/unknown/disconnect", ""); r.status != http.StatusOK || r.json(t)["disconnected"] != float64(0) {
+		t.Fatalf("disconnect of an unknown session: %d %s", r.status, r.body)
+	}
+
+	// The session and its ring survive: a client resumes where it was cut.
+	publish(t, ts, "cut", `{"type":"a","data":3}`)
+	c := openStream(t, url, http.Header{"Last-Event-Id": {"2"}})
+	if f, _ := c.mustNext(t); f.id != "3" {
+		t.Fatalf("resumed stream: %+v", f)
+	}
+	if f, _ := c.mustNext(t); f.event != eventbus.TypeReplayComplete {
+		t.Fatalf("resumed stream: %+v", f)
+	}
+	st := status(t, ts, "cut")
+	if st["epoch"] != epoch || st["streamsOpened"] != float64(3) || st["streamsResumed"] != float64(1) || st["lastResumeFrom"] != "2" {
+		t.Fatalf("status after the resume: %v", st)
+	}
+}
+
+func TestIndexPage(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+	r := do(t, http.MethodGet, ts.URL+"/", "")
+	if r.status != http.StatusOK || !strings.HasPrefix(r.header.Get("Content-Type"), "text/html") {
+		t.Fatalf("GET /: %d %q", r.status, r.header.Get("Content-Type"))
+	}
+	for _, want := range []string{"<!doctype html>", "new EventSource(", "window.seenIds", "window.reconnects", "/disconnect", "replay_complete"} {
+		if !bytes.Contains(r.body, []byte(want)) {
+			t.Errorf("index page lacks %q", want)
+		}
+	}
+	if r := do(t, http.MethodGet, ts.URL+"/nope", ""); r.status != http.StatusNotFound {
+		t.Fatalf("GET /nope: %d", r.status)
+	}
+	if r := do(t, http.MethodPut, ts.URL+"/session/x/events", `{"type":"a"}`); r.status != http.StatusMethodNotAllowed {
+		t.Fatalf("PUT: %d", r.status)
+	}
+}
+
+// lockedBuffer is the daemon's log output in TestRun.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestRunServesTheDemoAndShutsDownOnCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-demo", "-demo-interval", "10ms", "-heartbeat", "1s"}, &logs)
+	}()
+	addrRE := regexp.MustCompile(`msg="sessiond listening" addr=(\S+)`)
+	var addr string
+	waitFor(t, "the listening log line", func() bool {
+		if m := addrRE.FindStringSubmatch(logs.String()); m != nil {
+			addr = m[1]
+			return true
+		}
+		return false
+	})
+
+	s := openStream(t, "http://"+addr+"/session/demo/events", nil)
+	f, env := s.mustNext(t)
+	if f.event != "tick" || f.id == "" {
+		t.Fatalf("demo frame: %+v", f)
+	}
+	if d, _ := env["data"].(map[string]any); d["n"] == nil {
+		t.Fatalf("demo frame without a counter: %s", f.data)
+	}
+
+	cancel()
+	s.mustEnd(t) // the bus is closed before the server shuts down
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v\nlogs:\n%s", err, logs.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("run did not return after cancel\nlogs:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "sessiond shutting down") {
+		t.Errorf("no shutdown log line:\n%s", logs.String())
+	}
+}
+
+func TestRunFlags(t *testing.T) {
+	var out lockedBuffer
+	if err := run(context.Background(), []string{"-h"}, &out); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, want := range []string{"POST   /session/{id}/disconnect", "-max-subscribers", "-ring", "-demo"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-h output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := run(context.Background(), []string{"-ring", "-1", "-addr", "127.0.0.1:0"}, io.Discard); !errors.Is(err, eventbus.ErrInvalidOption) {
+		t.Fatalf("-ring -1: %v", err)
+	}
+	if err := run(context.Background(), []string{"extra"}, io.Discard); err == nil {
+		t.Fatal("a positional argument was accepted")
+	}
+}

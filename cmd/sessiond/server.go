@@ -1,0 +1,411 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/ssebus/eventbus"
+)
+
+//go:embed index.html
+var indexHTML []byte
+
+// maxSessionIDBytes bounds the {id} path segment; sessions are map keys and
+// appear in logs.
+const maxSessionIDBytes = 128
+
+// bodySlack is what a POST body may carry beyond MaxEventBytes: the request's
+// own field names and whitespace that compaction removes. A body past
+// MaxEventBytes+bodySlack is refused (413) before it is read to the end.
+const bodySlack = 1 << 20
+
+var (
+	errShuttingDown    = errors.New("sessiond: shutting down")
+	errTooManySessions = errors.New("sessiond: too many sessions")
+	errInvalidSession  = fmt.Errorf("sessiond: session id longer than %d bytes", maxSessionIDBytes)
+)
+
+type config struct {
+	Options      eventbus.Options // used for every session's bus
+	MaxSessions  int              // <= 0: unlimited
+	Heartbeat    time.Duration    // 0: handler default
+	Retry        time.Duration    // 0: handler default
+	WriteTimeout time.Duration    // 0: handler default
+	Logger       *slog.Logger     // nil: slog.Default()
+}
+
+// server owns the sessions. It is safe for concurrent use.
+type server struct {
+	cfg     config
+	logger  *slog.Logger
+	maxBody int64
+	events  http.Handler // the eventbus SSE handler; its Lookup is s.lookup
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[string]*session
+}
+
+// session is one bus plus what the daemon records about its streams. Every
+// field but id and bus is guarded by server.mu.
+type session struct {
+	id      string
+	bus     *eventbus.EventBus
+	created time.Time
+
+	streams        map[*stream]struct{} // open GET streams, for /disconnect
+	streamsOpened  uint64
+	streamsResumed uint64 // opened with a Last-Event-ID header or ?lastEventId=
+	lastResumeFrom string // that value, as the client sent it (truncated)
+}
+
+// stream is one GET /session/{id}/events request. cancel cancels the request
+// context the eventbus handler sees, which ends the subscription without
+// draining, exactly like a client disconnect.
+type stream struct {
+	cancel context.CancelFunc
+	sess   *session // set by lookup; guarded by server.mu
+}
+
+type streamKey struct{}
+
+func newServer(cfg config) (*server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Options.Logger == nil {
+		cfg.Options.Logger = cfg.Logger
+	}
+	// Validate the bus options once, at startup, rather than on the first request.
+	probe, err := eventbus.New(cfg.Options)
+	if err != nil {
+		return nil, err
+	}
+	probe.Close()
+
+	maxEvent := cfg.Options.MaxEventBytes
+	if maxEvent == 0 {
+		maxEvent = eventbus.DefaultMaxEventBytes
+	}
+	s := &server{
+		cfg:      cfg,
+		logger:   cfg.Logger,
+		maxBody:  int64(maxEvent) + bodySlack,
+		sessions: make(map[string]*session),
+	}
+	s.events = &eventbus.Handler{
+		Lookup:       s.lookup,
+		Logger:       cfg.Logger,
+		Retry:        cfg.Retry,
+		Heartbeat:    cfg.Heartbeat,
+		WriteTimeout: cfg.WriteTimeout,
+	}
+	return s, nil
+}
+
+func (s *server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", s.serveIndex)
+	mux.HandleFunc("GET /session/{id}/events", s.serveEvents)
+	mux.HandleFunc("POST /session/{id}/events", s.servePublish)
+	mux.HandleFunc("GET /session/{id}", s.serveStatus)
+	mux.HandleFunc("DELETE /session/{id}", s.serveDelete)
+	mux.HandleFunc("POST /session/{id}/disconnect", s.serveDisconnect)
+	return mux
+}
+
+// getSession returns the live session id, creating it when create is set.
+func (s *server) getSession(id string, create bool) (*session, error) {
+	if len(id) > maxSessionIDBytes {
+		return nil, errInvalidSession
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errShuttingDown
+	}
+	if sess := s.sessions[id]; sess != nil {
+		return sess, nil
+	}
+	if !create {
+		return nil, eventbus.ErrSessionNotFound
+	}
+	if s.cfg.MaxSessions > 0 && len(s.sessions) >= s.cfg.MaxSessions {
+		return nil, errTooManySessions
+	}
+	bus, err := eventbus.New(s.cfg.Options) // validated in newServer; no I/O
+	if err != nil {
+		return nil, err
+	}
+	sess := &session{id: id, bus: bus, created: time.Now(), streams: make(map[*stream]struct{})}
+	s.sessions[id] = sess
+	return sess, nil
+}
+
+// admit reports the error getSession(id, true) would return, without
+// creating the session.
+func (s *server) admit(id string) error {
+	if len(id) > maxSessionIDBytes {
+		return errInvalidSession
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return errShuttingDown
+	case s.sessions[id] != nil:
+		return nil
+	case s.cfg.MaxSessions > 0 && len(s.sessions) >= s.cfg.MaxSessions:
+		return errTooManySessions
+	}
+	return nil
+}
+
+// publish publishes ev to session id, creating the session if needed. A bus
+// closed by a concurrent DELETE is replaced by a new session, as a POST after
+// the DELETE would be.
+func (s *server) publish(id string, ev eventbus.Event) (eventbus.Frame, *session, error) {
+	for attempt := 0; ; attempt++ {
+		sess, err := s.getSession(id, true)
+		if err != nil {
+			return eventbus.Frame{}, nil, err
+		}
+		f, err := sess.bus.Publish(ev)
+		if errors.Is(err, eventbus.ErrClosed) && attempt < 3 {
+			continue
+		}
+		return f, sess, err
+	}
+}
+
+// deleteSession forgets session id and closes its bus; its streams receive
+// what is queued, then end. It reports whether the session existed.
+func (s *server) deleteSession(id string) bool {
+	s.mu.Lock()
+	sess := s.sessions[id]
+	delete(s.sessions, id)
+	s.mu.Unlock()
+	if sess == nil {
+		return false
+	}
+	sess.bus.Close()
+	s.logger.Info("session deleted", "session", id, "epoch", sess.bus.Epoch(), "lastEventId", sess.bus.LastEventID())
+	return true
+}
+
+// disconnect cancels every open stream of session id and returns how many.
+func (s *server) disconnect(id string) int {
+	s.mu.Lock()
+	var cancels []context.CancelFunc
+	if sess := s.sessions[id]; sess != nil {
+		for st := range sess.streams {
+			cancels = append(cancels, st.cancel)
+		}
+	}
+	s.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel()
+	}
+	return len(cancels)
+}
+
+// closeAll refuses new sessions and closes every bus. Idempotent.
+func (s *server) closeAll() {
+	s.mu.Lock()
+	s.closed = true
+	all := s.sessions
+	s.sessions = make(map[string]*session)
+	s.mu.Unlock()
+	for _, sess := range all {
+		sess.bus.Close()
+	}
+}
+
+func (s *server) serveIndex(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:")
+	w.Write(indexHTML)
+}
+
+// serveEvents wraps the eventbus handler: the request context it sees can be
+// cancelled by /disconnect. lookup registers the stream with its session.
+func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
+	// The handler turns any Lookup error but ErrSessionNotFound into a 500,
+	// so refuse what lookup would refuse with a clearer status first. (A
+	// race with shutdown or another new session can still end in that 500.)
+	if err := s.admit(r.PathValue("id")); err != nil {
+		switch {
+		case errors.Is(err, errInvalidSession):
+			writeError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
+		case errors.Is(err, errShuttingDown):
+			writeError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
+		default:
+			writeError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
+		}
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	st := &stream{cancel: cancel}
+	defer func() {
+		s.mu.Lock()
+		if st.sess != nil {
+			delete(st.sess.streams, st)
+		}
+		s.mu.Unlock()
+	}()
+	s.events.ServeHTTP(w, r.WithContext(context.WithValue(ctx, streamKey{}, st)))
+}
+
+// lookup is the eventbus handler's Lookup: it creates the session on first
+// use and records the stream.
+func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
+	id := r.PathValue("id")
+	sess, err := s.getSession(id, true)
+	if err != nil {
+		return nil, err
+	}
+	resume := r.Header.Get("Last-Event-ID")
+	if resume == "" {
+		resume = r.URL.Query().Get("lastEventId")
+	}
+	if len(resume) > 64 {
+		resume = resume[:64]
+	}
+	s.mu.Lock()
+	if st, ok := r.Context().Value(streamKey{}).(*stream); ok && st.sess == nil {
+		st.sess = sess
+		sess.streams[st] = struct{}{}
+	}
+	sess.streamsOpened++
+	if resume != "" {
+		sess.streamsResumed++
+		sess.lastResumeFrom = resume
+	}
+	s.mu.Unlock()
+	s.logger.Info("stream opened", "session", id, "epoch", sess.bus.Epoch(), "lastEventId", resume, "remote", r.RemoteAddr)
+	return sess.bus, nil
+}
+
+// publishRequest is the body of POST /session/{id}/events.
+type publishRequest struct {
+	Type               string          `json:"type"`
+	Data               json.RawMessage `json:"data"`
+	OriginatorClientID string          `json:"originatorClientId"`
+}
+
+func (s *server) servePublish(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if len(id) > maxSessionIDBytes {
+		writeError(w, http.StatusBadRequest, "invalid_session_id", errInvalidSession.Error())
+		return
+	}
+	var req publishRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&req)
+	if err == nil {
+		// Exactly one JSON value: trailing data is a malformed body too.
+		if err = dec.Decode(&struct{}{}); err == io.EOF {
+			err = nil
+		} else if err == nil {
+			err = errors.New("body holds more than one JSON value")
+		}
+	}
+	if err != nil {
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large",
+				fmt.Sprintf("request body larger than %d bytes", mbe.Limit))
+			return
+		}
+		if err == io.EOF {
+			err = errors.New("empty body")
+		}
+		writeError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+		return
+	}
+
+	ev := eventbus.Event{Type: req.Type, OriginatorClientID: req.OriginatorClientID}
+	if req.Data != nil { // absent "data" stays nil (omitted); "data":null is kept
+		ev.Data = req.Data
+	}
+	f, sess, err := s.publish(id, ev)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, map[string]any{"id": f.ID(), "epoch": sess.bus.Epoch()})
+	case errors.Is(err, eventbus.ErrEventTooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
+	case errors.Is(err, eventbus.ErrInvalidEvent):
+		writeError(w, http.StatusBadRequest, "invalid_event", err.Error())
+	case errors.Is(err, errShuttingDown):
+		writeError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
+	case errors.Is(err, errTooManySessions):
+		writeError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
+	default:
+		s.logger.Error("publish failed", "session", id, "err", err)
+		writeError(w, http.StatusInternalServerError, "internal", "publish failed")
+	}
+}
+
+func (s *server) serveStatus(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	sess, err := s.getSession(id, false)
+	if err != nil {
+		writeError(w, http.StatusNotFound, "session_not_found", "session not found")
+		return
+	}
+	s.mu.Lock()
+	st := map[string]any{
+		"id":             sess.id,
+		"epoch":          sess.bus.Epoch(),
+		"lastEventId":    sess.bus.LastEventID(),
+		"subscribers":    sess.bus.SubscriberCount(),
+		"streams":        len(sess.streams),
+		"streamsOpened":  sess.streamsOpened,
+		"streamsResumed": sess.streamsResumed,
+		"lastResumeFrom": sess.lastResumeFrom,
+		"createdAt":      sess.created.UTC().Format(time.RFC3339Nano),
+	}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *server) serveDelete(w http.ResponseWriter, r *http.Request) {
+	s.deleteSession(r.PathValue("id"))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) serveDisconnect(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	n := s.disconnect(id)
+	if n > 0 {
+		s.logger.Info("streams cut on request", "session", id, "streams", n)
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"disconnected": n})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"internal","code":"internal"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg, "code": code})
+}
