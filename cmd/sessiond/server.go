@@ -61,9 +61,12 @@ type session struct {
 	bus     *eventbus.EventBus
 	created time.Time
 
-	streams        map[*stream]struct{} // open GET streams, for /disconnect
+	streams map[*stream]struct{} // open GET streams, for /disconnect
+	// GET requests that reached the bus (after the handler's own checks; a
+	// 429 for the subscriber limit still counts), and those of them that
+	// carried a Last-Event-ID header or ?lastEventId=.
 	streamsOpened  uint64
-	streamsResumed uint64 // opened with a Last-Event-ID header or ?lastEventId=
+	streamsResumed uint64
 	lastResumeFrom string // that value, as the client sent it (truncated)
 }
 
