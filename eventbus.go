@@ -161,6 +161,7 @@ type EventBus struct {
 	ring   ring
 	subs   []*Subscription
 	closed bool
+	mirror bool // ids come from a backplane (set before first use)
 
 	// Mirrors of guarded state, for lock-free reads.
 	lastID     atomic.Uint64
@@ -273,6 +274,9 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	if b.isClosed.Load() {
 		b.stats.rejClosed.Add(1)
 		return Frame{}, ErrClosed
+	}
+	if b.mirror {
+		return Frame{}, errMirror
 	}
 	p, err := b.encode(e)
 	if err != nil {

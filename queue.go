@@ -50,6 +50,7 @@ type boundedAsyncQueue struct {
 	maxQueued int
 	maxBytes  int
 	closed    bool
+	held      bool // the consumer sees nothing until unhold (backplane replay)
 	ready     chan struct{}
 
 	// popped counts entries ever removed from the head, so popped+i is the
@@ -136,6 +137,42 @@ func (q *boundedAsyncQueue) forcePush(f Frame) bool {
 	return true
 }
 
+// forcePushFrame is forcePush for callers that need a func(Frame).
+func (q *boundedAsyncQueue) forcePushFrame(f Frame) { q.forcePush(f) }
+
+// hold hides the queue from the consumer until unhold; pushes go on.
+func (q *boundedAsyncQueue) hold() {
+	q.mu.Lock()
+	q.held = true
+	q.mu.Unlock()
+}
+
+// unhold puts front, as forced entries, ahead of everything queued, and
+// shows the queue to the consumer again. On a closed queue front is
+// dropped: a cancelled consumer wants nothing, and a drained one gets what
+// was queued.
+func (q *boundedAsyncQueue) unhold(front []Frame) {
+	q.mu.Lock()
+	q.held = false
+	if !q.closed && len(front) > 0 {
+		buf := make([]queueEntry, max(len(front)+q.n, 8))
+		for i, f := range front {
+			buf[i] = queueEntry{f: f, forced: true}
+		}
+		for i := range q.n {
+			buf[len(front)+i] = q.buf[q.index(i)]
+		}
+		q.buf, q.head = buf, 0
+		q.n += len(front)
+		// Positions are popped+index; the old entries moved back by
+		// len(front), so moving the base keeps signal positions right
+		// (modular arithmetic makes a wrap harmless).
+		q.popped -= uint64(len(front))
+	}
+	q.mu.Unlock()
+	q.wake()
+}
+
 // reserve grows the buffer to hold n more entries, so a replay of
 // thousands of frames costs one allocation, not a doubling series.
 func (q *boundedAsyncQueue) reserve(n int) {
@@ -209,6 +246,9 @@ const (
 func (q *boundedAsyncQueue) pop() (queueEntry, popState) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.held && q.n > 0 {
+		return queueEntry{}, popEmpty
+	}
 	if q.n == 0 {
 		if q.closed {
 			return queueEntry{}, popEnded
@@ -290,6 +330,9 @@ func (q *boundedAsyncQueue) resync(f Frame, mark func(lastDelivered uint64) Fram
 func (q *boundedAsyncQueue) popAll(dst []Frame) (out []Frame, open bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.held && q.n > 0 {
+		return dst, true
+	}
 	for q.n > 0 {
 		dst = append(dst, q.popLocked().f)
 	}

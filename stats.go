@@ -137,11 +137,12 @@ type Diagnostic struct {
 
 // Diagnostic kinds.
 const (
-	DiagPublishRejected = "publish_rejected"
-	DiagSlowClient      = "slow_client"
-	DiagEvicted         = "subscriber_evicted"
-	DiagOverflowResync  = "overflow_resync"
-	DiagWriteFailed     = "write_failed"
+	DiagPublishRejected    = "publish_rejected"
+	DiagSlowClient         = "slow_client"
+	DiagEvicted            = "subscriber_evicted"
+	DiagOverflowResync     = "overflow_resync"
+	DiagWriteFailed        = "write_failed"
+	DiagHistoryUnavailable = "history_unavailable"
 )
 
 // emit hands each diagnostic to the callback and logs the ones it does not

@@ -7,6 +7,8 @@ import (
 	"iter"
 	"log/slog"
 	"sync/atomic"
+
+	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // SubscribeOptions configures one subscription. The zero value subscribes
@@ -79,6 +81,13 @@ type Subscription struct {
 // Types entry, and a *SubscriberLimitError when the bus is full. Subscribe does not block on
 // other subscribers.
 func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subscription, error) {
+	return b.subscribe(ctx, opts, nil)
+}
+
+// subscribe is Subscribe with an optional history for resumes the ring
+// cannot answer (the backplane seam): then the replay is read outside the
+// lock and queued ahead of the live frames that arrived meanwhile.
+func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.History) (*Subscription, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -142,75 +151,111 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		return nil, &SubscriberLimitError{Limit: b.opts.MaxSubscribers}
 	}
 	b.addLocked(s)
-	if opts.Resume {
-		b.replayLocked(s, opts)
+	remote := opts.Resume && h != nil && !b.ringCoversLocked(opts)
+	upto := b.nextID - 1
+	switch {
+	case remote:
+		// Live frames queue up behind the hold while history is read;
+		// the replay goes in front of them.
+		s.q.hold()
+	case opts.Resume:
+		s.q.reserve(b.ring.Len() + 3)
+		b.replay(s, opts, &b.ring, b.ring.firstID(), b.nextID, s.q.forcePushFrame)
 	}
 	b.mu.Unlock()
+	if remote {
+		b.replayRemote(ctx, s, opts, h, upto)
+	}
 	return s, nil
 }
 
-// replayLocked queues SPEC 5.1's replay for s: resync frames, the ring
-// events after the cursor that pass its filter, within the replay budget,
-// and replay_complete. All of them are forced: replay never counts toward
-// the live caps. The resync rules go by ids, whatever the filter.
-func (b *EventBus) replayLocked(s *Subscription, opts SubscribeOptions) {
+// replaySource is a contiguous run of published frames: the ring, or
+// entries a backplane read from its log.
+type replaySource interface {
+	Len() int
+	at(i int) Frame
+}
+
+type frameSlice []Frame
+
+func (f frameSlice) Len() int       { return len(f) }
+func (f frameSlice) at(i int) Frame { return f[i] }
+
+// ringCoversLocked reports whether the ring alone can answer a resume:
+// same epoch, a cursor in this epoch, and nothing after it evicted.
+func (b *EventBus) ringCoversLocked(opts SubscribeOptions) bool {
+	n := opts.LastEventID
+	if epochMismatch(opts, b.epoch) || n >= b.nextID {
+		return false
+	}
+	return n == b.nextID-1 || b.ring.Len() > 0 && b.ring.firstID() <= n+1
+}
+
+func epochMismatch(opts SubscribeOptions, epoch string) bool {
+	return opts.Epoch != "" && len(opts.Epoch) <= 64 && opts.Epoch != epoch
+}
+
+// replay produces SPEC 5.1's replay for s through push: resync frames, the
+// events of src after the cursor that pass its filter, within the replay
+// budget, and replay_complete. first is the oldest id the log holds (0 when
+// none) and nextID the id the next event will get; the resync rules go by
+// ids, whatever the filter. Every frame is forced: replay never counts
+// toward the live caps. For the ring it runs under the bus lock, so no live
+// event slips between the replay and the live stream.
+func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySource, first, nextID uint64, push func(Frame)) {
 	n := opts.LastEventID
 	now := b.now()
-	first := b.ring.firstID()
 	earliest := first
-	if b.ring.Len() == 0 {
-		earliest = b.nextID
+	if first == 0 {
+		earliest = nextID
 	}
-	mismatch := opts.Epoch != "" && len(opts.Epoch) <= 64 && opts.Epoch != b.epoch
+	mismatch := epochMismatch(opts, b.epoch)
 
-	start := 0 // ring position of the first frame to replay
-	var resync Frame
+	start := 0 // position in src of the first frame to replay
 	switch {
-	case mismatch || n >= b.nextID:
+	case mismatch || n >= nextID:
 		detail := ""
 		if mismatch {
 			detail = "epoch_mismatch"
 		}
-		resync = resyncFrame(ReasonEpochReset, detail, n, earliest, b.epoch, now)
+		push(resyncFrame(ReasonEpochReset, detail, n, earliest, b.epoch, now))
 		b.stats.resync(ReasonEpochReset)
-	case b.ring.Len() > 0 && first > n+1:
-		resync = resyncFrame(ReasonRingEvicted, "", n, first, b.epoch, now)
+	case first > n+1:
+		push(resyncFrame(ReasonRingEvicted, "", n, first, b.epoch, now))
 		b.stats.resync(ReasonRingEvicted)
 	default:
-		start = b.ring.Len()
-		if i := b.ring.indexOf(n + 1); i >= 0 {
-			start = i
+		start = src.Len()
+		if src.Len() > 0 {
+			if i := n + 1 - src.at(0).id; n+1 >= src.at(0).id && i < uint64(src.Len()) {
+				start = int(i)
+			}
 		}
 	}
 
-	s.q.reserve(b.ring.Len() - start + 3)
-	if resync.wire != nil {
-		s.q.forcePush(resync)
-	}
 	budget := b.opts.ReplayBudgetBytes
 	replayed, spent := 0, 0
 	var last uint64
-	for i := start; i < b.ring.Len(); i++ {
-		f := b.ring.at(i)
+	for i := start; i < src.Len(); i++ {
+		f := src.at(i)
 		if !s.filter.match(f.typ) {
 			continue
 		}
 		if replayed > 0 && spent+f.Size() > budget {
-			s.q.forcePush(resyncFrame(ReasonReplayBudgetExceeded, "", last, f.id, b.epoch, now))
+			push(resyncFrame(ReasonReplayBudgetExceeded, "", last, f.id, b.epoch, now))
 			b.stats.resync(ReasonReplayBudgetExceeded)
-			for ; i < b.ring.Len(); i++ {
-				if s.filter.match(b.ring.at(i).typ) {
+			for ; i < src.Len(); i++ {
+				if s.filter.match(src.at(i).typ) {
 					b.stats.dropBudget.Add(1)
 				}
 			}
 			break
 		}
-		s.q.forcePush(f)
+		push(f)
 		spent += f.Size()
 		replayed++
 		last = f.id
 	}
-	s.q.forcePush(replayCompleteFrame(replayed, last, b.epoch, now))
+	push(replayCompleteFrame(replayed, last, b.epoch, now))
 }
 
 // checkWarningLocked runs SPEC 6's warning check after an accepted live
