@@ -27,7 +27,8 @@ type sink struct {
 	ended    bool
 	reason   string // why the stream ended before completion ("evicted", "closed", ...)
 
-	progress atomic.Uint64 // got, published every 64 deliveries and at completion/end
+	progress atomic.Uint64 // got, published every progMask+1 deliveries and at completion/end
+	progMask uint64        // 63, or 0 where exact live counts matter (stall scenario)
 	doneOnce sync.Once
 	group    *sinkGroup
 
@@ -47,7 +48,7 @@ func newSinks(n int, events int, stalledIdx int) ([]*sink, *sinkGroup) {
 	release := make(chan struct{})
 	sinks := make([]*sink, n)
 	for i := range sinks {
-		sinks[i] = &sink{total: uint64(events), next: 1, group: g, release: release, stalled: i == stalledIdx}
+		sinks[i] = &sink{total: uint64(events), next: 1, group: g, release: release, stalled: i == stalledIdx, progMask: 63}
 	}
 	return sinks, g
 }
@@ -75,7 +76,7 @@ func (s *sink) see(seq uint64) {
 	default:
 		s.dup++
 	}
-	if s.got&63 == 0 {
+	if s.got&s.progMask == 0 {
 		s.progress.Store(s.got)
 	}
 	if !s.complete && !s.ended && s.next > s.total {
@@ -156,6 +157,7 @@ type result struct {
 }
 
 type runOpts struct {
+	window  int           // >0: the publisher stays at most this many events ahead of the slowest subscriber
 	timeout time.Duration // hard deadline for one run
 	stall   time.Duration // no progress at all for this long = blocked
 	stopMax time.Duration // how long stop may take before we call it hung
@@ -169,13 +171,21 @@ type publisher struct {
 	done      chan error
 }
 
-func startPublisher(f fanout, events int) *publisher {
+func startPublisher(f fanout, events int, sinks []*sink, window int) *publisher {
 	p := &publisher{done: make(chan error, 1)}
 	go func() {
 		for i := uint64(1); i <= uint64(events); i++ {
 			if p.quit.Load() {
 				p.done <- nil
 				return
+			}
+			if window > 0 && i&31 == 0 {
+				// Closed loop: wait (yielding) while the slowest subscriber
+				// is more than window events behind. Progress is published
+				// every 64 deliveries, so the window is approximate by that.
+				for i-1 > minProgress(sinks)+uint64(window) && !p.quit.Load() {
+					runtime.Gosched()
+				}
 			}
 			if err := f.publish(i); err != nil {
 				p.done <- fmt.Errorf("publish %d: %w", i, err)
@@ -186,6 +196,19 @@ func startPublisher(f fanout, events int) *publisher {
 		p.done <- nil
 	}()
 	return p
+}
+
+func minProgress(sinks []*sink) uint64 {
+	m := ^uint64(0)
+	for _, s := range sinks {
+		if s.stalled {
+			continue
+		}
+		if g := s.progress.Load(); g < m {
+			m = g
+		}
+	}
+	return m
 }
 
 func sumProgress(sinks []*sink) uint64 {
@@ -211,7 +234,7 @@ func runFanout(lib library, cfg config, subs, events int, o runOpts) result {
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
 	t0 := time.Now()
-	p := startPublisher(f, events)
+	p := startPublisher(f, events, sinks, o.window)
 
 	var pubErr error
 	pubDone := false
@@ -331,13 +354,16 @@ func runStall(lib library, cfg config, subs, events int, window time.Duration, s
 	r := stallResult{lib: lib.name, subs: subs, events: events, healthyTotal: subs - 1}
 	f := lib.new(cfg)
 	sinks, _ := newSinks(subs, events, 0)
+	for _, s := range sinks {
+		s.progMask = 0 // exact counts: we report how far each one got
+	}
 	if err := f.start(sinks); err != nil {
 		r.detail = "start: " + err.Error()
 		close(sinks[0].release)
 		stopWithin(f, stopMax)
 		return r
 	}
-	p := startPublisher(f, events)
+	p := startPublisher(f, events, nil, 0)
 	healthy := sinks[1:]
 
 	// Phase 1: until the publisher is done and the healthy subscribers are
@@ -372,10 +398,11 @@ phase1:
 	// Snapshot the healthy subscribers now (atomic progress), before the
 	// release lets a blocked publisher continue.
 	r.healthyMin = ^uint64(0)
-	for _, s := range healthy {
-		got := s.progress.Load()
-		if got < r.healthyMin {
-			r.healthyMin = got
+	snap := make([]uint64, len(healthy))
+	for i, s := range healthy {
+		snap[i] = s.progress.Load()
+		if snap[i] < r.healthyMin {
+			r.healthyMin = snap[i]
 		}
 	}
 	// Phase 2: stop the publisher, release the stalled one and let it drain.
@@ -401,10 +428,11 @@ phase1:
 		r.detail += " teardown hung"
 		return r
 	}
-	for _, s := range healthy {
-		// A healthy subscriber is fine if it got every event the publisher
-		// published before phase 1 ended, exactly once and in order.
-		if s.dup == 0 && s.missingUpTo(r.publishedBefore) == 0 && s.next > r.publishedBefore && (!s.ended || s.reason == "closed") {
+	for i, s := range healthy {
+		// A healthy subscriber is fine if, when phase 1 ended, it had every
+		// event the publisher had published, and overall it saw no gap, no
+		// duplicate and was not evicted.
+		if snap[i] >= r.publishedBefore && s.dup == 0 && s.gapMissing() == 0 && (!s.ended || s.reason == "closed") {
 			r.healthyAll++
 		} else {
 			r.healthyLossy++
@@ -423,15 +451,6 @@ func allComplete(ss []*sink) bool {
 		}
 	}
 	return true
-}
-
-// missingUpTo reports how many of 1..n this sink did not receive, from its
-// final state. (s.missing counts a closed tail up to total, so recompute.)
-func (s *sink) missingUpTo(n uint64) uint64 {
-	if s.next <= n {
-		return n - (s.next - 1) + s.gapMissing()
-	}
-	return s.gapMissing()
 }
 
 // gapMissing is the number of skipped sequence numbers seen as gaps (not the

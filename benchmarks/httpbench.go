@@ -66,7 +66,9 @@ func (f *httpFanout) start(sinks []*sink) error {
 		DisableCompression:  true,
 	}
 	client := &http.Client{Transport: f.tr}
-	url := "http://" + ln.Addr().String() + "/events?stream=bench"
+	// stream= is r3labs's stream name, maxQueued= is eventbus's per-client
+	// frame cap; every other handler ignores both.
+	url := "http://" + ln.Addr().String() + "/events?stream=bench&maxQueued=" + strconv.Itoa(f.cfg.queue)
 	ctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
 

@@ -57,6 +57,8 @@ type flags struct {
 	httpClients []int
 	scenarios   []string
 	libs        string
+	window      int
+	httpWindow  int
 }
 
 func parseInts(s string) ([]int, error) {
@@ -86,9 +88,11 @@ func main() {
 	flag.IntVar(&fl.queue, "queue", 1024, "per-subscriber buffer for the libraries that let us choose it (naive chan cap, pubsub cap, eventbus MaxQueued; max 2048)")
 	flag.IntVar(&fl.stallSubs, "stall-subs", 64, "subscribers in the stalled-subscriber scenario (one of them never reads)")
 	flag.IntVar(&fl.stallEvents, "stall-events", 5000, "events published in the stalled-subscriber scenario")
-	flag.IntVar(&fl.httpEvents, "http-events", 2000, "events per HTTP run")
+	flag.IntVar(&fl.httpEvents, "http-events", 1000, "events per HTTP run")
+	flag.IntVar(&fl.httpWindow, "http-window", 0, "closed-loop publisher window for the HTTP scenario (0: tight loop)")
 	flag.StringVar(&httpClients, "http-clients", "16,256", "HTTP client counts")
-	flag.StringVar(&scenarios, "scenarios", "fanout,stall,http", "scenarios to run")
+	flag.IntVar(&fl.window, "window", 0, "closed-loop publisher window for the fanout-window scenario (0: half of -queue)")
+	flag.StringVar(&scenarios, "scenarios", "fanout,fanout-window,stall,http", "scenarios to run: fanout (tight publisher), fanout-window (publisher at most -window events ahead of the slowest subscriber), stall, http")
 	flag.StringVar(&fl.libs, "libs", "", "only libraries whose name contains one of these comma-separated substrings")
 	flag.Parse()
 	var err error
@@ -101,6 +105,9 @@ func main() {
 	fl.scenarios = strings.Split(scenarios, ",")
 	if fl.queue < 1 || fl.queue > 2048 || fl.count < 1 || fl.events < 1 || fl.stallSubs < 2 {
 		fatal(fmt.Errorf("bad flags"))
+	}
+	if fl.window <= 0 {
+		fl.window = fl.queue / 2
 	}
 	run(os.Stdout, fl)
 }
@@ -128,8 +135,8 @@ func run(w io.Writer, fl flags) {
 	o := runOpts{timeout: fl.timeout, stall: fl.stall, stopMax: 5 * time.Second}
 	fmt.Fprintf(w, "# eventbus peer comparison\n\n")
 	fmt.Fprintf(w, "%s, GOOS/GOARCH %s/%s, NumCPU %d, GOMAXPROCS %d\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0))
-	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -stall-subs %d -stall-events %d -http-events %d -http-clients %s\n\n",
-		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.stallSubs, fl.stallEvents, fl.httpEvents, joinInts(fl.httpClients))
+	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -window %d -stall-subs %d -stall-events %d -http-events %d -http-window %d -http-clients %s -scenarios %s\n\n",
+		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.window, fl.stallSubs, fl.stallEvents, fl.httpEvents, fl.httpWindow, joinInts(fl.httpClients), strings.Join(fl.scenarios, ","))
 
 	if slices.Contains(fl.scenarios, "fanout") {
 		fmt.Fprintf(w, "## In-process fan-out\n\n")
@@ -140,12 +147,24 @@ func run(w io.Writer, fl flags) {
 			printRuns(w, runAll(libraries, cfg, n, fl.events, fl.count, o, fl.libs))
 		}
 	}
+	if slices.Contains(fl.scenarios, "fanout-window") {
+		fmt.Fprintf(w, "## In-process fan-out, closed-loop publisher\n\n")
+		fmt.Fprintf(w, "Same workload, but the publisher never runs more than %d events ahead of the slowest subscriber "+
+			"(checked every 32 events against progress published every 64 deliveries; it yields while ahead). "+
+			"This is the fair comparison for a bus whose Publish never blocks.\n\n", fl.window)
+		wo := o
+		wo.window = fl.window
+		for _, n := range fl.subs {
+			fmt.Fprintf(w, "### %d subscriber(s), window %d\n\n", n, fl.window)
+			printRuns(w, runAll(libraries, cfg, n, fl.events, fl.count, wo, fl.libs))
+		}
+	}
 	if slices.Contains(fl.scenarios, "stall") {
 		fmt.Fprintf(w, "## Stalled subscriber\n\n")
 		fmt.Fprintf(w, "%d subscribers, one never reads; %d events published in a tight loop. "+
 			"\"blocked\" = the publisher made no progress for 1s. Healthy = got every event the publisher managed to publish, once, in order.\n\n",
 			fl.stallSubs, fl.stallEvents)
-		fmt.Fprintf(w, "| library | publisher | healthy subscribers complete | fewest events a healthy one had | stalled one evicted | stalled one received after release |\n")
+		fmt.Fprintf(w, "| library | publisher | healthy subscribers complete | fewest events a healthy one had | stalled one evicted | stalled one, once released, received |\n")
 		fmt.Fprintf(w, "|---|---|---|---|---|---|\n")
 		for _, lib := range libraries {
 			if !selected(lib.name, fl.libs) {
@@ -158,15 +177,21 @@ func run(w io.Writer, fl flags) {
 	}
 	if slices.Contains(fl.scenarios, "http") {
 		fmt.Fprintf(w, "## HTTP over loopback\n\n")
-		fmt.Fprintf(w, "One publisher, N HTTP clients on 127.0.0.1 parsing SSE and checking every id; %d events; median of %d runs. "+
-			"ns/delivery = wall / (events x clients); allocs/event counts server and clients (same process).\n\n", fl.httpEvents, fl.count)
+		mode := "tight publish loop"
+		ho := o
+		if fl.httpWindow > 0 {
+			ho.window = fl.httpWindow
+			mode = fmt.Sprintf("closed-loop publisher, window %d", fl.httpWindow)
+		}
+		fmt.Fprintf(w, "One publisher (%s), N HTTP clients on 127.0.0.1 parsing SSE and checking every id; %d events; median of %d runs. "+
+			"ns/delivery = wall / (events x clients); allocs/event counts server and clients (same process).\n\n", mode, fl.httpEvents, fl.count)
 		var libs []library
 		for _, h := range httpLibraries {
 			libs = append(libs, h.asLibrary())
 		}
 		for _, n := range fl.httpClients {
 			fmt.Fprintf(w, "### %d clients\n\n", n)
-			printRuns(w, runAll(libs, cfg, n, fl.httpEvents, fl.count, o, fl.libs))
+			printRuns(w, runAll(libs, cfg, n, fl.httpEvents, fl.count, ho, fl.libs))
 		}
 	}
 	fmt.Fprintf(w, "total run time: %s\n", time.Since(start).Round(100*time.Millisecond))

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"log/slog"
+	"net/http"
+
+	"github.com/ssebus/eventbus"
+)
+
+// eventbus.Handler over the same bus options as the in-process adapter; the
+// client asks for ?maxQueued=<-queue>. Handler sends the headers right after
+// subscribing, so the response headers mean "subscribed".
+
+func init() {
+	httpLibraries = append(httpLibraries, httpLibrary{name: "eventbus Handler", new: eventbusHTTP})
+}
+
+func eventbusHTTP(cfg config) *httpServer {
+	bus, err := eventbus.New(busOptions(cfg))
+	if err != nil {
+		panic(err) // options are static; a failure here is a harness bug
+	}
+	h := &eventbus.Handler{
+		Lookup: func(*http.Request) (*eventbus.EventBus, error) { return bus, nil },
+		Logger: slog.New(slog.DiscardHandler),
+	}
+	return &httpServer{
+		handler: h,
+		publish: func(uint64) error {
+			_, err := bus.Publish(eventbus.Event{Type: "bench", Data: benchData})
+			return err
+		},
+		closeLib: func() { _ = bus.Close() },
+	}
+}
