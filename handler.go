@@ -55,6 +55,10 @@ type Handler struct {
 	Heartbeat time.Duration
 	// WriteTimeout bounds each write and flush; 0 means DefaultWriteTimeout.
 	WriteTimeout time.Duration
+	// Subscribe subscribes a request to the bus Lookup returned; nil means
+	// bus.Subscribe. A backplane sets it, to answer resumes from its shared
+	// log. It must return a subscription or an error.
+	Subscribe func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error)
 }
 
 func (h *Handler) logger() *slog.Logger {
@@ -140,7 +144,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	sub, err := bus.Subscribe(r.Context(), opts)
+	subscribe := h.Subscribe
+	if subscribe == nil {
+		subscribe = func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error) {
+			return bus.Subscribe(ctx, opts)
+		}
+	}
+	sub, err := subscribe(r.Context(), bus, opts)
 	if err != nil {
 		var limit *SubscriberLimitError
 		if errors.As(err, &limit) {
