@@ -280,6 +280,15 @@ func appendJSONString(dst []byte, s string) []byte {
 				dst = append(dst, '\\', 'r')
 			case '\t':
 				dst = append(dst, '\\', 't')
+			case '\b', '\f':
+				// encoding/json writes these short forms since Go 1.22; match
+				// it, so a string encodes the same in data (encoding/json) as
+				// in type, _meta keys and originatorClientId (here).
+				if c == '\b' {
+					dst = append(dst, '\\', 'b')
+				} else {
+					dst = append(dst, '\\', 'f')
+				}
 			default:
 				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
 			}
@@ -428,8 +437,19 @@ func finiteNumber(v any) bool {
 	case int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
 		return true
 	case json.Number:
-		_, err := n.Float64()
-		return err == nil
+		// strconv accepts "NaN", "Inf" and hex floats, which are no JSON
+		// numbers: encoding/json would refuse to write them and the whole
+		// event would be rejected instead of stamped. Require a finite value
+		// and a JSON number literal (starts with '-' or a digit and ends
+		// with a digit, so json.Valid cannot pass on surrounding spaces).
+		f, err := n.Float64()
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return false
+		}
+		s := string(n) // not empty: Float64 succeeded
+		first, last := s[0], s[len(s)-1]
+		return (first == '-' || '0' <= first && first <= '9') &&
+			'0' <= last && last <= '9' && json.Valid([]byte(s))
 	}
 	return false
 }

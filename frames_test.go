@@ -1,0 +1,185 @@
+package eventbus
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestAppendSSEEventFrameFormat(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	f := corePublish(t, b, Event{Type: "session_update", Data: map[string]int{"a": 1}})
+	want := "id: 1\nevent: session_update\ndata: " +
+		`{"id":1,"v":1,"type":"session_update","data":{"a":1},"_meta":{"serverTimestamp":1719000000000}}` + "\n\n"
+	assert.Equal(t, want, string(f.AppendSSE(nil)))
+	assert.Equal(t, "prefix:"+want, string(f.AppendSSE([]byte("prefix:"))))
+	assert.Equal(t, want, f.String())
+}
+
+func TestAppendSSESyntheticFrameHasNoIDLine(t *testing.T) {
+	f := replayCompleteFrame(0, 0, "E", 5)
+	assert.Equal(t,
+		"event: replay_complete\ndata: "+`{"v":1,"type":"replay_complete","data":{"replayedCount":0,"epoch":"E"},"_meta":{"serverTimestamp":5}}`+"\n\n",
+		string(f.AppendSSE(nil)))
+}
+
+func TestSyntheticFramesHaveNoID(t *testing.T) {
+	c := queueCounts{liveCount: 12, maxQueued: 16, liveBytes: 100, maxBytes: 1000}
+	for _, f := range []Frame{
+		replayCompleteFrame(3, 9, "E", 1),
+		resyncFrame(ReasonRingEvicted, "", 1, 5, "E", 1),
+		warningFrame(c, 7, "frames", 1),
+		evictedFrame(ReasonQueueOverflow, 8, c, -1, 1),
+		StreamErrorFrame("boom", "internal"),
+	} {
+		assert.Equal(t, uint64(0), f.ID(), f.Type())
+		assert.True(t, f.Synthetic(), f.Type())
+		assert.False(t, bytes.HasPrefix(f.AppendSSE(nil), []byte("id:")), f.Type())
+		var env map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(f.JSON(), &env))
+		assert.NotContains(t, env, "id", f.Type())
+		assert.Equal(t, "1", string(env["v"]))
+		assert.Equal(t, `"`+f.Type()+`"`, string(env["type"]))
+	}
+}
+
+func TestTerminalFrames(t *testing.T) {
+	c := queueCounts{}
+	assert.True(t, evictedFrame(ReasonQueueOverflow, 1, c, -1, 1).Terminal())
+	assert.True(t, StreamErrorFrame("x", "internal").Terminal())
+	assert.False(t, replayCompleteFrame(0, 0, "E", 1).Terminal())
+	assert.False(t, resyncFrame(ReasonEpochReset, "", 1, 1, "E", 1).Terminal())
+	assert.False(t, warningFrame(c, 1, "frames", 1).Terminal())
+
+	b := newCoreBus(t, Options{})
+	f := corePublish(t, b, Event{Type: "client_evicted"}) // a published event is never terminal
+	assert.False(t, f.Terminal())
+	assert.False(t, f.Synthetic())
+}
+
+func TestStreamErrorFrameData(t *testing.T) {
+	before := time.Now().UnixMilli()
+	f := StreamErrorFrame("write \"failed\"\n<now>", "internal")
+	after := time.Now().UnixMilli()
+	assert.Equal(t, TypeStreamError, f.Type())
+	assert.Equal(t, `{"error":"write \"failed\"\n<now>","errorKind":"internal"}`, coreData(t, f))
+	var env struct {
+		Meta struct {
+			ServerTimestamp int64 `json:"serverTimestamp"`
+		} `json:"_meta"`
+	}
+	require.NoError(t, json.Unmarshal(f.JSON(), &env))
+	assert.GreaterOrEqual(t, env.Meta.ServerTimestamp, before)
+	assert.LessOrEqual(t, env.Meta.ServerTimestamp, after)
+	assert.False(t, bytes.ContainsAny(f.JSON(), "\r\n"))
+}
+
+func TestSyntheticFrameEnvelope(t *testing.T) {
+	c := queueCounts{liveCount: 12, maxQueued: 16, liveBytes: 1234, maxBytes: 2097152}
+	for _, tc := range []struct {
+		f    Frame
+		want string
+	}{
+		{replayCompleteFrame(0, 0, "E", 7),
+			`{"v":1,"type":"replay_complete","data":{"replayedCount":0,"epoch":"E"},"_meta":{"serverTimestamp":7}}`},
+		{replayCompleteFrame(3, 9, "E", 7),
+			`{"v":1,"type":"replay_complete","data":{"replayedCount":3,"lastReplayedEventId":9,"lastEventId":9,"epoch":"E"},"_meta":{"serverTimestamp":7}}`},
+		{resyncFrame(ReasonRingEvicted, "", 2, 5, "E", 7),
+			`{"v":1,"type":"state_resync_required","data":{"reason":"ring_evicted","lastDeliveredId":2,"earliestAvailableId":5,"epoch":"E"},"_meta":{"serverTimestamp":7}}`},
+		{resyncFrame(ReasonEpochReset, "epoch_mismatch", 2, 1, "E", 7),
+			`{"v":1,"type":"state_resync_required","data":{"reason":"epoch_reset","detail":"epoch_mismatch","lastDeliveredId":2,"earliestAvailableId":1,"epoch":"E"},"_meta":{"serverTimestamp":7}}`},
+		{warningFrame(c, 12, "frames", 7),
+			`{"v":1,"type":"slow_client_warning","data":{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":1234,"maxQueuedBytes":2097152,"threshold":"frames"},"_meta":{"serverTimestamp":7}}`},
+		{evictedFrame(ReasonQueueOverflow, 17, c, -1, 7),
+			`{"v":1,"type":"client_evicted","data":{"reason":"queue_overflow","droppedAfter":17,"queueSize":12,"maxQueued":16,"queuedBytes":1234,"maxQueuedBytes":2097152},"_meta":{"serverTimestamp":7}}`},
+		{evictedFrame(ReasonQueueBytesOverflow, 17, c, 999, 7),
+			`{"v":1,"type":"client_evicted","data":{"reason":"queue_bytes_overflow","droppedAfter":17,"queueSize":12,"maxQueued":16,"queuedBytes":1234,"maxQueuedBytes":2097152,"eventBytes":999},"_meta":{"serverTimestamp":7}}`},
+	} {
+		assert.Equal(t, tc.want, string(tc.f.JSON()))
+		assert.Equal(t, "event: "+tc.f.Type()+"\ndata: "+tc.want+"\n\n", tc.f.String())
+		assert.True(t, json.Valid(tc.f.JSON()))
+	}
+}
+
+func TestFrameSizeIsJSONLength(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	f := corePublish(t, b, Event{Type: "t", Data: "abc"})
+	assert.Equal(t, len(f.JSON()), f.Size())
+	w := replayCompleteFrame(1, 1, "E", 1)
+	assert.Equal(t, len(w.JSON()), w.Size())
+}
+
+func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	f := corePublish(t, b, Event{Type: "t"})
+	wire := f.String()
+	j := f.JSON()
+	assert.Equal(t, len(j), cap(j))
+	_ = append(j, 'X', 'X')
+	assert.Equal(t, wire, f.String())
+}
+
+func TestZeroFrame(t *testing.T) {
+	var f Frame
+	assert.Nil(t, f.JSON())
+	assert.Equal(t, 0, f.Size())
+	assert.Equal(t, uint64(0), f.ID())
+	assert.Equal(t, "", f.Type())
+	assert.Equal(t, "x", string(f.AppendSSE([]byte("x"))))
+	assert.Equal(t, "", f.String())
+	assert.False(t, f.Terminal())
+}
+
+// coreJSONString is the reference: encoding/json without HTML escaping.
+func coreJSONString(t testing.TB, s string) string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	require.NoError(t, enc.Encode(s))
+	return strings.TrimSuffix(buf.String(), "\n")
+}
+
+func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
+	cases := []string{
+		"", "plain", `quote " backslash \ slash /`, "<html>&amp;</html>",
+		"\n\r\t\b\f\v\a", "\x00\x01\x1f\x7f",
+		"line\u2028sep\u2029para", "émoji 🎉 中文",
+		"\xff", "a\xffb", "\xc3", "\xc3\x28", "\xe2\x82", "\xed\xa0\x80", // invalid UTF-8 and a surrogate
+		"\xf4\x90\x80\x80", "trailing \xe2", string(utf8.RuneError),
+	}
+	for c := range 0x80 {
+		cases = append(cases, "x"+string(rune(c))+"y")
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		p := make([]byte, r.IntN(24))
+		for i := range p {
+			p[i] = byte(r.IntN(256))
+		}
+		cases = append(cases, string(p))
+	}
+	for _, s := range cases {
+		got := string(appendJSONString([]byte("pre"), s))
+		require.Equal(t, "pre"+coreJSONString(t, s), got, "%q", s)
+		require.False(t, strings.ContainsAny(got, "\r\n"), "%q", s)
+	}
+}
+
+func FuzzAppendJSONString(f *testing.F) {
+	for _, s := range []string{"", "a\nb", "\xff", "\u2028", "\b\f", `"\`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got := string(appendJSONString(nil, s))
+		if want := coreJSONString(t, s); got != want {
+			t.Fatalf("appendJSONString(%q) = %s, encoding/json %s", s, got, want)
+		}
+	})
+}

@@ -1,0 +1,322 @@
+package eventbus
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// coreQueueFrame is an event frame with id whose envelope is size bytes. The
+// queue and the ring only look at the id, the kind and the size.
+func coreQueueFrame(id uint64, size int) Frame {
+	const pre = "data: "
+	wire := pre + strings.Repeat("x", size) + "\n\n"
+	return Frame{wire: []byte(wire), json: int32(len(pre)), kind: kindEvent, id: id, typ: "t"}
+}
+
+// hasToken reports whether a ready token is waiting, and takes it.
+func hasToken(q *boundedAsyncQueue) bool {
+	select {
+	case <-q.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+func TestQueuePushTagsLiveAndForcePushTagsForced(t *testing.T) {
+	q := newQueue(16, 1000)
+	res, _ := q.push(coreQueueFrame(1, 10))
+	require.Equal(t, pushAccepted, res)
+	require.True(t, q.forcePush(coreQueueFrame(2, 10)))
+
+	e, st := q.pop()
+	require.Equal(t, popOK, st)
+	assert.False(t, e.forced)
+	assert.Equal(t, uint64(1), e.f.ID())
+	e, st = q.pop()
+	require.Equal(t, popOK, st)
+	assert.True(t, e.forced)
+	assert.Equal(t, uint64(2), e.f.ID())
+	_, st = q.pop()
+	assert.Equal(t, popEmpty, st)
+}
+
+func TestQueueLiveCountersUpdatedOnPushAndPop(t *testing.T) {
+	q := newQueue(16, 1000)
+	check := func(count, bytes int) {
+		t.Helper()
+		assert.Equal(t, count, q.liveCount)
+		assert.Equal(t, bytes, q.liveBytes)
+		c := q.counts()
+		assert.Equal(t, queueCounts{liveCount: count, maxQueued: 16, liveBytes: bytes, maxBytes: 1000}, c)
+	}
+	for i, size := range []int{10, 20, 30} {
+		res, c := q.push(coreQueueFrame(uint64(i+1), size))
+		require.Equal(t, pushAccepted, res)
+		assert.Equal(t, i+1, c.liveCount, "counts after the push")
+	}
+	check(3, 60)
+	q.forcePush(coreQueueFrame(0, 500))
+	check(3, 60)
+	assert.Equal(t, 4, q.len())
+	q.pop()
+	check(2, 50)
+	q.pop()
+	check(1, 30)
+	q.pop()
+	check(0, 0)
+	q.pop() // the forced one
+	check(0, 0)
+	assert.Equal(t, 0, q.len())
+}
+
+func TestQueuePushRejectsAtFrameCap(t *testing.T) {
+	q := newQueue(3, 1000)
+	for i := range 3 {
+		res, _ := q.push(coreQueueFrame(uint64(i+1), 10))
+		require.Equal(t, pushAccepted, res)
+	}
+	res, c := q.push(coreQueueFrame(4, 10))
+	assert.Equal(t, pushRejectedFrames, res)
+	assert.Equal(t, ReasonQueueOverflow, res.reason())
+	assert.Equal(t, queueCounts{liveCount: 3, maxQueued: 3, liveBytes: 30, maxBytes: 1000}, c, "counts before the rejected push")
+	assert.Equal(t, 3, q.len(), "a rejected frame is not queued")
+
+	// The frame rule comes first when both caps are exceeded.
+	q = newQueue(1, 10)
+	q.push(coreQueueFrame(1, 5))
+	res, _ = q.push(coreQueueFrame(2, 100))
+	assert.Equal(t, pushRejectedFrames, res)
+}
+
+func TestQueuePushRejectsAtByteCap(t *testing.T) {
+	q := newQueue(16, 100)
+	res, _ := q.push(coreQueueFrame(1, 60))
+	require.Equal(t, pushAccepted, res)
+	res, c := q.push(coreQueueFrame(2, 41))
+	assert.Equal(t, pushRejectedBytes, res)
+	assert.Equal(t, ReasonQueueBytesOverflow, res.reason())
+	assert.Equal(t, queueCounts{liveCount: 1, maxQueued: 16, liveBytes: 60, maxBytes: 100}, c)
+	res, c = q.push(coreQueueFrame(3, 40)) // exactly the cap fits
+	assert.Equal(t, pushAccepted, res)
+	assert.Equal(t, queueCounts{liveCount: 2, maxQueued: 16, liveBytes: 100, maxBytes: 100}, c)
+}
+
+func TestQueueAcceptsOversizedEventWhenNoLiveEntries(t *testing.T) {
+	q := newQueue(16, 100)
+	q.forcePush(coreQueueFrame(0, 50)) // forced entries do not count
+	res, c := q.push(coreQueueFrame(1, 500))
+	require.Equal(t, pushAccepted, res)
+	assert.Equal(t, 1, c.liveCount)
+	assert.Equal(t, 500, c.liveBytes)
+
+	res, c = q.push(coreQueueFrame(2, 1))
+	assert.Equal(t, pushRejectedBytes, res, "the next live push behind it is rejected")
+	assert.Equal(t, 500, c.liveBytes)
+
+	q.popAll(nil)
+	res, _ = q.push(coreQueueFrame(3, 1))
+	assert.Equal(t, pushAccepted, res)
+}
+
+func TestQueueForcePushBypassesCapsAndCountsZero(t *testing.T) {
+	q := newQueue(1, 10)
+	res, _ := q.push(coreQueueFrame(1, 5))
+	require.Equal(t, pushAccepted, res)
+	for range 5 {
+		require.True(t, q.forcePush(coreQueueFrame(0, 1000)))
+	}
+	assert.Equal(t, queueCounts{liveCount: 1, maxQueued: 1, liveBytes: 5, maxBytes: 10}, q.counts())
+	assert.Equal(t, 6, q.len())
+	res, _ = q.push(coreQueueFrame(2, 1))
+	assert.Equal(t, pushRejectedFrames, res)
+}
+
+func TestQueueCloseWithDrainDeliversBufferedThenEnd(t *testing.T) {
+	q := newQueue(16, 1000)
+	q.push(coreQueueFrame(1, 10))
+	q.push(coreQueueFrame(2, 10))
+	q.forcePush(coreQueueFrame(0, 10))
+	assert.Equal(t, 0, q.close(true))
+	for _, want := range []uint64{1, 2, 0} {
+		e, st := q.pop()
+		require.Equal(t, popOK, st)
+		assert.Equal(t, want, e.f.ID())
+	}
+	_, st := q.pop()
+	assert.Equal(t, popEnded, st)
+
+	// The same through popAll: the last frames come with open == false.
+	q = newQueue(16, 1000)
+	q.push(coreQueueFrame(1, 10))
+	q.close(true)
+	fs, open := q.popAll(nil)
+	assert.False(t, open)
+	assert.Len(t, fs, 1)
+	fs, open = q.popAll(nil)
+	assert.False(t, open)
+	assert.Empty(t, fs)
+}
+
+func TestQueueCloseWithoutDrainDropsAtOnce(t *testing.T) {
+	q := newQueue(16, 1000)
+	q.push(coreQueueFrame(1, 10))
+	q.push(coreQueueFrame(2, 10))
+	q.forcePush(coreQueueFrame(0, 10))
+	assert.Equal(t, 3, q.close(false))
+	_, st := q.pop()
+	assert.Equal(t, popEnded, st)
+	assert.Equal(t, queueCounts{maxQueued: 16, maxBytes: 1000}, q.counts())
+	assert.Nil(t, q.buf, "the buffer is released")
+	assert.Equal(t, 0, q.close(false), "idempotent")
+}
+
+func TestQueueCloseWithoutDrainAfterDrainDrops(t *testing.T) {
+	q := newQueue(16, 1000)
+	q.push(coreQueueFrame(1, 10))
+	q.push(coreQueueFrame(2, 10))
+	assert.Equal(t, 0, q.close(true))
+	assert.Equal(t, 0, q.close(true), "idempotent")
+	assert.Equal(t, 2, q.close(false))
+	fs, open := q.popAll(nil)
+	assert.Empty(t, fs)
+	assert.False(t, open)
+}
+
+func TestQueuePushesAfterCloseIgnored(t *testing.T) {
+	for _, drain := range []bool{true, false} {
+		q := newQueue(1, 10)
+		q.close(drain)
+		res, _ := q.push(coreQueueFrame(1, 5))
+		assert.Equal(t, pushIgnored, res, "never a rejection, so never an eviction")
+		// Even a push that would overflow is ignored, not rejected.
+		res, _ = q.push(coreQueueFrame(2, 500))
+		assert.Equal(t, pushIgnored, res)
+		assert.False(t, q.forcePush(coreQueueFrame(0, 5)))
+		assert.Equal(t, 0, q.len())
+		assert.Equal(t, 0, q.counts().liveCount)
+	}
+}
+
+func TestQueueReadyTokenOnEmptyToNonEmpty(t *testing.T) {
+	q := newQueue(16, 1000)
+	assert.False(t, hasToken(q))
+	q.push(coreQueueFrame(1, 10))
+	assert.True(t, hasToken(q), "empty -> non-empty")
+	q.push(coreQueueFrame(2, 10))
+	assert.False(t, hasToken(q), "not for a push onto a non-empty queue")
+	q.popAll(nil)
+	assert.False(t, hasToken(q))
+	q.forcePush(coreQueueFrame(0, 10))
+	assert.True(t, hasToken(q), "a forced push onto an empty queue too")
+
+	// Tokens never pile up: the channel holds at most one.
+	q.popAll(nil)
+	q.push(coreQueueFrame(3, 10))
+	q.popAll(nil)
+	q.push(coreQueueFrame(4, 10))
+	assert.True(t, hasToken(q))
+	assert.False(t, hasToken(q))
+}
+
+func TestQueueReadyTokenOnClose(t *testing.T) {
+	q := newQueue(16, 1000)
+	q.close(true)
+	assert.True(t, hasToken(q), "close wakes a waiting consumer")
+	q.close(true)
+	assert.False(t, hasToken(q), "a second close has nothing new to say")
+
+	q = newQueue(16, 1000)
+	q.push(coreQueueFrame(1, 10))
+	require.True(t, hasToken(q))
+	q.close(true)
+	assert.True(t, hasToken(q))
+	q.close(false) // drops what the draining consumer had not taken yet
+	assert.True(t, hasToken(q))
+
+	q = newQueue(16, 1000)
+	q.close(false)
+	assert.True(t, hasToken(q))
+}
+
+func TestQueuePopAll(t *testing.T) {
+	q := newQueue(16, 1000)
+	q.push(coreQueueFrame(1, 10))
+	q.forcePush(coreQueueFrame(0, 10))
+	q.push(coreQueueFrame(2, 10))
+	dst := []Frame{coreQueueFrame(99, 1)}
+	fs, open := q.popAll(dst)
+	assert.True(t, open)
+	require.Len(t, fs, 4)
+	assert.Equal(t, []uint64{99, 1, 0, 2}, []uint64{fs[0].ID(), fs[1].ID(), fs[2].ID(), fs[3].ID()})
+	assert.Equal(t, 0, q.len())
+	assert.Equal(t, 0, q.counts().liveCount)
+	assert.Equal(t, 0, q.counts().liveBytes)
+	fs, open = q.popAll(nil)
+	assert.True(t, open)
+	assert.Empty(t, fs)
+}
+
+func TestQueuePopClearsSlot(t *testing.T) {
+	q := newQueue(16, 1000)
+	q.push(coreQueueFrame(1, 10))
+	q.push(coreQueueFrame(2, 10))
+	q.push(coreQueueFrame(3, 10))
+	require.Equal(t, 0, q.head)
+	q.pop()
+	assert.Equal(t, queueEntry{}, q.buf[0], "a popped slot must not pin its frame")
+	q.popAll(nil)
+	for i, e := range q.buf {
+		assert.Equal(t, queueEntry{}, e, "slot %d", i)
+	}
+}
+
+func TestQueueWrapsAroundKeepingOrder(t *testing.T) {
+	q := newQueue(1000, 1<<20)
+	var next, want uint64 = 1, 1
+	for round := range 50 {
+		// Push a varying number, pop a varying number: the ring wraps and
+		// grows while wrapped.
+		for range round%7 + 3 {
+			if round%3 == 0 {
+				q.forcePush(coreQueueFrame(next, 1))
+			} else {
+				q.push(coreQueueFrame(next, 1))
+			}
+			next++
+		}
+		for range round%5 + 1 {
+			e, st := q.pop()
+			if st != popOK {
+				break
+			}
+			require.Equal(t, want, e.f.ID())
+			want++
+		}
+	}
+	fs, _ := q.popAll(nil)
+	for _, f := range fs {
+		require.Equal(t, want, f.ID())
+		want++
+	}
+	assert.Equal(t, next, want)
+	assert.Equal(t, 0, q.counts().liveCount)
+	assert.Equal(t, 0, q.counts().liveBytes)
+}
+
+func TestQueueReserveAvoidsRegrowth(t *testing.T) {
+	q := newQueue(16, 1000)
+	q.push(coreQueueFrame(1, 1))
+	q.reserve(1000)
+	require.GreaterOrEqual(t, len(q.buf), 1001)
+	first := &q.buf[0]
+	for i := range 1000 {
+		q.forcePush(coreQueueFrame(uint64(i+2), 1))
+	}
+	assert.Same(t, first, &q.buf[0], "no reallocation after reserve")
+	e, _ := q.pop()
+	assert.Equal(t, uint64(1), e.f.ID())
+}
