@@ -1033,3 +1033,927 @@ func TestSubscribeResumeFalseDiffersFromResumeFromZero(t *testing.T) {
 	fs, _ = corePending(fromStart)
 	assert.Equal(t, coreSeq(coreIDs(1, 3), TypeReplayComplete, "#4"), coreDescribe(fs))
 }
+
+// ---------------------------------------------------------------------------
+// Resume (SPEC 5.1 - 5.4).
+
+func TestResumeWithoutLastIDIsLiveOnly(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	corePublishN(t, b, 3)
+	s := coreSubscribe(t, b, SubscribeOptions{})
+	fs, open := corePending(s)
+	assert.True(t, open)
+	assert.Empty(t, fs, "no replay, no replay_complete")
+	corePublishN(t, b, 1)
+	fs, _ = corePending(s)
+	assert.Equal(t, []string{"#4"}, coreDescribe(fs))
+}
+
+func TestResumeReplaysContiguousEventsThenReplayComplete(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	published := corePublishN(t, b, 5)
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
+	corePublishN(t, b, 1)
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(coreIDs(3, 5), TypeReplayComplete, "#6"), coreDescribe(fs))
+	for i, f := range fs[:3] {
+		assert.Equal(t, published[i+2].String(), f.String(), "replayed frames are the published bytes")
+	}
+	rc := fs[3]
+	assert.True(t, rc.Synthetic())
+	assert.Equal(t, uint64(0), rc.ID())
+	assert.Equal(t, coreWithEpoch(b, `{"replayedCount":3,"lastReplayedEventId":5,"lastEventId":5,"epoch":"EPOCH"}`), coreData(t, rc))
+	assert.Equal(t,
+		coreWithEpoch(b, `{"v":1,"type":"replay_complete","data":{"replayedCount":3,"lastReplayedEventId":5,"lastEventId":5,"epoch":"EPOCH"},"_meta":{"serverTimestamp":1719000000000}}`),
+		string(rc.JSON()))
+}
+
+func TestResumeAtLatestSendsReplayedCountZero(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	corePublishN(t, b, 5)
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
+	fs, _ := corePending(s)
+	require.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
+	assert.Equal(t, coreWithEpoch(b, `{"replayedCount":0,"epoch":"EPOCH"}`), coreData(t, fs[0]))
+
+	// From the start on a bus that has published nothing: the same.
+	empty := newCoreBus(t, Options{})
+	s = coreSubscribe(t, empty, SubscribeOptions{Resume: true, LastEventID: 0})
+	fs, _ = corePending(s)
+	require.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
+	assert.Equal(t, coreWithEpoch(empty, `{"replayedCount":0,"epoch":"EPOCH"}`), coreData(t, fs[0]))
+}
+
+func TestResumeAfterRingEvictionSendsRingEvictedResync(t *testing.T) {
+	b := newCoreBus(t, Options{RingSize: 3})
+	corePublishN(t, b, 10) // the ring holds 8..10
+	for _, n := range []uint64{0, 5, 6} {
+		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n})
+		fs, _ := corePending(s)
+		require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs), "N=%d", n)
+		assert.Equal(t,
+			coreWithEpoch(b, fmt.Sprintf(`{"reason":"ring_evicted","lastDeliveredId":%d,"earliestAvailableId":8,"epoch":"EPOCH"}`, n)),
+			coreData(t, fs[0]))
+		assert.Equal(t, coreWithEpoch(b, `{"replayedCount":3,"lastReplayedEventId":10,"lastEventId":10,"epoch":"EPOCH"}`), coreData(t, fs[4]))
+		s.Close()
+	}
+}
+
+func TestResumeAtRingBoundaryDoesNotResync(t *testing.T) {
+	b := newCoreBus(t, Options{RingSize: 3})
+	corePublishN(t, b, 10)
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 7}) // N == ring[0].id-1
+	fs, _ := corePending(s)
+	assert.Equal(t, coreSeq(coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs))
+}
+
+func TestResumeAfterRingMaxBytesEvictionSendsRingEvictedResync(t *testing.T) {
+	b := newCoreBus(t, Options{RingMaxBytes: 1000})
+	for range 10 {
+		corePublishSized(t, b, 300)
+	}
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3})
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs))
+	assert.Equal(t, coreWithEpoch(b, `{"reason":"ring_evicted","lastDeliveredId":3,"earliestAvailableId":8,"epoch":"EPOCH"}`), coreData(t, fs[0]))
+
+	s = coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 7})
+	fs, _ = corePending(s)
+	assert.Equal(t, coreSeq(coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs))
+}
+
+func TestResumeFromLaterEpochSendsEpochReset(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	corePublishN(t, b, 5)
+	for _, n := range []uint64{6, 7, 1000, math.MaxUint64} { // N >= nextID
+		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n})
+		fs, _ := corePending(s)
+		require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(1, 5), TypeReplayComplete), coreDescribe(fs), "N=%d", n)
+		assert.Equal(t,
+			coreWithEpoch(b, fmt.Sprintf(`{"reason":"epoch_reset","lastDeliveredId":%d,"earliestAvailableId":1,"epoch":"EPOCH"}`, n)),
+			coreData(t, fs[0]))
+		assert.Equal(t, coreWithEpoch(b, `{"replayedCount":5,"lastReplayedEventId":5,"lastEventId":5,"epoch":"EPOCH"}`), coreData(t, fs[6]))
+		s.Close()
+	}
+
+	// With an evicting ring, earliestAvailableId is the ring's first id and
+	// the whole ring is replayed.
+	small := newCoreBus(t, Options{RingSize: 3})
+	corePublishN(t, small, 10)
+	s := coreSubscribe(t, small, SubscribeOptions{Resume: true, LastEventID: 50})
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs))
+	assert.Equal(t, coreWithEpoch(small, `{"reason":"epoch_reset","lastDeliveredId":50,"earliestAvailableId":8,"epoch":"EPOCH"}`), coreData(t, fs[0]))
+}
+
+func TestResumeAtLastEventIDIsNotEpochReset(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	corePublishN(t, b, 5)
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5}) // N == nextID-1
+	corePublishN(t, b, 1)
+	fs, _ := corePending(s)
+	assert.Equal(t, []string{TypeReplayComplete, "#6"}, coreDescribe(fs))
+}
+
+func TestResumeEpochResetOnEmptyRingUsesNextID(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
+	corePublishN(t, b, 1)
+	fs, _ := corePending(s)
+	require.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete, "#1"}, coreDescribe(fs))
+	assert.Equal(t, coreWithEpoch(b, `{"reason":"epoch_reset","lastDeliveredId":5,"earliestAvailableId":1,"epoch":"EPOCH"}`), coreData(t, fs[0]))
+	assert.Equal(t, coreWithEpoch(b, `{"replayedCount":0,"epoch":"EPOCH"}`), coreData(t, fs[1]))
+}
+
+func TestResumeWithDifferentEpochSendsEpochMismatch(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	other := newCoreBus(t, Options{})
+	corePublishN(t, b, 5)
+	for _, n := range []uint64{0, 3, 5} { // all below nextID
+		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n, Epoch: other.Epoch()})
+		fs, _ := corePending(s)
+		require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(1, 5), TypeReplayComplete), coreDescribe(fs), "N=%d", n)
+		assert.Equal(t,
+			coreWithEpoch(b, fmt.Sprintf(`{"reason":"epoch_reset","detail":"epoch_mismatch","lastDeliveredId":%d,"earliestAvailableId":1,"epoch":"EPOCH"}`, n)),
+			coreData(t, fs[0]))
+		s.Close()
+	}
+
+	// The bus's own epoch is no mismatch.
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: b.Epoch()})
+	fs, _ := corePending(s)
+	assert.Equal(t, coreSeq(coreIDs(4, 5), TypeReplayComplete), coreDescribe(fs))
+}
+
+func TestResumeIgnoresEmptyOrOversizedEpoch(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	corePublishN(t, b, 5)
+	for _, epoch := range []string{"", strings.Repeat("a", 65), strings.Repeat("z", 1000)} {
+		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: epoch})
+		fs, _ := corePending(s)
+		assert.Equal(t, coreSeq(coreIDs(4, 5), TypeReplayComplete), coreDescribe(fs), "epoch of %d bytes", len(epoch))
+		s.Close()
+	}
+	// 64 bytes is still a presented epoch.
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: strings.Repeat("a", 64)})
+	fs, _ := corePending(s)
+	require.NotEmpty(t, fs)
+	assert.Equal(t, TypeStateResyncRequired, fs[0].Type())
+	assert.Contains(t, coreData(t, fs[0]), `"detail":"epoch_mismatch"`)
+}
+
+func TestEpochIgnoredWithoutResume(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	corePublishN(t, b, 3)
+	s := coreSubscribe(t, b, SubscribeOptions{Epoch: "different", LastEventID: 1})
+	corePublishN(t, b, 1)
+	fs, _ := corePending(s)
+	assert.Equal(t, []string{"#4"}, coreDescribe(fs))
+}
+
+func TestResumeReplayBudgetExceeded(t *testing.T) {
+	b := newCoreBus(t, Options{ReplayBudgetBytes: 900})
+	for range 6 {
+		corePublishSized(t, b, 300)
+	}
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})
+	corePublishN(t, b, 1)
+	fs, _ := corePending(s)
+	// 2, 3, 4 are exactly the budget; 5 would exceed it.
+	require.Equal(t, coreSeq(coreIDs(2, 4), TypeStateResyncRequired, TypeReplayComplete, "#7"), coreDescribe(fs))
+	assert.Equal(t, coreWithEpoch(b, `{"reason":"replay_budget_exceeded","lastDeliveredId":4,"earliestAvailableId":5,"epoch":"EPOCH"}`), coreData(t, fs[3]))
+	assert.Equal(t, coreWithEpoch(b, `{"replayedCount":3,"lastReplayedEventId":4,"lastEventId":4,"epoch":"EPOCH"}`), coreData(t, fs[4]))
+
+	// Within the budget: no resync.
+	s = coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 4})
+	fs, _ = corePending(s)
+	assert.Equal(t, coreSeq(coreIDs(5, 7), TypeReplayComplete), coreDescribe(fs), "2*300 + the small #7 fit in 900")
+}
+
+func TestResumeReplayBudgetAfterRingEvictedResync(t *testing.T) {
+	b := newCoreBus(t, Options{RingSize: 4, ReplayBudgetBytes: 600})
+	for range 10 {
+		corePublishSized(t, b, 300)
+	}
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(7, 8), TypeStateResyncRequired, TypeReplayComplete), coreDescribe(fs))
+	assert.Contains(t, coreData(t, fs[0]), `"reason":"ring_evicted","lastDeliveredId":2,"earliestAvailableId":7`)
+	assert.Contains(t, coreData(t, fs[3]), `"reason":"replay_budget_exceeded","lastDeliveredId":8,"earliestAvailableId":9`)
+}
+
+func TestResumeReplaysFirstFrameEvenAboveBudget(t *testing.T) {
+	b := newCoreBus(t, Options{ReplayBudgetBytes: 100})
+	corePublishSized(t, b, 300)
+	corePublishSized(t, b, 300)
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true})
+	fs, _ := corePending(s)
+	require.Equal(t, []string{"#1", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
+	assert.Equal(t, coreWithEpoch(b, `{"reason":"replay_budget_exceeded","lastDeliveredId":1,"earliestAvailableId":2,"epoch":"EPOCH"}`), coreData(t, fs[1]))
+	assert.Equal(t, coreWithEpoch(b, `{"replayedCount":1,"lastReplayedEventId":1,"lastEventId":1,"epoch":"EPOCH"}`), coreData(t, fs[2]))
+
+	s = coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})
+	fs, _ = corePending(s)
+	assert.Equal(t, []string{"#2", TypeReplayComplete}, coreDescribe(fs), "a single oversized frame needs no resync")
+}
+
+func TestReplayFramesDoNotCountTowardLiveCaps(t *testing.T) {
+	b := newCoreBus(t, Options{MaxQueuedBytes: 4096})
+	published := corePublishN(t, b, 1000)
+	require.Greater(t, coreSumSizes(published), 4096)
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
+	assert.Equal(t, 1001, s.q.len())
+	assert.Equal(t, 0, s.q.counts().liveCount)
+	assert.Equal(t, 0, s.q.counts().liveBytes)
+	assert.NoError(t, s.Err())
+	assert.Equal(t, 1, b.SubscriberCount())
+	fs, open := corePending(s)
+	assert.True(t, open)
+	assert.Equal(t, coreSeq(coreIDs(1, 1000), TypeReplayComplete), coreDescribe(fs))
+}
+
+func TestLivePublishAfterLargeReplayDoesNotEvict(t *testing.T) {
+	b := newCoreBus(t, Options{MaxQueuedBytes: 4096})
+	corePublishN(t, b, 1000)
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
+	live := corePublishN(t, b, 12) // nothing consumed: 1001 forced frames still queued
+	assert.NoError(t, s.Err())
+	assert.Equal(t, 1, b.SubscriberCount())
+	c := s.q.counts()
+	assert.Equal(t, 12, c.liveCount)
+	assert.Equal(t, coreSumSizes(live), c.liveBytes)
+	fs, open := corePending(s)
+	assert.True(t, open)
+	assert.Equal(t, coreSeq(coreIDs(1, 1000), TypeReplayComplete, coreIDs(1001, 1012), TypeSlowClientWarning), coreDescribe(fs))
+	assert.Contains(t, coreData(t, fs[len(fs)-1]), `"queueSize":12,`)
+}
+
+func TestResumeUnderConcurrentPublishHasNoGapOrDuplicate(t *testing.T) {
+	b := newCoreBus(t, Options{MaxSubscribers: 1000})
+	const total = 2000
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range total {
+			if _, err := b.Publish(Event{Type: "t"}); err != nil {
+				panic(err)
+			}
+		}
+	}()
+	var subs []*Subscription
+	var cursors []uint64
+	for range 40 {
+		n := b.LastEventID()
+		n -= min(n, uint64(len(subs)%7))
+		subs = append(subs, coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n, MaxQueued: 2 * total}))
+		cursors = append(cursors, n)
+	}
+	<-done
+	for i, s := range subs {
+		fs, _ := corePending(s)
+		want := cursors[i] + 1
+		completes := 0
+		for _, f := range fs {
+			if f.Type() == TypeReplayComplete {
+				completes++
+				continue
+			}
+			require.Equal(t, "t", f.Type(), "subscriber %d: %s", i, f.Type())
+			require.Equal(t, want, f.ID(), "subscriber %d resumed after %d", i, cursors[i])
+			want++
+		}
+		assert.Equal(t, 1, completes)
+		assert.Equal(t, uint64(total+1), want)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// The warning (SPEC 6).
+
+func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
+	logger, buf := coreLogger()
+	b := newCoreBus(t, Options{Logger: logger})
+	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	live := corePublishN(t, b, 11)
+	assert.Equal(t, 11, s.q.len(), "no warning below 12")
+	live = append(live, corePublishN(t, b, 1)...)
+	assert.Equal(t, 13, s.q.len(), "the warning is queued right after #12")
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
+	w := fs[12]
+	assert.False(t, w.Terminal())
+	assert.Equal(t, uint64(0), w.ID())
+	assert.Equal(t,
+		fmt.Sprintf(`{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":%d,"maxQueuedBytes":2097152,"threshold":"frames"}`, coreSumSizes(live)),
+		coreData(t, w))
+	assert.Contains(t, string(w.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
+	assert.Contains(t, buf.String(), "slow client")
+
+	// Ratios are floats, not rounded: 0.75*10 = 7.5, so the warning comes at 8.
+	s10 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 10})
+	corePublishN(t, b, 7)
+	assert.Equal(t, 7, s10.q.len())
+	corePublishN(t, b, 1)
+	assert.Equal(t, 9, s10.q.len())
+}
+
+func TestWarningOncePerEpisode(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishN(t, b, 16)
+	fs, open := corePending(s)
+	assert.True(t, open)
+	assert.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning, coreIDs(13, 16)), coreDescribe(fs))
+}
+
+func TestWarningRearmsOnlyWhenFramesAndBytesAtOrBelowResetRatio(t *testing.T) {
+	// MaxQueued 16: warn at 12, re-arm at <= 6 frames. MaxQueuedBytes 8000:
+	// warn at 6000, re-arm at <= 3000 bytes. Small events are ~80 bytes.
+	setup := func(t *testing.T) (*EventBus, *Subscription) {
+		b := newCoreBus(t, Options{MaxQueuedBytes: 8000})
+		s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+		corePublishN(t, b, 12)
+		require.Equal(t, 13, s.q.len(), "12 live frames and the first warning")
+		return b, s
+	}
+	warnings := func(s *Subscription) int {
+		fs, _ := corePending(s)
+		return len(coreOfType(fs, TypeSlowClientWarning))
+	}
+
+	t.Run("frames above reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 6) // 6 left
+		corePublishN(t, b, 1)
+		assert.Equal(t, 7, s.q.counts().liveCount)
+		corePublishN(t, b, 5) // back at 12
+		assert.Equal(t, 1, warnings(s), "7 > 6 frames: still the same episode")
+	})
+	t.Run("frames at reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 7) // 5 left
+		corePublishN(t, b, 1)
+		assert.Equal(t, 6, s.q.counts().liveCount)
+		corePublishN(t, b, 6) // back at 12
+		assert.Equal(t, 2, warnings(s), "6 <= 6 frames and few bytes: re-armed")
+	})
+	t.Run("bytes above reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 12)
+		corePublishSized(t, b, 3001) // 1 frame, 3001 bytes: frames low, bytes high
+		corePublishN(t, b, 11)       // 12 frames, well under 6000 bytes
+		assert.Equal(t, 12, s.q.counts().liveCount)
+		assert.Less(t, s.q.counts().liveBytes, 6000)
+		assert.Equal(t, 1, warnings(s), "3001 > 3000 bytes: not re-armed")
+	})
+	t.Run("bytes at reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 12)
+		corePublishSized(t, b, 3000)
+		corePublishN(t, b, 11)
+		assert.Equal(t, 2, warnings(s), "3000 <= 3000 bytes and 1 frame: re-armed")
+	})
+}
+
+// popN pops n entries, whatever they are, one by one.
+func popN(t *testing.T, s *Subscription, n int) {
+	t.Helper()
+	for range n {
+		_, st := s.q.pop()
+		require.Equal(t, popOK, st)
+	}
+}
+
+func warnedLocked(b *EventBus, s *Subscription) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return s.warned
+}
+
+func TestWarningRearmIsEvaluatedOnlyOnPublish(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishN(t, b, 12)
+	fs, _ := corePending(s) // drained to empty
+	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
+	assert.True(t, warnedLocked(b, s), "a dequeue never re-arms by itself")
+
+	corePublishN(t, b, 1)
+	assert.False(t, warnedLocked(b, s), "the next publish re-arms")
+	live := corePublishN(t, b, 11)
+	fs, _ = corePending(s)
+	require.Equal(t, coreSeq(coreIDs(13, 24), TypeSlowClientWarning), coreDescribe(fs))
+	assert.Contains(t, coreData(t, fs[12]), fmt.Sprintf(`"queueSize":12,"maxQueued":16,"lastEventId":24,"queuedBytes":%d,`, fs[0].Size()+coreSumSizes(live)))
+}
+
+func TestWarningThresholdFrames(t *testing.T) {
+	b := newCoreBus(t, Options{MaxQueuedBytes: 1 << 20})
+	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishN(t, b, 12)
+	fs, _ := corePending(s)
+	require.Len(t, fs, 13)
+	assert.Contains(t, coreData(t, fs[12]), `"threshold":"frames"`)
+}
+
+func TestWarningThresholdBytes(t *testing.T) {
+	// MaxQueuedBytes 4000: warn at 3000 bytes.
+	b := newCoreBus(t, Options{MaxQueuedBytes: 4000})
+	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 999)
+	assert.Equal(t, 3, s.q.len(), "2999 bytes: no warning")
+
+	s2 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 1000)
+	fs, _ := corePending(s2)
+	require.Equal(t, coreSeq(coreIDs(4, 6), TypeSlowClientWarning), coreDescribe(fs))
+	assert.Equal(t, `{"queueSize":3,"maxQueued":16,"lastEventId":6,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"bytes"}`, coreData(t, fs[3]))
+}
+
+func TestWarningThresholdFramesAndBytes(t *testing.T) {
+	b := newCoreBus(t, Options{MaxQueuedBytes: 4000})
+	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	for range 11 {
+		corePublishSized(t, b, 250)
+	}
+	assert.Equal(t, 11, s.q.len(), "11 frames, 2750 bytes: no warning")
+	corePublishSized(t, b, 250)
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
+	assert.Equal(t, `{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"frames_and_bytes"}`, coreData(t, fs[12]))
+}
+
+func TestForcedFramesDoNotSkewLiveCount(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	corePublishN(t, b, 10)
+	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
+	require.Equal(t, 11, s.q.len(), "10 replayed + replay_complete, all forced")
+	corePublishN(t, b, 11)
+	assert.Equal(t, 11, s.q.counts().liveCount)
+	assert.Equal(t, 22, s.q.len(), "no warning at 11 live frames")
+	live := corePublishN(t, b, 1)
+	c := s.q.counts()
+	assert.Equal(t, 12, c.liveCount)
+	assert.Equal(t, 24, s.q.len(), "warning at 12 live frames")
+	// The warning at the tail is forced too: 4 more fit, the 5th evicts.
+	corePublishN(t, b, 4)
+	assert.Equal(t, 16, s.q.counts().liveCount)
+	assert.NoError(t, s.Err())
+	corePublishN(t, b, 1)
+	require.ErrorIs(t, s.Err(), ErrEvicted)
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(coreIDs(1, 10), TypeReplayComplete, coreIDs(11, 22), TypeSlowClientWarning, coreIDs(23, 26), TypeClientEvicted), coreDescribe(fs))
+	assert.Contains(t, coreData(t, fs[23]), `"queueSize":12,"maxQueued":16,"lastEventId":22,`)
+	assert.Contains(t, coreData(t, fs[len(fs)-1]), `"droppedAfter":27,"queueSize":16,"maxQueued":16,`)
+	_ = live
+}
+
+// ---------------------------------------------------------------------------
+// Eviction (SPEC 7).
+
+func TestEvictionOnFrameCap(t *testing.T) {
+	logger, buf := coreLogger()
+	b := newCoreBus(t, Options{Logger: logger})
+	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	live := corePublishN(t, b, 16)
+	assert.NoError(t, s.Err())
+	corePublishN(t, b, 1)
+	fs, open := corePending(s)
+	assert.False(t, open)
+	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning, coreIDs(13, 16), TypeClientEvicted), coreDescribe(fs))
+	ev := fs[len(fs)-1]
+	assert.True(t, ev.Terminal())
+	assert.Equal(t, uint64(0), ev.ID())
+	assert.Equal(t,
+		fmt.Sprintf(`{"reason":"queue_overflow","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":2097152}`, coreSumSizes(live)),
+		coreData(t, ev))
+	assert.Contains(t, string(ev.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
+	assert.Contains(t, buf.String(), "subscriber evicted")
+	assert.Contains(t, buf.String(), `"reason":"queue_overflow"`)
+}
+
+func TestEvictionOnByteCap(t *testing.T) {
+	b := newCoreBus(t, Options{MaxQueuedBytes: 4000})
+	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 2500)
+	fs, open := corePending(s)
+	assert.False(t, open)
+	require.Equal(t, []string{"#1", "#2", TypeClientEvicted}, coreDescribe(fs))
+	assert.Equal(t,
+		`{"reason":"queue_bytes_overflow","droppedAfter":3,"queueSize":2,"maxQueued":16,"queuedBytes":2000,"maxQueuedBytes":4000,"eventBytes":2500}`,
+		coreData(t, fs[2]))
+	assert.ErrorIs(t, s.Err(), ErrEvicted)
+	assert.Contains(t, s.Err().Error(), ReasonQueueBytesOverflow)
+}
+
+func TestEvictedConsumerGetsQueuedFramesThenTerminalThenEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newCoreBus(t, Options{})
+		s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+		gate := make(chan struct{})
+		var got []Frame
+		ended := make(chan struct{})
+		go func() {
+			defer close(ended)
+			for f := range s.Events() {
+				got = append(got, f)
+				if len(got) == 1 {
+					<-gate // a slow consumer
+				}
+			}
+		}()
+		corePublishN(t, b, 1)
+		synctest.Wait() // the consumer holds #1 and stalls
+		corePublishN(t, b, 17)
+		require.ErrorIs(t, s.Err(), ErrEvicted)
+		close(gate)
+		<-ended
+		assert.Equal(t, coreSeq(coreIDs(1, 13), TypeSlowClientWarning, coreIDs(14, 17), TypeClientEvicted), coreDescribe(got))
+	})
+}
+
+func TestEvictedErrWrapsErrEvicted(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	assert.NoError(t, s.Err())
+	corePublishN(t, b, 17)
+	err := s.Err()
+	require.ErrorIs(t, err, ErrEvicted)
+	assert.Contains(t, err.Error(), ReasonQueueOverflow)
+	s.Close() // a later Close does not change why it ended
+	assert.ErrorIs(t, s.Err(), ErrEvicted)
+}
+
+func TestEvictionDecrementsSubscriberCount(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	coreSubscribe(t, b, SubscribeOptions{MaxQueued: 100})
+	assert.Equal(t, 2, b.SubscriberCount())
+	corePublishN(t, b, 17)
+	assert.Equal(t, 1, b.SubscriberCount())
+	b.mu.Lock()
+	assert.Len(t, b.subs, 1)
+	b.mu.Unlock()
+}
+
+func TestEvictionStopsWatchingContext(t *testing.T) {
+	ctx := newCoreWatchCtx()
+	b := newCoreBus(t, Options{})
+	s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
+	require.NoError(t, err)
+	assert.Equal(t, 1, ctx.watchers())
+	corePublishN(t, b, 17)
+	require.ErrorIs(t, s.Err(), ErrEvicted)
+	assert.Equal(t, 0, ctx.watchers(), "the evicted subscriber's context is no longer watched")
+
+	// With a real context: cancelling it after the eviction changes nothing,
+	// the consumer still gets the queued frames and the terminal one.
+	synctest.Test(t, func(t *testing.T) {
+		b := newCoreBus(t, Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
+		require.NoError(t, err)
+		corePublishN(t, b, 17)
+		cancel()
+		synctest.Wait()
+		assert.ErrorIs(t, s.Err(), ErrEvicted)
+		fs, open := corePending(s)
+		assert.False(t, open)
+		assert.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning, coreIDs(13, 16), TypeClientEvicted), coreDescribe(fs))
+	})
+}
+
+func TestEvictionDoesNotAffectSiblings(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	before := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+	slow := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	slow2 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	fast := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	after := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+	var fastGot []Frame
+	for range 100 {
+		corePublishN(t, b, 1)
+		fs, _ := corePending(fast)
+		fastGot = append(fastGot, fs...)
+	}
+	assert.ErrorIs(t, slow.Err(), ErrEvicted)
+	assert.ErrorIs(t, slow2.Err(), ErrEvicted, "two evictions in one publish")
+	assert.Equal(t, 3, b.SubscriberCount())
+	assert.Equal(t, coreIDs(1, 100), coreDescribe(fastGot))
+	for _, s := range []*Subscription{before, after} {
+		fs, open := corePending(s)
+		assert.True(t, open)
+		assert.Equal(t, coreIDs(1, 100), coreDescribe(fs))
+	}
+	b.mu.Lock()
+	assert.Equal(t, []*Subscription{before, fast, after}, b.subs, "subscription order kept")
+	b.mu.Unlock()
+}
+
+// ---------------------------------------------------------------------------
+// Cancellation and Close (SPEC 8).
+
+func TestContextCancelDropsBufferAndEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newCoreBus(t, Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := b.Subscribe(ctx, SubscribeOptions{})
+		require.NoError(t, err)
+		corePublishN(t, b, 5)
+		cancel()
+		synctest.Wait()
+		fs, open := corePending(s)
+		assert.Empty(t, fs, "the buffer is dropped at once")
+		assert.False(t, open)
+		assert.ErrorIs(t, s.Err(), context.Canceled)
+		assert.Equal(t, 0, b.SubscriberCount())
+		corePublishN(t, b, 1)
+		assert.Equal(t, 0, s.q.len())
+
+		// A consumer blocked in Events returns.
+		ctx, cancel = context.WithCancel(context.Background())
+		s, err = b.Subscribe(ctx, SubscribeOptions{})
+		require.NoError(t, err)
+		ended := make(chan []Frame)
+		go func() { ended <- coreCollect(s) }()
+		corePublishN(t, b, 1)
+		synctest.Wait()
+		cancel()
+		assert.Equal(t, []string{"#7"}, coreDescribe(<-ended))
+	})
+}
+
+func TestSubscriptionCloseDropsBufferAndEnds(t *testing.T) {
+	ctx := newCoreWatchCtx()
+	b := newCoreBus(t, Options{})
+	s, err := b.Subscribe(ctx, SubscribeOptions{})
+	require.NoError(t, err)
+	corePublishN(t, b, 5)
+	s.Close()
+	fs, open := corePending(s)
+	assert.Empty(t, fs)
+	assert.False(t, open)
+	assert.ErrorIs(t, s.Err(), context.Canceled)
+	assert.Equal(t, 0, b.SubscriberCount())
+	assert.Equal(t, 0, ctx.watchers(), "the context is no longer watched")
+	assert.Empty(t, coreCollect(s))
+}
+
+func TestCancellationIsIdempotent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newCoreBus(t, Options{})
+		other := coreSubscribe(t, b, SubscribeOptions{})
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := b.Subscribe(ctx, SubscribeOptions{})
+		require.NoError(t, err)
+		s.Close()
+		s.Close()
+		cancel()
+		synctest.Wait()
+		s.Close()
+		assert.ErrorIs(t, s.Err(), context.Canceled)
+		assert.Equal(t, 1, b.SubscriberCount())
+		corePublishN(t, b, 1)
+		fs, open := corePending(other)
+		assert.True(t, open)
+		assert.Equal(t, []string{"#1"}, coreDescribe(fs))
+	})
+}
+
+func TestBreakingOutOfEventsClosesSubscription(t *testing.T) {
+	ctx := newCoreWatchCtx()
+	b := newCoreBus(t, Options{})
+	s, err := b.Subscribe(ctx, SubscribeOptions{})
+	require.NoError(t, err)
+	corePublishN(t, b, 3)
+	var got []Frame
+	for f := range s.Events() {
+		got = append(got, f)
+		break
+	}
+	assert.Equal(t, []string{"#1"}, coreDescribe(got))
+	assert.Equal(t, 0, b.SubscriberCount())
+	assert.ErrorIs(t, s.Err(), context.Canceled)
+	assert.Equal(t, 0, ctx.watchers())
+	fs, open := corePending(s)
+	assert.Empty(t, fs, "#2 and #3 were dropped")
+	assert.False(t, open)
+}
+
+func TestEventsIsSingleUse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newCoreBus(t, Options{})
+		s := coreSubscribe(t, b, SubscribeOptions{})
+		first := make(chan []Frame)
+		go func() { first <- coreCollect(s) }()
+		corePublishN(t, b, 2)
+		synctest.Wait() // the first iterator took both and waits
+
+		n := 0
+		for range s.Events() {
+			n++
+		}
+		assert.Zero(t, n, "a second range yields nothing")
+		assert.Equal(t, 1, b.SubscriberCount(), "and does not end the subscription")
+
+		corePublishN(t, b, 1)
+		require.NoError(t, b.Close())
+		assert.Equal(t, []string{"#1", "#2", "#3"}, coreDescribe(<-first))
+
+		for range s.Events() {
+			n++
+		}
+		assert.Zero(t, n)
+	})
+}
+
+func TestEventsDeliversToABlockedConsumer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newCoreBus(t, Options{})
+		s := coreSubscribe(t, b, SubscribeOptions{})
+		got := make(chan Frame, 100)
+		go func() {
+			for f := range s.Events() {
+				got <- f
+			}
+			close(got)
+		}()
+		for i := range 5 {
+			synctest.Wait() // the consumer is blocked waiting
+			corePublishN(t, b, 1)
+			f := <-got
+			assert.Equal(t, uint64(i+1), f.ID())
+		}
+		s.Close()
+		_, ok := <-got
+		assert.False(t, ok)
+	})
+}
+
+func TestReadyAndAppendReady(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	s := coreSubscribe(t, b, SubscribeOptions{})
+	select {
+	case <-s.Ready():
+		t.Fatal("token before any frame")
+	default:
+	}
+	corePublishN(t, b, 2)
+	select {
+	case <-s.Ready():
+	default:
+		t.Fatal("no token after a frame")
+	}
+	dst := make([]Frame, 1, 8)
+	fs, open := s.AppendReady(dst)
+	assert.True(t, open)
+	require.Len(t, fs, 3, "appended after what dst held")
+	assert.Equal(t, []string{"#1", "#2"}, coreDescribe(fs[1:]))
+	fs, open = s.AppendReady(nil)
+	assert.Empty(t, fs)
+	assert.True(t, open)
+	require.NoError(t, b.Close())
+	select {
+	case <-s.Ready():
+	default:
+		t.Fatal("no token at the end")
+	}
+	fs, open = s.AppendReady(nil)
+	assert.Empty(t, fs)
+	assert.False(t, open)
+}
+
+func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newCoreBus(t, Options{})
+		never := coreSubscribe(t, b, SubscribeOptions{}) // never iterated
+		polled := coreSubscribe(t, b, SubscribeOptions{})
+		ranged := coreSubscribe(t, b, SubscribeOptions{})
+		got := make(chan []Frame)
+		go func() { got <- coreCollect(ranged) }()
+		corePublishN(t, b, 3)
+		fs, _ := corePending(polled)
+		require.Len(t, fs, 3)
+		corePublishN(t, b, 2)
+
+		require.NoError(t, b.Close())
+		assert.Equal(t, 0, b.SubscriberCount())
+		assert.Equal(t, coreIDs(1, 5), coreDescribe(<-got))
+		fs, open := corePending(polled)
+		assert.Equal(t, coreIDs(4, 5), coreDescribe(fs))
+		assert.False(t, open)
+		assert.Equal(t, coreIDs(1, 5), coreDescribe(coreCollect(never)))
+		for _, s := range []*Subscription{never, polled, ranged} {
+			assert.NoError(t, s.Err(), "a closed bus is no error")
+		}
+	})
+}
+
+func TestBusCloseIsIdempotent(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	s := coreSubscribe(t, b, SubscribeOptions{})
+	corePublishN(t, b, 1)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { assert.NoError(t, b.Close()) })
+	}
+	wg.Wait()
+	assert.NoError(t, b.Close())
+	assert.Equal(t, []string{"#1"}, coreDescribe(coreCollect(s)))
+}
+
+func TestAfterClosePublishErrClosedAndSubscribeEnded(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	corePublishN(t, b, 2)
+	require.NoError(t, b.Close())
+	_, err := b.Publish(Event{Type: "t"})
+	assert.ErrorIs(t, err, ErrClosed)
+	s, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true})
+	require.NoError(t, err)
+	assert.Empty(t, coreCollect(s))
+	assert.Equal(t, 0, b.SubscriberCount())
+	assert.Equal(t, uint64(2), b.LastEventID())
+}
+
+func TestCancellationAfterCloseDropsDrainingBuffer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newCoreBus(t, Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		viaCtx, err := b.Subscribe(ctx, SubscribeOptions{})
+		require.NoError(t, err)
+		viaClose := coreSubscribe(t, b, SubscribeOptions{})
+		corePublishN(t, b, 3)
+		require.NoError(t, b.Close())
+
+		cancel()
+		viaClose.Close()
+		synctest.Wait()
+		for _, s := range []*Subscription{viaCtx, viaClose} {
+			fs, open := corePending(s)
+			assert.Empty(t, fs)
+			assert.False(t, open)
+		}
+	})
+}
+
+func TestBusCloseReleasesContextWatchWhenDrained(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	polled, ranged := newCoreWatchCtx(), newCoreWatchCtx()
+	s1, err := b.Subscribe(polled, SubscribeOptions{})
+	require.NoError(t, err)
+	s2, err := b.Subscribe(ranged, SubscribeOptions{})
+	require.NoError(t, err)
+	corePublishN(t, b, 2)
+	require.NoError(t, b.Close())
+	// Still watched while draining, so a cancellation can drop the buffer.
+	assert.Equal(t, 1, polled.watchers())
+	assert.Equal(t, 1, ranged.watchers())
+
+	fs, open := corePending(s1)
+	assert.Len(t, fs, 2)
+	assert.False(t, open)
+	assert.Equal(t, 0, polled.watchers(), "released at the end of the stream")
+	assert.Len(t, coreCollect(s2), 2)
+	assert.Equal(t, 0, ranged.watchers())
+}
+
+func TestConcurrentPublishersDeliverIncreasingIDs(t *testing.T) {
+	b := newCoreBus(t, Options{})
+	const publishers, each = 8, 500
+	subs := []*Subscription{
+		coreSubscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
+		coreSubscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
+		coreSubscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
+	}
+	var wg sync.WaitGroup
+	for range publishers {
+		wg.Go(func() {
+			for range each {
+				if _, err := b.Publish(Event{Type: "t"}); err != nil {
+					panic(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, uint64(publishers*each), b.LastEventID())
+	for _, s := range subs {
+		fs, _ := corePending(s)
+		assert.Equal(t, coreIDs(1, publishers*each), coreDescribe(coreEventsOnly(fs)))
+	}
+}
+
+func coreEventsOnly(fs []Frame) []Frame {
+	var out []Frame
+	for _, f := range fs {
+		if !f.Synthetic() {
+			out = append(out, f)
+		}
+	}
+	return out
+}

@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -49,18 +50,19 @@ func TestRingIndexOfIsConstantTime(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing check")
 	}
-	r := newRing(100_000, 1<<30)
-	appendRange(&r, 1, 100_000, 1)
-	res := testing.Benchmark(func(b *testing.B) {
-		for i := range b.N {
-			if r.indexOf(uint64(i%100_000)+1) < 0 {
-				b.Fatal("missing")
-			}
+	const n = 100_000
+	r := newRing(n, 1<<30)
+	appendRange(&r, 1, n, 1)
+	// n lookups: a few milliseconds when O(1), seconds when each scans the
+	// ring (n*n/2 = 5e9 steps). The bound is loose for -race and slow CI.
+	start := time.Now()
+	for i := range n {
+		id := uint64(i) + 1
+		if r.indexOf(id) != i {
+			t.Fatalf("indexOf(%d) != %d", id, i)
 		}
-	})
-	// A scan of 100k frames takes tens of microseconds; O(1) takes a few
-	// nanoseconds. The bound is loose enough for -race and slow machines.
-	assert.Less(t, res.NsPerOp(), int64(2000), "indexOf looks linear: %v", res)
+	}
+	assert.Less(t, time.Since(start), 500*time.Millisecond, "indexOf looks linear")
 }
 
 func TestRingClearsOverwrittenSlots(t *testing.T) {
