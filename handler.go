@@ -209,13 +209,14 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 	var frames []Frame
 	for {
 		var open bool
-		frames, open = sub.AppendReady(frames[:0])
+		frames, open = sub.takeReady(frames[:0])
 		terminal := false
 		for _, f := range frames {
 			s.add(f)
 			terminal = terminal || f.Terminal()
 		}
 		got := len(frames) > 0
+		taken := len(frames)
 		clear(frames) // do not pin delivered frames while idle
 		if !open && !terminal && ctx.Err() == nil {
 			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) {
@@ -230,6 +231,9 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 			}
 			timer.Reset(heartbeat)
 		}
+		// Delivered only once written and flushed: the frames of a failed
+		// batch are counted as dropped (blocked) instead, never as both.
+		sub.bus.stats.delivered.Add(uint64(taken))
 		if !open {
 			return
 		}
@@ -340,7 +344,12 @@ func (s *stream) flushBatch() error {
 	if s.err == nil && s.pending {
 		s.err = s.rc.Flush()
 	}
-	s.pending, s.armed, s.frames = false, false, 0
+	s.pending, s.armed = false, false
+	if s.err == nil {
+		// On an error the caller still needs the count: the frames of the
+		// failed batch are counted as dropped, reason blocked.
+		s.frames = 0
+	}
 	return s.err
 }
 

@@ -60,6 +60,9 @@ type Subscription struct {
 	warned    bool
 	cancelled bool
 	overflows [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
+	// noverflows is how many of overflows are set (0..2). A zero time
+	// cannot mean "unset": a fake clock at the Unix epoch stamps 0 ms.
+	noverflows int
 
 	warnFrames, resetFrames, warnBytes, resetBytes float64
 
@@ -299,10 +302,11 @@ func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic,
 func (s *Subscription) overflowResyncLocked(f Frame, res pushResult, lastID uint64) (Diagnostic, bool) {
 	b := s.bus
 	now := b.now()
-	if s.overflows[0] != 0 && now-s.overflows[0] < OverflowWindow.Milliseconds() {
+	if s.noverflows == 2 && now-s.overflows[0] < OverflowWindow.Milliseconds() {
 		return Diagnostic{}, false
 	}
 	s.overflows[0], s.overflows[1] = s.overflows[1], now
+	s.noverflows = min(s.noverflows+1, 2)
 	reason := res.reason()
 	// The client missed everything after the last event it dequeued; what
 	// it can get again starts at the rejected event (for a signal, which has
@@ -398,8 +402,16 @@ func (s *Subscription) Ready() <-chan struct{} { return s.q.ready }
 // frames (possibly a terminal one). Frames taken count no longer toward the
 // caps. One consumer at a time.
 func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
-	frames, open = s.q.popAll(dst)
+	frames, open = s.takeReady(dst)
 	s.bus.stats.delivered.Add(uint64(len(frames) - len(dst)))
+	return frames, open
+}
+
+// takeReady is AppendReady without counting the frames as delivered: the
+// HTTP handler counts them only once they are written and flushed, so the
+// frames of a failed batch are counted once, as dropped (blocked).
+func (s *Subscription) takeReady(dst []Frame) (frames []Frame, open bool) {
+	frames, open = s.q.popAll(dst)
 	if !open {
 		s.release()
 	}
@@ -422,12 +434,17 @@ func (s *Subscription) Events() iter.Seq[Frame] {
 		for {
 			var open bool
 			batch, open = s.q.popAll(batch[:0])
-			s.bus.stats.delivered.Add(uint64(len(batch)))
-			for _, f := range batch {
+			for i, f := range batch {
 				if !yield(f) {
+					// Only what the loop received is delivered; the rest
+					// of the batch was still buffered, from the loop's
+					// view, when it broke out: dropped, reason cancelled.
+					s.bus.stats.delivered.Add(uint64(i + 1))
+					s.bus.stats.dropCancel.Add(uint64(len(batch) - i - 1))
 					return
 				}
 			}
+			s.bus.stats.delivered.Add(uint64(len(batch)))
 			clear(batch) // do not pin delivered frames while waiting
 			if !open {
 				return

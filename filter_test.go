@@ -1,0 +1,317 @@
+package eventbus
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Type filters (SPEC 11).
+
+func TestFilterGrammarValid(t *testing.T) {
+	wild256 := strings.Repeat("a", 254) + ".*"
+	require.Len(t, wild256, 256)
+	for _, f := range []string{
+		// Exact names: any valid event type without '*'.
+		"a", "session_update", "A", "Foo Bar", "a-b", "x.y.z", "plugin.tool.github",
+		"plugin.tool.github.", ".leading", "a..b", "ünïcödé", "tab\there", "{}[]\"'\\",
+		strings.Repeat("e", 256),
+		// Trailing wildcards: segments of [a-z0-9_]+, dot-separated, then ".*".
+		"a.*", "plugin.tool.github.*", "a_1.b2.*", "0.*", "_.*", "a.b.c.d.e.*",
+		wild256,
+	} {
+		_, err := compileFilters([]string{f})
+		assert.NoError(t, err, "filter %q", f)
+		b := bus11(t, Options{})
+		_, err = b.Subscribe(t.Context(), SubscribeOptions{Types: []string{f}})
+		assert.NoError(t, err, "filter %q", f)
+	}
+}
+
+func TestFilterGrammarInvalid(t *testing.T) {
+	for _, f := range []string{
+		"", "*", ".*", "a..*", "A.*", "a-b.*", "a.*.b", "a*", "a.b*", "*.a", "a.**", "a.B.*",
+		"a .*", "é.*", "a\n", "\r", "a\r\nb", "a.\n.*",
+		strings.Repeat("e", 257),
+		strings.Repeat("a", 255) + ".*",
+	} {
+		_, err := compileFilters([]string{"ok", f})
+		require.Error(t, err, "filter %q", f)
+		assert.ErrorIs(t, err, ErrInvalidFilter, "filter %q", f)
+		assert.Contains(t, err.Error(), strconv.Quote(truncate(f, 64)), "the message names the bad filter")
+
+		b := bus11(t, Options{})
+		s, err := b.Subscribe(t.Context(), SubscribeOptions{Types: []string{f}})
+		assert.ErrorIs(t, err, ErrInvalidFilter, "filter %q", f)
+		assert.Nil(t, s)
+		assert.Equal(t, 0, b.SubscriberCount())
+	}
+}
+
+func TestFilterCountLimit(t *testing.T) {
+	filters := make([]string, MaxTypeFilters+1)
+	for i := range filters {
+		filters[i] = fmt.Sprintf("t%d.*", i)
+	}
+	b := bus11(t, Options{})
+	_, err := b.Subscribe(t.Context(), SubscribeOptions{Types: filters[:MaxTypeFilters]})
+	assert.NoError(t, err, "32 filters are accepted")
+	_, err = b.Subscribe(t.Context(), SubscribeOptions{Types: filters})
+	assert.ErrorIs(t, err, ErrInvalidFilter, "33 filters are not")
+	assert.Contains(t, err.Error(), "33")
+}
+
+func TestFilterWildcardMatch(t *testing.T) {
+	f, err := compileFilters([]string{"plugin.tool.github.*"})
+	require.NoError(t, err)
+	for typ, want := range map[string]bool{
+		"plugin.tool.github.pr_opened": true,
+		"plugin.tool.github.a.b":       true,
+		"plugin.tool.github.X":         true, // the matched type is any valid type
+		"plugin.tool.github":           false,
+		"plugin.tool.github.":          false,
+		"plugin.tool.gitlab.x":         false,
+		"plugin.tool.githubx":          false,
+		"plugin.tool.githubx.y":        false,
+		"xplugin.tool.github.y":        false,
+		"plugin":                       false,
+		"":                             false,
+	} {
+		assert.Equal(t, want, f.match(typ), "type %q", typ)
+	}
+}
+
+func TestFilterExactMatch(t *testing.T) {
+	f, err := compileFilters([]string{"a", "Foo Bar", "x.y"})
+	require.NoError(t, err)
+	for typ, want := range map[string]bool{
+		"a": true, "Foo Bar": true, "x.y": true,
+		"a.b": false, "ab": false, "A": false, "foo bar": false, "x.y.z": false, "x": false,
+	} {
+		assert.Equal(t, want, f.match(typ), "type %q", typ)
+	}
+}
+
+func TestFilterEmptyMatchesEverything(t *testing.T) {
+	for _, types := range [][]string{nil, {}} {
+		f, err := compileFilters(types)
+		require.NoError(t, err)
+		assert.True(t, f.match("anything"))
+		b := bus11(t, Options{})
+		s := sub11(t, b, SubscribeOptions{Types: types})
+		pub11(t, b, "x")
+		pub11(t, b, "y.z")
+		assert.Equal(t, []string{"#1", "#2"}, desc11(take11(s)))
+	}
+}
+
+func TestFilterMatchDoesNotAllocate(t *testing.T) {
+	filters := []string{"a", "b.c", "plugin.tool.github.*", "x.*"}
+	for i := range 20 {
+		filters = append(filters, fmt.Sprintf("f%d.*", i))
+	}
+	f, err := compileFilters(filters)
+	require.NoError(t, err)
+	types := []string{"a", "zzz", "plugin.tool.github.pr", "plugin.tool.gitlab.pr", "f19.x", "b.c"}
+	allocs := testing.AllocsPerRun(100, func() {
+		for _, typ := range types {
+			_ = f.match(typ)
+		}
+	})
+	assert.Zero(t, allocs)
+	var nilFilter *typeFilter
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = nilFilter.match("a") }))
+}
+
+func TestFilterSyntheticFramesAlwaysPass(t *testing.T) {
+	b := bus11(t, Options{MaxQueued: 16})
+	pubN11(t, b, "other", 3)
+	// Epoch mismatch: state_resync_required, then replay_complete; none of
+	// the ring's events match.
+	s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 1, Epoch: "not-this-bus"})
+	pubN11(t, b, "zzz", 17) // warning at 12, eviction at 17
+	fs := drain11(s)
+	assert.Equal(t, cat11(TypeStateResyncRequired, TypeReplayComplete, ids11(4, 15), TypeSlowClientWarning, ids11(16, 19), TypeClientEvicted),
+		desc11(fs))
+	assert.Contains(t, data11(t, fs[0]), `"detail":"epoch_mismatch"`)
+	assert.Contains(t, data11(t, fs[1]), `"replayedCount":0`)
+}
+
+func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
+	b := bus11(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096})
+	s := sub11(t, b, SubscribeOptions{Types: []string{"wanted.*"}})
+	for range 10_000 {
+		_, err := b.Publish(Event{Type: "unwanted", Data: strings.Repeat("x", 500)})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 1, b.SubscriberCount(), "a filtered subscriber that never reads is not evicted")
+	assert.Equal(t, queueCounts{0, 16, 0, 4096}, s.q.counts())
+	assert.Zero(t, s.q.len())
+	st := b.Stats()
+	assert.Zero(t, st.Warnings)
+	assert.Equal(t, EvictionStats{}, st.Evictions)
+
+	pub11(t, b, "wanted.x")
+	assert.Equal(t, []string{"#10001"}, desc11(take11(s)))
+}
+
+func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
+	b := bus11(t, Options{})
+	for _, typ := range []string{"a", "b", "a.x", "b", "c", "a.y", "b"} { // #1..#7
+		pub11(t, b, typ)
+	}
+	s := sub11(t, b, SubscribeOptions{Types: []string{"a", "a.*"}, Resume: true, LastEventID: 0})
+	fs := take11(s)
+	assert.Equal(t, []string{"#1", "#3", "#6", TypeReplayComplete}, desc11(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":3,"lastReplayedEventId":6,"lastEventId":6,"epoch":%q}`, b.Epoch()),
+		data11(t, fs[3]))
+
+	// Nothing after the cursor matches: replayedCount 0.
+	s2 := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
+	fs = take11(s2)
+	assert.Equal(t, []string{TypeReplayComplete}, desc11(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), data11(t, fs[0]))
+}
+
+func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
+	b := bus11(t, Options{ReplayBudgetBytes: 250})
+	pubSized11(t, b, "a", 100)  // #1
+	pubSized11(t, b, "b", 1000) // #2: filtered out, does not spend the budget
+	pubSized11(t, b, "a", 100)  // #3: 200
+	pubSized11(t, b, "a", 100)  // #4: 300 > 250, not replayed
+	pubSized11(t, b, "b", 100)  // #5: filtered out, not counted as dropped
+	pubSized11(t, b, "a", 100)  // #6: not replayed
+
+	s := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
+	fs := take11(s)
+	assert.Equal(t, []string{"#1", "#3", TypeStateResyncRequired, TypeReplayComplete}, desc11(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"reason":"replay_budget_exceeded","lastDeliveredId":3,"earliestAvailableId":4,"epoch":%q}`, b.Epoch()),
+		data11(t, fs[2]))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":2,"lastReplayedEventId":3,"lastEventId":3,"epoch":%q}`, b.Epoch()),
+		data11(t, fs[3]))
+	st := b.Stats()
+	assert.Equal(t, uint64(2), st.Dropped.ReplayBudget, "#4 and #6; the filtered-out #5 is not due to this subscriber")
+	assert.Equal(t, uint64(1), st.Resyncs.ReplayBudgetExceeded)
+
+	// The first matching frame is replayed whatever its size.
+	b2 := bus11(t, Options{ReplayBudgetBytes: 250})
+	pubSized11(t, b2, "b", 100)
+	pubSized11(t, b2, "a", 1000)
+	s2 := sub11(t, b2, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
+	assert.Equal(t, []string{"#2", TypeReplayComplete}, desc11(take11(s2)))
+}
+
+func TestFilterResyncRulesGoByIDs(t *testing.T) {
+	b := bus11(t, Options{RingSize: 3})
+	for _, typ := range []string{"a", "b", "b", "b", "a"} { // the ring holds #3..#5
+		pub11(t, b, typ)
+	}
+	t.Run("ring_evicted although the evicted ids were filtered out", func(t *testing.T) {
+		// #2, gone from the ring, is a "b" the subscriber would not have
+		// received: the rule still goes by ids.
+		s := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
+		fs := take11(s)
+		assert.Equal(t, []string{TypeStateResyncRequired, "#5", TypeReplayComplete}, desc11(fs))
+		assert.JSONEq(t, fmt.Sprintf(`{"reason":"ring_evicted","lastDeliveredId":1,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
+			data11(t, fs[0]))
+	})
+	t.Run("no resync at the ring start although nothing there matches", func(t *testing.T) {
+		s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 2})
+		assert.Equal(t, []string{TypeReplayComplete}, desc11(take11(s)))
+	})
+	t.Run("epoch_reset by ids", func(t *testing.T) {
+		s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 9})
+		fs := take11(s)
+		assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, desc11(fs))
+		assert.JSONEq(t, fmt.Sprintf(`{"reason":"epoch_reset","lastDeliveredId":9,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
+			data11(t, fs[0]))
+	})
+	st := b.Stats()
+	assert.Equal(t, uint64(1), st.Resyncs.RingEvicted)
+	assert.Equal(t, uint64(1), st.Resyncs.EpochReset)
+}
+
+func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
+	b := bus11(t, Options{})
+	s := sub11(t, b, SubscribeOptions{Types: []string{"keep.*"}})
+	for i := range 100 {
+		if i%3 == 0 {
+			pub11(t, b, "keep.x")
+		} else {
+			pub11(t, b, "drop")
+		}
+	}
+	fs := take11(s)
+	require.Len(t, fs, 34)
+	for i, f := range fs {
+		assert.Equal(t, uint64(3*i+1), f.ID())
+	}
+}
+
+func TestFilterOverHTTP(t *testing.T) {
+	b := bus11(t, Options{})
+	srv := server11(t, b)
+	resp := get11(t, srv, srv.URL+"/?types="+url.QueryEscape("a,b.*"))
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, 1, b.SubscriberCount())
+
+	for _, typ := range []string{"a", "b", "b.x", "c", "a.y", "ab"} { // #1..#6
+		pub11(t, b, typ)
+	}
+	sig11(t, b, "b.sig", "r")
+	sig11(t, b, "c", "r")
+	pub11(t, b, "b.x.y") // #7
+	pub11(t, b, "a")     // #8
+
+	evs := readSSE11(t, bufio.NewReader(resp.Body), func(e sseEvent11) bool { return e.id == "8" })
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.id+":"+e.event)
+	}
+	assert.Equal(t, []string{"1:a", "3:b.x", ":b.sig", "7:b.x.y", "8:a"}, got)
+}
+
+func TestFilterOverHTTPRepeatedParameter(t *testing.T) {
+	b := bus11(t, Options{})
+	srv := server11(t, b)
+	resp := get11(t, srv, srv.URL+"/?types=a&types=b.*")
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	for _, typ := range []string{"a", "c", "b.x"} {
+		pub11(t, b, typ)
+	}
+	evs := readSSE11(t, bufio.NewReader(resp.Body), func(e sseEvent11) bool { return e.id == "3" })
+	require.Len(t, evs, 2)
+	assert.Equal(t, "1", evs[0].id)
+	assert.Equal(t, "3", evs[1].id)
+}
+
+func TestFilterOverHTTPInvalidIs400(t *testing.T) {
+	b := bus11(t, Options{})
+	srv := server11(t, b)
+	for _, types := range []string{"A.*", "a,b..*", "a*", "*", "a.*.b", strings.Repeat("a", 257)} {
+		resp := get11(t, srv, srv.URL+"/?types="+url.QueryEscape(types))
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "types=%q", types)
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		var e struct{ Error, Code string }
+		require.NoError(t, json.Unmarshal(body, &e), "%s", body)
+		assert.Equal(t, "invalid_filter", e.Code)
+		bad := types[strings.LastIndex(types, ",")+1:]
+		assert.Contains(t, e.Error, strconv.Quote(truncate(bad, 64)), "the message names the bad filter")
+	}
+	assert.Equal(t, 0, b.SubscriberCount())
+	assert.Equal(t, 0, b.Stats().PeakSubscribers)
+}

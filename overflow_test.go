@@ -1,0 +1,353 @@
+package eventbus
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Overflow policy (SPEC 11).
+
+func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
+	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	s := sub11(t, b, SubscribeOptions{})
+	pubN11(t, b, "e", 3)
+	require.Equal(t, ids11(1, 3), desc11(take11(s))) // the consumer dequeued up to #3
+
+	pubN11(t, b, "e", 16) // #4..#19: the queue is full, a warning sits after #15
+	require.Equal(t, 16, s.q.counts().liveCount)
+	require.Equal(t, 17, s.q.len())
+
+	f := pub11(t, b, "e") // #20 is rejected
+	assert.Equal(t, 1, b.SubscriberCount(), "the subscriber stays")
+	assert.NoError(t, s.Err())
+	assert.Equal(t, queueCounts{1, 16, f.Size(), DefaultMaxQueuedBytes}, s.q.counts(),
+		"only the rejected event is live now")
+
+	fs := take11(s)
+	assert.Equal(t, []string{TypeSlowClientWarning, TypeStateResyncRequired, "#20"}, desc11(fs),
+		"the live frames #4..#19 are dropped, the forced warning kept")
+	assert.Contains(t, data11(t, fs[0]), `"lastEventId":15`)
+	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":3,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
+		data11(t, fs[1]))
+	assert.False(t, fs[1].Terminal())
+
+	st := b.Stats()
+	assert.Equal(t, uint64(16), st.Dropped.Overflow)
+	assert.Equal(t, uint64(1), st.Resyncs.QueueOverflow)
+	assert.Zero(t, st.Resyncs.QueueBytesOverflow)
+	assert.Equal(t, EvictionStats{}, st.Evictions)
+
+	pub11(t, b, "e")
+	assert.Equal(t, []string{"#21"}, desc11(take11(s)), "and keeps receiving")
+}
+
+func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
+	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	pubN11(t, b, "e", 3)
+	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	pubN11(t, b, "e", 17) // #4..#19 live, #20 rejected
+
+	fs := take11(s)
+	assert.Equal(t, cat11(ids11(1, 3), TypeReplayComplete, TypeSlowClientWarning, TypeStateResyncRequired, "#20"), desc11(fs),
+		"replayed (forced) frames survive the drop")
+	// lastDeliveredId is the last id the consumer dequeued (SPEC 11): none
+	// yet, although #1..#3 sit before the resync frame in the queue.
+	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
+		data11(t, fs[5]))
+	assert.Equal(t, uint64(16), b.Stats().Dropped.Overflow)
+}
+
+func TestOverflowResyncBytesVariantReason(t *testing.T) {
+	b := bus11(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowResync})
+	s := sub11(t, b, SubscribeOptions{})
+	pubSized11(t, b, "e", 100)
+	pubSized11(t, b, "e", 100)
+	require.Equal(t, ids11(1, 2), desc11(take11(s)))
+	for range 10 { // #3..#12: 1000 live bytes, the warning after #10 (800 >= 750)
+		pubSized11(t, b, "e", 100)
+	}
+	pubSized11(t, b, "e", 100) // #13: 1000+100 > 1000, rejected
+
+	assert.Equal(t, 1, b.SubscriberCount())
+	fs := take11(s)
+	assert.Equal(t, []string{TypeSlowClientWarning, TypeStateResyncRequired, "#13"}, desc11(fs))
+	assert.Contains(t, data11(t, fs[0]), `"threshold":"bytes"`)
+	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_bytes_overflow","lastDeliveredId":2,"earliestAvailableId":13,"epoch":%q}`, b.Epoch()),
+		data11(t, fs[1]))
+	st := b.Stats()
+	assert.Equal(t, uint64(10), st.Dropped.Overflow)
+	assert.Equal(t, uint64(1), st.Resyncs.QueueBytesOverflow)
+	assert.Zero(t, st.Resyncs.QueueOverflow)
+}
+
+func TestOverflowResyncOfARejectedSignal(t *testing.T) {
+	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	s := sub11(t, b, SubscribeOptions{})
+	pubN11(t, b, "e", 16)
+	sig11(t, b, "x", "a") // rejected: a signal has no id, what is available starts at the next one
+	pub11(t, b, "e")      // #17
+	sig11(t, b, "x", "a") // coalesced with the queued one
+
+	fs := take11(s)
+	assert.Equal(t, []string{TypeSlowClientWarning, TypeStateResyncRequired, "sig:x/a", "#17"}, desc11(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":17,"epoch":%q}`, b.Epoch()),
+		data11(t, fs[1]))
+	st := b.Stats()
+	assert.Equal(t, uint64(16), st.Dropped.Overflow)
+	assert.Equal(t, uint64(1), st.Dropped.Coalesced)
+}
+
+func TestOverflowResyncRearmsTheWarning(t *testing.T) {
+	clk := newClock11(now11Millis)
+	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
+	s := sub11(t, b, SubscribeOptions{})
+	pubN11(t, b, "e", 17) // warning after #12, resync at #17
+	clk.advance(time.Minute)
+	pubN11(t, b, "e", 11) // #18..#28: live count 1+11 = 12 -> a new warning
+	fs := take11(s)
+	assert.Len(t, ofType11(fs, TypeSlowClientWarning), 2)
+	assert.Equal(t, uint64(2), b.Stats().Warnings)
+	w := ofType11(fs, TypeSlowClientWarning)[1]
+	assert.Contains(t, data11(t, w), `"queueSize":12,"maxQueued":16,"lastEventId":28`)
+}
+
+func TestOverflowResyncMemoryStaysWithinCapsUnderLongRun(t *testing.T) {
+	const maxQueued, maxBytes = 16, 3500
+	clk := newClock11(now11Millis)
+	b := bus11(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowResync, Now: clk.now})
+	s := sub11(t, b, SubscribeOptions{}) // stalled: never reads
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 20_000 {
+		// More than half the window between publishes: at most two
+		// overflows per OverflowWindow, so the subscriber is never evicted.
+		clk.advance(31 * time.Second)
+		if i%7 == 0 {
+			sig11(t, b, "s", strconv.Itoa(rng.IntN(30)))
+		} else {
+			_, err := b.Publish(Event{Type: "e", Data: strings.Repeat("x", rng.IntN(300))})
+			require.NoError(t, err)
+		}
+		c := s.q.counts()
+		require.LessOrEqual(t, c.liveCount, maxQueued, "publish %d", i)
+		require.LessOrEqual(t, c.liveBytes, maxBytes, "publish %d", i)
+	}
+	st := b.Stats()
+	assert.Equal(t, 1, b.SubscriberCount())
+	assert.Equal(t, EvictionStats{}, st.Evictions)
+	assert.Positive(t, st.Resyncs.QueueOverflow)
+	assert.Positive(t, st.Resyncs.QueueBytesOverflow)
+
+	// Exact accounting: every live push that was not a coalescing
+	// replacement is either still queued or was dropped by a resync.
+	c := s.q.counts()
+	assert.Equal(t, st.Published+st.Signals-st.Dropped.Coalesced-uint64(c.liveCount), st.Dropped.Overflow)
+	// The forced frames are the warnings and the resync markers.
+	assert.Equal(t, c.liveCount+int(st.Warnings+st.Resyncs.QueueOverflow+st.Resyncs.QueueBytesOverflow), s.q.len())
+}
+
+// overflow11 publishes events until the subscriber's next overflow (or
+// eviction) and returns the id of the rejected one.
+func overflow11(t testing.TB, b *EventBus, s *Subscription) uint64 {
+	t.Helper()
+	before := b.Stats()
+	for range 10_000 {
+		id := pub11(t, b, "e").ID()
+		st := b.Stats()
+		if st.Resyncs != before.Resyncs || st.Evictions != before.Evictions {
+			return id
+		}
+	}
+	t.Fatal("no overflow")
+	return 0
+}
+
+func TestOverflowResyncThirdOverflowWithinWindowEvicts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Options.Now is nil: the bus reads time.Now, which the bubble fakes.
+		b, err := New(Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		defer b.Close()
+		s := sub11(t, b, SubscribeOptions{})
+
+		assert.Equal(t, uint64(17), overflow11(t, b, s))
+		time.Sleep(30 * time.Second)
+		assert.Equal(t, uint64(33), overflow11(t, b, s))
+		require.Equal(t, 1, b.SubscriberCount())
+		time.Sleep(29 * time.Second) // 59 s after the first
+		assert.Equal(t, uint64(49), overflow11(t, b, s))
+
+		assert.Equal(t, 0, b.SubscriberCount())
+		assert.ErrorIs(t, s.Err(), ErrEvicted)
+		assert.Contains(t, s.Err().Error(), ReasonRepeatedOverflow)
+		fs := drain11(s)
+		last := fs[len(fs)-1]
+		assert.True(t, last.Terminal())
+		assert.Equal(t, TypeClientEvicted, last.Type())
+		assert.JSONEq(t, fmt.Sprintf(`{"reason":"repeated_overflow","droppedAfter":49,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":%d}`,
+			s11SumLive(fs), DefaultMaxQueuedBytes), data11(t, last))
+		// Each resync dropped every live frame before it (#1..#16, then
+		// #17..#32); the evicted subscriber drains the third episode's.
+		assert.Equal(t, cat11(TypeSlowClientWarning, TypeStateResyncRequired, TypeSlowClientWarning, TypeStateResyncRequired,
+			ids11(33, 44), TypeSlowClientWarning, ids11(45, 48), TypeClientEvicted),
+			desc11(fs))
+
+		st := b.Stats()
+		assert.Equal(t, uint64(2), st.Resyncs.QueueOverflow)
+		assert.Equal(t, EvictionStats{RepeatedOverflow: 1}, st.Evictions)
+		assert.Equal(t, uint64(16+16), st.Dropped.Overflow)
+	})
+}
+
+// s11SumLive sums the sizes of the live frames (events) of the last
+// episode of TestOverflowResyncThirdOverflowWithinWindowEvicts: those after
+// the last resync frame.
+func s11SumLive(fs []Frame) int {
+	n := 0
+	for _, f := range fs {
+		switch {
+		case f.Type() == TypeStateResyncRequired:
+			n = 0
+		case f.ID() != 0:
+			n += f.Size()
+		}
+	}
+	return n
+}
+
+func TestOverflowResyncWindowWithFakeClockAtUnixEpoch(t *testing.T) {
+	// A fake clock may well start at Unix time 0: an overflow at 0 ms must
+	// count like any other.
+	clk := newClock11(0)
+	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
+	s := sub11(t, b, SubscribeOptions{})
+	overflow11(t, b, s)
+	clk.advance(10 * time.Second)
+	overflow11(t, b, s)
+	clk.advance(10 * time.Second)
+	overflow11(t, b, s)
+	assert.Equal(t, 0, b.SubscriberCount())
+	assert.Equal(t, uint64(1), b.Stats().Evictions.RepeatedOverflow)
+	assert.ErrorIs(t, s.Err(), ErrEvicted)
+}
+
+func TestOverflowResyncSpreadOverMoreThanWindowDoesNotEvict(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, err := New(Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		defer b.Close()
+		s := sub11(t, b, SubscribeOptions{})
+		for i := range 6 {
+			if i > 0 {
+				time.Sleep(31 * time.Second) // any three overflows span 62 s
+			}
+			overflow11(t, b, s)
+			require.Equal(t, 1, b.SubscriberCount(), "overflow %d", i+1)
+		}
+		st := b.Stats()
+		assert.Equal(t, uint64(6), st.Resyncs.QueueOverflow)
+		assert.Equal(t, EvictionStats{}, st.Evictions)
+		assert.NoError(t, s.Err())
+	})
+}
+
+func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
+	clk := newClock11(now11Millis)
+	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
+	s := sub11(t, b, SubscribeOptions{})
+	rng := rand.New(rand.NewPCG(3, 4))
+	received := map[uint64]bool{}
+	var published uint64
+	for range 200 {
+		clk.advance(31 * time.Second)
+		// At most 16 publishes per round: at most one overflow per round,
+		// so never three within OverflowWindow.
+		for range rng.IntN(17) {
+			published = pub11(t, b, "e").ID()
+		}
+		if rng.IntN(4) == 0 {
+			for _, f := range take11(s) {
+				if f.ID() != 0 {
+					require.False(t, received[f.ID()], "duplicate #%d", f.ID())
+					received[f.ID()] = true
+				}
+			}
+		}
+	}
+	for _, f := range take11(s) {
+		if f.ID() != 0 {
+			received[f.ID()] = true
+		}
+	}
+	st := b.Stats()
+	require.Positive(t, st.Resyncs.QueueOverflow)
+	assert.Equal(t, published-uint64(len(received)), st.Dropped.Overflow,
+		"every event the consumer never saw was counted as dropped, and nothing else")
+	assert.Equal(t, EvictionStats{}, st.Evictions)
+}
+
+func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
+	t.Run("bus resync, subscription evict", func(t *testing.T) {
+		b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+		evict := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowEvict})
+		inherit := sub11(t, b, SubscribeOptions{})
+		pubN11(t, b, "e", 17)
+		assert.ErrorIs(t, evict.Err(), ErrEvicted)
+		assert.NoError(t, inherit.Err())
+		assert.Equal(t, 1, b.SubscriberCount())
+		st := b.Stats()
+		assert.Equal(t, uint64(1), st.Evictions.QueueOverflow)
+		assert.Equal(t, uint64(1), st.Resyncs.QueueOverflow)
+	})
+	t.Run("bus evict, subscription resync", func(t *testing.T) {
+		b := bus11(t, Options{MaxQueued: 16})
+		resync := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
+		inherit := sub11(t, b, SubscribeOptions{})
+		pubN11(t, b, "e", 17)
+		assert.NoError(t, resync.Err())
+		assert.ErrorIs(t, inherit.Err(), ErrEvicted)
+		assert.Equal(t, 1, b.SubscriberCount())
+		assert.Equal(t, []string{TypeSlowClientWarning, TypeStateResyncRequired, "#17"}, desc11(take11(resync)))
+	})
+}
+
+func TestOverflowPolicyInvalidValueIsAnError(t *testing.T) {
+	for _, p := range []OverflowPolicy{OverflowResync + 1, 255} {
+		b, err := New(Options{OverflowPolicy: p})
+		assert.ErrorIs(t, err, ErrInvalidOption, "policy %d", p)
+		assert.Nil(t, b)
+	}
+	b := bus11(t, Options{})
+	for _, p := range []OverflowPolicy{OverflowResync + 1, 255} {
+		s, err := b.Subscribe(t.Context(), SubscribeOptions{OverflowPolicy: p})
+		assert.ErrorIs(t, err, ErrInvalidOption, "policy %d", p)
+		assert.Nil(t, s)
+	}
+	assert.Equal(t, 0, b.SubscriberCount())
+	assert.Equal(t, 0, b.Stats().PeakSubscribers)
+}
+
+func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
+	b, err := New(Options{})
+	require.NoError(t, err)
+	assert.Equal(t, OverflowEvict, b.opts.OverflowPolicy)
+	require.NoError(t, b.Close())
+
+	b = bus11(t, Options{MaxQueued: 16})
+	s := sub11(t, b, SubscribeOptions{})
+	assert.Equal(t, OverflowEvict, s.policy)
+	pubN11(t, b, "e", 17)
+	assert.Equal(t, 0, b.SubscriberCount())
+	fs := drain11(s)
+	assert.Equal(t, TypeClientEvicted, fs[len(fs)-1].Type())
+	assert.Contains(t, data11(t, fs[len(fs)-1]), `"reason":"queue_overflow","droppedAfter":17`)
+	assert.Zero(t, b.Stats().Dropped.Overflow)
+}
