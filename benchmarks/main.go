@@ -80,7 +80,7 @@ func parseInts(s string) ([]int, error) {
 func main() {
 	var fl flags
 	var subs, httpClients, scenarios string
-	flag.IntVar(&fl.events, "events", 10000, "events per in-process fan-out run")
+	flag.IntVar(&fl.events, "events", 5000, "events per in-process fan-out run")
 	flag.StringVar(&subs, "subs", "1,64,1000", "subscriber counts for the in-process fan-out")
 	flag.IntVar(&fl.count, "count", 3, "repetitions of each measured run (median reported)")
 	flag.DurationVar(&fl.timeout, "timeout", 30*time.Second, "hard deadline of one run (watchdog)")
@@ -88,7 +88,7 @@ func main() {
 	flag.IntVar(&fl.queue, "queue", 1024, "per-subscriber buffer for the libraries that let us choose it (naive chan cap, pubsub cap, eventbus MaxQueued; max 2048)")
 	flag.IntVar(&fl.stallSubs, "stall-subs", 64, "subscribers in the stalled-subscriber scenario (one of them never reads)")
 	flag.IntVar(&fl.stallEvents, "stall-events", 5000, "events published in the stalled-subscriber scenario")
-	flag.IntVar(&fl.httpEvents, "http-events", 1000, "events per HTTP run")
+	flag.IntVar(&fl.httpEvents, "http-events", 600, "events per HTTP run")
 	flag.IntVar(&fl.httpWindow, "http-window", 0, "closed-loop publisher window for the HTTP scenario (0: tight loop)")
 	flag.StringVar(&httpClients, "http-clients", "16,256", "HTTP client counts")
 	flag.IntVar(&fl.window, "window", 0, "closed-loop publisher window for the fanout-window scenario (0: half of -queue)")
@@ -134,7 +134,8 @@ func run(w io.Writer, fl flags) {
 	cfg := config{queue: fl.queue}
 	o := runOpts{timeout: fl.timeout, stall: fl.stall, stopMax: 5 * time.Second}
 	fmt.Fprintf(w, "# eventbus peer comparison\n\n")
-	fmt.Fprintf(w, "%s, GOOS/GOARCH %s/%s, NumCPU %d, GOMAXPROCS %d\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0))
+	fmt.Fprintf(w, "%s, GOOS/GOARCH %s/%s, NumCPU %d, GOMAXPROCS %d, CPU %q\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel())
+	fmt.Fprintf(w, "load average at start: %s\n\n", loadAvg())
 	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -window %d -stall-subs %d -stall-events %d -http-events %d -http-window %d -http-clients %s -scenarios %s\n\n",
 		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.window, fl.stallSubs, fl.stallEvents, fl.httpEvents, fl.httpWindow, joinInts(fl.httpClients), strings.Join(fl.scenarios, ","))
 
@@ -194,7 +195,34 @@ func run(w io.Writer, fl flags) {
 			printRuns(w, runAll(libs, cfg, n, fl.httpEvents, fl.count, ho, fl.libs))
 		}
 	}
-	fmt.Fprintf(w, "total run time: %s\n", time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(w, "total run time: %s; load average at end: %s\n", time.Since(start).Round(100*time.Millisecond), loadAvg())
+}
+
+// loadAvg is /proc/loadavg's first three fields (Linux), to tell a quiet
+// machine from a busy one when reading the numbers.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "n/a"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "n/a"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "n/a"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "n/a"
 }
 
 func joinInts(v []int) string {
