@@ -54,6 +54,8 @@ type flags struct {
 	stallSubs   int
 	stallEvents int
 	httpEvents  int
+	httpCount   int
+	maxDeliv    int
 	httpClients []int
 	scenarios   []string
 	libs        string
@@ -88,7 +90,9 @@ func main() {
 	flag.IntVar(&fl.queue, "queue", 1024, "per-subscriber buffer for the libraries that let us choose it (naive chan cap, pubsub cap, eventbus MaxQueued; max 2048)")
 	flag.IntVar(&fl.stallSubs, "stall-subs", 64, "subscribers in the stalled-subscriber scenario (one of them never reads)")
 	flag.IntVar(&fl.stallEvents, "stall-events", 5000, "events published in the stalled-subscriber scenario")
-	flag.IntVar(&fl.httpEvents, "http-events", 600, "events per HTTP run")
+	flag.IntVar(&fl.maxDeliv, "max-deliveries", 2_000_000, "cap events x subscribers of one in-process run by using fewer events for large subscriber counts (never fewer than 2 x -queue, so overflow stays possible)")
+	flag.IntVar(&fl.httpEvents, "http-events", 2000, "events per HTTP run (keep it above -queue, or a non-blocking bus can never overflow)")
+	flag.IntVar(&fl.httpCount, "http-count", 2, "repetitions of each HTTP run")
 	flag.IntVar(&fl.httpWindow, "http-window", 0, "closed-loop publisher window for the HTTP scenario (0: tight loop)")
 	flag.StringVar(&httpClients, "http-clients", "16,256", "HTTP client counts")
 	flag.IntVar(&fl.window, "window", 0, "closed-loop publisher window for the fanout-window scenario (0: half of -queue)")
@@ -103,7 +107,7 @@ func main() {
 		fatal(err)
 	}
 	fl.scenarios = strings.Split(scenarios, ",")
-	if fl.queue < 1 || fl.queue > 2048 || fl.count < 1 || fl.events < 1 || fl.stallSubs < 2 {
+	if fl.queue < 1 || fl.queue > 2048 || fl.count < 1 || fl.httpCount < 1 || fl.events < 1 || fl.stallSubs < 2 {
 		fatal(fmt.Errorf("bad flags"))
 	}
 	if fl.window <= 0 {
@@ -136,16 +140,16 @@ func run(w io.Writer, fl flags) {
 	fmt.Fprintf(w, "# eventbus peer comparison\n\n")
 	fmt.Fprintf(w, "%s, GOOS/GOARCH %s/%s, NumCPU %d, GOMAXPROCS %d, CPU %q\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel())
 	fmt.Fprintf(w, "load average at start: %s\n\n", loadAvg())
-	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -window %d -stall-subs %d -stall-events %d -http-events %d -http-window %d -http-clients %s -scenarios %s\n\n",
-		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.window, fl.stallSubs, fl.stallEvents, fl.httpEvents, fl.httpWindow, joinInts(fl.httpClients), strings.Join(fl.scenarios, ","))
+	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -window %d -stall-subs %d -stall-events %d -max-deliveries %d -http-events %d -http-count %d -http-window %d -http-clients %s -scenarios %s\n\n",
+		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.window, fl.stallSubs, fl.stallEvents, fl.maxDeliv, fl.httpEvents, fl.httpCount, fl.httpWindow, joinInts(fl.httpClients), strings.Join(fl.scenarios, ","))
 
 	if slices.Contains(fl.scenarios, "fanout") {
 		fmt.Fprintf(w, "## In-process fan-out\n\n")
-		fmt.Fprintf(w, "One publisher, N subscribers each draining in its own goroutine; %d events; median of %d runs.\n", fl.events, fl.count)
+		fmt.Fprintf(w, "One publisher in a tight loop, N subscribers each draining in its own goroutine; median of %d runs.\n", fl.count)
 		fmt.Fprintf(w, "ns/delivery = wall time / (events x subscribers); allocs/event = Mallocs delta / events (whole process).\n\n")
 		for _, n := range fl.subs {
-			fmt.Fprintf(w, "### %d subscriber(s)\n\n", n)
-			printRuns(w, runAll(libraries, cfg, n, fl.events, fl.count, o, fl.libs))
+			fmt.Fprintf(w, "### %d subscriber(s), %d events\n\n", n, fl.eventsFor(n))
+			printRuns(w, runAll(libraries, cfg, n, fl.eventsFor(n), fl.count, o, fl.libs))
 		}
 	}
 	if slices.Contains(fl.scenarios, "fanout-window") {
@@ -156,8 +160,8 @@ func run(w io.Writer, fl flags) {
 		wo := o
 		wo.window = fl.window
 		for _, n := range fl.subs {
-			fmt.Fprintf(w, "### %d subscriber(s), window %d\n\n", n, fl.window)
-			printRuns(w, runAll(libraries, cfg, n, fl.events, fl.count, wo, fl.libs))
+			fmt.Fprintf(w, "### %d subscriber(s), %d events, window %d\n\n", n, fl.eventsFor(n), fl.window)
+			printRuns(w, runAll(libraries, cfg, n, fl.eventsFor(n), fl.count, wo, fl.libs))
 		}
 	}
 	if slices.Contains(fl.scenarios, "stall") {
@@ -185,14 +189,14 @@ func run(w io.Writer, fl flags) {
 			mode = fmt.Sprintf("closed-loop publisher, window %d", fl.httpWindow)
 		}
 		fmt.Fprintf(w, "One publisher (%s), N HTTP clients on 127.0.0.1 parsing SSE and checking every id; %d events; median of %d runs. "+
-			"ns/delivery = wall / (events x clients); allocs/event counts server and clients (same process).\n\n", mode, fl.httpEvents, fl.count)
+			"ns/delivery = wall / (events x clients); allocs/event counts server and clients (same process).\n\n", mode, fl.httpEvents, fl.httpCount)
 		var libs []library
 		for _, h := range httpLibraries {
 			libs = append(libs, h.asLibrary())
 		}
 		for _, n := range fl.httpClients {
 			fmt.Fprintf(w, "### %d clients\n\n", n)
-			printRuns(w, runAll(libs, cfg, n, fl.httpEvents, fl.count, ho, fl.libs))
+			printRuns(w, runAll(libs, cfg, n, fl.httpEvents, fl.httpCount, ho, fl.libs))
 		}
 	}
 	fmt.Fprintf(w, "total run time: %s; load average at end: %s\n", time.Since(start).Round(100*time.Millisecond), loadAvg())
@@ -223,6 +227,17 @@ func cpuModel() string {
 		}
 	}
 	return "n/a"
+}
+
+// eventsFor is the number of events of one in-process run with subs
+// subscribers: -events, lowered to keep events x subs near -max-deliveries,
+// but never below 2 x -queue (or -events if that is smaller).
+func (fl flags) eventsFor(subs int) int {
+	e := fl.events
+	if fl.maxDeliv > 0 && e*subs > fl.maxDeliv {
+		e = max(fl.maxDeliv/subs, min(fl.events, 2*fl.queue))
+	}
+	return e
 }
 
 func joinInts(v []int) string {
@@ -273,11 +288,16 @@ func runAll(libs []library, cfg config, subs, events, count int, o runOpts, filt
 		}
 		slices.Sort(ns)
 		slices.Sort(al)
-		a.medianNs, a.minNs, a.maxNs = ns[len(ns)/2], ns[0], ns[len(ns)-1]
-		a.medAlloc = al[len(al)/2]
+		a.medianNs, a.minNs, a.maxNs = median(ns), ns[0], ns[len(ns)-1]
+		a.medAlloc = median(al)
 		out = append(out, a)
 	}
 	return out
+}
+
+// median of a sorted slice (mean of the middle two for an even length).
+func median(v []float64) float64 {
+	return (v[(len(v)-1)/2] + v[len(v)/2]) / 2
 }
 
 func printRuns(w io.Writer, aggs []aggregate) {
