@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -86,7 +87,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusInternalServerError, "response writer cannot flush", "streaming_unsupported", 0)
 		return
 	}
-	query, _ := url.ParseQuery(r.URL.RawQuery) // a malformed pair is skipped, the rest kept
+	query, qerr := url.ParseQuery(r.URL.RawQuery) // a malformed pair is skipped, the rest kept
 
 	opts := SubscribeOptions{}
 	raw := r.Header.Get("Last-Event-ID")
@@ -120,6 +121,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if qerr != nil && rawParamCount(r.URL.RawQuery, "maxQueued") != len(query["maxQueued"]) {
+		// ParseQuery skipped a maxQueued pair it could not decode ("%zz",
+		// a ';' in the pair). Taking the default then would turn a value
+		// that is not decimal into a 200 instead of SPEC 10's 400.
+		writeJSONError(w, http.StatusBadRequest, "maxQueued must be a decimal number", "invalid_max_queued", 0)
+		return
+	}
 	if v, ok := query["maxQueued"]; ok {
 		n, err := parseMaxQueued(v)
 		if err != nil {
@@ -150,7 +158,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return bus.Subscribe(ctx, opts)
 		}
 	}
-	sub, err := subscribe(r.Context(), bus, opts)
+	// The subscription watches the request context only while subscribing
+	// (a backplane's remote read must stop when the client leaves). After
+	// that the handler ends it itself: it waits on r.Context() in serve,
+	// and on a failed write decides between cancelled and blocked. Left to
+	// the context, the net/http cancellation that follows every failed
+	// write, a deadline included, would race dropBlocked and count the
+	// buffered frames of a blocked writer as cancelled.
+	subCtx, cancelSub := context.WithCancel(context.WithoutCancel(r.Context()))
+	defer cancelSub()
+	unwatch := context.AfterFunc(r.Context(), cancelSub)
+	if r.Context().Err() != nil {
+		cancelSub() // at once: AfterFunc calls it on another goroutine
+	}
+	sub, err := subscribe(subCtx, bus, opts)
+	unwatch()
 	if err != nil {
 		var limit *SubscriberLimitError
 		if errors.As(err, &limit) {
@@ -260,7 +282,11 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 // A write that fails because the client went away is a plain
 // cancellation; anything else is counted as dropped, reason blocked.
 func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream, err error) {
-	if ctx.Err() != nil {
+	// net/http cancels the request context as soon as a write on the
+	// connection fails, a deadline included (HTTP/1.1 and HTTP/2 alike), so
+	// a done context alone does not mean the client left: a write that hit
+	// its deadline is a blocked writer either way.
+	if ctx.Err() != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 		sub.Close()
 		return
 	}
@@ -436,4 +462,22 @@ func writeJSONError(w http.ResponseWriter, status int, msg, code string, limit i
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
+}
+
+// rawParamCount counts the pairs of a raw query whose key is key, also the
+// pairs url.ParseQuery skips because they cannot be decoded.
+func rawParamCount(rawQuery, key string) int {
+	n := 0
+	for rawQuery != "" {
+		var pair string
+		pair, rawQuery, _ = strings.Cut(rawQuery, "&")
+		k, _, _ := strings.Cut(pair, "=")
+		if u, err := url.QueryUnescape(k); err == nil {
+			k = u
+		}
+		if k == key {
+			n++
+		}
+	}
+	return n
 }
