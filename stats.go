@@ -17,7 +17,9 @@ type Stats struct {
 	Rejected RejectedStats
 	// Signals counts signals accepted by Signal.
 	Signals uint64
-	// FramesDelivered counts frames consumers took from their queues.
+	// FramesDelivered counts frames that reached their consumer: returned
+	// by AppendReady, yielded by Events, or written and flushed by Handler
+	// (a batch whose write fails counts as Dropped.Blocked instead).
 	FramesDelivered uint64
 	// Subscribers is the current number of subscriptions; PeakSubscribers
 	// the highest it has been.
