@@ -1,0 +1,776 @@
+package redisbus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/seam"
+)
+
+const wait = 10 * time.Second // bound of every wait for frames
+
+func threeReplicas(t *testing.T, r *redisServer, opts Options) (a, b, c *replica) {
+	return newReplica(t, r, "A", opts), newReplica(t, r, "B", opts), newReplica(t, r, "C", opts)
+}
+
+// Events published concurrently on all three replicas reach every
+// subscriber on every replica, with the same ids, bytes and order.
+func TestThreeReplicasOneOrder(t *testing.T) {
+	r := startRedis(t)
+	reps := []*replica{}
+	a, b, c := threeReplicas(t, r, testOptions(t))
+	reps = append(reps, a, b, c)
+	var subs []*sse
+	for _, rp := range reps {
+		for range 2 {
+			subs = append(subs, openSSE(t, rp, "s1", nil, ""))
+		}
+	}
+	const per = 100
+	var wg sync.WaitGroup
+	ids := make([][]uint64, len(reps))
+	for i, rp := range reps {
+		wg.Go(func() {
+			for n := range per {
+				id, _, err := rp.bp.Publish(context.Background(), "s1", eventbus.Event{
+					Type: "e", Data: map[string]int{"p": i, "n": n}})
+				if err != nil {
+					t.Errorf("%s: %v", rp.name, err)
+					return
+				}
+				ids[i] = append(ids[i], id)
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[uint64]bool{}
+	for i := range ids {
+		for k, id := range ids[i] {
+			if seen[id] {
+				t.Fatalf("id %d assigned twice", id)
+			}
+			seen[id] = true
+			if k > 0 && id <= ids[i][k-1] {
+				t.Fatalf("publisher %d got id %d after %d", i, id, ids[i][k-1])
+			}
+		}
+	}
+	total := uint64(len(reps) * per)
+	var ref []frame
+	for i, s := range subs {
+		got := s.events(int(total), wait)
+		wantIDs(t, got, 1, total)
+		if i == 0 {
+			ref = got
+			continue
+		}
+		for k := range got {
+			if got[k] != ref[k] {
+				t.Fatalf("subscriber %d frame %d = %+v, subscriber 0 has %+v", i, k, got[k], ref[k])
+			}
+		}
+	}
+	// Every publisher's events appear in its own order.
+	next := make([]int64, len(reps))
+	for _, f := range ref {
+		p, n := f.num(t, "data", "p"), f.num(t, "data", "n")
+		if n != next[p] {
+			t.Fatalf("publisher %d: event n=%d at id %d, want n=%d", p, n, f.ID, next[p])
+		}
+		next[p]++
+	}
+	if subs[0].Epoch == "" || subs[0].Epoch != subs[5].Epoch {
+		t.Fatalf("epochs differ across replicas: %q, %q", subs[0].Epoch, subs[5].Epoch)
+	}
+}
+
+// A client reading from A disconnects and resumes on C, which has no
+// mirror of the session: it gets exactly the ids it missed, then live.
+func TestResumeOnAnotherReplica(t *testing.T) {
+	r := startRedis(t)
+	a, b, c := threeReplicas(t, r, testOptions(t))
+	sa := openSSE(t, a, "s", nil, "")
+	for range 30 {
+		b.publish(t, "s", "e", nil)
+	}
+	got := sa.events(20, wait)
+	wantIDs(t, got, 1, 20)
+	sa.close() // the client saw 20
+	for range 15 {
+		b.publish(t, "s", "e", nil)
+	}
+	if n := c.bp.Sessions(); n != 0 {
+		t.Fatalf("C holds %d sessions before the resume", n)
+	}
+	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "20", "Event-Epoch": sa.Epoch}, "")
+	if sc.Epoch != sa.Epoch {
+		t.Fatalf("C's epoch %q, A's %q", sc.Epoch, sa.Epoch)
+	}
+	wantIDs(t, sc.events(25, wait), 21, 45)
+	rc := sc.next(wait)
+	if rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 25 || rc.num(t, "data", "lastReplayedEventId") != 45 {
+		t.Fatalf("want replay_complete of 25 up to 45, got %+v", rc)
+	}
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, sc.events(1, wait), 46, 46)
+}
+
+// C already mirrors the session, but only from a late id: a resume from
+// before it is answered from the stream, ahead of the live frames.
+func TestResumeBehindALateMirror(t *testing.T) {
+	r := startRedis(t)
+	a, _, c := threeReplicas(t, r, testOptions(t))
+	for range 10 {
+		a.publish(t, "s", "e", nil)
+	}
+	live := openSSE(t, c, "s", nil, "") // C's mirror starts at 11
+	for range 10 {
+		a.publish(t, "s", "e", nil)
+	}
+	wantIDs(t, live.events(10, wait), 11, 20)
+	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
+	wantIDs(t, sc.events(15, wait), 6, 20)
+	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 15 {
+		t.Fatalf("want replay_complete of 15, got %+v", rc)
+	}
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, sc.events(1, wait), 21, 21)
+}
+
+// Live publishing during a resume from the stream: the hand-over from
+// history to live has no gap and no duplicate.
+func TestResumeWhilePublishing(t *testing.T) {
+	r := startRedis(t)
+	a, b, c := threeReplicas(t, r, testOptions(t))
+	for range 200 {
+		a.publish(t, "s", "e", nil)
+	}
+	warm := openSSE(t, c, "s", nil, "") // C's mirror, ring from 201
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var published atomic.Uint64
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			published.Store(b.publish(t, "s", "e", nil))
+		}
+	})
+	time.Sleep(20 * time.Millisecond)
+	var resumed []*sse
+	for _, from := range []string{"0", "50", "199"} {
+		resumed = append(resumed, openSSE(t, c, "s", map[string]string{"Last-Event-ID": from, "Event-Epoch": warm.Epoch}, ""))
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	last := published.Load()
+	for i, s := range resumed {
+		from := []uint64{1, 51, 200}[i]
+		var ids []uint64
+		sawComplete := false
+		for len(ids) == 0 || ids[len(ids)-1] < last {
+			f := s.next(wait)
+			if f.ID == 0 {
+				if f.Event != eventbus.TypeReplayComplete || sawComplete {
+					t.Fatalf("resume %d: unexpected %s %s", i, f.Event, f.Data)
+				}
+				sawComplete = true
+				continue
+			}
+			ids = append(ids, f.ID)
+		}
+		if !sawComplete {
+			t.Fatalf("resume %d: no replay_complete", i)
+		}
+		for k, id := range ids {
+			if id != from+uint64(k) {
+				t.Fatalf("resume %d: event %d has id %d, want %d", i, k, id, from+uint64(k))
+			}
+		}
+	}
+}
+
+// After the stream was trimmed past the cursor: ring_evicted, then what
+// the stream still holds.
+func TestResumeAfterTrim(t *testing.T) {
+	r := startRedis(t)
+	opts := testOptions(t)
+	opts.RingSize = 10
+	a, _, c := threeReplicas(t, r, opts)
+	var epoch string
+	for range 50 {
+		_, e, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e", Data: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		epoch = e
+	}
+	in, err := a.bp.Info(context.Background(), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.FirstEventID != 41 || in.LastEventID != 50 || in.Epoch != epoch {
+		t.Fatalf("info %+v, want ids 41..50 of epoch %s", in, epoch)
+	}
+	if n := r.do(t, "XLEN", "t:"+t.Name()+":{s}:s:"+epoch); n != int64(10) {
+		t.Fatalf("XLEN %v, want 10", n)
+	}
+	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": epoch}, "")
+	rs := sc.next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "ring_evicted" ||
+		rs.num(t, "data", "lastDeliveredId") != 5 || rs.num(t, "data", "earliestAvailableId") != 41 ||
+		rs.str(t, "data", "epoch") != epoch {
+		t.Fatalf("want ring_evicted 5 -> 41, got %+v", rs)
+	}
+	wantIDs(t, sc.events(10, wait), 41, 50)
+	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 10 {
+		t.Fatalf("want replay_complete of 10, got %+v", rc)
+	}
+	// A resume inside what is held is exact.
+	s2 := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "40", "Event-Epoch": epoch}, "")
+	wantIDs(t, s2.events(10, wait), 41, 50)
+}
+
+// The byte bound trims the stream too, and the byte counter stays exact.
+func TestTrimByBytes(t *testing.T) {
+	r := startRedis(t)
+	opts := testOptions(t)
+	opts.Bus.RingMaxBytes = 1000
+	a := newReplica(t, r, "A", opts)
+	var epoch string
+	ts := map[string]any{"serverTimestamp": 1}
+	for i := range 40 {
+		_, e, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e", Data: strings.Repeat("x", i*3), Meta: ts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		epoch = e
+	}
+	in, err := a.bp.Info(context.Background(), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "t:" + t.Name() + ":{s}:s:" + epoch
+	entries := r.do(t, "XRANGE", key, "-", "+").([]any)
+	var sum uint64
+	for _, e := range entries {
+		fields := e.([]any)[1].([]any)
+		sum += uint64(len(fields[3].(string)))
+	}
+	if in.Bytes != sum || sum > 1000 || in.LastEventID != 40 || in.FirstEventID != 40-uint64(len(entries))+1 {
+		t.Fatalf("info %+v; stream holds %d entries of %d bytes", in, len(entries), sum)
+	}
+	// The bound is tight: the newest entry the trim dropped would not fit.
+	dropped := in.FirstEventID - 1
+	_, tail, err := seam.EncodeTail(a.bp.encoder, eventbus.Event{Type: "e", Data: strings.Repeat("x", int(dropped-1)*3), Meta: ts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size := len(`{"id":`) + len(strconv.FormatUint(dropped, 10)) + len(tail); sum+uint64(size) <= 1000 {
+		t.Fatalf("id %d (%d bytes) was dropped although %d+%d fits 1000", dropped, size, sum, size)
+	}
+	// A single event above the byte bound still stays, alone.
+	if _, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e", Data: strings.Repeat("y", 2000)}); err != nil {
+		t.Fatal(err)
+	}
+	in, _ = a.bp.Info(context.Background(), "s")
+	if in.FirstEventID != 41 || in.LastEventID != 41 {
+		t.Fatalf("after a big event: %+v, want only id 41", in)
+	}
+}
+
+// Redis restarted without persistence: the stream is lost, mirrors close,
+// ids restart at 1 in a new epoch, and a client presenting the old epoch
+// gets epoch_reset.
+func TestRedisRestartEpochReset(t *testing.T) {
+	r := startRedis(t)
+	a, _, c := threeReplicas(t, r, testOptions(t))
+	sa := openSSE(t, a, "s", nil, "")
+	for range 10 {
+		a.publish(t, "s", "e", nil)
+	}
+	wantIDs(t, sa.events(10, wait), 1, 10)
+	old := sa.Epoch
+
+	r.restart()
+	// A's mirror is of a lost stream: its stream ends, so that the client
+	// reconnects.
+	if rest := sa.ended(wait); len(rest) != 0 {
+		t.Fatalf("frames after the restart: %+v", rest)
+	}
+	var epoch string
+	for i := range 3 {
+		var id uint64
+		var err error
+		// The first publishes may meet connections the restart broke.
+		waitFor(t, wait, "publish after restart", func() bool {
+			id, epoch, err = c.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+			return err == nil
+		})
+		if id != uint64(i+1) {
+			t.Fatalf("id %d after the restart, want %d", id, i+1)
+		}
+	}
+	if epoch == old || len(epoch) != 32 {
+		t.Fatalf("epoch after the restart %q, before %q", epoch, old)
+	}
+	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "10", "Event-Epoch": old}, "")
+	if sc.Epoch != epoch {
+		t.Fatalf("Event-Epoch %q, want %q", sc.Epoch, epoch)
+	}
+	rs := sc.next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "epoch_reset" ||
+		rs.str(t, "data", "detail") != "epoch_mismatch" || rs.num(t, "data", "lastDeliveredId") != 10 ||
+		rs.num(t, "data", "earliestAvailableId") != 1 || rs.str(t, "data", "epoch") != epoch {
+		t.Fatalf("want epoch_reset (epoch_mismatch) 10 -> 1, got %+v", rs)
+	}
+	wantIDs(t, sc.events(3, wait), 1, 3)
+	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 3 {
+		t.Fatalf("want replay_complete of 3, got %+v", rc)
+	}
+	// Without an epoch, the cursor above the last id is the reset (A makes
+	// a new mirror of the new epoch).
+	s2 := openSSE(t, a, "s", map[string]string{"Last-Event-ID": "10"}, "")
+	rs = s2.next(wait)
+	if rs.str(t, "data", "reason") != "epoch_reset" || rs.str(t, "data", "detail") != "" {
+		t.Fatalf("want numeric epoch_reset, got %+v", rs)
+	}
+	wantIDs(t, s2.events(3, wait), 1, 3)
+}
+
+// A slow subscriber on B is evicted there; every other subscriber, on
+// every replica, gets everything, and the other mirrors evict nobody.
+func TestSlowSubscriberEvictedLocally(t *testing.T) {
+	r := startRedis(t)
+	a, b, c := threeReplicas(t, r, testOptions(t))
+	var fast []*sse
+	for _, rp := range []*replica{a, b, c} {
+		fast = append(fast, openSSE(t, rp, "s", nil, ""))
+	}
+	slow, err := b.bp.Subscribe(context.Background(), "s", eventbus.SubscribeOptions{MaxQueued: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	for range 100 {
+		a.publish(t, "s", "e", nil)
+	}
+	for _, s := range fast {
+		var got []frame
+		for len(got) < 100 {
+			f := s.next(wait)
+			if f.ID == 0 {
+				if f.Event != eventbus.TypeSlowClientWarning {
+					t.Fatalf("fast subscriber got %s %s", f.Event, f.Data)
+				}
+				continue
+			}
+			got = append(got, f)
+		}
+		wantIDs(t, got, 1, 100)
+	}
+	var ids []uint64
+	var types []string
+	for f := range slow.Events() {
+		if f.ID() != 0 {
+			ids = append(ids, f.ID())
+		} else {
+			types = append(types, f.Type())
+		}
+	}
+	if len(ids) != 16 || ids[0] != 1 || ids[15] != 16 {
+		t.Fatalf("slow subscriber got ids %v, want 1..16", ids)
+	}
+	if len(types) != 2 || types[0] != eventbus.TypeSlowClientWarning || types[1] != eventbus.TypeClientEvicted {
+		t.Fatalf("slow subscriber got synthetic frames %v", types)
+	}
+	if !errors.Is(slow.Err(), eventbus.ErrEvicted) {
+		t.Fatalf("slow subscriber ended with %v", slow.Err())
+	}
+	for _, rp := range []*replica{a, b, c} {
+		bus, err := rp.bp.Bus(context.Background(), "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := uint64(0)
+		if rp == b {
+			want = 1
+		}
+		if got := bus.Stats().Evictions.QueueOverflow; got != want {
+			t.Fatalf("%s evicted %d, want %d", rp.name, got, want)
+		}
+	}
+}
+
+// Redis down (refusing connections, or hung): Publish fails within its
+// timeout and never hangs; afterwards it works again.
+func TestRedisDownPublishFails(t *testing.T) {
+	r := startRedis(t)
+	opts := testOptions(t)
+	opts.PublishTimeout = 300 * time.Millisecond
+	a := newReplica(t, r, "A", opts)
+	a.publish(t, "s", "e", nil)
+
+	check := func(what string) {
+		t.Helper()
+		for range 3 {
+			start := time.Now()
+			_, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+			took := time.Since(start)
+			if !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("%s: Publish returned %v, want ErrUnavailable", what, err)
+			}
+			if took > opts.PublishTimeout+200*time.Millisecond {
+				t.Fatalf("%s: Publish took %v, timeout %v", what, took, opts.PublishTimeout)
+			}
+		}
+	}
+	r.pause()
+	check("hung redis")
+	r.resume()
+	waitFor(t, wait, "publish after resume", func() bool {
+		_, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+		return err == nil
+	})
+	r.stop()
+	check("stopped redis")
+	// The HTTP route answers 500 when it cannot open a session.
+	resp, err := a.srv.Client().Get(a.srv.URL + "/session/other/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 500 {
+		t.Fatalf("GET with redis down: %s", resp.Status)
+	}
+}
+
+// Readers reconnect after their connections die and go on from their last
+// id: nothing is lost, and nobody is told to resync.
+func TestReaderReconnects(t *testing.T) {
+	r := startRedis(t)
+	a, b, _ := threeReplicas(t, r, testOptions(t))
+	sa := openSSE(t, a, "s", nil, "")
+	for range 5 {
+		b.publish(t, "s", "e", nil)
+	}
+	wantIDs(t, sa.events(5, wait), 1, 5)
+	r.do(t, "CLIENT", "KILL", "TYPE", "normal")
+	for i := range 5 {
+		waitFor(t, wait, "publish after CLIENT KILL", func() bool {
+			id, _, err := b.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+			if err == nil && id != uint64(6+i) {
+				t.Fatalf("id %d, want %d", id, 6+i)
+			}
+			return err == nil
+		})
+	}
+	wantIDs(t, sa.events(5, wait), 6, 10)
+	// A hung Redis for a while: the reader's XREAD times out and retries.
+	r.pause()
+	time.Sleep(300 * time.Millisecond)
+	r.resume()
+	for range 5 {
+		waitFor(t, wait, "publish after pause", func() bool {
+			_, _, err := b.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+			return err == nil
+		})
+	}
+	wantIDs(t, sa.events(5, wait), 11, 15)
+	sa.quiet(50 * time.Millisecond)
+}
+
+// gate pauses a backplane's readers: while closed, a reader waits before
+// its next XREAD. parked reports readers waiting.
+type gate struct {
+	mu     sync.Mutex
+	ch     chan struct{} // nil: open
+	parked chan string
+}
+
+func installGate(bp *Backplane) *gate {
+	g := &gate{parked: make(chan string, 16)}
+	bp.readHook = func(ctx context.Context, session string) {
+		g.mu.Lock()
+		ch := g.ch
+		g.mu.Unlock()
+		if ch == nil {
+			return
+		}
+		select {
+		case g.parked <- session:
+		default:
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}
+	return g
+}
+
+func (g *gate) close(t testing.TB) {
+	g.mu.Lock()
+	g.ch = make(chan struct{})
+	g.mu.Unlock()
+	select {
+	case <-g.parked:
+	case <-time.After(wait):
+		t.Fatal("reader did not park")
+	}
+}
+
+func (g *gate) open() {
+	g.mu.Lock()
+	if g.ch != nil {
+		close(g.ch)
+		g.ch = nil
+	}
+	g.mu.Unlock()
+}
+
+// A reader that was away while the stream was trimmed past its last id
+// tells its subscribers (ring_evicted) and goes on.
+func TestReaderGapResync(t *testing.T) {
+	r := startRedis(t)
+	opts := testOptions(t)
+	opts.RingSize = 10
+	a, b, _ := threeReplicas(t, r, opts)
+	g := installGate(a.bp)
+	sa := openSSE(t, a, "s", nil, "")
+	for range 3 {
+		b.publish(t, "s", "e", nil)
+	}
+	wantIDs(t, sa.events(3, wait), 1, 3)
+	g.close(t)
+	for range 30 {
+		b.publish(t, "s", "e", nil)
+	}
+	g.open()
+	rs := sa.next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "ring_evicted" ||
+		rs.num(t, "data", "lastDeliveredId") != 3 || rs.num(t, "data", "earliestAvailableId") != 24 {
+		t.Fatalf("want ring_evicted 3 -> 24, got %+v", rs)
+	}
+	wantIDs(t, sa.events(10, wait), 24, 33)
+}
+
+// A client that read id n through A resumes on C before C's reader has
+// seen n: C waits for its reader instead of answering epoch_reset.
+func TestResumeOnALaggingReplica(t *testing.T) {
+	r := startRedis(t)
+	a, _, c := threeReplicas(t, r, testOptions(t))
+	g := installGate(c.bp)
+	live := openSSE(t, c, "s", nil, "") // C's mirror exists
+	g.close(t)
+	sa := openSSE(t, a, "s", nil, "")
+	for range 10 {
+		a.publish(t, "s", "e", nil)
+	}
+	wantIDs(t, sa.events(10, wait), 1, 10)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		g.open()
+	}()
+	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "10", "Event-Epoch": sa.Epoch}, "")
+	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 0 {
+		t.Fatalf("want an empty replay_complete, got %+v", rc)
+	}
+	wantIDs(t, live.events(10, wait), 1, 10)
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, sc.events(1, wait), 11, 11)
+}
+
+// The replay budget holds for resumes from the stream.
+func TestResumeReplayBudget(t *testing.T) {
+	r := startRedis(t)
+	opts := testOptions(t)
+	opts.Bus.ReplayBudgetBytes = 1000
+	a, _, c := threeReplicas(t, r, opts)
+	for range 40 {
+		a.publish(t, "s", "e", strings.Repeat("z", 100))
+	}
+	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "0"}, "")
+	var got []frame
+	for {
+		f := sc.next(wait)
+		if f.ID == 0 {
+			if f.Event != eventbus.TypeStateResyncRequired || f.str(t, "data", "reason") != "replay_budget_exceeded" {
+				t.Fatalf("want replay_budget_exceeded, got %+v", f)
+			}
+			n := uint64(len(got))
+			if f.num(t, "data", "lastDeliveredId") != int64(n) || f.num(t, "data", "earliestAvailableId") != int64(n+1) {
+				t.Fatalf("budget resync %+v after %d events", f, n)
+			}
+			break
+		}
+		got = append(got, f)
+	}
+	size := len(got[0].Data)
+	if len(got) != 1000/size {
+		t.Fatalf("replayed %d events of ~%d bytes within a budget of 1000", len(got), size)
+	}
+	wantIDs(t, got, 1, uint64(len(got)))
+	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != int64(len(got)) {
+		t.Fatalf("want replay_complete, got %+v", rc)
+	}
+	// With a type filter the whole range is read; the budget still holds.
+	sf := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "0"}, "types=e")
+	n := 0
+	for f := sf.next(wait); f.ID != 0; f = sf.next(wait) {
+		n++
+	}
+	if n != len(got) {
+		t.Fatalf("filtered resume replayed %d, unfiltered %d", n, len(got))
+	}
+}
+
+// Sessions without local subscribers are released after IdleTimeout, with
+// their reader; the next lookup makes a new mirror of the same epoch.
+func TestIdleRelease(t *testing.T) {
+	r := startRedis(t)
+	opts := testOptions(t)
+	opts.IdleTimeout = 100 * time.Millisecond
+	a := newReplica(t, r, "A", opts)
+	s := openSSE(t, a, "s", nil, "")
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, s.events(1, wait), 1, 1)
+	time.Sleep(300 * time.Millisecond)
+	if n := a.bp.Sessions(); n != 1 {
+		t.Fatalf("a session with a subscriber was released (%d)", n)
+	}
+	s.close()
+	waitFor(t, wait, "idle release", func() bool { return a.bp.Sessions() == 0 })
+	s2 := openSSE(t, a, "s", map[string]string{"Last-Event-ID": "0", "Event-Epoch": s.Epoch}, "")
+	wantIDs(t, s2.events(1, wait), 1, 1)
+}
+
+// Delete forgets the session in Redis; every replica's mirror closes; the
+// next publish starts a new epoch at id 1.
+func TestDelete(t *testing.T) {
+	r := startRedis(t)
+	a, _, c := threeReplicas(t, r, testOptions(t))
+	sa, sc := openSSE(t, a, "s", nil, ""), openSSE(t, c, "s", nil, "")
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, sa.events(1, wait), 1, 1)
+	wantIDs(t, sc.events(1, wait), 1, 1)
+	if err := a.bp.Delete(context.Background(), "s"); err != nil {
+		t.Fatal(err)
+	}
+	sa.ended(wait)
+	sc.ended(wait)
+	id, epoch, err := c.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+	if err != nil || id != 1 || epoch == sa.Epoch {
+		t.Fatalf("publish after delete: id %d epoch %q err %v (old epoch %q)", id, epoch, err, sa.Epoch)
+	}
+}
+
+// Close ends open streams and every goroutine; Publish then fails.
+func TestClose(t *testing.T) {
+	r := startRedis(t)
+	a := newReplica(t, r, "A", testOptions(t))
+	s := openSSE(t, a, "s", nil, "")
+	for i := range 5 {
+		a.publish(t, "s"+strconv.Itoa(i), "e", nil)
+	}
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, s.events(1, wait), 1, 1)
+	start := time.Now()
+	a.bp.Close()
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("Close took %v", took)
+	}
+	s.ended(wait)
+	if _, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"}); !errors.Is(err, eventbus.ErrClosed) {
+		t.Fatalf("Publish after Close: %v", err)
+	}
+	if _, err := a.bp.Bus(context.Background(), "s"); !errors.Is(err, eventbus.ErrClosed) {
+		t.Fatalf("Bus after Close: %v", err)
+	}
+	a.bp.Close()
+}
+
+// Invalid and oversized events use no id, whether the local encoder or
+// the script (which knows the id's digits) refuses them.
+func TestPublishValidation(t *testing.T) {
+	r := startRedis(t)
+	opts := testOptions(t)
+	opts.Bus.MaxEventBytes = 200
+	a := newReplica(t, r, "A", opts)
+	ctx := context.Background()
+	if _, _, err := a.bp.Publish(ctx, "s", eventbus.Event{Type: ""}); !errors.Is(err, eventbus.ErrInvalidEvent) {
+		t.Fatalf("empty type: %v", err)
+	}
+	if _, _, err := a.bp.Publish(ctx, "s", eventbus.Event{Type: "e", Data: func() {}}); !errors.Is(err, eventbus.ErrInvalidEvent) {
+		t.Fatalf("func data: %v", err)
+	}
+	if _, _, err := a.bp.Publish(ctx, "", eventbus.Event{Type: "e"}); !errors.Is(err, ErrInvalidSession) {
+		t.Fatalf("empty session: %v", err)
+	}
+	ts := map[string]any{"serverTimestamp": 1}
+	for range 9 {
+		if _, _, err := a.bp.Publish(ctx, "s", eventbus.Event{Type: "e", Meta: ts}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An event that fits with a one-digit id but not with id 10.
+	_, tail, err := seam.EncodeTail(a.bp.encoder, eventbus.Event{Type: "e", Data: "", Meta: ts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pad := 200 - (len(`{"id":1`) + len(tail))
+	ev := eventbus.Event{Type: "e", Data: strings.Repeat("p", pad), Meta: ts}
+	_, tail, _ = seam.EncodeTail(a.bp.encoder, ev)
+	if n := len(`{"id":1`) + len(tail); n != 200 {
+		t.Fatalf("crafted envelope of %d bytes", n)
+	}
+	if _, _, err := a.bp.Publish(ctx, "s", ev); !errors.Is(err, eventbus.ErrEventTooLarge) {
+		t.Fatalf("event of 201 bytes with id 10: %v", err)
+	}
+	id, _, err := a.bp.Publish(ctx, "s", eventbus.Event{Type: "e"})
+	if err != nil || id != 10 {
+		t.Fatalf("next publish: id %d, %v; want 10", id, err)
+	}
+}
+
+// The envelope a subscriber receives is what a plain bus would publish,
+// with the log's id.
+func TestEnvelope(t *testing.T) {
+	r := startRedis(t)
+	a := newReplica(t, r, "A", testOptions(t))
+	s := openSSE(t, a, "s", nil, "")
+	ctx := context.Background()
+	ev := eventbus.Event{Type: "t\u2028x", Data: map[string]any{"k": "v\n"}, Meta: map[string]any{"serverTimestamp": 7, "m": 1}, OriginatorClientID: "c1"}
+	if _, _, err := a.bp.Publish(ctx, "s", ev); err != nil {
+		t.Fatal(err)
+	}
+	f := s.next(wait)
+	plain, _ := eventbus.New(eventbus.Options{})
+	defer plain.Close()
+	want, err := plain.Publish(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.ID != 1 || f.Event != ev.Type || f.Data != string(want.JSON()) {
+		t.Fatalf("got %+v, want %s", f, want.JSON())
+	}
+	var env map[string]any
+	json.Unmarshal([]byte(f.Data), &env)
+	if fmt.Sprint(env["id"]) != "1" {
+		t.Fatalf("envelope id %v", env["id"])
+	}
+}

@@ -1,0 +1,518 @@
+// Package redisbus is a Redis Streams backplane for package eventbus: a
+// session's events get their ids from one shared log, so a client may
+// resume with Last-Event-ID on any replica of a daemon behind a load
+// balancer.
+//
+// Per session, a Redis stream is the log. Publish (on any replica) encodes
+// the event locally and runs one Lua script that assigns the next
+// contiguous id (1, 2, 3 ...), XADDs the envelope as entry "<id>-0" and
+// trims the stream to the ring's bounds (events and bytes), atomically.
+// Each replica keeps a local mirror eventbus.EventBus per session that has
+// subscribers there, fed by one reader goroutine (XREAD BLOCK from the last
+// id it saw): every replica delivers the same ids in the same order, and
+// per-subscriber queues, warnings and evictions stay local, in the mirror.
+//
+// A resume the mirror's ring cannot answer (the replica joined late, or
+// restarted) is answered from the stream with XRANGE, outside the bus lock,
+// ahead of the live frames; SPEC 5's rules hold with the log as the ring:
+// ring_evicted when the stream no longer holds the event after the cursor,
+// epoch_reset for a cursor above the last id or another epoch, the replay
+// budget.
+//
+// The epoch (32 hex characters) is created with the session's keys. A lost
+// stream (Redis restarted without persistence, a key evicted or expired, or
+// Delete) means a new epoch with ids from 1: every replica closes its
+// mirror (its streams end; clients reconnect with the old epoch and get
+// epoch_reset on the new one). While Redis is unreachable Publish fails
+// within Options.PublishTimeout, and readers retry with backoff and go on
+// from their last id: nothing is lost while the stream still holds it, and
+// subscribers get state_resync_required (ring_evicted) for what it no
+// longer holds.
+//
+// Give the client ContextTimeoutEnabled: true, so that a Redis that hangs
+// (rather than refusing connections) cannot hold Publish past its timeout,
+// and a PoolSize above the number of sessions a replica serves at once plus
+// its concurrent publishers: every session's reader holds a connection in
+// XREAD BLOCK.
+package redisbus
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/seam"
+)
+
+// Defaults of Options.
+const (
+	DefaultPublishTimeout = 2 * time.Second
+	DefaultIdleTimeout    = time.Minute
+	DefaultKeyPrefix      = "eventbus:"
+	DefaultReadBlock      = time.Second
+	DefaultReadCount      = 512
+	// MaxSessionIDBytes bounds a session id (it is part of Redis keys).
+	MaxSessionIDBytes = 256
+)
+
+var (
+	// ErrUnavailable is wrapped by the errors of Publish, Delete and session
+	// creation when Redis did not answer in time or failed.
+	ErrUnavailable = errors.New("redisbus: redis unavailable")
+	// ErrInvalidSession is wrapped by the error for an empty session id or
+	// one longer than MaxSessionIDBytes.
+	ErrInvalidSession = errors.New("redisbus: invalid session id")
+)
+
+// Options configures a Backplane. The zero value is valid.
+type Options struct {
+	// Bus configures every local mirror bus (and the encoding of
+	// published events: MaxEventBytes, Now). Its RingSize and RingMaxBytes
+	// also bound each session's stream in Redis.
+	Bus eventbus.Options
+	// RingSize, when set, overrides Bus.RingSize: the events a session's
+	// stream and mirrors keep for resuming clients.
+	RingSize int
+	// PublishTimeout bounds each Publish, Delete and session creation
+	// (and the wait of a resume for a lagging reader); 0 means
+	// DefaultPublishTimeout.
+	PublishTimeout time.Duration
+	// IdleTimeout is how long a session may have no local subscriber
+	// before its mirror and reader are released; 0 means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// KeyPrefix starts every Redis key; "" means DefaultKeyPrefix. It must
+	// not contain '{'.
+	KeyPrefix string
+	// KeyTTL, when positive, makes a session's keys expire after this long
+	// without a publish or a new mirror; the next use starts a new epoch.
+	KeyTTL time.Duration
+	// ReadBlock is how long one XREAD blocks; 0 means DefaultReadBlock. It
+	// bounds how late a reader notices a deleted session or Close.
+	ReadBlock time.Duration
+	// ReadCount is the most entries one XREAD returns; 0 means
+	// DefaultReadCount.
+	ReadCount int
+	// Logger receives the backplane's own log lines; nil means
+	// Bus.Logger, then slog.Default().
+	Logger *slog.Logger
+}
+
+// Backplane feeds local mirror buses from Redis Streams. Create it with
+// New; it is safe for concurrent use. Close ends every reader and mirror.
+type Backplane struct {
+	client   redis.UniversalClient
+	opts     Options
+	busOpts  eventbus.Options
+	maxLen   int
+	maxBytes int
+	maxEvent int
+	encoder  *eventbus.EventBus // encodes events for Publish; never fed
+	log      *slog.Logger
+
+	ctx    context.Context // ends every reader
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // readers and the janitor
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[string]*session
+	byBus    map[*eventbus.EventBus]*session
+
+	// readHook, when set (tests), runs before every XREAD of a reader.
+	readHook func(ctx context.Context, session string)
+}
+
+// New returns a backplane publishing to and reading from client. It fails
+// with an error wrapping eventbus.ErrInvalidOption for invalid options.
+// The client stays the caller's: close it after Close.
+func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil redis client", eventbus.ErrInvalidOption)
+	}
+	if opts.RingSize != 0 {
+		opts.Bus.RingSize = opts.RingSize
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout},
+		{"IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout},
+		{"ReadBlock", &opts.ReadBlock, DefaultReadBlock},
+	} {
+		if *d.v < 0 {
+			return nil, fmt.Errorf("%w: %s is %v, must not be negative", eventbus.ErrInvalidOption, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if opts.ReadBlock < time.Millisecond {
+		return nil, fmt.Errorf("%w: ReadBlock is %v, below 1ms", eventbus.ErrInvalidOption, opts.ReadBlock)
+	}
+	if opts.KeyTTL < 0 || opts.ReadCount < 0 {
+		return nil, fmt.Errorf("%w: KeyTTL and ReadCount must not be negative", eventbus.ErrInvalidOption)
+	}
+	if opts.ReadCount == 0 {
+		opts.ReadCount = DefaultReadCount
+	}
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = DefaultKeyPrefix
+	}
+	if strings.ContainsAny(opts.KeyPrefix, "{}") {
+		return nil, fmt.Errorf("%w: KeyPrefix %q contains a brace", eventbus.ErrInvalidOption, opts.KeyPrefix)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = opts.Bus.Logger
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	if opts.Bus.Logger == nil {
+		opts.Bus.Logger = log
+	}
+	enc, err := seam.NewMirror(opts.Bus, "", 1) // validates opts.Bus
+	if err != nil {
+		return nil, err
+	}
+	b := &Backplane{
+		client:   client,
+		opts:     opts,
+		busOpts:  opts.Bus,
+		maxLen:   orInt(opts.Bus.RingSize, eventbus.DefaultRingSize),
+		maxBytes: orInt(opts.Bus.RingMaxBytes, eventbus.DefaultRingMaxBytes),
+		maxEvent: orInt(opts.Bus.MaxEventBytes, eventbus.DefaultMaxEventBytes),
+		encoder:  enc.(*eventbus.EventBus),
+		log:      log,
+		sessions: make(map[string]*session),
+		byBus:    make(map[*eventbus.EventBus]*session),
+	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.wg.Add(1)
+	go b.janitor()
+	return b, nil
+}
+
+func orInt(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// Close releases every session of this replica: readers stop (within
+// ReadBlock), mirrors close (their streams drain what is queued, then end),
+// and Close returns when every goroutine of the backplane has ended.
+// Afterwards Publish returns eventbus.ErrClosed. Idempotent. The Redis keys
+// stay: other replicas go on.
+func (b *Backplane) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		b.wg.Wait()
+		return nil
+	}
+	b.closed = true
+	all := b.sessions
+	b.sessions = nil
+	b.byBus = nil
+	b.mu.Unlock()
+	b.cancel()
+	for _, s := range all {
+		s.stop()
+	}
+	b.wg.Wait()
+	b.encoder.Close()
+	return nil
+}
+
+func validSession(id string) error {
+	if id == "" || len(id) > MaxSessionIDBytes {
+		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidSession, len(id), MaxSessionIDBytes)
+	}
+	return nil
+}
+
+// keys returns the meta key and the stream key prefix (the stream is the
+// prefix followed by the epoch) of session id.
+func (b *Backplane) keys(id string) (meta, stream string) {
+	base := b.opts.KeyPrefix + "{" + id + "}:"
+	return base + "m", base + "s:"
+}
+
+func newEpoch() string {
+	var e [16]byte
+	_, _ = rand.Read(e[:]) // never fails (Go 1.24+)
+	return hex.EncodeToString(e[:])
+}
+
+// unavailable wraps a Redis failure.
+func unavailable(op, session string, err error) error {
+	return fmt.Errorf("%w: %s session %q: %v", ErrUnavailable, op, session, err)
+}
+
+// Publish appends e to session's log and returns its id and the session's
+// epoch. The event reaches the subscribers of every replica through their
+// readers (this replica's too), in id order.
+//
+// Publish never panics and returns within PublishTimeout (see the package
+// documentation for the client setting this needs): an error wrapping
+// ErrUnavailable when Redis fails or is too slow (the event may or may not
+// have been appended then), eventbus.ErrInvalidEvent or
+// eventbus.ErrEventTooLarge for an event the bus would refuse (no id is
+// used), ErrInvalidSession, and eventbus.ErrClosed after Close.
+func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Event) (id uint64, epoch string, err error) {
+	if err := validSession(session); err != nil {
+		return 0, "", err
+	}
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return 0, "", eventbus.ErrClosed
+	}
+	typ, tail, err := seam.EncodeTail(b.encoder, e)
+	if err != nil {
+		return 0, "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	defer cancel()
+	meta, prefix := b.keys(session)
+	res, err := publishScript.Run(ctx, b.client, []string{meta, prefix},
+		newEpoch(), typ, tail, b.maxLen, b.maxBytes, b.maxEvent, b.opts.KeyTTL.Milliseconds()).StringSlice()
+	if err != nil {
+		var rerr redis.Error
+		if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "TOOLARGE ") {
+			return 0, "", fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d",
+				eventbus.ErrEventTooLarge, strings.TrimPrefix(rerr.Error(), "TOOLARGE "), b.maxEvent)
+		}
+		return 0, "", unavailable("publish to", session, err)
+	}
+	if len(res) != 2 {
+		return 0, "", unavailable("publish to", session, fmt.Errorf("unexpected reply %q", res))
+	}
+	id, err = strconv.ParseUint(res[0], 10, 64)
+	if err != nil {
+		return 0, "", unavailable("publish to", session, fmt.Errorf("unexpected id %q", res[0]))
+	}
+	epoch = res[1]
+	// A new epoch means this replica's mirror of the session is of a lost
+	// stream: release it now rather than when its reader notices.
+	b.mu.Lock()
+	s := b.sessions[session]
+	b.mu.Unlock()
+	if s != nil && s.isReady() && s.bus != nil && s.epoch != epoch {
+		b.expire(s, "publish found a new epoch")
+	}
+	return id, epoch, nil
+}
+
+// Delete forgets session in Redis (its stream and epoch) and releases this
+// replica's mirror; other replicas release theirs within ReadBlock. The next
+// use of the session starts a new epoch.
+func (b *Backplane) Delete(ctx context.Context, session string) error {
+	if err := validSession(session); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	defer cancel()
+	meta, prefix := b.keys(session)
+	if err := deleteScript.Run(ctx, b.client, []string{meta, prefix}).Err(); err != nil {
+		return unavailable("delete", session, err)
+	}
+	b.mu.Lock()
+	s := b.sessions[session]
+	b.mu.Unlock()
+	if s != nil {
+		b.expire(s, "deleted")
+	}
+	return nil
+}
+
+// Info describes a session as Redis and this replica see it.
+type Info struct {
+	// Exists reports whether Redis holds the session (an epoch).
+	Exists bool
+	// Epoch, LastEventID, FirstEventID and Bytes are the stream's: its
+	// epoch, the last id assigned, the oldest id it holds (0: none), and
+	// the envelope bytes it holds.
+	Epoch        string
+	LastEventID  uint64
+	FirstEventID uint64
+	Bytes        uint64
+	// Local reports whether this replica holds a mirror of the session;
+	// then LocalLastEventID is the last id it delivered and Subscribers
+	// its subscriber count.
+	Local            bool
+	LocalLastEventID uint64
+	Subscribers      int
+}
+
+// Info returns what Redis and this replica hold of session. It does not
+// create the session.
+func (b *Backplane) Info(ctx context.Context, session string) (Info, error) {
+	if err := validSession(session); err != nil {
+		return Info{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	defer cancel()
+	meta, _ := b.keys(session)
+	v, err := b.client.HMGet(ctx, meta, "epoch", "last", "first", "bytes").Result()
+	if err != nil {
+		return Info{}, unavailable("read", session, err)
+	}
+	var in Info
+	if e, ok := v[0].(string); ok {
+		in.Exists, in.Epoch = true, e
+		in.LastEventID = parseUint(v[1])
+		in.FirstEventID = parseUint(v[2])
+		in.Bytes = parseUint(v[3])
+	}
+	b.mu.Lock()
+	s := b.sessions[session]
+	b.mu.Unlock()
+	if s != nil && s.isReady() && s.bus != nil {
+		in.Local = true
+		in.LocalLastEventID = s.bus.LastEventID()
+		in.Subscribers = s.bus.SubscriberCount()
+	}
+	return in, nil
+}
+
+func parseUint(v any) uint64 {
+	s, _ := v.(string)
+	n, _ := strconv.ParseUint(s, 10, 64)
+	return n
+}
+
+// Sessions returns how many sessions this replica holds a mirror of.
+func (b *Backplane) Sessions() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.sessions)
+}
+
+// Bus returns this replica's mirror bus of session, creating it (and its
+// reader) when needed. Subscribe through the backplane (Subscribe, or the
+// Handler), not on the bus directly: a resume its ring cannot answer needs
+// the backplane's history. Its Publish returns an error; Signal delivers to
+// this replica's subscribers only.
+func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
+	s, err := b.session(ctx, session)
+	if err != nil {
+		return nil, err
+	}
+	return s.bus, nil
+}
+
+// Subscribe subscribes to session on this replica, as
+// eventbus.EventBus.Subscribe does, answering a resume its mirror cannot
+// from the stream.
+func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
+	bus, err := b.Bus(ctx, session)
+	if err != nil {
+		return nil, err
+	}
+	return b.subscribeBus(ctx, bus, opts)
+}
+
+// Handler returns an SSE handler for a route such as
+// "GET /session/{id}/events": its Lookup gets or creates the session named
+// by r.PathValue("id") (an invalid id is 404, Redis unavailable 500) and
+// its Subscribe answers resumes from the stream. Set Retry, Heartbeat,
+// WriteTimeout or Logger on it before serving; keep Lookup and Subscribe
+// (wrap them to add to them).
+func (b *Backplane) Handler() *eventbus.Handler {
+	return &eventbus.Handler{
+		Lookup:    b.lookup,
+		Subscribe: b.subscribeBus,
+		Logger:    b.log,
+	}
+}
+
+func (b *Backplane) lookup(r *http.Request) (*eventbus.EventBus, error) {
+	id := r.PathValue("id")
+	if validSession(id) != nil {
+		return nil, eventbus.ErrSessionNotFound
+	}
+	return b.Bus(r.Context(), id)
+}
+
+// subscribeBus is the handler's Subscribe.
+func (b *Backplane) subscribeBus(ctx context.Context, bus *eventbus.EventBus, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
+	b.mu.Lock()
+	s := b.byBus[bus]
+	b.mu.Unlock()
+	if s == nil {
+		// Released meanwhile (closed bus: an ended subscription), or not
+		// one of ours.
+		return bus.Subscribe(ctx, opts)
+	}
+	if opts.Resume && opts.LastEventID > bus.LastEventID() && !epochMismatch(opts.Epoch, s.epoch) {
+		// The cursor is ahead of this mirror: either from an older epoch
+		// (epoch_reset), or this replica's reader lags the stream, which
+		// must not look like an epoch reset.
+		s.catchUp(ctx, opts.LastEventID)
+	}
+	sub, err := seam.Subscribe(bus, ctx, opts, s.history(opts))
+	if err != nil {
+		return nil, err
+	}
+	return sub.(*eventbus.Subscription), nil
+}
+
+// epochMismatch is SPEC 5.2's rule: an epoch that is set, at most 64
+// bytes, and different.
+func epochMismatch(presented, epoch string) bool {
+	return presented != "" && len(presented) <= 64 && presented != epoch
+}
+
+// janitor releases sessions without local subscribers for IdleTimeout.
+func (b *Backplane) janitor() {
+	defer b.wg.Done()
+	every := max(b.opts.IdleTimeout/4, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case now := <-t.C:
+			// Idle sessions leave the maps under the lock that lookups
+			// take (a lookup refreshes lastActive), so a lookup either
+			// keeps a session or creates a new one.
+			var idle []*session
+			b.mu.Lock()
+			for id, s := range b.sessions {
+				if !s.isReady() || s.bus == nil {
+					continue
+				}
+				if s.bus.SubscriberCount() > 0 {
+					s.lastActive = now
+				} else if now.Sub(s.lastActive) >= b.opts.IdleTimeout {
+					delete(b.sessions, id)
+					delete(b.byBus, s.bus)
+					idle = append(idle, s)
+				}
+			}
+			b.mu.Unlock()
+			for _, s := range idle {
+				b.log.Debug("redisbus: idle session released", "session", s.id, "epoch", s.epoch)
+				s.stop()
+			}
+		}
+	}
+}

@@ -1,0 +1,410 @@
+package redisbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/seam"
+)
+
+// session is this replica's mirror of one session: a mirror bus fed by one
+// reader goroutine. It is created by the first lookup (which runs open);
+// concurrent lookups wait for ready.
+type session struct {
+	b      *Backplane
+	id     string
+	meta   string // meta hash key
+	prefix string // stream key without the epoch
+
+	ready chan struct{} // closed when open has finished
+	// Set by open before ready is closed (bus and cancel under b.mu).
+	err    error
+	bus    *eventbus.EventBus
+	epoch  string
+	stream string
+	rctx   context.Context // the reader's
+	cancel context.CancelFunc
+
+	lastActive time.Time // guarded by b.mu
+
+	pmu sync.Mutex
+	pch chan struct{} // closed when the reader delivers; nil when nobody waits
+}
+
+// errReleased is the error of a session released (Delete, a new epoch)
+// while it was being opened; a waiting lookup tries again.
+var errReleased = errors.New("redisbus: session released while opening")
+
+func (s *session) isReady() bool {
+	select {
+	case <-s.ready:
+		return s.err == nil
+	default:
+		return false
+	}
+}
+
+// session returns the ready session id, creating it when needed.
+func (b *Backplane) session(ctx context.Context, id string) (*session, error) {
+	if err := validSession(id); err != nil {
+		return nil, err
+	}
+	for attempt := 0; ; attempt++ {
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			return nil, eventbus.ErrClosed
+		}
+		s := b.sessions[id]
+		if s == nil {
+			meta, prefix := b.keys(id)
+			s = &session{b: b, id: id, meta: meta, prefix: prefix, ready: make(chan struct{})}
+			b.sessions[id] = s
+			s.lastActive = time.Now()
+			b.mu.Unlock()
+			s.open()
+		} else {
+			s.lastActive = time.Now()
+			b.mu.Unlock()
+			select {
+			case <-s.ready:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if errors.Is(s.err, errReleased) && attempt < 3 {
+			continue
+		}
+		if s.err != nil {
+			return nil, s.err
+		}
+		return s, nil
+	}
+}
+
+// open reads (or creates) the session's epoch and last id in Redis, builds
+// the mirror and starts the reader. It runs detached from the request that
+// asked for it: other lookups wait for it too.
+func (s *session) open() {
+	b := s.b
+	defer close(s.ready)
+	fail := func(err error) {
+		s.err = err
+		b.mu.Lock()
+		if b.sessions[s.id] == s {
+			delete(b.sessions, s.id)
+		}
+		b.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+	res, err := ensureScript.Run(ctx, b.client, []string{s.meta, s.prefix},
+		newEpoch(), b.opts.KeyTTL.Milliseconds()).StringSlice()
+	cancel()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("unexpected reply %q", res)
+	}
+	if err != nil {
+		fail(unavailable("open", s.id, err))
+		return
+	}
+	last, err := strconv.ParseUint(res[1], 10, 64)
+	if err != nil {
+		fail(unavailable("open", s.id, fmt.Errorf("unexpected last id %q", res[1])))
+		return
+	}
+	mb, err := seam.NewMirror(b.busOpts, res[0], last+1)
+	if err != nil {
+		fail(err) // cannot happen: New validated the options
+		return
+	}
+	bus := mb.(*eventbus.EventBus)
+	rctx, rcancel := context.WithCancel(b.ctx)
+	b.mu.Lock()
+	if b.closed || b.sessions[s.id] != s {
+		b.mu.Unlock()
+		rcancel()
+		bus.Close()
+		if b.closed {
+			s.err = eventbus.ErrClosed
+		} else {
+			s.err = errReleased
+		}
+		return
+	}
+	s.bus, s.epoch, s.stream, s.rctx, s.cancel = bus, res[0], s.prefix+res[0], rctx, rcancel
+	b.byBus[bus] = s
+	b.wg.Add(1)
+	b.mu.Unlock()
+	go s.run(rctx, last)
+}
+
+// stop ends the reader and closes the mirror (its streams drain, then end).
+// The session must already be out of the backplane's maps. Idempotent.
+func (s *session) stop() {
+	s.b.mu.Lock()
+	cancel, bus := s.cancel, s.bus
+	s.b.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if bus != nil {
+		bus.Close()
+	}
+}
+
+// expire removes s from the backplane and stops it.
+func (b *Backplane) expire(s *session, why string) {
+	b.mu.Lock()
+	if b.sessions[s.id] == s {
+		delete(b.sessions, s.id)
+	}
+	if s.bus != nil && b.byBus[s.bus] == s {
+		delete(b.byBus, s.bus)
+	}
+	epoch := s.epoch
+	b.mu.Unlock()
+	b.log.Info("redisbus: session released", "session", s.id, "epoch", epoch, "reason", why)
+	s.stop()
+}
+
+// Reader backoff after a Redis error.
+const (
+	minBackoff = 50 * time.Millisecond
+	maxBackoff = 2 * time.Second
+	// readSlack is added to ReadBlock for the deadline of one XREAD.
+	readSlack = 2 * time.Second
+)
+
+// run is the session's reader: XREAD BLOCK from the last id it fed, into
+// the mirror, until ctx ends or the epoch changes. After a timeout or an
+// error it checks the session's epoch in Redis: a different or missing one
+// means the stream is lost, and the mirror is released.
+func (s *session) run(ctx context.Context, last uint64) {
+	b := s.b
+	defer b.wg.Done()
+	var delay time.Duration
+	failing := false
+	check := false
+	for ctx.Err() == nil {
+		if check {
+			lost, err := s.epochLost(ctx)
+			if err == nil {
+				check = false
+				if lost {
+					b.expire(s, "epoch changed: the stream was lost or deleted")
+					return
+				}
+			}
+			if err != nil {
+				delay = s.failed(ctx, &failing, delay, err)
+				continue
+			}
+		}
+		if h := b.readHook; h != nil {
+			h(ctx, s.id)
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		rctx, cancel := context.WithTimeout(ctx, b.opts.ReadBlock+readSlack)
+		streams, err := b.client.XRead(rctx, &redis.XReadArgs{
+			Streams: []string{s.stream, strconv.FormatUint(last, 10) + "-0"},
+			Count:   int64(b.opts.ReadCount),
+			Block:   b.opts.ReadBlock,
+		}).Result()
+		cancel()
+		switch {
+		case errors.Is(err, redis.Nil):
+			check = true // quiet: is the stream still ours?
+			continue
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			delay = s.failed(ctx, &failing, delay, err)
+			check = true
+			continue
+		}
+		if failing {
+			failing = false
+			b.log.Info("redisbus: reader reconnected", "session", s.id, "lastEventId", last)
+		}
+		delay = 0
+		for _, st := range streams {
+			for _, m := range st.Messages {
+				e, err := parseEntry(m)
+				if err != nil {
+					// Skipped: the next entry is a gap, which resyncs.
+					b.log.Error("redisbus: malformed stream entry", "session", s.id, "entry", m.ID, "error", err)
+					continue
+				}
+				if err := seam.Append(s.bus, e); err != nil {
+					if errors.Is(err, eventbus.ErrClosed) {
+						return
+					}
+					b.log.Error("redisbus: entry refused by the mirror", "session", s.id, "id", e.ID, "error", err)
+				}
+				last = e.ID
+			}
+		}
+		s.progress()
+	}
+}
+
+// failed logs a Redis error (the first of a streak as a warning) and
+// sleeps the next backoff; it returns that backoff.
+func (s *session) failed(ctx context.Context, failing *bool, delay time.Duration, err error) time.Duration {
+	if !*failing {
+		*failing = true
+		s.b.log.Warn("redisbus: reader lost redis; retrying with backoff", "session", s.id, "error", err)
+	}
+	delay = min(max(2*delay, minBackoff), maxBackoff)
+	d := delay/2 + rand.N(delay/2+1) // jitter, so replicas do not retry in step
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return delay
+}
+
+// epochLost reports whether the session's epoch in Redis is no longer the
+// mirror's (missing included).
+func (s *session) epochLost(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
+	defer cancel()
+	e, err := s.b.client.HGet(ctx, s.meta, "epoch").Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return true, nil
+	case err != nil:
+		return false, err
+	}
+	return e != s.epoch, nil
+}
+
+// progress wakes resumes waiting for the reader (catchUp).
+func (s *session) progress() {
+	s.pmu.Lock()
+	if s.pch != nil {
+		close(s.pch)
+		s.pch = nil
+	}
+	s.pmu.Unlock()
+}
+
+// catchUp waits, at most PublishTimeout, until the mirror has delivered id
+// n when the stream holds n in the mirror's epoch: a client that read n
+// through another replica resumes here before this reader has seen it.
+func (s *session) catchUp(ctx context.Context, n uint64) {
+	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
+	defer cancel()
+	v, err := s.b.client.HMGet(ctx, s.meta, "epoch", "last").Result()
+	if err != nil || len(v) != 2 {
+		return
+	}
+	if e, _ := v[0].(string); e != s.epoch || parseUint(v[1]) < n {
+		return // a cursor of another epoch: epoch_reset is right
+	}
+	for s.bus.LastEventID() < n {
+		s.pmu.Lock()
+		if s.pch == nil {
+			s.pch = make(chan struct{})
+		}
+		ch := s.pch
+		s.pmu.Unlock()
+		if s.bus.LastEventID() >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		case <-s.rctx.Done():
+			return
+		}
+	}
+}
+
+// historyBatch is the most entries one XRANGE of a resume reads.
+const historyBatch = 1000
+
+// history returns the seam.History of one resume: the stream's entries
+// after < id <= upto, and the first id it holds. Without a type filter it
+// stops after the first entry past the replay budget (the replay stops
+// there anyway), so a resume from far back does not read the whole ring.
+func (s *session) history(opts eventbus.SubscribeOptions) seam.History {
+	cut := len(opts.Types) == 0
+	budget := orInt(s.b.busOpts.ReplayBudgetBytes, eventbus.DefaultReplayBudgetBytes)
+	return func(ctx context.Context, after, upto uint64) ([]seam.Entry, uint64, error) {
+		if upto <= after {
+			return nil, 0, nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
+		defer cancel()
+		var out []seam.Entry
+		spent := 0
+		for from := after + 1; from <= upto; {
+			msgs, err := s.b.client.XRangeN(ctx, s.stream, strconv.FormatUint(from, 10)+"-0",
+				strconv.FormatUint(upto, 10)+"-0", historyBatch).Result()
+			if err != nil {
+				return nil, 0, err
+			}
+			for _, m := range msgs {
+				e, err := parseEntry(m)
+				if err != nil {
+					return nil, 0, err
+				}
+				out = append(out, e)
+				spent += len(e.JSON)
+				if cut && len(out) > 1 && spent > budget {
+					return out, out[0].ID, nil
+				}
+				from = e.ID + 1
+			}
+			if len(msgs) < historyBatch {
+				break
+			}
+		}
+		if len(out) > 0 {
+			return out, out[0].ID, nil
+		}
+		// Nothing in (after, upto]: trimmed away, or the stream is lost.
+		msgs, err := s.b.client.XRangeN(ctx, s.stream, "-", "+", 1).Result()
+		if err != nil {
+			return nil, 0, err
+		}
+		if len(msgs) == 0 {
+			return nil, 0, fmt.Errorf("redisbus: the stream of session %q (epoch %s) is lost", s.id, s.epoch)
+		}
+		e, err := parseEntry(msgs[0])
+		if err != nil {
+			return nil, 0, err
+		}
+		return nil, e.ID, nil
+	}
+}
+
+// parseEntry reads a stream entry "<id>-0" {t: type, j: envelope}.
+func parseEntry(m redis.XMessage) (seam.Entry, error) {
+	ms, seq, _ := strings.Cut(m.ID, "-")
+	id, err := strconv.ParseUint(ms, 10, 64)
+	if err != nil || seq != "0" || id == 0 {
+		return seam.Entry{}, fmt.Errorf("redisbus: entry id %q is not <id>-0", m.ID)
+	}
+	t, ok1 := m.Values["t"].(string)
+	j, ok2 := m.Values["j"].(string)
+	if !ok1 || !ok2 {
+		return seam.Entry{}, fmt.Errorf("redisbus: entry %q lacks t or j", m.ID)
+	}
+	return seam.Entry{ID: id, Type: t, JSON: []byte(j)}, nil
+}
