@@ -774,3 +774,56 @@ func TestEnvelope(t *testing.T) {
 		t.Fatalf("envelope id %v", env["id"])
 	}
 }
+
+// A's mirror is of a lost stream its reader has not noticed yet: a client
+// presenting the newer epoch gets a new mirror (no epoch_reset), and the
+// stale mirror's streams end.
+func TestStaleMirrorReplacedForNewerEpoch(t *testing.T) {
+	r := startRedis(t)
+	a, _, c := threeReplicas(t, r, testOptions(t))
+	g := installGate(a.bp)
+	defer g.open()
+	sa := openSSE(t, a, "s", nil, "")
+	for range 3 {
+		c.publish(t, "s", "e", nil)
+	}
+	wantIDs(t, sa.events(3, wait), 1, 3)
+	g.close(t) // A's reader will not notice the restart
+	r.restart()
+	var epoch string
+	for range 2 {
+		waitFor(t, wait, "publish after restart", func() bool {
+			var err error
+			_, epoch, err = c.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+			return err == nil
+		})
+	}
+	s2 := openSSE(t, a, "s", map[string]string{"Last-Event-ID": "0", "Event-Epoch": epoch}, "")
+	if s2.Epoch != epoch {
+		t.Fatalf("Event-Epoch %q, want the new %q", s2.Epoch, epoch)
+	}
+	wantIDs(t, s2.events(2, wait), 1, 2)
+	if rc := s2.next(wait); rc.Event != eventbus.TypeReplayComplete {
+		t.Fatalf("want replay_complete, got %+v", rc)
+	}
+	sa.ended(wait)
+}
+
+// A publish through a replica whose mirror is of a lost stream releases
+// that mirror at once.
+func TestPublishReleasesStaleMirror(t *testing.T) {
+	r := startRedis(t)
+	a := newReplica(t, r, "A", testOptions(t))
+	g := installGate(a.bp)
+	defer g.open()
+	sa := openSSE(t, a, "s", nil, "")
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, sa.events(1, wait), 1, 1)
+	g.close(t)
+	r.restart()
+	waitFor(t, wait, "publish after restart", func() bool {
+		_, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+		return err == nil
+	})
+	sa.ended(wait)
+}

@@ -288,6 +288,15 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 	if err != nil {
 		return 0, "", err
 	}
+	// This replica's mirror, as it was before the script ran: its epoch was
+	// read from Redis earlier, so if the script reports another one, the
+	// mirror's is the stale one.
+	b.mu.Lock()
+	local := b.sessions[session]
+	b.mu.Unlock()
+	if local != nil && !local.isReady() {
+		local = nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
 	meta, prefix := b.keys(session)
@@ -309,13 +318,10 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 		return 0, "", unavailable("publish to", session, fmt.Errorf("unexpected id %q", res[0]))
 	}
 	epoch = res[1]
-	// A new epoch means this replica's mirror of the session is of a lost
-	// stream: release it now rather than when its reader notices.
-	b.mu.Lock()
-	s := b.sessions[session]
-	b.mu.Unlock()
-	if s != nil && s.isReady() && s.bus != nil && s.epoch != epoch {
-		b.expire(s, "publish found a new epoch")
+	if local != nil && local.epoch != epoch {
+		// The mirror is of a lost stream: release it now rather than when
+		// its reader notices.
+		b.expire(local, "publish found a new epoch")
 	}
 	return id, epoch, nil
 }
@@ -411,9 +417,26 @@ func (b *Backplane) Sessions() int {
 // the backplane's history. Its Publish returns an error; Signal delivers to
 // this replica's subscribers only.
 func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
+	return b.busFor(ctx, session, "")
+}
+
+// busFor is Bus for a client that presents epoch. When this replica's
+// mirror is of another epoch than the client's, and Redis says the
+// client's is the current one, the mirror is of a lost stream its reader
+// has not noticed yet: it is released and a new one made, so the client
+// does not get an epoch_reset it would get again a moment later.
+func (b *Backplane) busFor(ctx context.Context, session, epoch string) (*eventbus.EventBus, error) {
 	s, err := b.session(ctx, session)
 	if err != nil {
 		return nil, err
+	}
+	if epochMismatch(epoch, s.epoch) {
+		if cur, err := s.currentEpoch(ctx); err == nil && cur == epoch {
+			b.expire(s, "a client presented the newer epoch")
+			if s, err = b.session(ctx, session); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return s.bus, nil
 }
@@ -422,7 +445,7 @@ func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus
 // eventbus.EventBus.Subscribe does, answering a resume its mirror cannot
 // from the stream.
 func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
-	bus, err := b.Bus(ctx, session)
+	bus, err := b.busFor(ctx, session, opts.Epoch)
 	if err != nil {
 		return nil, err
 	}
@@ -448,7 +471,11 @@ func (b *Backplane) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	if validSession(id) != nil {
 		return nil, eventbus.ErrSessionNotFound
 	}
-	return b.Bus(r.Context(), id)
+	epoch := r.Header.Get("Event-Epoch") // as eventbus.Handler reads it
+	if epoch == "" {
+		epoch = r.URL.Query().Get("epoch")
+	}
+	return b.busFor(r.Context(), id, epoch)
 }
 
 // subscribeBus is the handler's Subscribe.

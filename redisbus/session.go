@@ -86,6 +86,12 @@ func (b *Backplane) session(ctx context.Context, id string) (*session, error) {
 		if s.err != nil {
 			return nil, s.err
 		}
+		b.mu.Lock()
+		current := b.sessions[id] == s
+		b.mu.Unlock()
+		if !current && attempt < 3 {
+			continue // released meanwhile (idle, a new epoch, Delete)
+		}
 		return s, nil
 	}
 }
@@ -280,16 +286,22 @@ func (s *session) failed(ctx context.Context, failing *bool, delay time.Duration
 // epochLost reports whether the session's epoch in Redis is no longer the
 // mirror's (missing included).
 func (s *session) epochLost(ctx context.Context) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
-	defer cancel()
-	e, err := s.b.client.HGet(ctx, s.meta, "epoch").Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return true, nil
-	case err != nil:
+	e, err := s.currentEpoch(ctx)
+	if err != nil {
 		return false, err
 	}
 	return e != s.epoch, nil
+}
+
+// currentEpoch returns the session's epoch in Redis, "" when it has none.
+func (s *session) currentEpoch(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
+	defer cancel()
+	e, err := s.b.client.HGet(ctx, s.meta, "epoch").Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return e, err
 }
 
 // progress wakes resumes waiting for the reader (catchUp).
