@@ -22,10 +22,13 @@ func (r pushResult) reason() string {
 }
 
 // queueEntry is one buffered frame, tagged live or forced. Forced entries
-// (replay and synthetic frames) count 0 toward both caps.
+// (replay and synthetic frames) count 0 toward both caps. A marker is a
+// forced entry about the queue's own overflow (slow_client_warning, an
+// overflow resync): a later overflow resync supersedes it.
 type queueEntry struct {
 	f      Frame
 	forced bool
+	marker bool
 }
 
 // boundedAsyncQueue is the per-subscriber queue of SPEC section 6 (the
@@ -33,10 +36,11 @@ type queueEntry struct {
 // and live encoded bytes, separately from forced frames.
 //
 // Any number of goroutines may push; one consumer at a time may pop. The
-// consumer learns that entries may be ready from the ready channel, which
-// receives a token when the queue goes from empty to non-empty and when it is
-// closed; so a consumer must pop until the queue is empty before it waits on
-// ready again. No goroutine is involved.
+// consumer learns that entries may be ready from the ready channel. A pop
+// that finds nothing marks the consumer waiting; the next push (or close)
+// then leaves one token in ready. So a consumer must pop until a pop comes
+// back empty before it waits on ready, and a busy consumer costs pushers no
+// channel operation at all. No goroutine is involved.
 //
 // liveCount and liveBytes are fields, updated on push and on dequeue, never
 // derived from positions: a forced frame at the tail must not skew them.
@@ -51,6 +55,7 @@ type boundedAsyncQueue struct {
 	maxBytes  int
 	closed    bool
 	held      bool // the consumer sees nothing until unhold (backplane replay)
+	waiting   bool // the consumer found nothing and may be blocked on ready
 	ready     chan struct{}
 
 	// popped counts entries ever removed from the head, so popped+i is the
@@ -73,6 +78,8 @@ func newQueue(maxQueued, maxBytes int) *boundedAsyncQueue {
 func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 	q.maxQueued, q.maxBytes = maxQueued, maxBytes
 	q.ready = make(chan struct{}, 1)
+	// A consumer may wait on ready before its first pop.
+	q.waiting = true
 }
 
 // push appends f as a live entry unless a cap rejects it, and returns the
@@ -110,35 +117,44 @@ func (q *boundedAsyncQueue) push(f Frame) (pushResult, queueCounts) {
 		q.mu.Unlock()
 		return pushRejectedBytes, c
 	}
-	wake := q.appendLiveLocked(f)
+	q.appendLiveLocked(f)
 	q.liveCount++
 	q.liveBytes += size
 	c.liveCount, c.liveBytes = q.liveCount, q.liveBytes
+	q.signalLocked()
 	q.mu.Unlock()
-	if wake {
-		q.wake()
-	}
 	return pushAccepted, c
 }
 
 // forcePush appends f as a forced entry, bypassing both caps. It reports
 // false when the queue is closed and f was dropped.
 func (q *boundedAsyncQueue) forcePush(f Frame) bool {
+	return q.forcePushEntry(queueEntry{f: f, forced: true})
+}
+
+// forcePushMarker is forcePush for a marker entry (see queueEntry).
+func (q *boundedAsyncQueue) forcePushMarker(f Frame) bool {
+	return q.forcePushEntry(queueEntry{f: f, forced: true, marker: true})
+}
+
+func (q *boundedAsyncQueue) forcePushEntry(e queueEntry) bool {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	if q.closed {
-		q.mu.Unlock()
 		return false
 	}
-	wake := q.appendLocked(queueEntry{f: f, forced: true})
-	q.mu.Unlock()
-	if wake {
-		q.wake()
-	}
+	q.appendLocked(e)
+	q.signalLocked()
 	return true
 }
 
-// forcePushFrame is forcePush for callers that need a func(Frame).
-func (q *boundedAsyncQueue) forcePushFrame(f Frame) { q.forcePush(f) }
+// forceAppendLocked appends f as forced without signalling; a caller that
+// appends many (a replay) holds q.mu and signals once at the end.
+func (q *boundedAsyncQueue) forceAppendLocked(f Frame) {
+	if !q.closed {
+		q.appendLocked(queueEntry{f: f, forced: true})
+	}
+}
 
 // hold hides the queue from the consumer until unhold; pushes go on.
 func (q *boundedAsyncQueue) hold() {
@@ -169,8 +185,8 @@ func (q *boundedAsyncQueue) unhold(front []Frame) {
 		// (modular arithmetic makes a wrap harmless).
 		q.popped -= uint64(len(front))
 	}
+	q.signalLocked()
 	q.mu.Unlock()
-	q.wake()
 }
 
 // reserve grows the buffer to hold n more entries, so a replay of
@@ -183,28 +199,25 @@ func (q *boundedAsyncQueue) reserve(n int) {
 	q.mu.Unlock()
 }
 
-// appendLocked adds e at the tail and reports whether the queue was empty
-// (the consumer may be waiting and needs a token).
-func (q *boundedAsyncQueue) appendLocked(e queueEntry) bool {
+// appendLocked adds e at the tail.
+func (q *boundedAsyncQueue) appendLocked(e queueEntry) {
 	if q.n == len(q.buf) {
 		q.resizeLocked(max(2*len(q.buf), 8))
 	}
 	q.buf[q.index(q.n)] = e
 	q.n++
-	return q.n == 1
 }
 
 // appendLiveLocked appends f as live and, for a signal, records its
 // position for coalescing. The caller updates the live counts.
-func (q *boundedAsyncQueue) appendLiveLocked(f Frame) bool {
-	wake := q.appendLocked(queueEntry{f: f})
+func (q *boundedAsyncQueue) appendLiveLocked(f Frame) {
+	q.appendLocked(queueEntry{f: f})
 	if f.kind == kindSignal {
 		if q.signals == nil {
 			q.signals = make(map[signalKey]uint64)
 		}
 		q.signals[signalKey{f.typ, f.about}] = q.popped + uint64(q.n-1)
 	}
-	return wake
 }
 
 // index maps the i-th entry from the head to its slot.
@@ -224,9 +237,15 @@ func (q *boundedAsyncQueue) resizeLocked(size int) {
 	q.buf, q.head = buf, 0
 }
 
-// wake leaves a token in ready without blocking; a token already there is
-// enough, because the consumer drains everything before waiting again.
-func (q *boundedAsyncQueue) wake() {
+// signalLocked leaves a token in ready if the consumer declared itself
+// waiting. The send never blocks (a token already there is enough) and
+// happens under q.mu, so it cannot overtake a pop and leave a stale token
+// behind for a consumer that has not waited yet.
+func (q *boundedAsyncQueue) signalLocked() {
+	if !q.waiting {
+		return
+	}
+	q.waiting = false
 	select {
 	case q.ready <- struct{}{}:
 	default:
@@ -246,13 +265,11 @@ const (
 func (q *boundedAsyncQueue) pop() (queueEntry, popState) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.held && q.n > 0 {
-		return queueEntry{}, popEmpty
+	if q.n == 0 && q.closed {
+		return queueEntry{}, popEnded
 	}
-	if q.n == 0 {
-		if q.closed {
-			return queueEntry{}, popEnded
-		}
+	if q.held || q.n == 0 {
+		q.waiting = true
 		return queueEntry{}, popEmpty
 	}
 	return q.popLocked(), popOK
@@ -282,12 +299,20 @@ func (q *boundedAsyncQueue) popLocked() queueEntry {
 	return e
 }
 
-// dropLiveLocked removes every live entry, keeping forced ones in order,
-// and returns how many it removed (SPEC 11's resync overflow policy).
+// dropLiveLocked removes every live entry and every marker, keeping the
+// other forced entries (replay) in order, and returns how many live entries
+// it removed: the frames the consumer will never see (SPEC 11's resync
+// overflow policy; a superseded marker is no loss). Dropping the markers too keeps a
+// stalled consumer's queue bounded however many overflows it goes through:
+// the newest resync supersedes the older ones and their warnings.
 func (q *boundedAsyncQueue) dropLiveLocked() int {
-	kept := 0
+	kept, dropped := 0, 0
 	for i := range q.n {
-		if e := q.buf[q.index(i)]; e.forced {
+		e := q.buf[q.index(i)]
+		switch {
+		case !e.forced:
+			dropped++
+		case !e.marker:
 			q.buf[q.index(kept)] = e
 			kept++
 		}
@@ -295,7 +320,6 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 	for i := kept; i < q.n; i++ {
 		q.buf[q.index(i)] = queueEntry{}
 	}
-	dropped := q.n - kept
 	q.n, q.liveCount, q.liveBytes = kept, 0, 0
 	// Every queued signal was live and is gone; positions are re-based.
 	clear(q.signals)
@@ -315,13 +339,11 @@ func (q *boundedAsyncQueue) resync(f Frame, mark func(lastDelivered uint64) Fram
 	}
 	dropped = q.dropLiveLocked()
 	lastDelivered = q.lastID
-	wake := q.appendLocked(queueEntry{f: mark(lastDelivered), forced: true})
+	q.appendLocked(queueEntry{f: mark(lastDelivered), forced: true, marker: true})
 	q.appendLiveLocked(f)
 	q.liveCount, q.liveBytes = 1, f.Size()
+	q.signalLocked()
 	q.mu.Unlock()
-	if wake {
-		q.wake()
-	}
 	return dropped, lastDelivered
 }
 
@@ -330,8 +352,13 @@ func (q *boundedAsyncQueue) resync(f Frame, mark func(lastDelivered uint64) Fram
 func (q *boundedAsyncQueue) popAll(dst []Frame) (out []Frame, open bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.held && q.n > 0 {
+	if q.held && !q.closed {
+		q.waiting = true
 		return dst, true
+	}
+	if q.n == 0 {
+		q.waiting = true
+		return dst, !q.closed
 	}
 	for q.n > 0 {
 		dst = append(dst, q.popLocked().f)
@@ -345,7 +372,7 @@ func (q *boundedAsyncQueue) popAll(dst []Frame) (out []Frame, open bool) {
 // drops it). It returns the number of frames dropped. Idempotent.
 func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 	q.mu.Lock()
-	was := q.closed
+	defer q.mu.Unlock()
 	q.closed = true
 	if !drain {
 		dropped = q.n
@@ -353,10 +380,13 @@ func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 		q.buf, q.head, q.n, q.liveCount, q.liveBytes = nil, 0, 0, 0, 0
 		q.signals = nil
 	}
-	q.mu.Unlock()
-	if !was || dropped > 0 {
-		q.wake()
+	// The end must reach a consumer blocked on ready whatever it did
+	// before, so close always leaves a token.
+	select {
+	case q.ready <- struct{}{}:
+	default:
 	}
+	q.waiting = false
 	return dropped
 }
 

@@ -201,39 +201,60 @@ func TestQueuePushesAfterCloseIgnored(t *testing.T) {
 	}
 }
 
-func TestQueueReadyTokenOnEmptyToNonEmpty(t *testing.T) {
+func TestQueueReadyTokenWhenTheConsumerWaits(t *testing.T) {
+	// The consumer declares itself waiting with a pop that finds nothing;
+	// only then does a push leave a token. A busy consumer costs pushers no
+	// channel operation.
 	q := newQueue(16, 1000)
 	assert.False(t, hasToken(q))
 	q.push(coreQueueFrame(1, 10))
-	assert.True(t, hasToken(q), "empty -> non-empty")
+	assert.True(t, hasToken(q), "a fresh queue's consumer may already wait")
 	q.push(coreQueueFrame(2, 10))
-	assert.False(t, hasToken(q), "not for a push onto a non-empty queue")
-	q.popAll(nil)
-	assert.False(t, hasToken(q))
+	assert.False(t, hasToken(q), "one token per wait")
+
+	out, _ := q.popAll(nil)
+	require.Len(t, out, 2)
 	q.forcePush(coreQueueFrame(0, 10))
-	assert.True(t, hasToken(q), "a forced push onto an empty queue too")
+	assert.False(t, hasToken(q), "the consumer took frames and has not waited since")
+
+	out, _ = q.popAll(nil)
+	require.Len(t, out, 1)
+	out, _ = q.popAll(nil)
+	require.Empty(t, out) // now it waits
+	q.forcePush(coreQueueFrame(0, 10))
+	assert.True(t, hasToken(q), "a forced push wakes a waiting consumer too")
 
 	// Tokens never pile up: the channel holds at most one.
 	q.popAll(nil)
-	q.push(coreQueueFrame(3, 10))
 	q.popAll(nil)
+	q.push(coreQueueFrame(3, 10))
 	q.push(coreQueueFrame(4, 10))
 	assert.True(t, hasToken(q))
 	assert.False(t, hasToken(q))
+
+	_, st := q.pop()
+	require.Equal(t, popOK, st)
+	_, st = q.pop()
+	require.Equal(t, popOK, st)
+	_, st = q.pop()
+	require.Equal(t, popEmpty, st) // pop waits like popAll
+	q.push(coreQueueFrame(5, 10))
+	assert.True(t, hasToken(q))
 }
 
 func TestQueueReadyTokenOnClose(t *testing.T) {
 	q := newQueue(16, 1000)
 	q.close(true)
 	assert.True(t, hasToken(q), "close wakes a waiting consumer")
-	q.close(true)
-	assert.False(t, hasToken(q), "a second close has nothing new to say")
+	q.close(true) // a second close never blocks, whatever the channel holds
+	_, open := q.popAll(nil)
+	assert.False(t, open)
 
 	q = newQueue(16, 1000)
 	q.push(coreQueueFrame(1, 10))
 	require.True(t, hasToken(q))
 	q.close(true)
-	assert.True(t, hasToken(q))
+	assert.True(t, hasToken(q), "close wakes even a consumer that has not waited")
 	q.close(false) // drops what the draining consumer had not taken yet
 	assert.True(t, hasToken(q))
 

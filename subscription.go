@@ -162,8 +162,15 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 		// the replay goes in front of them.
 		s.q.hold()
 	case opts.Resume:
-		s.q.reserve(b.ring.Len() + 3)
-		b.replay(s, opts, &b.ring, b.ring.firstID(), b.nextID, s.q.forcePushFrame)
+		// One queue lock for the whole replay: thousands of frames cost
+		// one buffer allocation and no per-frame locking.
+		s.q.mu.Lock()
+		if need := s.q.n + b.ring.Len() + 3; need > len(s.q.buf) {
+			s.q.resizeLocked(need)
+		}
+		b.replay(s, opts, &b.ring, b.ring.firstID(), b.nextID, s.q.forceAppendLocked)
+		s.q.signalLocked()
+		s.q.mu.Unlock()
 	}
 	b.mu.Unlock()
 	if remote {
@@ -286,7 +293,7 @@ func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic,
 		return Diagnostic{}, false
 	}
 	s.warned = true
-	s.q.forcePush(warningFrame(c, id, threshold, s.bus.now()))
+	s.q.forcePushMarker(warningFrame(c, id, threshold, s.bus.now()))
 	s.bus.stats.warnings.Add(1)
 	return Diagnostic{DiagSlowClient, "eventbus: slow client", []slog.Attr{
 		slog.String("threshold", threshold), slog.Uint64("lastEventId", id),
