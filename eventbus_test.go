@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -919,7 +920,15 @@ func TestSubscribeRegistersSynchronously(t *testing.T) {
 		fs, _ := corePending(s)
 		require.NotEmpty(t, fs)
 		assert.LessOrEqual(t, fs[0].ID(), after+1)
-		assert.Equal(t, f.ID(), fs[len(fs)-1].ID())
+		if errors.Is(s.Err(), ErrEvicted) {
+			// A descheduled test goroutine can let the background
+			// publisher fill 2048 frames first; that is a legitimate end.
+			s.Close()
+			continue
+		}
+		// Background events may follow mine; mine must be among them.
+		assert.True(t, slices.ContainsFunc(fs, func(x Frame) bool { return x.ID() == f.ID() }),
+			"#%d published after Subscribe returned was not delivered", f.ID())
 		s.Close()
 	}
 	close(stop)

@@ -383,7 +383,8 @@ func (p *encoded) release() { p.buf = nil }
 // scratch holds reusable encoding buffers; the data is copied into the
 // event's own buffer, so a scratch never escapes a Publish.
 type scratch struct {
-	data bytes.Buffer
+	data []byte       // the envelope's data, then its _meta members
+	out  bytes.Buffer // json.Encoder's output
 	enc  *json.Encoder
 	b    []byte
 	t    []byte
@@ -391,18 +392,18 @@ type scratch struct {
 
 var scratchPool = sync.Pool{New: func() any {
 	s := &scratch{}
-	s.enc = json.NewEncoder(&s.data)
+	s.enc = json.NewEncoder(&s.out)
 	s.enc.SetEscapeHTML(false)
 	return s
 }}
 
 func (s *scratch) free() {
 	// A huge event must not pin its buffers in the pool forever.
-	if s.data.Cap() > 64<<10 || cap(s.b) > 64<<10 || cap(s.t) > 64<<10 {
+	if cap(s.data) > 64<<10 || s.out.Cap() > 64<<10 || cap(s.b) > 64<<10 || cap(s.t) > 64<<10 {
 		return
 	}
-	s.data.Reset()
-	s.b, s.t = s.b[:0], s.t[:0]
+	s.data, s.b, s.t = s.data[:0], s.b[:0], s.t[:0]
+	s.out.Reset()
 	scratchPool.Put(s)
 }
 
@@ -414,16 +415,24 @@ func (s *scratch) encodeValue(v any) (err error) {
 			err = fmt.Errorf("%w: encoding panicked: %v", ErrInvalidEvent, r)
 		}
 	}()
-	if raw, ok := v.(json.RawMessage); ok {
-		if err := json.Compact(&s.data, raw); err != nil {
-			return fmt.Errorf("%w: invalid JSON: %v", ErrInvalidEvent, err)
-		}
-		return nil
-	}
+	s.out.Reset()
 	if err := s.enc.Encode(v); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidEvent, err)
 	}
-	s.data.Truncate(s.data.Len() - 1) // Encode's trailing newline
+	out := s.out.Bytes()
+	s.data = append(s.data, out[:len(out)-1]...) // without Encode's newline
+	return nil
+}
+
+// encodeRaw validates and compacts pre-encoded JSON into s.data. It is the
+// hot path of daemons that encode their payloads themselves, so it does not
+// go through encoding/json's scanner (or box the slice into an interface).
+func (s *scratch) encodeRaw(raw json.RawMessage) error {
+	out, err := compactJSON(s.data, raw)
+	if err != nil {
+		return fmt.Errorf("%w: invalid JSON: %v", ErrInvalidEvent, err)
+	}
+	s.data = out
 	return nil
 }
 
@@ -480,7 +489,7 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 	case nil:
 	case json.RawMessage:
 		if len(v) > 0 {
-			if err := s.encodeValue(v); err != nil {
+			if err := s.encodeRaw(v); err != nil {
 				return encoded{}, err
 			}
 			hasData = true
@@ -491,32 +500,30 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 		}
 		hasData = true
 	}
-	dataEnd := s.data.Len()
+	dataEnd := len(s.data)
 
-	s.data.WriteString(`"serverTimestamp":`)
+	s.data = append(s.data, `"serverTimestamp":`...)
 	if ts, ok := e.Meta["serverTimestamp"]; ok && finiteNumber(ts) {
 		if err := s.encodeValue(ts); err != nil {
 			return encoded{}, err
 		}
 	} else {
-		s.b = strconv.AppendInt(s.b[:0], b.now(), 10)
-		s.data.Write(s.b)
+		s.data = strconv.AppendInt(s.data, b.now(), 10)
 	}
 	if len(e.Meta) > 0 {
 		for _, k := range slices.Sorted(maps.Keys(e.Meta)) {
 			if k == "serverTimestamp" {
 				continue
 			}
-			s.data.WriteByte(',')
-			s.b = appendJSONString(s.b[:0], k)
-			s.data.Write(s.b)
-			s.data.WriteByte(':')
+			s.data = append(s.data, ',')
+			s.data = appendJSONString(s.data, k)
+			s.data = append(s.data, ':')
 			if err := s.encodeValue(e.Meta[k]); err != nil {
 				return encoded{}, fmt.Errorf("%w (in _meta[%q])", err, k)
 			}
 		}
 	}
-	all := s.data.Bytes()
+	all := s.data
 	data, meta := all[:dataEnd], all[dataEnd:]
 
 	const (

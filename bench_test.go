@@ -1,0 +1,403 @@
+package eventbus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Benchmarks. The fan-out ones report ns/delivery (wall time divided by
+// events x subscribers), the figure BENCHMARKS.md compares with the naive
+// channel baseline and the peer libraries. Run them with
+//
+//	go test -run '^$' -bench . -benchmem -count 6 | tee new.txt
+//	benchstat new.txt
+
+var benchSizes = []int{1, 64, 1000}
+
+var benchData = json.RawMessage(`{"session":"s1","seq":12345,"text":"hello, world"}`)
+
+// flowWindow paces the publisher in the draining benchmarks: every
+// flowWindow events it waits until the slowest consumer is within
+// flowWindow of it, so no consumer is ever more than 2*flowWindow behind.
+// The naive baseline gets the same kind of pacing from its channel
+// capacity (256); here it keeps draining consumers below the default
+// MaxQueued (256), so nobody is evicted and nothing is lost.
+const flowWindow = 64
+
+// drainer is a consumer that takes every ready frame as fast as it can.
+type drainer struct {
+	got  atomic.Int64
+	done chan struct{}
+}
+
+func startDrainer(s *Subscription) *drainer {
+	d := &drainer{done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		var batch []Frame
+		for {
+			var open bool
+			batch, open = s.AppendReady(batch[:0])
+			n := 0
+			for _, f := range batch {
+				if f.ID() != 0 {
+					n++
+				}
+			}
+			d.got.Add(int64(n))
+			if !open {
+				return
+			}
+			if len(batch) == 0 {
+				<-s.Ready()
+			}
+		}
+	}()
+	return d
+}
+
+// waitAll spins until every consumer has at least want events. A consumer
+// that stops short (it was evicted, or lost events) would hang the
+// benchmark, so after 10 s of no progress it panics instead.
+func waitAll(want int64, got func(i int) int64, n int) {
+	for i := 0; i < n; i++ {
+		deadline := time.Now().Add(10 * time.Second)
+		for got(i) < want {
+			if time.Now().After(deadline) {
+				panic(fmt.Sprintf("consumer %d stuck at %d of %d events", i, got(i), want))
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// BenchmarkPublish is the fan-out of one publisher to subs draining
+// consumers, lossless (the benchmark fails on any eviction or loss).
+func BenchmarkPublish(b *testing.B) {
+	for _, subs := range benchSizes {
+		b.Run(fmt.Sprintf("subs=%d", subs), func(b *testing.B) {
+			bus, err := New(Options{MaxSubscribers: subs, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ds := make([]*drainer, subs)
+			for i := range ds {
+				s, err := bus.Subscribe(context.Background(), SubscribeOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ds[i] = startDrainer(s)
+			}
+			got := func(i int) int64 { return ds[i].got.Load() }
+			ev := Event{Type: "bench", Data: benchData}
+			b.ReportAllocs()
+			var n int64
+			start := time.Now()
+			for b.Loop() {
+				if _, err := bus.Publish(ev); err != nil {
+					b.Fatal(err)
+				}
+				n++
+				if n%flowWindow == 0 {
+					waitAll(n-flowWindow, got, subs)
+				}
+			}
+			waitAll(n, got, subs)
+			elapsed := time.Since(start)
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n*int64(subs)), "ns/delivery")
+			if st := bus.Stats(); st.Evictions != (EvictionStats{}) {
+				b.Fatalf("evictions in a lossless run: %+v", st.Evictions)
+			}
+			bus.Close()
+			for _, d := range ds {
+				<-d.done
+				if d.got.Load() != n {
+					b.Fatalf("a consumer got %d of %d events", d.got.Load(), n)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkNaiveChannels is the baseline: an RWMutex and one buffered
+// channel (256) per subscriber, with a blocking send. It is lossless only
+// because it blocks the publisher when a subscriber stalls.
+func BenchmarkNaiveChannels(b *testing.B) {
+	type msg struct {
+		id   uint64
+		data []byte
+	}
+	for _, subs := range benchSizes {
+		b.Run(fmt.Sprintf("subs=%d", subs), func(b *testing.B) {
+			var mu sync.RWMutex
+			chans := make([]chan msg, subs)
+			counts := make([]atomic.Int64, subs)
+			var wg sync.WaitGroup
+			for i := range chans {
+				chans[i] = make(chan msg, 256)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range chans[i] {
+						counts[i].Add(1)
+					}
+				}()
+			}
+			b.ReportAllocs()
+			var n int64
+			start := time.Now()
+			for b.Loop() {
+				n++
+				m := msg{uint64(n), benchData}
+				mu.RLock()
+				for _, c := range chans {
+					c <- m
+				}
+				mu.RUnlock()
+			}
+			waitAll(n, func(i int) int64 { return counts[i].Load() }, subs)
+			elapsed := time.Since(start)
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n*int64(subs)), "ns/delivery")
+			for _, c := range chans {
+				close(c)
+			}
+			wg.Wait()
+		})
+	}
+}
+
+// BenchmarkPublishLatency measures Publish alone, p50 and p99, with 64
+// subscribers: all healthy, or one stalled among them (a client that never
+// reads, reconnecting each time it is evicted). The stalled one must cost
+// the publisher nothing measurable.
+func BenchmarkPublishLatency(b *testing.B) {
+	for _, stalled := range []bool{false, true} {
+		name := "healthy=64"
+		if stalled {
+			name = "healthy=63,stalled=1"
+		}
+		b.Run(name, func(b *testing.B) {
+			bus, err := New(Options{Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			healthy := 64
+			if stalled {
+				healthy = 63
+			}
+			ds := make([]*drainer, healthy)
+			for i := range ds {
+				s, err := bus.Subscribe(context.Background(), SubscribeOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ds[i] = startDrainer(s)
+			}
+			var slow *Subscription
+			if stalled {
+				slow, _ = bus.Subscribe(context.Background(), SubscribeOptions{})
+			}
+			got := func(i int) int64 { return ds[i].got.Load() }
+			lat := make([]time.Duration, 0, 1<<16)
+			ev := Event{Type: "bench", Data: benchData}
+			b.ReportAllocs()
+			var n int64
+			evictions := 0
+			for b.Loop() {
+				t0 := time.Now()
+				_, err := bus.Publish(ev)
+				d := time.Since(t0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(lat) < cap(lat) {
+					lat = append(lat, d)
+				} else {
+					lat[n%int64(len(lat))] = d
+				}
+				n++
+				if n%flowWindow == 0 {
+					waitAll(n-flowWindow, got, healthy)
+					if slow != nil && slow.Err() != nil {
+						// Evicted: its queue stayed within the caps. The
+						// client reconnects and stalls again.
+						evictions++
+						slow.Close()
+						slow, _ = bus.Subscribe(context.Background(), SubscribeOptions{})
+					}
+				}
+			}
+			waitAll(n, got, healthy)
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+			if stalled && n > 1000 && evictions == 0 {
+				b.Fatalf("the stalled subscriber was never evicted in %d publishes", n)
+			}
+			bus.Close()
+			for _, d := range ds {
+				<-d.done
+				if d.got.Load() != n {
+					b.Fatalf("a healthy consumer got %d of %d events", d.got.Load(), n)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPublishRingSize shows that Publish does not depend on the ring's
+// depth: the ring is full in both cases, so every publish also evicts.
+func BenchmarkPublishRingSize(b *testing.B) {
+	for _, size := range []int{DefaultRingSize, MaxRingSize} {
+		b.Run(fmt.Sprintf("ring=%d", size), func(b *testing.B) {
+			bus, err := New(Options{RingSize: size, RingMaxBytes: 1 << 30})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ev := Event{Type: "bench", Data: benchData}
+			for range size {
+				_, _ = bus.Publish(ev)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = bus.Publish(ev)
+			}
+		})
+	}
+}
+
+// BenchmarkResume replays a full default ring (8000 events) to a resuming
+// subscriber and drains it: allocations must not grow with the events.
+func BenchmarkResume(b *testing.B) {
+	bus, err := New(Options{Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev := Event{Type: "bench", Data: benchData}
+	for range DefaultRingSize {
+		_, _ = bus.Publish(ev)
+	}
+	batch := make([]Frame, 0, DefaultRingSize+8)
+	b.ReportAllocs()
+	for b.Loop() {
+		s, err := bus.Subscribe(context.Background(), SubscribeOptions{Resume: true, LastEventID: 0})
+		if err != nil {
+			b.Fatal(err)
+		}
+		batch, _ = s.AppendReady(batch[:0])
+		if len(batch) != DefaultRingSize+1 {
+			b.Fatalf("replayed %d frames", len(batch))
+		}
+		s.Close()
+	}
+	b.ReportMetric(float64(DefaultRingSize), "events/op")
+}
+
+// BenchmarkSubscribeCancel is a subscription's whole life without events,
+// with a cancellable context (the HTTP handler's case).
+func BenchmarkSubscribeCancel(b *testing.B) {
+	bus, err := New(Options{Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := bus.Subscribe(ctx, SubscribeOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.Close()
+		cancel()
+	}
+}
+
+// BenchmarkEncode is Publish's encoding on a bus with no subscriber, for
+// pre-encoded and for structured data, and the SSE framing of the result.
+func BenchmarkEncode(b *testing.B) {
+	bus, err := New(Options{RingSize: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	type payload struct {
+		Session string `json:"session"`
+		Seq     int    `json:"seq"`
+		Text    string `json:"text"`
+	}
+	cases := []struct {
+		name string
+		ev   Event
+	}{
+		{"raw", Event{Type: "bench", Data: benchData}},
+		{"struct", Event{Type: "bench", Data: payload{"s1", 12345, "hello, world"}, OriginatorClientID: "c1"}},
+		{"meta", Event{Type: "bench", Data: benchData, Meta: map[string]any{"trace": "abc"}}},
+	}
+	for _, c := range cases {
+		b.Run("publish/"+c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := bus.Publish(c.ev); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	f, _ := bus.Publish(cases[0].ev)
+	b.Run("sse", func(b *testing.B) {
+		buf := make([]byte, 0, 4096)
+		b.ReportAllocs()
+		for b.Loop() {
+			buf = f.AppendSSE(buf[:0])
+			_, _ = io.Discard.Write(buf)
+		}
+	})
+}
+
+// BenchmarkIdleSubscriber reports the bus-side memory of an idle
+// subscription (no consumer goroutine), with a cancellable context.
+func BenchmarkIdleSubscriber(b *testing.B) {
+	const n = 1000
+	bus, err := New(Options{MaxSubscribers: n})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	var perSub float64
+	for b.Loop() {
+		perSub = idleSubscriberBytes(bus, n)
+	}
+	b.ReportMetric(perSub, "B/idle-sub")
+}
+
+// idleSubscriberBytes subscribes n idle subscriptions and returns the heap
+// growth per subscription, then cancels them.
+func idleSubscriberBytes(bus *EventBus, n int) float64 {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	subs := make([]*Subscription, n)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range subs {
+		subs[i], _ = bus.Subscribe(ctx, SubscribeOptions{})
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	for _, s := range subs {
+		s.Close()
+	}
+	return float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
+}
+
+// quiet discards the benchmarks' diagnostics (the stalled one logs every
+// eviction).
+var quiet = slog.New(slog.DiscardHandler)
