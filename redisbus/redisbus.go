@@ -200,10 +200,25 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 		sessions: make(map[string]*session),
 		byBus:    make(map[*eventbus.EventBus]*session),
 	}
+	if !contextTimeouts(client) {
+		log.Warn("redisbus: the redis client has ContextTimeoutEnabled off: a Redis that hangs can hold Publish past PublishTimeout, up to the client's read timeout and retries")
+	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.wg.Add(1)
 	go b.janitor()
 	return b, nil
+}
+
+// contextTimeouts reports whether client honours context deadlines on its
+// sockets (true when it cannot tell).
+func contextTimeouts(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true
 }
 
 func orInt(v, def int) int {
