@@ -378,8 +378,6 @@ func (p *encoded) frame(id uint64) Frame {
 	return Frame{wire: wire, json: int32(j - i), kind: kindEvent, id: id, typ: p.typ}
 }
 
-func (p *encoded) release() { p.buf = nil }
-
 // scratch holds reusable encoding buffers; the data is copied into the
 // event's own buffer, so a scratch never escapes a Publish.
 type scratch struct {
