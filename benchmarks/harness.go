@@ -183,8 +183,13 @@ func startPublisher(f fanout, events int, sinks []*sink, window int) *publisher 
 				// Closed loop: wait (yielding) while the slowest subscriber
 				// is more than window events behind. Progress is published
 				// every 64 deliveries, so the window is approximate by that.
-				for i-1 > minProgress(sinks)+uint64(window) && !p.quit.Load() {
-					runtime.Gosched()
+				for spins := 0; i-1 > minProgress(sinks)+uint64(window) && !p.quit.Load(); spins++ {
+					if spins < 8 {
+						runtime.Gosched()
+					} else {
+						// Do not hog a P that a library's own goroutines need.
+						time.Sleep(20 * time.Microsecond)
+					}
 				}
 			}
 			if err := f.publish(i); err != nil {
