@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	pubsub "github.com/cskr/pubsub/v2"
 	r3sse "github.com/r3labs/sse/v2"
@@ -15,17 +16,20 @@ import (
 // benchPayload is the event data every library carries: {"n":1}.
 const benchPayload = `{"n":1}`
 
-// appendEnvelope builds the JSON envelope the non-eventbus adapters publish,
-// the same shape eventbus encodes (minus _meta): one encoding per event.
+// appendEnvelope builds the JSON envelope the non-eventbus adapters publish:
+// the same shape and size eventbus encodes, server timestamp included, so
+// every library carries the same bytes and does one encoding per event.
 func appendEnvelope(dst []byte, seq uint64) []byte {
 	dst = append(dst, `{"id":`...)
 	dst = strconv.AppendUint(dst, seq, 10)
 	dst = append(dst, `,"v":1,"type":"bench","data":`...)
 	dst = append(dst, benchPayload...)
-	return append(dst, '}')
+	dst = append(dst, `,"_meta":{"serverTimestamp":`...)
+	dst = strconv.AppendInt(dst, time.Now().UnixMilli(), 10)
+	return append(dst, "}}"...)
 }
 
-func newEnvelope(seq uint64) []byte { return appendEnvelope(make([]byte, 0, 48), seq) }
+func newEnvelope(seq uint64) []byte { return appendEnvelope(make([]byte, 0, 96), seq) }
 
 // ---------------------------------------------------------------------------
 // (1) naive baseline: sync.RWMutex + one buffered chan per subscriber,

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -98,6 +99,7 @@ func main() {
 	flag.IntVar(&fl.window, "window", 0, "closed-loop publisher window for the fanout-window scenario (0: half of -queue)")
 	flag.StringVar(&scenarios, "scenarios", "fanout,fanout-window,stall,http", "scenarios to run: fanout (tight publisher), fanout-window (publisher at most -window events ahead of the slowest subscriber), stall, http")
 	flag.StringVar(&fl.libs, "libs", "", "only libraries whose name contains one of these comma-separated substrings")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	var err error
 	if fl.subs, err = parseInts(subs); err != nil {
@@ -112,6 +114,16 @@ func main() {
 	}
 	if fl.window <= 0 {
 		fl.window = fl.queue / 2
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 	}
 	run(os.Stdout, fl)
 }
