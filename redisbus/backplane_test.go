@@ -504,7 +504,7 @@ type gate struct {
 
 func installGate(bp *Backplane) *gate {
 	g := &gate{parked: make(chan string, 16)}
-	bp.readHook = func(ctx context.Context, session string) {
+	hook := func(ctx context.Context, session string) {
 		g.mu.Lock()
 		ch := g.ch
 		g.mu.Unlock()
@@ -520,6 +520,7 @@ func installGate(bp *Backplane) *gate {
 		case <-ctx.Done():
 		}
 	}
+	bp.readHook.Store(&hook)
 	return g
 }
 
@@ -826,4 +827,63 @@ func TestPublishReleasesStaleMirror(t *testing.T) {
 		return err == nil
 	})
 	sa.ended(wait)
+}
+
+// A resume from the stream when the stream is gone (Redis lost it and this
+// replica has not noticed yet): the client is told what it missed cannot
+// be read, and the stream ends once the reader notices the new epoch.
+func TestResumeHistoryUnavailable(t *testing.T) {
+	r := startRedis(t)
+	a, _, c := threeReplicas(t, r, testOptions(t))
+	for range 10 {
+		a.publish(t, "s", "e", nil)
+	}
+	live := openSSE(t, c, "s", nil, "") // C's ring starts at 11
+	for range 10 {
+		a.publish(t, "s", "e", nil)
+	}
+	wantIDs(t, live.events(10, wait), 11, 20)
+	g := installGate(c.bp)
+	g.close(t)
+	r.restart()
+	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
+	rs := sc.next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "ring_evicted" ||
+		rs.str(t, "data", "detail") != "history_unavailable" || rs.num(t, "data", "lastDeliveredId") != 5 ||
+		rs.num(t, "data", "earliestAvailableId") != 21 {
+		t.Fatalf("want ring_evicted (history_unavailable) 5 -> 21, got %+v", rs)
+	}
+	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 0 {
+		t.Fatalf("want an empty replay_complete, got %+v", rc)
+	}
+	g.open()
+	sc.ended(wait)
+	live.ended(wait)
+}
+
+// A signal sent on one replica reaches the session's subscribers on every
+// replica, without an id.
+func TestSignalReachesEveryReplica(t *testing.T) {
+	r := startRedis(t)
+	a, b, c := threeReplicas(t, r, testOptions(t))
+	var subs []*sse
+	for _, rp := range []*replica{a, b, c} {
+		subs = append(subs, openSSE(t, rp, "s", nil, ""))
+	}
+	if err := b.bp.Signal(context.Background(), "s", "doc.changed", "doc/1"); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range subs {
+		f := s.next(wait)
+		if f.ID != 0 || f.Event != "doc.changed" || f.str(t, "about") != "doc/1" {
+			t.Fatalf("replica %d got %+v", i, f)
+		}
+	}
+	if err := a.bp.Signal(context.Background(), "s", "", "x"); !errors.Is(err, eventbus.ErrInvalidEvent) {
+		t.Fatalf("empty signal type: %v", err)
+	}
+	a.publish(t, "s", "e", nil)
+	for _, s := range subs {
+		wantIDs(t, s.events(1, wait), 1, 1)
+	}
 }

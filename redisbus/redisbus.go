@@ -47,6 +47,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -129,8 +130,10 @@ type Backplane struct {
 	sessions map[string]*session
 	byBus    map[*eventbus.EventBus]*session
 
+	signals *redis.PubSub // the signal channel, read by receiveSignals
+
 	// readHook, when set (tests), runs before every XREAD of a reader.
-	readHook func(ctx context.Context, session string)
+	readHook atomic.Pointer[func(ctx context.Context, session string)]
 }
 
 // New returns a backplane publishing to and reading from client. It fails
@@ -204,8 +207,12 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 		log.Warn("redisbus: the redis client has ContextTimeoutEnabled off: a Redis that hangs can hold Publish past PublishTimeout, up to the client's read timeout and retries")
 	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.wg.Add(1)
+	// Subscribing connects in the background: a Redis that is down now is
+	// retried by receiveSignals.
+	b.signals = client.Subscribe(b.ctx, b.signalChannel())
+	b.wg.Add(2)
 	go b.janitor()
+	go b.receiveSignals()
 	return b, nil
 }
 
@@ -246,6 +253,7 @@ func (b *Backplane) Close() error {
 	b.byBus = nil
 	b.mu.Unlock()
 	b.cancel()
+	b.signals.Close() // unblocks receiveSignals
 	for _, s := range all {
 		s.stop()
 	}

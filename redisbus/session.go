@@ -214,8 +214,8 @@ func (s *session) run(ctx context.Context, last uint64) {
 				continue
 			}
 		}
-		if h := b.readHook; h != nil {
-			h(ctx, s.id)
+		if h := b.readHook.Load(); h != nil {
+			(*h)(ctx, s.id)
 			if ctx.Err() != nil {
 				return
 			}

@@ -14,6 +14,7 @@
 //	GET    /session/{id}              the session as Redis and this replica see it (404 if Redis has none)
 //	DELETE /session/{id}              forget the session in Redis; every replica's streams of it end -> 204
 //	POST   /session/{id}/disconnect   cut this replica's open streams of the session -> {"disconnected":N}
+//	POST   /session/{id}/signal       send {"type":..., "about":...} to the session's streams on every replica -> 204
 //
 // On SIGINT or SIGTERM it closes the backplane (open streams drain and
 // end), then shuts the HTTP server down. The Redis keys stay.
@@ -65,6 +66,8 @@ Routes:
   GET    /session/{id}              the session in Redis and on this replica; 404 if Redis has none
   DELETE /session/{id}              forget the session in Redis -> 204; the next use starts a new epoch
   POST   /session/{id}/disconnect   cut this replica's streams of the session -> {"disconnected":N}
+  POST   /session/{id}/signal       change signal {"type":"...","about":"..."} to the session's
+                                    streams on every replica (no id, not stored) -> 204
 
 Flags:
 `
@@ -230,6 +233,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /session/{id}", s.serveStatus)
 	mux.HandleFunc("DELETE /session/{id}", s.serveDelete)
 	mux.HandleFunc("POST /session/{id}/disconnect", s.serveDisconnect)
+	mux.HandleFunc("POST /session/{id}/signal", s.serveSignal)
 	return mux
 }
 
@@ -300,6 +304,30 @@ func (s *server) servePublish(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "publish failed: Redis unavailable")
 	default:
 		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+	}
+}
+
+func (s *server) serveSignal(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Type  string `json:"type"`
+		About string `json:"about"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+		return
+	}
+	err := s.bp.Signal(r.Context(), r.PathValue("id"), req.Type, req.About)
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, eventbus.ErrEventTooLarge):
+		writeError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
+	case errors.Is(err, eventbus.ErrInvalidEvent), errors.Is(err, redisbus.ErrInvalidSession):
+		writeError(w, http.StatusBadRequest, "invalid_event", err.Error())
+	default:
+		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 	}
 }
 

@@ -148,6 +148,15 @@ func TestTwoReplicas(t *testing.T) {
 	expect("id: 2", "event: note", "id: 3", "event: note", "event: replay_complete")
 	post(t, b+"/session/s1/events", `{"type":"note"}`)
 	expect("id: 4", "event: note")
+	sr, err := http.Post(a+"/session/s1/signal", "application/json", strings.NewReader(`{"type":"doc.changed","about":"doc/1"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr.Body.Close()
+	if sr.StatusCode != http.StatusNoContent {
+		t.Fatalf("signal: %s", sr.Status)
+	}
+	expect("event: doc.changed")
 
 	st, err := http.Get(a + "/session/s1")
 	if err != nil {
