@@ -151,7 +151,9 @@ func (o Options) withDefaults() (Options, error) {
 //
 // An EventBus is safe for concurrent use by multiple goroutines. Publish
 // never blocks on a subscriber and never panics. Close ends every
-// subscription; the bus must not be copied.
+// subscription; the bus must not be copied. The zero EventBus is not
+// usable but is safe: it behaves as a closed bus (Publish returns
+// ErrClosed, Subscribe an ended subscription).
 type EventBus struct {
 	opts  Options
 	epoch string
@@ -231,6 +233,10 @@ func (b *EventBus) Close() error {
 	return nil
 }
 
+// closedOrZero reports whether the bus is closed or was not made by New
+// (the epoch is set by New and never changes, so reading it needs no lock).
+func (b *EventBus) closedOrZero() bool { return b.isClosed.Load() || b.epoch == "" }
+
 func (b *EventBus) logger() *slog.Logger {
 	if b.opts.Logger != nil {
 		return b.opts.Logger
@@ -303,7 +309,7 @@ type fanout struct {
 // error wrapping ErrEventTooLarge above MaxEventBytes, and ErrClosed after
 // Close. A rejected event uses no id and reaches nobody.
 func (b *EventBus) Publish(e Event) (Frame, error) {
-	if b.isClosed.Load() {
+	if b.closedOrZero() {
 		b.stats.rejClosed.Add(1)
 		return Frame{}, ErrClosed
 	}
@@ -351,7 +357,7 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 // ErrInvalidEvent for an invalid type, ErrEventTooLarge above
 // MaxEventBytes, and ErrClosed after Close.
 func (b *EventBus) Signal(typ, about string) error {
-	if b.isClosed.Load() {
+	if b.closedOrZero() {
 		b.stats.rejClosed.Add(1)
 		return ErrClosed
 	}

@@ -49,6 +49,7 @@ type SubscribeOptions struct {
 // AppendReady, for a writer that must also wait on timers or a request
 // context. Only one goroutine may consume at a time; Close and Err are safe
 // to call from any goroutine. No goroutine runs per subscription.
+// Subscriptions are made by Subscribe; a zero Subscription is not usable.
 type Subscription struct {
 	bus *EventBus
 	q   boundedAsyncQueue
@@ -118,7 +119,7 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 	s.warnBytes = WarnThresholdRatio * float64(b.opts.MaxQueuedBytes)
 	s.resetBytes = WarnResetRatio * float64(b.opts.MaxQueuedBytes)
 
-	if b.isClosed.Load() {
+	if b.closedOrZero() {
 		s.end(nil)
 		s.q.close(true)
 		return s, nil
