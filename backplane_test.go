@@ -232,17 +232,3 @@ func testFrame(id uint64, size int) Frame {
 	f, _ := entryFrame(seam.Entry{ID: id, Type: "t", JSON: json})
 	return f
 }
-
-func TestZeroEventBusBehavesAsClosed(t *testing.T) {
-	var b EventBus
-	_, err := b.Publish(Event{Type: "x"})
-	assert.ErrorIs(t, err, ErrClosed)
-	assert.ErrorIs(t, b.Signal("x", "a"), ErrClosed)
-	s, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true})
-	require.NoError(t, err)
-	fs, open := s.AppendReady(nil)
-	assert.Empty(t, fs)
-	assert.False(t, open)
-	assert.Zero(t, b.LastEventID())
-	assert.NoError(t, b.Close())
-}

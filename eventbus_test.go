@@ -1966,3 +1966,17 @@ func coreEventsOnly(fs []Frame) []Frame {
 	}
 	return out
 }
+
+func TestZeroEventBusBehavesAsClosed(t *testing.T) {
+	var b EventBus
+	_, err := b.Publish(Event{Type: "x"})
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, b.Signal("x", "a"), ErrClosed)
+	s, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true})
+	require.NoError(t, err)
+	fs, open := s.AppendReady(nil)
+	assert.Empty(t, fs)
+	assert.False(t, open)
+	assert.Zero(t, b.LastEventID())
+	assert.NoError(t, b.Close())
+}
