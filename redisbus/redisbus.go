@@ -27,7 +27,8 @@
 // within Options.PublishTimeout, and readers retry with backoff and go on
 // from their last id: nothing is lost while the stream still holds it, and
 // subscribers get state_resync_required (ring_evicted) for what it no
-// longer holds.
+// longer holds. Signal spreads change signals to every replica through
+// Redis Pub/Sub.
 //
 // Give the client ContextTimeoutEnabled: true, so that a Redis that hangs
 // (rather than refusing connections) cannot hold Publish past its timeout,
@@ -92,8 +93,8 @@ type Options struct {
 	// before its mirror and reader are released; 0 means
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
-	// KeyPrefix starts every Redis key; "" means DefaultKeyPrefix. It must
-	// not contain '{'.
+	// KeyPrefix starts every Redis key and the signal channel's name; ""
+	// means DefaultKeyPrefix. It must not contain '{' or '}'.
 	KeyPrefix string
 	// KeyTTL, when positive, makes a session's keys expire after this long
 	// without a publish or a new mirror; the next use starts a new epoch.
@@ -123,7 +124,7 @@ type Backplane struct {
 
 	ctx    context.Context // ends every reader
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // readers and the janitor
+	wg     sync.WaitGroup // readers, the janitor and receiveSignals
 
 	mu       sync.Mutex
 	closed   bool
