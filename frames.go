@@ -8,7 +8,6 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"unicode/utf8"
 )
@@ -466,8 +465,12 @@ func validType(t string) error {
 	if t == "" {
 		return fmt.Errorf("%w: empty type", ErrInvalidEvent)
 	}
-	if strings.ContainsAny(t, "\r\n") {
-		return fmt.Errorf("%w: type contains CR or LF", ErrInvalidEvent)
+	// A plain loop: strings.ContainsAny builds an ASCII set per call, and
+	// this runs on every Publish.
+	for i := 0; i < len(t); i++ {
+		if t[i] == '\r' || t[i] == '\n' {
+			return fmt.Errorf("%w: type contains CR or LF", ErrInvalidEvent)
+		}
 	}
 	return nil
 }
