@@ -153,6 +153,7 @@ type result struct {
 	missing   uint64
 	dup       uint64
 	ended     int // subscribers whose stream ended early (evicted, closed)
+	evicted   int // of those, ended by an eviction
 	warnings  uint64
 }
 
@@ -301,6 +302,9 @@ wait:
 			r.warnings += s.warnings
 			if s.ended {
 				r.ended++
+				if s.reason == "evicted" {
+					r.evicted++
+				}
 			}
 		}
 	}

@@ -324,16 +324,28 @@ func printRuns(w io.Writer, aggs []aggregate) {
 		if a.okRuns != len(a.runs) {
 			ns = "(" + ns + ")" // not comparable: the run did not deliver everything
 		}
-		var delivered, want uint64
-		var warnings uint64
+		var delivered, want, warnings, missing, dup uint64
+		ended, evicted := 0, 0
 		for _, r := range a.runs {
 			delivered += r.delivered
 			want += uint64(r.events * r.subs)
 			warnings += r.warnings
+			missing += r.missing
+			dup += r.dup
+			ended += r.ended
+			evicted += r.evicted
 		}
-		notes := a.worst.detail
+		notes := ""
+		switch a.worst.status {
+		case statusLossy:
+			notes = fmt.Sprintf("all runs: missing %d, dup/reordered %d, %d subscriber streams ended early (%d evicted)", missing, dup, ended, evicted)
+		case statusOK:
+		default:
+			notes = a.worst.detail
+		}
 		if warnings > 0 {
-			notes = strings.TrimSpace(notes + fmt.Sprintf(" %d slow_client_warning frames", warnings))
+			notes = strings.TrimSpace(notes + fmt.Sprintf("; %d slow_client_warning frames", warnings))
+			notes = strings.TrimPrefix(notes, "; ")
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %.1f-%.1f | %.2f | %d/%d | %s |\n",
 			a.lib, res, ns, a.minNs, a.maxNs, a.medAlloc, delivered, want, notes)
