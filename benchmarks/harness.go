@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -282,7 +281,6 @@ wait:
 	if !pubDone {
 		select {
 		case pubErr = <-p.done:
-			pubDone = !timedOut
 		case <-time.After(o.stopMax):
 		}
 	}
@@ -470,5 +468,3 @@ func (s *sink) gapMissing() uint64 {
 	}
 	return s.missing
 }
-
-func fmtCount(n uint64) string { return strconv.FormatUint(n, 10) }
