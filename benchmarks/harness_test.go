@@ -105,7 +105,7 @@ func TestHarnessReportsLossDupAndBlock(t *testing.T) {
 		{"block", func() *fakeFanout { return &fakeFanout{blockAt: 500} }, statusBlocked},
 	}
 	o := testOpts
-	o.stall = 300 * time.Millisecond
+	o.stall = time.Second
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			lib := library{name: c.name, new: func(config) fanout { return c.f() }}
