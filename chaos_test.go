@@ -189,8 +189,8 @@ func (l smallBufListener) Accept() (net.Conn, error) {
 
 type chaosCounts struct {
 	connections, accepted, replayed, gaps, gapIDs, evicted, budgetReconnects int
-	ownDisconnects, cut, warnings, zeroLastDelivered                          int
-	resyncs                                                                   map[string]int
+	ownDisconnects, cut, warnings, zeroLastDelivered                         int
+	resyncs                                                                  map[string]int
 }
 
 func (c *chaosCounts) add(o chaosCounts) {
