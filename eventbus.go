@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -297,6 +298,9 @@ type eviction struct {
 type fanout struct {
 	diags   []Diagnostic
 	evicted []eviction
+	// behind is set when a subscriber's queue is past the warning
+	// threshold after this publish.
+	behind bool
 }
 
 // Publish assigns the event the next id, appends it to the ring and queues
@@ -413,6 +417,7 @@ func (b *EventBus) fanOutLocked(f Frame, lastID uint64, out *fanout) {
 			if d, ok := s.checkWarningLocked(c, lastID); ok {
 				out.diags = append(out.diags, d)
 			}
+			out.behind = out.behind || s.behind(c)
 		case pushCoalesced:
 			b.stats.dropCoalesced.Add(1)
 		case pushRejectedFrames, pushRejectedBytes:
@@ -444,6 +449,16 @@ func (b *EventBus) finish(out *fanout) {
 		out.diags = append(out.diags, ev.s.evict(ev))
 	}
 	b.emit(out.diags...)
+	if out.behind {
+		// A subscriber is past 75% of a cap. Often it is not slow at all:
+		// its goroutine was woken but not scheduled yet, because this
+		// publisher holds the processor (GOMAXPROCS is small, the publisher
+		// runs a tight loop). Yield once so it can run before it is
+		// evicted. This never waits for anyone: with nothing else to run
+		// Gosched returns at once, and a truly stalled subscriber costs one
+		// yield per publish only until it is evicted.
+		runtime.Gosched()
+	}
 }
 
 // compactSubsLocked removes the nil slots Publish left for evicted

@@ -336,6 +336,12 @@ func (s *Subscription) overflowResyncLocked(f Frame, res pushResult, lastID uint
 	}}, true
 }
 
+// behind reports whether the live counts c are past the warning threshold
+// of either cap.
+func (s *Subscription) behind(c queueCounts) bool {
+	return float64(c.liveCount) >= s.warnFrames || float64(c.liveBytes) >= s.warnBytes
+}
+
 // evict ends s after a publish unregistered it under the lock: the
 // terminal frame goes behind what is queued, and the queue closes with
 // drain.
