@@ -23,34 +23,15 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
-	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
-	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/daemon"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stderr)
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "sessiond:", err)
-		os.Exit(1)
-	}
-}
+func main() { daemon.Main("sessiond", run) }
 
 const usageText = `sessiond: a demo daemon for github.com/ssebus/eventbus.
 
@@ -73,132 +54,54 @@ Flags:
 // run parses args, serves until ctx is done, then shuts down: every bus is
 // closed first (open streams drain and end), then the HTTP server.
 func run(ctx context.Context, args []string, logOut io.Writer) error {
-	fs := flag.NewFlagSet("sessiond", flag.ContinueOnError)
-	fs.SetOutput(logOut)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usageText)
-		fs.PrintDefaults()
-	}
-	var (
-		addr         = fs.String("addr", "127.0.0.1:8080", "listen address")
-		ringSize     = fs.Int("ring", 0, "replay ring size in events per session (0: eventbus default 8000)")
-		maxSubs      = fs.Int("max-subscribers", 0, "concurrent streams per session (0: eventbus default 64)")
-		maxQueued    = fs.Int("max-queued", 0, "per-stream live frame backlog (0: eventbus default 256)")
-		maxEvent     = fs.Int("max-event-bytes", 0, "largest encoded event a POST may publish (0: eventbus default 16 MiB)")
-		maxSessions  = fs.Int("max-sessions", 1000, "sessions the daemon keeps at once; a new one beyond this is refused with 503")
-		demo         = fs.Bool("demo", false, `publish "tick" events to session "demo"`)
-		demoInterval = fs.Duration("demo-interval", 500*time.Millisecond, "interval between demo ticks")
-		heartbeat    = fs.Duration("heartbeat", 0, "SSE heartbeat after this long without a write (0: handler default 15s)")
-		retry        = fs.Duration("retry", 0, "SSE retry: directive sent to clients (0: handler default 3s)")
-		writeTimeout = fs.Duration("write-timeout", 0, "deadline of one SSE write+flush; a stream that blocks past it is dropped (0: handler default 30s)")
-		shutdownWait = fs.Duration("shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests")
-		verbose      = fs.Bool("v", false, "debug logging")
-	)
-	if err := fs.Parse(args); err != nil {
+	fs, f := daemon.NewFlags("sessiond", usageText, logOut, daemon.FlagDocs{
+		DefaultAddr:    "127.0.0.1:8080",
+		Ring:           "replay ring size in events per session (0: eventbus default 8000)",
+		MaxSubscribers: "concurrent streams per session (0: eventbus default 64)",
+		WriteTimeout:   "deadline of one SSE write+flush; a stream that blocks past it is dropped (0: handler default 30s)",
+	})
+	maxSessions := fs.Int("max-sessions", 1000, "sessions the daemon keeps at once; a new one beyond this is refused with 503")
+	if err := daemon.Parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	level := slog.LevelInfo
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	logger := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
+	logger := f.Logger(logOut)
 
 	srv, err := newServer(config{
-		Options: eventbus.Options{
-			RingSize:       *ringSize,
-			MaxSubscribers: *maxSubs,
-			MaxQueued:      *maxQueued,
-			MaxEventBytes:  *maxEvent,
-			Logger:         logger,
-		},
+		Options:      f.BusOptions(logger),
 		MaxSessions:  *maxSessions,
-		Heartbeat:    *heartbeat,
-		Retry:        *retry,
-		WriteTimeout: *writeTimeout,
+		Heartbeat:    f.Heartbeat,
+		Retry:        f.Retry,
+		WriteTimeout: f.WriteTimeout,
 		Logger:       logger,
 	})
 	if err != nil {
 		return err
 	}
-
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", f.Addr)
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{
-		Handler:           srv.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		// No WriteTimeout: streams are long-lived; the SSE handler puts a
-		// deadline on each write instead.
-		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	d := &daemon.Server{
+		Name:            "sessiond",
+		Listener:        ln,
+		Handler:         srv.routes(),
+		Logger:          logger,
+		ListenAttrs:     []any{"url", "http://" + ln.Addr().String() + "/"},
+		Close:           srv.closeAll,
+		ShutdownTimeout: f.ShutdownTimeout,
 	}
-	logger.Info("sessiond listening", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String()+"/")
-
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
-
-	demoDone := make(chan struct{})
-	demoCtx, stopDemo := context.WithCancel(ctx)
-	defer stopDemo()
-	if *demo {
-		go func() {
-			defer close(demoDone)
-			srv.runDemo(demoCtx, "demo", *demoInterval)
-		}()
-	} else {
-		close(demoDone)
+	if f.Demo {
+		d.Demo = &daemon.Demo{Interval: f.DemoInterval, Publish: srv.publishDemo, Logger: logger}
 	}
-
-	select {
-	case err := <-serveErr:
-		stopDemo()
-		<-demoDone
-		srv.closeAll()
-		return err
-	case <-ctx.Done():
-	}
-
-	logger.Info("sessiond shutting down")
-	stopDemo()
-	<-demoDone
-	// Close the buses first: each stream receives what it has queued, then
-	// its handler returns, so Shutdown finds idle connections instead of
-	// waiting on streams that would never end by themselves.
-	srv.closeAll()
-	sctx, cancel := context.WithTimeout(context.Background(), *shutdownWait)
-	defer cancel()
-	err = hs.Shutdown(sctx)
-	if err != nil {
-		logger.Warn("shutdown timed out; closing connections", "err", err)
-		err = hs.Close()
-	}
-	if serr := <-serveErr; !errors.Is(serr, http.ErrServerClosed) && err == nil {
-		err = serr
-	}
-	return err
+	return d.Run(ctx)
 }
 
-// runDemo publishes a "tick" event with a counter to session id every interval
-// until ctx is done. After a DELETE of the session the next tick starts a new one.
-func (s *server) runDemo(ctx context.Context, id string, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	n := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			n++
-			data := fmt.Appendf(nil, `{"n":%d,"at":%q}`, n, now.UTC().Format(time.RFC3339Nano))
-			if _, _, err := s.publish(id, eventbus.Event{Type: "tick", Data: json.RawMessage(data)}); err != nil && !errors.Is(err, errShuttingDown) {
-				s.logger.Warn("demo publish failed", "session", id, "err", err)
-			}
-		}
+// publishDemo is the demo's Publish. After a DELETE of the session the next
+// tick starts a new one; a tick refused because the daemon shuts down is
+// not worth a log line.
+func (s *server) publishDemo(_ context.Context, id string, ev eventbus.Event) error {
+	if _, _, err := s.publish(id, ev); err != nil && !errors.Is(err, errShuttingDown) {
+		return err
 	}
+	return nil
 }

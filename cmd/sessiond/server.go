@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/daemon"
 )
 
 //go:embed index.html
@@ -22,10 +22,9 @@ var indexHTML []byte
 // appear in logs.
 const maxSessionIDBytes = 128
 
-// bodySlack is what a POST body may carry beyond MaxEventBytes: the request's
-// own field names and whitespace that compaction removes. A body past
+// bodySlack is what a POST body may carry beyond MaxEventBytes. A body past
 // MaxEventBytes+bodySlack is refused (413) before it is read to the end.
-const bodySlack = 1 << 20
+const bodySlack = daemon.BodySlack
 
 var (
 	errShuttingDown    = errors.New("sessiond: shutting down")
@@ -94,14 +93,10 @@ func newServer(cfg config) (*server, error) {
 	}
 	probe.Close()
 
-	maxEvent := cfg.Options.MaxEventBytes
-	if maxEvent == 0 {
-		maxEvent = eventbus.DefaultMaxEventBytes
-	}
 	s := &server{
 		cfg:      cfg,
 		logger:   cfg.Logger,
-		maxBody:  int64(maxEvent) + bodySlack,
+		maxBody:  daemon.MaxBody(cfg.Options.MaxEventBytes),
 		sessions: make(map[string]*session),
 	}
 	s.events = &eventbus.Handler{
@@ -115,14 +110,7 @@ func newServer(cfg config) (*server, error) {
 }
 
 func (s *server) routes() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /{$}", s.serveIndex)
-	mux.HandleFunc("GET /session/{id}/events", s.serveEvents)
-	mux.HandleFunc("POST /session/{id}/events", s.servePublish)
-	mux.HandleFunc("GET /session/{id}", s.serveStatus)
-	mux.HandleFunc("DELETE /session/{id}", s.serveDelete)
-	mux.HandleFunc("POST /session/{id}/disconnect", s.serveDisconnect)
-	return mux
+	return daemon.Mux(s)
 }
 
 // getSession returns the live session id, creating it when create is set.
@@ -232,7 +220,7 @@ func (s *server) closeAll() {
 	}
 }
 
-func (s *server) serveIndex(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
@@ -241,20 +229,20 @@ func (s *server) serveIndex(w http.ResponseWriter, r *http.Request) {
 	w.Write(indexHTML)
 }
 
-// serveEvents wraps the eventbus handler: the request context it sees can be
+// ServeEvents wraps the eventbus handler: the request context it sees can be
 // cancelled by /disconnect. lookup registers the stream with its session.
-func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 	// The handler turns any Lookup error but ErrSessionNotFound into a 500,
 	// so refuse what lookup would refuse with a clearer status first. (A
 	// race with shutdown or another new session can still end in that 500.)
 	if err := s.admit(r.PathValue("id")); err != nil {
 		switch {
 		case errors.Is(err, errInvalidSession):
-			writeError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
+			daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
 		case errors.Is(err, errShuttingDown):
-			writeError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
+			daemon.WriteError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
 		default:
-			writeError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
+			daemon.WriteError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
 		}
 		return
 	}
@@ -301,22 +289,14 @@ func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	return sess.bus, nil
 }
 
-// publishRequest is the body of POST /session/{id}/events.
-type publishRequest struct {
-	Type               string          `json:"type"`
-	Data               json.RawMessage `json:"data"`
-	OriginatorClientID string          `json:"originatorClientId"`
-}
-
-func (s *server) servePublish(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if len(id) > maxSessionIDBytes {
-		writeError(w, http.StatusBadRequest, "invalid_session_id", errInvalidSession.Error())
+		daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", errInvalidSession.Error())
 		return
 	}
-	var req publishRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
-	dec.DisallowUnknownFields()
+	var req daemon.PublishRequest
+	dec := daemon.NewBodyDecoder(w, r, s.maxBody)
 	err := dec.Decode(&req)
 	if err == nil {
 		// Exactly one JSON value: trailing data is a malformed body too.
@@ -328,44 +308,40 @@ func (s *server) servePublish(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large",
+			daemon.WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large",
 				fmt.Sprintf("request body larger than %d bytes", mbe.Limit))
 			return
 		}
 		if err == io.EOF {
 			err = errors.New("empty body")
 		}
-		writeError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+		daemon.WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
 		return
 	}
 
-	ev := eventbus.Event{Type: req.Type, OriginatorClientID: req.OriginatorClientID}
-	if req.Data != nil { // absent "data" stays nil (omitted); "data":null is kept
-		ev.Data = req.Data
-	}
-	f, sess, err := s.publish(id, ev)
+	f, sess, err := s.publish(id, req.Event())
 	switch {
 	case err == nil:
-		writeJSON(w, http.StatusOK, map[string]any{"id": f.ID(), "epoch": sess.bus.Epoch()})
+		daemon.WritePublished(w, f.ID(), sess.bus.Epoch())
 	case errors.Is(err, eventbus.ErrEventTooLarge):
-		writeError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
+		daemon.WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
 	case errors.Is(err, eventbus.ErrInvalidEvent):
-		writeError(w, http.StatusBadRequest, "invalid_event", err.Error())
+		daemon.WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
 	case errors.Is(err, errShuttingDown):
-		writeError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
+		daemon.WriteError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
 	case errors.Is(err, errTooManySessions):
-		writeError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
+		daemon.WriteError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
 	default:
 		s.logger.Error("publish failed", "session", id, "err", err)
-		writeError(w, http.StatusInternalServerError, "internal", "publish failed")
+		daemon.WriteError(w, http.StatusInternalServerError, "internal", "publish failed")
 	}
 }
 
-func (s *server) serveStatus(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	sess, err := s.getSession(id, false)
 	if err != nil {
-		writeError(w, http.StatusNotFound, "session_not_found", "session not found")
+		daemon.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
 		return
 	}
 	s.mu.Lock()
@@ -381,34 +357,19 @@ func (s *server) serveStatus(w http.ResponseWriter, r *http.Request) {
 		"createdAt":      sess.created.UTC().Format(time.RFC3339Nano),
 	}
 	s.mu.Unlock()
-	writeJSON(w, http.StatusOK, st)
+	daemon.WriteJSON(w, http.StatusOK, st)
 }
 
-func (s *server) serveDelete(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
 	s.deleteSession(r.PathValue("id"))
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *server) serveDisconnect(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	n := s.disconnect(id)
 	if n > 0 {
 		s.logger.Info("streams cut on request", "session", id, "streams", n)
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"disconnected": n})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":"internal","code":"internal"}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	writeJSON(w, status, map[string]string{"error": msg, "code": code})
+	daemon.WriteJSON(w, http.StatusOK, map[string]int{"disconnected": n})
 }

@@ -22,37 +22,25 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
+	shared "github.com/ssebus/eventbus/internal/daemon" // not "daemon": main_test.go has a func daemon
 	"github.com/ssebus/eventbus/redisbus"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stderr, nil)
-	stop()
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "sessiond-redis:", err)
-		os.Exit(1)
-	}
+	shared.Main("sessiond-redis", func(ctx context.Context, args []string, logOut io.Writer) error {
+		return run(ctx, args, logOut, nil)
+	})
 }
 
 const usageText = `sessiond-redis: a demo replica for github.com/ssebus/eventbus/redisbus.
@@ -75,45 +63,25 @@ Flags:
 // run parses args, serves until ctx is done, then shuts down. ready, when
 // set, is called with the listen address once the daemon serves.
 func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr string)) error {
-	fs := flag.NewFlagSet("sessiond-redis", flag.ContinueOnError)
-	fs.SetOutput(logOut)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usageText)
-		fs.PrintDefaults()
-	}
+	fs, f := shared.NewFlags("sessiond-redis", usageText, logOut, shared.FlagDocs{
+		DefaultAddr:    "127.0.0.1:8081",
+		Ring:           "events each session's stream keeps for resumes (0: eventbus default 8000)",
+		MaxSubscribers: "concurrent streams per session on this replica (0: eventbus default 64)",
+		WriteTimeout:   "deadline of one SSE write+flush (0: handler default 30s)",
+	})
 	var (
-		addr           = fs.String("addr", "127.0.0.1:8081", "listen address")
 		redisAddr      = fs.String("redis", "127.0.0.1:6379", "Redis address host:port, or a redis:// URL")
 		name           = fs.String("name", "", "replica name for logs and GET /session/{id} (default: the listen address)")
 		prefix         = fs.String("prefix", redisbus.DefaultKeyPrefix, "prefix of every Redis key")
-		ringSize       = fs.Int("ring", 0, "events each session's stream keeps for resumes (0: eventbus default 8000)")
-		maxSubs        = fs.Int("max-subscribers", 0, "concurrent streams per session on this replica (0: eventbus default 64)")
-		maxQueued      = fs.Int("max-queued", 0, "per-stream live frame backlog (0: eventbus default 256)")
-		maxEvent       = fs.Int("max-event-bytes", 0, "largest encoded event a POST may publish (0: eventbus default 16 MiB)")
 		publishTimeout = fs.Duration("publish-timeout", 0, "bound of one publish in Redis (0: redisbus default 2s)")
 		idleTimeout    = fs.Duration("idle-timeout", 0, "release a session's mirror after this long without streams here (0: redisbus default 1m)")
 		keyTTL         = fs.Duration("key-ttl", 0, "expire a session's Redis keys after this long without a publish (0: never)")
 		poolSize       = fs.Int("redis-pool", 256, "Redis connections; every session with streams here holds one in XREAD")
-		heartbeat      = fs.Duration("heartbeat", 0, "SSE heartbeat after this long without a write (0: handler default 15s)")
-		retry          = fs.Duration("retry", 0, "SSE retry: directive sent to clients (0: handler default 3s)")
-		writeTimeout   = fs.Duration("write-timeout", 0, "deadline of one SSE write+flush (0: handler default 30s)")
-		demo           = fs.Bool("demo", false, `publish "tick" events to session "demo"`)
-		demoInterval   = fs.Duration("demo-interval", 500*time.Millisecond, "interval between demo ticks")
-		shutdownWait   = fs.Duration("shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests")
-		verbose        = fs.Bool("v", false, "debug logging")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := shared.Parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	level := slog.LevelInfo
-	if *verbose {
-		level = slog.LevelDebug
-	}
-	logger := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: level}))
+	logger := f.Logger(logOut)
 
 	ropts := &redis.Options{Addr: *redisAddr}
 	if strings.Contains(*redisAddr, "://") {
@@ -128,7 +96,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	client := redis.NewClient(ropts)
 	defer client.Close()
 
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", f.Addr)
 	if err != nil {
 		return err
 	}
@@ -136,13 +104,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		*name = ln.Addr().String()
 	}
 	bp, err := redisbus.New(client, redisbus.Options{
-		Bus: eventbus.Options{
-			MaxSubscribers: *maxSubs,
-			MaxQueued:      *maxQueued,
-			MaxEventBytes:  *maxEvent,
-			Logger:         logger,
-		},
-		RingSize:       *ringSize,
+		Bus:            f.BusOptions(logger), // its RingSize bounds each session's stream too
 		PublishTimeout: *publishTimeout,
 		IdleTimeout:    *idleTimeout,
 		KeyPrefix:      *prefix,
@@ -153,65 +115,27 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ln.Close()
 		return err
 	}
-	maxBody := int64(*maxEvent)
-	if maxBody == 0 {
-		maxBody = eventbus.DefaultMaxEventBytes
-	}
-	srv := &server{bp: bp, name: *name, logger: logger, maxBody: maxBody + 1<<20, streams: map[string]map[*context.CancelFunc]struct{}{}}
+	srv := &server{bp: bp, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*context.CancelFunc]struct{}{}}
 	h := bp.Handler()
-	h.Logger, h.Heartbeat, h.Retry, h.WriteTimeout = logger, *heartbeat, *retry, *writeTimeout
+	h.Logger, h.Heartbeat, h.Retry, h.WriteTimeout = logger, f.Heartbeat, f.Retry, f.WriteTimeout
 	srv.events = h
 
-	hs := &http.Server{
-		Handler:           srv.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	d := &shared.Server{
+		Name:     "sessiond-redis",
+		Listener: ln,
+		Handler:  srv.routes(),
+		Logger:   logger,
+		// Close the mirrors first: each stream gets what it has queued,
+		// then its handler returns, so Shutdown finds idle connections.
+		Close:           func() { bp.Close() },
+		ListenAttrs:     []any{"redis", ropts.Addr, "replica", *name},
+		Ready:           ready,
+		ShutdownTimeout: f.ShutdownTimeout,
 	}
-	logger.Info("sessiond-redis listening", "addr", ln.Addr().String(), "redis", ropts.Addr, "replica", *name)
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
-	if ready != nil {
-		ready(ln.Addr().String())
+	if f.Demo {
+		d.Demo = &shared.Demo{Interval: f.DemoInterval, Replica: *name, Publish: srv.publishDemo, Logger: logger}
 	}
-
-	demoDone := make(chan struct{})
-	demoCtx, stopDemo := context.WithCancel(ctx)
-	defer stopDemo()
-	if *demo {
-		go func() {
-			defer close(demoDone)
-			srv.runDemo(demoCtx, "demo", *demoInterval)
-		}()
-	} else {
-		close(demoDone)
-	}
-
-	select {
-	case err := <-serveErr:
-		stopDemo()
-		<-demoDone
-		bp.Close()
-		return err
-	case <-ctx.Done():
-	}
-	logger.Info("sessiond-redis shutting down")
-	stopDemo()
-	<-demoDone
-	// Close the mirrors first: each stream gets what it has queued, then
-	// its handler returns, so Shutdown finds idle connections.
-	bp.Close()
-	sctx, cancel := context.WithTimeout(context.Background(), *shutdownWait)
-	defer cancel()
-	err = hs.Shutdown(sctx)
-	if err != nil {
-		logger.Warn("shutdown timed out; closing connections", "err", err)
-		err = hs.Close()
-	}
-	if serr := <-serveErr; !errors.Is(serr, http.ErrServerClosed) && err == nil {
-		err = serr
-	}
-	return err
+	return d.Run(ctx)
 }
 
 type server struct {
@@ -226,26 +150,20 @@ type server struct {
 }
 
 func (s *server) routes() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /{$}", s.serveIndex)
-	mux.HandleFunc("GET /session/{id}/events", s.serveEvents)
-	mux.HandleFunc("POST /session/{id}/events", s.servePublish)
-	mux.HandleFunc("GET /session/{id}", s.serveStatus)
-	mux.HandleFunc("DELETE /session/{id}", s.serveDelete)
-	mux.HandleFunc("POST /session/{id}/disconnect", s.serveDisconnect)
-	mux.HandleFunc("POST /session/{id}/signal", s.serveSignal)
+	mux := shared.Mux(s)
+	mux.HandleFunc("POST /session/{id}/signal", s.ServeSignal)
 	return mux
 }
 
-func (s *server) serveIndex(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	fmt.Fprintf(w, "sessiond-redis replica %s\n\n", s.name)
 	io.WriteString(w, strings.TrimSuffix(usageText, "Flags:\n"))
 }
 
-// serveEvents runs the backplane's SSE handler under a context that
+// ServeEvents runs the backplane's SSE handler under a context that
 // /disconnect can cancel, as a client disconnect would.
-func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -268,54 +186,40 @@ func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
 	s.events.ServeHTTP(w, r.WithContext(ctx))
 }
 
-type publishRequest struct {
-	Type               string          `json:"type"`
-	Data               json.RawMessage `json:"data"`
-	OriginatorClientID string          `json:"originatorClientId"`
-}
-
-func (s *server) servePublish(w http.ResponseWriter, r *http.Request) {
-	var req publishRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
+	var req shared.PublishRequest
+	if err := shared.NewBodyDecoder(w, r, s.maxBody).Decode(&req); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", err.Error())
+			shared.WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large", err.Error())
 			return
 		}
-		writeError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+		shared.WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
 		return
 	}
-	ev := eventbus.Event{Type: req.Type, OriginatorClientID: req.OriginatorClientID}
-	if req.Data != nil {
-		ev.Data = req.Data
-	}
-	id, epoch, err := s.bp.Publish(r.Context(), r.PathValue("id"), ev)
+	id, epoch, err := s.bp.Publish(r.Context(), r.PathValue("id"), req.Event())
 	switch {
 	case err == nil:
-		writeJSON(w, http.StatusOK, map[string]any{"id": id, "epoch": epoch})
+		shared.WritePublished(w, id, epoch)
 	case errors.Is(err, eventbus.ErrEventTooLarge):
-		writeError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
+		shared.WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
 	case errors.Is(err, eventbus.ErrInvalidEvent), errors.Is(err, redisbus.ErrInvalidSession):
-		writeError(w, http.StatusBadRequest, "invalid_event", err.Error())
+		shared.WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
 	case errors.Is(err, redisbus.ErrUnavailable), errors.Is(err, eventbus.ErrClosed):
 		s.logger.Warn("publish failed", "session", r.PathValue("id"), "err", err)
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "publish failed: Redis unavailable")
+		shared.WriteError(w, http.StatusServiceUnavailable, "unavailable", "publish failed: Redis unavailable")
 	default:
-		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+		shared.WriteError(w, http.StatusInternalServerError, "internal", err.Error())
 	}
 }
 
-func (s *server) serveSignal(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeSignal(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Type  string `json:"type"`
 		About string `json:"about"`
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+	if err := shared.NewBodyDecoder(w, r, 1<<20).Decode(&req); err != nil {
+		shared.WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
 		return
 	}
 	err := s.bp.Signal(r.Context(), r.PathValue("id"), req.Type, req.About)
@@ -323,50 +227,50 @@ func (s *server) serveSignal(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)
 	case errors.Is(err, eventbus.ErrEventTooLarge):
-		writeError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
+		shared.WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
 	case errors.Is(err, eventbus.ErrInvalidEvent), errors.Is(err, redisbus.ErrInvalidSession):
-		writeError(w, http.StatusBadRequest, "invalid_event", err.Error())
+		shared.WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
 	default:
-		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		shared.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 	}
 }
 
-func (s *server) serveStatus(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 	in, err := s.bp.Info(r.Context(), r.PathValue("id"))
 	switch {
 	case errors.Is(err, redisbus.ErrInvalidSession):
-		writeError(w, http.StatusNotFound, "session_not_found", "session not found")
+		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
 		return
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		shared.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return
 	case !in.Exists:
-		writeError(w, http.StatusNotFound, "session_not_found", "session not found")
+		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
 		return
 	}
 	s.mu.Lock()
 	open := len(s.streams[r.PathValue("id")])
 	s.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{
+	shared.WriteJSON(w, http.StatusOK, map[string]any{
 		"id": r.PathValue("id"), "replica": s.name,
 		"epoch": in.Epoch, "lastEventId": in.LastEventID, "firstEventId": in.FirstEventID, "bytes": in.Bytes,
 		"local": in.Local, "localLastEventId": in.LocalLastEventID, "subscribers": in.Subscribers, "streams": open,
 	})
 }
 
-func (s *server) serveDelete(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
 	if err := s.bp.Delete(r.Context(), r.PathValue("id")); err != nil {
 		if errors.Is(err, redisbus.ErrInvalidSession) {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
-		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		shared.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *server) serveDisconnect(w http.ResponseWriter, r *http.Request) {
+func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	var cancels []context.CancelFunc
 	for c := range s.streams[r.PathValue("id")] {
@@ -376,40 +280,14 @@ func (s *server) serveDisconnect(w http.ResponseWriter, r *http.Request) {
 	for _, c := range cancels {
 		c()
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"disconnected": len(cancels)})
+	shared.WriteJSON(w, http.StatusOK, map[string]int{"disconnected": len(cancels)})
 }
 
-// runDemo publishes a "tick" event to session id every interval until ctx
-// is done.
-func (s *server) runDemo(ctx context.Context, id string, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	n := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			n++
-			data := fmt.Appendf(nil, `{"n":%d,"at":%q,"replica":%q}`, n, now.UTC().Format(time.RFC3339Nano), s.name)
-			if _, _, err := s.bp.Publish(ctx, id, eventbus.Event{Type: "tick", Data: json.RawMessage(data)}); err != nil && ctx.Err() == nil {
-				s.logger.Warn("demo publish failed", "session", id, "err", err)
-			}
-		}
+// publishDemo is the demo's Publish; an error after the demo was stopped
+// is not worth a log line.
+func (s *server) publishDemo(ctx context.Context, id string, ev eventbus.Event) error {
+	if _, _, err := s.bp.Publish(ctx, id, ev); err != nil && ctx.Err() == nil {
+		return err
 	}
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":"internal","code":"internal"}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	writeJSON(w, status, map[string]string{"error": msg, "code": code})
+	return nil
 }

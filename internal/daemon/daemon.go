@@ -1,0 +1,153 @@
+// Package daemon holds what the two demo daemons, cmd/sessiond (in-memory
+// buses) and redisbus/cmd/sessiond-redis (buses mirrored from Redis), do
+// alike: the process entry point, the shared flags, the listen, serve and
+// graceful-shutdown sequence, the demo publisher, the route table and the
+// JSON responses. What is specific to a daemon (how sessions are found,
+// created, published to and deleted) stays in the daemon.
+//
+// It is internal to github.com/ssebus/eventbus; the redisbus module may
+// import it because its import path lies under that prefix.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+// Main is a daemon's func main. It calls run with a context that is
+// cancelled on SIGINT or SIGTERM, os.Args[1:] and os.Stderr, and blocks
+// until run returns. Then it exits the process: with status 0 when run
+// returned nil or flag.ErrHelp (-h), else with status 1 after printing
+// "name: err" to os.Stderr. It never returns.
+func Main(name string, run func(ctx context.Context, args []string, logOut io.Writer) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// Server is one daemon's HTTP server and what its shutdown closes. Fill it
+// in and call Run once; a Server must not be copied or reused after Run.
+type Server struct {
+	// Name starts the log lines "<Name> listening" and "<Name> shutting
+	// down", e.g. "sessiond".
+	Name string
+	// Listener is where Run serves. Run owns it from the call on and has
+	// closed it when it returns, whatever the outcome.
+	Listener net.Listener
+	// Handler serves every request.
+	Handler http.Handler
+	// Logger receives the lifecycle lines and, at Warn, the HTTP server's
+	// own errors. Required.
+	Logger *slog.Logger
+	// ListenAttrs are added to the "<Name> listening" line after
+	// "addr", as key-value pairs (slog style).
+	ListenAttrs []any
+	// Ready, when set, is called with the listen address once the HTTP
+	// server runs, on Run's goroutine, before Run waits. It must not block
+	// for long.
+	Ready func(addr string)
+	// Demo, when set, runs on a goroutine of its own from the start of
+	// serving until shutdown begins; Run cancels its context and waits for
+	// it to return before it calls Close.
+	Demo *Demo
+	// Close closes every bus, after which the daemon refuses new sessions:
+	// each open stream receives what it has queued, then its handler
+	// returns. Run calls it exactly once, after the demo has stopped and
+	// before the HTTP server shuts down, so that the shutdown finds idle
+	// connections instead of waiting on streams that never end by
+	// themselves. Required.
+	Close func()
+	// ShutdownTimeout bounds how long the shutdown waits for open
+	// requests; past it the remaining connections are closed.
+	ShutdownTimeout time.Duration
+}
+
+// Run serves until ctx is done or the HTTP server fails, then shuts down:
+// it stops the demo, calls Close (so open streams drain and end), then
+// shuts the HTTP server down gracefully, waiting at most ShutdownTimeout
+// before it closes the connections that remain. It blocks until all of
+// that is done and every goroutine it started has returned.
+//
+// Run returns the HTTP server's error when it failed while serving (Close
+// has been called all the same). After ctx is done it returns nil, also
+// when the graceful shutdown timed out (that is logged at Warn and the
+// remaining connections are closed), unless closing them failed or the
+// server had failed meanwhile. It closes nothing but Listener and the HTTP
+// server; a daemon's other resources (a Redis client) are its own to close.
+func (s *Server) Run(ctx context.Context) error {
+	logger := s.Logger
+	hs := &http.Server{
+		Handler:           s.Handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		// No WriteTimeout: streams are long-lived; the SSE handler puts a
+		// deadline on each write instead.
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	addr := s.Listener.Addr().String()
+	logger.Info(s.Name+" listening", append([]any{"addr", addr}, s.ListenAttrs...)...)
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(s.Listener) }()
+	if s.Ready != nil {
+		s.Ready(addr)
+	}
+
+	demoDone := make(chan struct{})
+	demoCtx, stopDemo := context.WithCancel(ctx)
+	defer stopDemo()
+	if s.Demo != nil {
+		go func() {
+			defer close(demoDone)
+			s.Demo.Run(demoCtx)
+		}()
+	} else {
+		close(demoDone)
+	}
+
+	select {
+	case err := <-serveErr:
+		stopDemo()
+		<-demoDone
+		s.Close()
+		return err
+	case <-ctx.Done():
+	}
+
+	logger.Info(s.Name + " shutting down")
+	stopDemo()
+	<-demoDone
+	// Close the buses first: each stream receives what it has queued, then
+	// its handler returns, so Shutdown finds idle connections instead of
+	// waiting on streams that would never end by themselves.
+	s.Close()
+	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+	defer cancel()
+	err := hs.Shutdown(sctx)
+	if err != nil {
+		logger.Warn("shutdown timed out; closing connections", "err", err)
+		err = hs.Close()
+	}
+	if serr := <-serveErr; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	return err
+}

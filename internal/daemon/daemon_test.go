@@ -1,0 +1,439 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/ssebus/eventbus"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// logBuffer collects the lines of a logger that goroutines share; each
+// Write of a slog.TextHandler is one whole line.
+type logBuffer struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	l.lines = append(l.lines, string(p))
+	l.mu.Unlock()
+	return len(p), nil
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "")
+}
+
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// runServer runs s on its own goroutine; the returned channel yields Run's
+// result.
+func runServer(ctx context.Context, s *Server) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	return done
+}
+
+func waitRun(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return")
+		return nil
+	}
+}
+
+func TestServerRunServesThenClosesBusesBeforeShutdown(t *testing.T) {
+	var logs logBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	buses := make(chan struct{}) // closed by Close: the "streams" end
+	var (
+		closes    atomic.Int32
+		demoLive  atomic.Bool // a Publish call is in progress
+		published = make(chan struct{}, 1)
+	)
+	stream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "open\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-buses:
+			io.WriteString(w, "drained\n")
+		case <-r.Context().Done():
+		}
+	})
+	readyAddr := make(chan string, 1)
+	s := &Server{
+		Name:        "testd",
+		Listener:    listen(t),
+		Handler:     stream,
+		Logger:      logger,
+		ListenAttrs: []any{"k", "v"},
+		Ready:       func(addr string) { readyAddr <- addr },
+		Demo: &Demo{Interval: time.Millisecond, Logger: logger, Publish: func(ctx context.Context, session string, ev eventbus.Event) error {
+			demoLive.Store(true)
+			defer demoLive.Store(false)
+			select {
+			case published <- struct{}{}:
+			default:
+			}
+			return nil
+		}},
+		Close: func() {
+			if demoLive.Load() {
+				t.Error("Close was called while the demo still published")
+			}
+			closes.Add(1)
+			close(buses)
+		},
+		ShutdownTimeout: 5 * time.Second,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := runServer(ctx, s)
+
+	addr := <-readyAddr
+	if want := regexp.MustCompile(`level=INFO msg="testd listening" addr=` + regexp.QuoteMeta(addr) + ` k=v\n`); !want.MatchString(logs.String()) {
+		t.Fatalf("no listening line for %s:\n%s", addr, logs.String())
+	}
+	<-published
+
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != "open\n" {
+		t.Fatalf("first line %q", line)
+	}
+
+	cancel()
+	rest, err := io.ReadAll(br)
+	if err != nil || string(rest) != "drained\n" {
+		t.Fatalf("the stream did not drain and end: %q, %v", rest, err)
+	}
+	if err := waitRun(t, done); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := closes.Load(); n != 1 {
+		t.Fatalf("Close called %d times", n)
+	}
+	if !strings.Contains(logs.String(), `level=INFO msg="testd shutting down"`) {
+		t.Fatalf("no shutdown line:\n%s", logs.String())
+	}
+	if _, err := net.Dial("tcp", addr); err == nil {
+		t.Fatal("the listener is still open after Run returned")
+	}
+	http.DefaultClient.CloseIdleConnections()
+}
+
+func TestServerRunReturnsTheServeError(t *testing.T) {
+	ln := listen(t)
+	ln.Close() // Serve fails at once
+	var closes atomic.Int32
+	s := &Server{
+		Name:     "testd",
+		Listener: ln,
+		Handler:  http.NotFoundHandler(),
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Demo: &Demo{Interval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Publish: func(context.Context, string, eventbus.Event) error { return nil }},
+		Close: func() { closes.Add(1) },
+	}
+	err := waitRun(t, runServer(context.Background(), s))
+	if err == nil || errors.Is(err, http.ErrServerClosed) {
+		t.Fatalf("Run: %v, want the Serve error", err)
+	}
+	if n := closes.Load(); n != 1 {
+		t.Fatalf("Close called %d times", n)
+	}
+}
+
+func TestServerRunClosesConnectionsAfterShutdownTimeout(t *testing.T) {
+	var logs logBuffer
+	started := make(chan struct{})
+	// A stream that Close does not end: only its connection closing does.
+	stuck := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		close(started)
+		<-r.Context().Done()
+	})
+	s := &Server{
+		Name:            "testd",
+		Listener:        listen(t),
+		Handler:         stuck,
+		Logger:          slog.New(slog.NewTextHandler(&logs, nil)),
+		Close:           func() {},
+		ShutdownTimeout: 50 * time.Millisecond,
+	}
+	addr := s.Listener.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := runServer(ctx, s)
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	<-started
+	cancel()
+	if err := waitRun(t, done); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if !strings.Contains(logs.String(), `level=WARN msg="shutdown timed out; closing connections" err="context deadline exceeded"`) {
+		t.Fatalf("no timeout line:\n%s", logs.String())
+	}
+	io.ReadAll(resp.Body) // returns: the connection was closed
+}
+
+func TestDemoPublishesTicks(t *testing.T) {
+	for _, replica := range []string{"", "A"} {
+		t.Run("replica="+replica, func(t *testing.T) {
+			var logs logBuffer
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var got []eventbus.Event
+			d := &Demo{
+				Interval: time.Millisecond,
+				Replica:  replica,
+				Logger:   slog.New(slog.NewTextHandler(&logs, nil)),
+				Publish: func(pctx context.Context, session string, ev eventbus.Event) error {
+					if pctx != ctx || session != DemoSession {
+						t.Errorf("Publish(%v, %q)", pctx, session)
+					}
+					if ctx.Err() != nil {
+						return nil // a tick that raced with the cancel
+					}
+					got = append(got, ev)
+					switch len(got) {
+					case 2:
+						return errors.New("boom")
+					case 3:
+						cancel()
+					}
+					return nil
+				},
+			}
+			d.Run(ctx) // returns once ctx is done
+
+			if len(got) != 3 {
+				t.Fatalf("%d ticks", len(got))
+			}
+			for i, ev := range got {
+				var data struct {
+					N       int    `json:"n"`
+					At      string `json:"at"`
+					Replica string `json:"replica"`
+				}
+				raw, _ := ev.Data.(json.RawMessage)
+				dec := json.NewDecoder(bytes.NewReader(raw))
+				dec.DisallowUnknownFields()
+				if ev.Type != "tick" || dec.Decode(&data) != nil || data.N != i+1 || data.Replica != replica {
+					t.Fatalf("tick %d: %s %s", i, ev.Type, ev.Data)
+				}
+				if _, err := time.Parse(time.RFC3339Nano, data.At); err != nil || !strings.HasSuffix(data.At, "Z") {
+					t.Fatalf("tick %d: at %q: %v", i, data.At, err)
+				}
+			}
+			if want := `level=WARN msg="demo publish failed" session=demo err=boom`; strings.Count(logs.String(), "msg=") != 1 || !strings.Contains(logs.String(), want) {
+				t.Fatalf("logs:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+func TestFlags(t *testing.T) {
+	docs := FlagDocs{DefaultAddr: "127.0.0.1:1", Ring: "RING HELP", MaxSubscribers: "SUBS HELP", WriteTimeout: "WT HELP"}
+
+	var out bytes.Buffer
+	fs, _ := NewFlags("testd", "USAGE\n", &out, docs)
+	if err := Parse(fs, []string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, want := range []string{"USAGE\n", "RING HELP", "SUBS HELP", "WT HELP", `(default "127.0.0.1:1")`, `session "demo"`, "-shutdown-timeout"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-h output lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	out.Reset()
+	fs, _ = NewFlags("testd", "USAGE\n", &out, docs)
+	if err := Parse(fs, []string{"-v", "extra"}); err == nil || !strings.Contains(err.Error(), `unexpected arguments: ["extra"]`) || !strings.HasPrefix(out.String(), "USAGE\n") {
+		t.Fatalf("positional argument: %v; output %q", err, out.String())
+	}
+
+	fs, f := NewFlags("testd", "", io.Discard, docs)
+	own := fs.String("own", "", "a daemon's own flag")
+	if f.Addr != "127.0.0.1:1" || f.DemoInterval != 500*time.Millisecond || f.ShutdownTimeout != 10*time.Second || f.Demo || f.Verbose {
+		t.Fatalf("defaults: %+v", f)
+	}
+	err := Parse(fs, []string{"-addr", ":0", "-ring", "5", "-max-subscribers", "6", "-max-queued", "7", "-max-event-bytes", "8",
+		"-heartbeat", "1s", "-retry", "2s", "-write-timeout", "3s", "-demo", "-demo-interval", "4s", "-shutdown-timeout", "5s", "-v", "-own", "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Flags{Addr: ":0", RingSize: 5, MaxSubscribers: 6, MaxQueued: 7, MaxEventBytes: 8, Heartbeat: time.Second, Retry: 2 * time.Second,
+		WriteTimeout: 3 * time.Second, Demo: true, DemoInterval: 4 * time.Second, ShutdownTimeout: 5 * time.Second, Verbose: true}
+	if *f != want || *own != "x" {
+		t.Fatalf("parsed %+v, own %q", *f, *own)
+	}
+	logger := f.Logger(io.Discard)
+	if !logger.Enabled(context.Background(), slog.LevelDebug) {
+		t.Error("-v does not log at debug level")
+	}
+	if (&Flags{}).Logger(io.Discard).Enabled(context.Background(), slog.LevelDebug) {
+		t.Error("debug logging without -v")
+	}
+	if o := f.BusOptions(logger); !reflect.DeepEqual(o, eventbus.Options{RingSize: 5, MaxSubscribers: 6, MaxQueued: 7, MaxEventBytes: 8, Logger: logger}) {
+		t.Fatalf("BusOptions: %+v", o)
+	}
+}
+
+// routeRecorder is a Routes that answers with the name of the method called.
+type routeRecorder struct{}
+
+func answer(name string) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, name+" "+r.PathValue("id")) }
+}
+
+func (routeRecorder) ServeIndex(w http.ResponseWriter, r *http.Request)   { answer("index")(w, r) }
+func (routeRecorder) ServeEvents(w http.ResponseWriter, r *http.Request)  { answer("events")(w, r) }
+func (routeRecorder) ServePublish(w http.ResponseWriter, r *http.Request) { answer("publish")(w, r) }
+func (routeRecorder) ServeStatus(w http.ResponseWriter, r *http.Request)  { answer("status")(w, r) }
+func (routeRecorder) ServeDelete(w http.ResponseWriter, r *http.Request)  { answer("delete")(w, r) }
+func (routeRecorder) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
+	answer("disconnect")(w, r)
+}
+
+func TestMux(t *testing.T) {
+	mux := Mux(routeRecorder{})
+	mux.HandleFunc("POST /session/{id}/extra", answer("extra"))
+	for _, c := range []struct {
+		method, path string
+		status       int
+		body         string
+	}{
+		{"GET", "/", 200, "index "},
+		{"GET", "/session/a/events", 200, "events a"},
+		{"POST", "/session/a/events", 200, "publish a"},
+		{"GET", "/session/a", 200, "status a"},
+		{"DELETE", "/session/a", 200, "delete a"},
+		{"POST", "/session/a/disconnect", 200, "disconnect a"},
+		{"POST", "/session/a/extra", 200, "extra a"},
+		{"GET", "/nope", 404, ""},
+		{"PUT", "/session/a/events", 405, ""},
+	} {
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest(c.method, c.path, nil))
+		if w.Code != c.status || (c.body != "" && w.Body.String() != c.body) {
+			t.Errorf("%s %s: %d %q", c.method, c.path, w.Code, w.Body.String())
+		}
+	}
+}
+
+func TestWriteJSON(t *testing.T) {
+	check := func(w *httptest.ResponseRecorder, status int, body string) {
+		t.Helper()
+		if w.Code != status || w.Body.String() != body ||
+			w.Header().Get("Content-Type") != "application/json" || w.Header().Get("Cache-Control") != "no-store" {
+			t.Fatalf("%d %q %v", w.Code, w.Body.String(), w.Header())
+		}
+	}
+	w := httptest.NewRecorder()
+	WriteJSON(w, http.StatusTeapot, map[string]int{"b": 2, "a": 1})
+	check(w, http.StatusTeapot, "{\"a\":1,\"b\":2}\n")
+
+	w = httptest.NewRecorder()
+	WriteJSON(w, http.StatusOK, func() {})
+	check(w, http.StatusInternalServerError, "{\"error\":\"internal\",\"code\":\"internal\"}\n")
+
+	w = httptest.NewRecorder()
+	WriteError(w, http.StatusBadRequest, "bad_thing", "it is bad")
+	check(w, http.StatusBadRequest, "{\"code\":\"bad_thing\",\"error\":\"it is bad\"}\n")
+
+	w = httptest.NewRecorder()
+	WritePublished(w, 7, "e1")
+	check(w, http.StatusOK, "{\"epoch\":\"e1\",\"id\":7}\n")
+}
+
+func TestPublishRequestEvent(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want eventbus.Event
+	}{
+		{`{"type":"a","data":{"x":1},"originatorClientId":"c"}`, eventbus.Event{Type: "a", Data: json.RawMessage(`{"x":1}`), OriginatorClientID: "c"}},
+		{`{"type":"a"}`, eventbus.Event{Type: "a"}},
+		{`{"type":"a","data":null}`, eventbus.Event{Type: "a", Data: json.RawMessage(`null`)}},
+	} {
+		var req PublishRequest
+		if err := json.Unmarshal([]byte(c.body), &req); err != nil {
+			t.Fatal(err)
+		}
+		ev := req.Event()
+		if !reflect.DeepEqual(ev, c.want) {
+			t.Errorf("%s: %+v", c.body, ev)
+		}
+	}
+}
+
+func TestBodyLimits(t *testing.T) {
+	if got, want := MaxBody(0), int64(eventbus.DefaultMaxEventBytes)+BodySlack; got != want {
+		t.Fatalf("MaxBody(0) = %d, want %d", got, want)
+	}
+	if got := MaxBody(10); got != 10+BodySlack {
+		t.Fatalf("MaxBody(10) = %d", got)
+	}
+
+	decode := func(body string, limit int64) error {
+		var req PublishRequest
+		r := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		return NewBodyDecoder(httptest.NewRecorder(), r, limit).Decode(&req)
+	}
+	if err := decode(`{"type":"a"}`, 100); err != nil {
+		t.Fatalf("good body: %v", err)
+	}
+	if err := decode(`{"type":"a","zz":1}`, 100); err == nil || !strings.Contains(err.Error(), `unknown field "zz"`) {
+		t.Fatalf("unknown field: %v", err)
+	}
+	var mbe *http.MaxBytesError
+	if err := decode(`{"type":"`+strings.Repeat("a", 100)+`"}`, 50); !errors.As(err, &mbe) || mbe.Limit != 50 {
+		t.Fatalf("body over the limit: %v", err)
+	}
+}

@@ -1,0 +1,101 @@
+package daemon
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/ssebus/eventbus"
+)
+
+// Routes are the handlers of the routes both daemons serve; each finds the
+// session id with r.PathValue("id"). Mux routes requests to them.
+type Routes interface {
+	ServeIndex(w http.ResponseWriter, r *http.Request)      // GET /
+	ServeEvents(w http.ResponseWriter, r *http.Request)     // GET /session/{id}/events: the SSE stream
+	ServePublish(w http.ResponseWriter, r *http.Request)    // POST /session/{id}/events
+	ServeStatus(w http.ResponseWriter, r *http.Request)     // GET /session/{id}
+	ServeDelete(w http.ResponseWriter, r *http.Request)     // DELETE /session/{id}
+	ServeDisconnect(w http.ResponseWriter, r *http.Request) // POST /session/{id}/disconnect
+}
+
+// Mux returns a new ServeMux (Go 1.22 patterns) that serves the routes
+// with rt; a daemon may add routes of its own to it before it serves. A
+// request no route matches gets the ServeMux's 404, or 405 for a known
+// path with another method.
+func Mux(rt Routes) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", rt.ServeIndex)
+	mux.HandleFunc("GET /session/{id}/events", rt.ServeEvents)
+	mux.HandleFunc("POST /session/{id}/events", rt.ServePublish)
+	mux.HandleFunc("GET /session/{id}", rt.ServeStatus)
+	mux.HandleFunc("DELETE /session/{id}", rt.ServeDelete)
+	mux.HandleFunc("POST /session/{id}/disconnect", rt.ServeDisconnect)
+	return mux
+}
+
+// BodySlack is what a POST body may carry beyond the largest event: the
+// request's own field names and whitespace that compaction removes.
+const BodySlack = 1 << 20
+
+// MaxBody returns the largest POST body a daemon reads for events of at
+// most maxEventBytes (0: eventbus.DefaultMaxEventBytes), BodySlack more.
+func MaxBody(maxEventBytes int) int64 {
+	if maxEventBytes == 0 {
+		maxEventBytes = eventbus.DefaultMaxEventBytes
+	}
+	return int64(maxEventBytes) + BodySlack
+}
+
+// NewBodyDecoder returns a JSON decoder of r's body that refuses unknown
+// fields and reads at most limit bytes: reading past it fails with a
+// *http.MaxBytesError, and the server then closes the connection after the
+// response. The server closes the body; the caller need not.
+func NewBodyDecoder(w http.ResponseWriter, r *http.Request, limit int64) *json.Decoder {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	return dec
+}
+
+// PublishRequest is the body of POST /session/{id}/events.
+type PublishRequest struct {
+	Type               string          `json:"type"`
+	Data               json.RawMessage `json:"data"`
+	OriginatorClientID string          `json:"originatorClientId"`
+}
+
+// Event returns the event the request publishes. An absent "data" stays
+// nil (the event has no data); "data":null is kept as null.
+func (p PublishRequest) Event() eventbus.Event {
+	ev := eventbus.Event{Type: p.Type, OriginatorClientID: p.OriginatorClientID}
+	if p.Data != nil {
+		ev.Data = p.Data
+	}
+	return ev
+}
+
+// WritePublished writes the 200 response of a successful publish:
+// {"epoch":"...","id":N}.
+func WritePublished(w http.ResponseWriter, id uint64, epoch string) {
+	WriteJSON(w, http.StatusOK, map[string]any{"id": id, "epoch": epoch})
+}
+
+// WriteJSON writes v as a JSON response with status, uncacheable, followed
+// by a newline. When v does not marshal it writes a 500
+// {"error":"internal","code":"internal"} instead. The caller must not have
+// written a header yet.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"internal","code":"internal"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// WriteError writes the JSON error response {"code":code,"error":msg}
+// with status, as WriteJSON does.
+func WriteError(w http.ResponseWriter, status int, code, msg string) {
+	WriteJSON(w, status, map[string]string{"error": msg, "code": code})
+}
