@@ -18,8 +18,8 @@ import (
 // events x subscribers), the figure BENCHMARKS.md compares with the naive
 // channel baseline and the peer libraries. Run them with
 //
-//	go test -run '^$' -bench . -benchmem -count 6 | tee new.txt
-//	benchstat new.txt
+//	go test -run '^$' -bench Fanout -benchmem -count 6 | tee fanout.txt
+//	benchstat -col /impl fanout.txt
 
 var benchSizes = []int{1, 64, 1000}
 
@@ -85,99 +85,120 @@ func waitAll(want int64, got func(i int) int64, n int) {
 	}
 }
 
-// BenchmarkPublish is the fan-out of one publisher to subs draining
-// consumers, lossless (the benchmark fails on any eviction or loss).
-func BenchmarkPublish(b *testing.B) {
+// BenchmarkFanout is one publisher and subs consumers draining as fast as
+// they can, for three implementations in one run, so that benchstat gives
+// the ratio directly (benchstat -col /impl):
+//
+//   - eventbus: Publish of a pre-encoded event, consumers on AppendReady
+//     and Ready; lossless (the benchmark fails on any eviction or loss);
+//   - naive: the baseline of the issue, an RWMutex and one buffered channel
+//     (256) per subscriber with a blocking send of a pointer: no encoding at
+//     all, and lossless only because a stalled subscriber blocks the
+//     publisher;
+//   - naive-encode: the same, encoding each event's envelope once with
+//     encoding/json, which any SSE server must do.
+func BenchmarkFanout(b *testing.B) {
 	for _, subs := range benchSizes {
-		b.Run(fmt.Sprintf("subs=%d", subs), func(b *testing.B) {
-			bus, err := New(Options{MaxSubscribers: subs, Logger: quiet})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ds := make([]*drainer, subs)
-			for i := range ds {
-				s, err := bus.Subscribe(context.Background(), SubscribeOptions{MaxQueued: benchQueue})
-				if err != nil {
-					b.Fatal(err)
-				}
-				ds[i] = startDrainer(s)
-			}
-			got := func(i int) int64 { return ds[i].got.Load() }
-			ev := Event{Type: "bench", Data: benchData}
-			b.ReportAllocs()
-			var n int64
-			start := time.Now()
-			for b.Loop() {
-				if _, err := bus.Publish(ev); err != nil {
-					b.Fatal(err)
-				}
-				n++
-				if n%flowWindow == 0 {
-					waitAll(n-flowLag, got, subs)
-				}
-			}
-			waitAll(n, got, subs)
-			elapsed := time.Since(start)
-			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n*int64(subs)), "ns/delivery")
-			if st := bus.Stats(); st.Evictions != (EvictionStats{}) {
-				b.Fatalf("evictions in a lossless run: %+v", st.Evictions)
-			}
-			bus.Close()
-			for _, d := range ds {
-				<-d.done
-				if d.got.Load() != n {
-					b.Fatalf("a consumer got %d of %d events", d.got.Load(), n)
-				}
-			}
-		})
+		b.Run(fmt.Sprintf("subs=%d/impl=eventbus", subs), func(b *testing.B) { benchEventbus(b, subs) })
+		b.Run(fmt.Sprintf("subs=%d/impl=naive", subs), func(b *testing.B) { benchNaive(b, subs, false) })
+		b.Run(fmt.Sprintf("subs=%d/impl=naive-encode", subs), func(b *testing.B) { benchNaive(b, subs, true) })
 	}
 }
 
-// BenchmarkNaiveChannels is the baseline: an RWMutex and one buffered
-// channel (256) per subscriber, with a blocking send. It is lossless only
-// because it blocks the publisher when a subscriber stalls.
-func BenchmarkNaiveChannels(b *testing.B) {
+func benchEventbus(b *testing.B, subs int) {
+	bus, err := New(Options{MaxSubscribers: subs, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ds := make([]*drainer, subs)
+	for i := range ds {
+		s, err := bus.Subscribe(context.Background(), SubscribeOptions{MaxQueued: benchQueue})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ds[i] = startDrainer(s)
+	}
+	got := func(i int) int64 { return ds[i].got.Load() }
+	ev := Event{Type: "bench", Data: benchData}
+	b.ReportAllocs()
+	var n int64
+	start := time.Now()
+	for b.Loop() {
+		if _, err := bus.Publish(ev); err != nil {
+			b.Fatal(err)
+		}
+		n++
+		if n%flowWindow == 0 {
+			waitAll(n-flowLag, got, subs)
+		}
+	}
+	waitAll(n, got, subs)
+	elapsed := time.Since(start)
+	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n*int64(subs)), "ns/delivery")
+	if st := bus.Stats(); st.Evictions != (EvictionStats{}) {
+		b.Fatalf("evictions in a lossless run: %+v", st.Evictions)
+	}
+	bus.Close()
+	for _, d := range ds {
+		<-d.done
+		if d.got.Load() != n {
+			b.Fatalf("a consumer got %d of %d events", d.got.Load(), n)
+		}
+	}
+}
+
+func benchNaive(b *testing.B, subs int, encode bool) {
 	type msg struct {
 		id   uint64
 		data []byte
 	}
-	for _, subs := range benchSizes {
-		b.Run(fmt.Sprintf("subs=%d", subs), func(b *testing.B) {
-			var mu sync.RWMutex
-			chans := make([]chan msg, subs)
-			counts := make([]atomic.Int64, subs)
-			var wg sync.WaitGroup
-			for i := range chans {
-				chans[i] = make(chan msg, 256)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for range chans[i] {
-						counts[i].Add(1)
-					}
-				}()
-			}
-			b.ReportAllocs()
-			var n int64
-			start := time.Now()
-			for b.Loop() {
-				n++
-				m := msg{uint64(n), benchData}
-				mu.RLock()
-				for _, c := range chans {
-					c <- m
-				}
-				mu.RUnlock()
-			}
-			waitAll(n, func(i int) int64 { return counts[i].Load() }, subs)
-			elapsed := time.Since(start)
-			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n*int64(subs)), "ns/delivery")
-			for _, c := range chans {
-				close(c)
-			}
-			wg.Wait()
-		})
+	type envelope struct {
+		ID   uint64          `json:"id"`
+		V    int             `json:"v"`
+		Type string          `json:"type"`
+		Data json.RawMessage `json:"data"`
+		Meta struct {
+			ServerTimestamp int64 `json:"serverTimestamp"`
+		} `json:"_meta"`
 	}
+	var mu sync.RWMutex
+	chans := make([]chan *msg, subs)
+	counts := make([]atomic.Int64, subs)
+	var wg sync.WaitGroup
+	for i := range chans {
+		chans[i] = make(chan *msg, 256)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range chans[i] {
+				counts[i].Add(1)
+			}
+		}()
+	}
+	b.ReportAllocs()
+	var n int64
+	start := time.Now()
+	for b.Loop() {
+		n++
+		m := &msg{id: uint64(n), data: benchData}
+		if encode {
+			env := envelope{ID: m.id, V: 1, Type: "bench", Data: benchData}
+			env.Meta.ServerTimestamp = time.Now().UnixMilli()
+			m.data, _ = json.Marshal(env)
+		}
+		mu.RLock()
+		for _, c := range chans {
+			c <- m
+		}
+		mu.RUnlock()
+	}
+	waitAll(n, func(i int) int64 { return counts[i].Load() }, subs)
+	elapsed := time.Since(start)
+	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n*int64(subs)), "ns/delivery")
+	for _, c := range chans {
+		close(c)
+	}
+	wg.Wait()
 }
 
 // BenchmarkPublishLatency measures Publish alone, p50 and p99, with 64

@@ -1,6 +1,9 @@
 package eventbus
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // pushResult is the outcome of boundedAsyncQueue.push.
 type pushResult uint8
@@ -360,9 +363,31 @@ func (q *boundedAsyncQueue) popAll(dst []Frame) (out []Frame, open bool) {
 		q.waiting = true
 		return dst, !q.closed
 	}
-	for q.n > 0 {
-		dst = append(dst, q.popLocked().f)
+	// One pass over the buffered entries with the bookkeeping of popLocked
+	// folded in: this is the consumer's whole per-frame cost.
+	dst = slices.Grow(dst, q.n)
+	live, liveBytes := 0, 0
+	for i := range q.n {
+		e := &q.buf[q.index(i)]
+		dst = append(dst, e.f)
+		if !e.forced {
+			live++
+			liveBytes += e.f.Size()
+		}
+		switch e.f.kind {
+		case kindEvent:
+			q.lastID = e.f.id
+		case kindSignal:
+			if k := (signalKey{e.f.typ, e.f.about}); q.signals[k] == q.popped+uint64(i) {
+				delete(q.signals, k)
+			}
+		}
+		*e = queueEntry{} // clear, so the queue does not pin the frame
 	}
+	q.popped += uint64(q.n)
+	q.liveCount -= live
+	q.liveBytes -= liveBytes
+	q.head, q.n = 0, 0
 	return dst, !q.closed
 }
 
