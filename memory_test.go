@@ -5,9 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
+	"runtime"
 	"runtime/debug"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -200,4 +205,151 @@ func heldFrameBytes(b *EventBus, subs []*Subscription) uint64 {
 		s.q.mu.Unlock()
 	}
 	return total
+}
+
+// TestPublisherIsolationHealthyReceiveEverything is the correctness side of
+// BenchmarkPublishLatency's healthy=63,stalled=1 case: with 63 healthy
+// subscribers and one that never reads (default MaxQueued 256), every
+// healthy one receives every event, in order, with no synthetic frame (no
+// warning, no eviction), and the stalled one is evicted with exactly its
+// first 256 events, one warning after the 192nd, and client_evicted naming
+// the 257th. Publish never blocks: a watchdog fails the test if one call
+// is still running after 30 s (a hang detector, not a timing check; the
+// slowest call is logged). The publisher waits, every 64 events, for every
+// healthy consumer to be within 192 events, so on a loaded machine the
+// healthy ones stay below the warning threshold (768 of 1024) by
+// construction.
+func TestPublisherIsolationHealthyReceiveEverything(t *testing.T) {
+	n := 10_000
+	if proveLong() {
+		n = 500_000
+	}
+	const healthy = DefaultMaxSubscribers - 1
+	b, err := New(Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	got := make([]atomic.Int64, healthy)
+	var consumers sync.WaitGroup
+	for i := range healthy {
+		s, err := b.Subscribe(context.Background(), SubscribeOptions{MaxQueued: 1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		consumers.Go(func() {
+			want := uint64(1)
+			for f := range s.Events() {
+				if f.ID() != want {
+					t.Errorf("healthy subscriber %d: got %s, want event %d", i, bmDescribe(f), want)
+					got[i].Store(math.MaxInt64) // do not hold the publisher back
+					return
+				}
+				want++
+				got[i].Store(int64(f.ID()))
+			}
+			if err := s.Err(); err != nil {
+				t.Errorf("healthy subscriber %d ended with %v", i, err)
+			}
+		})
+	}
+	stalled, err := b.Subscribe(context.Background(), SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var inPublish atomic.Int64 // UnixNano when the current Publish started, 0 between calls
+	var slowest atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ev := Event{Type: "isolation", Data: map[string]int{"n": 1}}
+		for i := 1; i <= n; i++ {
+			t0 := time.Now()
+			inPublish.Store(t0.UnixNano())
+			_, err := b.Publish(ev)
+			inPublish.Store(0)
+			if d := int64(time.Since(t0)); d > slowest.Load() {
+				slowest.Store(d)
+			}
+			if err != nil {
+				t.Errorf("publish %d: %v", i, err)
+				return
+			}
+			if i%64 == 0 {
+				for j := range got {
+					for got[j].Load() < int64(i-192) {
+						time.Sleep(20 * time.Microsecond)
+					}
+				}
+			}
+		}
+	}()
+	watch := time.NewTicker(100 * time.Millisecond)
+	defer watch.Stop()
+wait:
+	for {
+		select {
+		case <-done:
+			break wait
+		case <-watch.C:
+			if s := inPublish.Load(); s != 0 && time.Since(time.Unix(0, s)) > 30*time.Second {
+				buf := make([]byte, 1<<20)
+				t.Fatalf("a Publish has been blocked for 30 s:\n%s", buf[:runtime.Stack(buf, true)])
+			}
+		}
+	}
+	_ = b.Close() // the healthy consumers drain and end
+	consumers.Wait()
+	for i := range got {
+		if got[i].Load() != int64(n) {
+			t.Errorf("healthy subscriber %d received up to %d of %d", i, got[i].Load(), n)
+		}
+	}
+
+	if !errors.Is(stalled.Err(), ErrEvicted) {
+		t.Fatalf("the stalled subscriber ended with %v, want eviction", stalled.Err())
+	}
+	var fs []Frame
+	for open := true; open; {
+		fs, open = stalled.AppendReady(fs)
+	}
+	var want []string
+	for id := 1; id <= DefaultMaxQueued; id++ {
+		want = append(want, "#"+strconv.Itoa(id))
+		if id == DefaultMaxQueued*3/4 {
+			want = append(want, TypeSlowClientWarning)
+		}
+	}
+	want = append(want, TypeClientEvicted)
+	var desc []string
+	for _, f := range fs {
+		if f.ID() > 0 {
+			desc = append(desc, "#"+strconv.FormatUint(f.ID(), 10))
+		} else {
+			desc = append(desc, f.Type())
+		}
+	}
+	if !slices.Equal(desc, want) {
+		t.Fatalf("the stalled subscriber's frames:\n got  %v\n want %v", desc, want)
+	}
+	var evicted struct {
+		Data struct {
+			Reason       string `json:"reason"`
+			DroppedAfter uint64 `json:"droppedAfter"`
+			QueueSize    int    `json:"queueSize"`
+			MaxQueued    int    `json:"maxQueued"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(fs[len(fs)-1].JSON(), &evicted); err != nil ||
+		evicted.Data.Reason != ReasonQueueOverflow || evicted.Data.DroppedAfter != DefaultMaxQueued+1 ||
+		evicted.Data.QueueSize != DefaultMaxQueued || evicted.Data.MaxQueued != DefaultMaxQueued {
+		t.Errorf("client_evicted %s (%v)", fs[len(fs)-1].JSON(), err)
+	}
+	st := b.Stats()
+	if st.Evictions.QueueOverflow != 1 || st.Warnings != 1 || st.Published != uint64(n) {
+		t.Errorf("stats: %+v", st)
+	}
+	t.Logf("%d events to %d healthy subscribers and 1 stalled: every healthy one got all of them in order; slowest Publish %v",
+		n, healthy, time.Duration(slowest.Load()))
 }
