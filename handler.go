@@ -257,6 +257,12 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		// batch are counted as dropped (blocked) instead, never as both.
 		sub.bus.stats.delivered.Add(uint64(taken))
 		if !open {
+			// net/http still writes the end of the response after we
+			// return (the last chunk); give it a deadline of its own, or
+			// one that expired while the last batch went out would cut the
+			// connection right after a terminal frame the client has read.
+			s.armed = false
+			s.arm()
 			return
 		}
 		if got {
