@@ -130,39 +130,32 @@ func StreamErrorFrame(msg, kind string) Frame {
 
 // syntheticFrame builds an id-less frame around pre-encoded data.
 func syntheticFrame(typ string, kind frameKind, data []byte, ts int64) Frame {
-	const ev, dl = "event: ", "\ndata: "
-	b := make([]byte, 0, len(ev)+2*len(typ)+len(dl)+len(data)+64)
-	b = append(b, ev...)
-	b = append(b, typ...)
-	b = append(b, dl...)
-	j := len(b)
-	b = append(b, `{"v":1,"type":`...)
-	b = appendJSONString(b, typ)
-	b = append(b, `,"data":`...)
-	b = append(b, data...)
-	b = append(b, `,"_meta":{"serverTimestamp":`...)
-	b = strconv.AppendInt(b, ts, 10)
-	b = append(b, "}}\n\n"...)
-	return Frame{wire: b, json: int32(j), kind: kind, typ: typ}
+	return idlessFrame(typ, kind, `,"data":`, data, ts, "")
 }
 
 // signalFrame builds SPEC 11's signal envelope
 // {"v":1,"type":T,"about":A,"_meta":{"serverTimestamp":ms}}.
 func signalFrame(typ, about string, ts int64) Frame {
+	return idlessFrame(typ, kindSignal, `,"about":`, appendJSONString(nil, about), ts, about)
+}
+
+// idlessFrame builds a frame without an id line:
+// event: T / data: {"v":1,"type":T<key><value>,"_meta":{"serverTimestamp":ts}}.
+func idlessFrame(typ string, kind frameKind, key string, value []byte, ts int64, about string) Frame {
 	const ev, dl = "event: ", "\ndata: "
-	b := make([]byte, 0, len(ev)+2*len(typ)+len(dl)+len(about)+80)
+	b := make([]byte, 0, len(ev)+2*len(typ)+len(dl)+len(key)+len(value)+64)
 	b = append(b, ev...)
 	b = append(b, typ...)
 	b = append(b, dl...)
 	j := len(b)
 	b = append(b, `{"v":1,"type":`...)
 	b = appendJSONString(b, typ)
-	b = append(b, `,"about":`...)
-	b = appendJSONString(b, about)
+	b = append(b, key...)
+	b = append(b, value...)
 	b = append(b, `,"_meta":{"serverTimestamp":`...)
 	b = strconv.AppendInt(b, ts, 10)
 	b = append(b, "}}\n\n"...)
-	return Frame{wire: b, json: int32(j), kind: kindSignal, typ: typ, about: about}
+	return Frame{wire: b, json: int32(j), kind: kind, typ: typ, about: about}
 }
 
 // syntheticData is a tiny JSON object writer for synthetic frame data. The
