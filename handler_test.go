@@ -502,22 +502,24 @@ func (c *countingWriter) record(start time.Time, err error) {
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.writes++ // before writing, for the same reason as in FlushError
+	c.mu.Unlock()
 	start := time.Now()
 	n, err := c.ResponseWriter.Write(p)
 	c.record(start, err)
-	c.mu.Lock()
-	c.writes++
-	c.mu.Unlock()
 	return n, err
 }
 
 func (c *countingWriter) FlushError() error {
-	start := time.Now()
-	err := http.NewResponseController(c.ResponseWriter).Flush()
-	c.record(start, err)
+	// Count before flushing: the client can read the flushed bytes, and the
+	// test looks at the count, before Flush returns here.
 	c.mu.Lock()
 	c.flushes++
 	c.mu.Unlock()
+	start := time.Now()
+	err := http.NewResponseController(c.ResponseWriter).Flush()
+	c.record(start, err)
 	return err
 }
 
