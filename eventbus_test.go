@@ -132,14 +132,17 @@ func coreCollect(s *Subscription) []Frame {
 	return fs
 }
 
-// describe renders frames as "#<id>" for events and their type for
-// synthetic frames, for order assertions.
+// coreDescribe renders frames for order assertions: "#<id>" for events,
+// "sig:<type>/<about>" for signals, the type for synthetic frames.
 func coreDescribe(fs []Frame) []string {
 	out := make([]string, 0, len(fs))
 	for _, f := range fs {
-		if f.ID() != 0 {
+		switch {
+		case f.Signal():
+			out = append(out, "sig:"+f.Type()+"/"+f.About())
+		case f.ID() != 0:
 			out = append(out, fmt.Sprintf("#%d", f.ID()))
-		} else {
+		default:
 			out = append(out, f.Type())
 		}
 	}

@@ -110,7 +110,7 @@ func TestFilterEmptyMatchesEverything(t *testing.T) {
 		s := sub11(t, b, SubscribeOptions{Types: types})
 		pub11(t, b, "x")
 		pub11(t, b, "y.z")
-		assert.Equal(t, []string{"#1", "#2"}, desc11(take11(s)))
+		assert.Equal(t, []string{"#1", "#2"}, coreDescribe(take11(s)))
 	}
 }
 
@@ -139,11 +139,11 @@ func TestFilterSyntheticFramesAlwaysPass(t *testing.T) {
 	// the ring's events match.
 	s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 1, Epoch: "not-this-bus"})
 	pubN11(t, b, "zzz", 17) // warning at 12, eviction at 17
-	fs := drain11(s)
-	assert.Equal(t, cat11(TypeStateResyncRequired, TypeReplayComplete, ids11(4, 15), TypeSlowClientWarning, ids11(16, 19), TypeClientEvicted),
-		desc11(fs))
-	assert.Contains(t, data11(t, fs[0]), `"detail":"epoch_mismatch"`)
-	assert.Contains(t, data11(t, fs[1]), `"replayedCount":0`)
+	fs := coreCollect(s)
+	assert.Equal(t, coreSeq(TypeStateResyncRequired, TypeReplayComplete, coreIDs(4, 15), TypeSlowClientWarning, coreIDs(16, 19), TypeClientEvicted),
+		coreDescribe(fs))
+	assert.Contains(t, coreData(t, fs[0]), `"detail":"epoch_mismatch"`)
+	assert.Contains(t, coreData(t, fs[1]), `"replayedCount":0`)
 }
 
 func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
@@ -161,7 +161,7 @@ func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
 	assert.Equal(t, EvictionStats{}, st.Evictions)
 
 	pub11(t, b, "wanted.x")
-	assert.Equal(t, []string{"#10001"}, desc11(take11(s)))
+	assert.Equal(t, []string{"#10001"}, coreDescribe(take11(s)))
 }
 
 func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
@@ -171,15 +171,15 @@ func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
 	}
 	s := sub11(t, b, SubscribeOptions{Types: []string{"a", "a.*"}, Resume: true, LastEventID: 0})
 	fs := take11(s)
-	assert.Equal(t, []string{"#1", "#3", "#6", TypeReplayComplete}, desc11(fs))
+	assert.Equal(t, []string{"#1", "#3", "#6", TypeReplayComplete}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":3,"lastReplayedEventId":6,"lastEventId":6,"epoch":%q}`, b.Epoch()),
-		data11(t, fs[3]))
+		coreData(t, fs[3]))
 
 	// Nothing after the cursor matches: replayedCount 0.
 	s2 := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
 	fs = take11(s2)
-	assert.Equal(t, []string{TypeReplayComplete}, desc11(fs))
-	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), data11(t, fs[0]))
+	assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), coreData(t, fs[0]))
 }
 
 func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
@@ -193,11 +193,11 @@ func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
 
 	s := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
 	fs := take11(s)
-	assert.Equal(t, []string{"#1", "#3", TypeStateResyncRequired, TypeReplayComplete}, desc11(fs))
+	assert.Equal(t, []string{"#1", "#3", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"replay_budget_exceeded","lastDeliveredId":3,"earliestAvailableId":4,"epoch":%q}`, b.Epoch()),
-		data11(t, fs[2]))
+		coreData(t, fs[2]))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":2,"lastReplayedEventId":3,"lastEventId":3,"epoch":%q}`, b.Epoch()),
-		data11(t, fs[3]))
+		coreData(t, fs[3]))
 	st := b.Stats()
 	assert.Equal(t, uint64(2), st.Dropped.ReplayBudget, "#4 and #6; the filtered-out #5 is not due to this subscriber")
 	assert.Equal(t, uint64(1), st.Resyncs.ReplayBudgetExceeded)
@@ -207,7 +207,7 @@ func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
 	pubSized11(t, b2, "b", 100)
 	pubSized11(t, b2, "a", 1000)
 	s2 := sub11(t, b2, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
-	assert.Equal(t, []string{"#2", TypeReplayComplete}, desc11(take11(s2)))
+	assert.Equal(t, []string{"#2", TypeReplayComplete}, coreDescribe(take11(s2)))
 }
 
 func TestFilterResyncRulesGoByIDs(t *testing.T) {
@@ -220,20 +220,20 @@ func TestFilterResyncRulesGoByIDs(t *testing.T) {
 		// received: the rule still goes by ids.
 		s := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
 		fs := take11(s)
-		assert.Equal(t, []string{TypeStateResyncRequired, "#5", TypeReplayComplete}, desc11(fs))
+		assert.Equal(t, []string{TypeStateResyncRequired, "#5", TypeReplayComplete}, coreDescribe(fs))
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"ring_evicted","lastDeliveredId":1,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
-			data11(t, fs[0]))
+			coreData(t, fs[0]))
 	})
 	t.Run("no resync at the ring start although nothing there matches", func(t *testing.T) {
 		s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 2})
-		assert.Equal(t, []string{TypeReplayComplete}, desc11(take11(s)))
+		assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(take11(s)))
 	})
 	t.Run("epoch_reset by ids", func(t *testing.T) {
 		s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 9})
 		fs := take11(s)
-		assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, desc11(fs))
+		assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"epoch_reset","lastDeliveredId":9,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
-			data11(t, fs[0]))
+			coreData(t, fs[0]))
 	})
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Resyncs.RingEvicted)

@@ -20,7 +20,7 @@ func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 3)
-	require.Equal(t, ids11(1, 3), desc11(take11(s))) // the consumer dequeued up to #3
+	require.Equal(t, coreIDs(1, 3), coreDescribe(take11(s))) // the consumer dequeued up to #3
 
 	pubN11(t, b, "e", 16) // #4..#19: the queue is full, a warning sits after #15
 	require.Equal(t, 16, s.q.counts().liveCount)
@@ -33,10 +33,10 @@ func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 		"only the rejected event is live now")
 
 	fs := take11(s)
-	assert.Equal(t, []string{TypeStateResyncRequired, "#20"}, desc11(fs),
+	assert.Equal(t, []string{TypeStateResyncRequired, "#20"}, coreDescribe(fs),
 		"the live frames #4..#19 are dropped, and so is the warning the resync supersedes")
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":3,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
-		data11(t, fs[0]))
+		coreData(t, fs[0]))
 	assert.False(t, fs[0].Terminal())
 
 	st := b.Stats()
@@ -47,7 +47,7 @@ func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	assert.Equal(t, EvictionStats{}, st.Evictions)
 
 	pub11(t, b, "e")
-	assert.Equal(t, []string{"#21"}, desc11(take11(s)), "and keeps receiving")
+	assert.Equal(t, []string{"#21"}, coreDescribe(take11(s)), "and keeps receiving")
 }
 
 func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
@@ -57,12 +57,12 @@ func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
 	pubN11(t, b, "e", 17) // #4..#19 live, #20 rejected
 
 	fs := take11(s)
-	assert.Equal(t, cat11(ids11(1, 3), TypeReplayComplete, TypeStateResyncRequired, "#20"), desc11(fs),
+	assert.Equal(t, coreSeq(coreIDs(1, 3), TypeReplayComplete, TypeStateResyncRequired, "#20"), coreDescribe(fs),
 		"replayed (forced) frames survive the drop")
 	// lastDeliveredId is the last id the consumer dequeued (SPEC 11): none
 	// yet, although #1..#3 sit before the resync frame in the queue.
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
-		data11(t, fs[4]))
+		coreData(t, fs[4]))
 	assert.Equal(t, uint64(16), b.Stats().Dropped.Overflow)
 }
 
@@ -71,7 +71,7 @@ func TestOverflowResyncBytesVariantReason(t *testing.T) {
 	s := sub11(t, b, SubscribeOptions{})
 	pubSized11(t, b, "e", 100)
 	pubSized11(t, b, "e", 100)
-	require.Equal(t, ids11(1, 2), desc11(take11(s)))
+	require.Equal(t, coreIDs(1, 2), coreDescribe(take11(s)))
 	for range 10 { // #3..#12: 1000 live bytes, the warning after #10 (800 >= 750)
 		pubSized11(t, b, "e", 100)
 	}
@@ -79,9 +79,9 @@ func TestOverflowResyncBytesVariantReason(t *testing.T) {
 
 	assert.Equal(t, 1, b.SubscriberCount())
 	fs := take11(s)
-	assert.Equal(t, []string{TypeStateResyncRequired, "#13"}, desc11(fs))
+	assert.Equal(t, []string{TypeStateResyncRequired, "#13"}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_bytes_overflow","lastDeliveredId":2,"earliestAvailableId":13,"epoch":%q}`, b.Epoch()),
-		data11(t, fs[0]))
+		coreData(t, fs[0]))
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Warnings)
 	assert.Equal(t, uint64(10), st.Dropped.Overflow)
@@ -98,9 +98,9 @@ func TestOverflowResyncOfARejectedSignal(t *testing.T) {
 	sig11(t, b, "x", "a") // coalesced with the queued one
 
 	fs := take11(s)
-	assert.Equal(t, []string{TypeStateResyncRequired, "sig:x/a", "#17"}, desc11(fs))
+	assert.Equal(t, []string{TypeStateResyncRequired, "sig:x/a", "#17"}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":17,"epoch":%q}`, b.Epoch()),
-		data11(t, fs[0]))
+		coreData(t, fs[0]))
 	st := b.Stats()
 	assert.Equal(t, uint64(16), st.Dropped.Overflow)
 	assert.Equal(t, uint64(1), st.Dropped.Coalesced)
@@ -116,10 +116,10 @@ func TestOverflowResyncRearmsTheWarning(t *testing.T) {
 	fs := take11(s)
 	// The first warning was superseded by the resync; the second episode
 	// warns again.
-	assert.Len(t, ofType11(fs, TypeSlowClientWarning), 1)
+	assert.Len(t, coreOfType(fs, TypeSlowClientWarning), 1)
 	assert.Equal(t, uint64(2), b.Stats().Warnings)
-	w := ofType11(fs, TypeSlowClientWarning)[0]
-	assert.Contains(t, data11(t, w), `"queueSize":12,"maxQueued":16,"lastEventId":28`)
+	w := coreOfType(fs, TypeSlowClientWarning)[0]
+	assert.Contains(t, coreData(t, w), `"queueSize":12,"maxQueued":16,"lastEventId":28`)
 }
 
 func TestOverflowResyncMemoryStaysWithinCapsUnderLongRun(t *testing.T) {
@@ -192,19 +192,19 @@ func TestOverflowResyncThirdOverflowWithinWindowEvicts(t *testing.T) {
 		assert.Equal(t, 0, b.SubscriberCount())
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
 		assert.Contains(t, s.Err().Error(), ReasonRepeatedOverflow)
-		fs := drain11(s)
+		fs := coreCollect(s)
 		last := fs[len(fs)-1]
 		assert.True(t, last.Terminal())
 		assert.Equal(t, TypeClientEvicted, last.Type())
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"repeated_overflow","droppedAfter":49,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":%d}`,
-			s11SumLive(fs), DefaultMaxQueuedBytes), data11(t, last))
+			s11SumLive(fs), DefaultMaxQueuedBytes), coreData(t, last))
 		// Each resync dropped every live frame before it (#1..#16, then
 		// #17..#32); the evicted subscriber drains the third episode's.
 		// Each resync superseded the markers before it: only the last
 		// resync frame is left ahead of the third episode.
-		assert.Equal(t, cat11(TypeStateResyncRequired,
-			ids11(33, 44), TypeSlowClientWarning, ids11(45, 48), TypeClientEvicted),
-			desc11(fs))
+		assert.Equal(t, coreSeq(TypeStateResyncRequired,
+			coreIDs(33, 44), TypeSlowClientWarning, coreIDs(45, 48), TypeClientEvicted),
+			coreDescribe(fs))
 
 		st := b.Stats()
 		assert.Equal(t, uint64(2), st.Resyncs.QueueOverflow)
@@ -321,7 +321,7 @@ func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 		assert.NoError(t, resync.Err())
 		assert.ErrorIs(t, inherit.Err(), ErrEvicted)
 		assert.Equal(t, 1, b.SubscriberCount())
-		assert.Equal(t, []string{TypeStateResyncRequired, "#17"}, desc11(take11(resync)))
+		assert.Equal(t, []string{TypeStateResyncRequired, "#17"}, coreDescribe(take11(resync)))
 	})
 }
 
@@ -352,8 +352,8 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 	assert.Equal(t, OverflowEvict, s.policy)
 	pubN11(t, b, "e", 17)
 	assert.Equal(t, 0, b.SubscriberCount())
-	fs := drain11(s)
+	fs := coreCollect(s)
 	assert.Equal(t, TypeClientEvicted, fs[len(fs)-1].Type())
-	assert.Contains(t, data11(t, fs[len(fs)-1]), `"reason":"queue_overflow","droppedAfter":17`)
+	assert.Contains(t, coreData(t, fs[len(fs)-1]), `"reason":"queue_overflow","droppedAfter":17`)
 	assert.Zero(t, b.Stats().Dropped.Overflow)
 }

@@ -129,79 +129,6 @@ func take11(s *Subscription) []Frame {
 	return fs
 }
 
-// drain11 ranges over Events until the subscription ends (use it only on
-// an ended or ending subscription).
-func drain11(s *Subscription) []Frame {
-	var fs []Frame
-	for f := range s.Events() {
-		fs = append(fs, f)
-	}
-	return fs
-}
-
-// desc11 renders frames for order assertions: "#<id>" for events,
-// "sig:<type>/<about>" for signals, the type for synthetic frames.
-func desc11(fs []Frame) []string {
-	out := make([]string, 0, len(fs))
-	for _, f := range fs {
-		switch {
-		case f.Signal():
-			out = append(out, "sig:"+f.Type()+"/"+f.About())
-		case f.ID() != 0:
-			out = append(out, "#"+strconv.FormatUint(f.ID(), 10))
-		default:
-			out = append(out, f.Type())
-		}
-	}
-	return out
-}
-
-// ids11 renders "#from".."#to".
-func ids11(from, to uint64) []string {
-	var out []string
-	for i := from; i <= to; i++ {
-		out = append(out, "#"+strconv.FormatUint(i, 10))
-	}
-	return out
-}
-
-// cat11 concatenates strings and string slices.
-func cat11(parts ...any) []string {
-	var out []string
-	for _, p := range parts {
-		switch p := p.(type) {
-		case string:
-			out = append(out, p)
-		case []string:
-			out = append(out, p...)
-		default:
-			panic(fmt.Sprintf("cat11: %T", p))
-		}
-	}
-	return out
-}
-
-// data11 returns the raw "data" member of a frame's envelope.
-func data11(t testing.TB, f Frame) string {
-	t.Helper()
-	var env struct {
-		Data json.RawMessage `json:"data"`
-	}
-	require.NoError(t, json.Unmarshal(f.JSON(), &env), "envelope %s", f.JSON())
-	return string(env.Data)
-}
-
-// ofType11 returns the frames of type typ.
-func ofType11(fs []Frame, typ string) []Frame {
-	var out []Frame
-	for _, f := range fs {
-		if f.Type() == typ {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 // ts11 returns a frame's _meta.serverTimestamp.
 func ts11(t testing.TB, f Frame) int64 {
 	t.Helper()
@@ -372,13 +299,13 @@ func TestSignalNeverReplayed(t *testing.T) {
 
 	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
 	fs := take11(s)
-	assert.Equal(t, []string{"#1", "#2", TypeReplayComplete}, desc11(fs))
-	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":2,"lastReplayedEventId":2,"lastEventId":2,"epoch":%q}`, b.Epoch()), data11(t, fs[2]))
+	assert.Equal(t, []string{"#1", "#2", TypeReplayComplete}, coreDescribe(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":2,"lastReplayedEventId":2,"lastEventId":2,"epoch":%q}`, b.Epoch()), coreData(t, fs[2]))
 
 	s2 := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
 	fs = take11(s2)
-	assert.Equal(t, []string{TypeReplayComplete}, desc11(fs))
-	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), data11(t, fs[0]))
+	assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), coreData(t, fs[0]))
 }
 
 func TestSignalsAloneEvictNonReaderAtFrameCap(t *testing.T) {
@@ -388,7 +315,7 @@ func TestSignalsAloneEvictNonReaderAtFrameCap(t *testing.T) {
 		sig11(t, b, "x", fmt.Sprintf("r%02d", i)) // distinct (type, about): no coalescing
 	}
 	assert.Equal(t, 0, b.SubscriberCount())
-	fs := drain11(s)
+	fs := coreCollect(s)
 	require.Len(t, fs, 16+2)
 	want := []string{}
 	for i := range 16 {
@@ -398,11 +325,11 @@ func TestSignalsAloneEvictNonReaderAtFrameCap(t *testing.T) {
 		}
 	}
 	want = append(want, TypeClientEvicted)
-	assert.Equal(t, want, desc11(fs))
+	assert.Equal(t, want, coreDescribe(fs))
 	ev := fs[len(fs)-1]
 	assert.True(t, ev.Terminal())
-	assert.Contains(t, data11(t, ev), `"reason":"queue_overflow"`)
-	assert.Contains(t, data11(t, ev), `"queueSize":16,"maxQueued":16`)
+	assert.Contains(t, coreData(t, ev), `"reason":"queue_overflow"`)
+	assert.Contains(t, coreData(t, ev), `"queueSize":16,"maxQueued":16`)
 	assert.ErrorIs(t, s.Err(), ErrEvicted)
 	assert.Equal(t, uint64(1), b.Stats().Evictions.QueueOverflow)
 }
@@ -415,10 +342,10 @@ func TestSignalsAloneEvictNonReaderAtByteCap(t *testing.T) {
 		sig11(t, b, "x", fmt.Sprintf("r%02d", i))
 	}
 	assert.Equal(t, 0, b.SubscriberCount())
-	fs := drain11(s)
+	fs := coreCollect(s)
 	// 0.75 * (4*size-1) bytes is reached by the third signal.
-	assert.Equal(t, []string{"sig:x/r00", "sig:x/r01", "sig:x/r02", TypeSlowClientWarning, TypeClientEvicted}, desc11(fs))
-	d := data11(t, fs[len(fs)-1])
+	assert.Equal(t, []string{"sig:x/r00", "sig:x/r01", "sig:x/r02", TypeSlowClientWarning, TypeClientEvicted}, coreDescribe(fs))
+	d := coreData(t, fs[len(fs)-1])
 	assert.Contains(t, d, `"reason":"queue_bytes_overflow"`)
 	assert.Contains(t, d, fmt.Sprintf(`"queuedBytes":%d`, 3*size))
 	assert.Contains(t, d, fmt.Sprintf(`"eventBytes":%d`, size))
@@ -438,7 +365,7 @@ func TestSignalCoalescesInPlaceKeepingPositionAndOrder(t *testing.T) {
 	sig11(t, b, "x", "a") // ts 6000: replaces the first one in place
 
 	fs := take11(s)
-	assert.Equal(t, []string{"sig:x/a", "#1", "sig:x/b", "#2"}, desc11(fs))
+	assert.Equal(t, []string{"sig:x/a", "#1", "sig:x/b", "#2"}, coreDescribe(fs))
 	assert.Equal(t, `{"v":1,"type":"x","about":"a","_meta":{"serverTimestamp":6000}}`, string(fs[0].JSON()),
 		"the consumer sees the newer signal at the older one's position")
 	assert.Equal(t, int64(1000), ts11(t, fs[2]))
@@ -455,7 +382,7 @@ func TestSignalDifferentAboutOrTypeNotCoalesced(t *testing.T) {
 	sig11(t, b, "x", "")  // empty about is a key of its own
 	sig11(t, b, "x", "a") // coalesced with the first
 	sig11(t, b, "y", "a") // coalesced with the third
-	assert.Equal(t, []string{"sig:x/a", "sig:x/b", "sig:y/a", "sig:x/"}, desc11(take11(s)))
+	assert.Equal(t, []string{"sig:x/a", "sig:x/b", "sig:y/a", "sig:x/"}, coreDescribe(take11(s)))
 	assert.Equal(t, uint64(2), b.Stats().Dropped.Coalesced)
 }
 
@@ -463,13 +390,13 @@ func TestSignalDeliveredIsNotCoalescedWithLaterOne(t *testing.T) {
 	b := bus11(t, Options{})
 	s := sub11(t, b, SubscribeOptions{})
 	sig11(t, b, "x", "a")
-	assert.Equal(t, []string{"sig:x/a"}, desc11(take11(s)))
+	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(take11(s)))
 	sig11(t, b, "x", "a")
 	pub11(t, b, "e")
 	sig11(t, b, "x", "a") // the second one is still queued: coalesced
-	assert.Equal(t, []string{"sig:x/a", "#1"}, desc11(take11(s)))
+	assert.Equal(t, []string{"sig:x/a", "#1"}, coreDescribe(take11(s)))
 	sig11(t, b, "x", "a")
-	assert.Equal(t, []string{"sig:x/a"}, desc11(take11(s)))
+	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(take11(s)))
 	assert.Equal(t, uint64(1), b.Stats().Dropped.Coalesced)
 	assert.Equal(t, uint64(4), b.Stats().FramesDelivered)
 }
@@ -497,7 +424,7 @@ func TestSignalCoalescingDoesNotGrowTheQueue(t *testing.T) {
 	c := s.q.counts()
 	assert.Equal(t, 1, c.liveCount)
 	assert.Equal(t, signalFrame("x", "a", now11Millis).Size(), c.liveBytes)
-	assert.Equal(t, []string{"sig:x/a"}, desc11(take11(s)))
+	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(take11(s)))
 }
 
 func TestSignalHonoursTypeFilters(t *testing.T) {
@@ -508,7 +435,7 @@ func TestSignalHonoursTypeFilters(t *testing.T) {
 	sig11(t, b, "user", "2")
 	sig11(t, b, "doc", "3")
 	sig11(t, b, "users", "4")
-	assert.Equal(t, []string{"sig:doc.changed/1", "sig:user/2"}, desc11(take11(s)))
+	assert.Equal(t, []string{"sig:doc.changed/1", "sig:user/2"}, coreDescribe(take11(s)))
 }
 
 func TestSignalFilteredOutNeverCountsTowardCaps(t *testing.T) {
@@ -545,7 +472,7 @@ func TestSignalRejectsTooLarge(t *testing.T) {
 	s := sub11(t, b, SubscribeOptions{})
 	require.NoError(t, b.Signal("x", "abc"))
 	assert.ErrorIs(t, b.Signal("x", "abcd"), ErrEventTooLarge)
-	assert.Equal(t, []string{"sig:x/abc"}, desc11(take11(s)))
+	assert.Equal(t, []string{"sig:x/abc"}, coreDescribe(take11(s)))
 	assert.Equal(t, uint64(1), b.Stats().Rejected.TooLarge)
 }
 
@@ -603,7 +530,7 @@ func TestQueueCoalesceAdjustsLiveBytesBySizeDifference(t *testing.T) {
 
 	fs, open := q.popAll(nil)
 	assert.True(t, open)
-	assert.Equal(t, []string{"#1", "sig:x/a", "#2"}, desc11(fs))
+	assert.Equal(t, []string{"#1", "sig:x/a", "#2"}, coreDescribe(fs))
 	assert.Equal(t, old.JSON(), fs[1].JSON())
 	assert.Equal(t, queueCounts{0, 16, 0, 1 << 20}, q.counts())
 }
@@ -631,9 +558,9 @@ func TestQueueCoalesceFindsPositionAfterWrapAndGrowth(t *testing.T) {
 	require.Equal(t, pushCoalesced, res)
 
 	fs, _ := q.popAll(nil)
-	want := cat11("#6", "sig:x/a", ids11(7, 30), "sig:x/b")
-	assert.Equal(t, want, desc11(fs))
-	for _, f := range ofType11(fs, "x") {
+	want := coreSeq("#6", "sig:x/a", coreIDs(7, 30), "sig:x/b")
+	assert.Equal(t, want, coreDescribe(fs))
+	for _, f := range coreOfType(fs, "x") {
 		assert.Equal(t, int64(2), ts11(t, f))
 	}
 	assert.Equal(t, 0, q.counts().liveBytes)

@@ -130,12 +130,12 @@ func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
 		assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 	}
 	require.ErrorIs(t, stalled.Err(), ErrEvicted)
-	received += len(drain11(stalled))
+	received += len(coreCollect(stalled))
 	assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 
 	require.NoError(t, b.Close())
 	for _, s := range []*Subscription{reader, resumed, filtered} {
-		received += len(drain11(s)) // Events drains what Close left queued
+		received += len(coreCollect(s)) // Events drains what Close left queued
 	}
 	assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 	assert.Zero(t, b.Stats().Dropped.Cancelled)
@@ -196,7 +196,7 @@ func TestStatsEvictionsByReason(t *testing.T) {
 		b := bus11(t, Options{MaxQueued: 16})
 		s := sub11(t, b, SubscribeOptions{})
 		pubN11(t, b, "e", 17)
-		assert.Contains(t, data11(t, ofType11(drain11(s), TypeClientEvicted)[0]), `"reason":"queue_overflow"`)
+		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"queue_overflow"`)
 		assert.Equal(t, EvictionStats{QueueOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("queue_bytes_overflow", func(t *testing.T) {
@@ -205,7 +205,7 @@ func TestStatsEvictionsByReason(t *testing.T) {
 		for range 11 {
 			pubSized11(t, b, "e", 100)
 		}
-		assert.Contains(t, data11(t, ofType11(drain11(s), TypeClientEvicted)[0]), `"reason":"queue_bytes_overflow"`)
+		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"queue_bytes_overflow"`)
 		assert.Equal(t, EvictionStats{QueueBytesOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("repeated_overflow", func(t *testing.T) {
@@ -214,7 +214,7 @@ func TestStatsEvictionsByReason(t *testing.T) {
 		for range 3 {
 			overflow11(t, b, s)
 		}
-		assert.Contains(t, data11(t, ofType11(drain11(s), TypeClientEvicted)[0]), `"reason":"repeated_overflow"`)
+		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"repeated_overflow"`)
 		assert.Equal(t, EvictionStats{RepeatedOverflow: 1}, b.Stats().Evictions)
 	})
 }
@@ -230,8 +230,8 @@ func TestStatsWarningsCountsWarningFramesSent(t *testing.T) {
 	pubN11(t, b, "e", 2)  // s2: 15 live, no second warning
 	pubN11(t, b, "e", 11) // s1: 2+11 = 13 live: a second warning; s2 evicted on the way
 	fs1 = append(fs1, take11(s1)...)
-	fs2 := drain11(s2)
-	sent := len(ofType11(fs1, TypeSlowClientWarning)) + len(ofType11(fs2, TypeSlowClientWarning))
+	fs2 := coreCollect(s2)
+	sent := len(coreOfType(fs1, TypeSlowClientWarning)) + len(coreOfType(fs2, TypeSlowClientWarning))
 	assert.Equal(t, 3, sent)
 	assert.Equal(t, uint64(sent), b.Stats().Warnings)
 }
@@ -265,9 +265,9 @@ func TestStatsResyncsByReason(t *testing.T) {
 		if i == 0 {
 			fs = append(early, fs...)
 		}
-		for _, f := range ofType11(fs, TypeStateResyncRequired) {
+		for _, f := range coreOfType(fs, TypeStateResyncRequired) {
 			var d struct{ Reason string }
-			require.NoError(t, json.Unmarshal([]byte(data11(t, f)), &d))
+			require.NoError(t, json.Unmarshal([]byte(coreData(t, f)), &d))
 			seen[d.Reason]++
 		}
 	}
@@ -306,7 +306,7 @@ func TestStatsDroppedReplayBudget(t *testing.T) {
 	}
 	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
 	fs := take11(s)
-	assert.Equal(t, []string{"#1", "#2", TypeStateResyncRequired, TypeReplayComplete}, desc11(fs))
+	assert.Equal(t, []string{"#1", "#2", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
 	assert.Equal(t, DroppedStats{ReplayBudget: 3}, b.Stats().Dropped)
 }
 
@@ -336,7 +336,7 @@ func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
 	require.NoError(t, b2.Close())
 	s.Close()
 	assert.Equal(t, uint64(4), b2.Stats().Dropped.Cancelled)
-	assert.Empty(t, drain11(s))
+	assert.Empty(t, coreCollect(s))
 }
 
 func TestStatsDroppedBlockedWhenFirstWriteFails(t *testing.T) {
