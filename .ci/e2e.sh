@@ -15,4 +15,5 @@ fi
 
 export CI="${CI:-true}"
 cd e2e
-exec go test -race -count=1 -timeout 5m ./...
+# -v: the log shows the screenshot artifact paths the test writes.
+exec go test -v -race -count=1 -timeout 5m ./...
