@@ -202,10 +202,13 @@ func (q *boundedAsyncQueue) reserve(n int) {
 	q.mu.Unlock()
 }
 
-// appendLocked adds e at the tail.
+// appendLocked adds e at the tail. An idle subscription has no buffer at
+// all; the first frame gets room for 32, so a subscription that receives
+// anything skips the first doublings (profiles of short-lived streams showed
+// them).
 func (q *boundedAsyncQueue) appendLocked(e queueEntry) {
 	if q.n == len(q.buf) {
-		q.resizeLocked(max(2*len(q.buf), 8))
+		q.resizeLocked(max(2*len(q.buf), 32))
 	}
 	q.buf[q.index(q.n)] = e
 	q.n++
