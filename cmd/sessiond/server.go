@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -295,27 +294,8 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 		daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", errInvalidSession.Error())
 		return
 	}
-	var req daemon.PublishRequest
-	dec := daemon.NewBodyDecoder(w, r, s.maxBody)
-	err := dec.Decode(&req)
-	if err == nil {
-		// Exactly one JSON value: trailing data is a malformed body too.
-		if err = dec.Decode(&struct{}{}); err == io.EOF {
-			err = nil
-		} else if err == nil {
-			err = errors.New("body holds more than one JSON value")
-		}
-	}
-	if err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			daemon.WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large",
-				fmt.Sprintf("request body larger than %d bytes", mbe.Limit))
-			return
-		}
-		if err == io.EOF {
-			err = errors.New("empty body")
-		}
-		daemon.WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+	req, ok := daemon.DecodePublish(w, r, s.maxBody)
+	if !ok {
 		return
 	}
 

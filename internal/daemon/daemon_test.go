@@ -437,3 +437,31 @@ func TestBodyLimits(t *testing.T) {
 		t.Fatalf("body over the limit: %v", err)
 	}
 }
+
+func TestDecodePublishOneObjectExactly(t *testing.T) {
+	cases := []struct {
+		body   string
+		status int
+		msg    string
+	}{
+		{`{"type":"a","data":{"n":1}}`, 0, ""},
+		{`{"type":"a"} {"type":"b"}`, http.StatusBadRequest, "more than one JSON value"},
+		{``, http.StatusBadRequest, "empty body"},
+		{`{"type":"a","bogus":1}`, http.StatusBadRequest, "unknown field"},
+		{`{"type":"` + strings.Repeat("x", 100) + `"}`, http.StatusRequestEntityTooLarge, "larger than 64 bytes"},
+	}
+	for _, c := range cases {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/session/s/events", strings.NewReader(c.body))
+		req, ok := DecodePublish(w, r, 64)
+		if c.status == 0 {
+			if !ok || req.Type != "a" || string(req.Data) != `{"n":1}` {
+				t.Fatalf("%q: ok=%v req=%+v body=%s", c.body, ok, req, w.Body)
+			}
+			continue
+		}
+		if ok || w.Code != c.status || !strings.Contains(w.Body.String(), c.msg) {
+			t.Fatalf("%q: ok=%v status %d body %s, want %d with %q", c.body, ok, w.Code, w.Body, c.status, c.msg)
+		}
+	}
+}

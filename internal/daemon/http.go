@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/ssebus/eventbus"
@@ -54,6 +57,36 @@ func NewBodyDecoder(w http.ResponseWriter, r *http.Request, limit int64) *json.D
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	return dec
+}
+
+// DecodePublish reads the body of POST /session/{id}/events: exactly one
+// JSON object with the fields of PublishRequest and nothing after it, at
+// most limit bytes. On failure it has already answered (400 invalid_body,
+// or 413 body_too_large) and reports false. It does not close the body
+// (the server does).
+func DecodePublish(w http.ResponseWriter, r *http.Request, limit int64) (PublishRequest, bool) {
+	var req PublishRequest
+	dec := NewBodyDecoder(w, r, limit)
+	err := dec.Decode(&req)
+	if err == nil {
+		// Exactly one JSON value: trailing data is a malformed body too.
+		var extra json.RawMessage
+		if err = dec.Decode(&extra); err == io.EOF {
+			return req, true
+		} else if err == nil {
+			err = errors.New("body holds more than one JSON value")
+		}
+	}
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large",
+			fmt.Sprintf("request body larger than %d bytes", mbe.Limit))
+		return req, false
+	}
+	if err == io.EOF {
+		err = errors.New("empty body")
+	}
+	WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+	return req, false
 }
 
 // PublishRequest is the body of POST /session/{id}/events.

@@ -187,14 +187,8 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
-	var req shared.PublishRequest
-	if err := shared.NewBodyDecoder(w, r, s.maxBody).Decode(&req); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			shared.WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large", err.Error())
-			return
-		}
-		shared.WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+	req, ok := shared.DecodePublish(w, r, s.maxBody)
+	if !ok {
 		return
 	}
 	id, epoch, err := s.bp.Publish(r.Context(), r.PathValue("id"), req.Event())
