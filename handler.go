@@ -152,6 +152,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	if r.Method == http.MethodHead {
+		// The headers a GET would get, without subscribing: a HEAD takes
+		// no slot of the bus (and is never refused for a full one).
+		writeStreamHeaders(w, r, bus)
+		return
+	}
+
 	subscribe := h.Subscribe
 	if subscribe == nil {
 		subscribe = func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error) {
@@ -185,19 +192,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer sub.Close()
 
-	hd := w.Header()
-	hd.Set("Content-Type", "text/event-stream")
-	hd.Set("Cache-Control", "no-cache, no-transform")
-	if r.ProtoMajor == 1 {
-		hd.Set("Connection", "keep-alive")
-	}
-	hd.Set("X-Accel-Buffering", "no")
-	hd.Set("Event-Epoch", bus.Epoch())
-	hd.Set("Access-Control-Expose-Headers", "Event-Epoch")
-	w.WriteHeader(http.StatusOK)
-	if r.Method == http.MethodHead {
-		return
-	}
+	writeStreamHeaders(w, r, bus)
 
 	s := stream{
 		w:       w,
@@ -383,6 +378,20 @@ func (s *stream) flushBatch() error {
 		s.frames = 0
 	}
 	return s.err
+}
+
+// writeStreamHeaders sends SPEC 10's response headers and the 200 status.
+func writeStreamHeaders(w http.ResponseWriter, r *http.Request, bus *EventBus) {
+	hd := w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-cache, no-transform")
+	if r.ProtoMajor == 1 {
+		hd.Set("Connection", "keep-alive")
+	}
+	hd.Set("X-Accel-Buffering", "no")
+	hd.Set("Event-Epoch", bus.Epoch())
+	hd.Set("Access-Control-Expose-Headers", "Event-Epoch")
+	w.WriteHeader(http.StatusOK)
 }
 
 // canFlush reports whether w, or a writer it wraps (the Unwrap convention
