@@ -72,12 +72,6 @@ type boundedAsyncQueue struct {
 
 type signalKey struct{ typ, about string }
 
-func newQueue(maxQueued, maxBytes int) *boundedAsyncQueue {
-	q := &boundedAsyncQueue{}
-	q.init(maxQueued, maxBytes)
-	return q
-}
-
 func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 	q.maxQueued, q.maxBytes = maxQueued, maxBytes
 	q.ready = make(chan struct{}, 1)
@@ -192,14 +186,12 @@ func (q *boundedAsyncQueue) unhold(front []Frame) {
 	q.mu.Unlock()
 }
 
-// reserve grows the buffer to hold n more entries, so a replay of
+// reserveLocked grows the buffer to hold n more entries, so a replay of
 // thousands of frames costs one allocation, not a doubling series.
-func (q *boundedAsyncQueue) reserve(n int) {
-	q.mu.Lock()
+func (q *boundedAsyncQueue) reserveLocked(n int) {
 	if q.n+n > len(q.buf) {
 		q.resizeLocked(q.n + n)
 	}
-	q.mu.Unlock()
 }
 
 // appendLocked adds e at the tail. An idle subscription has no buffer at
@@ -266,20 +258,6 @@ const (
 	popEmpty                 // nothing ready now; wait on ready
 	popEnded                 // closed and nothing left: the end of the stream
 )
-
-// pop removes the oldest entry.
-func (q *boundedAsyncQueue) pop() (queueEntry, popState) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.n == 0 && q.closed {
-		return queueEntry{}, popEnded
-	}
-	if q.held || q.n == 0 {
-		q.waiting = true
-		return queueEntry{}, popEmpty
-	}
-	return q.popLocked(), popOK
-}
 
 func (q *boundedAsyncQueue) popLocked() queueEntry {
 	e := q.buf[q.head]
@@ -416,18 +394,4 @@ func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 	}
 	q.waiting = false
 	return dropped
-}
-
-// counts returns the live counts and caps.
-func (q *boundedAsyncQueue) counts() queueCounts {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return queueCounts{q.liveCount, q.maxQueued, q.liveBytes, q.maxBytes}
-}
-
-// len returns the number of buffered entries, live and forced.
-func (q *boundedAsyncQueue) len() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.n
 }

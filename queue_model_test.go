@@ -119,7 +119,7 @@ func (m *queueModel) pop() (Frame, bool, popState) {
 	if len(m.entries) == 0 && m.closed {
 		return Frame{}, false, popEnded
 	}
-	if m.held || len(m.entries) == 0 {
+	if (m.held && !m.closed) || len(m.entries) == 0 {
 		m.waiting = true
 		return Frame{}, false, popEmpty
 	}

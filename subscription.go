@@ -166,9 +166,7 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 		// One queue lock for the whole replay: thousands of frames cost
 		// one buffer allocation and no per-frame locking.
 		s.q.mu.Lock()
-		if need := s.q.n + b.ring.Len() + 3; need > len(s.q.buf) {
-			s.q.resizeLocked(need)
-		}
+		s.q.reserveLocked(b.ring.Len() + 3)
 		b.replay(s, opts, &b.ring, b.ring.firstID(), b.nextID, s.q.forceAppendLocked)
 		s.q.signalLocked()
 		s.q.mu.Unlock()

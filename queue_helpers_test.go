@@ -1,0 +1,47 @@
+package eventbus
+
+// Queue operations that only tests need: the library itself consumes with
+// popAll and sizes replays with reserveLocked under its own locking.
+
+func newQueue(maxQueued, maxBytes int) *boundedAsyncQueue {
+	q := &boundedAsyncQueue{}
+	q.init(maxQueued, maxBytes)
+	return q
+}
+
+// reserve is reserveLocked with the lock taken.
+func (q *boundedAsyncQueue) reserve(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.reserveLocked(n)
+}
+
+// pop removes the oldest entry.
+func (q *boundedAsyncQueue) pop() (queueEntry, popState) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n == 0 && q.closed {
+		return queueEntry{}, popEnded
+	}
+	// The same rule as popAll: a hold hides entries until unhold, except
+	// from a closed queue, whose consumer gets what is left.
+	if (q.held && !q.closed) || q.n == 0 {
+		q.waiting = true
+		return queueEntry{}, popEmpty
+	}
+	return q.popLocked(), popOK
+}
+
+// counts returns the live counts and caps.
+func (q *boundedAsyncQueue) counts() queueCounts {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return queueCounts{q.liveCount, q.maxQueued, q.liveBytes, q.maxBytes}
+}
+
+// len returns the number of buffered entries, live and forced.
+func (q *boundedAsyncQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
