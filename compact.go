@@ -90,16 +90,8 @@ func (c *compactor) literal(lit string) error {
 }
 
 func (c *compactor) object(depth int) error {
-	if depth > maxJSONDepth {
-		return errJSONDepth
-	}
-	c.dst = append(c.dst, '{')
-	c.i++
-	c.space()
-	if c.i < len(c.src) && c.src[c.i] == '}' {
-		c.dst = append(c.dst, '}')
-		c.i++
-		return nil
+	if empty, err := c.open(depth, '{', '}'); empty || err != nil {
+		return err
 	}
 	for {
 		if c.i >= len(c.src) || c.src[c.i] != '"' {
@@ -118,58 +110,62 @@ func (c *compactor) object(depth int) error {
 		if err := c.value(depth); err != nil {
 			return err
 		}
-		c.space()
-		if c.i >= len(c.src) {
-			return c.errorf("")
-		}
-		switch c.src[c.i] {
-		case ',':
-			c.dst = append(c.dst, ',')
-			c.i++
-			c.space()
-		case '}':
-			c.dst = append(c.dst, '}')
-			c.i++
-			return nil
-		default:
-			return c.errorf("after object key:value pair")
+		if done, err := c.next('}', "after object key:value pair"); done || err != nil {
+			return err
 		}
 	}
 }
 
 func (c *compactor) array(depth int) error {
-	if depth > maxJSONDepth {
-		return errJSONDepth
-	}
-	c.dst = append(c.dst, '[')
-	c.i++
-	c.space()
-	if c.i < len(c.src) && c.src[c.i] == ']' {
-		c.dst = append(c.dst, ']')
-		c.i++
-		return nil
+	if empty, err := c.open(depth, '[', ']'); empty || err != nil {
+		return err
 	}
 	for {
 		if err := c.value(depth); err != nil {
 			return err
 		}
-		c.space()
-		if c.i >= len(c.src) {
-			return c.errorf("")
-		}
-		switch c.src[c.i] {
-		case ',':
-			c.dst = append(c.dst, ',')
-			c.i++
-			c.space()
-		case ']':
-			c.dst = append(c.dst, ']')
-			c.i++
-			return nil
-		default:
-			return c.errorf("after array element")
+		if done, err := c.next(']', "after array element"); done || err != nil {
+			return err
 		}
 	}
+}
+
+// open copies the opening byte of an object or array and reports whether
+// the container is empty (its closing byte follows, and is copied too).
+func (c *compactor) open(depth int, opener, closer byte) (empty bool, err error) {
+	if depth > maxJSONDepth {
+		return false, errJSONDepth
+	}
+	c.dst = append(c.dst, opener)
+	c.i++
+	c.space()
+	if c.i < len(c.src) && c.src[c.i] == closer {
+		c.dst = append(c.dst, closer)
+		c.i++
+		return true, nil
+	}
+	return false, nil
+}
+
+// next reads what follows a member or element: a comma (more follow) or the
+// closing byte (done).
+func (c *compactor) next(closer byte, where string) (done bool, err error) {
+	c.space()
+	if c.i >= len(c.src) {
+		return false, c.errorf("")
+	}
+	switch c.src[c.i] {
+	case ',':
+		c.dst = append(c.dst, ',')
+		c.i++
+		c.space()
+		return false, nil
+	case closer:
+		c.dst = append(c.dst, closer)
+		c.i++
+		return true, nil
+	}
+	return false, c.errorf(where)
 }
 
 // string copies a JSON string, checking escapes and rejecting control
