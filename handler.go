@@ -232,7 +232,6 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 			s.add(f)
 			terminal = terminal || f.Terminal()
 		}
-		got := len(frames) > 0
 		taken := len(frames)
 		clear(frames) // do not pin delivered frames while idle
 		if !open && !terminal && ctx.Err() == nil {
@@ -260,7 +259,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 			s.arm()
 			return
 		}
-		if got {
+		if taken > 0 {
 			continue // more may have arrived while writing
 		}
 		select {

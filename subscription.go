@@ -279,7 +279,7 @@ func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic,
 	if s.warned {
 		return Diagnostic{}, false
 	}
-	frames, bytes := lc >= s.warnFrames, lb >= s.warnBytes
+	frames, bytes := s.pastWarning(c)
 	var threshold string
 	switch {
 	case frames && bytes:
@@ -334,10 +334,17 @@ func (s *Subscription) overflowResyncLocked(f Frame, res pushResult, lastID uint
 	}}, true
 }
 
+// pastWarning reports whether the live counts c reach the warning
+// threshold of the frame cap and of the byte cap.
+func (s *Subscription) pastWarning(c queueCounts) (frames, bytes bool) {
+	return float64(c.liveCount) >= s.warnFrames, float64(c.liveBytes) >= s.warnBytes
+}
+
 // behind reports whether the live counts c are past the warning threshold
 // of either cap.
 func (s *Subscription) behind(c queueCounts) bool {
-	return float64(c.liveCount) >= s.warnFrames || float64(c.liveBytes) >= s.warnBytes
+	frames, bytes := s.pastWarning(c)
+	return frames || bytes
 }
 
 // evict ends s after a publish unregistered it under the lock: the
