@@ -1983,3 +1983,26 @@ func TestZeroEventBusBehavesAsClosed(t *testing.T) {
 	assert.Zero(t, b.LastEventID())
 	assert.NoError(t, b.Close())
 }
+
+func TestDefaultClockStampsWallTimeBetweenRebases(t *testing.T) {
+	// Without Options.Now the bus reads one monotonic clock per stamp and
+	// re-reads the wall clock at least once a second; every stamp must still
+	// be the wall time of the publish, to the millisecond.
+	synctest.Test(t, func(t *testing.T) {
+		b, err := New(Options{})
+		require.NoError(t, err)
+		defer b.Close()
+		for _, step := range []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 1500 * time.Millisecond, 7 * time.Millisecond} {
+			time.Sleep(step)
+			f, err := b.Publish(Event{Type: "t"})
+			require.NoError(t, err)
+			var env struct {
+				Meta struct {
+					ServerTimestamp int64 `json:"serverTimestamp"`
+				} `json:"_meta"`
+			}
+			require.NoError(t, json.Unmarshal(f.JSON(), &env))
+			assert.Equal(t, time.Now().UnixMilli(), env.Meta.ServerTimestamp, "after sleeping %v", step)
+		}
+	})
+}
