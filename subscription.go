@@ -187,6 +187,7 @@ type replaySource interface {
 
 type frameSlice []Frame
 
+// Len is the number of frames held.
 func (f frameSlice) Len() int       { return len(f) }
 func (f frameSlice) at(i int) Frame { return f[i] }
 
