@@ -73,10 +73,11 @@ func entryFrame(e seam.Entry) (Frame, error) {
 
 // appendEntry is Publish for an id the backplane assigned.
 func (b *EventBus) appendEntry(e seam.Entry) error {
-	f, err := entryFrame(e)
+	v, err := entryFrame(e)
 	if err != nil {
 		return err
 	}
+	f := v.ref() // before the lock, as in Publish
 	var out fanout
 	b.mu.Lock()
 	if b.closed {
@@ -92,7 +93,7 @@ func (b *EventBus) appendEntry(e seam.Entry) error {
 		// was away): every subscriber missed them, and must be told.
 		now := b.now()
 		for _, s := range b.subs {
-			if s.q.forcePush(resyncFrame(ReasonRingEvicted, "", b.nextID-1, e.ID, b.epoch, now)) {
+			if s.q.forcePush(resyncFrame(ReasonRingEvicted, "", b.nextID-1, e.ID, b.epoch, now).ref()) {
 				b.stats.resync(ReasonRingEvicted)
 			}
 		}
@@ -114,8 +115,8 @@ func (b *EventBus) appendEntry(e seam.Entry) error {
 // upto+1. The replay goes ahead of the live frames queued meanwhile, so the
 // hand-over has no gap and no duplicate.
 func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts SubscribeOptions, h seam.History, upto uint64) {
-	var front []Frame
-	push := func(f Frame) { front = append(front, f) }
+	var front []*Frame
+	push := func(f *Frame) { front = append(front, f) }
 	after := opts.LastEventID
 	if epochMismatch(opts, b.epoch) || after > upto {
 		after = 0 // an epoch reset replays the whole log
@@ -134,9 +135,9 @@ func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts Subsc
 		// What the client missed cannot be read now: say so, and carry on
 		// live from upto+1.
 		now := b.now()
-		push(resyncFrame(ReasonRingEvicted, "history_unavailable", opts.LastEventID, upto+1, b.epoch, now))
+		push(resyncFrame(ReasonRingEvicted, "history_unavailable", opts.LastEventID, upto+1, b.epoch, now).ref())
 		b.stats.resync(ReasonRingEvicted)
-		push(replayCompleteFrame(0, 0, b.epoch, now))
+		push(replayCompleteFrame(0, 0, b.epoch, now).ref())
 		b.emit(Diagnostic{DiagHistoryUnavailable, "eventbus: resume history unavailable",
 			[]slog.Attr{slog.String("error", err.Error()), slog.Uint64("lastEventId", opts.LastEventID)}})
 	} else {

@@ -212,11 +212,11 @@ func TestRemoteResumeHistoryErrorIsAnExplicitResync(t *testing.T) {
 func TestHeldQueueHidesLiveFramesUntilReplayIsQueued(t *testing.T) {
 	q := newQueue(16, 1<<20)
 	q.hold()
-	_, _ = q.push(testFrame(7, 10))
+	_, _ = q.push(testFrame(7, 10).ref())
 	out, open := q.popAll(nil)
 	assert.Empty(t, out)
 	assert.True(t, open)
-	q.unhold([]Frame{testFrame(5, 10), testFrame(6, 10)})
+	q.unhold(refs([]Frame{testFrame(5, 10), testFrame(6, 10)}))
 	out, open = q.popAll(nil)
 	assert.True(t, open)
 	assert.Equal(t, []string{"5", "6", "7"}, summary(out))

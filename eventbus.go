@@ -327,6 +327,10 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	}
 
 	var out fanout
+	// The frame is shared by the ring and every queue. Allocate it before
+	// the lock: an allocation can stall on GC assist, and nobody should
+	// wait on the lock for that.
+	f := new(Frame)
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -335,7 +339,7 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	}
 	id := b.nextID
 	b.nextID++
-	f := p.frame(id)
+	*f = p.frame(id)
 	b.ring.append(f)
 	b.lastID.Store(id)
 	b.stats.published.Add(1)
@@ -345,7 +349,7 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	b.mu.Unlock()
 
 	b.finish(&out)
-	return f, nil
+	return *f, nil
 }
 
 // Signal publishes a change signal (SPEC 11): a type and the resource it is
@@ -369,7 +373,7 @@ func (b *EventBus) Signal(typ, about string) error {
 		b.rejected(typ, err)
 		return err
 	}
-	f := signalFrame(typ, about, b.now())
+	f := signalFrame(typ, about, b.now()).ref()
 	if f.Size() > b.opts.MaxEventBytes {
 		err := fmt.Errorf("%w: signal of %d bytes, MaxEventBytes is %d", ErrEventTooLarge, f.Size(), b.opts.MaxEventBytes)
 		b.rejected(typ, err)
@@ -405,7 +409,7 @@ func (b *EventBus) rejected(typ string, err error) {
 // published. Accepted pushes run the warning check; rejected ones follow
 // the subscriber's overflow policy; evicted subscribers are unregistered
 // here and ended by finish.
-func (b *EventBus) fanOutLocked(f Frame, lastID uint64, out *fanout) {
+func (b *EventBus) fanOutLocked(f *Frame, lastID uint64, out *fanout) {
 	removed := false
 	for i, s := range b.subs {
 		if !s.filter.match(f.typ) {

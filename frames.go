@@ -89,6 +89,10 @@ func (f Frame) Size() int {
 	return len(f.wire) - 2 - int(f.json)
 }
 
+// ref returns a pointer to a copy of f, for the ring and the queues, which
+// hold frames by pointer (see queueEntry).
+func (f Frame) ref() *Frame { return &f }
+
 // AppendSSE appends the frame's Server-Sent Events encoding to dst and
 // returns the extended slice: an "id: N" line only for events with an id,
 // then "event: <type>", one "data: <envelope>" line and a blank line. The

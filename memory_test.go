@@ -194,13 +194,13 @@ func heldFrameBytes(b *EventBus, subs []*Subscription) uint64 {
 	}
 	b.mu.Lock()
 	for i := range b.ring.Len() {
-		add(b.ring.at(i))
+		add(*b.ring.at(i))
 	}
 	b.mu.Unlock()
 	for _, s := range subs {
 		s.q.mu.Lock()
 		for i := range s.q.n {
-			add(s.q.buf[s.q.index(i)].f)
+			add(*s.q.buf[s.q.index(i)].f)
 		}
 		s.q.mu.Unlock()
 	}

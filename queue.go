@@ -28,8 +28,14 @@ func (r pushResult) reason() string {
 // (replay and synthetic frames) count 0 toward both caps. A marker is a
 // forced entry about the queue's own overflow (slow_client_warning, an
 // overflow resync): a later overflow resync supersedes it.
+//
+// The entry points to the frame instead of holding it: one published frame
+// is shared by the ring and every queue, so an entry is 16 bytes, not 80.
+// Fan-out to 1000 subscribers writes, and each consumer reads and clears,
+// a fifth of the memory; that halved the cost per delivery at 1000
+// subscribers (BENCHMARKS.md). Frames are immutable once made.
 type queueEntry struct {
-	f      Frame
+	f      *Frame
 	forced bool
 	marker bool
 }
@@ -89,7 +95,7 @@ func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 // A signal with the same (type, about) as a queued, undelivered signal
 // replaces it in place instead (pushCoalesced): it takes the older one's
 // position, liveCount is unchanged and liveBytes moves by the difference.
-func (q *boundedAsyncQueue) push(f Frame) (pushResult, queueCounts) {
+func (q *boundedAsyncQueue) push(f *Frame) (pushResult, queueCounts) {
 	size := f.Size()
 	q.mu.Lock()
 	c := queueCounts{q.liveCount, q.maxQueued, q.liveBytes, q.maxBytes}
@@ -125,12 +131,12 @@ func (q *boundedAsyncQueue) push(f Frame) (pushResult, queueCounts) {
 
 // forcePush appends f as a forced entry, bypassing both caps. It reports
 // false when the queue is closed and f was dropped.
-func (q *boundedAsyncQueue) forcePush(f Frame) bool {
+func (q *boundedAsyncQueue) forcePush(f *Frame) bool {
 	return q.forcePushEntry(queueEntry{f: f, forced: true})
 }
 
 // forcePushMarker is forcePush for a marker entry (see queueEntry).
-func (q *boundedAsyncQueue) forcePushMarker(f Frame) bool {
+func (q *boundedAsyncQueue) forcePushMarker(f *Frame) bool {
 	return q.forcePushEntry(queueEntry{f: f, forced: true, marker: true})
 }
 
@@ -147,7 +153,7 @@ func (q *boundedAsyncQueue) forcePushEntry(e queueEntry) bool {
 
 // forceAppendLocked appends f as forced without signalling; a caller that
 // appends many (a replay) holds q.mu and signals once at the end.
-func (q *boundedAsyncQueue) forceAppendLocked(f Frame) {
+func (q *boundedAsyncQueue) forceAppendLocked(f *Frame) {
 	if !q.closed {
 		q.appendLocked(queueEntry{f: f, forced: true})
 	}
@@ -164,7 +170,7 @@ func (q *boundedAsyncQueue) hold() {
 // shows the queue to the consumer again. On a closed queue front is
 // dropped: a cancelled consumer wants nothing, and a drained one gets what
 // was queued.
-func (q *boundedAsyncQueue) unhold(front []Frame) {
+func (q *boundedAsyncQueue) unhold(front []*Frame) {
 	q.mu.Lock()
 	q.held = false
 	if !q.closed && len(front) > 0 {
@@ -208,7 +214,7 @@ func (q *boundedAsyncQueue) appendLocked(e queueEntry) {
 
 // appendLiveLocked appends f as live and, for a signal, records its
 // position for coalescing. The caller updates the live counts.
-func (q *boundedAsyncQueue) appendLiveLocked(f Frame) {
+func (q *boundedAsyncQueue) appendLiveLocked(f *Frame) {
 	q.appendLocked(queueEntry{f: f})
 	if f.kind == kindSignal {
 		if q.signals == nil {
@@ -315,7 +321,7 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 // last event the consumer dequeued, then append f as live (the queue now
 // holds no live entry, so the caps admit it). It returns the number of
 // entries dropped and that id. On a closed queue it does nothing.
-func (q *boundedAsyncQueue) resync(f Frame, mark func(lastDelivered uint64) Frame) (dropped int, lastDelivered uint64) {
+func (q *boundedAsyncQueue) resync(f *Frame, mark func(lastDelivered uint64) *Frame) (dropped int, lastDelivered uint64) {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -350,7 +356,7 @@ func (q *boundedAsyncQueue) popAll(dst []Frame) (out []Frame, open bool) {
 	live, liveBytes := 0, 0
 	for i := range q.n {
 		e := &q.buf[q.index(i)]
-		dst = append(dst, e.f)
+		dst = append(dst, *e.f)
 		if !e.forced {
 			live++
 			liveBytes += e.f.Size()

@@ -16,20 +16,37 @@ func (q *boundedAsyncQueue) reserve(n int) {
 	q.reserveLocked(n)
 }
 
+// poppedEntry is a dequeued entry with its frame by value (the zero Frame
+// when nothing was dequeued), for comparisons.
+type poppedEntry struct {
+	f              Frame
+	forced, marker bool
+}
+
 // pop removes the oldest entry.
-func (q *boundedAsyncQueue) pop() (queueEntry, popState) {
+func (q *boundedAsyncQueue) pop() (poppedEntry, popState) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.n == 0 && q.closed {
-		return queueEntry{}, popEnded
+		return poppedEntry{}, popEnded
 	}
 	// The same rule as popAll: a hold hides entries until unhold, except
 	// from a closed queue, whose consumer gets what is left.
 	if (q.held && !q.closed) || q.n == 0 {
 		q.waiting = true
-		return queueEntry{}, popEmpty
+		return poppedEntry{}, popEmpty
 	}
-	return q.popLocked(), popOK
+	e := q.popLocked()
+	return poppedEntry{*e.f, e.forced, e.marker}, popOK
+}
+
+// refs returns pointers to copies of fs, the form unhold takes.
+func refs(fs []Frame) []*Frame {
+	out := make([]*Frame, len(fs))
+	for i, f := range fs {
+		out[i] = f.ref()
+	}
+	return out
 }
 
 // counts returns the live counts and caps.

@@ -268,7 +268,7 @@ func runQueueModel(t *testing.T, data []byte) {
 		case 0, 1, 2, 3: // push(size)
 			f := qmFrame(kindEvent, nextID, "t", "", r.intn(48))
 			nextID++
-			gotRes, gotC := q.push(f)
+			gotRes, gotC := q.push(f.ref())
 			wantRes, wantC := m.push(f)
 			trace = append(trace, fmt.Sprintf("push %s -> %v %+v", qmDescribe(f), gotRes, gotC))
 			if gotRes != wantRes || gotC != wantC {
@@ -276,7 +276,7 @@ func runQueueModel(t *testing.T, data []byte) {
 			}
 		case 4: // pushSignal(type, about, size)
 			f := qmFrame(kindSignal, 0, sigTypes[r.intn(2)], sigAbout[r.intn(3)], r.intn(48))
-			gotRes, gotC := q.push(f)
+			gotRes, gotC := q.push(f.ref())
 			wantRes, wantC := m.push(f)
 			trace = append(trace, fmt.Sprintf("signal %s -> %v %+v", qmDescribe(f), gotRes, gotC))
 			if gotRes != wantRes || gotC != wantC {
@@ -297,9 +297,9 @@ func runQueueModel(t *testing.T, data []byte) {
 			}
 			var got bool
 			if marker {
-				got = q.forcePushMarker(f)
+				got = q.forcePushMarker(f.ref())
 			} else {
-				got = q.forcePush(f)
+				got = q.forcePush(f.ref())
 			}
 			want := m.forcePush(f, marker)
 			trace = append(trace, fmt.Sprintf("forcePush(marker=%v) %s -> %v", marker, qmDescribe(f), got))
@@ -357,11 +357,11 @@ func runQueueModel(t *testing.T, data []byte) {
 			var gotMark, wantMark Frame
 			gotCalls, wantCalls := 0, 0
 			var gotArg, wantArg uint64
-			gotDropped, gotLast := q.resync(f, func(last uint64) Frame {
+			gotDropped, gotLast := q.resync(f.ref(), func(last uint64) *Frame {
 				gotCalls++
 				gotArg = last
 				gotMark = qmFrame(kindSynthetic, 0, TypeStateResyncRequired, "", 30)
-				return gotMark
+				return gotMark.ref()
 			})
 			wantDropped, wantLast := m.resync(f, func(last uint64) Frame {
 				wantCalls++
@@ -387,7 +387,7 @@ func runQueueModel(t *testing.T, data []byte) {
 					front[i] = qmFrame(kindEvent, nextID, "t", "", r.intn(100))
 					nextID++
 				}
-				q.unhold(front)
+				q.unhold(refs(front))
 				m.unhold(front)
 				trace = append(trace, fmt.Sprintf("unhold(%d)", len(front)))
 			}
@@ -410,7 +410,7 @@ func runQueueModel(t *testing.T, data []byte) {
 			for range 1 + r.intn(8) {
 				f := qmFrame(kindEvent, nextID, "t", "", r.intn(24))
 				nextID++
-				gotRes, gotC := q.push(f)
+				gotRes, gotC := q.push(f.ref())
 				wantRes, wantC := m.push(f)
 				trace = append(trace, fmt.Sprintf("push %s -> %v %+v", qmDescribe(f), gotRes, gotC))
 				if gotRes != wantRes || gotC != wantC {
@@ -446,9 +446,9 @@ func qmCompareState(q *boundedAsyncQueue, m *queueModel, fail func(string, ...an
 	liveSignals := 0
 	for i, want := range m.entries {
 		got := q.buf[q.index(i)]
-		if !sameFrame(got.f, want.f) || got.forced != want.forced || got.marker != want.marker {
+		if !sameFrame(*got.f, want.f) || got.forced != want.forced || got.marker != want.marker {
 			fail("entry %d: got %s forced=%v marker=%v, model %s forced=%v marker=%v", i,
-				qmDescribe(got.f), got.forced, got.marker, qmDescribe(want.f), want.forced, want.marker)
+				qmDescribe(*got.f), got.forced, got.marker, qmDescribe(want.f), want.forced, want.marker)
 		}
 		if !want.forced && want.f.kind == kindSignal {
 			liveSignals++

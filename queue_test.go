@@ -28,9 +28,9 @@ func hasToken(q *boundedAsyncQueue) bool {
 
 func TestQueuePushTagsLiveAndForcePushTagsForced(t *testing.T) {
 	q := newQueue(16, 1000)
-	res, _ := q.push(coreQueueFrame(1, 10))
+	res, _ := q.push(coreQueueFrame(1, 10).ref())
 	require.Equal(t, pushAccepted, res)
-	require.True(t, q.forcePush(coreQueueFrame(2, 10)))
+	require.True(t, q.forcePush(coreQueueFrame(2, 10).ref()))
 
 	e, st := q.pop()
 	require.Equal(t, popOK, st)
@@ -54,12 +54,12 @@ func TestQueueLiveCountersUpdatedOnPushAndPop(t *testing.T) {
 		assert.Equal(t, queueCounts{liveCount: count, maxQueued: 16, liveBytes: bytes, maxBytes: 1000}, c)
 	}
 	for i, size := range []int{10, 20, 30} {
-		res, c := q.push(coreQueueFrame(uint64(i+1), size))
+		res, c := q.push(coreQueueFrame(uint64(i+1), size).ref())
 		require.Equal(t, pushAccepted, res)
 		assert.Equal(t, i+1, c.liveCount, "counts after the push")
 	}
 	check(3, 60)
-	q.forcePush(coreQueueFrame(0, 500))
+	q.forcePush(coreQueueFrame(0, 500).ref())
 	check(3, 60)
 	assert.Equal(t, 4, q.len())
 	q.pop()
@@ -76,10 +76,10 @@ func TestQueueLiveCountersUpdatedOnPushAndPop(t *testing.T) {
 func TestQueuePushRejectsAtFrameCap(t *testing.T) {
 	q := newQueue(3, 1000)
 	for i := range 3 {
-		res, _ := q.push(coreQueueFrame(uint64(i+1), 10))
+		res, _ := q.push(coreQueueFrame(uint64(i+1), 10).ref())
 		require.Equal(t, pushAccepted, res)
 	}
-	res, c := q.push(coreQueueFrame(4, 10))
+	res, c := q.push(coreQueueFrame(4, 10).ref())
 	assert.Equal(t, pushRejectedFrames, res)
 	assert.Equal(t, ReasonQueueOverflow, res.reason())
 	assert.Equal(t, queueCounts{liveCount: 3, maxQueued: 3, liveBytes: 30, maxBytes: 1000}, c, "counts before the rejected push")
@@ -87,59 +87,59 @@ func TestQueuePushRejectsAtFrameCap(t *testing.T) {
 
 	// The frame rule comes first when both caps are exceeded.
 	q = newQueue(1, 10)
-	q.push(coreQueueFrame(1, 5))
-	res, _ = q.push(coreQueueFrame(2, 100))
+	q.push(coreQueueFrame(1, 5).ref())
+	res, _ = q.push(coreQueueFrame(2, 100).ref())
 	assert.Equal(t, pushRejectedFrames, res)
 }
 
 func TestQueuePushRejectsAtByteCap(t *testing.T) {
 	q := newQueue(16, 100)
-	res, _ := q.push(coreQueueFrame(1, 60))
+	res, _ := q.push(coreQueueFrame(1, 60).ref())
 	require.Equal(t, pushAccepted, res)
-	res, c := q.push(coreQueueFrame(2, 41))
+	res, c := q.push(coreQueueFrame(2, 41).ref())
 	assert.Equal(t, pushRejectedBytes, res)
 	assert.Equal(t, ReasonQueueBytesOverflow, res.reason())
 	assert.Equal(t, queueCounts{liveCount: 1, maxQueued: 16, liveBytes: 60, maxBytes: 100}, c)
-	res, c = q.push(coreQueueFrame(3, 40)) // exactly the cap fits
+	res, c = q.push(coreQueueFrame(3, 40).ref()) // exactly the cap fits
 	assert.Equal(t, pushAccepted, res)
 	assert.Equal(t, queueCounts{liveCount: 2, maxQueued: 16, liveBytes: 100, maxBytes: 100}, c)
 }
 
 func TestQueueAcceptsOversizedEventWhenNoLiveEntries(t *testing.T) {
 	q := newQueue(16, 100)
-	q.forcePush(coreQueueFrame(0, 50)) // forced entries do not count
-	res, c := q.push(coreQueueFrame(1, 500))
+	q.forcePush(coreQueueFrame(0, 50).ref()) // forced entries do not count
+	res, c := q.push(coreQueueFrame(1, 500).ref())
 	require.Equal(t, pushAccepted, res)
 	assert.Equal(t, 1, c.liveCount)
 	assert.Equal(t, 500, c.liveBytes)
 
-	res, c = q.push(coreQueueFrame(2, 1))
+	res, c = q.push(coreQueueFrame(2, 1).ref())
 	assert.Equal(t, pushRejectedBytes, res, "the next live push behind it is rejected")
 	assert.Equal(t, 500, c.liveBytes)
 
 	q.popAll(nil)
-	res, _ = q.push(coreQueueFrame(3, 1))
+	res, _ = q.push(coreQueueFrame(3, 1).ref())
 	assert.Equal(t, pushAccepted, res)
 }
 
 func TestQueueForcePushBypassesCapsAndCountsZero(t *testing.T) {
 	q := newQueue(1, 10)
-	res, _ := q.push(coreQueueFrame(1, 5))
+	res, _ := q.push(coreQueueFrame(1, 5).ref())
 	require.Equal(t, pushAccepted, res)
 	for range 5 {
-		require.True(t, q.forcePush(coreQueueFrame(0, 1000)))
+		require.True(t, q.forcePush(coreQueueFrame(0, 1000).ref()))
 	}
 	assert.Equal(t, queueCounts{liveCount: 1, maxQueued: 1, liveBytes: 5, maxBytes: 10}, q.counts())
 	assert.Equal(t, 6, q.len())
-	res, _ = q.push(coreQueueFrame(2, 1))
+	res, _ = q.push(coreQueueFrame(2, 1).ref())
 	assert.Equal(t, pushRejectedFrames, res)
 }
 
 func TestQueueCloseWithDrainDeliversBufferedThenEnd(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10))
-	q.push(coreQueueFrame(2, 10))
-	q.forcePush(coreQueueFrame(0, 10))
+	q.push(coreQueueFrame(1, 10).ref())
+	q.push(coreQueueFrame(2, 10).ref())
+	q.forcePush(coreQueueFrame(0, 10).ref())
 	assert.Equal(t, 0, q.close(true))
 	for _, want := range []uint64{1, 2, 0} {
 		e, st := q.pop()
@@ -151,7 +151,7 @@ func TestQueueCloseWithDrainDeliversBufferedThenEnd(t *testing.T) {
 
 	// The same through popAll: the last frames come with open == false.
 	q = newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10))
+	q.push(coreQueueFrame(1, 10).ref())
 	q.close(true)
 	fs, open := q.popAll(nil)
 	assert.False(t, open)
@@ -163,9 +163,9 @@ func TestQueueCloseWithDrainDeliversBufferedThenEnd(t *testing.T) {
 
 func TestQueueCloseWithoutDrainDropsAtOnce(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10))
-	q.push(coreQueueFrame(2, 10))
-	q.forcePush(coreQueueFrame(0, 10))
+	q.push(coreQueueFrame(1, 10).ref())
+	q.push(coreQueueFrame(2, 10).ref())
+	q.forcePush(coreQueueFrame(0, 10).ref())
 	assert.Equal(t, 3, q.close(false))
 	_, st := q.pop()
 	assert.Equal(t, popEnded, st)
@@ -176,8 +176,8 @@ func TestQueueCloseWithoutDrainDropsAtOnce(t *testing.T) {
 
 func TestQueueCloseWithoutDrainAfterDrainDrops(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10))
-	q.push(coreQueueFrame(2, 10))
+	q.push(coreQueueFrame(1, 10).ref())
+	q.push(coreQueueFrame(2, 10).ref())
 	assert.Equal(t, 0, q.close(true))
 	assert.Equal(t, 0, q.close(true), "idempotent")
 	assert.Equal(t, 2, q.close(false))
@@ -190,12 +190,12 @@ func TestQueuePushesAfterCloseIgnored(t *testing.T) {
 	for _, drain := range []bool{true, false} {
 		q := newQueue(1, 10)
 		q.close(drain)
-		res, _ := q.push(coreQueueFrame(1, 5))
+		res, _ := q.push(coreQueueFrame(1, 5).ref())
 		assert.Equal(t, pushIgnored, res, "never a rejection, so never an eviction")
 		// Even a push that would overflow is ignored, not rejected.
-		res, _ = q.push(coreQueueFrame(2, 500))
+		res, _ = q.push(coreQueueFrame(2, 500).ref())
 		assert.Equal(t, pushIgnored, res)
-		assert.False(t, q.forcePush(coreQueueFrame(0, 5)))
+		assert.False(t, q.forcePush(coreQueueFrame(0, 5).ref()))
 		assert.Equal(t, 0, q.len())
 		assert.Equal(t, 0, q.counts().liveCount)
 	}
@@ -207,28 +207,28 @@ func TestQueueReadyTokenWhenTheConsumerWaits(t *testing.T) {
 	// channel operation.
 	q := newQueue(16, 1000)
 	assert.False(t, hasToken(q))
-	q.push(coreQueueFrame(1, 10))
+	q.push(coreQueueFrame(1, 10).ref())
 	assert.True(t, hasToken(q), "a fresh queue's consumer may already wait")
-	q.push(coreQueueFrame(2, 10))
+	q.push(coreQueueFrame(2, 10).ref())
 	assert.False(t, hasToken(q), "one token per wait")
 
 	out, _ := q.popAll(nil)
 	require.Len(t, out, 2)
-	q.forcePush(coreQueueFrame(0, 10))
+	q.forcePush(coreQueueFrame(0, 10).ref())
 	assert.False(t, hasToken(q), "the consumer took frames and has not waited since")
 
 	out, _ = q.popAll(nil)
 	require.Len(t, out, 1)
 	out, _ = q.popAll(nil)
 	require.Empty(t, out) // now it waits
-	q.forcePush(coreQueueFrame(0, 10))
+	q.forcePush(coreQueueFrame(0, 10).ref())
 	assert.True(t, hasToken(q), "a forced push wakes a waiting consumer too")
 
 	// Tokens never pile up: the channel holds at most one.
 	q.popAll(nil)
 	q.popAll(nil)
-	q.push(coreQueueFrame(3, 10))
-	q.push(coreQueueFrame(4, 10))
+	q.push(coreQueueFrame(3, 10).ref())
+	q.push(coreQueueFrame(4, 10).ref())
 	assert.True(t, hasToken(q))
 	assert.False(t, hasToken(q))
 
@@ -238,7 +238,7 @@ func TestQueueReadyTokenWhenTheConsumerWaits(t *testing.T) {
 	require.Equal(t, popOK, st)
 	_, st = q.pop()
 	require.Equal(t, popEmpty, st) // pop waits like popAll
-	q.push(coreQueueFrame(5, 10))
+	q.push(coreQueueFrame(5, 10).ref())
 	assert.True(t, hasToken(q))
 }
 
@@ -251,7 +251,7 @@ func TestQueueReadyTokenOnClose(t *testing.T) {
 	assert.False(t, open)
 
 	q = newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10))
+	q.push(coreQueueFrame(1, 10).ref())
 	require.True(t, hasToken(q))
 	q.close(true)
 	assert.True(t, hasToken(q), "close wakes even a consumer that has not waited")
@@ -265,9 +265,9 @@ func TestQueueReadyTokenOnClose(t *testing.T) {
 
 func TestQueuePopAll(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10))
-	q.forcePush(coreQueueFrame(0, 10))
-	q.push(coreQueueFrame(2, 10))
+	q.push(coreQueueFrame(1, 10).ref())
+	q.forcePush(coreQueueFrame(0, 10).ref())
+	q.push(coreQueueFrame(2, 10).ref())
 	dst := []Frame{coreQueueFrame(99, 1)}
 	fs, open := q.popAll(dst)
 	assert.True(t, open)
@@ -283,9 +283,9 @@ func TestQueuePopAll(t *testing.T) {
 
 func TestQueuePopClearsSlot(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10))
-	q.push(coreQueueFrame(2, 10))
-	q.push(coreQueueFrame(3, 10))
+	q.push(coreQueueFrame(1, 10).ref())
+	q.push(coreQueueFrame(2, 10).ref())
+	q.push(coreQueueFrame(3, 10).ref())
 	require.Equal(t, 0, q.head)
 	q.pop()
 	assert.Equal(t, queueEntry{}, q.buf[0], "a popped slot must not pin its frame")
@@ -303,9 +303,9 @@ func TestQueueWrapsAroundKeepingOrder(t *testing.T) {
 		// grows while wrapped.
 		for range round%7 + 3 {
 			if round%3 == 0 {
-				q.forcePush(coreQueueFrame(next, 1))
+				q.forcePush(coreQueueFrame(next, 1).ref())
 			} else {
-				q.push(coreQueueFrame(next, 1))
+				q.push(coreQueueFrame(next, 1).ref())
 			}
 			next++
 		}
@@ -330,12 +330,12 @@ func TestQueueWrapsAroundKeepingOrder(t *testing.T) {
 
 func TestQueueReserveAvoidsRegrowth(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 1))
+	q.push(coreQueueFrame(1, 1).ref())
 	q.reserve(1000)
 	require.GreaterOrEqual(t, len(q.buf), 1001)
 	first := &q.buf[0]
 	for i := range 1000 {
-		q.forcePush(coreQueueFrame(uint64(i+2), 1))
+		q.forcePush(coreQueueFrame(uint64(i+2), 1).ref())
 	}
 	assert.Same(t, first, &q.buf[0], "no reallocation after reserve")
 	e, _ := q.pop()

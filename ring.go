@@ -8,8 +8,13 @@ package eventbus
 // with id x sits at offset x-first from the oldest: lookup by id is O(1).
 // The backing slice grows by doubling up to maxLen, so a quiet session does
 // not pay for a full ring up front, and append stays amortised O(1).
+//
+// It holds pointers to the frames Publish made, the same ones every
+// subscriber's queue holds: a frame is stored once however many places
+// refer to it, and a replay queues pointers without copying or allocating.
+// A frame is never modified after it is made.
 type ring struct {
-	buf      []Frame
+	buf      []*Frame
 	head     int // index of the oldest frame
 	n        int
 	bytes    int
@@ -44,7 +49,7 @@ func (r *ring) lastID() uint64 {
 }
 
 // at returns the i-th oldest frame.
-func (r *ring) at(i int) Frame {
+func (r *ring) at(i int) *Frame {
 	j := r.head + i
 	if j >= len(r.buf) {
 		j -= len(r.buf)
@@ -56,7 +61,7 @@ func (r *ring) at(i int) Frame {
 // holds more than maxLen frames or maxBytes bytes; the newest always stays.
 // A frame whose id does not follow the newest one restarts the ring, so the
 // ids held stay contiguous.
-func (r *ring) append(f Frame) {
+func (r *ring) append(f *Frame) {
 	if r.n > 0 && f.id != r.lastID()+1 {
 		r.reset()
 	}
@@ -85,7 +90,7 @@ func (r *ring) grow() {
 	}
 	size := max(2*len(r.buf), 16)
 	size = min(size, r.maxLen)
-	buf := make([]Frame, size)
+	buf := make([]*Frame, size)
 	for i := range r.n {
 		buf[i] = r.at(i)
 	}
@@ -94,7 +99,7 @@ func (r *ring) grow() {
 
 func (r *ring) dropOldest() {
 	r.bytes -= r.buf[r.head].Size()
-	r.buf[r.head] = Frame{} // clear, so the ring does not pin evicted bytes
+	r.buf[r.head] = nil // clear, so the ring does not pin evicted bytes
 	r.head++
 	if r.head == len(r.buf) {
 		r.head = 0

@@ -18,7 +18,7 @@ func ringIDs(r *ring) []uint64 {
 
 func appendRange(r *ring, from, to uint64, size int) {
 	for id := from; id <= to; id++ {
-		r.append(coreQueueFrame(id, size))
+		r.append(coreQueueFrame(id, size).ref())
 	}
 }
 
@@ -80,8 +80,7 @@ func TestRingClearsOverwrittenSlots(t *testing.T) {
 	r = newRing(16, 250)
 	appendRange(&r, 1, 3, 100) // 300 > 250: frame 1 goes
 	require.Equal(t, []uint64{2, 3}, ringIDs(&r))
-	assert.Equal(t, Frame{}, r.buf[0])
-	assert.Nil(t, r.buf[0].wire)
+	assert.Nil(t, r.buf[0])
 
 	// reset releases everything.
 	r.reset()
@@ -115,10 +114,10 @@ func TestRingBoundedByBytes(t *testing.T) {
 func TestRingNewestAlwaysStays(t *testing.T) {
 	r := newRing(10, 100)
 	appendRange(&r, 1, 3, 50)
-	r.append(coreQueueFrame(4, 5000)) // larger than the whole budget
+	r.append(coreQueueFrame(4, 5000).ref()) // larger than the whole budget
 	assert.Equal(t, []uint64{4}, ringIDs(&r))
 	assert.Equal(t, 5000, r.Bytes())
-	r.append(coreQueueFrame(5, 10)) // now the big one goes
+	r.append(coreQueueFrame(5, 10).ref()) // now the big one goes
 	assert.Equal(t, []uint64{5}, ringIDs(&r))
 	assert.Equal(t, 10, r.Bytes())
 
@@ -132,7 +131,7 @@ func TestRingGrowsByDoublingUpToMaxLen(t *testing.T) {
 	assert.Empty(t, r.buf, "a quiet session pays for nothing")
 	var sizes []int
 	for id := uint64(1); id <= 250; id++ {
-		r.append(coreQueueFrame(id, 1))
+		r.append(coreQueueFrame(id, 1).ref())
 		if len(sizes) == 0 || sizes[len(sizes)-1] != len(r.buf) {
 			sizes = append(sizes, len(r.buf))
 		}
@@ -142,7 +141,7 @@ func TestRingGrowsByDoublingUpToMaxLen(t *testing.T) {
 	assert.Equal(t, uint64(151), r.firstID())
 
 	small := newRing(3, 1<<20)
-	small.append(coreQueueFrame(1, 1))
+	small.append(coreQueueFrame(1, 1).ref())
 	assert.Len(t, small.buf, 3, "never above maxLen")
 }
 
@@ -168,7 +167,7 @@ func TestRingGrowthWhileWrappedKeepsOrder(t *testing.T) {
 func TestRingNonContiguousAppendRestarts(t *testing.T) {
 	r := newRing(10, 1<<20)
 	appendRange(&r, 1, 5, 10)
-	r.append(coreQueueFrame(9, 10))
+	r.append(coreQueueFrame(9, 10).ref())
 	assert.Equal(t, []uint64{9}, ringIDs(&r))
 	assert.Equal(t, 10, r.Bytes())
 	assert.Equal(t, 0, r.indexOf(9))

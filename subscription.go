@@ -182,14 +182,14 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 // entries a backplane read from its log.
 type replaySource interface {
 	Len() int
-	at(i int) Frame
+	at(i int) *Frame
 }
 
 type frameSlice []Frame
 
 // Len is the number of frames held.
-func (f frameSlice) Len() int       { return len(f) }
-func (f frameSlice) at(i int) Frame { return f[i] }
+func (f frameSlice) Len() int        { return len(f) }
+func (f frameSlice) at(i int) *Frame { return &f[i] }
 
 // ringCoversLocked reports whether the ring alone can answer a resume:
 // same epoch, a cursor in this epoch, and nothing after it evicted.
@@ -212,7 +212,7 @@ func epochMismatch(opts SubscribeOptions, epoch string) bool {
 // ids, whatever the filter. Every frame is forced: replay never counts
 // toward the live caps. For the ring it runs under the bus lock, so no live
 // event slips between the replay and the live stream.
-func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySource, first, nextID uint64, push func(Frame)) {
+func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySource, first, nextID uint64, push func(*Frame)) {
 	n := opts.LastEventID
 	now := b.now()
 	earliest := first
@@ -228,10 +228,10 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 		if mismatch {
 			detail = "epoch_mismatch"
 		}
-		push(resyncFrame(ReasonEpochReset, detail, n, earliest, b.epoch, now))
+		push(resyncFrame(ReasonEpochReset, detail, n, earliest, b.epoch, now).ref())
 		b.stats.resync(ReasonEpochReset)
 	case first > n+1:
-		push(resyncFrame(ReasonRingEvicted, "", n, first, b.epoch, now))
+		push(resyncFrame(ReasonRingEvicted, "", n, first, b.epoch, now).ref())
 		b.stats.resync(ReasonRingEvicted)
 	default:
 		start = src.Len()
@@ -251,7 +251,7 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 			continue
 		}
 		if replayed > 0 && spent+f.Size() > budget {
-			push(resyncFrame(ReasonReplayBudgetExceeded, "", last, f.id, b.epoch, now))
+			push(resyncFrame(ReasonReplayBudgetExceeded, "", last, f.id, b.epoch, now).ref())
 			b.stats.resync(ReasonReplayBudgetExceeded)
 			for ; i < src.Len(); i++ {
 				if s.filter.match(src.at(i).typ) {
@@ -265,7 +265,7 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 		replayed++
 		last = f.id
 	}
-	push(replayCompleteFrame(replayed, last, b.epoch, now))
+	push(replayCompleteFrame(replayed, last, b.epoch, now).ref())
 }
 
 // checkWarningLocked runs SPEC 6's warning check after an accepted live
@@ -293,7 +293,7 @@ func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic,
 		return Diagnostic{}, false
 	}
 	s.warned = true
-	s.q.forcePushMarker(warningFrame(c, id, threshold, s.bus.now()))
+	s.q.forcePushMarker(warningFrame(c, id, threshold, s.bus.now()).ref())
 	s.bus.stats.warnings.Add(1)
 	return Diagnostic{DiagSlowClient, "eventbus: slow client", []slog.Attr{
 		slog.String("threshold", threshold), slog.Uint64("lastEventId", id),
@@ -306,7 +306,7 @@ func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic,
 // this is the third overflow within OverflowWindow (then it reports false
 // and the caller evicts), the queued live frames are dropped, a
 // state_resync_required frame is queued, then f. The subscriber stays.
-func (s *Subscription) overflowResyncLocked(f Frame, res pushResult, lastID uint64) (Diagnostic, bool) {
+func (s *Subscription) overflowResyncLocked(f *Frame, res pushResult, lastID uint64) (Diagnostic, bool) {
 	b := s.bus
 	now := b.now()
 	if s.noverflows == 2 && now-s.overflows[0] < OverflowWindow.Milliseconds() {
@@ -322,8 +322,8 @@ func (s *Subscription) overflowResyncLocked(f Frame, res pushResult, lastID uint
 	if f.kind != kindEvent {
 		earliest = lastID + 1
 	}
-	dropped, lastDelivered := s.q.resync(f, func(lastDelivered uint64) Frame {
-		return resyncFrame(reason, "", lastDelivered, earliest, b.epoch, now)
+	dropped, lastDelivered := s.q.resync(f, func(lastDelivered uint64) *Frame {
+		return resyncFrame(reason, "", lastDelivered, earliest, b.epoch, now).ref()
 	})
 	b.stats.dropOverflow.Add(uint64(dropped))
 	b.stats.resync(reason)
@@ -354,7 +354,7 @@ func (s *Subscription) behind(c queueCounts) bool {
 func (s *Subscription) evict(ev eviction) Diagnostic {
 	b := s.bus
 	s.end(fmt.Errorf("%w: %s", ErrEvicted, ev.reason))
-	s.q.forcePush(evictedFrame(ev.reason, ev.id, ev.counts, ev.bytes, b.now()))
+	s.q.forcePush(evictedFrame(ev.reason, ev.id, ev.counts, ev.bytes, b.now()).ref())
 	s.q.close(true)
 	s.release()
 	b.stats.eviction(ev.reason)
