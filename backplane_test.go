@@ -212,7 +212,7 @@ func TestRemoteResumeHistoryErrorIsAnExplicitResync(t *testing.T) {
 func TestHeldQueueHidesLiveFramesUntilReplayIsQueued(t *testing.T) {
 	q := newQueue(16, 1<<20)
 	q.hold()
-	_, _ = q.push(testFrame(7, 10).ref())
+	_, _ = q.pushNow(testFrame(7, 10).ref())
 	out, open := q.popAll(nil)
 	assert.Empty(t, out)
 	assert.True(t, open)

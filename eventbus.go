@@ -301,7 +301,14 @@ type fanout struct {
 	// behind is set when a subscriber's queue is past the warning
 	// threshold after this publish.
 	behind bool
+	// wake holds the queues whose consumers push reported waiting, woken
+	// by finish (see boundedAsyncQueue.push); from wakePool, nil if none.
+	wake *[]*boundedAsyncQueue
 }
+
+// wakePool recycles fanout.wake lists, so a publish allocates nothing for
+// them at any subscriber count.
+var wakePool = sync.Pool{New: func() any { return new([]*boundedAsyncQueue) }}
 
 // Publish assigns the event the next id, appends it to the ring and queues
 // it for every subscriber whose filter matches, and returns the stamped
@@ -415,7 +422,13 @@ func (b *EventBus) fanOutLocked(f *Frame, lastID uint64, out *fanout) {
 		if !s.filter.match(f.typ) {
 			continue
 		}
-		res, c := s.q.push(f)
+		res, c, wake := s.q.push(f)
+		if wake {
+			if out.wake == nil {
+				out.wake = wakePool.Get().(*[]*boundedAsyncQueue)
+			}
+			*out.wake = append(*out.wake, &s.q)
+		}
 		switch res {
 		case pushAccepted:
 			if d, ok := s.checkWarningLocked(c, lastID); ok {
@@ -446,9 +459,18 @@ func (b *EventBus) fanOutLocked(f *Frame, lastID uint64, out *fanout) {
 	}
 }
 
-// finish ends the subscribers a publish evicted and emits its
-// diagnostics, after the lock is released.
+// finish wakes the consumers a publish queued frames for, ends the
+// subscribers it evicted and emits its diagnostics, after the lock is
+// released.
 func (b *EventBus) finish(out *fanout) {
+	if w := out.wake; w != nil {
+		for _, q := range *w {
+			q.wake()
+		}
+		clear(*w)
+		*w = (*w)[:0]
+		wakePool.Put(w)
+	}
 	for _, ev := range out.evicted {
 		out.diags = append(out.diags, ev.s.evict(ev))
 	}

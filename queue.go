@@ -49,7 +49,8 @@ type queueEntry struct {
 // that finds nothing marks the consumer waiting; the next push (or close)
 // then leaves one token in ready. So a consumer must pop until a pop comes
 // back empty before it waits on ready, and a busy consumer costs pushers no
-// channel operation at all. No goroutine is involved.
+// channel operation at all. A token can be stale (see wake): waking finds
+// nothing and waits again. No goroutine is involved.
 //
 // liveCount and liveBytes are fields, updated on push and on dequeue, never
 // derived from positions: a forced frame at the tail must not skew them.
@@ -88,6 +89,15 @@ func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 // push appends f as a live entry unless a cap rejects it, and returns the
 // live counts: after the push when accepted, before it when rejected.
 //
+// wake reports that the consumer was waiting: the caller must call wake,
+// once it has done the rest of its work (Publish does it after the bus
+// lock, for every subscriber at once). push does not send the token itself:
+// waking each consumer in the middle of a fan-out lets another processor
+// run it at once, drain a single frame and wait again, before the next
+// event wakes it again: one wake-up per delivery. Woken together after the
+// fan-out, consumers are still queued to run when the next event comes, so
+// that event needs no wake-up and they drain batches (BENCHMARKS.md).
+//
 // A single frame larger than the byte cap is accepted when no live entry is
 // queued, so an oversized event still reaches a keeping-up consumer; the next
 // live push behind it is rejected.
@@ -95,10 +105,10 @@ func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 // A signal with the same (type, about) as a queued, undelivered signal
 // replaces it in place instead (pushCoalesced): it takes the older one's
 // position, liveCount is unchanged and liveBytes moves by the difference.
-func (q *boundedAsyncQueue) push(f *Frame) (pushResult, queueCounts) {
+func (q *boundedAsyncQueue) push(f *Frame) (res pushResult, c queueCounts, wake bool) {
 	size := f.Size()
 	q.mu.Lock()
-	c := queueCounts{q.liveCount, q.maxQueued, q.liveBytes, q.maxBytes}
+	c = queueCounts{q.liveCount, q.maxQueued, q.liveBytes, q.maxBytes}
 	if f.kind == kindSignal && !q.closed {
 		if pos, ok := q.signals[signalKey{f.typ, f.about}]; ok {
 			j := q.index(int(pos - q.popped))
@@ -106,27 +116,41 @@ func (q *boundedAsyncQueue) push(f *Frame) (pushResult, queueCounts) {
 			q.buf[j].f = f
 			c.liveBytes = q.liveBytes
 			q.mu.Unlock()
-			return pushCoalesced, c
+			return pushCoalesced, c, false
 		}
 	}
 	switch {
 	case q.closed:
 		q.mu.Unlock()
-		return pushIgnored, c
+		return pushIgnored, c, false
 	case q.liveCount >= q.maxQueued:
 		q.mu.Unlock()
-		return pushRejectedFrames, c
+		return pushRejectedFrames, c, false
 	case q.liveCount > 0 && q.liveBytes+size > q.maxBytes:
 		q.mu.Unlock()
-		return pushRejectedBytes, c
+		return pushRejectedBytes, c, false
 	}
 	q.appendLiveLocked(f)
 	q.liveCount++
 	q.liveBytes += size
 	c.liveCount, c.liveBytes = q.liveCount, q.liveBytes
-	q.signalLocked()
+	wake = q.waiting
+	q.waiting = false
 	q.mu.Unlock()
-	return pushAccepted, c
+	return pushAccepted, c, wake
+}
+
+// wake leaves a token in ready for a consumer that push reported waiting.
+// The send never blocks: a token already there is enough. Sent after
+// q.mu is released, the token may reach a consumer that has popped the
+// frame meanwhile; that consumer finds nothing, waits again, and is woken
+// by the next push or close: a spurious wake-up, never a lost one, because
+// waiting is cleared only together with a send.
+func (q *boundedAsyncQueue) wake() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
 }
 
 // forcePush appends f as a forced entry, bypassing both caps. It reports
@@ -242,17 +266,12 @@ func (q *boundedAsyncQueue) resizeLocked(size int) {
 }
 
 // signalLocked leaves a token in ready if the consumer declared itself
-// waiting. The send never blocks (a token already there is enough) and
-// happens under q.mu, so it cannot overtake a pop and leave a stale token
-// behind for a consumer that has not waited yet.
+// waiting. The rare pushes (forced frames, replay, resync, unhold) wake at
+// once, under q.mu; only live pushes defer it (see push).
 func (q *boundedAsyncQueue) signalLocked() {
-	if !q.waiting {
-		return
-	}
-	q.waiting = false
-	select {
-	case q.ready <- struct{}{}:
-	default:
+	if q.waiting {
+		q.waiting = false
+		q.wake()
 	}
 }
 
@@ -394,10 +413,7 @@ func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 	}
 	// The end must reach a consumer blocked on ready whatever it did
 	// before, so close always leaves a token.
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
+	q.wake()
 	q.waiting = false
 	return dropped
 }

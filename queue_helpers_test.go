@@ -62,3 +62,13 @@ func (q *boundedAsyncQueue) len() int {
 	defer q.mu.Unlock()
 	return q.n
 }
+
+// pushNow is push followed at once by the wake it asks for: the order every
+// caller of push keeps, with nothing in between.
+func (q *boundedAsyncQueue) pushNow(f *Frame) (pushResult, queueCounts) {
+	res, c, wake := q.push(f)
+	if wake {
+		q.wake()
+	}
+	return res, c
+}

@@ -40,8 +40,10 @@ type queueModel struct {
 	maxQueued, maxBytes int
 	closed, held        bool
 	// waiting: the consumer found nothing and may block on ready; token: a
-	// wake-up is buffered in ready.
+	// wake-up is buffered in ready; pending: a live push reported the
+	// consumer waiting and its caller has not called wake yet.
 	waiting, token bool
+	pending        int
 	lastID         uint64
 }
 
@@ -93,8 +95,20 @@ func (m *queueModel) push(f Frame) (pushResult, queueCounts) {
 		return pushRejectedBytes, c
 	}
 	m.entries = append(m.entries, qmEntry{f: f})
-	m.wake()
+	// A live push defers the token to its caller (boundedAsyncQueue.wake).
+	if m.waiting {
+		m.waiting = false
+		m.pending++
+	}
 	return pushAccepted, m.counts()
+}
+
+// deliver is the caller of push sending the deferred token.
+func (m *queueModel) deliver() {
+	if m.pending > 0 {
+		m.pending--
+		m.token = true
+	}
 }
 
 func (m *queueModel) forcePush(f Frame, marker bool) bool {
@@ -259,6 +273,17 @@ func runQueueModel(t *testing.T, data []byte) {
 			strings.Join(trace, "\n  "), fmt.Sprintf(format, args...))
 	}
 	var nextID uint64 = 1
+	// Live pushes leave the wake-up to their caller, which may do other
+	// work first (Publish wakes after the whole fan-out): pending holds a
+	// wake not sent yet, and op 14 sends it, in any interleaving with pops.
+	pending := 0
+	livePush := func(f Frame) (pushResult, queueCounts) {
+		res, c, wake := q.push(f.ref())
+		if wake {
+			pending++
+		}
+		return res, c
+	}
 	sigTypes := []string{"s1", "s2"}
 	sigAbout := []string{"a", "b", "c"}
 
@@ -268,7 +293,7 @@ func runQueueModel(t *testing.T, data []byte) {
 		case 0, 1, 2, 3: // push(size)
 			f := qmFrame(kindEvent, nextID, "t", "", r.intn(48))
 			nextID++
-			gotRes, gotC := q.push(f.ref())
+			gotRes, gotC := livePush(f)
 			wantRes, wantC := m.push(f)
 			trace = append(trace, fmt.Sprintf("push %s -> %v %+v", qmDescribe(f), gotRes, gotC))
 			if gotRes != wantRes || gotC != wantC {
@@ -276,7 +301,7 @@ func runQueueModel(t *testing.T, data []byte) {
 			}
 		case 4: // pushSignal(type, about, size)
 			f := qmFrame(kindSignal, 0, sigTypes[r.intn(2)], sigAbout[r.intn(3)], r.intn(48))
-			gotRes, gotC := q.push(f.ref())
+			gotRes, gotC := livePush(f)
 			wantRes, wantC := m.push(f)
 			trace = append(trace, fmt.Sprintf("signal %s -> %v %+v", qmDescribe(f), gotRes, gotC))
 			if gotRes != wantRes || gotC != wantC {
@@ -403,14 +428,23 @@ func runQueueModel(t *testing.T, data []byte) {
 				fail("ready token: got %v, model %v", got, m.token)
 			}
 			m.token = false
-		case 14: // reserve (no observable effect)
-			q.reserve(r.intn(40))
-			trace = append(trace, "reserve")
+		case 14: // the pusher sends its deferred wake-up, or reserve (no observable effect)
+			if r.intn(2) == 0 {
+				if pending > 0 {
+					q.wake()
+					pending--
+				}
+				m.deliver()
+				trace = append(trace, "deliver wake")
+			} else {
+				q.reserve(r.intn(40))
+				trace = append(trace, "reserve")
+			}
 		case 15: // a burst of pushes, to reach the caps
 			for range 1 + r.intn(8) {
 				f := qmFrame(kindEvent, nextID, "t", "", r.intn(24))
 				nextID++
-				gotRes, gotC := q.push(f.ref())
+				gotRes, gotC := livePush(f)
 				wantRes, wantC := m.push(f)
 				trace = append(trace, fmt.Sprintf("push %s -> %v %+v", qmDescribe(f), gotRes, gotC))
 				if gotRes != wantRes || gotC != wantC {
@@ -439,6 +473,9 @@ func qmCompareState(q *boundedAsyncQueue, m *queueModel, fail func(string, ...an
 	}
 	if tok := len(q.ready) == 1; tok != m.token {
 		fail("ready token buffered: got %v, model %v", tok, m.token)
+	}
+	if q.waiting && q.n > 0 && (!q.held || q.closed) {
+		fail("lost wake-up: the consumer is marked waiting with %d entries it could take", q.n)
 	}
 	if q.lastID != m.lastID {
 		fail("last dequeued id: got %d, model %d", q.lastID, m.lastID)

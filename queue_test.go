@@ -28,7 +28,7 @@ func hasToken(q *boundedAsyncQueue) bool {
 
 func TestQueuePushTagsLiveAndForcePushTagsForced(t *testing.T) {
 	q := newQueue(16, 1000)
-	res, _ := q.push(coreQueueFrame(1, 10).ref())
+	res, _ := q.pushNow(coreQueueFrame(1, 10).ref())
 	require.Equal(t, pushAccepted, res)
 	require.True(t, q.forcePush(coreQueueFrame(2, 10).ref()))
 
@@ -54,7 +54,7 @@ func TestQueueLiveCountersUpdatedOnPushAndPop(t *testing.T) {
 		assert.Equal(t, queueCounts{liveCount: count, maxQueued: 16, liveBytes: bytes, maxBytes: 1000}, c)
 	}
 	for i, size := range []int{10, 20, 30} {
-		res, c := q.push(coreQueueFrame(uint64(i+1), size).ref())
+		res, c := q.pushNow(coreQueueFrame(uint64(i+1), size).ref())
 		require.Equal(t, pushAccepted, res)
 		assert.Equal(t, i+1, c.liveCount, "counts after the push")
 	}
@@ -76,10 +76,10 @@ func TestQueueLiveCountersUpdatedOnPushAndPop(t *testing.T) {
 func TestQueuePushRejectsAtFrameCap(t *testing.T) {
 	q := newQueue(3, 1000)
 	for i := range 3 {
-		res, _ := q.push(coreQueueFrame(uint64(i+1), 10).ref())
+		res, _ := q.pushNow(coreQueueFrame(uint64(i+1), 10).ref())
 		require.Equal(t, pushAccepted, res)
 	}
-	res, c := q.push(coreQueueFrame(4, 10).ref())
+	res, c := q.pushNow(coreQueueFrame(4, 10).ref())
 	assert.Equal(t, pushRejectedFrames, res)
 	assert.Equal(t, ReasonQueueOverflow, res.reason())
 	assert.Equal(t, queueCounts{liveCount: 3, maxQueued: 3, liveBytes: 30, maxBytes: 1000}, c, "counts before the rejected push")
@@ -87,20 +87,20 @@ func TestQueuePushRejectsAtFrameCap(t *testing.T) {
 
 	// The frame rule comes first when both caps are exceeded.
 	q = newQueue(1, 10)
-	q.push(coreQueueFrame(1, 5).ref())
-	res, _ = q.push(coreQueueFrame(2, 100).ref())
+	q.pushNow(coreQueueFrame(1, 5).ref())
+	res, _ = q.pushNow(coreQueueFrame(2, 100).ref())
 	assert.Equal(t, pushRejectedFrames, res)
 }
 
 func TestQueuePushRejectsAtByteCap(t *testing.T) {
 	q := newQueue(16, 100)
-	res, _ := q.push(coreQueueFrame(1, 60).ref())
+	res, _ := q.pushNow(coreQueueFrame(1, 60).ref())
 	require.Equal(t, pushAccepted, res)
-	res, c := q.push(coreQueueFrame(2, 41).ref())
+	res, c := q.pushNow(coreQueueFrame(2, 41).ref())
 	assert.Equal(t, pushRejectedBytes, res)
 	assert.Equal(t, ReasonQueueBytesOverflow, res.reason())
 	assert.Equal(t, queueCounts{liveCount: 1, maxQueued: 16, liveBytes: 60, maxBytes: 100}, c)
-	res, c = q.push(coreQueueFrame(3, 40).ref()) // exactly the cap fits
+	res, c = q.pushNow(coreQueueFrame(3, 40).ref()) // exactly the cap fits
 	assert.Equal(t, pushAccepted, res)
 	assert.Equal(t, queueCounts{liveCount: 2, maxQueued: 16, liveBytes: 100, maxBytes: 100}, c)
 }
@@ -108,37 +108,37 @@ func TestQueuePushRejectsAtByteCap(t *testing.T) {
 func TestQueueAcceptsOversizedEventWhenNoLiveEntries(t *testing.T) {
 	q := newQueue(16, 100)
 	q.forcePush(coreQueueFrame(0, 50).ref()) // forced entries do not count
-	res, c := q.push(coreQueueFrame(1, 500).ref())
+	res, c := q.pushNow(coreQueueFrame(1, 500).ref())
 	require.Equal(t, pushAccepted, res)
 	assert.Equal(t, 1, c.liveCount)
 	assert.Equal(t, 500, c.liveBytes)
 
-	res, c = q.push(coreQueueFrame(2, 1).ref())
+	res, c = q.pushNow(coreQueueFrame(2, 1).ref())
 	assert.Equal(t, pushRejectedBytes, res, "the next live push behind it is rejected")
 	assert.Equal(t, 500, c.liveBytes)
 
 	q.popAll(nil)
-	res, _ = q.push(coreQueueFrame(3, 1).ref())
+	res, _ = q.pushNow(coreQueueFrame(3, 1).ref())
 	assert.Equal(t, pushAccepted, res)
 }
 
 func TestQueueForcePushBypassesCapsAndCountsZero(t *testing.T) {
 	q := newQueue(1, 10)
-	res, _ := q.push(coreQueueFrame(1, 5).ref())
+	res, _ := q.pushNow(coreQueueFrame(1, 5).ref())
 	require.Equal(t, pushAccepted, res)
 	for range 5 {
 		require.True(t, q.forcePush(coreQueueFrame(0, 1000).ref()))
 	}
 	assert.Equal(t, queueCounts{liveCount: 1, maxQueued: 1, liveBytes: 5, maxBytes: 10}, q.counts())
 	assert.Equal(t, 6, q.len())
-	res, _ = q.push(coreQueueFrame(2, 1).ref())
+	res, _ = q.pushNow(coreQueueFrame(2, 1).ref())
 	assert.Equal(t, pushRejectedFrames, res)
 }
 
 func TestQueueCloseWithDrainDeliversBufferedThenEnd(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10).ref())
-	q.push(coreQueueFrame(2, 10).ref())
+	q.pushNow(coreQueueFrame(1, 10).ref())
+	q.pushNow(coreQueueFrame(2, 10).ref())
 	q.forcePush(coreQueueFrame(0, 10).ref())
 	assert.Equal(t, 0, q.close(true))
 	for _, want := range []uint64{1, 2, 0} {
@@ -151,7 +151,7 @@ func TestQueueCloseWithDrainDeliversBufferedThenEnd(t *testing.T) {
 
 	// The same through popAll: the last frames come with open == false.
 	q = newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10).ref())
+	q.pushNow(coreQueueFrame(1, 10).ref())
 	q.close(true)
 	fs, open := q.popAll(nil)
 	assert.False(t, open)
@@ -163,8 +163,8 @@ func TestQueueCloseWithDrainDeliversBufferedThenEnd(t *testing.T) {
 
 func TestQueueCloseWithoutDrainDropsAtOnce(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10).ref())
-	q.push(coreQueueFrame(2, 10).ref())
+	q.pushNow(coreQueueFrame(1, 10).ref())
+	q.pushNow(coreQueueFrame(2, 10).ref())
 	q.forcePush(coreQueueFrame(0, 10).ref())
 	assert.Equal(t, 3, q.close(false))
 	_, st := q.pop()
@@ -176,8 +176,8 @@ func TestQueueCloseWithoutDrainDropsAtOnce(t *testing.T) {
 
 func TestQueueCloseWithoutDrainAfterDrainDrops(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10).ref())
-	q.push(coreQueueFrame(2, 10).ref())
+	q.pushNow(coreQueueFrame(1, 10).ref())
+	q.pushNow(coreQueueFrame(2, 10).ref())
 	assert.Equal(t, 0, q.close(true))
 	assert.Equal(t, 0, q.close(true), "idempotent")
 	assert.Equal(t, 2, q.close(false))
@@ -190,10 +190,10 @@ func TestQueuePushesAfterCloseIgnored(t *testing.T) {
 	for _, drain := range []bool{true, false} {
 		q := newQueue(1, 10)
 		q.close(drain)
-		res, _ := q.push(coreQueueFrame(1, 5).ref())
+		res, _ := q.pushNow(coreQueueFrame(1, 5).ref())
 		assert.Equal(t, pushIgnored, res, "never a rejection, so never an eviction")
 		// Even a push that would overflow is ignored, not rejected.
-		res, _ = q.push(coreQueueFrame(2, 500).ref())
+		res, _ = q.pushNow(coreQueueFrame(2, 500).ref())
 		assert.Equal(t, pushIgnored, res)
 		assert.False(t, q.forcePush(coreQueueFrame(0, 5).ref()))
 		assert.Equal(t, 0, q.len())
@@ -207,9 +207,9 @@ func TestQueueReadyTokenWhenTheConsumerWaits(t *testing.T) {
 	// channel operation.
 	q := newQueue(16, 1000)
 	assert.False(t, hasToken(q))
-	q.push(coreQueueFrame(1, 10).ref())
+	q.pushNow(coreQueueFrame(1, 10).ref())
 	assert.True(t, hasToken(q), "a fresh queue's consumer may already wait")
-	q.push(coreQueueFrame(2, 10).ref())
+	q.pushNow(coreQueueFrame(2, 10).ref())
 	assert.False(t, hasToken(q), "one token per wait")
 
 	out, _ := q.popAll(nil)
@@ -227,8 +227,8 @@ func TestQueueReadyTokenWhenTheConsumerWaits(t *testing.T) {
 	// Tokens never pile up: the channel holds at most one.
 	q.popAll(nil)
 	q.popAll(nil)
-	q.push(coreQueueFrame(3, 10).ref())
-	q.push(coreQueueFrame(4, 10).ref())
+	q.pushNow(coreQueueFrame(3, 10).ref())
+	q.pushNow(coreQueueFrame(4, 10).ref())
 	assert.True(t, hasToken(q))
 	assert.False(t, hasToken(q))
 
@@ -238,8 +238,95 @@ func TestQueueReadyTokenWhenTheConsumerWaits(t *testing.T) {
 	require.Equal(t, popOK, st)
 	_, st = q.pop()
 	require.Equal(t, popEmpty, st) // pop waits like popAll
-	q.push(coreQueueFrame(5, 10).ref())
+	q.pushNow(coreQueueFrame(5, 10).ref())
 	assert.True(t, hasToken(q))
+}
+
+func TestQueueLivePushDefersTheWakeToItsCaller(t *testing.T) {
+	q := newQueue(16, 1000)
+	_, _, wake := q.push(coreQueueFrame(1, 10).ref())
+	require.True(t, wake, "a fresh queue's consumer may already wait")
+	assert.False(t, hasToken(q), "push leaves the token to its caller")
+	_, _, wake = q.push(coreQueueFrame(2, 10).ref())
+	assert.False(t, wake, "one wake-up per wait")
+
+	// The consumer takes the frames before the pusher gets to wake it, and
+	// waits again: the late token is spurious, and harmless.
+	out, open := q.popAll(nil)
+	require.Len(t, out, 2)
+	require.True(t, open)
+	out, _ = q.popAll(nil)
+	require.Empty(t, out)
+	q.wake()
+	require.True(t, hasToken(q))
+	out, _ = q.popAll(nil)
+	require.Empty(t, out, "woken by the stale token, the consumer finds nothing")
+
+	// and is still woken by the next push: nothing is lost.
+	_, _, wake = q.push(coreQueueFrame(3, 10).ref())
+	require.True(t, wake)
+	q.wake()
+	require.True(t, hasToken(q))
+	out, _ = q.popAll(nil)
+	require.Len(t, out, 1)
+	assert.Equal(t, uint64(3), out[0].ID())
+
+	// Rejected, coalesced and ignored pushes never ask for a wake-up.
+	out, _ = q.popAll(nil)
+	require.Empty(t, out)
+	full := newQueue(1, 1000)
+	full.pushNow(coreQueueFrame(1, 10).ref())
+	hasToken(full)
+	full.popAll(nil)
+	full.pushNow(coreQueueFrame(2, 10).ref())
+	res, _, wake := full.push(coreQueueFrame(3, 10).ref())
+	require.Equal(t, pushRejectedFrames, res)
+	assert.False(t, wake)
+	full.close(true)
+	res, _, wake = full.push(coreQueueFrame(4, 10).ref())
+	require.Equal(t, pushIgnored, res)
+	assert.False(t, wake)
+}
+
+func TestPublishWakesWaitingConsumersBeforeReturning(t *testing.T) {
+	b, err := New(Options{Logger: quiet})
+	require.NoError(t, err)
+	defer b.Close()
+	var subs []*Subscription
+	for range 3 {
+		s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+		require.NoError(t, err)
+		defer s.Close()
+		out, open := s.AppendReady(nil) // finds nothing: waits
+		require.Empty(t, out)
+		require.True(t, open)
+		subs = append(subs, s)
+	}
+	other, err := b.Subscribe(t.Context(), SubscribeOptions{Types: []string{"other"}})
+	require.NoError(t, err)
+	defer other.Close()
+	other.AppendReady(nil)
+
+	for round := range 3 {
+		_, err = b.Publish(Event{Type: "e"})
+		require.NoError(t, err)
+		for i, s := range subs {
+			select {
+			case <-s.Ready():
+			default:
+				t.Fatalf("round %d: subscriber %d has no token after Publish returned", round, i)
+			}
+			out, _ := s.AppendReady(nil)
+			require.Len(t, out, 1)
+			out, _ = s.AppendReady(nil) // waits again
+			require.Empty(t, out)
+		}
+		select {
+		case <-other.Ready():
+			t.Fatal("a subscriber that filtered the event out was woken")
+		default:
+		}
+	}
 }
 
 func TestQueueReadyTokenOnClose(t *testing.T) {
@@ -251,7 +338,7 @@ func TestQueueReadyTokenOnClose(t *testing.T) {
 	assert.False(t, open)
 
 	q = newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10).ref())
+	q.pushNow(coreQueueFrame(1, 10).ref())
 	require.True(t, hasToken(q))
 	q.close(true)
 	assert.True(t, hasToken(q), "close wakes even a consumer that has not waited")
@@ -265,9 +352,9 @@ func TestQueueReadyTokenOnClose(t *testing.T) {
 
 func TestQueuePopAll(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10).ref())
+	q.pushNow(coreQueueFrame(1, 10).ref())
 	q.forcePush(coreQueueFrame(0, 10).ref())
-	q.push(coreQueueFrame(2, 10).ref())
+	q.pushNow(coreQueueFrame(2, 10).ref())
 	dst := []Frame{coreQueueFrame(99, 1)}
 	fs, open := q.popAll(dst)
 	assert.True(t, open)
@@ -283,9 +370,9 @@ func TestQueuePopAll(t *testing.T) {
 
 func TestQueuePopClearsSlot(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 10).ref())
-	q.push(coreQueueFrame(2, 10).ref())
-	q.push(coreQueueFrame(3, 10).ref())
+	q.pushNow(coreQueueFrame(1, 10).ref())
+	q.pushNow(coreQueueFrame(2, 10).ref())
+	q.pushNow(coreQueueFrame(3, 10).ref())
 	require.Equal(t, 0, q.head)
 	q.pop()
 	assert.Equal(t, queueEntry{}, q.buf[0], "a popped slot must not pin its frame")
@@ -305,7 +392,7 @@ func TestQueueWrapsAroundKeepingOrder(t *testing.T) {
 			if round%3 == 0 {
 				q.forcePush(coreQueueFrame(next, 1).ref())
 			} else {
-				q.push(coreQueueFrame(next, 1).ref())
+				q.pushNow(coreQueueFrame(next, 1).ref())
 			}
 			next++
 		}
@@ -330,7 +417,7 @@ func TestQueueWrapsAroundKeepingOrder(t *testing.T) {
 
 func TestQueueReserveAvoidsRegrowth(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.push(coreQueueFrame(1, 1).ref())
+	q.pushNow(coreQueueFrame(1, 1).ref())
 	q.reserve(1000)
 	require.GreaterOrEqual(t, len(q.buf), 1001)
 	first := &q.buf[0]

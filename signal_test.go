@@ -506,17 +506,17 @@ func TestQueueCoalesceAdjustsLiveBytesBySizeDifference(t *testing.T) {
 	newer := signalFrame("x", "a", 123456789)
 	require.Equal(t, 8, newer.Size()-old.Size())
 
-	res, _ := q.push(evs[0].ref())
+	res, _ := q.pushNow(evs[0].ref())
 	require.Equal(t, pushAccepted, res)
-	res, _ = q.push(old.ref())
+	res, _ = q.pushNow(old.ref())
 	require.Equal(t, pushAccepted, res)
-	res, _ = q.push(evs[1].ref())
+	res, _ = q.pushNow(evs[1].ref())
 	require.Equal(t, pushAccepted, res)
 	before := q.counts()
 	require.Equal(t, 3, before.liveCount)
 	require.Equal(t, evs[0].Size()+old.Size()+evs[1].Size(), before.liveBytes)
 
-	res, c := q.push(newer.ref())
+	res, c := q.pushNow(newer.ref())
 	assert.Equal(t, pushCoalesced, res)
 	assert.Equal(t, 3, c.liveCount)
 	assert.Equal(t, before.liveBytes+8, c.liveBytes)
@@ -524,7 +524,7 @@ func TestQueueCoalesceAdjustsLiveBytesBySizeDifference(t *testing.T) {
 	assert.Equal(t, 3, q.len())
 
 	// Back to a shorter one: the difference is negative.
-	res, c = q.push(old.ref())
+	res, c = q.pushNow(old.ref())
 	assert.Equal(t, pushCoalesced, res)
 	assert.Equal(t, before.liveBytes, c.liveBytes)
 
@@ -541,20 +541,20 @@ func TestQueueCoalesceFindsPositionAfterWrapAndGrowth(t *testing.T) {
 	// Move the head so the slice ring wraps, then grow it while a signal
 	// is queued: its recorded position must still find it.
 	for i := range 6 {
-		q.push(evs[i].ref())
+		q.pushNow(evs[i].ref())
 	}
 	for range 5 {
 		_, st := q.pop()
 		require.Equal(t, popOK, st)
 	}
-	q.push(signalFrame("x", "a", 1).ref())
+	q.pushNow(signalFrame("x", "a", 1).ref())
 	for i := 6; i < 30; i++ {
-		q.push(evs[i].ref())
+		q.pushNow(evs[i].ref())
 	}
-	q.push(signalFrame("x", "b", 1).ref())
-	res, _ := q.push(signalFrame("x", "a", 2).ref())
+	q.pushNow(signalFrame("x", "b", 1).ref())
+	res, _ := q.pushNow(signalFrame("x", "a", 2).ref())
 	require.Equal(t, pushCoalesced, res)
-	res, _ = q.push(signalFrame("x", "b", 2).ref())
+	res, _ = q.pushNow(signalFrame("x", "b", 2).ref())
 	require.Equal(t, pushCoalesced, res)
 
 	fs, _ := q.popAll(nil)
@@ -568,22 +568,22 @@ func TestQueueCoalesceFindsPositionAfterWrapAndGrowth(t *testing.T) {
 
 func TestQueueSignalPoppedIsForgotten(t *testing.T) {
 	q := newQueue(16, 1<<20)
-	q.push(signalFrame("x", "a", 1).ref())
+	q.pushNow(signalFrame("x", "a", 1).ref())
 	e, st := q.pop()
 	require.Equal(t, popOK, st)
 	require.True(t, e.f.Signal())
-	res, c := q.push(signalFrame("x", "a", 2).ref())
+	res, c := q.pushNow(signalFrame("x", "a", 2).ref())
 	assert.Equal(t, pushAccepted, res, "a delivered signal is not coalesced")
 	assert.Equal(t, 1, c.liveCount)
-	res, _ = q.push(signalFrame("x", "a", 3).ref())
+	res, _ = q.pushNow(signalFrame("x", "a", 3).ref())
 	assert.Equal(t, pushCoalesced, res)
 }
 
 func TestQueueSignalCoalescingIgnoredWhenClosed(t *testing.T) {
 	q := newQueue(16, 1<<20)
-	q.push(signalFrame("x", "a", 1).ref())
+	q.pushNow(signalFrame("x", "a", 1).ref())
 	q.close(true)
-	res, _ := q.push(signalFrame("x", "a", 2).ref())
+	res, _ := q.pushNow(signalFrame("x", "a", 2).ref())
 	assert.Equal(t, pushIgnored, res)
 	fs, open := q.popAll(nil)
 	assert.False(t, open)
