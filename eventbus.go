@@ -299,7 +299,7 @@ type fanout struct {
 	diags   []Diagnostic
 	evicted []eviction
 	// behind is set when a subscriber's queue is past the warning
-	// threshold after this publish.
+	// threshold after this publish and its yield budget is not spent.
 	behind bool
 	// wake holds the queues whose consumers push reported waiting, woken
 	// by finish (see boundedAsyncQueue.push); from wakePool, nil if none.
@@ -434,7 +434,9 @@ func (b *EventBus) fanOutLocked(f *Frame, lastID uint64, out *fanout) {
 			if d, ok := s.checkWarningLocked(c, lastID); ok {
 				out.diags = append(out.diags, d)
 			}
-			out.behind = out.behind || s.behind(c)
+			if s.yieldFor(c) {
+				out.behind = true
+			}
 		case pushCoalesced:
 			b.stats.dropCoalesced.Add(1)
 		case pushRejectedFrames, pushRejectedBytes:
@@ -481,8 +483,8 @@ func (b *EventBus) finish(out *fanout) {
 		// publisher holds the processor (GOMAXPROCS is small, the publisher
 		// runs a tight loop). Yield once so it can run before it is
 		// evicted. This never waits for anyone: with nothing else to run
-		// Gosched returns at once, and a truly stalled subscriber costs one
-		// yield per publish only until it is evicted.
+		// Gosched returns at once, and a truly stalled subscriber costs at
+		// most maxYields yields per overflow episode.
 		runtime.Gosched()
 	}
 }

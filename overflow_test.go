@@ -357,3 +357,41 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 	assert.Contains(t, coreData(t, fs[len(fs)-1]), `"reason":"queue_overflow","droppedAfter":17`)
 	assert.Zero(t, b.Stats().Dropped.Overflow)
 }
+
+// The publisher yields for a subscriber past the warning threshold (so a
+// consumer that was woken but not scheduled can run before it overflows),
+// but at most maxYields times per overflow episode: a consumer stalled for
+// good must not make every publish until its eviction yield.
+func TestPublishYieldBudgetPerOverflowEpisode(t *testing.T) {
+	b := bus11(t, Options{MaxQueued: 64})
+	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+	require.NoError(t, err)
+	defer s.Close()
+	yields := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return s.yields
+	}
+	publish := func(n int) {
+		for range n {
+			_, err := b.Publish(Event{Type: "e"})
+			require.NoError(t, err)
+		}
+	}
+
+	publish(47)
+	assert.Zero(t, yields(), "below 75% of MaxQueued: no yield")
+	publish(1) // 48 queued: at the threshold
+	assert.Equal(t, 1, yields())
+	publish(maxYields + 5) // still below the cap of 64
+	assert.Equal(t, maxYields, yields(), "the budget caps the yields of one episode")
+	out := drainNow(s)
+	require.Len(t, out, 48+maxYields+5+1, "every event and the warning")
+
+	// Drained below 37.5%: the next accepted push re-arms the warning and
+	// opens a new episode with a fresh budget.
+	publish(1)
+	assert.Zero(t, yields())
+	publish(47)
+	assert.Equal(t, 1, yields())
+}

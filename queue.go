@@ -145,7 +145,7 @@ func (q *boundedAsyncQueue) push(f *Frame) (res pushResult, c queueCounts, wake 
 // q.mu is released, the token may reach a consumer that has popped the
 // frame meanwhile; that consumer finds nothing, waits again, and is woken
 // by the next push or close: a spurious wake-up, never a lost one, because
-// waiting is cleared only together with a send.
+// push clears waiting only when it hands its caller this send.
 func (q *boundedAsyncQueue) wake() {
 	select {
 	case q.ready <- struct{}{}:

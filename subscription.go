@@ -60,6 +60,9 @@ type Subscription struct {
 	// Guarded by bus.mu.
 	warned    bool
 	cancelled bool
+	// yields is how many publishes have yielded for this subscriber in the
+	// current overflow episode (see EventBus.finish); reset with warned.
+	yields int
 	overflows [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
 	// noverflows is how many of overflows are set (0..2). A zero time
 	// cannot mean "unset": a fake clock at the Unix epoch stamps 0 ms.
@@ -275,7 +278,7 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic, bool) {
 	lc, lb := float64(c.liveCount), float64(c.liveBytes)
 	if s.warned && lc <= s.resetFrames && lb <= s.resetBytes {
-		s.warned = false
+		s.warned, s.yields = false, 0
 	}
 	if s.warned {
 		return Diagnostic{}, false
@@ -328,7 +331,7 @@ func (s *Subscription) overflowResyncLocked(f *Frame, res pushResult, lastID uin
 	b.stats.dropOverflow.Add(uint64(dropped))
 	b.stats.resync(reason)
 	// Everything live is gone: the episode is over, warn again next time.
-	s.warned = false
+	s.warned, s.yields = false, 0
 	return Diagnostic{DiagOverflowResync, "eventbus: slow client resynced", []slog.Attr{
 		slog.String("reason", reason), slog.Uint64("lastDeliveredId", lastDelivered),
 		slog.Uint64("earliestAvailableId", earliest), slog.Int("dropped", dropped),
@@ -341,11 +344,23 @@ func (s *Subscription) pastWarning(c queueCounts) (frames, bytes bool) {
 	return float64(c.liveCount) >= s.warnFrames, float64(c.liveBytes) >= s.warnBytes
 }
 
-// behind reports whether the live counts c are past the warning threshold
-// of either cap.
-func (s *Subscription) behind(c queueCounts) bool {
+// maxYields is how many publishes in one overflow episode may yield for a
+// subscriber past the warning threshold (see EventBus.finish).
+const maxYields = 8
+
+// yieldFor reports whether a publish that left s with the live counts c
+// should yield the processor: s is past the warning threshold of either
+// cap, and fewer than maxYields publishes have yielded for it in this
+// episode. The budget matters for a consumer that is stalled for good: it
+// would make every publish until its eviction yield, and the publisher's
+// latency would depend on it (BenchmarkPublishLatency).
+func (s *Subscription) yieldFor(c queueCounts) bool {
 	frames, bytes := s.pastWarning(c)
-	return frames || bytes
+	if (frames || bytes) && s.yields < maxYields {
+		s.yields++
+		return true
+	}
+	return false
 }
 
 // evict ends s after a publish unregistered it under the lock: the
