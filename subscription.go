@@ -62,7 +62,7 @@ type Subscription struct {
 	cancelled bool
 	// yields is how many publishes have yielded for this subscriber in the
 	// current overflow episode (see EventBus.finish); reset with warned.
-	yields int
+	yields    int
 	overflows [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
 	// noverflows is how many of overflows are set (0..2). A zero time
 	// cannot mean "unset": a fake clock at the Unix epoch stamps 0 ms.
