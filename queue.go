@@ -357,16 +357,25 @@ func (q *boundedAsyncQueue) resync(f *Frame, mark func(lastDelivered uint64) *Fr
 }
 
 // popAll appends every buffered frame to dst. open is false once the queue
-// is closed and empty: dst then holds the last frames of the stream.
+// is closed and empty: dst then holds the last frames of the stream. A pop
+// that finds nothing declares the consumer waiting (see the type).
 func (q *boundedAsyncQueue) popAll(dst []Frame) (out []Frame, open bool) {
+	return q.take(dst, true)
+}
+
+// tryPopAll is popAll, except that finding nothing does not declare the
+// consumer waiting: a push then sends no wake-up (see Subscription.takeReady).
+func (q *boundedAsyncQueue) tryPopAll(dst []Frame) (out []Frame, open bool) {
+	return q.take(dst, false)
+}
+
+func (q *boundedAsyncQueue) take(dst []Frame, wait bool) (out []Frame, open bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.held && !q.closed {
-		q.waiting = true
-		return dst, true
-	}
-	if q.n == 0 {
-		q.waiting = true
+	if (q.held && !q.closed) || q.n == 0 {
+		if wait {
+			q.waiting = true
+		}
 		return dst, !q.closed
 	}
 	// One pass over the buffered entries with the bookkeeping of popLocked
