@@ -141,13 +141,15 @@ func (m *queueModel) pop() (Frame, bool, popState) {
 	return m.take(), forced, popOK
 }
 
-func (m *queueModel) popAll() ([]Frame, bool) {
+// popAll is the queue's popAll, or with wait false its tryPopAll, which
+// does not declare the consumer waiting when it finds nothing.
+func (m *queueModel) popAll(wait bool) ([]Frame, bool) {
 	if m.held && !m.closed {
-		m.waiting = true
+		m.waiting = m.waiting || wait
 		return nil, true
 	}
 	if len(m.entries) == 0 {
-		m.waiting = true
+		m.waiting = m.waiting || wait
 		return nil, !m.closed
 	}
 	var out []Frame
@@ -341,14 +343,21 @@ func runQueueModel(t *testing.T, data []byte) {
 			if st == popOK && (!sameFrame(e.f, wf) || e.forced != wforced) {
 				fail("pop: got %s forced=%v, model %s forced=%v", qmDescribe(e.f), e.forced, qmDescribe(wf), wforced)
 			}
-		case 8, 9: // popAll
+		case 8, 9: // popAll, or tryPopAll (the first look of takeReady)
 			var dst []Frame
 			if r.intn(2) == 0 {
 				dst = []Frame{qmFrame(kindSynthetic, 0, "sentinel", "", 1)}
 			}
-			got, open := q.popAll(dst)
-			want, wopen := m.popAll()
-			trace = append(trace, fmt.Sprintf("popAll -> %d frames open=%v", len(got)-len(dst), open))
+			wait := op == 8 || r.intn(2) == 0
+			var got []Frame
+			var open bool
+			if wait {
+				got, open = q.popAll(dst)
+			} else {
+				got, open = q.tryPopAll(dst)
+			}
+			want, wopen := m.popAll(wait)
+			trace = append(trace, fmt.Sprintf("popAll(wait=%v) -> %d frames open=%v", wait, len(got)-len(dst), open))
 			if open != wopen {
 				fail("popAll open: got %v, model %v", open, wopen)
 			}
