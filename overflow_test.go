@@ -360,38 +360,36 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 
 // The publisher yields for a subscriber past the warning threshold (so a
 // consumer that was woken but not scheduled can run before it overflows),
-// but at most maxYields times per overflow episode: a consumer stalled for
-// good must not make every publish until its eviction yield.
-func TestPublishYieldBudgetPerOverflowEpisode(t *testing.T) {
+// but a consumer that takes nothing stops costing yields after maxYields
+// publishes in a row: one stalled for good must not make every publish
+// until its eviction yield. One that takes frames keeps its chance.
+func TestPublishYieldBudget(t *testing.T) {
 	b := bus11(t, Options{MaxQueued: 64})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	defer s.Close()
-	yields := func() int {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return s.yields
-	}
-	publish := func(n int) {
+	// yields after each of n publishes.
+	publish := func(n int) []int {
+		var out []int
 		for range n {
 			_, err := b.Publish(Event{Type: "e"})
 			require.NoError(t, err)
+			b.mu.Lock()
+			out = append(out, s.yields)
+			b.mu.Unlock()
 		}
+		return out
 	}
 
-	publish(47)
-	assert.Zero(t, yields(), "below 75% of MaxQueued: no yield")
-	publish(1) // 48 queued: at the threshold
-	assert.Equal(t, 1, yields())
-	publish(maxYields + 5) // still below the cap of 64
-	assert.Equal(t, maxYields, yields(), "the budget caps the yields of one episode")
-	out := drainNow(s)
-	require.Len(t, out, 48+maxYields+5+1, "every event and the warning")
+	assert.Equal(t, make([]int, 47), publish(47), "below 75% of MaxQueued: no yield")
+	assert.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8, 8, 8, 8}, publish(14),
+		"a consumer that takes nothing: maxYields in a row, then none (61 queued, below the cap)")
+	require.Equal(t, 8, maxYields)
 
-	// Drained below 37.5%: the next accepted push re-arms the warning and
-	// opens a new episode with a fresh budget.
-	publish(1)
-	assert.Zero(t, yields())
-	publish(47)
-	assert.Equal(t, 1, yields())
+	// The consumer takes frames: it is alive, and gets its chance again.
+	s.q.mu.Lock()
+	s.q.popLocked()
+	s.q.popLocked()
+	s.q.mu.Unlock()
+	assert.Equal(t, []int{1, 2}, publish(2))
 }

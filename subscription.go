@@ -61,10 +61,11 @@ type Subscription struct {
 	// Guarded by bus.mu.
 	warned    bool
 	cancelled bool
-	// yields is how many publishes have yielded for this subscriber in the
-	// current overflow episode (see EventBus.finish); reset with warned.
-	yields    int
-	overflows [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
+	// yields is how many publishes in a row have yielded for this
+	// subscriber without it taking a frame (see yieldFor); lastLive is its
+	// live count after the last publish that found it past the threshold.
+	yields, lastLive int
+	overflows        [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
 	// noverflows is how many of overflows are set (0..2). A zero time
 	// cannot mean "unset": a fake clock at the Unix epoch stamps 0 ms.
 	noverflows int
@@ -279,7 +280,7 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic, bool) {
 	lc, lb := float64(c.liveCount), float64(c.liveBytes)
 	if s.warned && lc <= s.resetFrames && lb <= s.resetBytes {
-		s.warned, s.yields = false, 0
+		s.warned = false
 	}
 	if s.warned {
 		return Diagnostic{}, false
@@ -332,7 +333,7 @@ func (s *Subscription) overflowResyncLocked(f *Frame, res pushResult, lastID uin
 	b.stats.dropOverflow.Add(uint64(dropped))
 	b.stats.resync(reason)
 	// Everything live is gone: the episode is over, warn again next time.
-	s.warned, s.yields = false, 0
+	s.warned = false
 	return Diagnostic{DiagOverflowResync, "eventbus: slow client resynced", []slog.Attr{
 		slog.String("reason", reason), slog.Uint64("lastDeliveredId", lastDelivered),
 		slog.Uint64("earliestAvailableId", earliest), slog.Int("dropped", dropped),
@@ -345,23 +346,34 @@ func (s *Subscription) pastWarning(c queueCounts) (frames, bytes bool) {
 	return float64(c.liveCount) >= s.warnFrames, float64(c.liveBytes) >= s.warnBytes
 }
 
-// maxYields is how many publishes in one overflow episode may yield for a
-// subscriber past the warning threshold (see EventBus.finish).
+// maxYields is how many publishes in a row may yield for a subscriber past
+// the warning threshold that takes nothing meanwhile (see yieldFor).
 const maxYields = 8
 
 // yieldFor reports whether a publish that left s with the live counts c
-// should yield the processor: s is past the warning threshold of either
-// cap, and fewer than maxYields publishes have yielded for it in this
-// episode. The budget matters for a consumer that is stalled for good: it
-// would make every publish until its eviction yield, and the publisher's
-// latency would depend on it (BenchmarkPublishLatency).
+// should yield the processor (see EventBus.finish): s is past the warning
+// threshold of either cap, and it has taken frames since the last yield, or
+// fewer than maxYields publishes in a row have yielded for it. A consumer
+// that is alive, even if slow, so keeps getting a chance to run before it
+// overflows; one stalled for good costs maxYields yields, not one per
+// publish until its eviction (its peers' publish latency would depend on
+// it: BenchmarkPublishLatency). Each accepted push adds a live frame, so a
+// live count no higher than after the previous such publish means the
+// consumer took some.
 func (s *Subscription) yieldFor(c queueCounts) bool {
 	frames, bytes := s.pastWarning(c)
-	if (frames || bytes) && s.yields < maxYields {
-		s.yields++
-		return true
+	if !frames && !bytes {
+		return false
 	}
-	return false
+	if c.liveCount <= s.lastLive {
+		s.yields = 0
+	}
+	s.lastLive = c.liveCount
+	if s.yields >= maxYields {
+		return false
+	}
+	s.yields++
+	return true
 }
 
 // evict ends s after a publish unregistered it under the lock: the
