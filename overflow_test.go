@@ -360,36 +360,46 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 
 // The publisher yields for a subscriber past the warning threshold (so a
 // consumer that was woken but not scheduled can run before it overflows),
-// but a consumer that takes nothing stops costing yields after maxYields
-// publishes in a row: one stalled for good must not make every publish
-// until its eviction yield. One that takes frames keeps its chance.
-func TestPublishYieldBudget(t *testing.T) {
+// but not for one whose consumer has never taken a frame: that one is not
+// running, and yielding for it on every publish until its eviction would
+// make its peers' publish latency depend on it.
+func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
 	b := bus11(t, Options{MaxQueued: 64})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	defer s.Close()
-	// yields after each of n publishes.
-	publish := func(n int) []int {
-		var out []int
-		for range n {
-			_, err := b.Publish(Event{Type: "e"})
-			require.NoError(t, err)
-			b.mu.Lock()
-			out = append(out, s.yields)
-			b.mu.Unlock()
-		}
-		return out
+	yield := func(live int) bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return s.yieldFor(queueCounts{liveCount: live, maxQueued: 64, maxBytes: 1 << 20})
 	}
 
-	assert.Equal(t, make([]int, 47), publish(47), "below 75% of MaxQueued: no yield")
-	assert.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8, 8, 8, 8}, publish(14),
-		"a consumer that takes nothing: maxYields in a row, then none (61 queued, below the cap)")
-	require.Equal(t, 8, maxYields)
+	// Pushes that only ever add frames: a consumer that takes nothing.
+	for live := 1; live <= 63; live++ {
+		require.False(t, yield(live), "live %d: the consumer never took a frame", live)
+	}
+	// The consumer took frames (the count did not grow): it runs.
+	assert.False(t, yield(10), "below 75%: no yield")
+	assert.True(t, yield(48), "at 75% of MaxQueued")
+	assert.True(t, yield(63))
+	assert.False(t, yield(20))
 
-	// The consumer takes frames: it is alive, and gets its chance again.
-	s.q.mu.Lock()
-	s.q.popLocked()
-	s.q.popLocked()
-	s.q.mu.Unlock()
-	assert.Equal(t, []int{1, 2}, publish(2))
+	// Through Publish: the consumer's first take is noticed.
+	s2, err := b.Subscribe(t.Context(), SubscribeOptions{})
+	require.NoError(t, err)
+	defer s2.Close()
+	took := func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return s2.took
+	}
+	_, err = b.Publish(Event{Type: "e"})
+	require.NoError(t, err)
+	_, err = b.Publish(Event{Type: "e"})
+	require.NoError(t, err)
+	assert.False(t, took())
+	require.Len(t, drainNow(s2), 2)
+	_, err = b.Publish(Event{Type: "e"})
+	require.NoError(t, err)
+	assert.True(t, took())
 }

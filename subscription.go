@@ -61,11 +61,11 @@ type Subscription struct {
 	// Guarded by bus.mu.
 	warned    bool
 	cancelled bool
-	// yields is how many publishes in a row have yielded for this
-	// subscriber without it taking a frame (see yieldFor); lastLive is its
-	// live count after the last publish that found it past the threshold.
-	yields, lastLive int
-	overflows        [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
+	// took is set once the consumer is seen to take a frame (yieldFor);
+	// until then lastLive is the live count after the last accepted push.
+	took      bool
+	lastLive  int
+	overflows [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
 	// noverflows is how many of overflows are set (0..2). A zero time
 	// cannot mean "unset": a fake clock at the Unix epoch stamps 0 ms.
 	noverflows int
@@ -333,7 +333,9 @@ func (s *Subscription) overflowResyncLocked(f *Frame, res pushResult, lastID uin
 	b.stats.dropOverflow.Add(uint64(dropped))
 	b.stats.resync(reason)
 	// Everything live is gone: the episode is over, warn again next time.
+	// The drop is not the consumer taking frames (see yieldFor).
 	s.warned = false
+	s.lastLive = 1
 	return Diagnostic{DiagOverflowResync, "eventbus: slow client resynced", []slog.Attr{
 		slog.String("reason", reason), slog.Uint64("lastDeliveredId", lastDelivered),
 		slog.Uint64("earliestAvailableId", earliest), slog.Int("dropped", dropped),
@@ -346,34 +348,26 @@ func (s *Subscription) pastWarning(c queueCounts) (frames, bytes bool) {
 	return float64(c.liveCount) >= s.warnFrames, float64(c.liveBytes) >= s.warnBytes
 }
 
-// maxYields is how many publishes in a row may yield for a subscriber past
-// the warning threshold that takes nothing meanwhile (see yieldFor).
-const maxYields = 8
-
 // yieldFor reports whether a publish that left s with the live counts c
 // should yield the processor (see EventBus.finish): s is past the warning
-// threshold of either cap, and it has taken frames since the last yield, or
-// fewer than maxYields publishes in a row have yielded for it. A consumer
-// that is alive, even if slow, so keeps getting a chance to run before it
-// overflows; one stalled for good costs maxYields yields, not one per
-// publish until its eviction (its peers' publish latency would depend on
-// it: BenchmarkPublishLatency). Each accepted push adds a live frame, so a
-// live count no higher than after the previous such publish means the
-// consumer took some.
+// threshold of either cap, and its consumer has taken frames before. The
+// yield is for consumers that run but were not scheduled in time; a
+// subscription whose consumer has never taken a frame is not running at
+// all (never iterated, or stuck before its first read), and yielding for
+// it on every publish until its eviction would make its peers' publish
+// latency depend on it (BenchmarkPublishLatency). Each accepted push adds
+// one live frame, so a live count no higher than after the previous
+// accepted push means the consumer took some.
 func (s *Subscription) yieldFor(c queueCounts) bool {
+	if !s.took {
+		s.took = c.liveCount <= s.lastLive
+		s.lastLive = c.liveCount
+		if !s.took {
+			return false
+		}
+	}
 	frames, bytes := s.pastWarning(c)
-	if !frames && !bytes {
-		return false
-	}
-	if c.liveCount <= s.lastLive {
-		s.yields = 0
-	}
-	s.lastLive = c.liveCount
-	if s.yields >= maxYields {
-		return false
-	}
-	s.yields++
-	return true
+	return frames || bytes
 }
 
 // evict ends s after a publish unregistered it under the lock: the
