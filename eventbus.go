@@ -483,8 +483,8 @@ func (b *EventBus) finish(out *fanout) {
 		// publisher holds the processor (GOMAXPROCS is small, the publisher
 		// runs a tight loop). Yield once so it can run before it is
 		// evicted. This never waits for anyone: with nothing else to run
-		// Gosched returns at once. A subscription whose consumer never took
-		// a frame costs no yield (Subscription.yieldFor).
+		// Gosched returns at once. A subscription that nobody has ever read
+		// from costs no yield (Subscription.yieldFor).
 		runtime.Gosched()
 	}
 }

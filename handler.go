@@ -226,7 +226,11 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 	var frames []Frame
 	for {
 		var open bool
-		frames, open = sub.takeReady(frames[:0])
+		// No yield before waiting: between batches the handler writes and
+		// flushes, which gives the publisher time to queue more, and in the
+		// peer harness's tight-publisher runs the yield gave 10x slower
+		// outliers (BENCHMARKS.md).
+		frames, open = sub.takeReady(frames[:0], false)
 		terminal := false
 		for _, f := range frames {
 			s.add(f)

@@ -360,7 +360,7 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 
 // The publisher yields for a subscriber past the warning threshold (so a
 // consumer that was woken but not scheduled can run before it overflows),
-// but not for one whose consumer has never taken a frame: that one is not
+// but not for a subscription nobody has read from yet: that one is not
 // running, and yielding for it on every publish until its eviction would
 // make its peers' publish latency depend on it.
 func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
@@ -374,32 +374,25 @@ func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
 		return s.yieldFor(queueCounts{liveCount: live, maxQueued: 64, maxBytes: 1 << 20})
 	}
 
-	// Pushes that only ever add frames: a consumer that takes nothing.
-	for live := 1; live <= 63; live++ {
-		require.False(t, yield(live), "live %d: the consumer never took a frame", live)
+	for _, live := range []int{1, 47, 48, 63} {
+		require.False(t, yield(live), "live %d: nobody has read from it", live)
 	}
-	// The consumer took frames (the count did not grow): it runs.
-	assert.False(t, yield(10), "below 75%: no yield")
+	// The consumer looks once, even finding nothing: it runs.
+	out, open := s.AppendReady(nil)
+	require.Empty(t, out)
+	require.True(t, open)
+	assert.False(t, yield(47), "below 75%: no yield")
 	assert.True(t, yield(48), "at 75% of MaxQueued")
 	assert.True(t, yield(63))
-	assert.False(t, yield(20))
 
-	// Through Publish: the consumer's first take is noticed.
+	// Through Publish and Events as well.
 	s2, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
-	defer s2.Close()
-	took := func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return s2.took
+	_, err = b.Publish(Event{Type: "e"})
+	require.NoError(t, err)
+	assert.False(t, s2.q.looked.Load())
+	for range s2.Events() {
+		break
 	}
-	_, err = b.Publish(Event{Type: "e"})
-	require.NoError(t, err)
-	_, err = b.Publish(Event{Type: "e"})
-	require.NoError(t, err)
-	assert.False(t, took())
-	require.Len(t, drainNow(s2), 2)
-	_, err = b.Publish(Event{Type: "e"})
-	require.NoError(t, err)
-	assert.True(t, took())
+	assert.True(t, s2.q.looked.Load())
 }

@@ -3,6 +3,7 @@ package eventbus
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // pushResult is the outcome of boundedAsyncQueue.push.
@@ -75,6 +76,9 @@ type boundedAsyncQueue struct {
 	signals map[signalKey]uint64
 	// lastID is the id of the last event the consumer dequeued.
 	lastID uint64
+	// looked is set by the consumer's first pop, and read without q.mu by
+	// the publisher's yield decision (Subscription.yieldFor).
+	looked atomic.Bool
 }
 
 type signalKey struct{ typ, about string }
@@ -370,6 +374,9 @@ func (q *boundedAsyncQueue) tryPopAll(dst []Frame) (out []Frame, open bool) {
 }
 
 func (q *boundedAsyncQueue) take(dst []Frame, wait bool) (out []Frame, open bool) {
+	if !q.looked.Load() {
+		q.looked.Store(true)
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if (q.held && !q.closed) || q.n == 0 {

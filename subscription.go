@@ -61,10 +61,6 @@ type Subscription struct {
 	// Guarded by bus.mu.
 	warned    bool
 	cancelled bool
-	// took is set once the consumer is seen to take a frame (yieldFor);
-	// until then lastLive is the live count after the last accepted push.
-	took      bool
-	lastLive  int
 	overflows [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
 	// noverflows is how many of overflows are set (0..2). A zero time
 	// cannot mean "unset": a fake clock at the Unix epoch stamps 0 ms.
@@ -333,9 +329,7 @@ func (s *Subscription) overflowResyncLocked(f *Frame, res pushResult, lastID uin
 	b.stats.dropOverflow.Add(uint64(dropped))
 	b.stats.resync(reason)
 	// Everything live is gone: the episode is over, warn again next time.
-	// The drop is not the consumer taking frames (see yieldFor).
 	s.warned = false
-	s.lastLive = 1
 	return Diagnostic{DiagOverflowResync, "eventbus: slow client resynced", []slog.Attr{
 		slog.String("reason", reason), slog.Uint64("lastDeliveredId", lastDelivered),
 		slog.Uint64("earliestAvailableId", earliest), slog.Int("dropped", dropped),
@@ -350,21 +344,15 @@ func (s *Subscription) pastWarning(c queueCounts) (frames, bytes bool) {
 
 // yieldFor reports whether a publish that left s with the live counts c
 // should yield the processor (see EventBus.finish): s is past the warning
-// threshold of either cap, and its consumer has taken frames before. The
-// yield is for consumers that run but were not scheduled in time; a
-// subscription whose consumer has never taken a frame is not running at
-// all (never iterated, or stuck before its first read), and yielding for
-// it on every publish until its eviction would make its peers' publish
-// latency depend on it (BenchmarkPublishLatency). Each accepted push adds
-// one live frame, so a live count no higher than after the previous
-// accepted push means the consumer took some.
+// threshold of either cap, and its consumer has looked for frames at least
+// once. The yield is for consumers that run but were not scheduled in time;
+// a subscription that nobody has ever read from (never iterated, or stuck
+// before its first read) is not helped by it, and yielding for it on every
+// publish until its eviction would make its peers' publish latency depend
+// on it (BenchmarkPublishLatency).
 func (s *Subscription) yieldFor(c queueCounts) bool {
-	if !s.took {
-		s.took = c.liveCount <= s.lastLive
-		s.lastLive = c.liveCount
-		if !s.took {
-			return false
-		}
+	if !s.q.looked.Load() {
+		return false
 	}
 	frames, bytes := s.pastWarning(c)
 	return frames || bytes
@@ -449,7 +437,7 @@ func (s *Subscription) Ready() <-chan struct{} { return s.q.ready }
 // consumer that keeps up with its publisher takes frames in batches instead
 // of being woken for every one.
 func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
-	frames, open = s.takeReady(dst)
+	frames, open = s.takeReady(dst, true)
 	s.bus.stats.delivered.Add(uint64(len(frames) - len(dst)))
 	return frames, open
 }
@@ -457,9 +445,13 @@ func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
 // takeReady is AppendReady without counting the frames as delivered: the
 // HTTP handler counts them only once they are written and flushed, so the
 // frames of a failed batch are counted once, as dropped (blocked).
-func (s *Subscription) takeReady(dst []Frame) (frames []Frame, open bool) {
-	frames, open = s.q.tryPopAll(dst)
-	if len(frames) == len(dst) && open {
+//
+// With yield set, a look that finds nothing yields the processor once and
+// looks again before declaring the consumer waiting (see AppendReady).
+func (s *Subscription) takeReady(dst []Frame, yield bool) (frames []Frame, open bool) {
+	if !yield {
+		frames, open = s.q.popAll(dst)
+	} else if frames, open = s.q.tryPopAll(dst); len(frames) == len(dst) && open {
 		// Nothing ready. Declaring the consumer waiting now would make the
 		// next push wake it, and a consumer that keeps up would be woken
 		// once per frame: a park and a wake-up cost more than the frame.
@@ -492,7 +484,7 @@ func (s *Subscription) Events() iter.Seq[Frame] {
 		var batch []Frame
 		for {
 			var open bool
-			batch, open = s.takeReady(batch[:0])
+			batch, open = s.takeReady(batch[:0], true)
 			for i, f := range batch {
 				if !yield(f) {
 					// Only what the loop received is delivered; the rest
