@@ -484,7 +484,7 @@ func (b *EventBus) finish(out *fanout) {
 		// runs a tight loop). Yield once so it can run before it is
 		// evicted. This never waits for anyone: with nothing else to run
 		// Gosched returns at once. A subscription that nobody has ever read
-		// from costs no yield (Subscription.yieldFor).
+		// from costs one yield at most (Subscription.yieldFor).
 		runtime.Gosched()
 	}
 }

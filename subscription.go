@@ -61,7 +61,10 @@ type Subscription struct {
 	// Guarded by bus.mu.
 	warned    bool
 	cancelled bool
-	overflows [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
+	// yieldedUnread is set once a publish yielded for s before its consumer
+	// first looked for frames (see yieldFor).
+	yieldedUnread bool
+	overflows     [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
 	// noverflows is how many of overflows are set (0..2). A zero time
 	// cannot mean "unset": a fake clock at the Unix epoch stamps 0 ms.
 	noverflows int
@@ -344,18 +347,26 @@ func (s *Subscription) pastWarning(c queueCounts) (frames, bytes bool) {
 
 // yieldFor reports whether a publish that left s with the live counts c
 // should yield the processor (see EventBus.finish): s is past the warning
-// threshold of either cap, and its consumer has looked for frames at least
-// once. The yield is for consumers that run but were not scheduled in time;
-// a subscription that nobody has ever read from (never iterated, or stuck
-// before its first read) is not helped by it, and yielding for it on every
-// publish until its eviction would make its peers' publish latency depend
-// on it (BenchmarkPublishLatency).
+// threshold of either cap, and either its consumer has looked for frames
+// at least once, or this is the first yield for it. The yield is for
+// consumers that run but were not scheduled in time, a goroutine started
+// for a new subscription included: one yield lets it run. A subscription
+// that nobody reads from at all (never iterated, or stuck before its first
+// read) gets no more than that one: yielding for it on every publish until
+// its eviction would make its peers' publish latency depend on it
+// (BenchmarkPublishLatency).
 func (s *Subscription) yieldFor(c queueCounts) bool {
-	if !s.q.looked.Load() {
+	frames, bytes := s.pastWarning(c)
+	if !frames && !bytes {
 		return false
 	}
-	frames, bytes := s.pastWarning(c)
-	return frames || bytes
+	if !s.q.looked.Load() {
+		if s.yieldedUnread {
+			return false
+		}
+		s.yieldedUnread = true
+	}
+	return true
 }
 
 // evict ends s after a publish unregistered it under the lock: the
