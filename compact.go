@@ -174,7 +174,17 @@ func (c *compactor) string() error {
 	start := c.i
 	c.i++ // opening quote
 	for c.i < len(c.src) {
-		b := c.src[c.i]
+		// Plain bytes, the common case, in a loop over locals: the
+		// fields of c would be reloaded at every byte.
+		src, i := c.src, c.i
+		for i < len(src) && src[i] >= 0x20 && src[i] != '"' && src[i] != '\\' {
+			i++
+		}
+		c.i = i
+		if i == len(src) {
+			break
+		}
+		b := src[i]
 		switch {
 		case b == '"':
 			c.i++
@@ -199,10 +209,8 @@ func (c *compactor) string() error {
 			default:
 				return c.errorf("in string escape code")
 			}
-		case b < 0x20:
+		default: // a control character
 			return c.errorf("in string literal")
-		default:
-			c.i++
 		}
 	}
 	return c.errorf("")
