@@ -329,8 +329,8 @@ const (
 func (s *stream) reserve(frames []Frame) {
 	need := 0
 	for _, f := range frames {
-		if n := len(f.wire); f.Size() < directWriteSize {
-			need += n
+		if f.Size() < directWriteSize { // larger ones are written directly
+			need += len(f.wire)
 		}
 	}
 	if len(s.buf)+need <= maxBatchBuffer {
