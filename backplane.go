@@ -143,5 +143,9 @@ func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts Subsc
 	} else {
 		b.replay(s, opts, frameSlice(frames), first, upto+1, push)
 	}
+	// unhold moves the queue's head back, which must not overlap a live
+	// push: the bus lock keeps publishers out meanwhile.
+	b.mu.Lock()
 	s.q.unhold(front)
+	b.mu.Unlock()
 }

@@ -772,10 +772,11 @@ func bmCompare(b *EventBus, m *busModel, fail func(string, ...any)) {
 	for _, s := range m.all {
 		q := &s.s.q
 		q.mu.Lock()
-		n, closed, liveCount, liveBytes := q.n, q.closed, q.liveCount, q.liveBytes
+		c := q.liveCounts()
+		n, closed, liveCount, liveBytes := q.length(), q.closed, c.liveCount, c.liveBytes
 		entries := make([]queueEntry, n)
 		for i := range n {
-			entries[i] = q.buf[q.index(i)]
+			entries[i] = q.entry(i)
 		}
 		q.mu.Unlock()
 		wc, wb := s.live()

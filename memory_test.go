@@ -199,8 +199,8 @@ func heldFrameBytes(b *EventBus, subs []*Subscription) uint64 {
 	b.mu.Unlock()
 	for _, s := range subs {
 		s.q.mu.Lock()
-		for i := range s.q.n {
-			add(*s.q.buf[s.q.index(i)].f)
+		for i := range s.q.length() {
+			add(*s.q.entry(i).f)
 		}
 		s.q.mu.Unlock()
 	}

@@ -42,43 +42,66 @@ type queueEntry struct {
 }
 
 // boundedAsyncQueue is the per-subscriber queue of SPEC section 6 (the
-// original's BoundedAsyncQueue): a slice ring of frames that caps live frames
-// and live encoded bytes, separately from forced frames.
+// original's BoundedAsyncQueue): a ring of frames that caps live frames and
+// live encoded bytes, separately from forced frames.
 //
-// Any number of goroutines may push; one consumer at a time may pop. The
-// consumer learns that entries may be ready from the ready channel. A pop
-// that finds nothing marks the consumer waiting; the next push (or close)
-// then leaves one token in ready. So a consumer must pop until a pop comes
-// back empty before it waits on ready, and a busy consumer costs pushers no
-// channel operation at all. A token can be stale (see wake): waking finds
-// nothing and waits again. No goroutine is involved.
+// One producer, one consumer. The producer is whoever holds the bus lock
+// while the subscription is registered (Publish, Signal, Subscribe's
+// replay, the warning and resync of a publish), or the goroutine that ended
+// the subscription after unregistering it (eviction, cancellation, Close):
+// so there is never more than one at a time, and the producer's own fields
+// need no lock. The consumer is the one goroutine that pops.
 //
-// liveCount and liveBytes are fields, updated on push and on dequeue, never
-// derived from positions: a forced frame at the tail must not skew them.
+// Entries have positions: the one at position p sits at buf[p&(len(buf)-1)],
+// entries live in [head, tail), and both only grow (modulo 2^64). The live
+// push of an event, the hot path, takes no lock: it writes the slot past
+// tail and then publishes tail; the consumer reads up to the tail it
+// loaded and publishes its head after clearing the slots it took. Every
+// pop, and every rarer producer operation (a forced frame, a signal, which
+// may replace a queued one in place, an overflow resync, which drops queued
+// entries, growing the ring, close, hold, unhold) runs under mu, so none of
+// them races a consumer copying a batch. The caps count live entries only:
+// liveCount and liveBytes are the producer's pushed totals minus the
+// consumer's popped totals, never derived from positions (a forced frame at
+// the tail must not skew them).
+//
+// The consumer learns that entries may be ready from the ready channel. A
+// pop that finds nothing marks the consumer waiting, then looks once more;
+// a push publishes its entry, then clears waiting if set and owes one token.
+// With sequentially consistent atomics at least one of the two sees the
+// other, so a consumer never waits on an entry nobody will tell it about. A
+// consumer must pop until a pop comes back empty before it waits on ready,
+// and a busy consumer costs pushers no channel operation at all. A token
+// can be stale (see wake): waking finds nothing and waits again. No
+// goroutine is involved.
 type boundedAsyncQueue struct {
-	mu        sync.Mutex
-	buf       []queueEntry
-	head      int
-	n         int
-	liveCount int
-	liveBytes int
+	// The producer's side.
+	tail        atomic.Uint64 // position after the newest entry
+	pushedLive  int           // live entries appended, minus those a resync or close dropped
+	pushedBytes int
+
+	// The consumer's side, published for the producer.
+	headA       atomic.Uint64 // head, once the slots before it are cleared
+	poppedLive  atomic.Int64
+	poppedBytes atomic.Int64
+	waiting     atomic.Bool // the consumer found nothing and may be blocked on ready
+	looked      atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
+
+	mu      sync.Mutex
+	buf     []queueEntry // power-of-two length; replaced by the producer under mu only
+	head    uint64       // under mu
+	closed  bool         // under mu; closedA mirrors it for the lock-free push
+	closedA atomic.Bool
+	held    bool // the consumer sees nothing until unhold (backplane replay)
+	// signals maps a queued signal's (type, about) to its position, for
+	// in-place coalescing (SPEC 11). Under mu.
+	signals map[signalKey]uint64
+	// lastID is the id of the last event the consumer dequeued. Under mu.
+	lastID uint64
+
 	maxQueued int
 	maxBytes  int
-	closed    bool
-	held      bool // the consumer sees nothing until unhold (backplane replay)
-	waiting   bool // the consumer found nothing and may be blocked on ready
 	ready     chan struct{}
-
-	// popped counts entries ever removed from the head, so popped+i is the
-	// stable position of the i-th entry; signals maps a queued signal's
-	// (type, about) to its position, for in-place coalescing (SPEC 11).
-	popped  uint64
-	signals map[signalKey]uint64
-	// lastID is the id of the last event the consumer dequeued.
-	lastID uint64
-	// looked is set by the consumer's first pop, and read without q.mu by
-	// the publisher's yield decision (Subscription.yieldFor).
-	looked atomic.Bool
 }
 
 type signalKey struct{ typ, about string }
@@ -87,11 +110,22 @@ func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 	q.maxQueued, q.maxBytes = maxQueued, maxBytes
 	q.ready = make(chan struct{}, 1)
 	// A consumer may wait on ready before its first pop.
-	q.waiting = true
+	q.waiting.Store(true)
+}
+
+// liveCounts returns the live counts and caps as the producer sees them.
+// The consumer adds its popped bytes before its popped count, and this
+// reads them the other way round, so a pop seen in the count is seen in
+// the bytes too: the counts are exact or, during a pop, too high.
+func (q *boundedAsyncQueue) liveCounts() queueCounts {
+	live := q.pushedLive - int(q.poppedLive.Load())
+	bytes := q.pushedBytes - int(q.poppedBytes.Load())
+	return queueCounts{live, q.maxQueued, bytes, q.maxBytes}
 }
 
 // push appends f as a live entry unless a cap rejects it, and returns the
-// live counts: after the push when accepted, before it when rejected.
+// live counts: after the push when accepted, before it when rejected. Only
+// the producer may call it (see the type).
 //
 // wake reports that the consumer was waiting: the caller must call wake,
 // once it has done the rest of its work (Publish does it after the bus
@@ -110,46 +144,79 @@ func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 // replaces it in place instead (pushCoalesced): it takes the older one's
 // position, liveCount is unchanged and liveBytes moves by the difference.
 func (q *boundedAsyncQueue) push(f *Frame) (res pushResult, c queueCounts, wake bool) {
+	if f.kind == kindSignal {
+		return q.pushSignal(f)
+	}
+	size := f.Size()
+	c = q.liveCounts()
+	if res = q.admit(c, size); res != pushAccepted {
+		return res, c, false
+	}
+	t := q.tail.Load()
+	if t-q.headA.Load() >= uint64(len(q.buf)) {
+		q.mu.Lock()
+		q.growLocked(1)
+		q.mu.Unlock()
+	}
+	q.buf[t&uint64(len(q.buf)-1)] = queueEntry{f: f}
+	q.tail.Store(t + 1)
+	q.pushedLive++
+	q.pushedBytes += size
+	c.liveCount++
+	c.liveBytes += size
+	return pushAccepted, c, q.claimWake()
+}
+
+// admit applies the caps to a live frame of size bytes, given the counts c.
+func (q *boundedAsyncQueue) admit(c queueCounts, size int) pushResult {
+	switch {
+	case q.closedA.Load():
+		return pushIgnored
+	case c.liveCount >= q.maxQueued:
+		return pushRejectedFrames
+	case c.liveCount > 0 && c.liveBytes+size > q.maxBytes:
+		return pushRejectedBytes
+	}
+	return pushAccepted
+}
+
+// pushSignal is push for a signal: under mu, because it may replace a
+// queued signal in place.
+func (q *boundedAsyncQueue) pushSignal(f *Frame) (res pushResult, c queueCounts, wake bool) {
 	size := f.Size()
 	q.mu.Lock()
-	c = queueCounts{q.liveCount, q.maxQueued, q.liveBytes, q.maxBytes}
-	if f.kind == kindSignal && !q.closed {
+	defer q.mu.Unlock()
+	c = q.liveCounts()
+	if !q.closed {
 		if pos, ok := q.signals[signalKey{f.typ, f.about}]; ok {
-			j := q.index(int(pos - q.popped))
-			q.liveBytes += size - q.buf[j].f.Size()
-			q.buf[j].f = f
-			c.liveBytes = q.liveBytes
-			q.mu.Unlock()
+			e := &q.buf[pos&uint64(len(q.buf)-1)]
+			q.pushedBytes += size - e.f.Size()
+			c.liveBytes += size - e.f.Size()
+			e.f = f
 			return pushCoalesced, c, false
 		}
 	}
-	switch {
-	case q.closed:
-		q.mu.Unlock()
-		return pushIgnored, c, false
-	case q.liveCount >= q.maxQueued:
-		q.mu.Unlock()
-		return pushRejectedFrames, c, false
-	case q.liveCount > 0 && q.liveBytes+size > q.maxBytes:
-		q.mu.Unlock()
-		return pushRejectedBytes, c, false
+	if res = q.admit(c, size); res != pushAccepted {
+		return res, c, false
 	}
 	q.appendLiveLocked(f)
-	q.liveCount++
-	q.liveBytes += size
-	c.liveCount, c.liveBytes = q.liveCount, q.liveBytes
-	wake = q.waiting
-	q.waiting = false
-	q.mu.Unlock()
-	return pushAccepted, c, wake
+	c.liveCount++
+	c.liveBytes += size
+	return pushAccepted, c, q.claimWake()
+}
+
+// claimWake clears waiting if it was set and reports whether it did: then
+// the caller owes the consumer a token.
+func (q *boundedAsyncQueue) claimWake() bool {
+	return q.waiting.Load() && q.waiting.CompareAndSwap(true, false)
 }
 
 // wake leaves a token in ready for a consumer that push reported waiting.
-// The send never blocks: a token already there is enough. Sent after
-// q.mu is released, the token may reach a consumer that has popped the
-// frame meanwhile; that consumer finds nothing, waits again, and is woken
-// by the next push or close: a spurious wake-up, never a lost one, because
-// push clears waiting only when it hands its caller this send.
+// The send never blocks: a token already there is enough. Sent after the
+// push, the token may reach a consumer that has popped the frame meanwhile;
+// that consumer finds nothing, waits again, and is woken by the next push
+// or close: a spurious wake-up, never a lost one, because push clears
+// waiting only when it hands its caller this send.
 func (q *boundedAsyncQueue) wake() {
 	select {
 	case q.ready <- struct{}{}:
@@ -158,7 +225,7 @@ func (q *boundedAsyncQueue) wake() {
 }
 
 // forcePush appends f as a forced entry, bypassing both caps. It reports
-// false when the queue is closed and f was dropped.
+// false when the queue is closed and f was dropped. Producer only.
 func (q *boundedAsyncQueue) forcePush(f *Frame) bool {
 	return q.forcePushEntry(queueEntry{f: f, forced: true})
 }
@@ -197,24 +264,23 @@ func (q *boundedAsyncQueue) hold() {
 // unhold puts front, as forced entries, ahead of everything queued, and
 // shows the queue to the consumer again. On a closed queue front is
 // dropped: a cancelled consumer wants nothing, and a drained one gets what
-// was queued.
+// was queued. It moves head back, so it is a producer operation that must
+// not overlap a push: the caller holds the bus lock.
 func (q *boundedAsyncQueue) unhold(front []*Frame) {
 	q.mu.Lock()
 	q.held = false
 	if !q.closed && len(front) > 0 {
-		buf := make([]queueEntry, max(len(front)+q.n, 8))
+		q.growLocked(len(front))
+		// Positions before head are free: the front takes the ones right
+		// before it, and every queued entry, signals included, keeps its
+		// position (modular arithmetic makes a wrap below 0 harmless).
+		head := q.head - uint64(len(front))
+		mask := uint64(len(q.buf) - 1)
 		for i, f := range front {
-			buf[i] = queueEntry{f: f, forced: true}
+			q.buf[(head+uint64(i))&mask] = queueEntry{f: f, forced: true}
 		}
-		for i := range q.n {
-			buf[len(front)+i] = q.buf[q.index(i)]
-		}
-		q.buf, q.head = buf, 0
-		q.n += len(front)
-		// Positions are popped+index; the old entries moved back by
-		// len(front), so moving the base keeps signal positions right
-		// (modular arithmetic makes a wrap harmless).
-		q.popped -= uint64(len(front))
+		q.head = head
+		q.headA.Store(head)
 	}
 	q.signalLocked()
 	q.mu.Unlock()
@@ -223,58 +289,62 @@ func (q *boundedAsyncQueue) unhold(front []*Frame) {
 // reserveLocked grows the buffer to hold n more entries, so a replay of
 // thousands of frames costs one allocation, not a doubling series.
 func (q *boundedAsyncQueue) reserveLocked(n int) {
-	if q.n+n > len(q.buf) {
-		q.resizeLocked(q.n + n)
-	}
+	q.growLocked(n)
 }
 
-// appendLocked adds e at the tail. An idle subscription has no buffer at
-// all; the first frame gets room for 32, so a subscription that receives
-// anything skips the first doublings (profiles of short-lived streams showed
-// them).
+// appendLocked adds e at the tail (producer, under mu).
 func (q *boundedAsyncQueue) appendLocked(e queueEntry) {
-	if q.n == len(q.buf) {
-		q.resizeLocked(max(2*len(q.buf), 32))
-	}
-	q.buf[q.index(q.n)] = e
-	q.n++
+	t := q.tail.Load()
+	q.growLocked(1)
+	q.buf[t&uint64(len(q.buf)-1)] = e
+	q.tail.Store(t + 1)
 }
 
-// appendLiveLocked appends f as live and, for a signal, records its
-// position for coalescing. The caller updates the live counts.
+// appendLiveLocked appends f as live, counts it, and, for a signal,
+// records its position for coalescing.
 func (q *boundedAsyncQueue) appendLiveLocked(f *Frame) {
+	pos := q.tail.Load()
 	q.appendLocked(queueEntry{f: f})
+	q.pushedLive++
+	q.pushedBytes += f.Size()
 	if f.kind == kindSignal {
 		if q.signals == nil {
 			q.signals = make(map[signalKey]uint64)
 		}
-		q.signals[signalKey{f.typ, f.about}] = q.popped + uint64(q.n-1)
+		q.signals[signalKey{f.typ, f.about}] = pos
 	}
 }
 
-// index maps the i-th entry from the head to its slot.
-func (q *boundedAsyncQueue) index(i int) int {
-	j := q.head + i
-	if j >= len(q.buf) {
-		j -= len(q.buf)
-	}
-	return j
-}
+// length returns the number of queued entries (under mu).
+func (q *boundedAsyncQueue) length() int { return int(q.tail.Load() - q.head) }
 
-func (q *boundedAsyncQueue) resizeLocked(size int) {
+// growLocked makes room for n more entries (producer, under mu). An idle
+// subscription has no buffer at all; the first frame gets room for 32, so
+// a subscription that receives anything skips the first doublings
+// (profiles of short-lived streams showed them). Entries keep their
+// positions.
+func (q *boundedAsyncQueue) growLocked(n int) {
+	used := q.length()
+	if used+n <= len(q.buf) {
+		return
+	}
+	size := max(2*len(q.buf), 32)
+	for size < used+n {
+		size *= 2
+	}
 	buf := make([]queueEntry, size)
-	for i := range q.n {
-		buf[i] = q.buf[q.index(i)]
+	oldMask, mask := uint64(len(q.buf)-1), uint64(size-1)
+	for p := q.head; p != q.tail.Load(); p++ {
+		buf[p&mask] = q.buf[p&oldMask]
 	}
-	q.buf, q.head = buf, 0
+	q.buf = buf
 }
 
 // signalLocked leaves a token in ready if the consumer declared itself
 // waiting. The rare pushes (forced frames, replay, resync, unhold) wake at
-// once, under q.mu; only live pushes defer it (see push).
+// once; only live pushes defer it (see push).
 func (q *boundedAsyncQueue) signalLocked() {
-	if q.waiting {
-		q.waiting = false
+	if q.claimWake() {
 		q.wake()
 	}
 }
@@ -288,28 +358,33 @@ const (
 	popEnded                 // closed and nothing left: the end of the stream
 )
 
+// popLocked removes the entry at head (consumer, under mu; the queue is
+// not empty).
 func (q *boundedAsyncQueue) popLocked() queueEntry {
-	e := q.buf[q.head]
-	q.buf[q.head] = queueEntry{} // clear, so the queue does not pin the frame
-	q.head++
-	if q.head == len(q.buf) {
-		q.head = 0
-	}
-	q.n--
+	p := q.head
+	e := &q.buf[p&uint64(len(q.buf)-1)]
+	got := *e
+	*e = queueEntry{} // clear, so the queue does not pin the frame
+	q.took(p, got)
+	q.head = p + 1
+	q.headA.Store(q.head)
+	return got
+}
+
+// took does a dequeue's bookkeeping for the entry e at position p.
+func (q *boundedAsyncQueue) took(p uint64, e queueEntry) {
 	if !e.forced {
-		q.liveCount--
-		q.liveBytes -= e.f.Size()
+		q.poppedBytes.Add(int64(e.f.Size()))
+		q.poppedLive.Add(1)
 	}
 	switch e.f.kind {
 	case kindEvent:
 		q.lastID = e.f.id
 	case kindSignal:
-		if k := (signalKey{e.f.typ, e.f.about}); q.signals[k] == q.popped {
+		if k := (signalKey{e.f.typ, e.f.about}); q.signals[k] == p {
 			delete(q.signals, k)
 		}
 	}
-	q.popped++
-	return e
 }
 
 // dropLiveLocked removes every live entry and every marker, keeping the
@@ -317,24 +392,30 @@ func (q *boundedAsyncQueue) popLocked() queueEntry {
 // it removed: the frames the consumer will never see (SPEC 11's resync
 // overflow policy; a superseded marker is no loss). Dropping the markers too keeps a
 // stalled consumer's queue bounded however many overflows it goes through:
-// the newest resync supersedes the older ones and their warnings.
+// the newest resync supersedes the older ones and their warnings. Producer,
+// under mu: the consumer is not copying meanwhile.
 func (q *boundedAsyncQueue) dropLiveLocked() int {
-	kept, dropped := 0, 0
-	for i := range q.n {
-		e := q.buf[q.index(i)]
+	mask := uint64(len(q.buf) - 1)
+	kept, dropped, droppedBytes := q.head, 0, 0
+	tail := q.tail.Load()
+	for p := q.head; p != tail; p++ {
+		e := q.buf[p&mask]
 		switch {
 		case !e.forced:
 			dropped++
+			droppedBytes += e.f.Size()
 		case !e.marker:
-			q.buf[q.index(kept)] = e
+			q.buf[kept&mask] = e
 			kept++
 		}
 	}
-	for i := kept; i < q.n; i++ {
-		q.buf[q.index(i)] = queueEntry{}
+	for p := kept; p != tail; p++ {
+		q.buf[p&mask] = queueEntry{}
 	}
-	q.n, q.liveCount, q.liveBytes = kept, 0, 0
-	// Every queued signal was live and is gone; positions are re-based.
+	q.tail.Store(kept)
+	q.pushedLive -= dropped
+	q.pushedBytes -= droppedBytes
+	// Every queued signal was live and is gone.
 	clear(q.signals)
 	return dropped
 }
@@ -354,7 +435,6 @@ func (q *boundedAsyncQueue) resync(f *Frame, mark func(lastDelivered uint64) *Fr
 	lastDelivered = q.lastID
 	q.appendLocked(queueEntry{f: mark(lastDelivered), forced: true, marker: true})
 	q.appendLiveLocked(f)
-	q.liveCount, q.liveBytes = 1, f.Size()
 	q.signalLocked()
 	q.mu.Unlock()
 	return dropped, lastDelivered
@@ -379,18 +459,32 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool) (out []Frame, open bool
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if (q.held && !q.closed) || q.n == 0 {
+	if q.held && !q.closed {
 		if wait {
-			q.waiting = true
+			q.waiting.Store(true)
 		}
-		return dst, !q.closed
+		return dst, true
 	}
-	// One pass over the buffered entries with the bookkeeping of popLocked
-	// folded in: this is the consumer's whole per-frame cost.
-	dst = slices.Grow(dst, q.n)
+	h, t := q.head, q.tail.Load()
+	if t == h {
+		if !wait {
+			return dst, !q.closed
+		}
+		q.waiting.Store(true)
+		if t = q.tail.Load(); t == h {
+			return dst, !q.closed
+		}
+		// A push landed in between. Take it; if that push already claimed
+		// the wake-up, its token will find nothing, which is harmless.
+		q.waiting.CompareAndSwap(true, false)
+	}
+	// One pass over the buffered entries: this is the consumer's whole
+	// per-frame cost.
+	dst = slices.Grow(dst, int(t-h))
+	mask := uint64(len(q.buf) - 1)
 	live, liveBytes := 0, 0
-	for i := range q.n {
-		e := &q.buf[q.index(i)]
+	for p := h; p != t; p++ {
+		e := &q.buf[p&mask]
 		dst = append(dst, *e.f)
 		if !e.forced {
 			live++
@@ -400,36 +494,45 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool) (out []Frame, open bool
 		case kindEvent:
 			q.lastID = e.f.id
 		case kindSignal:
-			if k := (signalKey{e.f.typ, e.f.about}); q.signals[k] == q.popped+uint64(i) {
+			if k := (signalKey{e.f.typ, e.f.about}); q.signals[k] == p {
 				delete(q.signals, k)
 			}
 		}
 		*e = queueEntry{} // clear, so the queue does not pin the frame
 	}
-	q.popped += uint64(q.n)
-	q.liveCount -= live
-	q.liveBytes -= liveBytes
-	q.head, q.n = 0, 0
+	q.head = t
+	// Bytes before the count (see liveCounts), and both before the head,
+	// whose slots the producer may then reuse.
+	q.poppedBytes.Add(int64(liveBytes))
+	q.poppedLive.Add(int64(live))
+	q.headA.Store(t)
 	return dst, !q.closed
 }
 
 // close ends the queue; later pushes are ignored. With drain the consumer
 // still receives what is buffered, then the end; without drain the buffer is
 // dropped at once (and a close without drain after a close with drain still
-// drops it). It returns the number of frames dropped. Idempotent.
+// drops it). It returns the number of frames dropped. Idempotent. Only the
+// producer may close (see the type): the bus closes a subscription after
+// unregistering it.
 func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.closed = true
+	q.closedA.Store(true)
 	if !drain {
-		dropped = q.n
+		dropped = q.length()
 		clear(q.buf)
-		q.buf, q.head, q.n, q.liveCount, q.liveBytes = nil, 0, 0, 0, 0
+		q.buf = nil
+		q.head = q.tail.Load()
+		q.headA.Store(q.head)
+		q.pushedLive = int(q.poppedLive.Load())
+		q.pushedBytes = int(q.poppedBytes.Load())
 		q.signals = nil
 	}
 	// The end must reach a consumer blocked on ready whatever it did
 	// before, so close always leaves a token.
 	q.wake()
-	q.waiting = false
+	q.waiting.Store(false)
 	return dropped
 }

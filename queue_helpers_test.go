@@ -27,13 +27,13 @@ type poppedEntry struct {
 func (q *boundedAsyncQueue) pop() (poppedEntry, popState) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.n == 0 && q.closed {
+	if q.length() == 0 && q.closed {
 		return poppedEntry{}, popEnded
 	}
 	// The same rule as popAll: a hold hides entries until unhold, except
 	// from a closed queue, whose consumer gets what is left.
-	if (q.held && !q.closed) || q.n == 0 {
-		q.waiting = true
+	if (q.held && !q.closed) || q.length() == 0 {
+		q.waiting.Store(true)
 		return poppedEntry{}, popEmpty
 	}
 	e := q.popLocked()
@@ -53,14 +53,19 @@ func refs(fs []Frame) []*Frame {
 func (q *boundedAsyncQueue) counts() queueCounts {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return queueCounts{q.liveCount, q.maxQueued, q.liveBytes, q.maxBytes}
+	return q.liveCounts()
 }
 
 // len returns the number of buffered entries, live and forced.
 func (q *boundedAsyncQueue) len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.n
+	return q.length()
+}
+
+// entry returns the i-th queued entry from the head (under mu).
+func (q *boundedAsyncQueue) entry(i int) queueEntry {
+	return q.buf[(q.head+uint64(i))&uint64(len(q.buf)-1)]
 }
 
 // pushNow is push followed at once by the wake it asks for: the order every

@@ -471,27 +471,33 @@ func qmCompareState(q *boundedAsyncQueue, m *queueModel, fail func(string, ...an
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	c := m.counts()
-	if q.liveCount != c.liveCount || q.liveBytes != c.liveBytes {
-		fail("live counts: got %d frames %d bytes, model (summed) %d frames %d bytes", q.liveCount, q.liveBytes, c.liveCount, c.liveBytes)
+	got := q.liveCounts()
+	if got.liveCount != c.liveCount || got.liveBytes != c.liveBytes {
+		fail("live counts: got %d frames %d bytes, model (summed) %d frames %d bytes", got.liveCount, got.liveBytes, c.liveCount, c.liveBytes)
 	}
-	if q.n != len(m.entries) {
-		fail("len: got %d, model %d", q.n, len(m.entries))
+	n := q.length()
+	if n != len(m.entries) {
+		fail("len: got %d, model %d", n, len(m.entries))
 	}
-	if q.closed != m.closed || q.held != m.held || q.waiting != m.waiting {
-		fail("state: got closed=%v held=%v waiting=%v, model %v %v %v", q.closed, q.held, q.waiting, m.closed, m.held, m.waiting)
+	waiting := q.waiting.Load()
+	if q.closed != m.closed || q.closedA.Load() != m.closed || q.held != m.held || waiting != m.waiting {
+		fail("state: got closed=%v held=%v waiting=%v, model %v %v %v", q.closed, q.held, waiting, m.closed, m.held, m.waiting)
 	}
 	if tok := len(q.ready) == 1; tok != m.token {
 		fail("ready token buffered: got %v, model %v", tok, m.token)
 	}
-	if q.waiting && q.n > 0 && (!q.held || q.closed) {
-		fail("lost wake-up: the consumer is marked waiting with %d entries it could take", q.n)
+	if waiting && n > 0 && (!q.held || q.closed) {
+		fail("lost wake-up: the consumer is marked waiting with %d entries it could take", n)
+	}
+	if q.headA.Load() != q.head {
+		fail("published head %d, head %d", q.headA.Load(), q.head)
 	}
 	if q.lastID != m.lastID {
 		fail("last dequeued id: got %d, model %d", q.lastID, m.lastID)
 	}
 	liveSignals := 0
 	for i, want := range m.entries {
-		got := q.buf[q.index(i)]
+		got := q.entry(i)
 		if !sameFrame(*got.f, want.f) || got.forced != want.forced || got.marker != want.marker {
 			fail("entry %d: got %s forced=%v marker=%v, model %s forced=%v marker=%v", i,
 				qmDescribe(*got.f), got.forced, got.marker, qmDescribe(want.f), want.forced, want.marker)
@@ -499,8 +505,8 @@ func qmCompareState(q *boundedAsyncQueue, m *queueModel, fail func(string, ...an
 		if !want.forced && want.f.kind == kindSignal {
 			liveSignals++
 			pos, ok := q.signals[signalKey{want.f.typ, want.f.about}]
-			if !ok || int(pos-q.popped) != i {
-				fail("signal index: queued live signal (%s,%s) at %d is indexed at %v (%v)", want.f.typ, want.f.about, i, int(pos-q.popped), ok)
+			if !ok || int(pos-q.head) != i {
+				fail("signal index: queued live signal (%s,%s) at %d is indexed at %v (%v)", want.f.typ, want.f.about, i, int(pos-q.head), ok)
 			}
 		}
 	}
