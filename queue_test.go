@@ -483,7 +483,7 @@ func TestQueueConcurrentProducerAndConsumer(t *testing.T) {
 		}
 	}()
 
-	var forcedAfter []uint64 // the last accepted event id when each forced frame was pushed
+	var forcedAfter []uint64                          // the last accepted event id when each forced frame was pushed
 	accepted, signals, dropped, resyncs := 0, 0, 0, 0 // dropped counts live signals too
 	var lastAccepted uint64
 	for id := uint64(1); id <= events; id++ {
