@@ -299,8 +299,9 @@ type fanout struct {
 	diags   []Diagnostic
 	evicted []eviction
 	// behind is set when a subscriber's queue is past the warning
-	// threshold after this publish and its yield budget is not spent.
-	behind bool
+	// threshold after this publish and its yield budget is not spent;
+	// urgent when such a queue is past 90% of a cap.
+	behind, urgent bool
 	// wake holds the queues whose consumers push reported waiting, woken
 	// by finish (see boundedAsyncQueue.push); from wakePool, nil if none.
 	wake *[]*boundedAsyncQueue
@@ -436,6 +437,7 @@ func (b *EventBus) fanOutLocked(f *Frame, lastID uint64, out *fanout) {
 			}
 			if s.yieldFor(c) {
 				out.behind = true
+				out.urgent = out.urgent || nearlyFull(c)
 			}
 		case pushCoalesced:
 			b.stats.dropCoalesced.Add(1)
@@ -481,12 +483,25 @@ func (b *EventBus) finish(out *fanout) {
 		// A subscriber is past 75% of a cap. Often it is not slow at all:
 		// its goroutine was woken but not scheduled yet, because this
 		// publisher holds the processor (GOMAXPROCS is small, the publisher
-		// runs a tight loop). Yield once so it can run before it is
-		// evicted. This never waits for anyone: with nothing else to run
-		// Gosched returns at once. A subscription that nobody has ever read
-		// from costs one yield at most (Subscription.yieldFor).
-		runtime.Gosched()
+		// runs a tight loop). Yield so it can run before it is evicted: once,
+		// and a few times more past 90%, where the harness's tight-publisher
+		// runs still lost healthy consumers with one (BENCHMARKS.md). This
+		// never waits for anyone: with nothing else to run Gosched returns
+		// at once. A subscription that nobody has ever read from costs one
+		// yield at most (Subscription.yieldFor).
+		yields := 1
+		if out.urgent {
+			yields = 4
+		}
+		for range yields {
+			runtime.Gosched()
+		}
 	}
+}
+
+// nearlyFull reports whether the live counts c are past 90% of either cap.
+func nearlyFull(c queueCounts) bool {
+	return c.liveCount*10 >= c.maxQueued*9 || c.liveBytes*10 >= c.maxBytes*9
 }
 
 // compactSubsLocked removes the nil slots Publish left for evicted

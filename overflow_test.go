@@ -398,3 +398,12 @@ func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
 	}
 	assert.True(t, s2.q.looked.Load())
 }
+
+func TestNearlyFullAtNinetyPercentOfEitherCap(t *testing.T) {
+	c := func(live, bytes int) queueCounts {
+		return queueCounts{liveCount: live, maxQueued: 100, liveBytes: bytes, maxBytes: 1000}
+	}
+	assert.False(t, nearlyFull(c(89, 899)))
+	assert.True(t, nearlyFull(c(90, 0)), "frames")
+	assert.True(t, nearlyFull(c(1, 900)), "bytes")
+}
