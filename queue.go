@@ -75,9 +75,12 @@ type queueEntry struct {
 // can be stale (see wake): waking finds nothing and waits again. No
 // goroutine is involved.
 type boundedAsyncQueue struct {
-	// The producer's side.
+	// The producer's side. tail is what the consumer sees; next is the
+	// producer's own copy, ahead of it only while a replay is appended
+	// under mu (published once, at its end: see publishLocked).
 	tail        atomic.Uint64 // position after the newest entry
-	pushedLive  int           // live entries appended, minus those a resync or close dropped
+	next        uint64
+	pushedLive  int // live entries appended, minus those a resync or close dropped
 	pushedBytes int
 
 	// The consumer's side, published for the producer.
@@ -152,13 +155,14 @@ func (q *boundedAsyncQueue) push(f *Frame) (res pushResult, c queueCounts, wake 
 	if res = q.admit(c, size); res != pushAccepted {
 		return res, c, false
 	}
-	t := q.tail.Load()
+	t := q.next
 	if t-q.headA.Load() >= uint64(len(q.buf)) {
 		q.mu.Lock()
 		q.growLocked(1)
 		q.mu.Unlock()
 	}
 	q.buf[t&uint64(len(q.buf)-1)] = queueEntry{f: f}
+	q.next = t + 1
 	q.tail.Store(t + 1)
 	q.pushedLive++
 	q.pushedBytes += size
@@ -246,13 +250,21 @@ func (q *boundedAsyncQueue) forcePushEntry(e queueEntry) bool {
 	return true
 }
 
-// forceAppendLocked appends f as forced without signalling; a caller that
-// appends many (a replay) holds q.mu and signals once at the end.
+// forceAppendLocked appends f as forced without publishing it; a caller
+// that appends many (a replay) holds q.mu, then calls publishLocked and
+// signalLocked once at the end. The consumer reads only under q.mu, so it
+// cannot see the appended entries before then anyway; publishing the tail
+// once saves an atomic store per replayed frame.
 func (q *boundedAsyncQueue) forceAppendLocked(f *Frame) {
 	if !q.closed {
-		q.appendLocked(queueEntry{f: f, forced: true})
+		q.growLocked(1)
+		q.buf[q.next&uint64(len(q.buf)-1)] = queueEntry{f: f, forced: true}
+		q.next++
 	}
 }
+
+// publishLocked shows the consumer what forceAppendLocked appended.
+func (q *boundedAsyncQueue) publishLocked() { q.tail.Store(q.next) }
 
 // hold hides the queue from the consumer until unhold; pushes go on.
 func (q *boundedAsyncQueue) hold() {
@@ -294,16 +306,17 @@ func (q *boundedAsyncQueue) reserveLocked(n int) {
 
 // appendLocked adds e at the tail (producer, under mu).
 func (q *boundedAsyncQueue) appendLocked(e queueEntry) {
-	t := q.tail.Load()
+	t := q.next
 	q.growLocked(1)
 	q.buf[t&uint64(len(q.buf)-1)] = e
+	q.next = t + 1
 	q.tail.Store(t + 1)
 }
 
 // appendLiveLocked appends f as live, counts it, and, for a signal,
 // records its position for coalescing.
 func (q *boundedAsyncQueue) appendLiveLocked(f *Frame) {
-	pos := q.tail.Load()
+	pos := q.next
 	q.appendLocked(queueEntry{f: f})
 	q.pushedLive++
 	q.pushedBytes += f.Size()
@@ -316,7 +329,7 @@ func (q *boundedAsyncQueue) appendLiveLocked(f *Frame) {
 }
 
 // length returns the number of queued entries (under mu).
-func (q *boundedAsyncQueue) length() int { return int(q.tail.Load() - q.head) }
+func (q *boundedAsyncQueue) length() int { return int(q.next - q.head) }
 
 // growLocked makes room for n more entries (producer, under mu). An idle
 // subscription has no buffer at all; the first frame gets room for 32, so
@@ -334,7 +347,7 @@ func (q *boundedAsyncQueue) growLocked(n int) {
 	}
 	buf := make([]queueEntry, size)
 	oldMask, mask := uint64(len(q.buf)-1), uint64(size-1)
-	for p := q.head; p != q.tail.Load(); p++ {
+	for p := q.head; p != q.next; p++ {
 		buf[p&mask] = q.buf[p&oldMask]
 	}
 	q.buf = buf
@@ -397,7 +410,7 @@ func (q *boundedAsyncQueue) took(p uint64, e queueEntry) {
 func (q *boundedAsyncQueue) dropLiveLocked() int {
 	mask := uint64(len(q.buf) - 1)
 	kept, dropped, droppedBytes := q.head, 0, 0
-	tail := q.tail.Load()
+	tail := q.next
 	for p := q.head; p != tail; p++ {
 		e := q.buf[p&mask]
 		switch {
@@ -412,6 +425,7 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 	for p := kept; p != tail; p++ {
 		q.buf[p&mask] = queueEntry{}
 	}
+	q.next = kept
 	q.tail.Store(kept)
 	q.pushedLive -= dropped
 	q.pushedBytes -= droppedBytes
@@ -524,7 +538,7 @@ func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 		dropped = q.length()
 		clear(q.buf)
 		q.buf = nil
-		q.head = q.tail.Load()
+		q.head = q.next
 		q.headA.Store(q.head)
 		q.pushedLive = int(q.poppedLive.Load())
 		q.pushedBytes = int(q.poppedBytes.Load())

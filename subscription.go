@@ -172,6 +172,7 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 		s.q.mu.Lock()
 		s.q.reserveLocked(b.ring.Len() + 3)
 		b.replay(s, opts, &b.ring, b.ring.firstID(), b.nextID, s.q.forceAppendLocked)
+		s.q.publishLocked()
 		s.q.signalLocked()
 		s.q.mu.Unlock()
 	}
