@@ -1,6 +1,7 @@
 package eventbus
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -373,35 +374,6 @@ const (
 	popEnded                 // closed and nothing left: the end of the stream
 )
 
-// popLocked removes the entry at head (consumer, under mu; the queue is
-// not empty).
-func (q *boundedAsyncQueue) popLocked() queueEntry {
-	p := q.head
-	e := &q.buf[p&uint64(len(q.buf)-1)]
-	got := *e
-	*e = queueEntry{} // clear, so the queue does not pin the frame
-	q.took(p, got)
-	q.head = p + 1
-	q.headA.Store(q.head)
-	return got
-}
-
-// took does a dequeue's bookkeeping for the entry e at position p.
-func (q *boundedAsyncQueue) took(p uint64, e queueEntry) {
-	if !e.forced {
-		q.poppedBytes.Add(int64(e.f.Size()))
-		q.poppedLive.Add(1)
-	}
-	switch e.f.kind {
-	case kindEvent:
-		q.lastID = e.f.id
-	case kindSignal:
-		if k := (signalKey{e.f.typ, e.f.about}); q.signals[k] == p {
-			delete(q.signals, k)
-		}
-	}
-}
-
 // dropLiveLocked removes every live entry and every marker, keeping the
 // other forced entries (replay) in order, and returns how many live entries
 // it removed: the frames the consumer will never see (SPEC 11's resync
@@ -460,16 +432,17 @@ func (q *boundedAsyncQueue) resync(f *Frame, mark func(lastDelivered uint64) *Fr
 // is closed and empty: dst then holds the last frames of the stream. A pop
 // that finds nothing declares the consumer waiting (see the type).
 func (q *boundedAsyncQueue) popAll(dst []Frame) (out []Frame, open bool) {
-	return q.take(dst, true)
+	return q.take(dst, true, math.MaxInt)
 }
 
 // tryPopAll is popAll, except that finding nothing does not declare the
 // consumer waiting: a push then sends no wake-up (see Subscription.takeReady).
 func (q *boundedAsyncQueue) tryPopAll(dst []Frame) (out []Frame, open bool) {
-	return q.take(dst, false)
+	return q.take(dst, false, math.MaxInt)
 }
 
-func (q *boundedAsyncQueue) take(dst []Frame, wait bool) (out []Frame, open bool) {
+// take is popAll and tryPopAll, taking at most limit entries.
+func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame, open bool) {
 	if !q.looked.Load() {
 		q.looked.Store(true)
 	}
@@ -493,6 +466,9 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool) (out []Frame, open bool
 		// A push landed in between. Take it; if that push already claimed
 		// the wake-up, its token will find nothing, which is harmless.
 		q.waiting.CompareAndSwap(true, false)
+	}
+	if int(t-h) > limit {
+		t = h + uint64(limit)
 	}
 	// One pass over the buffered entries: this is the consumer's whole
 	// per-frame cost.

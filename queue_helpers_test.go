@@ -23,21 +23,23 @@ type poppedEntry struct {
 	forced, marker bool
 }
 
-// pop removes the oldest entry.
+// pop removes the oldest entry: popAll limited to one.
 func (q *boundedAsyncQueue) pop() (poppedEntry, popState) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.length() == 0 && q.closed {
+	var e queueEntry
+	n := q.length()
+	if n > 0 {
+		e = q.entry(0) // its tags; take returns the frame only
+	}
+	ended := n == 0 && q.closed
+	q.mu.Unlock()
+	if ended {
 		return poppedEntry{}, popEnded
 	}
-	// The same rule as popAll: a hold hides entries until unhold, except
-	// from a closed queue, whose consumer gets what is left.
-	if (q.held && !q.closed) || q.length() == 0 {
-		q.waiting.Store(true)
-		return poppedEntry{}, popEmpty
+	if fs, _ := q.take(nil, true, 1); len(fs) == 1 {
+		return poppedEntry{fs[0], e.forced, e.marker}, popOK
 	}
-	e := q.popLocked()
-	return poppedEntry{*e.f, e.forced, e.marker}, popOK
+	return poppedEntry{}, popEmpty
 }
 
 // refs returns pointers to copies of fs, the form unhold takes.
