@@ -732,7 +732,7 @@ func runBusModel(t *testing.T, data []byte) {
 			deadline := time.Now().Add(30 * time.Second)
 			for {
 				s.s.q.mu.Lock()
-				closed := s.s.q.closed
+				closed := s.s.q.closed.Load()
 				s.s.q.mu.Unlock()
 				if closed && b.Stats().Dropped.Cancelled == m.stats.Dropped.Cancelled && b.SubscriberCount() == len(m.subs) {
 					break
@@ -773,7 +773,7 @@ func bmCompare(b *EventBus, m *busModel, fail func(string, ...any)) {
 		q := &s.s.q
 		q.mu.Lock()
 		c := q.liveCounts()
-		n, closed, liveCount, liveBytes := q.length(), q.closed, c.liveCount, c.liveBytes
+		n, closed, liveCount, liveBytes := q.length(), q.closed.Load(), c.liveCount, c.liveBytes
 		entries := make([]queueEntry, n)
 		for i := range n {
 			entries[i] = q.entry(i)

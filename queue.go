@@ -87,18 +87,16 @@ type boundedAsyncQueue struct {
 	pushedBytes int
 
 	// The consumer's side, published for the producer.
-	headA       atomic.Uint64 // head, once the slots before it are cleared
+	head        atomic.Uint64 // position of the oldest entry, once the slots before it are cleared
 	poppedLive  atomic.Int64
 	poppedBytes atomic.Int64
 	waiting     atomic.Bool // the consumer found nothing and may be blocked on ready
 	looked      atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
 
-	mu      sync.Mutex
-	buf     []queueEntry // power-of-two length; replaced by the producer under mu only
-	head    uint64       // under mu
-	closed  bool         // under mu; closedA mirrors it for the lock-free push
-	closedA atomic.Bool
-	held    bool // the consumer sees nothing until unhold (backplane replay)
+	mu     sync.Mutex
+	buf    []queueEntry // power-of-two length; replaced by the producer under mu only
+	closed atomic.Bool  // set under mu; read without it by the lock-free push
+	held   bool         // the consumer sees nothing until unhold (backplane replay)
 	// signals maps a queued signal's (type, about) to its position, for
 	// in-place coalescing (SPEC 11). Under mu.
 	signals map[signalKey]uint64
@@ -159,7 +157,7 @@ func (q *boundedAsyncQueue) push(f *Frame) (res pushResult, c queueCounts, wake 
 		return res, c, false
 	}
 	t := q.next
-	if t-q.headA.Load() >= uint64(len(q.buf)) {
+	if t-q.head.Load() >= uint64(len(q.buf)) {
 		q.mu.Lock()
 		q.growLocked(1)
 		q.mu.Unlock()
@@ -177,7 +175,7 @@ func (q *boundedAsyncQueue) push(f *Frame) (res pushResult, c queueCounts, wake 
 // admit applies the caps to a live frame of size bytes, given the counts c.
 func (q *boundedAsyncQueue) admit(c queueCounts, size int) pushResult {
 	switch {
-	case q.closedA.Load():
+	case q.closed.Load():
 		return pushIgnored
 	case c.liveCount >= q.maxQueued:
 		return pushRejectedFrames
@@ -194,7 +192,7 @@ func (q *boundedAsyncQueue) pushSignal(f *Frame) (res pushResult, c queueCounts,
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	c = q.liveCounts()
-	if !q.closed {
+	if !q.closed.Load() {
 		if pos, ok := q.signals[signalKey{f.typ, f.about}]; ok {
 			e := &q.buf[pos&uint64(len(q.buf)-1)]
 			q.pushedBytes += size - e.f.Size()
@@ -245,7 +243,7 @@ func (q *boundedAsyncQueue) forcePushMarker(f *Frame) bool {
 func (q *boundedAsyncQueue) forcePushEntry(e queueEntry) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed {
+	if q.closed.Load() {
 		return false
 	}
 	q.appendLocked(e)
@@ -259,10 +257,8 @@ func (q *boundedAsyncQueue) forcePushEntry(e queueEntry) bool {
 // cannot see the appended entries before then anyway; publishing the tail
 // once saves an atomic store per replayed frame.
 func (q *boundedAsyncQueue) forceAppendLocked(f *Frame) {
-	if !q.closed {
-		q.growLocked(1)
-		q.buf[q.next&uint64(len(q.buf)-1)] = queueEntry{f: f, forced: true}
-		q.next++
+	if !q.closed.Load() {
+		q.putLocked(queueEntry{f: f, forced: true})
 	}
 }
 
@@ -284,18 +280,17 @@ func (q *boundedAsyncQueue) hold() {
 func (q *boundedAsyncQueue) unhold(front []*Frame) {
 	q.mu.Lock()
 	q.held = false
-	if !q.closed && len(front) > 0 {
+	if !q.closed.Load() && len(front) > 0 {
 		q.growLocked(len(front))
 		// Positions before head are free: the front takes the ones right
 		// before it, and every queued entry, signals included, keeps its
 		// position (modular arithmetic makes a wrap below 0 harmless).
-		head := q.head - uint64(len(front))
+		head := q.head.Load() - uint64(len(front))
 		mask := uint64(len(q.buf) - 1)
 		for i, f := range front {
 			q.buf[(head+uint64(i))&mask] = queueEntry{f: f, forced: true}
 		}
-		q.head = head
-		q.headA.Store(head)
+		q.head.Store(head)
 	}
 	q.signalLocked()
 	q.mu.Unlock()
@@ -307,13 +302,17 @@ func (q *boundedAsyncQueue) reserveLocked(n int) {
 	q.growLocked(n)
 }
 
-// appendLocked adds e at the tail (producer, under mu).
+// appendLocked adds e at the tail and publishes it (producer, under mu).
 func (q *boundedAsyncQueue) appendLocked(e queueEntry) {
-	t := q.next
+	q.putLocked(e)
+	q.publishLocked()
+}
+
+// putLocked writes e at next, without publishing it (producer, under mu).
+func (q *boundedAsyncQueue) putLocked(e queueEntry) {
 	q.growLocked(1)
-	q.buf[t&uint64(len(q.buf)-1)] = e
-	q.next = t + 1
-	q.tail.Store(t + 1)
+	q.buf[q.next&uint64(len(q.buf)-1)] = e
+	q.next++
 }
 
 // appendLiveLocked appends f as live, counts it, and, for a signal,
@@ -332,7 +331,7 @@ func (q *boundedAsyncQueue) appendLiveLocked(f *Frame) {
 }
 
 // length returns the number of queued entries (under mu).
-func (q *boundedAsyncQueue) length() int { return int(q.next - q.head) }
+func (q *boundedAsyncQueue) length() int { return int(q.next - q.head.Load()) }
 
 // growLocked makes room for n more entries (producer, under mu). An idle
 // subscription has no buffer at all; the first frame gets room for 32, so
@@ -350,7 +349,7 @@ func (q *boundedAsyncQueue) growLocked(n int) {
 	}
 	buf := make([]queueEntry, size)
 	oldMask, mask := uint64(len(q.buf)-1), uint64(size-1)
-	for p := q.head; p != q.next; p++ {
+	for p := q.head.Load(); p != q.next; p++ {
 		buf[p&mask] = q.buf[p&oldMask]
 	}
 	q.buf = buf
@@ -383,9 +382,9 @@ const (
 // under mu: the consumer is not copying meanwhile.
 func (q *boundedAsyncQueue) dropLiveLocked() int {
 	mask := uint64(len(q.buf) - 1)
-	kept, dropped, droppedBytes := q.head, 0, 0
+	kept, dropped, droppedBytes := q.head.Load(), 0, 0
 	tail := q.next
-	for p := q.head; p != tail; p++ {
+	for p := q.head.Load(); p != tail; p++ {
 		e := q.buf[p&mask]
 		switch {
 		case !e.forced:
@@ -415,7 +414,7 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 // entries dropped and that id. On a closed queue it does nothing.
 func (q *boundedAsyncQueue) resync(f *Frame, mark func(lastDelivered uint64) *Frame) (dropped int, lastDelivered uint64) {
 	q.mu.Lock()
-	if q.closed {
+	if q.closed.Load() {
 		q.mu.Unlock()
 		return 0, 0
 	}
@@ -448,20 +447,20 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.held && !q.closed {
+	if q.held && !q.closed.Load() {
 		if wait {
 			q.waiting.Store(true)
 		}
 		return dst, true
 	}
-	h, t := q.head, q.tail.Load()
+	h, t := q.head.Load(), q.tail.Load()
 	if t == h {
 		if !wait {
-			return dst, !q.closed
+			return dst, !q.closed.Load()
 		}
 		q.waiting.Store(true)
 		if t = q.tail.Load(); t == h {
-			return dst, !q.closed
+			return dst, !q.closed.Load()
 		}
 		// A push landed in between. Take it; if that push already claimed
 		// the wake-up, its token will find nothing, which is harmless.
@@ -492,13 +491,12 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 		}
 		*e = queueEntry{} // clear, so the queue does not pin the frame
 	}
-	q.head = t
 	// Bytes before the count (see liveCounts), and both before the head,
 	// whose slots the producer may then reuse.
 	q.poppedBytes.Add(int64(liveBytes))
 	q.poppedLive.Add(int64(live))
-	q.headA.Store(t)
-	return dst, !q.closed
+	q.head.Store(t)
+	return dst, !q.closed.Load()
 }
 
 // close ends the queue; later pushes are ignored. With drain the consumer
@@ -510,14 +508,12 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.closed = true
-	q.closedA.Store(true)
+	q.closed.Store(true)
 	if !drain {
 		dropped = q.length()
 		clear(q.buf)
 		q.buf = nil
-		q.head = q.next
-		q.headA.Store(q.head)
+		q.head.Store(q.next)
 		q.pushedLive = int(q.poppedLive.Load())
 		q.pushedBytes = int(q.poppedBytes.Load())
 		q.signals = nil

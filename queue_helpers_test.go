@@ -31,7 +31,7 @@ func (q *boundedAsyncQueue) pop() (poppedEntry, popState) {
 	if n > 0 {
 		e = q.entry(0) // its tags; take returns the frame only
 	}
-	ended := n == 0 && q.closed
+	ended := n == 0 && q.closed.Load()
 	q.mu.Unlock()
 	if ended {
 		return poppedEntry{}, popEnded
@@ -67,7 +67,7 @@ func (q *boundedAsyncQueue) len() int {
 
 // entry returns the i-th queued entry from the head (under mu).
 func (q *boundedAsyncQueue) entry(i int) queueEntry {
-	return q.buf[(q.head+uint64(i))&uint64(len(q.buf)-1)]
+	return q.buf[(q.head.Load()+uint64(i))&uint64(len(q.buf)-1)]
 }
 
 // pushNow is push followed at once by the wake it asks for: the order every

@@ -371,7 +371,7 @@ func TestQueuePopClearsSlot(t *testing.T) {
 	q.pushNow(coreQueueFrame(1, 10).ref())
 	q.pushNow(coreQueueFrame(2, 10).ref())
 	q.pushNow(coreQueueFrame(3, 10).ref())
-	require.Equal(t, uint64(0), q.head)
+	require.Equal(t, uint64(0), q.head.Load())
 	q.pop()
 	assert.Equal(t, queueEntry{}, q.buf[0], "a popped slot must not pin its frame")
 	q.popAll(nil)
