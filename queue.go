@@ -364,15 +364,6 @@ func (q *boundedAsyncQueue) signalLocked() {
 	}
 }
 
-// popState is the outcome of a pop.
-type popState uint8
-
-const (
-	popOK    popState = iota // an entry was returned
-	popEmpty                 // nothing ready now; wait on ready
-	popEnded                 // closed and nothing left: the end of the stream
-)
-
 // dropLiveLocked removes every live entry and every marker, keeping the
 // other forced entries (replay) in order, and returns how many live entries
 // it removed: the frames the consumer will never see (SPEC 11's resync

@@ -23,6 +23,15 @@ type poppedEntry struct {
 	forced, marker bool
 }
 
+// popState is the outcome of a pop.
+type popState uint8
+
+const (
+	popOK    popState = iota // an entry was returned
+	popEmpty                 // nothing ready now; wait on ready
+	popEnded                 // closed and nothing left: the end of the stream
+)
+
 // pop removes the oldest entry: popAll limited to one.
 func (q *boundedAsyncQueue) pop() (poppedEntry, popState) {
 	q.mu.Lock()
