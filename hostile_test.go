@@ -22,44 +22,6 @@ import (
 // Hostile input over HTTP: what a remote client or a careless producer can
 // throw at the bus and its SSE route, end to end on a real loopback server.
 
-// hostileLogs captures log records.
-type hostileLogs struct {
-	mu   sync.Mutex
-	recs []hostileRecord
-}
-
-type hostileRecord struct {
-	msg   string
-	attrs map[string]string
-}
-
-func (l *hostileLogs) Enabled(context.Context, slog.Level) bool { return true }
-func (l *hostileLogs) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *hostileLogs) WithGroup(string) slog.Handler            { return l }
-func (l *hostileLogs) Handle(_ context.Context, r slog.Record) error {
-	rec := hostileRecord{msg: r.Message, attrs: map[string]string{}}
-	r.Attrs(func(a slog.Attr) bool {
-		rec.attrs[a.Key] = a.Value.String()
-		return true
-	})
-	l.mu.Lock()
-	l.recs = append(l.recs, rec)
-	l.mu.Unlock()
-	return nil
-}
-
-func (l *hostileLogs) find(substr string) []hostileRecord {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []hostileRecord
-	for _, r := range l.recs {
-		if strings.Contains(r.msg, substr) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 // hostileServer serves b as session "s" on /session/{id}/events, and
 // accepts request headers of up to 16 MiB.
 func hostileServer(t *testing.T, b *EventBus, h *Handler) *httptest.Server {
@@ -262,7 +224,7 @@ func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
 // replay_complete), the value is logged once, quoted and truncated to 64
 // bytes, and nothing is retained.
 func TestHostileHugeLastEventID(t *testing.T) {
-	logs := &hostileLogs{}
+	logs := &logCapture{}
 	b := hostileBus(t, Options{})
 	ts := hostileServer(t, b, &Handler{Logger: slog.New(logs)})
 	for range 3 {
@@ -293,7 +255,7 @@ func TestHostileHugeLastEventID(t *testing.T) {
 		if len(recs) != i+1 {
 			t.Fatalf("value %d: %d log records, want one per request", i, len(recs))
 		}
-		if got, want := recs[i].attrs["value"], strconv.Quote(huge[:64]); got != want {
+		if got, want := recs[i].Attrs["value"], strconv.Quote(huge[:64]); got != want {
 			t.Errorf("value %d logged as %q, want %q", i, got, want)
 		}
 	}
