@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"reflect"
 	"strconv"
 	"strings"
@@ -807,18 +806,7 @@ func bmCompare(b *EventBus, m *busModel, fail func(string, ...any)) {
 	}
 }
 
-func busModelSeeds(n int) [][]byte {
-	rng := rand.New(rand.NewPCG(0xb05, 2))
-	seeds := make([][]byte, n)
-	for i := range seeds {
-		b := make([]byte, 100+rng.IntN(700))
-		for j := range b {
-			b[j] = byte(rng.UintN(256))
-		}
-		seeds[i] = b
-	}
-	return seeds
-}
+func busModelSeeds(n int) [][]byte { return randomSeeds(n, 0xb05, 2, 100, 700) }
 
 func FuzzBusModel(f *testing.F) {
 	// Hand-written: a subscriber that overflows and is evicted; a resume

@@ -514,13 +514,14 @@ func qmCompareState(q *boundedAsyncQueue, m *queueModel, fail func(string, ...an
 	}
 }
 
-// queueModelSeeds returns deterministic random inputs, so the fuzz target
-// explores beyond the hand-written seeds in a normal test run.
-func queueModelSeeds(n int) [][]byte {
-	rng := rand.New(rand.NewPCG(0x5eed, 1))
+// randomSeeds returns n deterministic random inputs of minLen to
+// minLen+spread-1 bytes, so a model fuzz target explores beyond its
+// hand-written seeds in a normal test run. The PCG seed picks the series.
+func randomSeeds(n int, pcg1, pcg2 uint64, minLen, spread int) [][]byte {
+	rng := rand.New(rand.NewPCG(pcg1, pcg2))
 	seeds := make([][]byte, n)
 	for i := range seeds {
-		b := make([]byte, 64+rng.IntN(500))
+		b := make([]byte, minLen+rng.IntN(spread))
 		for j := range b {
 			b[j] = byte(rng.UintN(256))
 		}
@@ -528,6 +529,8 @@ func queueModelSeeds(n int) [][]byte {
 	}
 	return seeds
 }
+
+func queueModelSeeds(n int) [][]byte { return randomSeeds(n, 0x5eed, 1, 64, 500) }
 
 func FuzzQueueModel(f *testing.F) {
 	// Hand-written: fill to the frame cap then overflow; an oversized
