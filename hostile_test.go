@@ -367,6 +367,11 @@ func TestHostileClientNeverReads(t *testing.T) {
 	start := time.Now()
 	waitSubscribers(t, b, 0)
 	gone := time.Since(start)
+	// The subscription is unregistered first; the drop is counted and the
+	// diagnostic emitted right after, on the handler's goroutine.
+	for deadline := time.Now().Add(5 * time.Second); diags.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	st := b.Stats()
 	if st.Dropped.Blocked == 0 || st.Evictions != (EvictionStats{}) || diags.Load() != 1 {
 		t.Errorf("dropped %+v, evictions %+v, %d write_failed diagnostics", st.Dropped, st.Evictions, diags.Load())
