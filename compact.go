@@ -18,6 +18,9 @@ var errJSONDepth = errors.New("exceeded max depth")
 // without allocating beyond dst's growth. Publish uses it for the
 // json.RawMessage a daemon hands in, on its hot path.
 func compactJSON(dst, src []byte) ([]byte, error) {
+	if compactValid(src) {
+		return append(dst, src...), nil
+	}
 	c := compactor{src: src, dst: dst}
 	c.space()
 	if err := c.value(0); err != nil {
@@ -177,7 +180,7 @@ func (c *compactor) string() error {
 		// Plain bytes, the common case, in a loop over locals: the
 		// fields of c would be reloaded at every byte.
 		src, i := c.src, c.i
-		for i < len(src) && src[i] >= 0x20 && src[i] != '"' && src[i] != '\\' {
+		for i < len(src) && plainStringByte[src[i]] {
 			i++
 		}
 		c.i = i
@@ -259,3 +262,189 @@ func (c *compactor) digits() {
 		c.i++
 	}
 }
+
+// compactValid reports whether src is one valid JSON value with no
+// insignificant whitespace, nested at most 64 deep: then compactJSON's
+// result is src itself. Daemons mostly hand in JSON that some encoder
+// wrote, which is already compact, so this is the common case; checking it
+// without writing anything, in one loop over locals, is about twice as
+// fast as the compactor's token-by-token copy (BenchmarkCompactJSON). A
+// false only means "take the compactor", which also reports the error.
+func compactValid(src []byte) bool {
+	var (
+		stack uint64 // one bit per open container: 1 object, 0 array
+		depth int
+		i     int
+		n     = len(src)
+	)
+value:
+	if i >= n {
+		return false
+	}
+	switch c := src[i]; {
+	case c == '{':
+		if depth == 64 {
+			return false
+		}
+		stack, depth = stack<<1|1, depth+1
+		i++
+		if i < n && src[i] == '}' {
+			i++
+			stack, depth = stack>>1, depth-1
+			goto after
+		}
+		goto key
+	case c == '[':
+		if depth == 64 {
+			return false
+		}
+		stack, depth = stack<<1, depth+1
+		i++
+		if i < n && src[i] == ']' {
+			i++
+			stack, depth = stack>>1, depth-1
+			goto after
+		}
+		goto value
+	case c == '"':
+		if i = scanString(src, i); i < 0 {
+			return false
+		}
+	case c == '-' || '0' <= c && c <= '9':
+		if i = scanNumber(src, i); i < 0 {
+			return false
+		}
+	case c == 't':
+		if n-i < 4 || string(src[i:i+4]) != "true" {
+			return false
+		}
+		i += 4
+	case c == 'f':
+		if n-i < 5 || string(src[i:i+5]) != "false" {
+			return false
+		}
+		i += 5
+	case c == 'n':
+		if n-i < 4 || string(src[i:i+4]) != "null" {
+			return false
+		}
+		i += 4
+	default:
+		return false
+	}
+after:
+	if depth == 0 {
+		return i == n
+	}
+	if i >= n {
+		return false
+	}
+	switch c := src[i]; {
+	case c == ',':
+		i++
+		if stack&1 == 1 {
+			goto key
+		}
+		goto value
+	case c == '}' && stack&1 == 1, c == ']' && stack&1 == 0:
+		i++
+		stack, depth = stack>>1, depth-1
+		goto after
+	}
+	return false
+key:
+	if i >= n || src[i] != '"' {
+		return false
+	}
+	if i = scanString(src, i); i < 0 || i >= n || src[i] != ':' {
+		return false
+	}
+	i++
+	goto value
+}
+
+// scanString returns the index after the JSON string that starts at
+// src[i] (its opening quote), or -1 if it is not a valid one.
+func scanString(src []byte, i int) int {
+	n := len(src)
+	for i++; i < n; {
+		for i < n && plainStringByte[src[i]] {
+			i++
+		}
+		if i >= n {
+			break
+		}
+		b := src[i]
+		switch {
+		case b == '"':
+			return i + 1
+		case b == '\\':
+			if i+1 >= n {
+				return -1
+			}
+			switch src[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if n-i < 6 || !isHex(src[i+2]) || !isHex(src[i+3]) || !isHex(src[i+4]) || !isHex(src[i+5]) {
+					return -1
+				}
+				i += 6
+			default:
+				return -1
+			}
+		case b < 0x20:
+			return -1
+		default:
+			i++
+		}
+	}
+	return -1
+}
+
+// scanNumber returns the index after the JSON number that starts at src[i],
+// or -1 if it is not a valid one.
+func scanNumber(src []byte, i int) int {
+	n := len(src)
+	if src[i] == '-' {
+		i++
+	}
+	switch {
+	case i < n && src[i] == '0':
+		i++
+	case i < n && '1' <= src[i] && src[i] <= '9':
+		for i++; i < n && '0' <= src[i] && src[i] <= '9'; i++ {
+		}
+	default:
+		return -1
+	}
+	if i < n && src[i] == '.' {
+		i++
+		if i >= n || src[i] < '0' || src[i] > '9' {
+			return -1
+		}
+		for i++; i < n && '0' <= src[i] && src[i] <= '9'; i++ {
+		}
+	}
+	if i < n && (src[i] == 'e' || src[i] == 'E') {
+		i++
+		if i < n && (src[i] == '+' || src[i] == '-') {
+			i++
+		}
+		if i >= n || src[i] < '0' || src[i] > '9' {
+			return -1
+		}
+		for i++; i < n && '0' <= src[i] && src[i] <= '9'; i++ {
+		}
+	}
+	return i
+}
+
+// plainStringByte is true for the bytes a JSON string holds as they are:
+// not the quote, not the backslash, not a control character.
+var plainStringByte = func() (t [256]bool) {
+	for b := 0x20; b < 256; b++ {
+		t[b] = b != '"' && b != '\\'
+	}
+	return t
+}()

@@ -74,5 +74,68 @@ func FuzzCompactJSON(f *testing.F) {
 		if err == nil && bytes.ContainsAny(got, "\r\n") {
 			t.Fatalf("%q: compacted JSON holds a raw CR or LF", in)
 		}
+		// The fast path accepts exactly the valid, already compact values
+		// up to its depth: never an invalid one, and never falls back
+		// needlessly.
+		fast := werr == nil && bytes.Equal(want.Bytes(), in) && jsonDepth(in) <= 64
+		if compactValid(in) != fast {
+			t.Fatalf("%q: compactValid %v, want %v (valid %v, depth %d)", in, !fast, fast, werr == nil, jsonDepth(in))
+		}
 	})
+}
+
+// jsonDepth is the deepest nesting of objects and arrays in valid JSON.
+func jsonDepth(in []byte) int {
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(in); i++ {
+		switch c := in[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+			deepest = max(deepest, depth)
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return deepest
+}
+
+func TestCompactValidFastPath(t *testing.T) {
+	for _, in := range []string{string(benchData), `{}`, `[]`, `[[],{}]`, `{"a":{"b":[1,-2.5e+3,true,false,null,"x\u00e9\n"]}}`,
+		strings.Repeat("[", 64) + strings.Repeat("]", 64)} {
+		assert.True(t, compactValid([]byte(in)), "%s", in)
+	}
+	for _, in := range []string{` {}`, `{} `, `{"a": 1}`, `[1, 2]`, `{"a":1,}`, `[1,]`, `{"a"}`, `{1:2}`, `[}`, `{]`,
+		strings.Repeat("[", 65) + strings.Repeat("]", 65)} {
+		assert.False(t, compactValid([]byte(in)), "%s", in)
+	}
+	// Deeper than the fast path goes, compactJSON still accepts it.
+	deep := strings.Repeat("[", 65) + strings.Repeat("]", 65)
+	got, err := compactJSON(nil, []byte(deep))
+	require.NoError(t, err)
+	assert.Equal(t, deep, string(got))
+}
+
+// BenchmarkCompactJSON is the validation and compaction of a
+// json.RawMessage payload: already compact (the fast path), and with
+// whitespace (the compactor).
+func BenchmarkCompactJSON(b *testing.B) {
+	spaced := []byte(`{ "session": "s1", "seq": 12345, "text": "hello, world" }`)
+	for _, c := range []struct {
+		name string
+		src  []byte
+	}{{"compact", benchData}, {"spaced", spaced}} {
+		b.Run(c.name, func(b *testing.B) {
+			dst := make([]byte, 0, 256)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(c.src)))
+			for b.Loop() {
+				dst, _ = compactJSON(dst[:0], c.src)
+			}
+		})
+	}
 }
