@@ -478,6 +478,21 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 	if err := validType(e.Type); err != nil {
 		return encoded{}, err
 	}
+	// The common case, pre-encoded compact data (or none) and no Meta,
+	// needs no scratch: every part is either e's own or fits in a stack
+	// buffer, and is copied once, into the event's buffer. The pool and
+	// the copy through it were a tenth of Publish (BenchmarkEncode).
+	if raw, ok := e.Data.(json.RawMessage); (ok && compactValid(raw) || e.Data == nil) && len(e.Meta) == 0 {
+		var tb, ob [64]byte
+		var mb [len(kTimestamp) + maxDigits + 1]byte
+		meta := strconv.AppendInt(append(mb[:0], kTimestamp...), b.now(), 10)
+		var orig []byte
+		if e.OriginatorClientID != "" {
+			orig = appendJSONString(ob[:0], e.OriginatorClientID)
+		}
+		return b.assemble(e.Type, appendJSONString(tb[:0], e.Type), raw, len(raw) > 0, meta, orig)
+	}
+
 	s := scratchPool.Get().(*scratch)
 	defer s.free()
 
@@ -500,7 +515,7 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 	}
 	dataEnd := len(s.data)
 
-	s.data = append(s.data, `"serverTimestamp":`...)
+	s.data = append(s.data, kTimestamp...)
 	if ts, ok := e.Meta["serverTimestamp"]; ok && finiteNumber(ts) {
 		if err := s.encodeValue(ts); err != nil {
 			return encoded{}, err
@@ -522,8 +537,22 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 		}
 	}
 	all := s.data
-	data, meta := all[:dataEnd], all[dataEnd:]
+	var orig []byte
+	if e.OriginatorClientID != "" {
+		orig = appendJSONString(s.b[:0], e.OriginatorClientID)
+	}
+	s.t = appendJSONString(s.t[:0], e.Type)
+	return b.assemble(e.Type, s.t, all[:dataEnd], hasData, all[dataEnd:], orig)
+}
 
+const kTimestamp = `"serverTimestamp":`
+
+// assemble lays the encoded parts of an envelope out in the event's own
+// buffer: typeJSON is the type as a JSON string, data the encoded data
+// (written only with hasData), meta the members of "_meta", and orig the
+// originator's id as a JSON string or nil. It returns ErrEventTooLarge
+// above MaxEventBytes.
+func (b *EventBus) assemble(typ string, typeJSON, data []byte, hasData bool, meta, orig []byte) (encoded, error) {
 	const (
 		vType  = `,"v":1,"type":`
 		kData  = `,"data":`
@@ -531,15 +560,11 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 		kOrig  = `},"originatorClientId":`
 		closer = "}\n\n"
 	)
-	s.t = appendJSONString(s.t[:0], e.Type)
-	typeJSON := s.t
 	tail := len(vType) + len(typeJSON) + len(kMeta) + len(meta) + 1 + len(closer)
 	if hasData {
 		tail += len(kData) + len(data)
 	}
-	var orig []byte
-	if e.OriginatorClientID != "" {
-		orig = appendJSONString(s.b[:0], e.OriginatorClientID)
+	if orig != nil {
 		tail += len(kOrig) - 1 + len(orig)
 	}
 	// The envelope is {"id":N followed by the tail without its "\n\n". The
@@ -550,7 +575,7 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 		return encoded{}, fmt.Errorf("%w: %d bytes encoded, MaxEventBytes is %d", ErrEventTooLarge, size, b.opts.MaxEventBytes)
 	}
 
-	head := len(headID) + maxDigits + len(headEvent) + len(e.Type) + len(headData) + len(headJSON) + maxDigits
+	head := len(headID) + maxDigits + len(headEvent) + len(typ) + len(headData) + len(headJSON) + maxDigits
 	buf := make([]byte, head, head+tail)
 	buf = append(buf, vType...)
 	buf = append(buf, typeJSON...)
@@ -567,7 +592,7 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 		buf = append(buf, '}')
 	}
 	buf = append(buf, closer...)
-	return encoded{buf: buf, head: head, typ: e.Type}, nil
+	return encoded{buf: buf, head: head, typ: typ}, nil
 }
 
 func digits(n uint64) int {

@@ -346,6 +346,12 @@ func (s *Subscription) pastWarning(c queueCounts) (frames, bytes bool) {
 	return float64(c.liveCount) >= s.warnFrames, float64(c.liveBytes) >= s.warnBytes
 }
 
+// anyPastWarning reports whether the live counts c reach the warning
+// threshold of either cap.
+func (s *Subscription) anyPastWarning(c queueCounts) bool {
+	return float64(c.liveCount) >= s.warnFrames || float64(c.liveBytes) >= s.warnBytes
+}
+
 // yieldFor reports whether a publish that left s with the live counts c
 // should yield the processor (see EventBus.finish): s is past the warning
 // threshold of either cap, and either its consumer has looked for frames
