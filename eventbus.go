@@ -299,9 +299,13 @@ type fanout struct {
 	diags   []Diagnostic
 	evicted []eviction
 	// behind is set when a subscriber's queue is past the warning
-	// threshold after this publish and its yield budget is not spent;
-	// urgent when such a queue is past 90% of a cap.
-	behind, urgent bool
+	// threshold after this publish and its yield budget is not spent.
+	behind bool
+	// urgent is the first such queue that is past 90% of a cap, and
+	// urgentPopped the live frames and bytes its consumer must have popped
+	// in all for it to be back under 90% of both (see finish); nil if none.
+	urgent       *boundedAsyncQueue
+	urgentPopped [2]int64
 	// wake holds the queues whose consumers push reported waiting, woken
 	// by finish (see boundedAsyncQueue.push); from wakePool, nil if none.
 	wake *[]*boundedAsyncQueue
@@ -445,7 +449,13 @@ func (b *EventBus) fanOutLocked(f *Frame, lastID uint64, out *fanout) {
 			}
 			if s.yieldFor(c) {
 				out.behind = true
-				out.urgent = out.urgent || nearlyFull(c)
+				if out.urgent == nil && nearlyFull(c) {
+					out.urgent = &s.q
+					out.urgentPopped = [2]int64{
+						s.q.poppedLive.Load() + int64(c.liveCount-c.maxQueued*9/10) + 1,
+						s.q.poppedBytes.Load() + int64(c.liveBytes-c.maxBytes/10*9) + 1,
+					}
+				}
 			}
 		case pushCoalesced:
 			b.stats.dropCoalesced.Add(1)
@@ -491,21 +501,32 @@ func (b *EventBus) finish(out *fanout) {
 		// A subscriber is past 75% of a cap. Often it is not slow at all:
 		// its goroutine was woken but not scheduled yet, because this
 		// publisher holds the processor (GOMAXPROCS is small, the publisher
-		// runs a tight loop). Yield so it can run before it is evicted: once,
-		// and a few times more past 90%, where the harness's tight-publisher
-		// runs still lost healthy consumers with one (BENCHMARKS.md). This
+		// runs a tight loop). Yield so it can run before it is evicted:
+		// once, and past 90% until the first such consumer is back under
+		// 90% or maxUrgentYields more yields went by. A fixed 4 yields
+		// there still lost a healthy consumer in about one tight stall
+		// run in sixteen once Publish got faster (BENCHMARKS.md). This
 		// never waits for anyone: with nothing else to run Gosched returns
-		// at once. A subscription that nobody has ever read from costs one
-		// yield at most (Subscription.yieldFor).
-		yields := 1
-		if out.urgent {
-			yields = 4
-		}
-		for range yields {
-			runtime.Gosched()
+		// at once, and a consumer that runs drains its whole queue. A
+		// subscription that nobody has ever read from costs one yield
+		// episode at most (Subscription.yieldFor).
+		yieldProcessor()
+		if q := out.urgent; q != nil {
+			for range maxUrgentYields {
+				if q.poppedLive.Load() >= out.urgentPopped[0] && q.poppedBytes.Load() >= out.urgentPopped[1] {
+					break
+				}
+				yieldProcessor()
+			}
 		}
 	}
 }
+
+// maxUrgentYields bounds the yields of one publish for a consumer past 90%.
+const maxUrgentYields = 16
+
+// yieldProcessor is runtime.Gosched; tests count the yields through it.
+var yieldProcessor = runtime.Gosched
 
 // nearlyFull reports whether the live counts c are past 90% of either cap.
 func nearlyFull(c queueCounts) bool {

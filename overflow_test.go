@@ -399,6 +399,49 @@ func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
 	assert.True(t, s2.q.looked.Load())
 }
 
+// Past 90% the publisher yields until the consumer is back under 90%, or
+// maxUrgentYields more times for one that does not drain; below 90% once.
+func TestPublishYieldsPastNinetyPercentUntilTheConsumerDrains(t *testing.T) {
+	b := bus11(t, Options{MaxQueued: 100})
+	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+	require.NoError(t, err)
+	defer s.Close()
+	_, _ = s.AppendReady(nil) // its consumer runs
+	yields := 0
+	drainAfter := -1 // the consumer drains at this yield; -1: never
+	defer func(f func()) { yieldProcessor = f }(yieldProcessor)
+	yieldProcessor = func() {
+		yields++
+		if yields == drainAfter {
+			_, _ = s.AppendReady(nil)
+		}
+	}
+	publish := func(n int) {
+		t.Helper()
+		for range n {
+			_, err := b.Publish(Event{Type: "e"})
+			require.NoError(t, err)
+		}
+	}
+
+	publish(74)
+	assert.Zero(t, yields, "below 75%")
+	publish(1)
+	assert.Equal(t, 1, yields, "at 75%: one yield")
+	publish(14)
+	assert.Equal(t, 15, yields, "one per publish up to 89%")
+	yields = 0
+	publish(1)
+	assert.Equal(t, 1+maxUrgentYields, yields, "at 90%, for a consumer that does not drain")
+
+	// It drains at the third yield: the publisher stops yielding there.
+	yields, drainAfter = 0, 3
+	publish(1)
+	assert.Equal(t, 3, yields)
+	assert.Zero(t, s.q.counts().liveCount)
+	assert.NoError(t, s.Err())
+}
+
 func TestNearlyFullAtNinetyPercentOfEitherCap(t *testing.T) {
 	c := func(live, bytes int) queueCounts {
 		return queueCounts{liveCount: live, maxQueued: 100, liveBytes: bytes, maxBytes: 1000}
