@@ -99,11 +99,14 @@ type naiveFanout struct {
 }
 
 func (f *naiveFanout) start(sinks []*sink) error {
+	var running sync.WaitGroup
 	for _, s := range sinks {
 		ch := f.b.subscribe(f.cfg.queue)
 		f.wg.Add(1)
+		running.Add(1)
 		go func() {
 			defer f.wg.Done()
+			running.Done()
 			s.waitRelease()
 			for m := range ch {
 				s.see(m.id)
@@ -111,6 +114,7 @@ func (f *naiveFanout) start(sinks []*sink) error {
 			s.end("closed")
 		}()
 	}
+	running.Wait()
 	return nil
 }
 
@@ -133,11 +137,14 @@ type pubsubFanout struct {
 
 func (f *pubsubFanout) start(sinks []*sink) error {
 	f.ps = pubsub.New[string, naiveMsg](f.cfg.queue)
+	var running sync.WaitGroup
 	for _, s := range sinks {
 		ch := f.ps.Sub("bench") // synchronous: registered when Sub returns
 		f.wg.Add(1)
+		running.Add(1)
 		go func() {
 			defer f.wg.Done()
+			running.Done()
 			s.waitRelease()
 			for m := range ch {
 				s.see(m.id)
@@ -145,6 +152,7 @@ func (f *pubsubFanout) start(sinks []*sink) error {
 			s.end("closed")
 		}()
 	}
+	running.Wait()
 	return nil
 }
 

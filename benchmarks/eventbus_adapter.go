@@ -48,19 +48,24 @@ func (f *eventbusFanout) start(sinks []*sink) error {
 	f.bus = bus
 	ctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
+	var running sync.WaitGroup
 	for _, s := range sinks {
 		sub, err := bus.Subscribe(ctx, eventbus.SubscribeOptions{})
 		if err != nil {
+			running.Wait()
 			return err
 		}
 		f.subs = append(f.subs, sub)
 		f.wg.Add(1)
+		running.Add(1)
 		go func() {
 			defer f.wg.Done()
+			running.Done()
 			s.waitRelease()
 			drainEventbus(sub, s)
 		}()
 	}
+	running.Wait()
 	return nil
 }
 

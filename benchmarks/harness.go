@@ -108,7 +108,10 @@ func (s *sink) waitRelease() {
 // subscribers, each delivering into its sink.
 type fanout interface {
 	// start registers one subscriber per sink and returns once every one of
-	// them is registered (an event published afterwards reaches all of them).
+	// them is registered (an event published afterwards reaches all of them)
+	// and every subscriber goroutine it starts is running: the workload is
+	// subscribers that drain, and a tight publisher on 2 cores can otherwise
+	// fill a goroutine that was never scheduled yet (see RESULTS.md).
 	start(sinks []*sink) error
 	// publish publishes event seq (1-based). It may block if the library blocks.
 	publish(seq uint64) error
