@@ -68,7 +68,7 @@ func entryFrame(e seam.Entry) (Frame, error) {
 	j := len(b)
 	b = append(b, e.JSON...)
 	b = append(b, "\n\n"...)
-	return Frame{wire: b, json: int32(j), kind: kindEvent, id: e.ID, typ: e.Type}, nil
+	return Frame{&frame{wire: b, json: int32(j), kind: kindEvent, id: e.ID, typ: e.Type}}, nil
 }
 
 // appendEntry is Publish for an id the backplane assigned.
@@ -115,8 +115,8 @@ func (b *EventBus) appendEntry(e seam.Entry) error {
 // upto+1. The replay goes ahead of the live frames queued meanwhile, so the
 // hand-over has no gap and no duplicate.
 func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts SubscribeOptions, h seam.History, upto uint64) {
-	var front []*Frame
-	push := func(f *Frame) { front = append(front, f) }
+	var front []*frame
+	push := func(f *frame) { front = append(front, f) }
 	after := opts.LastEventID
 	if epochMismatch(opts, b.epoch) || after > upto {
 		after = 0 // an epoch reset replays the whole log

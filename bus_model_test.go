@@ -60,10 +60,10 @@ func (f bmFrame) String() string {
 }
 
 func bmDescribe(f Frame) string {
-	if f.id > 0 {
-		return fmt.Sprintf("#%d(%s,%dB)", f.id, f.typ, f.Size())
+	if f.ID() > 0 {
+		return fmt.Sprintf("#%d(%s,%dB)", f.ID(), f.Type(), f.Size())
 	}
-	return f.typ + " " + string(f.JSON())
+	return f.Type() + " " + string(f.JSON())
 }
 
 type bmEntry struct {
@@ -782,7 +782,7 @@ func bmCompare(b *EventBus, m *busModel, fail func(string, ...any)) {
 		if n != len(s.q) || closed != s.closed || liveCount != wc || liveBytes != wb {
 			var got, want []string
 			for _, e := range entries {
-				got = append(got, bmDescribe(*e.f))
+				got = append(got, bmDescribe(Frame{e.f}))
 			}
 			for _, e := range s.q {
 				want = append(want, e.f.String())
@@ -792,7 +792,7 @@ func bmCompare(b *EventBus, m *busModel, fail func(string, ...any)) {
 				strings.Join(got, "\n        "), strings.Join(want, "\n        "))
 		}
 		for i, e := range entries {
-			if d := bmCheckFrame(*e.f, s.q[i].f); d != "" || e.forced != s.q[i].forced || e.marker != s.q[i].marker {
+			if d := bmCheckFrame(Frame{e.f}, s.q[i].f); d != "" || e.forced != s.q[i].forced || e.marker != s.q[i].marker {
 				fail("sub%d entry %d (forced %v marker %v, model %v %v):\n%s", s.name, i, e.forced, e.marker,
 					s.q[i].forced, s.q[i].marker, d)
 			}

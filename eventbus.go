@@ -342,7 +342,7 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	// The frame is shared by the ring and every queue. Allocate it before
 	// the lock: an allocation can stall on GC assist, and nobody should
 	// wait on the lock for that.
-	f := new(Frame)
+	f := new(frame)
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -351,7 +351,7 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	}
 	id := b.nextID
 	b.nextID++
-	*f = p.frame(id)
+	*f = p.build(id)
 	b.ring.append(f)
 	b.lastID.Store(id)
 	b.stats.published.Add(1)
@@ -361,7 +361,7 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	b.mu.Unlock()
 
 	b.finish(&out)
-	return *f, nil
+	return Frame{f}, nil
 }
 
 // Signal publishes a change signal (SPEC 11): a type and the resource it is
@@ -386,8 +386,8 @@ func (b *EventBus) Signal(typ, about string) error {
 		return err
 	}
 	f := signalFrame(typ, about, b.now()).ref()
-	if f.Size() > b.opts.MaxEventBytes {
-		err := fmt.Errorf("%w: signal of %d bytes, MaxEventBytes is %d", ErrEventTooLarge, f.Size(), b.opts.MaxEventBytes)
+	if f.size() > b.opts.MaxEventBytes {
+		err := fmt.Errorf("%w: signal of %d bytes, MaxEventBytes is %d", ErrEventTooLarge, f.size(), b.opts.MaxEventBytes)
 		b.rejected(typ, err)
 		return err
 	}
@@ -421,7 +421,7 @@ func (b *EventBus) rejected(typ string, err error) {
 // published. Accepted pushes run the warning check; rejected ones follow
 // the subscriber's overflow policy; evicted subscribers are unregistered
 // here and ended by finish.
-func (b *EventBus) fanOutLocked(f *Frame, lastID uint64, out *fanout) {
+func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 	removed := false
 	for i, s := range b.subs {
 		if !s.filter.match(f.typ) {
@@ -462,7 +462,7 @@ func (b *EventBus) fanOutLocked(f *Frame, lastID uint64, out *fanout) {
 		case pushRejectedFrames, pushRejectedBytes:
 			ev := eviction{s: s, reason: res.reason(), id: lastID, counts: c, bytes: -1}
 			if res == pushRejectedBytes {
-				ev.bytes = f.Size()
+				ev.bytes = f.size()
 			}
 			if s.policy == OverflowResync {
 				if d, ok := s.overflowResyncLocked(f, res, lastID); ok {

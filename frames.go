@@ -50,12 +50,21 @@ const (
 )
 
 // Frame is one frame of a subscription: a published event (with an id) or a
-// synthetic frame (without). It is a small value; copy it freely.
+// synthetic frame (without). It is one pointer to the frame's immutable
+// encoding, shared by the ring and every queue that holds the frame; copy it
+// freely.
 //
 // The bytes a Frame exposes are shared by every subscriber that received it
 // and by the SSE writer: they are encoded once, at publish, and must never be
 // modified. The zero Frame has no type and encodes to nothing.
 type Frame struct {
+	*frame
+}
+
+// frame is what a Frame points to. Frames are immutable once made, so one
+// frame serves the ring, every queue and every consumer's batch: a
+// consumer copies a pointer per frame, not the header (BENCHMARKS.md).
+type frame struct {
 	// wire is the complete SSE frame; the JSON envelope is wire[json:len-2].
 	wire  []byte
 	json  int32
@@ -66,15 +75,25 @@ type Frame struct {
 }
 
 // ID returns the event's id, or 0 for a synthetic frame (ids start at 1).
-func (f Frame) ID() uint64 { return f.id }
+func (f Frame) ID() uint64 {
+	if f.frame == nil {
+		return 0
+	}
+	return f.id
+}
 
 // Type returns the frame's event type.
-func (f Frame) Type() string { return f.typ }
+func (f Frame) Type() string {
+	if f.frame == nil {
+		return ""
+	}
+	return f.typ
+}
 
 // JSON returns the encoded envelope, exactly what follows "data: " on the
 // wire. The slice is shared and must not be modified.
 func (f Frame) JSON() []byte {
-	if f.wire == nil {
+	if f.frame == nil || f.wire == nil {
 		return nil
 	}
 	return f.wire[f.json : len(f.wire)-2 : len(f.wire)-2]
@@ -83,40 +102,63 @@ func (f Frame) JSON() []byte {
 // Size returns the length of the encoded envelope in bytes: the unit of every
 // byte cap of the package.
 func (f Frame) Size() int {
+	if f.frame == nil {
+		return 0
+	}
+	return f.frame.size()
+}
+
+// size is Frame.Size for a frame the caller knows is not nil.
+func (f *frame) size() int {
 	if f.wire == nil {
 		return 0
 	}
 	return len(f.wire) - 2 - int(f.json)
 }
 
-// ref returns a pointer to a copy of f, for the ring and the queues, which
-// hold frames by pointer (see queueEntry).
-func (f Frame) ref() *Frame { return &f }
+// ref returns the shared frame, for the ring and the queues, which hold
+// frames by pointer (see queueEntry). f must not be the zero Frame.
+func (f Frame) ref() *frame { return f.frame }
 
 // AppendSSE appends the frame's Server-Sent Events encoding to dst and
 // returns the extended slice: an "id: N" line only for events with an id,
 // then "event: <type>", one "data: <envelope>" line and a blank line. The
 // encoding was built once, at publish; this is a single copy.
-func (f Frame) AppendSSE(dst []byte) []byte { return append(dst, f.wire...) }
+func (f Frame) AppendSSE(dst []byte) []byte {
+	if f.frame == nil {
+		return dst
+	}
+	return append(dst, f.wire...)
+}
 
 // Synthetic reports whether the frame was made by the bus for one
 // subscriber (replay_complete, state_resync_required, slow_client_warning,
 // client_evicted, stream_error). Synthetic frames have no id.
-func (f Frame) Synthetic() bool { return f.kind >= kindSynthetic }
+func (f Frame) Synthetic() bool { return f.frame != nil && f.kind >= kindSynthetic }
 
 // Signal reports whether the frame is a coalescable change signal published
 // with EventBus.Signal. Signals have no id and are never replayed.
-func (f Frame) Signal() bool { return f.kind == kindSignal }
+func (f Frame) Signal() bool { return f.frame != nil && f.kind == kindSignal }
 
 // About returns the resource a signal concerns, "" for other frames.
-func (f Frame) About() string { return f.about }
+func (f Frame) About() string {
+	if f.frame == nil {
+		return ""
+	}
+	return f.about
+}
 
 // Terminal reports whether the frame is the last one of its stream
 // (client_evicted or stream_error).
-func (f Frame) Terminal() bool { return f.kind == kindTerminal }
+func (f Frame) Terminal() bool { return f.frame != nil && f.kind == kindTerminal }
 
 // String returns the SSE encoding, for debugging and examples.
-func (f Frame) String() string { return string(f.wire) }
+func (f Frame) String() string {
+	if f.frame == nil {
+		return ""
+	}
+	return string(f.wire)
+}
 
 // StreamErrorFrame returns a terminal stream_error frame with data
 // {"error":msg,"errorKind":kind}, stamped with the current time. The HTTP
@@ -159,7 +201,7 @@ func idlessFrame(typ string, kind frameKind, key string, value []byte, ts int64,
 	b = append(b, `,"_meta":{"serverTimestamp":`...)
 	b = strconv.AppendInt(b, ts, 10)
 	b = append(b, "}}\n\n"...)
-	return Frame{wire: b, json: int32(j), kind: kind, typ: typ, about: about}
+	return Frame{&frame{wire: b, json: int32(j), kind: kind, typ: typ, about: about}}
 }
 
 // syntheticData is a tiny JSON object writer for synthetic frame data. The
@@ -351,7 +393,7 @@ const (
 // frame completes the encoding with id: it writes "id: N\nevent: T\ndata:
 // {"id":N" right-aligned before the tail. It does O(len(type)) copying and
 // no allocation, so it may run under the bus lock.
-func (p *encoded) frame(id uint64) Frame {
+func (p *encoded) build(id uint64) frame {
 	var d [maxDigits]byte
 	digits := strconv.AppendUint(d[:0], id, 10)
 	i := p.head
@@ -371,7 +413,7 @@ func (p *encoded) frame(id uint64) Frame {
 	i -= len(headID)
 	copy(p.buf[i:], headID)
 	wire := p.buf[i:len(p.buf):len(p.buf)]
-	return Frame{wire: wire, json: int32(j - i), kind: kindEvent, id: id, typ: p.typ}
+	return frame{wire: wire, json: int32(j - i), kind: kindEvent, id: id, typ: p.typ}
 }
 
 // scratch holds reusable encoding buffers; the data is copied into the

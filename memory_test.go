@@ -194,13 +194,13 @@ func heldFrameBytes(b *EventBus, subs []*Subscription) uint64 {
 	}
 	b.mu.Lock()
 	for i := range b.ring.Len() {
-		add(*b.ring.at(i))
+		add(Frame{b.ring.at(i)})
 	}
 	b.mu.Unlock()
 	for _, s := range subs {
 		s.q.mu.Lock()
 		for i := range s.q.length() {
-			add(*s.q.entry(i).f)
+			add(Frame{s.q.entry(i).f})
 		}
 		s.q.mu.Unlock()
 	}

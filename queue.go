@@ -37,7 +37,7 @@ func (r pushResult) reason() string {
 // a fifth of the memory; that halved the cost per delivery at 1000
 // subscribers (BENCHMARKS.md). Frames are immutable once made.
 type queueEntry struct {
-	f      *Frame
+	f      *frame
 	forced bool
 	marker bool
 }
@@ -147,11 +147,11 @@ func (q *boundedAsyncQueue) liveCounts() queueCounts {
 // A signal with the same (type, about) as a queued, undelivered signal
 // replaces it in place instead (pushCoalesced): it takes the older one's
 // position, liveCount is unchanged and liveBytes moves by the difference.
-func (q *boundedAsyncQueue) push(f *Frame) (res pushResult, c queueCounts, wake bool) {
+func (q *boundedAsyncQueue) push(f *frame) (res pushResult, c queueCounts, wake bool) {
 	if f.kind == kindSignal {
 		return q.pushSignal(f)
 	}
-	size := f.Size()
+	size := f.size()
 	c = q.liveCounts()
 	if res = q.admit(c, size); res != pushAccepted {
 		return res, c, false
@@ -187,16 +187,16 @@ func (q *boundedAsyncQueue) admit(c queueCounts, size int) pushResult {
 
 // pushSignal is push for a signal: under mu, because it may replace a
 // queued signal in place.
-func (q *boundedAsyncQueue) pushSignal(f *Frame) (res pushResult, c queueCounts, wake bool) {
-	size := f.Size()
+func (q *boundedAsyncQueue) pushSignal(f *frame) (res pushResult, c queueCounts, wake bool) {
+	size := f.size()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	c = q.liveCounts()
 	if !q.closed.Load() {
 		if pos, ok := q.signals[signalKey{f.typ, f.about}]; ok {
 			e := &q.buf[pos&uint64(len(q.buf)-1)]
-			q.pushedBytes += size - e.f.Size()
-			c.liveBytes += size - e.f.Size()
+			q.pushedBytes += size - e.f.size()
+			c.liveBytes += size - e.f.size()
 			e.f = f
 			return pushCoalesced, c, false
 		}
@@ -231,12 +231,12 @@ func (q *boundedAsyncQueue) wake() {
 
 // forcePush appends f as a forced entry, bypassing both caps. It reports
 // false when the queue is closed and f was dropped. Producer only.
-func (q *boundedAsyncQueue) forcePush(f *Frame) bool {
+func (q *boundedAsyncQueue) forcePush(f *frame) bool {
 	return q.forcePushEntry(queueEntry{f: f, forced: true})
 }
 
 // forcePushMarker is forcePush for a marker entry (see queueEntry).
-func (q *boundedAsyncQueue) forcePushMarker(f *Frame) bool {
+func (q *boundedAsyncQueue) forcePushMarker(f *frame) bool {
 	return q.forcePushEntry(queueEntry{f: f, forced: true, marker: true})
 }
 
@@ -256,7 +256,7 @@ func (q *boundedAsyncQueue) forcePushEntry(e queueEntry) bool {
 // signalLocked once at the end. The consumer reads only under q.mu, so it
 // cannot see the appended entries before then anyway; publishing the tail
 // once saves an atomic store per replayed frame.
-func (q *boundedAsyncQueue) forceAppendLocked(f *Frame) {
+func (q *boundedAsyncQueue) forceAppendLocked(f *frame) {
 	if !q.closed.Load() {
 		q.putLocked(queueEntry{f: f, forced: true})
 	}
@@ -277,7 +277,7 @@ func (q *boundedAsyncQueue) hold() {
 // dropped: a cancelled consumer wants nothing, and a drained one gets what
 // was queued. It moves head back, so it is a producer operation that must
 // not overlap a push: the caller holds the bus lock.
-func (q *boundedAsyncQueue) unhold(front []*Frame) {
+func (q *boundedAsyncQueue) unhold(front []*frame) {
 	q.mu.Lock()
 	q.held = false
 	if !q.closed.Load() && len(front) > 0 {
@@ -317,11 +317,11 @@ func (q *boundedAsyncQueue) putLocked(e queueEntry) {
 
 // appendLiveLocked appends f as live, counts it, and, for a signal,
 // records its position for coalescing.
-func (q *boundedAsyncQueue) appendLiveLocked(f *Frame) {
+func (q *boundedAsyncQueue) appendLiveLocked(f *frame) {
 	pos := q.next
 	q.appendLocked(queueEntry{f: f})
 	q.pushedLive++
-	q.pushedBytes += f.Size()
+	q.pushedBytes += f.size()
 	if f.kind == kindSignal {
 		if q.signals == nil {
 			q.signals = make(map[signalKey]uint64)
@@ -380,7 +380,7 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 		switch {
 		case !e.forced:
 			dropped++
-			droppedBytes += e.f.Size()
+			droppedBytes += e.f.size()
 		case !e.marker:
 			q.buf[kept&mask] = e
 			kept++
@@ -403,7 +403,7 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 // last event the consumer dequeued, then append f as live (the queue now
 // holds no live entry, so the caps admit it). It returns the number of
 // entries dropped and that id. On a closed queue it does nothing.
-func (q *boundedAsyncQueue) resync(f *Frame, mark func(lastDelivered uint64) *Frame) (dropped int, lastDelivered uint64) {
+func (q *boundedAsyncQueue) resync(f *frame, mark func(lastDelivered uint64) *frame) (dropped int, lastDelivered uint64) {
 	q.mu.Lock()
 	if q.closed.Load() {
 		q.mu.Unlock()
@@ -467,10 +467,10 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 	live, liveBytes := 0, 0
 	for p := h; p != t; p++ {
 		e := &q.buf[p&mask]
-		dst = append(dst, *e.f)
+		dst = append(dst, Frame{e.f})
 		if !e.forced {
 			live++
-			liveBytes += e.f.Size()
+			liveBytes += e.f.size()
 		}
 		switch e.f.kind {
 		case kindEvent:

@@ -52,8 +52,8 @@ func (q *boundedAsyncQueue) pop() (poppedEntry, popState) {
 }
 
 // refs returns pointers to copies of fs, the form unhold takes.
-func refs(fs []Frame) []*Frame {
-	out := make([]*Frame, len(fs))
+func refs(fs []Frame) []*frame {
+	out := make([]*frame, len(fs))
 	for i, f := range fs {
 		out[i] = f.ref()
 	}
@@ -81,7 +81,7 @@ func (q *boundedAsyncQueue) entry(i int) queueEntry {
 
 // pushNow is push followed at once by the wake it asks for: the order every
 // caller of push keeps, with nothing in between.
-func (q *boundedAsyncQueue) pushNow(f *Frame) (pushResult, queueCounts) {
+func (q *boundedAsyncQueue) pushNow(f *frame) (pushResult, queueCounts) {
 	res, c, wake := q.push(f)
 	if wake {
 		q.wake()

@@ -214,10 +214,13 @@ func qmFrame(kind frameKind, id uint64, typ, about string, size int) Frame {
 		wire[i] = 'x'
 	}
 	copy(wire[len(pre)+size:], "\n\n")
-	return Frame{wire: wire, json: int32(len(pre)), kind: kind, id: id, typ: typ, about: about}
+	return Frame{&frame{wire: wire, json: int32(len(pre)), kind: kind, id: id, typ: typ, about: about}}
 }
 
 func sameFrame(a, b Frame) bool {
+	if a.frame == nil || b.frame == nil {
+		return a.frame == b.frame
+	}
 	if len(a.wire) == 0 || len(b.wire) == 0 {
 		return len(a.wire) == len(b.wire) && a.kind == b.kind && a.id == b.id
 	}
@@ -226,6 +229,9 @@ func sameFrame(a, b Frame) bool {
 }
 
 func qmDescribe(f Frame) string {
+	if f.frame == nil {
+		return "-"
+	}
 	switch f.kind {
 	case kindEvent:
 		return fmt.Sprintf("ev%d/%d", f.id, f.Size())
@@ -391,7 +397,7 @@ func runQueueModel(t *testing.T, data []byte) {
 			var gotMark, wantMark Frame
 			gotCalls, wantCalls := 0, 0
 			var gotArg, wantArg uint64
-			gotDropped, gotLast := q.resync(f.ref(), func(last uint64) *Frame {
+			gotDropped, gotLast := q.resync(f.ref(), func(last uint64) *frame {
 				gotCalls++
 				gotArg = last
 				gotMark = qmFrame(kindSynthetic, 0, TypeStateResyncRequired, "", 30)
@@ -495,9 +501,9 @@ func qmCompareState(q *boundedAsyncQueue, m *queueModel, fail func(string, ...an
 	liveSignals := 0
 	for i, want := range m.entries {
 		got := q.entry(i)
-		if !sameFrame(*got.f, want.f) || got.forced != want.forced || got.marker != want.marker {
+		if !sameFrame(Frame{got.f}, want.f) || got.forced != want.forced || got.marker != want.marker {
 			fail("entry %d: got %s forced=%v marker=%v, model %s forced=%v marker=%v", i,
-				qmDescribe(*got.f), got.forced, got.marker, qmDescribe(want.f), want.forced, want.marker)
+				qmDescribe(Frame{got.f}), got.forced, got.marker, qmDescribe(want.f), want.forced, want.marker)
 		}
 		if !want.forced && want.f.kind == kindSignal {
 			liveSignals++

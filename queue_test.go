@@ -13,7 +13,7 @@ import (
 func coreQueueFrame(id uint64, size int) Frame {
 	const pre = "data: "
 	wire := pre + strings.Repeat("x", size) + "\n\n"
-	return Frame{wire: []byte(wire), json: int32(len(pre)), kind: kindEvent, id: id, typ: "t"}
+	return Frame{&frame{wire: []byte(wire), json: int32(len(pre)), kind: kindEvent, id: id, typ: "t"}}
 }
 
 // hasToken reports whether a ready token is waiting, and takes it.
@@ -488,13 +488,13 @@ func TestQueueConcurrentProducerAndConsumer(t *testing.T) {
 	var lastAccepted uint64
 	for id := uint64(1); id <= events; id++ {
 		f := coreQueueFrame(id, 10+int(id%50))
-		res, _, wake := q.push(&f)
+		res, _, wake := q.push(f.ref())
 		switch res {
 		case pushAccepted:
 			accepted++
 			lastAccepted = id
 		case pushRejectedFrames, pushRejectedBytes:
-			d, _ := q.resync(&f, func(uint64) *Frame {
+			d, _ := q.resync(f.ref(), func(uint64) *frame {
 				return syntheticFrame(TypeStateResyncRequired, kindSynthetic, []byte(`{}`), 0).ref()
 			})
 			dropped += d
@@ -512,7 +512,7 @@ func TestQueueConcurrentProducerAndConsumer(t *testing.T) {
 			}
 		case id%101 == 0:
 			sig := signalFrame("s", "a", int64(id))
-			res, _, wake := q.push(&sig)
+			res, _, wake := q.push(sig.ref())
 			if res == pushAccepted {
 				signals++
 			}

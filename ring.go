@@ -14,7 +14,7 @@ package eventbus
 // refer to it, and a replay queues pointers without copying or allocating.
 // A frame is never modified after it is made.
 type ring struct {
-	buf      []*Frame
+	buf      []*frame
 	head     int // index of the oldest frame
 	n        int
 	bytes    int
@@ -49,7 +49,7 @@ func (r *ring) lastID() uint64 {
 }
 
 // at returns the i-th oldest frame.
-func (r *ring) at(i int) *Frame {
+func (r *ring) at(i int) *frame {
 	j := r.head + i
 	if j >= len(r.buf) {
 		j -= len(r.buf)
@@ -61,7 +61,7 @@ func (r *ring) at(i int) *Frame {
 // holds more than maxLen frames or maxBytes bytes; the newest always stays.
 // A frame whose id does not follow the newest one restarts the ring, so the
 // ids held stay contiguous.
-func (r *ring) append(f *Frame) {
+func (r *ring) append(f *frame) {
 	if r.n > 0 && f.id != r.lastID()+1 {
 		r.reset()
 	}
@@ -78,7 +78,7 @@ func (r *ring) append(f *Frame) {
 	}
 	r.buf[j] = f
 	r.n++
-	r.bytes += f.Size()
+	r.bytes += f.size()
 	for r.n > 1 && r.bytes > r.maxBytes {
 		r.dropOldest()
 	}
@@ -90,7 +90,7 @@ func (r *ring) grow() {
 	}
 	size := max(2*len(r.buf), 16)
 	size = min(size, r.maxLen)
-	buf := make([]*Frame, size)
+	buf := make([]*frame, size)
 	for i := range r.n {
 		buf[i] = r.at(i)
 	}
@@ -98,7 +98,7 @@ func (r *ring) grow() {
 }
 
 func (r *ring) dropOldest() {
-	r.bytes -= r.buf[r.head].Size()
+	r.bytes -= r.buf[r.head].size()
 	r.buf[r.head] = nil // clear, so the ring does not pin evicted bytes
 	r.head++
 	if r.head == len(r.buf) {

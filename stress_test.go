@@ -383,5 +383,5 @@ func TestStressCheckRejectsBadSequences(t *testing.T) {
 func coreQueueFrameJSON(id uint64) Frame {
 	j := `{"id":` + strconv.FormatUint(id, 10) + `,"v":1,"type":"t"}`
 	wire := "data: " + j + "\n\n"
-	return Frame{wire: []byte(wire), json: 6, kind: kindEvent, id: id, typ: "t"}
+	return Frame{&frame{wire: []byte(wire), json: 6, kind: kindEvent, id: id, typ: "t"}}
 }

@@ -187,14 +187,14 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 // entries a backplane read from its log.
 type replaySource interface {
 	Len() int
-	at(i int) *Frame
+	at(i int) *frame
 }
 
 type frameSlice []Frame
 
 // Len is the number of frames held.
 func (f frameSlice) Len() int        { return len(f) }
-func (f frameSlice) at(i int) *Frame { return &f[i] }
+func (f frameSlice) at(i int) *frame { return f[i].frame }
 
 // ringCoversLocked reports whether the ring alone can answer a resume:
 // same epoch, a cursor in this epoch, and nothing after it evicted.
@@ -217,7 +217,7 @@ func epochMismatch(opts SubscribeOptions, epoch string) bool {
 // ids, whatever the filter. Every frame is forced: replay never counts
 // toward the live caps. For the ring it runs under the bus lock, so no live
 // event slips between the replay and the live stream.
-func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySource, first, nextID uint64, push func(*Frame)) {
+func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySource, first, nextID uint64, push func(*frame)) {
 	n := opts.LastEventID
 	now := b.now()
 	earliest := first
@@ -255,7 +255,7 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 		if !s.filter.match(f.typ) {
 			continue
 		}
-		if replayed > 0 && spent+f.Size() > budget {
+		if replayed > 0 && spent+f.size() > budget {
 			push(resyncFrame(ReasonReplayBudgetExceeded, "", last, f.id, b.epoch, now).ref())
 			b.stats.resync(ReasonReplayBudgetExceeded)
 			for ; i < src.Len(); i++ {
@@ -266,7 +266,7 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 			break
 		}
 		push(f)
-		spent += f.Size()
+		spent += f.size()
 		replayed++
 		last = f.id
 	}
@@ -311,7 +311,7 @@ func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic,
 // this is the third overflow within OverflowWindow (then it reports false
 // and the caller evicts), the queued live frames are dropped, a
 // state_resync_required frame is queued, then f. The subscriber stays.
-func (s *Subscription) overflowResyncLocked(f *Frame, res pushResult, lastID uint64) (Diagnostic, bool) {
+func (s *Subscription) overflowResyncLocked(f *frame, res pushResult, lastID uint64) (Diagnostic, bool) {
 	b := s.bus
 	now := b.now()
 	if s.noverflows == 2 && now-s.overflows[0] < OverflowWindow.Milliseconds() {
@@ -327,7 +327,7 @@ func (s *Subscription) overflowResyncLocked(f *Frame, res pushResult, lastID uin
 	if f.kind != kindEvent {
 		earliest = lastID + 1
 	}
-	dropped, lastDelivered := s.q.resync(f, func(lastDelivered uint64) *Frame {
+	dropped, lastDelivered := s.q.resync(f, func(lastDelivered uint64) *frame {
 		return resyncFrame(reason, "", lastDelivered, earliest, b.epoch, now).ref()
 	})
 	b.stats.dropOverflow.Add(uint64(dropped))
