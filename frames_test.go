@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -126,17 +127,6 @@ func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {
 	assert.Equal(t, wire, f.String())
 }
 
-func TestZeroFrame(t *testing.T) {
-	var f Frame
-	assert.Nil(t, f.JSON())
-	assert.Equal(t, 0, f.Size())
-	assert.Equal(t, uint64(0), f.ID())
-	assert.Equal(t, "", f.Type())
-	assert.Equal(t, "x", string(f.AppendSSE([]byte("x"))))
-	assert.Equal(t, "", f.String())
-	assert.False(t, f.Terminal())
-}
-
 // coreJSONString is the reference: encoding/json without HTML escaping.
 func coreJSONString(t testing.TB, s string) string {
 	var buf bytes.Buffer
@@ -182,4 +172,36 @@ func FuzzAppendJSONString(f *testing.F) {
 			t.Fatalf("appendJSONString(%q) = %s, encoding/json %s", s, got, want)
 		}
 	})
+}
+
+// The zero Frame (what Publish returns with an error) has no type and
+// encodes to nothing: every method answers without a frame behind it.
+func TestZeroFrame(t *testing.T) {
+	var f Frame
+	assert.Zero(t, f.ID())
+	assert.Empty(t, f.Type())
+	assert.Nil(t, f.JSON())
+	assert.Zero(t, f.Size())
+	assert.Equal(t, []byte("x"), f.AppendSSE([]byte("x")))
+	assert.False(t, f.Synthetic())
+	assert.False(t, f.Signal())
+	assert.Empty(t, f.About())
+	assert.False(t, f.Terminal())
+	assert.Empty(t, f.String())
+}
+
+// A Frame is one pointer: a consumer's batch copies 8 bytes per frame, and
+// every copy shares the one encoding.
+func TestFrameIsOnePointer(t *testing.T) {
+	assert.Equal(t, unsafe.Sizeof(uintptr(0)), unsafe.Sizeof(Frame{}))
+	b := bus11(t, Options{})
+	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+	require.NoError(t, err)
+	defer s.Close()
+	f, err := b.Publish(Event{Type: "e", Data: json.RawMessage(`{"n":1}`)})
+	require.NoError(t, err)
+	got, _ := s.AppendReady(nil)
+	require.Len(t, got, 1)
+	assert.Same(t, f.frame, got[0].frame, "the consumer gets the frame Publish made")
+	assert.Same(t, &f.JSON()[0], &got[0].JSON()[0])
 }
