@@ -282,28 +282,23 @@ value:
 		return false
 	}
 	switch c := src[i]; {
-	case c == '{':
+	case c == '{' || c == '[':
 		if depth == 64 {
 			return false
 		}
-		stack, depth = stack<<1|1, depth+1
+		object, closer := uint64(0), byte(']')
+		if c == '{' {
+			object, closer = 1, '}'
+		}
+		stack, depth = stack<<1|object, depth+1
 		i++
-		if i < n && src[i] == '}' {
+		if i < n && src[i] == closer {
 			i++
 			stack, depth = stack>>1, depth-1
 			goto after
 		}
-		goto key
-	case c == '[':
-		if depth == 64 {
-			return false
-		}
-		stack, depth = stack<<1, depth+1
-		i++
-		if i < n && src[i] == ']' {
-			i++
-			stack, depth = stack>>1, depth-1
-			goto after
+		if object == 1 {
+			goto key
 		}
 		goto value
 	case c == '"':
