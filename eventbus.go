@@ -438,9 +438,10 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 		case pushAccepted:
 			// Almost every push leaves a subscriber below its warning
 			// threshold and unwarned: then there is nothing to check. The
-			// test is inline because checkWarningLocked's frame, sized
-			// for building a diagnostic, cost more than the push itself
-			// (a fifth of a one-subscriber publish, BENCHMARKS.md).
+			// test is inline because setting up checkWarningLocked's
+			// frame, sized for building a diagnostic, cost more than the
+			// push itself (8-10% of the profiles at 1 and 1000
+			// subscribers; BENCHMARKS.md, item 15).
 			if !s.warned && !s.anyPastWarning(c) {
 				continue
 			}
