@@ -31,15 +31,35 @@ func (r pushResult) reason() string {
 // forced entry about the queue's own overflow (slow_client_warning, an
 // overflow resync): a later overflow resync supersedes it.
 //
-// The entry points to the frame instead of holding it: one published frame
-// is shared by the ring and every queue, so an entry is 16 bytes, not 80.
-// Fan-out to 1000 subscribers writes, and each consumer reads and clears,
-// a fifth of the memory; that halved the cost per delivery at 1000
-// subscribers (BENCHMARKS.md). Frames are immutable once made.
+// The queue stores an entry in two arrays: the frame pointer in buf, the
+// tags in flags. One published frame is shared by the ring and every
+// queue, and a live push, the hot path, writes only its 8-byte pointer:
+// the flags of a free slot are always 0 (live), so there is nothing else
+// to write (BENCHMARKS.md). Frames are immutable once made.
 type queueEntry struct {
 	f      *frame
 	forced bool
 	marker bool
+}
+
+// entryFlags are an entry's tags in boundedAsyncQueue.flags.
+type entryFlags uint8
+
+const (
+	entryForced entryFlags = 1 << iota
+	entryMarker
+)
+
+// flags returns e's tags.
+func (e queueEntry) flags() entryFlags {
+	var fl entryFlags
+	if e.forced {
+		fl |= entryForced
+	}
+	if e.marker {
+		fl |= entryMarker
+	}
+	return fl
 }
 
 // boundedAsyncQueue is the per-subscriber queue of SPEC section 6 (the
@@ -93,10 +113,13 @@ type boundedAsyncQueue struct {
 	waiting     atomic.Bool // the consumer found nothing and may be blocked on ready
 	looked      atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
 
-	mu     sync.Mutex
-	buf    []queueEntry // power-of-two length; replaced by the producer under mu only
-	closed atomic.Bool  // set under mu; read without it by the lock-free push
-	held   bool         // the consumer sees nothing until unhold (backplane replay)
+	mu  sync.Mutex
+	buf []*frame // power-of-two length; replaced by the producer under mu only
+	// flags holds the tags of the entries in buf, at the same index; a
+	// slot outside [head, tail) is always 0 (see queueEntry).
+	flags  []entryFlags
+	closed atomic.Bool // set under mu; read without it by the lock-free push
+	held   bool        // the consumer sees nothing until unhold (backplane replay)
 	// signals maps a queued signal's (type, about) to its position, for
 	// in-place coalescing (SPEC 11). Under mu.
 	signals map[signalKey]uint64
@@ -162,7 +185,7 @@ func (q *boundedAsyncQueue) push(f *frame) (res pushResult, c queueCounts, wake 
 		q.growLocked(1)
 		q.mu.Unlock()
 	}
-	q.buf[t&uint64(len(q.buf)-1)] = queueEntry{f: f}
+	q.buf[t&uint64(len(q.buf)-1)] = f // its flags are 0 already: live
 	q.next = t + 1
 	q.tail.Store(t + 1)
 	q.pushedLive++
@@ -194,10 +217,10 @@ func (q *boundedAsyncQueue) pushSignal(f *frame) (res pushResult, c queueCounts,
 	c = q.liveCounts()
 	if !q.closed.Load() {
 		if pos, ok := q.signals[signalKey{f.typ, f.about}]; ok {
-			e := &q.buf[pos&uint64(len(q.buf)-1)]
-			q.pushedBytes += size - e.f.size()
-			c.liveBytes += size - e.f.size()
-			e.f = f
+			slot := &q.buf[pos&uint64(len(q.buf)-1)]
+			q.pushedBytes += size - (*slot).size()
+			c.liveBytes += size - (*slot).size()
+			*slot = f
 			return pushCoalesced, c, false
 		}
 	}
@@ -288,7 +311,8 @@ func (q *boundedAsyncQueue) unhold(front []*frame) {
 		head := q.head.Load() - uint64(len(front))
 		mask := uint64(len(q.buf) - 1)
 		for i, f := range front {
-			q.buf[(head+uint64(i))&mask] = queueEntry{f: f, forced: true}
+			q.buf[(head+uint64(i))&mask] = f
+			q.flags[(head+uint64(i))&mask] = entryForced
 		}
 		q.head.Store(head)
 	}
@@ -311,7 +335,8 @@ func (q *boundedAsyncQueue) appendLocked(e queueEntry) {
 // putLocked writes e at next, without publishing it (producer, under mu).
 func (q *boundedAsyncQueue) putLocked(e queueEntry) {
 	q.growLocked(1)
-	q.buf[q.next&uint64(len(q.buf)-1)] = e
+	i := q.next & uint64(len(q.buf)-1)
+	q.buf[i], q.flags[i] = e.f, e.flags()
 	q.next++
 }
 
@@ -347,12 +372,12 @@ func (q *boundedAsyncQueue) growLocked(n int) {
 	for size < used+n {
 		size *= 2
 	}
-	buf := make([]queueEntry, size)
+	buf, flags := make([]*frame, size), make([]entryFlags, size)
 	oldMask, mask := uint64(len(q.buf)-1), uint64(size-1)
 	for p := q.head.Load(); p != q.next; p++ {
-		buf[p&mask] = q.buf[p&oldMask]
+		buf[p&mask], flags[p&mask] = q.buf[p&oldMask], q.flags[p&oldMask]
 	}
-	q.buf = buf
+	q.buf, q.flags = buf, flags
 }
 
 // signalLocked leaves a token in ready if the consumer declared itself
@@ -376,18 +401,18 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 	kept, dropped, droppedBytes := q.head.Load(), 0, 0
 	tail := q.next
 	for p := q.head.Load(); p != tail; p++ {
-		e := q.buf[p&mask]
+		f, fl := q.buf[p&mask], q.flags[p&mask]
 		switch {
-		case !e.forced:
+		case fl&entryForced == 0:
 			dropped++
-			droppedBytes += e.f.size()
-		case !e.marker:
-			q.buf[kept&mask] = e
+			droppedBytes += f.size()
+		case fl&entryMarker == 0:
+			q.buf[kept&mask], q.flags[kept&mask] = f, fl
 			kept++
 		}
 	}
 	for p := kept; p != tail; p++ {
-		q.buf[p&mask] = queueEntry{}
+		q.buf[p&mask], q.flags[p&mask] = nil, 0
 	}
 	q.next = kept
 	q.tail.Store(kept)
@@ -466,21 +491,24 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 	mask := uint64(len(q.buf) - 1)
 	live, liveBytes := 0, 0
 	for p := h; p != t; p++ {
-		e := &q.buf[p&mask]
-		dst = append(dst, Frame{e.f})
-		if !e.forced {
+		i := p & mask
+		f := q.buf[i]
+		dst = append(dst, Frame{f})
+		if fl := q.flags[i]; fl == 0 {
 			live++
-			liveBytes += e.f.size()
+			liveBytes += f.size()
+		} else {
+			q.flags[i] = 0 // a free slot's flags are 0 (see queueEntry)
 		}
-		switch e.f.kind {
+		switch f.kind {
 		case kindEvent:
-			q.lastID = e.f.id
+			q.lastID = f.id
 		case kindSignal:
-			if k := (signalKey{e.f.typ, e.f.about}); q.signals[k] == p {
+			if k := (signalKey{f.typ, f.about}); q.signals[k] == p {
 				delete(q.signals, k)
 			}
 		}
-		*e = queueEntry{} // clear, so the queue does not pin the frame
+		q.buf[i] = nil // clear, so the queue does not pin the frame
 	}
 	// Bytes before the count (see liveCounts), and both before the head,
 	// whose slots the producer may then reuse.
@@ -503,7 +531,7 @@ func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 	if !drain {
 		dropped = q.length()
 		clear(q.buf)
-		q.buf = nil
+		q.buf, q.flags = nil, nil
 		q.head.Store(q.next)
 		q.pushedLive = int(q.poppedLive.Load())
 		q.pushedBytes = int(q.poppedBytes.Load())

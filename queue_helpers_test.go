@@ -76,7 +76,26 @@ func (q *boundedAsyncQueue) len() int {
 
 // entry returns the i-th queued entry from the head (under mu).
 func (q *boundedAsyncQueue) entry(i int) queueEntry {
-	return q.buf[(q.head.Load()+uint64(i))&uint64(len(q.buf)-1)]
+	j := (q.head.Load() + uint64(i)) & uint64(len(q.buf)-1)
+	fl := q.flags[j]
+	return queueEntry{f: q.buf[j], forced: fl&entryForced != 0, marker: fl&entryMarker != 0}
+}
+
+// freeSlotsClear reports the first slot outside [head, next) that holds a
+// frame or a tag, or -1: a free slot must neither pin a frame nor hand its
+// tags to the live entry that a push writes there without touching flags.
+func (q *boundedAsyncQueue) freeSlotsClear() int {
+	used := make(map[uint64]bool)
+	mask := uint64(len(q.buf) - 1)
+	for p := q.head.Load(); p != q.next; p++ {
+		used[p&mask] = true
+	}
+	for i := range q.buf {
+		if !used[uint64(i)] && (q.buf[i] != nil || q.flags[i] != 0) {
+			return i
+		}
+	}
+	return -1
 }
 
 // pushNow is push followed at once by the wake it asks for: the order every

@@ -485,6 +485,9 @@ func qmCompareState(q *boundedAsyncQueue, m *queueModel, fail func(string, ...an
 	if n != len(m.entries) {
 		fail("len: got %d, model %d", n, len(m.entries))
 	}
+	if i := q.freeSlotsClear(); i >= 0 {
+		fail("free slot %d holds a frame or tags", i)
+	}
 	waiting := q.waiting.Load()
 	if q.closed.Load() != m.closed || q.held != m.held || waiting != m.waiting {
 		fail("state: got closed=%v held=%v waiting=%v, model %v %v %v", q.closed.Load(), q.held, waiting, m.closed, m.held, m.waiting)

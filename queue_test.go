@@ -373,10 +373,11 @@ func TestQueuePopClearsSlot(t *testing.T) {
 	q.pushNow(coreQueueFrame(3, 10).ref())
 	require.Equal(t, uint64(0), q.head.Load())
 	q.pop()
-	assert.Equal(t, queueEntry{}, q.buf[0], "a popped slot must not pin its frame")
+	assert.Nil(t, q.buf[0], "a popped slot must not pin its frame")
 	q.popAll(nil)
-	for i, e := range q.buf {
-		assert.Equal(t, queueEntry{}, e, "slot %d", i)
+	for i, f := range q.buf {
+		assert.Nil(t, f, "slot %d", i)
+		assert.Zero(t, q.flags[i], "slot %d", i)
 	}
 }
 
