@@ -73,8 +73,8 @@ func (e queueEntry) flags() entryFlags {
 // so there is never more than one at a time, and the producer's own fields
 // need no lock. The consumer is the one goroutine that pops.
 //
-// Entries have positions: the one at position p sits at buf[p&(len(buf)-1)]
-// and entries live in [head, tail). Both grow (modulo 2^64), except that
+// Entries have positions: the one at position p sits at buf[p&(len(buf)-1)],
+// its tags at the same index of flags, and entries live in [head, tail). Both grow (modulo 2^64), except that
 // unhold moves head back and an overflow resync moves tail back, both under
 // mu and with no push in flight (they are producer operations). The live
 // push of an event, the hot path, takes no lock: it writes the slot past
