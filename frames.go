@@ -422,8 +422,6 @@ type scratch struct {
 	data []byte       // the envelope's data, then its _meta members
 	out  bytes.Buffer // json.Encoder's output
 	enc  *json.Encoder
-	b    []byte
-	t    []byte
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -435,10 +433,10 @@ var scratchPool = sync.Pool{New: func() any {
 
 func (s *scratch) free() {
 	// A huge event must not pin its buffers in the pool forever.
-	if cap(s.data) > 64<<10 || s.out.Cap() > 64<<10 || cap(s.b) > 64<<10 || cap(s.t) > 64<<10 {
+	if cap(s.data) > 64<<10 || s.out.Cap() > 64<<10 {
 		return
 	}
-	s.data, s.b, s.t = s.data[:0], s.b[:0], s.t[:0]
+	s.data = s.data[:0]
 	s.out.Reset()
 	scratchPool.Put(s)
 }
@@ -526,14 +524,9 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 	// faster validation (compactValid) made such a Publish 21% cheaper
 	// (BenchmarkEncode).
 	if raw, ok := e.Data.(json.RawMessage); (ok && compactValid(raw) || e.Data == nil) && len(e.Meta) == 0 {
-		var tb, ob [64]byte
 		var mb [len(kTimestamp) + maxDigits + 1]byte
 		meta := strconv.AppendInt(append(mb[:0], kTimestamp...), b.now(), 10)
-		var orig []byte
-		if e.OriginatorClientID != "" {
-			orig = appendJSONString(ob[:0], e.OriginatorClientID)
-		}
-		return b.assemble(e.Type, appendJSONString(tb[:0], e.Type), raw, len(raw) > 0, meta, orig)
+		return b.assemble(e, raw, len(raw) > 0, meta)
 	}
 
 	s := scratchPool.Get().(*scratch)
@@ -579,23 +572,15 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 			}
 		}
 	}
-	all := s.data
-	var orig []byte
-	if e.OriginatorClientID != "" {
-		orig = appendJSONString(s.b[:0], e.OriginatorClientID)
-	}
-	s.t = appendJSONString(s.t[:0], e.Type)
-	return b.assemble(e.Type, s.t, all[:dataEnd], hasData, all[dataEnd:], orig)
+	return b.assemble(e, s.data[:dataEnd], hasData, s.data[dataEnd:])
 }
 
 const kTimestamp = `"serverTimestamp":`
 
-// assemble lays the encoded parts of an envelope out in the event's own
-// buffer: typeJSON is the type as a JSON string, data the encoded data
-// (written only with hasData), meta the members of "_meta", and orig the
-// originator's id as a JSON string or nil. It returns ErrEventTooLarge
-// above MaxEventBytes.
-func (b *EventBus) assemble(typ string, typeJSON, data []byte, hasData bool, meta, orig []byte) (encoded, error) {
+// assemble lays e's envelope out in the event's own buffer, given its
+// encoded data (written only with hasData) and the members of its "_meta".
+// It returns ErrEventTooLarge above MaxEventBytes.
+func (b *EventBus) assemble(e Event, data []byte, hasData bool, meta []byte) (encoded, error) {
 	const (
 		vType  = `,"v":1,"type":`
 		kData  = `,"data":`
@@ -603,6 +588,14 @@ func (b *EventBus) assemble(typ string, typeJSON, data []byte, hasData bool, met
 		kOrig  = `},"originatorClientId":`
 		closer = "}\n\n"
 	)
+	// The type and the originator as JSON strings, in stack buffers: the
+	// lengths are needed before the buffer is made.
+	var tb, ob [64]byte
+	typeJSON := appendJSONString(tb[:0], e.Type)
+	var orig []byte
+	if e.OriginatorClientID != "" {
+		orig = appendJSONString(ob[:0], e.OriginatorClientID)
+	}
 	tail := len(vType) + len(typeJSON) + len(kMeta) + len(meta) + 1 + len(closer)
 	if hasData {
 		tail += len(kData) + len(data)
@@ -618,7 +611,7 @@ func (b *EventBus) assemble(typ string, typeJSON, data []byte, hasData bool, met
 		return encoded{}, fmt.Errorf("%w: %d bytes encoded, MaxEventBytes is %d", ErrEventTooLarge, size, b.opts.MaxEventBytes)
 	}
 
-	head := len(headID) + maxDigits + len(headEvent) + len(typ) + len(headData) + len(headJSON) + maxDigits
+	head := len(headID) + maxDigits + len(headEvent) + len(e.Type) + len(headData) + len(headJSON) + maxDigits
 	buf := make([]byte, head, head+tail)
 	buf = append(buf, vType...)
 	buf = append(buf, typeJSON...)
@@ -635,7 +628,7 @@ func (b *EventBus) assemble(typ string, typeJSON, data []byte, hasData bool, met
 		buf = append(buf, '}')
 	}
 	buf = append(buf, closer...)
-	return encoded{buf: buf, head: head, typ: typ}, nil
+	return encoded{buf: buf, head: head, typ: e.Type}, nil
 }
 
 func digits(n uint64) int {
