@@ -205,3 +205,37 @@ func TestFrameIsOnePointer(t *testing.T) {
 	assert.Same(t, f.frame, got[0].frame, "the consumer gets the frame Publish made")
 	assert.Same(t, &f.JSON()[0], &got[0].JSON()[0])
 }
+
+// Compact pre-encoded data takes Publish's fast path, anything else the
+// scratch path; both must lay out byte-identical envelopes, escapes in the
+// type and the originator included.
+func TestPublishFastPathMatchesScratchPath(t *testing.T) {
+	for _, c := range []struct{ typ, orig, compact, spaced string }{
+		{"e", "", `{"n":1}`, `{ "n" : 1 }`},
+		{"plugin.tool.x", "client-7", `[1,"two",{"3":null}]`, "[1, \"two\", {\"3\": null}]\n"},
+		{"t\u2028é", "c\"1\\\u00ff", `"s"`, ` "s" `},
+		{"e", "c1", "", ""},
+	} {
+		wire := func(data string) string {
+			b := bus11(t, Options{})
+			ev := Event{Type: c.typ, OriginatorClientID: c.orig}
+			if data != "" || c.compact != "" {
+				ev.Data = json.RawMessage(data)
+			}
+			f, err := b.Publish(ev)
+			require.NoError(t, err)
+			return f.String()
+		}
+		fast := wire(c.compact)
+		if c.compact == "" {
+			// No data at all: the same envelope as through encoding/json's path.
+			b := bus11(t, Options{})
+			f, err := b.Publish(Event{Type: c.typ, OriginatorClientID: c.orig, Meta: map[string]any{"serverTimestamp": now11().UnixMilli()}})
+			require.NoError(t, err)
+			assert.Equal(t, f.String(), fast)
+			continue
+		}
+		assert.Equal(t, wire(c.spaced), fast, "%q", c.compact)
+		assert.Contains(t, fast, c.compact)
+	}
+}
