@@ -117,7 +117,7 @@ func (f *frame) size() int {
 }
 
 // ref returns the shared frame, for the ring and the queues, which hold
-// frames by pointer (see queueEntry). f must not be the zero Frame.
+// frames by pointer (see entryFlags). f must not be the zero Frame.
 func (f Frame) ref() *frame { return f.frame }
 
 // AppendSSE appends the frame's Server-Sent Events encoding to dst and

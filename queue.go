@@ -26,41 +26,22 @@ func (r pushResult) reason() string {
 	return ReasonQueueOverflow
 }
 
-// queueEntry is one buffered frame, tagged live or forced. Forced entries
+// entryFlags tag a buffered frame, live (0) or forced. Forced entries
 // (replay and synthetic frames) count 0 toward both caps. A marker is a
 // forced entry about the queue's own overflow (slow_client_warning, an
 // overflow resync): a later overflow resync supersedes it.
 //
-// The queue stores an entry in two arrays: the frame pointer in buf, the
-// tags in flags. One published frame is shared by the ring and every
-// queue, and a live push, the hot path, writes only its 8-byte pointer:
-// the flags of a free slot are always 0 (live), so there is nothing else
-// to write (BENCHMARKS.md). Frames are immutable once made.
-type queueEntry struct {
-	f      *frame
-	forced bool
-	marker bool
-}
-
-// entryFlags are an entry's tags in boundedAsyncQueue.flags.
+// The queue keeps the frame pointers in buf and their tags in flags, at the
+// same index. One published frame is shared by the ring and every queue,
+// and a live push, the hot path, writes only its 8-byte pointer: the tags
+// of a free slot are always 0, so there is nothing else to write
+// (BENCHMARKS.md). Frames are immutable once made.
 type entryFlags uint8
 
 const (
 	entryForced entryFlags = 1 << iota
 	entryMarker
 )
-
-// flags returns e's tags.
-func (e queueEntry) flags() entryFlags {
-	var fl entryFlags
-	if e.forced {
-		fl |= entryForced
-	}
-	if e.marker {
-		fl |= entryMarker
-	}
-	return fl
-}
 
 // boundedAsyncQueue is the per-subscriber queue of SPEC section 6 (the
 // original's BoundedAsyncQueue): a ring of frames that caps live frames and
@@ -116,7 +97,7 @@ type boundedAsyncQueue struct {
 	mu  sync.Mutex
 	buf []*frame // power-of-two length; replaced by the producer under mu only
 	// flags holds the tags of the entries in buf, at the same index; a
-	// slot outside [head, tail) is always 0 (see queueEntry).
+	// slot outside [head, tail) is always 0 (see entryFlags).
 	flags  []entryFlags
 	closed atomic.Bool // set under mu; read without it by the lock-free push
 	held   bool        // the consumer sees nothing until unhold (backplane replay)
@@ -255,21 +236,21 @@ func (q *boundedAsyncQueue) wake() {
 // forcePush appends f as a forced entry, bypassing both caps. It reports
 // false when the queue is closed and f was dropped. Producer only.
 func (q *boundedAsyncQueue) forcePush(f *frame) bool {
-	return q.forcePushEntry(queueEntry{f: f, forced: true})
+	return q.forcePushEntry(f, entryForced)
 }
 
-// forcePushMarker is forcePush for a marker entry (see queueEntry).
+// forcePushMarker is forcePush for a marker entry (see entryFlags).
 func (q *boundedAsyncQueue) forcePushMarker(f *frame) bool {
-	return q.forcePushEntry(queueEntry{f: f, forced: true, marker: true})
+	return q.forcePushEntry(f, entryForced|entryMarker)
 }
 
-func (q *boundedAsyncQueue) forcePushEntry(e queueEntry) bool {
+func (q *boundedAsyncQueue) forcePushEntry(f *frame, fl entryFlags) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed.Load() {
 		return false
 	}
-	q.appendLocked(e)
+	q.appendLocked(f, fl)
 	q.signalLocked()
 	return true
 }
@@ -281,7 +262,7 @@ func (q *boundedAsyncQueue) forcePushEntry(e queueEntry) bool {
 // once saves an atomic store per replayed frame.
 func (q *boundedAsyncQueue) forceAppendLocked(f *frame) {
 	if !q.closed.Load() {
-		q.putLocked(queueEntry{f: f, forced: true})
+		q.putLocked(f, entryForced)
 	}
 }
 
@@ -326,17 +307,19 @@ func (q *boundedAsyncQueue) reserveLocked(n int) {
 	q.growLocked(n)
 }
 
-// appendLocked adds e at the tail and publishes it (producer, under mu).
-func (q *boundedAsyncQueue) appendLocked(e queueEntry) {
-	q.putLocked(e)
+// appendLocked adds f, tagged fl, at the tail and publishes it (producer,
+// under mu).
+func (q *boundedAsyncQueue) appendLocked(f *frame, fl entryFlags) {
+	q.putLocked(f, fl)
 	q.publishLocked()
 }
 
-// putLocked writes e at next, without publishing it (producer, under mu).
-func (q *boundedAsyncQueue) putLocked(e queueEntry) {
+// putLocked writes f, tagged fl, at next, without publishing it (producer,
+// under mu).
+func (q *boundedAsyncQueue) putLocked(f *frame, fl entryFlags) {
 	q.growLocked(1)
 	i := q.next & uint64(len(q.buf)-1)
-	q.buf[i], q.flags[i] = e.f, e.flags()
+	q.buf[i], q.flags[i] = f, fl
 	q.next++
 }
 
@@ -344,7 +327,7 @@ func (q *boundedAsyncQueue) putLocked(e queueEntry) {
 // records its position for coalescing.
 func (q *boundedAsyncQueue) appendLiveLocked(f *frame) {
 	pos := q.next
-	q.appendLocked(queueEntry{f: f})
+	q.appendLocked(f, 0)
 	q.pushedLive++
 	q.pushedBytes += f.size()
 	if f.kind == kindSignal {
@@ -436,7 +419,7 @@ func (q *boundedAsyncQueue) resync(f *frame, mark func(lastDelivered uint64) *fr
 	}
 	dropped = q.dropLiveLocked()
 	lastDelivered = q.lastID
-	q.appendLocked(queueEntry{f: mark(lastDelivered), forced: true, marker: true})
+	q.appendLocked(mark(lastDelivered), entryForced|entryMarker)
 	q.appendLiveLocked(f)
 	q.signalLocked()
 	q.mu.Unlock()
@@ -498,7 +481,7 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 			live++
 			liveBytes += f.size()
 		} else {
-			q.flags[i] = 0 // a free slot's flags are 0 (see queueEntry)
+			q.flags[i] = 0 // a free slot's tags are 0 (see entryFlags)
 		}
 		switch f.kind {
 		case kindEvent:

@@ -74,6 +74,13 @@ func (q *boundedAsyncQueue) len() int {
 	return q.length()
 }
 
+// queueEntry is one buffered frame with its tags, as the tests see it.
+type queueEntry struct {
+	f      *frame
+	forced bool
+	marker bool
+}
+
 // entry returns the i-th queued entry from the head (under mu).
 func (q *boundedAsyncQueue) entry(i int) queueEntry {
 	j := (q.head.Load() + uint64(i)) & uint64(len(q.buf)-1)
