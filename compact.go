@@ -174,49 +174,20 @@ func (c *compactor) next(closer byte, where string) (done bool, err error) {
 // string copies a JSON string, checking escapes and rejecting control
 // characters (a raw CR or LF can therefore never reach the wire).
 func (c *compactor) string() error {
-	start := c.i
-	c.i++ // opening quote
-	for c.i < len(c.src) {
-		// Plain bytes, the common case, in a loop over locals: the
-		// fields of c would be reloaded at every byte.
-		src, i := c.src, c.i
-		for i < len(src) && plainStringByte[src[i]] {
-			i++
-		}
-		c.i = i
-		if i == len(src) {
-			break
-		}
-		b := src[i]
-		switch {
-		case b == '"':
-			c.i++
-			c.dst = append(c.dst, c.src[start:c.i]...)
-			return nil
-		case b == '\\':
-			c.i++
-			if c.i >= len(c.src) {
-				return c.errorf("")
-			}
-			switch c.src[c.i] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				c.i++
-			case 'u':
-				c.i++
-				for range 4 {
-					if c.i >= len(c.src) || !isHex(c.src[c.i]) {
-						return c.errorf("in \\u hexadecimal character escape")
-					}
-					c.i++
-				}
-			default:
-				return c.errorf("in string escape code")
-			}
-		default: // a control character
-			return c.errorf("in string literal")
-		}
+	end, where := scanString(c.src, c.i)
+	return c.copyTo(end, where)
+}
+
+// copyTo copies the token that ends at end, or, when where is not empty
+// (the scanner's failure at end), reports the error there.
+func (c *compactor) copyTo(end int, where string) error {
+	if where != "" {
+		c.i = end
+		return c.errorf(where)
 	}
-	return c.errorf("")
+	c.dst = append(c.dst, c.src[c.i:end]...)
+	c.i = end
+	return nil
 }
 
 func isHex(b byte) bool {
@@ -224,43 +195,8 @@ func isHex(b byte) bool {
 }
 
 func (c *compactor) number() error {
-	start := c.i
-	if c.src[c.i] == '-' {
-		c.i++
-	}
-	switch {
-	case c.i < len(c.src) && c.src[c.i] == '0':
-		c.i++
-	case c.i < len(c.src) && c.src[c.i] >= '1' && c.src[c.i] <= '9':
-		c.digits()
-	default:
-		return c.errorf("in numeric literal")
-	}
-	if c.i < len(c.src) && c.src[c.i] == '.' {
-		c.i++
-		if c.i >= len(c.src) || c.src[c.i] < '0' || c.src[c.i] > '9' {
-			return c.errorf("after decimal point in numeric literal")
-		}
-		c.digits()
-	}
-	if c.i < len(c.src) && (c.src[c.i] == 'e' || c.src[c.i] == 'E') {
-		c.i++
-		if c.i < len(c.src) && (c.src[c.i] == '+' || c.src[c.i] == '-') {
-			c.i++
-		}
-		if c.i >= len(c.src) || c.src[c.i] < '0' || c.src[c.i] > '9' {
-			return c.errorf("in exponent of numeric literal")
-		}
-		c.digits()
-	}
-	c.dst = append(c.dst, c.src[start:c.i]...)
-	return nil
-}
-
-func (c *compactor) digits() {
-	for c.i < len(c.src) && c.src[c.i] >= '0' && c.src[c.i] <= '9' {
-		c.i++
-	}
+	end, where := scanNumber(c.src, c.i)
+	return c.copyTo(end, where)
 }
 
 // compactValid reports whether src is one valid JSON value with no
@@ -302,11 +238,13 @@ value:
 		}
 		goto value
 	case c == '"':
-		if i = scanString(src, i); i < 0 {
+		var where string
+		if i, where = scanString(src, i); where != "" {
 			return false
 		}
 	case c == '-' || '0' <= c && c <= '9':
-		if i = scanNumber(src, i); i < 0 {
+		var where string
+		if i, where = scanNumber(src, i); where != "" {
 			return false
 		}
 	case c == 't':
@@ -351,16 +289,20 @@ key:
 	if i >= n || src[i] != '"' {
 		return false
 	}
-	if i = scanString(src, i); i < 0 || i >= n || src[i] != ':' {
+	i, where := scanString(src, i)
+	if where != "" || i >= n || src[i] != ':' {
 		return false
 	}
 	i++
 	goto value
 }
 
-// scanString returns the index after the JSON string that starts at
-// src[i] (its opening quote), or -1 if it is not a valid one.
-func scanString(src []byte, i int) int {
+// scanString scans the JSON string that starts at src[i] (its opening
+// quote) and returns the index after it, and an empty where. If it is not
+// a valid string, end is where it goes wrong and where says how, in
+// encoding/json's words ("in string literal"); an end at len(src) means
+// the input ended first.
+func scanString(src []byte, i int) (end int, where string) {
 	n := len(src)
 	for i++; i < n; {
 		for i < n && plainStringByte[src[i]] {
@@ -369,37 +311,39 @@ func scanString(src []byte, i int) int {
 		if i >= n {
 			break
 		}
-		b := src[i]
-		switch {
+		switch b := src[i]; {
 		case b == '"':
-			return i + 1
+			return i + 1, ""
 		case b == '\\':
-			if i+1 >= n {
-				return -1
-			}
-			switch src[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if n-i < 6 || !isHex(src[i+2]) || !isHex(src[i+3]) || !isHex(src[i+4]) || !isHex(src[i+5]) {
-					return -1
-				}
-				i += 6
-			default:
-				return -1
-			}
-		case b < 0x20:
-			return -1
-		default:
 			i++
+			if i >= n {
+				return n, "in string escape code"
+			}
+			switch src[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				i++
+				for range 4 {
+					if i >= n || !isHex(src[i]) {
+						return i, `in \u hexadecimal character escape`
+					}
+					i++
+				}
+			default:
+				return i, "in string escape code"
+			}
+		default: // a control character
+			return i, "in string literal"
 		}
 	}
-	return -1
+	return n, "in string literal"
 }
 
-// scanNumber returns the index after the JSON number that starts at src[i],
-// or -1 if it is not a valid one.
-func scanNumber(src []byte, i int) int {
+// scanNumber scans the JSON number that starts at src[i] and returns the
+// index after it, and an empty where; or, if it is not a valid number,
+// where it goes wrong and how (see scanString).
+func scanNumber(src []byte, i int) (end int, where string) {
 	n := len(src)
 	if src[i] == '-' {
 		i++
@@ -408,18 +352,16 @@ func scanNumber(src []byte, i int) int {
 	case i < n && src[i] == '0':
 		i++
 	case i < n && '1' <= src[i] && src[i] <= '9':
-		for i++; i < n && '0' <= src[i] && src[i] <= '9'; i++ {
-		}
+		i = scanDigits(src, i+1)
 	default:
-		return -1
+		return i, "in numeric literal"
 	}
 	if i < n && src[i] == '.' {
 		i++
 		if i >= n || src[i] < '0' || src[i] > '9' {
-			return -1
+			return i, "after decimal point in numeric literal"
 		}
-		for i++; i < n && '0' <= src[i] && src[i] <= '9'; i++ {
-		}
+		i = scanDigits(src, i+1)
 	}
 	if i < n && (src[i] == 'e' || src[i] == 'E') {
 		i++
@@ -427,10 +369,17 @@ func scanNumber(src []byte, i int) int {
 			i++
 		}
 		if i >= n || src[i] < '0' || src[i] > '9' {
-			return -1
+			return i, "in exponent of numeric literal"
 		}
-		for i++; i < n && '0' <= src[i] && src[i] <= '9'; i++ {
-		}
+		i = scanDigits(src, i+1)
+	}
+	return i, ""
+}
+
+// scanDigits returns the index of the first non-digit at or after i.
+func scanDigits(src []byte, i int) int {
+	for i < len(src) && '0' <= src[i] && src[i] <= '9' {
+		i++
 	}
 	return i
 }
