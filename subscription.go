@@ -349,7 +349,8 @@ func (s *Subscription) pastWarning(c queueCounts) (frames, bytes bool) {
 // anyPastWarning reports whether the live counts c reach the warning
 // threshold of either cap.
 func (s *Subscription) anyPastWarning(c queueCounts) bool {
-	return float64(c.liveCount) >= s.warnFrames || float64(c.liveBytes) >= s.warnBytes
+	frames, bytes := s.pastWarning(c)
+	return frames || bytes
 }
 
 // yieldFor reports whether a publish that left s with the live counts c
