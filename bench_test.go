@@ -202,14 +202,16 @@ func benchNaive(b *testing.B, subs int, encode bool) {
 }
 
 // BenchmarkPublishLatency measures Publish alone, p50 and p99, with 64
-// subscribers: all healthy, or one stalled among them (a client that never
-// reads, reconnecting each time it is evicted). The stalled one must cost
-// the publisher nothing measurable.
+// subscribers: all healthy, or one stalled among them. A stalled one is
+// either a client that never reads (stalled=1) or one that took its first
+// frames and then blocked, the way a handler blocks writing to a client
+// that stopped reading (blocked=1); either reconnects each time it is
+// evicted. The stalled one must cost the publisher nothing measurable.
 func BenchmarkPublishLatency(b *testing.B) {
-	for _, stalled := range []bool{false, true} {
+	for _, kind := range []string{"", "stalled", "blocked"} {
 		name := "healthy=64"
-		if stalled {
-			name = "healthy=63,stalled=1"
+		if kind != "" {
+			name = "healthy=63," + kind + "=1"
 		}
 		b.Run(name, func(b *testing.B) {
 			bus, err := New(Options{Logger: quiet})
@@ -217,7 +219,7 @@ func BenchmarkPublishLatency(b *testing.B) {
 				b.Fatal(err)
 			}
 			healthy := 64
-			if stalled {
+			if kind != "" {
 				healthy = 63
 			}
 			ds := make([]*drainer, healthy)
@@ -228,9 +230,29 @@ func BenchmarkPublishLatency(b *testing.B) {
 				}
 				ds[i] = startDrainer(s)
 			}
+			release := make(chan struct{})
+			var blocked sync.WaitGroup
+			subscribeSlow := func() *Subscription {
+				s, err := bus.Subscribe(context.Background(), SubscribeOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if kind == "blocked" {
+					blocked.Go(func() {
+						var batch []Frame
+						for open := true; len(batch) == 0 && open; {
+							if batch, open = s.AppendReady(batch); len(batch) == 0 && open {
+								<-s.Ready()
+							}
+						}
+						<-release
+					})
+				}
+				return s
+			}
 			var slow *Subscription
-			if stalled {
-				slow, _ = bus.Subscribe(context.Background(), SubscribeOptions{})
+			if kind != "" {
+				slow = subscribeSlow()
 			}
 			got := func(i int) int64 { return ds[i].got.Load() }
 			lat := make([]time.Duration, 0, 1<<16)
@@ -258,7 +280,7 @@ func BenchmarkPublishLatency(b *testing.B) {
 						// client reconnects and stalls again.
 						evictions++
 						slow.Close()
-						slow, _ = bus.Subscribe(context.Background(), SubscribeOptions{})
+						slow = subscribeSlow()
 					}
 				}
 			}
@@ -266,10 +288,12 @@ func BenchmarkPublishLatency(b *testing.B) {
 			slices.Sort(lat)
 			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
-			if stalled && n > 1000 && evictions == 0 {
-				b.Fatalf("the stalled subscriber was never evicted in %d publishes", n)
+			if kind != "" && n > 1000 && evictions == 0 {
+				b.Fatalf("the %s subscriber was never evicted in %d publishes", kind, n)
 			}
 			bus.Close()
+			close(release)
+			blocked.Wait()
 			for _, d := range ds {
 				<-d.done
 				if d.got.Load() != n {
