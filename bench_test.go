@@ -206,7 +206,11 @@ func benchNaive(b *testing.B, subs int, encode bool) {
 // either a client that never reads (stalled=1) or one that took its first
 // frames and then blocked, the way a handler blocks writing to a client
 // that stopped reading (blocked=1); either reconnects each time it is
-// evicted. The stalled one must cost the publisher nothing measurable.
+// evicted. The never-reading one costs the publisher one yield per
+// subscription. The blocked one costs a yield on each publish from 75% of
+// its queue to its eviction: the publisher cannot tell it from a handler
+// whose client reads but was not scheduled, which those yields keep from
+// being evicted by a publisher in a tight loop (BENCHMARKS.md, item 19).
 func BenchmarkPublishLatency(b *testing.B) {
 	for _, kind := range []string{"", "stalled", "blocked"} {
 		name := "healthy=64"

@@ -529,10 +529,6 @@ const maxUrgentYields = 16
 // yieldProcessor is runtime.Gosched; tests count the yields through it.
 var yieldProcessor = runtime.Gosched
 
-// consumerYield is runtime.Gosched, for a consumer that found nothing
-// (Subscription.takeReady); a test seam like yieldProcessor.
-var consumerYield = runtime.Gosched
-
 // nearlyFull reports whether the live counts c are past 90% of either cap.
 func nearlyFull(c queueCounts) bool {
 	return c.liveCount*10 >= c.maxQueued*9 || c.liveBytes*10 >= c.maxBytes*9

@@ -358,12 +358,11 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 	assert.Zero(t, b.Stats().Dropped.Overflow)
 }
 
-// The publisher yields for a subscriber past the warning threshold only
-// when a yield can help: its consumer was woken and has not run since. A
-// subscription nobody has read from yet gets one yield, once: its goroutine
-// may not have started, or it may never read at all, and yielding for it
-// on every publish until its eviction would make its peers' publish latency
-// depend on it.
+// The publisher yields for a subscriber past the warning threshold (so a
+// consumer that was woken but not scheduled can run before it overflows),
+// but only once for a subscription nobody has read from yet: that one may
+// not be running at all, and yielding for it on every publish until its
+// eviction would make its peers' publish latency depend on it.
 func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
 	b := bus11(t, Options{MaxQueued: 64})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
@@ -380,35 +379,13 @@ func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
 	for _, live := range []int{49, 63} {
 		require.False(t, yield(live), "live %d: nobody has read from it", live)
 	}
-	// The consumer looks, finds nothing and waits: nothing woke it yet.
+	// The consumer looks once, even finding nothing: it runs.
 	out, open := s.AppendReady(nil)
 	require.Empty(t, out)
 	require.True(t, open)
-	assert.False(t, yield(48), "waiting, not woken")
-
-	// A publish wakes it: once past 75%, once more past 90%, per wake-up.
-	_, err = b.Publish(Event{Type: "e"})
-	require.NoError(t, err)
 	assert.False(t, yield(47), "below 75%: no yield")
-	assert.True(t, yield(48), "woken and not run, at 75%")
-	assert.False(t, yield(50), "once per wake-up below 90%")
-	assert.True(t, yield(58), "woken and not run, at 90%")
-	assert.False(t, yield(63), "once per wake-up past 90%")
-
-	// It runs, takes the event and goes on to block elsewhere (a handler
-	// writing to a client that stopped reading): no yield helps it.
-	out, _ = s.AppendReady(nil)
-	require.Len(t, out, 1)
-	for _, live := range []int{48, 58, 63} {
-		assert.False(t, yield(live), "live %d: it popped since its wake-up", live)
-	}
-
-	// It comes back, waits, and is woken again: a new wake-up.
-	out, _ = s.AppendReady(nil)
-	require.Empty(t, out)
-	_, err = b.Publish(Event{Type: "e"})
-	require.NoError(t, err)
-	assert.True(t, yield(48), "woken again")
+	assert.True(t, yield(48), "at 75% of MaxQueued")
+	assert.True(t, yield(63))
 
 	// Through Publish and Events as well.
 	s2, err := b.Subscribe(t.Context(), SubscribeOptions{})
@@ -422,55 +399,14 @@ func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
 	assert.True(t, s2.q.looked.Load())
 }
 
-// A consumer that found nothing and yields the processor before it looks
-// again is runnable until its next pop, like a woken one; once it parks on
-// ready it is not.
-func TestQueueWokenUnrun(t *testing.T) {
-	var q boundedAsyncQueue
-	q.init(8, 1<<20)
-	assert.False(t, q.wokenUnrun(), "new")
-	q.yielding()
-	assert.True(t, q.wokenUnrun(), "yielding")
-	out, _ := q.popAll(nil)
-	require.Empty(t, out)
-	assert.False(t, q.wokenUnrun(), "parked")
-
-	_, _, wake := q.push(coreQueueFrame(1, 10).ref())
-	require.True(t, wake)
-	assert.True(t, q.wokenUnrun(), "woken")
-	out, _ = q.popAll(nil)
-	require.Len(t, out, 1)
-	assert.False(t, q.wokenUnrun(), "ran")
-	_, _, wake = q.push(coreQueueFrame(2, 10).ref())
-	assert.False(t, wake, "busy: not waiting")
-	assert.False(t, q.wokenUnrun(), "busy")
-}
-
-// AppendReady and Events mark the consumer runnable while it yields the
-// processor after finding nothing.
-func TestConsumerIsRunnableWhileItYields(t *testing.T) {
-	b := bus11(t, Options{})
-	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
-	require.NoError(t, err)
-	defer s.Close()
-	var during []bool
-	defer func(f func()) { consumerYield = f }(consumerYield)
-	consumerYield = func() { during = append(during, s.q.wokenUnrun()) }
-	out, open := s.AppendReady(nil)
-	require.Empty(t, out)
-	require.True(t, open)
-	assert.Equal(t, []bool{true}, during)
-	assert.False(t, s.q.wokenUnrun(), "parked after the second look")
-}
-
-// Past 90% the publisher yields until the woken consumer is back under 90%,
-// or maxUrgentYields more times for one that does not run; below 90% once.
+// Past 90% the publisher yields until the consumer is back under 90%, or
+// maxUrgentYields more times for one that does not drain; below 90% once.
 func TestPublishYieldsPastNinetyPercentUntilTheConsumerDrains(t *testing.T) {
 	b := bus11(t, Options{MaxQueued: 100})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	defer s.Close()
-	_, _ = s.AppendReady(nil) // its consumer runs, and waits
+	_, _ = s.AppendReady(nil) // its consumer runs
 	yields := 0
 	drainAfter := -1 // the consumer drains at this yield; -1: never
 	defer func(f func()) { yieldProcessor = f }(yieldProcessor)
@@ -488,55 +424,22 @@ func TestPublishYieldsPastNinetyPercentUntilTheConsumerDrains(t *testing.T) {
 		}
 	}
 
-	publish(74) // the first one wakes it; it does not run
+	publish(74)
 	assert.Zero(t, yields, "below 75%")
 	publish(1)
 	assert.Equal(t, 1, yields, "at 75%: one yield")
 	publish(14)
-	assert.Equal(t, 1, yields, "up to 89%: no more for the same wake-up")
+	assert.Equal(t, 15, yields, "one per publish up to 89%")
 	yields = 0
 	publish(1)
-	assert.Equal(t, 1+maxUrgentYields, yields, "at 90%, for a consumer that does not run")
-	yields = 0
-	publish(1)
-	assert.Zero(t, yields, "past 90%: no more for the same wake-up")
+	assert.Equal(t, 1+maxUrgentYields, yields, "at 90%, for a consumer that does not drain")
 
-	// It runs, drains and waits; woken again, it drains at the third yield
-	// at 90%: the publisher stops yielding there.
-	out, _ := s.AppendReady(nil)
-	require.Len(t, out, 92, "91 events and the warning")
-	out, _ = s.AppendReady(nil)
-	require.Empty(t, out)
-	yields = 0
-	publish(89)
-	assert.Equal(t, 1, yields, "at 75%")
+	// It drains at the third yield: the publisher stops yielding there.
 	yields, drainAfter = 0, 3
 	publish(1)
 	assert.Equal(t, 3, yields)
 	assert.Zero(t, s.q.counts().liveCount)
 	assert.NoError(t, s.Err())
-}
-
-// A consumer that took its frames and blocked elsewhere costs the
-// publisher no yield on the way to its eviction.
-func TestPublishDoesNotYieldForAConsumerBlockedElsewhere(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 100})
-	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
-	require.NoError(t, err)
-	defer s.Close()
-	_, err = b.Publish(Event{Type: "e"})
-	require.NoError(t, err)
-	out, _ := s.AppendReady(nil)
-	require.Len(t, out, 1)
-	yields := 0
-	defer func(f func()) { yieldProcessor = f }(yieldProcessor)
-	yieldProcessor = func() { yields++ }
-	for range 101 {
-		_, err := b.Publish(Event{Type: "e"})
-		require.NoError(t, err)
-	}
-	assert.Zero(t, yields)
-	assert.ErrorIs(t, s.Err(), ErrEvicted)
 }
 
 func TestNearlyFullAtNinetyPercentOfEitherCap(t *testing.T) {

@@ -93,11 +93,6 @@ type boundedAsyncQueue struct {
 	poppedBytes atomic.Int64
 	waiting     atomic.Bool // the consumer found nothing and may be blocked on ready
 	looked      atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
-	// wokeAt is 1 + the head when a push last claimed a wake-up or the
-	// consumer last yielded before looking again, 0 before either: while
-	// head is still there, the consumer is runnable and has not run since
-	// (see wokenUnrun).
-	wokeAt atomic.Uint64
 
 	mu  sync.Mutex
 	buf []*frame // power-of-two length; replaced by the producer under mu only
@@ -222,35 +217,7 @@ func (q *boundedAsyncQueue) pushSignal(f *frame) (res pushResult, c queueCounts,
 // claimWake clears waiting if it was set and reports whether it did: then
 // the caller owes the consumer a token.
 func (q *boundedAsyncQueue) claimWake() bool {
-	if q.waiting.Load() && q.waiting.CompareAndSwap(true, false) {
-		q.wokeAt.Store(q.head.Load() + 1)
-		return true
-	}
-	return false
-}
-
-// yielding records that the consumer found nothing and is about to yield
-// the processor before it looks again (Subscription.takeReady): until its
-// next pop it is runnable but not running, as if woken. Consumer only.
-func (q *boundedAsyncQueue) yielding() { q.wokeAt.Store(q.head.Load() + 1) }
-
-// park declares the consumer waiting: it is about to block on ready, not
-// runnable until a push wakes it. wokeAt is cleared first, so that a push
-// that claims the wake-up (which it can only do once waiting is set)
-// stores its mark after this one. Consumer only.
-func (q *boundedAsyncQueue) park() {
-	q.wokeAt.Store(0)
-	q.waiting.Store(true)
-}
-
-// wokenUnrun reports whether the consumer was woken by a push (or yielded
-// the processor after finding nothing) and has not popped since: it is
-// runnable, or about to be, but was not scheduled yet. A consumer that popped and
-// went on to other work (a handler blocked writing to its client, a loop
-// processing its batch) is not: it gets frames when it comes back, and
-// yielding the processor does nothing for it. Producer only.
-func (q *boundedAsyncQueue) wokenUnrun() bool {
-	return q.wokeAt.Load() == q.head.Load()+1
+	return q.waiting.Load() && q.waiting.CompareAndSwap(true, false)
 }
 
 // wake leaves a token in ready for a consumer that push reported waiting.
@@ -481,7 +448,7 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 	defer q.mu.Unlock()
 	if q.held && !q.closed.Load() {
 		if wait {
-			q.park()
+			q.waiting.Store(true)
 		}
 		return dst, true
 	}
@@ -490,7 +457,7 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 		if !wait {
 			return dst, !q.closed.Load()
 		}
-		q.park()
+		q.waiting.Store(true)
 		if t = q.tail.Load(); t == h {
 			return dst, !q.closed.Load()
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/ssebus/eventbus/internal/seam"
@@ -63,12 +64,7 @@ type Subscription struct {
 	// yieldedUnread is set once a publish yielded for s before its consumer
 	// first looked for frames (see yieldFor).
 	yieldedUnread bool
-	// yieldWake is the queue's wokeAt when a publish last yielded for s;
-	// yieldStage is 1 once a publish yielded for that wake-up past the
-	// warning threshold, 2 once one did past 90% (see yieldFor).
-	yieldWake  uint64
-	yieldStage uint8
-	overflows  [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
+	overflows     [2]int64 // Unix ms of the last two overflows under OverflowResync, newest last
 	// noverflows is how many of overflows are set (0..2). A zero time
 	// cannot mean "unset": a fake clock at the Unix epoch stamps 0 ms.
 	noverflows int
@@ -358,17 +354,15 @@ func (s *Subscription) anyPastWarning(c queueCounts) bool {
 }
 
 // yieldFor reports whether a publish that left s with the live counts c
-// should yield the processor (see EventBus.finish). A yield is for a
-// consumer that runs but was not scheduled in time: one that was woken, or
-// yielded itself, and has not popped since (wokenUnrun). For each such
-// wake-up the publisher yields once when s is past the warning threshold
-// of either cap, and once more (finish's urgent yields, until the consumer
-// drains) when s is past 90%. A consumer that took frames and went on to
-// block elsewhere, a handler stuck writing to a client that does not read,
-// gets no yield at all: yielding for it on every publish until its
-// eviction made its peers' publish latency depend on it (p99 7x in
-// BenchmarkPublishLatency's blocked case). A subscription nobody has read
-// from yet, whose goroutine may not have started, gets one yield, once.
+// should yield the processor (see EventBus.finish): s is past the warning
+// threshold of either cap, and either its consumer has looked for frames
+// at least once, or this is the first yield for it. The yield is for
+// consumers that run but were not scheduled in time, a goroutine started
+// for a new subscription included: one yield lets it run. A subscription
+// that nobody reads from at all (never iterated, or stuck before its first
+// read) gets no more than that one: yielding for it on every publish until
+// its eviction would make its peers' publish latency depend on it
+// (BenchmarkPublishLatency).
 func (s *Subscription) yieldFor(c queueCounts) bool {
 	frames, bytes := s.pastWarning(c)
 	if !frames && !bytes {
@@ -379,22 +373,7 @@ func (s *Subscription) yieldFor(c queueCounts) bool {
 			return false
 		}
 		s.yieldedUnread = true
-		return true
 	}
-	if !s.q.wokenUnrun() {
-		return false
-	}
-	if w := s.q.wokeAt.Load(); w != s.yieldWake {
-		s.yieldWake, s.yieldStage = w, 0
-	}
-	stage := uint8(1)
-	if nearlyFull(c) {
-		stage = 2
-	}
-	if s.yieldStage >= stage {
-		return false
-	}
-	s.yieldStage = stage
 	return true
 }
 
@@ -500,8 +479,7 @@ func (s *Subscription) takeReady(dst []Frame, yield bool) (frames []Frame, open 
 		// waiting. With nothing else to run, Gosched returns at once.
 		// This halved the cost per delivery at 64 and 1000 subscribers
 		// (BENCHMARKS.md).
-		s.q.yielding()
-		consumerYield()
+		runtime.Gosched()
 		frames, open = s.q.popAll(dst)
 	}
 	if !open {
