@@ -236,6 +236,11 @@ func BenchmarkPublishLatency(b *testing.B) {
 			}
 			release := make(chan struct{})
 			var blocked sync.WaitGroup
+			b.Cleanup(func() {
+				_ = bus.Close() // ends a blocked one still waiting for its first frame
+				close(release)
+				blocked.Wait()
+			})
 			subscribeSlow := func() *Subscription {
 				s, err := bus.Subscribe(context.Background(), SubscribeOptions{})
 				if err != nil {
@@ -296,8 +301,6 @@ func BenchmarkPublishLatency(b *testing.B) {
 				b.Fatalf("the %s subscriber was never evicted in %d publishes", kind, n)
 			}
 			bus.Close()
-			close(release)
-			blocked.Wait()
 			for _, d := range ds {
 				<-d.done
 				if d.got.Load() != n {
