@@ -239,3 +239,36 @@ func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 		assert.Contains(t, fast, c.compact)
 	}
 }
+
+// Publish makes two allocations for a pre-encoded event, the envelope's
+// bytes and the frame, and the same number at any subscriber count: the
+// frame is shared, and a push into a queue that has room allocates
+// nothing.
+func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
+	if raceEnabled() {
+		t.Skip("the race detector allocates")
+	}
+	ev := Event{Type: "e", Data: json.RawMessage(`{"session":"s1","seq":12345,"text":"hello, world"}`)}
+	for _, subs := range []int{0, 1, 64} {
+		b := newCoreBus(t, Options{RingSize: 64})
+		batch := make([]Frame, 0, 256)
+		var ss []*Subscription
+		for range subs {
+			s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+			require.NoError(t, err)
+			ss = append(ss, s)
+		}
+		// Fill the ring and grow each queue to hold the measured publishes,
+		// then empty the queues.
+		for range 150 {
+			_, err := b.Publish(ev)
+			require.NoError(t, err)
+		}
+		for _, s := range ss {
+			out, _ := s.AppendReady(batch[:0])
+			require.Len(t, out, 150)
+		}
+		allocs := testing.AllocsPerRun(100, func() { _, _ = b.Publish(ev) })
+		assert.EqualValues(t, 2, allocs, "%d subscribers", subs)
+	}
+}
