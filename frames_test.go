@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math/rand/v2"
 	"strings"
@@ -271,4 +272,60 @@ func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
 		allocs := testing.AllocsPerRun(100, func() { _, _ = b.Publish(ev) })
 		assert.EqualValues(t, 2, allocs, "%d subscribers", subs)
 	}
+}
+
+// A consumer takes and frames its events without allocating: a delivery
+// costs nothing beyond the publish.
+func TestDeliveryDoesNotAllocate(t *testing.T) {
+	if raceEnabled() {
+		t.Skip("the race detector allocates")
+	}
+	ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
+	b := newCoreBus(t, Options{RingSize: 64})
+	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+	require.NoError(t, err)
+	batch := make([]Frame, 0, 16)
+	wire := make([]byte, 0, 4096)
+	for range 100 { // fill the ring, grow the queue
+		_, err := b.Publish(ev)
+		require.NoError(t, err)
+	}
+	out, _ := s.AppendReady(batch)
+	require.Len(t, out, 100)
+	publish := testing.AllocsPerRun(100, func() { _, _ = b.Publish(ev) })
+	out, _ = s.AppendReady(batch)
+	require.Len(t, out, 101)
+	both := testing.AllocsPerRun(100, func() {
+		_, _ = b.Publish(ev)
+		out, _ := s.AppendReady(batch)
+		for _, f := range out {
+			wire = f.AppendSSE(wire[:0])
+		}
+	})
+	assert.Equal(t, publish, both)
+}
+
+// A resume replays from the ring with the same allocations for 100 events
+// as for 4000: none per replayed event.
+func TestResumeAllocationsDoNotGrowWithEvents(t *testing.T) {
+	if raceEnabled() {
+		t.Skip("the race detector allocates")
+	}
+	resume := func(events int) float64 {
+		b := newCoreBus(t, Options{RingSize: 4000})
+		ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
+		for range events {
+			_, err := b.Publish(ev)
+			require.NoError(t, err)
+		}
+		batch := make([]Frame, 0, events+8)
+		return testing.AllocsPerRun(20, func() {
+			s, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true, LastEventID: 0})
+			require.NoError(t, err)
+			out, _ := s.AppendReady(batch)
+			require.Len(t, out, events+1, "the events and replay_complete")
+			s.Close()
+		})
+	}
+	assert.Equal(t, resume(100), resume(4000))
 }
