@@ -246,9 +246,6 @@ func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 // frame is shared, and a push into a queue that has room allocates
 // nothing.
 func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
-	if raceEnabled() {
-		t.Skip("the race detector allocates")
-	}
 	ev := Event{Type: "e", Data: json.RawMessage(`{"session":"s1","seq":12345,"text":"hello, world"}`)}
 	for _, subs := range []int{0, 1, 64} {
 		b := newCoreBus(t, Options{RingSize: 64})
@@ -277,9 +274,6 @@ func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
 // A consumer takes and frames its events without allocating: a delivery
 // costs nothing beyond the publish.
 func TestDeliveryDoesNotAllocate(t *testing.T) {
-	if raceEnabled() {
-		t.Skip("the race detector allocates")
-	}
 	ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
 	b := newCoreBus(t, Options{RingSize: 64})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
@@ -308,9 +302,6 @@ func TestDeliveryDoesNotAllocate(t *testing.T) {
 // A resume replays from the ring with the same allocations for 100 events
 // as for 4000: none per replayed event.
 func TestResumeAllocationsDoNotGrowWithEvents(t *testing.T) {
-	if raceEnabled() {
-		t.Skip("the race detector allocates")
-	}
 	resume := func(events int) float64 {
 		b := newCoreBus(t, Options{RingSize: 4000})
 		ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
