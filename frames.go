@@ -522,8 +522,9 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 	// needs no scratch: every part is either e's own or fits in a stack
 	// buffer, and is copied once, into the event's buffer. This and the
 	// faster validation (compactValid) made such a Publish 21% cheaper
-	// (BenchmarkEncode).
-	if raw, ok := e.Data.(json.RawMessage); (ok && compactValid(raw) || e.Data == nil) && len(e.Meta) == 0 {
+	// (BenchmarkEncode). Meta is tested first: with it, the scratch path
+	// validates the data anyway.
+	if raw, ok := e.Data.(json.RawMessage); len(e.Meta) == 0 && (e.Data == nil || ok && compactValid(raw)) {
 		var mb [len(kTimestamp) + maxDigits + 1]byte
 		meta := strconv.AppendInt(append(mb[:0], kTimestamp...), b.now(), 10)
 		return b.assemble(e, raw, len(raw) > 0, meta)
