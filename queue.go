@@ -292,8 +292,8 @@ func (q *boundedAsyncQueue) unhold(front []*frame) {
 		head := q.head.Load() - uint64(len(front))
 		mask := uint64(len(q.buf) - 1)
 		for i, f := range front {
-			q.buf[(head+uint64(i))&mask] = f
-			q.flags[(head+uint64(i))&mask] = entryForced
+			j := (head + uint64(i)) & mask
+			q.buf[j], q.flags[j] = f, entryForced
 		}
 		q.head.Store(head)
 	}
