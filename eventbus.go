@@ -51,6 +51,9 @@ const (
 	DefaultHeartbeat = 15 * time.Second
 	// DefaultWriteTimeout bounds one write and flush of a batch.
 	DefaultWriteTimeout = 30 * time.Second
+	// DefaultCatchUpStallTimeout is how long a subscriber under
+	// OverflowCatchUp may take nothing while behind before it is evicted.
+	DefaultCatchUpStallTimeout = 30 * time.Second
 )
 
 // Options configures a bus. The zero value is valid: every field that is 0
@@ -77,12 +80,18 @@ type Options struct {
 	// Logger receives diagnostics; nil means slog.Default() at the time of
 	// logging. It is never called with the bus lock held.
 	Logger *slog.Logger
-	// Now is the clock for serverTimestamp stamps and the overflow window;
-	// nil means time.Now.
+	// Now is the clock for serverTimestamp stamps, the overflow window and
+	// the catch-up stall bound; nil means time.Now.
 	Now func() time.Time
 	// OverflowPolicy decides what a rejected live push does to a
 	// subscriber; 0 means OverflowEvict. A subscription may override it.
 	OverflowPolicy OverflowPolicy
+	// CatchUpStallTimeout is how long a subscriber under OverflowCatchUp
+	// may take nothing while it is behind before it is evicted
+	// (client_evicted, reason catch_up_stalled), measured on Now; 0 means
+	// DefaultCatchUpStallTimeout, below a millisecond is an error. A
+	// subscription may override it.
+	CatchUpStallTimeout time.Duration
 	// OnDiagnostic, when set, receives every diagnostic before it is
 	// logged; returning true suppresses the log line. It is called without
 	// the bus lock, on the goroutine that caused the diagnostic (Publish,
@@ -104,7 +113,24 @@ const (
 	// subscriber; the third overflow within OverflowWindow evicts it with
 	// reason repeated_overflow (SPEC 11).
 	OverflowResync
+	// OverflowCatchUp keeps the subscriber and loses nothing while the ring
+	// holds what it missed: the rejected event and every later one stay
+	// where they already are, in the ring, and the subscriber's consumer
+	// reads them from there once it has drained its queue, in batches
+	// within its caps, then rejoins the live stream with no gap and no
+	// duplicate. Meanwhile publishers push nothing to it. If the ring has
+	// dropped the next event it needs, it gets state_resync_required
+	// ring_evicted and goes on from the ring's oldest event; a signal its
+	// caps reject while it is behind is dropped (Dropped.CatchUpSignals); a
+	// consumer that takes nothing for CatchUpStallTimeout while behind is
+	// evicted with reason catch_up_stalled.
+	OverflowCatchUp
 )
+
+// ReasonCatchUpStalled is the client_evicted reason of a subscriber under
+// OverflowCatchUp whose consumer took nothing for CatchUpStallTimeout while
+// it was behind.
+const ReasonCatchUpStalled = "catch_up_stalled"
 
 // OverflowWindow is the window in which a third overflow under
 // OverflowResync evicts.
@@ -136,11 +162,17 @@ func (o Options) withDefaults() (Options, error) {
 			*f.v = f.def
 		}
 	}
-	if o.OverflowPolicy > OverflowResync {
+	if o.OverflowPolicy > OverflowCatchUp {
 		return o, fmt.Errorf("%w: unknown OverflowPolicy %d", ErrInvalidOption, o.OverflowPolicy)
 	}
 	if o.OverflowPolicy == 0 {
 		o.OverflowPolicy = OverflowEvict
+	}
+	switch {
+	case o.CatchUpStallTimeout == 0:
+		o.CatchUpStallTimeout = DefaultCatchUpStallTimeout
+	case o.CatchUpStallTimeout < time.Millisecond:
+		return o, fmt.Errorf("%w: CatchUpStallTimeout is %s, must be at least 1ms", ErrInvalidOption, o.CatchUpStallTimeout)
 	}
 	if o.RingSize > MaxRingSize {
 		return o, fmt.Errorf("%w: RingSize is %d, above MaxRingSize %d", ErrInvalidOption, o.RingSize, MaxRingSize)
@@ -220,12 +252,35 @@ func (b *EventBus) Close() error {
 	subs := b.subs
 	b.subs = nil
 	b.subscribed.Store(0)
+	// A subscriber catching up had the ring for the rest of its queue. The
+	// ring goes now, so it is told what it did not get: after its queued
+	// frames, a ring_evicted resync from its cursor to the end.
+	var missed []uint64
+	for i, s := range subs {
+		if s.behind {
+			if missed == nil {
+				missed = make([]uint64, len(subs))
+			}
+			missed[i] = s.cursor
+			s.leaveCatchUpLocked()
+		}
+	}
+	next := b.nextID
 	b.ring.reset()
 	b.stats.ringLen.Store(0)
 	b.stats.ringBytes.Store(0)
 	b.mu.Unlock()
-	for _, s := range subs {
+	now := int64(0)
+	for i, s := range subs {
 		s.end(nil)
+		if missed != nil && missed[i] != 0 && missed[i] < next {
+			if now == 0 {
+				now = b.now()
+			}
+			if s.q.forcePush(resyncFrame(ReasonRingEvicted, "", missed[i]-1, next, b.epoch, now).ref()) {
+				b.stats.resync(ReasonRingEvicted)
+			}
+		}
 		s.q.close(true)
 		// The context stays watched while the consumer drains: a later
 		// cancellation must still drop the buffer (SPEC 8). The consumer
@@ -420,11 +475,31 @@ func (b *EventBus) rejected(typ string, err error) {
 // subscription order. lastID is the id of f, or for a signal the last id
 // published. Accepted pushes run the warning check; rejected ones follow
 // the subscriber's overflow policy; evicted subscribers are unregistered
-// here and ended by finish.
+// here and ended by finish. A subscriber catching up costs a flag test:
+// f is in the ring, where its consumer will read it (see catchUp).
 func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 	removed := false
+	var now int64 // read once, when a subscriber catching up needs it
 	for i, s := range b.subs {
-		if !s.filter.match(f.typ) {
+		if s.behind {
+			if now == 0 {
+				now = b.now()
+			}
+			if now-s.progress > s.stallMillis {
+				s.leaveCatchUpLocked()
+				out.evicted = append(out.evicted, eviction{s: s, reason: ReasonCatchUpStalled, id: s.cursor, counts: s.q.liveCounts(), bytes: -1})
+				b.subs[i] = nil
+				removed = true
+				continue
+			}
+			if f.kind != kindSignal || !s.filter.match(f.typ) {
+				continue
+			}
+			// Signals are not in the ring: one that the caps take goes
+			// live (it may then reach the consumer ahead of ring events
+			// published before it, like a coalesced one); otherwise it is
+			// dropped and counted.
+		} else if !s.filter.match(f.typ) {
 			continue
 		}
 		res, c, wake := s.q.push(f)
@@ -448,7 +523,9 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			if d, ok := s.checkWarningLocked(c, lastID); ok {
 				out.diags = append(out.diags, d)
 			}
-			if s.yieldFor(c) {
+			// Under OverflowCatchUp an overflow loses nothing, so there
+			// is nothing to yield for.
+			if s.policy != OverflowCatchUp && s.yieldFor(c) {
 				out.behind = true
 				if out.urgent == nil && nearlyFull(c) {
 					out.urgent = &s.q
@@ -461,6 +538,17 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 		case pushCoalesced:
 			b.stats.dropCoalesced.Add(1)
 		case pushRejectedFrames, pushRejectedBytes:
+			if s.behind {
+				b.stats.dropCatchUpSignal.Add(1)
+				continue
+			}
+			if s.policy == OverflowCatchUp {
+				if now == 0 {
+					now = b.now()
+				}
+				s.enterCatchUpLocked(f, lastID, now)
+				continue
+			}
 			ev := eviction{s: s, reason: res.reason(), id: lastID, counts: c, bytes: -1}
 			if res == pushRejectedBytes {
 				ev.bytes = f.size()
@@ -564,6 +652,7 @@ func (b *EventBus) addLocked(s *Subscription) {
 func (b *EventBus) removeLocked(s *Subscription) bool {
 	for i, x := range b.subs {
 		if x == s {
+			s.leaveCatchUpLocked()
 			copy(b.subs[i:], b.subs[i+1:])
 			b.subs[len(b.subs)-1] = nil
 			b.subs = b.subs[:len(b.subs)-1]

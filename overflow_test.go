@@ -326,13 +326,13 @@ func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 }
 
 func TestOverflowPolicyInvalidValueIsAnError(t *testing.T) {
-	for _, p := range []OverflowPolicy{OverflowResync + 1, 255} {
+	for _, p := range []OverflowPolicy{OverflowCatchUp + 1, 255} {
 		b, err := New(Options{OverflowPolicy: p})
 		assert.ErrorIs(t, err, ErrInvalidOption, "policy %d", p)
 		assert.Nil(t, b)
 	}
 	b := bus11(t, Options{})
-	for _, p := range []OverflowPolicy{OverflowResync + 1, 255} {
+	for _, p := range []OverflowPolicy{OverflowCatchUp + 1, 255} {
 		s, err := b.Subscribe(t.Context(), SubscribeOptions{OverflowPolicy: p})
 		assert.ErrorIs(t, err, ErrInvalidOption, "policy %d", p)
 		assert.Nil(t, s)

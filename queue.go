@@ -91,8 +91,14 @@ type boundedAsyncQueue struct {
 	head        atomic.Uint64 // position of the oldest entry, once the slots before it are cleared
 	poppedLive  atomic.Int64
 	poppedBytes atomic.Int64
-	waiting     atomic.Bool // the consumer found nothing and may be blocked on ready
-	looked      atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
+	// The live frames and bytes the consumer took and has not handed on
+	// yet (the Events iterator's batch): they still count toward the caps.
+	// The consumer stores them for every frame it yields (see
+	// Subscription.Events).
+	unyieldedLive  atomic.Int64
+	unyieldedBytes atomic.Int64
+	waiting        atomic.Bool // the consumer found nothing and may be blocked on ready
+	looked         atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
 
 	mu  sync.Mutex
 	buf []*frame // power-of-two length; replaced by the producer under mu only
@@ -100,7 +106,10 @@ type boundedAsyncQueue struct {
 	// slot outside [head, tail) is always 0 (see entryFlags).
 	flags  []entryFlags
 	closed atomic.Bool // set under mu; read without it by the lock-free push
-	held   bool        // the consumer sees nothing until unhold (backplane replay)
+	// discarded is set by a close without drain: the consumer stops before
+	// it hands on another frame it took.
+	discarded atomic.Bool
+	held      bool // the consumer sees nothing until unhold (backplane replay)
 	// signals maps a queued signal's (type, about) to its position, for
 	// in-place coalescing (SPEC 11). Under mu.
 	signals map[signalKey]uint64
@@ -121,14 +130,25 @@ func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 	q.waiting.Store(true)
 }
 
-// liveCounts returns the live counts and caps as the producer sees them.
-// The consumer adds its popped bytes before its popped count, and this
-// reads them the other way round, so a pop seen in the count is seen in
-// the bytes too: the counts are exact or, during a pop, too high.
+// liveCounts returns the live counts and caps as the producer sees them:
+// what is queued and what the consumer took and has not yielded. The
+// consumer stores its unyielded bytes and count, then adds its popped
+// bytes and count, and this reads them in the opposite order, so a pop
+// seen in the count is seen in the bytes and in the unyielded counts too:
+// the counts are exact or, during a take, too high, never too low.
 func (q *boundedAsyncQueue) liveCounts() queueCounts {
 	live := q.pushedLive - int(q.poppedLive.Load())
 	bytes := q.pushedBytes - int(q.poppedBytes.Load())
+	live += int(q.unyieldedLive.Load())
+	bytes += int(q.unyieldedBytes.Load())
 	return queueCounts{live, q.maxQueued, bytes, q.maxBytes}
+}
+
+// holdTaken counts live frames and bytes the consumer took as unyielded
+// (consumer only; see liveCounts for the order).
+func (q *boundedAsyncQueue) holdTaken(live, bytes int) {
+	q.unyieldedBytes.Store(q.unyieldedBytes.Load() + int64(bytes))
+	q.unyieldedLive.Store(q.unyieldedLive.Load() + int64(live))
 }
 
 // push appends f as a live entry unless a cap rejects it, and returns the
@@ -430,17 +450,20 @@ func (q *boundedAsyncQueue) resync(f *frame, mark func(lastDelivered uint64) *fr
 // is closed and empty: dst then holds the last frames of the stream. A pop
 // that finds nothing declares the consumer waiting (see the type).
 func (q *boundedAsyncQueue) popAll(dst []Frame) (out []Frame, open bool) {
-	return q.take(dst, true, math.MaxInt)
+	return q.take(dst, true, math.MaxInt, nil)
 }
 
 // tryPopAll is popAll, except that finding nothing does not declare the
 // consumer waiting: a push then sends no wake-up (see Subscription.takeReady).
 func (q *boundedAsyncQueue) tryPopAll(dst []Frame) (out []Frame, open bool) {
-	return q.take(dst, false, math.MaxInt)
+	return q.take(dst, false, math.MaxInt, nil)
 }
 
-// take is popAll and tryPopAll, taking at most limit entries.
-func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame, open bool) {
+// take is popAll and tryPopAll, taking at most limit entries. With sizes
+// set, the live frames taken stay counted toward the caps (unyielded)
+// until the consumer yields them: *sizes gets each frame's size, or -1 for
+// a forced one, which does not count.
+func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int) (out []Frame, open bool) {
 	if !q.looked.Load() {
 		q.looked.Store(true)
 	}
@@ -477,11 +500,19 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 		i := p & mask
 		f := q.buf[i]
 		dst = append(dst, Frame{f})
-		if fl := q.flags[i]; fl == 0 {
+		fl := q.flags[i]
+		if fl == 0 {
 			live++
 			liveBytes += f.size()
 		} else {
 			q.flags[i] = 0 // a free slot's tags are 0 (see entryFlags)
+		}
+		if sizes != nil {
+			n := -1
+			if fl == 0 {
+				n = f.size()
+			}
+			*sizes = append(*sizes, n)
 		}
 		switch f.kind {
 		case kindEvent:
@@ -492,6 +523,9 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int) (out []Frame
 			}
 		}
 		q.buf[i] = nil // clear, so the queue does not pin the frame
+	}
+	if sizes != nil && live > 0 {
+		q.holdTaken(live, liveBytes)
 	}
 	// Bytes before the count (see liveCounts), and both before the head,
 	// whose slots the producer may then reuse.
@@ -512,6 +546,7 @@ func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 	defer q.mu.Unlock()
 	q.closed.Store(true)
 	if !drain {
+		q.discarded.Store(true)
 		dropped = q.length()
 		clear(q.buf)
 		q.buf, q.flags = nil, nil

@@ -33,6 +33,8 @@ type Stats struct {
 	// Dropped counts frames that were queued or due to a subscriber but
 	// never reached it, by reason.
 	Dropped DroppedStats
+	// CatchUp counts what OverflowCatchUp did.
+	CatchUp CatchUpStats
 	// RingLen and RingBytes are the replay ring's current size.
 	RingLen, RingBytes int
 }
@@ -49,6 +51,15 @@ type EvictionStats struct {
 	QueueOverflow      uint64
 	QueueBytesOverflow uint64
 	RepeatedOverflow   uint64
+	CatchUpStalled     uint64 // OverflowCatchUp: took nothing for CatchUpStallTimeout while behind
+}
+
+// CatchUpStats counts the work of OverflowCatchUp. Behind is a current
+// value, the others only grow.
+type CatchUpStats struct {
+	Entered uint64 // times a subscriber fell behind (a cap rejected a live push)
+	Served  uint64 // frames consumers read from the ring while behind
+	Behind  int    // subscribers behind now
 }
 
 // ResyncStats counts state_resync_required frames by reason.
@@ -67,16 +78,20 @@ type DroppedStats struct {
 	ReplayBudget uint64 // ring events a resume did not replay (budget spent)
 	Cancelled    uint64 // frames buffered when a subscription was cancelled
 	Blocked      uint64 // frames lost when an HTTP write failed or blocked
+	// CatchUpSignals counts signals a subscriber under OverflowCatchUp
+	// did not get because its caps were full (signals are in no ring).
+	CatchUpSignals uint64
 }
 
 // counters are the atomics behind Stats.
 type counters struct {
 	published, signals, delivered, warnings                        atomic.Uint64
 	rejInvalid, rejTooLarge, rejClosed                             atomic.Uint64
-	evFrames, evBytes, evRepeated                                  atomic.Uint64
+	evFrames, evBytes, evRepeated, evStalled                       atomic.Uint64
 	rsEpoch, rsRing, rsBudget, rsFrames, rsBytes                   atomic.Uint64
 	dropCoalesced, dropOverflow, dropBudget, dropCancel, dropBlock atomic.Uint64
-	peak                                                           atomic.Int64
+	dropCatchUpSignal, catchUps, catchUpServed                     atomic.Uint64
+	peak, behind                                                   atomic.Int64
 	ringLen, ringBytes                                             atomic.Int64
 }
 
@@ -92,11 +107,12 @@ func (b *EventBus) Stats() Stats {
 		FramesDelivered: c.delivered.Load(),
 		Subscribers:     int(b.subscribed.Load()),
 		PeakSubscribers: int(c.peak.Load()),
-		Evictions:       EvictionStats{c.evFrames.Load(), c.evBytes.Load(), c.evRepeated.Load()},
+		Evictions:       EvictionStats{c.evFrames.Load(), c.evBytes.Load(), c.evRepeated.Load(), c.evStalled.Load()},
 		Warnings:        c.warnings.Load(),
 		Resyncs:         ResyncStats{c.rsEpoch.Load(), c.rsRing.Load(), c.rsBudget.Load(), c.rsFrames.Load(), c.rsBytes.Load()},
 		Dropped: DroppedStats{c.dropCoalesced.Load(), c.dropOverflow.Load(), c.dropBudget.Load(),
-			c.dropCancel.Load(), c.dropBlock.Load()},
+			c.dropCancel.Load(), c.dropBlock.Load(), c.dropCatchUpSignal.Load()},
+		CatchUp:   CatchUpStats{c.catchUps.Load(), c.catchUpServed.Load(), int(c.behind.Load())},
 		RingLen:   int(c.ringLen.Load()),
 		RingBytes: int(c.ringBytes.Load()),
 	}
@@ -125,6 +141,8 @@ func (c *counters) eviction(reason string) {
 		c.evBytes.Add(1)
 	case ReasonRepeatedOverflow:
 		c.evRepeated.Add(1)
+	case ReasonCatchUpStalled:
+		c.evStalled.Add(1)
 	}
 }
 

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync/atomic"
+	"time"
 
 	"github.com/ssebus/eventbus/internal/seam"
 )
@@ -41,6 +43,10 @@ type SubscribeOptions struct {
 	// subscription; 0 keeps the bus's. It is the embedder's choice, never a
 	// remote client's.
 	OverflowPolicy OverflowPolicy
+	// CatchUpStallTimeout overrides the bus's Options.CatchUpStallTimeout
+	// for this subscription; 0 keeps the bus's, below a millisecond is an
+	// error wrapping ErrInvalidOption.
+	CatchUpStallTimeout time.Duration
 }
 
 // Subscription is one subscriber's view of a bus: a bounded queue of frames
@@ -68,6 +74,16 @@ type Subscription struct {
 	// noverflows is how many of overflows are set (0..2). A zero time
 	// cannot mean "unset": a fake clock at the Unix epoch stamps 0 ms.
 	noverflows int
+	// Catch-up (OverflowCatchUp). While behind, publishers push s no
+	// events; cursor is the next id its consumer needs from the ring, and
+	// progress the Unix ms of its last take (or of falling behind), which
+	// a publish compares with stallMillis.
+	behind      bool
+	cursor      uint64
+	progress    int64
+	stallMillis int64
+	// lagging mirrors behind for the consumer's look without the lock.
+	lagging atomic.Bool
 
 	warnFrames, resetFrames, warnBytes, resetBytes float64
 
@@ -102,8 +118,11 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 	if opts.MaxQueued < 0 {
 		return nil, fmt.Errorf("%w: MaxQueued is %d, must not be negative", ErrInvalidOption, opts.MaxQueued)
 	}
-	if opts.OverflowPolicy > OverflowResync {
+	if opts.OverflowPolicy > OverflowCatchUp {
 		return nil, fmt.Errorf("%w: unknown OverflowPolicy %d", ErrInvalidOption, opts.OverflowPolicy)
+	}
+	if opts.CatchUpStallTimeout != 0 && opts.CatchUpStallTimeout < time.Millisecond {
+		return nil, fmt.Errorf("%w: CatchUpStallTimeout is %s, must be at least 1ms", ErrInvalidOption, opts.CatchUpStallTimeout)
 	}
 	filter, err := compileFilters(opts.Types)
 	if err != nil {
@@ -117,6 +136,11 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 	if s.policy == 0 {
 		s.policy = b.opts.OverflowPolicy
 	}
+	stall := opts.CatchUpStallTimeout
+	if stall == 0 {
+		stall = b.opts.CatchUpStallTimeout
+	}
+	s.stallMillis = stall.Milliseconds()
 	s.q.init(maxQueued, b.opts.MaxQueuedBytes)
 	s.warnFrames = WarnThresholdRatio * float64(maxQueued)
 	s.resetFrames = WarnResetRatio * float64(maxQueued)
@@ -140,6 +164,13 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 	}
 
 	b.mu.Lock()
+	var stalled []eviction
+	if len(b.subs) >= b.opts.MaxSubscribers && !b.closed && !s.cancelled {
+		// On a quiet bus no publish comes to evict a stalled subscriber
+		// catching up: the slot it holds is freed here.
+		stalled = b.sweepStalledLocked()
+	}
+	defer b.endEvicted(stalled)
 	switch {
 	case b.closed:
 		b.mu.Unlock()
@@ -340,6 +371,160 @@ func (s *Subscription) overflowResyncLocked(f *frame, res pushResult, lastID uin
 	}}, true
 }
 
+// enterCatchUpLocked puts s behind after its queue rejected f under
+// OverflowCatchUp: f and everything after it stay in the ring for its
+// consumer to read. A rejected signal, which is in no ring, is dropped and
+// counted; s then needs the next id.
+func (s *Subscription) enterCatchUpLocked(f *frame, lastID uint64, now int64) {
+	b := s.bus
+	s.cursor = f.id
+	if f.kind != kindEvent {
+		s.cursor = lastID + 1
+		b.stats.dropCatchUpSignal.Add(1)
+	}
+	s.behind = true
+	s.lagging.Store(true)
+	s.progress = now
+	b.stats.catchUps.Add(1)
+	b.stats.behind.Add(1)
+}
+
+// leaveCatchUpLocked ends s's catch-up: it caught up, or it is being
+// unregistered.
+func (s *Subscription) leaveCatchUpLocked() {
+	if s.behind {
+		s.behind = false
+		s.lagging.Store(false)
+		s.bus.stats.behind.Add(-1)
+	}
+}
+
+// maxCatchUpScan bounds the ring entries one catch-up step examines under
+// the bus lock (a filter may skip most of them), so that a publisher never
+// waits on a consumer's read for long.
+const maxCatchUpScan = 512
+
+// catchUp appends to dst the events the subscriber needs from the ring,
+// once its consumer has drained its queue: the frames its filter passes,
+// from its cursor, while its caps admit them as they would admit live
+// pushes, the frames the consumer has taken and not yet yielded
+// (unyielded) included. As for the queue, the first frame is admitted
+// whatever its size when nothing is held. When a batch reaches the newest
+// event, the subscriber rejoins the live fan-out under the same lock hold,
+// so the next publish pushes to it: no gap, no duplicate. When the ring
+// has dropped the id it needs, a ring_evicted resync goes first and it
+// goes on from the ring's oldest event. With sizes set (the Events
+// iterator), the frames count toward the caps until yielded (see
+// boundedAsyncQueue.take).
+//
+// It returns the frames taken, and whether nothing more is to be read
+// now (it caught up or its caps are full). It reads under the bus lock;
+// every step is bounded by maxCatchUpScan.
+func (s *Subscription) catchUp(dst []Frame, sizes *[]int) []Frame {
+	for {
+		var more bool
+		if dst, more = s.catchUpStep(dst, sizes); !more {
+			return dst
+		}
+	}
+}
+
+// catchUpStep is one bounded step of catchUp; more reports that it
+// examined maxCatchUpScan entries, all filtered out, and should go on.
+func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int) (out []Frame, more bool) {
+	b := s.bus
+	q := &s.q
+	now := b.now() // the clock is read outside the lock
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// A backplane resume holds the queue until its history is in front:
+	// the ring must not go ahead of it.
+	if !s.behind || q.held {
+		return dst, false
+	}
+	s.progress = now
+	c := q.liveCounts()
+	first := b.ring.firstID()
+	if first == 0 {
+		first = b.nextID // empty
+	}
+	if s.cursor < first {
+		dst = append(dst, resyncFrame(ReasonRingEvicted, "", s.cursor-1, first, b.epoch, now))
+		if sizes != nil {
+			*sizes = append(*sizes, -1)
+		}
+		b.stats.resync(ReasonRingEvicted)
+		s.cursor = first
+	}
+	var taken uint64
+	heldLive, heldBytes := 0, 0
+	full := false
+	for n := 0; n < maxCatchUpScan && s.cursor < b.nextID; n++ {
+		f := b.ring.at(int(s.cursor - first))
+		if !s.filter.match(f.typ) {
+			s.cursor++
+			continue
+		}
+		size := f.size()
+		if q.admit(c, size) != pushAccepted {
+			full = true
+			break
+		}
+		dst = append(dst, Frame{f})
+		if sizes != nil {
+			*sizes = append(*sizes, size)
+			heldLive++
+			heldBytes += size
+		}
+		c.liveCount++
+		c.liveBytes += size
+		taken++
+		s.cursor++
+	}
+	if heldLive > 0 {
+		// Before the lock is released: the next push must see them.
+		q.holdTaken(heldLive, heldBytes)
+	}
+	b.stats.catchUpServed.Add(taken)
+	if s.cursor >= b.nextID {
+		s.leaveCatchUpLocked()
+		return dst, false
+	}
+	return dst, !full && taken == 0
+}
+
+// sweepStalledLocked unregisters every subscriber catching up whose
+// consumer has taken nothing for its stall bound, and returns them for
+// endEvicted.
+func (b *EventBus) sweepStalledLocked() []eviction {
+	var out []eviction
+	now := int64(0)
+	for i, s := range b.subs {
+		if !s.behind {
+			continue
+		}
+		if now == 0 {
+			now = b.now()
+		}
+		if now-s.progress > s.stallMillis {
+			s.leaveCatchUpLocked()
+			out = append(out, eviction{s: s, reason: ReasonCatchUpStalled, id: s.cursor, counts: s.q.liveCounts(), bytes: -1})
+			b.subs[i] = nil
+		}
+	}
+	if out != nil {
+		b.compactSubsLocked()
+	}
+	return out
+}
+
+// endEvicted ends the subscribers a sweep unregistered, after the lock.
+func (b *EventBus) endEvicted(evs []eviction) {
+	for _, ev := range evs {
+		b.emit(ev.s.evict(ev))
+	}
+}
+
 // pastWarning reports whether the live counts c reach the warning
 // threshold of the frame cap and of the byte cap.
 func (s *Subscription) pastWarning(c queueCounts) (frames, bytes bool) {
@@ -448,15 +633,19 @@ func (s *Subscription) Ready() <-chan struct{} { return s.q.ready }
 // AppendReady appends every frame that is ready, without waiting, to dst and
 // returns the extended slice. open is false once the subscription has ended
 // and every frame it will deliver has been returned; dst then holds its last
-// frames (possibly a terminal one). Frames taken count no longer toward the
-// caps. One consumer at a time.
+// frames (possibly a terminal one). The frames returned are the caller's
+// from then on: they count no longer toward the subscription's caps, so a
+// consumer that holds on to many of them holds them outside its caps. One
+// consumer at a time.
 //
 // AppendReady never blocks. When nothing is ready it yields the processor
 // once (runtime.Gosched) and looks again before it returns no frames, so a
 // consumer that keeps up with its publisher takes frames in batches instead
-// of being woken for every one.
+// of being woken for every one. Under OverflowCatchUp a subscriber that is
+// behind gets, once its queue is drained, the next events from the ring, up
+// to its caps per call.
 func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
-	frames, open = s.takeReady(dst, true)
+	frames, open = s.take(dst, true, nil)
 	s.bus.stats.delivered.Add(uint64(len(frames) - len(dst)))
 	return frames, open
 }
@@ -468,9 +657,20 @@ func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
 // With yield set, a look that finds nothing yields the processor once and
 // looks again before declaring the consumer waiting (see AppendReady).
 func (s *Subscription) takeReady(dst []Frame, yield bool) (frames []Frame, open bool) {
-	if !yield {
-		frames, open = s.q.popAll(dst)
-	} else if frames, open = s.q.tryPopAll(dst); len(frames) == len(dst) && open {
+	return s.take(dst, yield, nil)
+}
+
+// take is takeReady, and with sizes set the Events iterator's take, whose
+// frames stay counted toward the caps until yielded (see
+// boundedAsyncQueue.take).
+func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Frame, open bool) {
+	lagging := s.lagging.Load()
+	if !yield || lagging {
+		// Behind, the consumer declares itself waiting when its queue is
+		// empty even though the ring may fill its batch: a signal pushed
+		// meanwhile then wakes it, whatever the ring gave.
+		frames, open = s.q.take(dst, true, math.MaxInt, sizes)
+	} else if frames, open = s.q.take(dst, false, math.MaxInt, sizes); len(frames) == len(dst) && open {
 		// Nothing ready. Declaring the consumer waiting now would make the
 		// next push wake it, and a consumer that keeps up would be woken
 		// once per frame: a park and a wake-up cost more than the frame.
@@ -480,7 +680,11 @@ func (s *Subscription) takeReady(dst []Frame, yield bool) (frames []Frame, open 
 		// This halved the cost per delivery at 64 and 1000 subscribers
 		// (BENCHMARKS.md).
 		runtime.Gosched()
-		frames, open = s.q.popAll(dst)
+		frames, open = s.q.take(dst, true, math.MaxInt, sizes)
+	}
+	if open && (lagging || s.lagging.Load()) {
+		// The queue is drained: what follows is in the ring.
+		frames = s.catchUp(frames, sizes)
 	}
 	if !open {
 		s.release()
@@ -494,36 +698,104 @@ func (s *Subscription) takeReady(dst []Frame, yield bool) (frames []Frame, open 
 // bus Close after the queued frames). Breaking out of the loop closes the
 // subscription. The iterator is single-use: ranging over it again yields
 // nothing.
+//
+// The iterator takes frames in batches, but a frame counts toward the
+// subscription's caps until it has been yielded, so a slow loop body never
+// holds more than MaxQueued frames and MaxQueuedBytes bytes unconsumed.
+// After a cancellation or Close (from any goroutine, the loop body
+// included) it yields nothing more; the frames it had taken and not
+// yielded are counted as Dropped.Cancelled.
 func (s *Subscription) Events() iter.Seq[Frame] {
 	return func(yield func(Frame) bool) {
 		if s.iterated.Swap(true) {
 			return
 		}
-		defer s.Close()
-		var batch []Frame
+		var it iterBatch
+		defer func() {
+			s.Close()
+			it.drop(s)
+		}()
 		for {
-			var open bool
-			batch, open = s.takeReady(batch[:0], true)
-			for i, f := range batch {
+			open := it.fill(s)
+			for {
+				f, ok := it.next(&s.q)
+				if !ok {
+					break
+				}
 				if !yield(f) {
-					// Only what the loop received is delivered; the rest
-					// of the batch was still buffered, from the loop's
-					// view, when it broke out: dropped, reason cancelled.
-					s.bus.stats.delivered.Add(uint64(i + 1))
-					s.bus.stats.dropCancel.Add(uint64(len(batch) - i - 1))
 					return
 				}
 			}
-			s.bus.stats.delivered.Add(uint64(len(batch)))
-			clear(batch) // do not pin delivered frames while waiting
+			if it.i < len(it.frames) {
+				return // cancelled
+			}
+			n := it.done(s)
 			if !open {
 				return
 			}
-			if len(batch) == 0 {
+			if n == 0 {
 				<-s.q.ready
 			}
 		}
 	}
+}
+
+// iterBatch is the Events iterator's batch: the frames it took, and how
+// far it has yielded them. The ones not yet yielded still count toward the
+// caps (boundedAsyncQueue.unyieldedLive and unyieldedBytes, of which live
+// and bytes are the consumer's copies).
+type iterBatch struct {
+	frames      []Frame
+	sizes       []int // per frame: its size if it counts toward the caps, else -1
+	i           int   // frames yielded
+	live, bytes int64
+}
+
+// fill takes the next batch, as AppendReady would (ring frames included
+// when the subscriber is behind). open is false when the subscription has
+// ended and the batch holds its last frames.
+func (it *iterBatch) fill(s *Subscription) (open bool) {
+	it.frames, open = s.take(it.frames[:0], true, &it.sizes)
+	it.live, it.bytes = s.q.unyieldedLive.Load(), s.q.unyieldedBytes.Load()
+	return open
+}
+
+// next returns the next frame to yield and stops counting it toward the
+// caps, or false when the batch is done or the subscription was cancelled.
+func (it *iterBatch) next(q *boundedAsyncQueue) (Frame, bool) {
+	if it.i == len(it.frames) || q.discarded.Load() {
+		return Frame{}, false
+	}
+	f := it.frames[it.i]
+	if n := it.sizes[it.i]; n >= 0 {
+		it.live--
+		it.bytes -= int64(n)
+		q.unyieldedLive.Store(it.live)
+		q.unyieldedBytes.Store(it.bytes)
+	}
+	it.i++
+	return f, true
+}
+
+// done counts a batch yielded in full as delivered and empties it; it
+// returns how many frames it had.
+func (it *iterBatch) done(s *Subscription) int {
+	n := len(it.frames)
+	s.bus.stats.delivered.Add(uint64(n))
+	clear(it.frames) // do not pin delivered frames while waiting
+	it.frames, it.sizes, it.i = it.frames[:0], it.sizes[:0], 0
+	return n
+}
+
+// drop ends the batch when the iterator stops early: the frames yielded
+// are delivered (the one the loop broke out on included), the others
+// dropped, counted as cancelled, and nothing counts toward the caps any
+// more.
+func (it *iterBatch) drop(s *Subscription) {
+	s.bus.stats.delivered.Add(uint64(it.i))
+	s.bus.stats.dropCancel.Add(uint64(len(it.frames) - it.i))
+	s.q.unyieldedLive.Store(0)
+	s.q.unyieldedBytes.Store(0)
 }
 
 // errWriteBlocked ends a subscription whose HTTP write failed or blocked.
