@@ -91,14 +91,13 @@ type boundedAsyncQueue struct {
 	head        atomic.Uint64 // position of the oldest entry, once the slots before it are cleared
 	poppedLive  atomic.Int64
 	poppedBytes atomic.Int64
-	// The live frames and bytes the consumer took and has not handed on
-	// yet (the Events iterator's batch): they still count toward the caps.
-	// The consumer stores them for every frame it yields (see
-	// Subscription.Events).
-	unyieldedLive  atomic.Int64
-	unyieldedBytes atomic.Int64
-	waiting        atomic.Bool // the consumer found nothing and may be blocked on ready
-	looked         atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
+	// unyielded is what the consumer took and has not handed on yet (the
+	// Events iterator's batch), which still counts toward the caps: live
+	// frames<<unyieldedShift | their bytes. One word, so that the consumer
+	// stores it once for every frame it yields (see Subscription.Events).
+	unyielded atomic.Uint64
+	waiting   atomic.Bool // the consumer found nothing and may be blocked on ready
+	looked    atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
 
 	mu  sync.Mutex
 	buf []*frame // power-of-two length; replaced by the producer under mu only
@@ -132,24 +131,32 @@ func (q *boundedAsyncQueue) init(maxQueued, maxBytes int) {
 
 // liveCounts returns the live counts and caps as the producer sees them:
 // what is queued and what the consumer took and has not yielded. The
-// consumer stores its unyielded bytes and count, then adds its popped
-// bytes and count, and this reads them in the opposite order, so a pop
-// seen in the count is seen in the bytes and in the unyielded counts too:
-// the counts are exact or, during a take, too high, never too low.
+// consumer stores unyielded, then adds its popped bytes, then its popped
+// count, and this reads them in the opposite order, so a pop seen in the
+// count is seen in the bytes and in unyielded too: the counts are exact
+// or, during a take, too high, never too low.
 func (q *boundedAsyncQueue) liveCounts() queueCounts {
 	live := q.pushedLive - int(q.poppedLive.Load())
 	bytes := q.pushedBytes - int(q.poppedBytes.Load())
-	live += int(q.unyieldedLive.Load())
-	bytes += int(q.unyieldedBytes.Load())
+	u := q.unyielded.Load()
+	live += int(u >> unyieldedShift)
+	bytes += int(u & unyieldedBytesMask)
 	return queueCounts{live, q.maxQueued, bytes, q.maxBytes}
 }
 
-// holdTaken counts live frames and bytes the consumer took as unyielded
-// (consumer only; see liveCounts for the order).
-func (q *boundedAsyncQueue) holdTaken(live, bytes int) {
-	q.unyieldedBytes.Store(q.unyieldedBytes.Load() + int64(bytes))
-	q.unyieldedLive.Store(q.unyieldedLive.Load() + int64(live))
-}
+// unyielded packs a count of frames and their bytes. A batch holds fewer
+// than 2^24 frames (a take into one takes at most maxBatchFrames, a
+// catch-up step maxCatchUpScan) and fewer than 2^40 bytes (the caps admit
+// what the queue and the ring give it, and both stop at maxBatchBytes).
+const (
+	unyieldedShift     = 40
+	unyieldedBytesMask = 1<<unyieldedShift - 1
+	maxBatchFrames     = 1 << 22
+	maxBatchBytes      = 1 << 38
+)
+
+// unyieldedOf packs live frames of bytes for unyielded.
+func unyieldedOf(live, bytes int) uint64 { return uint64(live)<<unyieldedShift | uint64(bytes) }
 
 // push appends f as a live entry unless a cap rejects it, and returns the
 // live counts: after the push when accepted, before it when rejected. Only
@@ -488,6 +495,9 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 		// the wake-up, its token will find nothing, which is harmless.
 		q.waiting.CompareAndSwap(true, false)
 	}
+	if sizes != nil {
+		limit = min(limit, maxBatchFrames)
+	}
 	if int(t-h) > limit {
 		t = h + uint64(limit)
 	}
@@ -513,6 +523,9 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 				n = f.size()
 			}
 			*sizes = append(*sizes, n)
+			if liveBytes >= maxBatchBytes {
+				t = p + 1 // a batch this big: the rest waits for the next take
+			}
 		}
 		switch f.kind {
 		case kindEvent:
@@ -525,7 +538,8 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 		q.buf[i] = nil // clear, so the queue does not pin the frame
 	}
 	if sizes != nil && live > 0 {
-		q.holdTaken(live, liveBytes)
+		// They stay counted (see liveCounts for the order).
+		q.unyielded.Store(q.unyielded.Load() + unyieldedOf(live, liveBytes))
 	}
 	// Bytes before the count (see liveCounts), and both before the head,
 	// whose slots the producer may then reuse.

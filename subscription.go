@@ -466,7 +466,7 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int) (out []Frame, more
 			continue
 		}
 		size := f.size()
-		if q.admit(c, size) != pushAccepted {
+		if q.admit(c, size) != pushAccepted || sizes != nil && heldBytes >= maxBatchBytes {
 			full = true
 			break
 		}
@@ -483,7 +483,7 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int) (out []Frame, more
 	}
 	if heldLive > 0 {
 		// Before the lock is released: the next push must see them.
-		q.holdTaken(heldLive, heldBytes)
+		q.unyielded.Store(q.unyielded.Load() + unyieldedOf(heldLive, heldBytes))
 	}
 	b.stats.catchUpServed.Add(taken)
 	if s.cursor >= b.nextID {
@@ -742,13 +742,13 @@ func (s *Subscription) Events() iter.Seq[Frame] {
 
 // iterBatch is the Events iterator's batch: the frames it took, and how
 // far it has yielded them. The ones not yet yielded still count toward the
-// caps (boundedAsyncQueue.unyieldedLive and unyieldedBytes, of which live
-// and bytes are the consumer's copies).
+// caps (boundedAsyncQueue.unyielded, of which unyielded is the consumer's
+// copy).
 type iterBatch struct {
-	frames      []Frame
-	sizes       []int // per frame: its size if it counts toward the caps, else -1
-	i           int   // frames yielded
-	live, bytes int64
+	frames    []Frame
+	sizes     []int // per frame: its size if it counts toward the caps, else -1
+	i         int   // frames yielded
+	unyielded uint64
 }
 
 // fill takes the next batch, as AppendReady would (ring frames included
@@ -756,7 +756,7 @@ type iterBatch struct {
 // ended and the batch holds its last frames.
 func (it *iterBatch) fill(s *Subscription) (open bool) {
 	it.frames, open = s.take(it.frames[:0], true, &it.sizes)
-	it.live, it.bytes = s.q.unyieldedLive.Load(), s.q.unyieldedBytes.Load()
+	it.unyielded = s.q.unyielded.Load()
 	return open
 }
 
@@ -768,10 +768,8 @@ func (it *iterBatch) next(q *boundedAsyncQueue) (Frame, bool) {
 	}
 	f := it.frames[it.i]
 	if n := it.sizes[it.i]; n >= 0 {
-		it.live--
-		it.bytes -= int64(n)
-		q.unyieldedLive.Store(it.live)
-		q.unyieldedBytes.Store(it.bytes)
+		it.unyielded -= unyieldedOf(1, n)
+		q.unyielded.Store(it.unyielded)
 	}
 	it.i++
 	return f, true
@@ -794,8 +792,7 @@ func (it *iterBatch) done(s *Subscription) int {
 func (it *iterBatch) drop(s *Subscription) {
 	s.bus.stats.delivered.Add(uint64(it.i))
 	s.bus.stats.dropCancel.Add(uint64(len(it.frames) - it.i))
-	s.q.unyieldedLive.Store(0)
-	s.q.unyieldedBytes.Store(0)
+	s.q.unyielded.Store(0)
 }
 
 // errWriteBlocked ends a subscription whose HTTP write failed or blocked.
