@@ -495,37 +495,26 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 		// the wake-up, its token will find nothing, which is harmless.
 		q.waiting.CompareAndSwap(true, false)
 	}
-	if sizes != nil {
-		limit = min(limit, maxBatchFrames)
-	}
 	if int(t-h) > limit {
 		t = h + uint64(limit)
+	}
+	mask := uint64(len(q.buf) - 1)
+	if sizes != nil {
+		t = q.sizesLocked(h, t, sizes)
 	}
 	// One pass over the buffered entries: this is the consumer's whole
 	// per-frame cost.
 	dst = slices.Grow(dst, int(t-h))
-	mask := uint64(len(q.buf) - 1)
 	live, liveBytes := 0, 0
 	for p := h; p != t; p++ {
 		i := p & mask
 		f := q.buf[i]
 		dst = append(dst, Frame{f})
-		fl := q.flags[i]
-		if fl == 0 {
+		if fl := q.flags[i]; fl == 0 {
 			live++
 			liveBytes += f.size()
 		} else {
 			q.flags[i] = 0 // a free slot's tags are 0 (see entryFlags)
-		}
-		if sizes != nil {
-			n := -1
-			if fl == 0 {
-				n = f.size()
-			}
-			*sizes = append(*sizes, n)
-			if liveBytes >= maxBatchBytes {
-				t = p + 1 // a batch this big: the rest waits for the next take
-			}
 		}
 		switch f.kind {
 		case kindEvent:
@@ -547,6 +536,28 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 	q.poppedLive.Add(int64(live))
 	q.head.Store(t)
 	return dst, !q.closed.Load()
+}
+
+// sizesLocked appends to *sizes the size of each entry in [h, t) that
+// counts toward the caps, -1 for the others, and returns where a batch
+// that stays counted must end: after maxBatchFrames entries or
+// maxBatchBytes bytes (see unyielded). A pass of its own, so that the
+// take of AppendReady, which needs none of it, is not slowed down by it.
+func (q *boundedAsyncQueue) sizesLocked(h, t uint64, sizes *[]int) uint64 {
+	mask := uint64(len(q.buf) - 1)
+	bytes := 0
+	for p := h; p != t; p++ {
+		n := -1
+		if i := p & mask; q.flags[i] == 0 {
+			n = q.buf[i].size()
+			bytes += n
+		}
+		*sizes = append(*sizes, n)
+		if p-h+1 >= maxBatchFrames || bytes >= maxBatchBytes {
+			return p + 1
+		}
+	}
+	return t
 }
 
 // close ends the queue; later pushes are ignored. With drain the consumer

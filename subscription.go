@@ -407,8 +407,8 @@ const maxCatchUpScan = 512
 // catchUp appends to dst the events the subscriber needs from the ring,
 // once its consumer has drained its queue: the frames its filter passes,
 // from its cursor, while its caps admit them as they would admit live
-// pushes, the frames the consumer has taken and not yet yielded
-// (unyielded) included. As for the queue, the first frame is admitted
+// pushes, counting the frames the consumer has taken and not yet yielded
+// (unyielded) and those taken for this batch already. As for the queue, the first frame is admitted
 // whatever its size when nothing is held. When a batch reaches the newest
 // event, the subscriber rejoins the live fan-out under the same lock hold,
 // so the next publish pushes to it: no gap, no duplicate. When the ring
@@ -420,10 +420,10 @@ const maxCatchUpScan = 512
 // It returns the frames taken, and whether nothing more is to be read
 // now (it caught up or its caps are full). It reads under the bus lock;
 // every step is bounded by maxCatchUpScan.
-func (s *Subscription) catchUp(dst []Frame, sizes *[]int) []Frame {
+func (s *Subscription) catchUp(dst []Frame, sizes *[]int, taken queueCounts) []Frame {
 	for {
 		var more bool
-		if dst, more = s.catchUpStep(dst, sizes); !more {
+		if dst, more = s.catchUpStep(dst, sizes, taken); !more {
 			return dst
 		}
 	}
@@ -431,7 +431,7 @@ func (s *Subscription) catchUp(dst []Frame, sizes *[]int) []Frame {
 
 // catchUpStep is one bounded step of catchUp; more reports that it
 // examined maxCatchUpScan entries, all filtered out, and should go on.
-func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int) (out []Frame, more bool) {
+func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int, taken queueCounts) (out []Frame, more bool) {
 	b := s.bus
 	q := &s.q
 	now := b.now() // the clock is read outside the lock
@@ -444,6 +444,8 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int) (out []Frame, more
 	}
 	s.progress = now
 	c := q.liveCounts()
+	c.liveCount += taken.liveCount
+	c.liveBytes += taken.liveBytes
 	first := b.ring.firstID()
 	if first == 0 {
 		first = b.nextID // empty
@@ -456,7 +458,7 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int) (out []Frame, more
 		b.stats.resync(ReasonRingEvicted)
 		s.cursor = first
 	}
-	var taken uint64
+	var served uint64
 	heldLive, heldBytes := 0, 0
 	full := false
 	for n := 0; n < maxCatchUpScan && s.cursor < b.nextID; n++ {
@@ -478,19 +480,19 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int) (out []Frame, more
 		}
 		c.liveCount++
 		c.liveBytes += size
-		taken++
+		served++
 		s.cursor++
 	}
 	if heldLive > 0 {
 		// Before the lock is released: the next push must see them.
 		q.unyielded.Store(q.unyielded.Load() + unyieldedOf(heldLive, heldBytes))
 	}
-	b.stats.catchUpServed.Add(taken)
+	b.stats.catchUpServed.Add(served)
 	if s.cursor >= b.nextID {
 		s.leaveCatchUpLocked()
 		return dst, false
 	}
-	return dst, !full && taken == 0
+	return dst, !full && served == 0
 }
 
 // sweepStalledLocked unregisters every subscriber catching up whose
@@ -664,11 +666,10 @@ func (s *Subscription) takeReady(dst []Frame, yield bool) (frames []Frame, open 
 // frames stay counted toward the caps until yielded (see
 // boundedAsyncQueue.take).
 func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Frame, open bool) {
-	lagging := s.lagging.Load()
-	if !yield || lagging {
-		// Behind, the consumer declares itself waiting when its queue is
-		// empty even though the ring may fill its batch: a signal pushed
-		// meanwhile then wakes it, whatever the ring gave.
+	if s.lagging.Load() {
+		return s.takeBehind(dst, sizes)
+	}
+	if !yield {
 		frames, open = s.q.take(dst, true, math.MaxInt, sizes)
 	} else if frames, open = s.q.take(dst, false, math.MaxInt, sizes); len(frames) == len(dst) && open {
 		// Nothing ready. Declaring the consumer waiting now would make the
@@ -682,11 +683,34 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 		runtime.Gosched()
 		frames, open = s.q.take(dst, true, math.MaxInt, sizes)
 	}
-	if open && (lagging || s.lagging.Load()) {
-		// The queue is drained: what follows is in the ring.
-		frames = s.catchUp(frames, sizes)
-	}
+	// Fallen behind meanwhile, the queue held its caps: the next take goes
+	// on from the ring.
 	if !open {
+		s.release()
+	}
+	return frames, open
+}
+
+// takeBehind is take for a subscriber that is behind: its queue first
+// (what was queued before it fell behind, forced frames, signals), then
+// the ring, within its caps for the whole batch.
+func (s *Subscription) takeBehind(dst []Frame, sizes *[]int) (frames []Frame, open bool) {
+	q := &s.q
+	live0, bytes0 := q.poppedLive.Load(), q.poppedBytes.Load()
+	// The consumer declares itself waiting when its queue is empty even
+	// though the ring fills its batch: a signal pushed meanwhile then
+	// wakes it, whatever the ring gave.
+	frames, open = q.take(dst, true, math.MaxInt, sizes)
+	if open {
+		var taken queueCounts
+		if sizes == nil {
+			// Returned to the caller, they count no more, but this batch
+			// stays within the caps.
+			taken.liveCount = int(q.poppedLive.Load() - live0)
+			taken.liveBytes = int(q.poppedBytes.Load() - bytes0)
+		}
+		frames = s.catchUp(frames, sizes, taken)
+	} else {
 		s.release()
 	}
 	return frames, open
