@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -25,6 +26,12 @@ func proveLong() bool { return os.Getenv("EVENTBUS_LONG") == "1" }
 // the live counts, the length, every buffered entry with its tags, the
 // end-of-stream state, the consumer wake-up token, the last dequeued id and
 // the signal index used for coalescing.
+//
+// The consumer may also be the Events iterator: it takes everything into a
+// batch whose live frames still count toward the caps, then yields them
+// one by one (iterBatch.next), stops yielding at once after a close
+// without drain, and drops the rest when it stops. The model keeps that
+// batch as a second slice whose live entries it sums with the queue's.
 
 // qmEntry is one entry of the model.
 type qmEntry struct {
@@ -37,8 +44,10 @@ type qmEntry struct {
 // hold rules of SPEC 11 and the backplane seam).
 type queueModel struct {
 	entries             []qmEntry
+	batch               []qmEntry // taken by the iterator, not yet yielded
 	maxQueued, maxBytes int
 	closed, held        bool
+	discarded           bool // closed without drain: the iterator yields nothing more
 	// waiting: the consumer found nothing and may block on ready; token: a
 	// wake-up is buffered in ready; pending: a live push reported the
 	// consumer waiting and its caller has not called wake yet.
@@ -51,12 +60,15 @@ func newQueueModel(maxQueued, maxBytes int) *queueModel {
 	return &queueModel{maxQueued: maxQueued, maxBytes: maxBytes, waiting: true}
 }
 
-// live sums the live entries: the model never keeps the counts as fields.
+// live sums the live entries, queued or in the iterator's batch: the model
+// never keeps the counts as fields.
 func (m *queueModel) live() (count, bytes int) {
-	for _, e := range m.entries {
-		if !e.forced {
-			count++
-			bytes += e.f.Size()
+	for _, es := range [][]qmEntry{m.entries, m.batch} {
+		for _, e := range es {
+			if !e.forced {
+				count++
+				bytes += e.f.Size()
+			}
 		}
 	}
 	return count, bytes
@@ -159,12 +171,28 @@ func (m *queueModel) popAll(wait bool) ([]Frame, bool) {
 	return out, !m.closed
 }
 
+// popAllEntries is popAll returning the entries with their tags.
+func (m *queueModel) popAllEntries(wait bool) ([]qmEntry, bool) {
+	if (m.held && !m.closed) || len(m.entries) == 0 {
+		m.waiting = m.waiting || wait
+		return nil, !m.closed
+	}
+	var out []qmEntry
+	for len(m.entries) > 0 {
+		e := m.entries[0]
+		m.take()
+		out = append(out, e)
+	}
+	return out, !m.closed
+}
+
 func (m *queueModel) close(drain bool) int {
 	m.closed = true
 	dropped := 0
 	if !drain {
 		dropped = len(m.entries)
 		m.entries = nil
+		m.discarded = true
 	}
 	// The end always reaches the consumer.
 	m.token, m.waiting = true, false
@@ -294,9 +322,18 @@ func runQueueModel(t *testing.T, data []byte) {
 	}
 	sigTypes := []string{"s1", "s2"}
 	sigAbout := []string{"a", "b", "c"}
+	var it iterBatch // the Events iterator's batch, when the consumer is one
 
 	for step := 0; step < 600 && !r.done(); step++ {
-		op := r.intn(16)
+		// Bytes below 208 decode as the ops 0..15 always did (the
+		// hand-written seeds keep their meaning); 208 and above are the
+		// iterator's ops 16..18.
+		op := int(r.byte())
+		if op < 208 {
+			op %= 16
+		} else {
+			op = 16 + op%3
+		}
 		switch op {
 		case 0, 1, 2, 3: // push(size)
 			f := qmFrame(kindEvent, nextID, "t", "", r.intn(48))
@@ -455,6 +492,49 @@ func runQueueModel(t *testing.T, data []byte) {
 				q.reserve(r.intn(40))
 				trace = append(trace, "reserve")
 			}
+		case 16: // the iterator takes a batch (only once it yielded the last one)
+			if len(m.batch) > 0 {
+				break
+			}
+			wait := r.intn(2) == 0
+			var open bool
+			it.frames, open = q.take(it.frames[:0], wait, math.MaxInt, &it.sizes)
+			it.unyielded, it.i = q.unyielded.Load(), 0
+			want, wopen := m.popAllEntries(wait)
+			m.batch = want
+			trace = append(trace, fmt.Sprintf("take batch(wait=%v) -> %d frames open=%v", wait, len(it.frames), open))
+			if open != wopen || len(it.frames) != len(want) {
+				fail("take batch: %d frames open=%v, model %d open=%v", len(it.frames), open, len(want), wopen)
+			}
+			for i, e := range want {
+				if !sameFrame(it.frames[i], e.f) || (it.sizes[i] < 0) != e.forced {
+					fail("batch frame %d: got %s counted=%v, model %s forced=%v", i, qmDescribe(it.frames[i]), it.sizes[i] >= 0, qmDescribe(e.f), e.forced)
+				}
+			}
+		case 17: // the iterator yields frames of its batch
+			for range 1 + r.intn(4) {
+				f, ok := it.next(q)
+				wok := len(m.batch) > 0 && !m.discarded
+				trace = append(trace, fmt.Sprintf("yield -> %v %s", ok, qmDescribe(f)))
+				if ok != wok {
+					fail("yield: got %v, model %v (discarded %v)", ok, wok, m.discarded)
+				}
+				if !ok {
+					break
+				}
+				if !sameFrame(f, m.batch[0].f) {
+					fail("yield: got %s, model %s", qmDescribe(f), qmDescribe(m.batch[0].f))
+				}
+				m.batch = m.batch[1:]
+			}
+			if it.i == len(it.frames) {
+				it.frames, it.sizes, it.i = it.frames[:0], it.sizes[:0], 0
+			}
+		case 18: // the iterator stops: what it did not yield counts no more
+			q.unyielded.Store(0)
+			it.frames, it.sizes, it.i = it.frames[:0], it.sizes[:0], 0
+			m.batch = nil
+			trace = append(trace, "iterator stops")
 		case 15: // a burst of pushes, to reach the caps
 			for range 1 + r.intn(8) {
 				f := qmFrame(kindEvent, nextID, "t", "", r.intn(24))
@@ -552,6 +632,11 @@ func FuzzQueueModel(f *testing.F) {
 	f.Add([]byte{1, 20, 0, 5, 5, 2, 7, 0, 30, 11, 1, 9, 6, 6, 6, 6, 11, 0, 2, 8, 0, 11, 2, 8})
 	f.Add([]byte{4, 63, 12, 0, 0, 3, 4, 1, 1, 9, 6, 13, 12, 1, 3, 40, 40, 40, 6, 6, 6, 6, 6, 6})
 	f.Add([]byte{3, 63, 6, 13, 0, 3, 13, 13, 6, 10, 0, 13, 6})
+	// The iterator: a batch taken from a full queue keeps counting (the
+	// next push is rejected) until it is yielded; a close without drain
+	// stops it mid-batch.
+	f.Add([]byte{3, 63, 0, 5, 0, 5, 0, 5, 208, 0, 5, 209, 0, 0, 5, 0, 5, 209, 3, 210, 208, 0, 5})
+	f.Add([]byte{5, 63, 0, 5, 0, 5, 5, 0, 9, 0, 5, 208, 209, 0, 10, 1, 209, 1, 210})
 	n := 256
 	if proveLong() {
 		n = 4096
