@@ -15,7 +15,8 @@ import (
 
 // ---------------------------------------------------------------------------
 // FuzzBusModel: the bus against a reference model of SPEC 5-8 (and the
-// signal, overflow-resync and type-filter rules of SPEC 11).
+// signal, overflow-resync and type-filter rules of SPEC 11, and the
+// catch-up policy and the iterator's accounting of issue 13).
 //
 // The fuzz input decodes into a bus configuration (tiny RingSize and
 // RingMaxBytes, small byte caps, replay budget and MaxEventBytes, a
@@ -26,7 +27,11 @@ import (
 // one; a type filter; a frame cap incl. 0 and negative; a per-subscription
 // policy; a context that is background, cancellable or already done), pop
 // one frame, pop all (AppendReady), cancel (Close or the context), advance
-// the clock, and Close.
+// the clock, and Close; and the Events iterator taking a batch, yielding
+// from it and stopping. Under OverflowCatchUp the model keeps each
+// subscriber's cursor and last progress, reads its catch-up batches from its
+// own ring, and evicts it past its stall bound; with the tiny rings here a
+// subscriber that falls behind often finds its cursor evicted.
 //
 // The model is written from the SPEC, not from the code: it builds every
 // expected envelope itself (the clock is Options.Now, so even
@@ -88,6 +93,15 @@ type bmSub struct {
 	lastDeq    uint64
 	overflows  []int64 // ms of the last two overflows under OverflowResync
 	ended      bool    // AppendReady reported the end
+	// OverflowCatchUp: behind since a cap rejected a push; cursor is the
+	// next id it needs, progress the ms of its last take while behind.
+	behind          bool
+	cursor          uint64
+	progress, stall int64
+	discarded       bool      // closed without drain: the iterator yields nothing more
+	batch           []bmEntry // the iterator's batch, not yet yielded
+	it              iterBatch
+	yieldedInBatch  int
 }
 
 func (s *bmSub) match(typ string) bool {
@@ -106,11 +120,14 @@ func (s *bmSub) match(typ string) bool {
 	return false
 }
 
+// live sums the live entries, queued or in the iterator's batch.
 func (s *bmSub) live() (count, bytes int) {
-	for _, e := range s.q {
-		if !e.forced {
-			count++
-			bytes += len(e.f.json)
+	for _, es := range [][]bmEntry{s.q, s.batch} {
+		for _, e := range es {
+			if !e.forced {
+				count++
+				bytes += len(e.f.json)
+			}
 		}
 	}
 	return count, bytes
@@ -221,6 +238,16 @@ func (m *busModel) signal(typ, about string) error {
 func (m *busModel) fanOut(f bmFrame, lastID uint64) {
 	var evicted []*bmSub
 	for _, s := range m.subs {
+		if s.behind {
+			if m.clock-s.progress > s.stall {
+				m.evictStalled(s)
+				evicted = append(evicted, s)
+				continue
+			}
+			if f.kind != kindSignal {
+				continue // it is in the ring
+			}
+		}
 		if !s.match(f.typ) {
 			continue
 		}
@@ -250,6 +277,21 @@ func (m *busModel) fanOut(f bmFrame, lastID uint64) {
 		if reason == "" {
 			s.q = append(s.q, bmEntry{f: f})
 			m.warn(s, lastID)
+			continue
+		}
+		if s.behind { // a signal its caps reject
+			m.stats.Dropped.CatchUpSignals++
+			continue
+		}
+		if s.policy == OverflowCatchUp {
+			s.cursor = f.id
+			if f.kind != kindEvent {
+				s.cursor = lastID + 1
+				m.stats.Dropped.CatchUpSignals++
+			}
+			s.behind, s.progress = true, m.clock
+			m.stats.CatchUp.Entered++
+			m.stats.CatchUp.Behind++
 			continue
 		}
 		eventBytes := -1
@@ -335,7 +377,88 @@ func (m *busModel) warn(s *bmSub, lastID uint64) {
 		count, s.maxQueued, lastID, bytes, m.o.MaxQueuedBytes, threshold)), forced: true, marker: true})
 }
 
+// leaveCatchUp ends s's catch-up (caught up, or unregistered).
+func (m *busModel) leaveCatchUp(s *bmSub) {
+	if s.behind {
+		s.behind = false
+		m.stats.CatchUp.Behind--
+	}
+}
+
+// evictStalled ends s, behind and past its stall bound: client_evicted
+// catch_up_stalled after what it holds. The caller unregisters it.
+func (m *busModel) evictStalled(s *bmSub) {
+	m.leaveCatchUp(s)
+	count, bytes := s.live()
+	d := fmt.Sprintf(`{"reason":"catch_up_stalled","droppedAfter":%d,"queueSize":%d,"maxQueued":%d,"queuedBytes":%d,"maxQueuedBytes":%d}`,
+		s.cursor, count, s.maxQueued, bytes, m.o.MaxQueuedBytes)
+	s.q = append(s.q, bmEntry{f: m.synthetic(TypeClientEvicted, d), forced: true})
+	s.closed, s.registered, s.watched = true, false, false
+	m.stats.Evictions.CatchUpStalled++
+}
+
+// catchUp is a behind subscriber's read from the ring once its queue is
+// drained: a resync when the ring lost its cursor, then the matching
+// events while its caps admit them, counting what it holds and what this
+// batch took from the queue (taken); caught up, it goes live again.
+func (m *busModel) catchUp(s *bmSub, out []bmEntry, taken [2]int) []bmEntry {
+	if !s.behind {
+		return out
+	}
+	s.progress = m.clock
+	count, bytes := s.live()
+	count, bytes = count+taken[0], bytes+taken[1]
+	first := m.nextID
+	if len(m.ring) > 0 {
+		first = m.ring[0].id
+	}
+	if s.cursor < first {
+		out = append(out, bmEntry{f: m.resyncFrame(ReasonRingEvicted, "", s.cursor-1, first), forced: true})
+		s.cursor = first
+	}
+	for _, f := range m.ring {
+		if f.id < s.cursor {
+			continue
+		}
+		if s.match(f.typ) {
+			if count >= s.maxQueued || count > 0 && bytes+len(f.json) > m.o.MaxQueuedBytes {
+				break
+			}
+			out = append(out, bmEntry{f: f})
+			count++
+			bytes += len(f.json)
+			m.stats.CatchUp.Served++
+		}
+		s.cursor = f.id + 1
+	}
+	if s.cursor >= m.nextID {
+		m.leaveCatchUp(s)
+	}
+	return out
+}
+
+// appendReady is AppendReady: the queue, then the ring when behind.
+func (m *busModel) appendReady(s *bmSub) (out []bmEntry, open bool) {
+	behind := s.behind
+	out, s.q = s.q, nil
+	var taken [2]int
+	for _, e := range out {
+		if e.f.kind == kindEvent {
+			s.lastDeq = e.f.id
+		}
+		if !e.forced {
+			taken[0]++
+			taken[1] += len(e.f.json)
+		}
+	}
+	if !s.closed && behind {
+		out = m.catchUp(s, out, taken)
+	}
+	return out, !s.closed
+}
+
 func (m *busModel) unregister(s *bmSub) {
+	m.leaveCatchUp(s)
 	for i, x := range m.subs {
 		if x == s {
 			m.subs = append(m.subs[:i:i], m.subs[i+1:]...)
@@ -359,6 +482,23 @@ func (m *busModel) subscribe(s *bmSub, opts SubscribeOptions, ctxDone bool) erro
 	s.filter, s.policy = opts.Types, opts.OverflowPolicy
 	if s.policy == 0 {
 		s.policy = m.o.OverflowPolicy
+	}
+	s.stall = m.o.CatchUpStallTimeout.Milliseconds()
+	if opts.CatchUpStallTimeout != 0 {
+		s.stall = opts.CatchUpStallTimeout.Milliseconds()
+	}
+	if !m.closed && !ctxDone && len(m.subs) >= m.o.MaxSubscribers {
+		// At the limit, stalled subscribers catching up are swept first.
+		var stalled []*bmSub
+		for _, x := range m.subs {
+			if x.behind && m.clock-x.progress > x.stall {
+				m.evictStalled(x)
+				stalled = append(stalled, x)
+			}
+		}
+		for _, x := range stalled {
+			m.unregister(x)
+		}
 	}
 	switch {
 	case m.closed:
@@ -449,7 +589,7 @@ func (m *busModel) take(s *bmSub) bmFrame {
 func (m *busModel) cancel(s *bmSub) {
 	m.stats.Dropped.Cancelled += uint64(len(s.q))
 	s.q = nil
-	s.closed, s.watched = true, false
+	s.closed, s.watched, s.discarded = true, false, true
 	if s.registered {
 		m.unregister(s)
 	}
@@ -461,11 +601,51 @@ func (m *busModel) close() {
 	}
 	m.closed = true
 	for _, s := range m.subs {
+		if s.behind && s.cursor < m.nextID {
+			// The ring goes: it is told what it did not get.
+			s.q = append(s.q, bmEntry{f: m.resyncFrame(ReasonRingEvicted, "", s.cursor-1, m.nextID), forced: true})
+		}
+		m.leaveCatchUp(s)
 		s.closed, s.registered = true, false // with drain; the context stays watched
 	}
 	m.subs = nil
 	m.ring = nil
 	m.stats.Subscribers, m.stats.RingLen, m.stats.RingBytes = 0, 0, 0
+}
+
+// appendReadyBatch is the iterator's take: appendReady, the frames kept as
+// its batch, whose live ones still count.
+func (m *busModel) appendReadyBatch(s *bmSub) ([]bmEntry, bool) {
+	behind := s.behind
+	batch := s.q
+	s.q = nil
+	for _, e := range batch {
+		if e.f.kind == kindEvent {
+			s.lastDeq = e.f.id
+		}
+	}
+	s.batch = batch
+	if !s.closed && behind {
+		// The batch counts in live() already.
+		s.batch = m.catchUp(s, s.batch, [2]int{})
+	}
+	return s.batch, !s.closed
+}
+
+func bmDescribeAll(fs []Frame) string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, bmDescribe(f))
+	}
+	return strings.Join(out, " ")
+}
+
+func bmEntries(es []bmEntry) string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.f.String())
+	}
+	return strings.Join(out, " ")
 }
 
 // bmCheckFrame compares a frame the bus produced with the expected one.
@@ -488,12 +668,17 @@ func runBusModel(t *testing.T, data []byte) {
 		ReplayBudgetBytes: 80 + 8*r.intn(64),
 		MaxSubscribers:    1 + r.intn(4),
 		MaxQueued:         1 + r.intn(8),
-		OverflowPolicy:    OverflowPolicy(r.intn(3)),
+		OverflowPolicy:    OverflowPolicy(r.intn(4)),
 		Now:               func() time.Time { return time.UnixMilli(clock.Load()) },
 		Logger:            slog.New(slog.DiscardHandler),
 	}
 	if r.intn(4) == 0 {
 		opts.MaxEventBytes = 90 + r.intn(64)
+	}
+	if opts.OverflowPolicy == OverflowCatchUp {
+		// Read only for this policy, so that the hand-written seeds keep
+		// their meaning.
+		opts.CatchUpStallTimeout = []time.Duration{0, 10 * time.Second, 30 * time.Second, 50 * time.Second}[r.intn(4)]
 	}
 	b, err := New(opts)
 	if err != nil {
@@ -578,7 +763,16 @@ func runBusModel(t *testing.T, data []byte) {
 	}
 
 	for step := 0; step < 400 && !r.done(); step++ {
-		switch op := r.intn(24); op {
+		// Bytes below 216 decode as the ops 0..23 always did (the
+		// hand-written seeds keep their meaning); 216 and above are the
+		// iterator's ops 24..26.
+		op := int(r.byte())
+		if op < 216 {
+			op %= 24
+		} else {
+			op = 24 + op%3
+		}
+		switch op {
 		case 0, 1, 2, 3, 4, 5, 6:
 			publish()
 		case 7:
@@ -642,7 +836,10 @@ func runBusModel(t *testing.T, data []byte) {
 			case 3:
 				so.Types = []string{"b.*"}
 			}
-			so.OverflowPolicy = OverflowPolicy(r.intn(3))
+			so.OverflowPolicy = OverflowPolicy(r.intn(4))
+			if so.OverflowPolicy == OverflowCatchUp {
+				so.CatchUpStallTimeout = []time.Duration{0, time.Second, 20 * time.Second, 40 * time.Second}[r.intn(4)]
+			}
 			s := &bmSub{name: len(m.all)}
 			ctx := context.Background()
 			ctxDone := false
@@ -688,27 +885,83 @@ func runBusModel(t *testing.T, data []byte) {
 				break
 			}
 			got, open := s.s.AppendReady(nil)
-			want := s.q
-			s.q = nil
-			for _, e := range want {
-				if e.f.kind == kindEvent {
-					s.lastDeq = e.f.id
-				}
-			}
-			wopen := !s.closed
+			want, wopen := m.appendReady(s)
 			m.stats.FramesDelivered += uint64(len(want))
 			if !wopen {
 				s.ended, s.watched = true, false
 			}
 			trace = append(trace, fmt.Sprintf("appendReady sub%d -> %d frames open=%v", s.name, len(got), open))
 			if open != wopen || len(got) != len(want) {
-				fail("appendReady sub%d: %d frames open=%v, model %d frames open=%v", s.name, len(got), open, len(want), wopen)
+				fail("appendReady sub%d: %d frames open=%v, model %d frames open=%v\n got:  %s\n want: %s", s.name, len(got), open, len(want), wopen,
+					bmDescribeAll(got), bmEntries(want))
 			}
 			for i := range want {
 				if d := bmCheckFrame(got[i], want[i].f); d != "" {
 					fail("appendReady sub%d frame %d:\n%s", s.name, i, d)
 				}
 			}
+		case 24: // the iterator takes a batch, once it yielded the last one
+			s := pick()
+			if s == nil || s.ended || len(s.batch) > 0 || s.it.i < len(s.it.frames) {
+				break
+			}
+			open := s.it.fill(s.s)
+			got := s.it.frames
+			// As AppendReady, except that the batch keeps counting.
+			want, wopen := m.appendReadyBatch(s)
+			if !wopen {
+				s.ended, s.watched = true, false
+			}
+			trace = append(trace, fmt.Sprintf("iterator sub%d takes %d frames open=%v", s.name, len(got), open))
+			if open != wopen || len(got) != len(want) {
+				fail("iterator batch sub%d: %d frames open=%v, model %d open=%v\n got:  %s\n want: %s", s.name, len(got), open, len(want), wopen,
+					bmDescribeAll(got), bmEntries(want))
+			}
+			for i := range want {
+				if d := bmCheckFrame(got[i], want[i].f); d != "" || (s.it.sizes[i] < 0) != want[i].forced {
+					fail("iterator batch sub%d frame %d (counted %v, model forced %v):\n%s", s.name, i, s.it.sizes[i] >= 0, want[i].forced, d)
+				}
+			}
+		case 25: // the iterator yields from its batch
+			s := pick()
+			if s == nil || len(s.it.frames) == 0 {
+				break
+			}
+			for range 1 + r.intn(6) {
+				f, ok := s.it.next(&s.s.q)
+				wok := len(s.batch) > 0 && !s.discarded
+				trace = append(trace, fmt.Sprintf("iterator sub%d yields -> %v %s", s.name, ok, bmDescribe(f)))
+				if ok != wok {
+					fail("iterator sub%d yield: %v, model %v", s.name, ok, wok)
+				}
+				if !ok {
+					break
+				}
+				if d := bmCheckFrame(f, s.batch[0].f); d != "" {
+					fail("iterator sub%d yielded:\n%s", s.name, d)
+				}
+				s.batch = s.batch[1:]
+				s.yieldedInBatch++
+			}
+			if s.it.i == len(s.it.frames) {
+				s.it.done(s.s)
+				m.stats.FramesDelivered += uint64(s.yieldedInBatch)
+				s.yieldedInBatch = 0
+			}
+		case 26: // the iterator stops (its loop broke out): Close, then drop
+			s := pick()
+			if s == nil || len(s.it.frames) == 0 {
+				break
+			}
+			trace = append(trace, fmt.Sprintf("iterator sub%d stops", s.name))
+			s.s.Close()
+			s.it.drop(s.s)
+			m.cancel(s)
+			m.stats.FramesDelivered += uint64(s.yieldedInBatch)
+			m.stats.Dropped.Cancelled += uint64(len(s.batch))
+			s.batch, s.yieldedInBatch = nil, 0
+			s.it = iterBatch{}
+			s.ended = true
 		case 17:
 			if s := pick(); s != nil {
 				trace = append(trace, fmt.Sprintf("close sub%d", s.name))
@@ -778,6 +1031,12 @@ func bmCompare(b *EventBus, m *busModel, fail func(string, ...any)) {
 			entries[i] = q.entry(i)
 		}
 		q.mu.Unlock()
+		b.mu.Lock()
+		behind, cursor := s.s.behind, s.s.cursor
+		b.mu.Unlock()
+		if behind != s.behind || behind && cursor != s.cursor {
+			fail("sub%d: behind %v cursor %d, model %v %d", s.name, behind, cursor, s.behind, s.cursor)
+		}
 		wc, wb := s.live()
 		if n != len(s.q) || closed != s.closed || liveCount != wc || liveBytes != wb {
 			var got, want []string
@@ -816,6 +1075,24 @@ func FuzzBusModel(f *testing.F) {
 	f.Add([]byte{1, 5, 60, 5, 2, 6, 1, 0, 20, 5, 0, 0, 0, 0, 0, 8, 1, 2, 2, 0, 0, 0, 14, 0, 11, 0, 11, 0})
 	f.Add([]byte{3, 60, 60, 60, 3, 1, 2, 1, 8, 1, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 14, 0})
 	f.Add([]byte{3, 60, 60, 60, 3, 3, 0, 1, 9, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 7, 1, 1, 22, 0, 14, 0, 14, 0})
+	// OverflowCatchUp (policy byte 3, stall 10 s): a subscriber with a
+	// queue of 2 falls behind, reads from a ring of 6 that moves past it,
+	// then stalls past its bound; and the iterator (bytes 216-218) taking a
+	// batch from the ring, yielding part of it, a publish, then stopping.
+	pub := []byte{0, 1, 5, 1, 1}
+	sub := []byte{8, 0, 0, 2, 0, 0, 3}
+	seq := func(parts ...[]byte) []byte {
+		var out []byte
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	cfg := []byte{5, 63, 63, 63, 1, 1, 3, 1, 1}
+	f.Add(seq(cfg, sub, pub, pub, pub, pub, []byte{14, 0}, pub, pub, pub, pub, pub, pub, pub, pub,
+		[]byte{14, 0, 14, 0, 7, 0, 0, 19, 1}, pub, []byte{14, 0}))
+	f.Add(seq(cfg, sub, sub, pub, pub, pub, pub, pub, []byte{216, 0, 217, 0, 2}, pub, pub, []byte{216, 1, 217, 0, 5, 216, 0, 217, 0, 5},
+		pub, pub, []byte{216, 0, 217, 0, 1, 218, 0, 14, 1}))
 	n := 200
 	if proveLong() {
 		n = 3000
