@@ -621,6 +621,12 @@ func randomSeeds(n int, pcg1, pcg2 uint64, minLen, spread int) [][]byte {
 
 func queueModelSeeds(n int) [][]byte { return randomSeeds(n, 0x5eed, 1, 64, 500) }
 
+// Mutants of the iterator's accounting that the seeds of FuzzQueueModel
+// kill: liveCounts ignoring unyielded; next yielding after a close without
+// drain; next uncounting a forced frame; a take into a batch that does not
+// keep its frames counted; a marker counted as live in the batch; a close
+// without drain that does not stop the iterator.
+
 func FuzzQueueModel(f *testing.F) {
 	// Hand-written: fill to the frame cap then overflow; an oversized
 	// event alone; signals coalescing; close with and without drain;
