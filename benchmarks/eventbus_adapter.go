@@ -14,7 +14,15 @@ import (
 // AppendReady, waiting on Ready only when nothing was ready.
 
 func init() {
-	libraries = append(libraries, library{name: "eventbus", new: func(c config) fanout { return &eventbusFanout{cfg: c} }})
+	libraries = append(libraries,
+		library{name: "eventbus", new: func(c config) fanout { return &eventbusFanout{cfg: c} }},
+		library{name: "eventbus resync", new: func(c config) fanout {
+			return &eventbusFanout{cfg: c, policy: eventbus.OverflowResync}
+		}},
+		library{name: "eventbus catchup", new: func(c config) fanout {
+			return &eventbusFanout{cfg: c, policy: eventbus.OverflowCatchUp}
+		}},
+	)
 }
 
 // benchData is boxed once so the harness does not add a slice-to-interface
@@ -24,16 +32,20 @@ var benchData any = json.RawMessage(benchPayload)
 // busOptions: room for every subscriber of the largest run, per-subscription
 // frame cap from -queue (eventbus allows up to 2048), everything else default,
 // diagnostics discarded (evictions and warnings are counted from the frames).
-func busOptions(cfg config) eventbus.Options {
+func busOptions(cfg config, policy eventbus.OverflowPolicy) eventbus.Options {
 	return eventbus.Options{
 		MaxSubscribers: 1 << 16,
 		MaxQueued:      cfg.queue,
+		OverflowPolicy: policy,
 		Logger:         slog.New(slog.DiscardHandler),
 	}
 }
 
+// eventbusFanout is eventbus with the overflow policy policy (0: the
+// default, OverflowEvict).
 type eventbusFanout struct {
 	cfg    config
+	policy eventbus.OverflowPolicy
 	bus    *eventbus.EventBus
 	subs   []*eventbus.Subscription
 	cancel context.CancelFunc
@@ -41,7 +53,7 @@ type eventbusFanout struct {
 }
 
 func (f *eventbusFanout) start(sinks []*sink) error {
-	bus, err := eventbus.New(busOptions(f.cfg))
+	bus, err := eventbus.New(busOptions(f.cfg, f.policy))
 	if err != nil {
 		return err
 	}

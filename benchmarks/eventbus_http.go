@@ -12,11 +12,18 @@ import (
 // subscribing, so the response headers mean "subscribed".
 
 func init() {
-	httpLibraries = append(httpLibraries, httpLibrary{name: "eventbus Handler", new: eventbusHTTP})
+	httpLibraries = append(httpLibraries,
+		httpLibrary{name: "eventbus Handler", new: eventbusHTTP(0)},
+		httpLibrary{name: "eventbus Handler catchup", new: eventbusHTTP(eventbus.OverflowCatchUp)},
+	)
 }
 
-func eventbusHTTP(cfg config) *httpServer {
-	bus, err := eventbus.New(busOptions(cfg))
+func eventbusHTTP(policy eventbus.OverflowPolicy) func(cfg config) *httpServer {
+	return func(cfg config) *httpServer { return eventbusServer(cfg, policy) }
+}
+
+func eventbusServer(cfg config, policy eventbus.OverflowPolicy) *httpServer {
+	bus, err := eventbus.New(busOptions(cfg, policy))
 	if err != nil {
 		panic(err) // options are static; a failure here is a harness bug
 	}

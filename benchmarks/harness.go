@@ -33,6 +33,8 @@ type sink struct {
 
 	stalled bool          // this subscriber must not read until release is closed
 	release chan struct{} // shared by all sinks of a run; closed by the harness
+
+	pacing *pacing // the paced scenario's latency and pauses; nil elsewhere
 }
 
 // sinkGroup closes all when every sink is complete or ended.
@@ -77,6 +79,9 @@ func (s *sink) see(seq uint64) {
 	}
 	if s.got&s.progMask == 0 {
 		s.progress.Store(s.got)
+	}
+	if s.pacing != nil {
+		s.pacing.observe(seq)
 	}
 	if !s.complete && !s.ended && s.next > s.total {
 		s.complete = true

@@ -62,6 +62,12 @@ type flags struct {
 	libs        string
 	window      int
 	httpWindow  int
+	pacedRates  []int
+	pacedSubs   []int
+	pacedHTTP   []int
+	pacedCount  int
+	pacedDur    time.Duration
+	pacedModes  []string
 }
 
 func parseInts(s string) ([]int, error) {
@@ -82,7 +88,7 @@ func parseInts(s string) ([]int, error) {
 
 func main() {
 	var fl flags
-	var subs, httpClients, scenarios string
+	var subs, httpClients, scenarios, pacedRates, pacedSubs, pacedHTTP, pacedModes string
 	flag.IntVar(&fl.events, "events", 5000, "events per in-process fan-out run")
 	flag.StringVar(&subs, "subs", "1,64,1000", "subscriber counts for the in-process fan-out")
 	flag.IntVar(&fl.count, "count", 3, "repetitions of each measured run (median reported)")
@@ -97,7 +103,13 @@ func main() {
 	flag.IntVar(&fl.httpWindow, "http-window", 0, "closed-loop publisher window for the HTTP scenario (0: tight loop)")
 	flag.StringVar(&httpClients, "http-clients", "16,256", "HTTP client counts")
 	flag.IntVar(&fl.window, "window", 0, "closed-loop publisher window for the fanout-window scenario (0: half of -queue)")
-	flag.StringVar(&scenarios, "scenarios", "fanout,fanout-window,stall,http", "scenarios to run: fanout (tight publisher), fanout-window (publisher at most -window events ahead of the slowest subscriber), stall, http")
+	flag.StringVar(&pacedRates, "paced-rates", "1000,3000,10000,30000,100000,300000,1000000", "rates (events/s) the paced scenarios try, lowest first, until one is not sustained")
+	flag.StringVar(&pacedSubs, "paced-subs", "1,64,1000", "subscriber counts of the in-process paced scenario")
+	flag.StringVar(&pacedHTTP, "paced-http-clients", "16", "client counts of the paced HTTP scenario")
+	flag.IntVar(&fl.pacedCount, "paced-count", 1, "runs per rate in the paced scenarios; a rate counts as sustained only when every run is lossless and keeps pace")
+	flag.DurationVar(&fl.pacedDur, "paced-duration", 300*time.Millisecond, "length of one paced run (events = rate x duration, at least 2000)")
+	flag.StringVar(&pacedModes, "paced-modes", "spin,burst,spin+pause,burst+pause", "publisher pace (spin: a spin-wait per event; burst: sleep between 1 ms bursts), +pause: subscribers pause 2-5 ms about every 50 ms")
+	flag.StringVar(&scenarios, "scenarios", "fanout,fanout-window,stall,http,paced,paced-http", "scenarios to run: fanout (tight publisher), fanout-window (publisher at most -window events ahead of the slowest subscriber), stall, http, paced (a publisher at a fixed rate, in process), paced-http")
 	flag.StringVar(&fl.libs, "libs", "", "only libraries whose name contains one of these comma-separated substrings")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -107,6 +119,21 @@ func main() {
 	}
 	if fl.httpClients, err = parseInts(httpClients); err != nil {
 		fatal(err)
+	}
+	if fl.pacedRates, err = parseInts(pacedRates); err != nil {
+		fatal(err)
+	}
+	if fl.pacedSubs, err = parseInts(pacedSubs); err != nil {
+		fatal(err)
+	}
+	if fl.pacedHTTP, err = parseInts(pacedHTTP); err != nil {
+		fatal(err)
+	}
+	fl.pacedModes = strings.Split(pacedModes, ",")
+	for _, m := range fl.pacedModes {
+		if m != "spin" && m != "burst" && m != "spin+pause" && m != "burst+pause" {
+			fatal(fmt.Errorf("bad -paced-modes entry %q", m))
+		}
 	}
 	fl.scenarios = strings.Split(scenarios, ",")
 	if fl.queue < 1 || fl.queue > 2048 || fl.count < 1 || fl.httpCount < 1 || fl.events < 1 || fl.stallSubs < 2 {
@@ -152,8 +179,9 @@ func run(w io.Writer, fl flags) {
 	fmt.Fprintf(w, "# eventbus peer comparison\n\n")
 	fmt.Fprintf(w, "%s, GOOS/GOARCH %s/%s, NumCPU %d, GOMAXPROCS %d, CPU %q\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel())
 	fmt.Fprintf(w, "load average at start: %s\n\n", loadAvg())
-	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -window %d -stall-subs %d -stall-events %d -max-deliveries %d -http-events %d -http-count %d -http-window %d -http-clients %s -scenarios %s\n\n",
-		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.window, fl.stallSubs, fl.stallEvents, fl.maxDeliv, fl.httpEvents, fl.httpCount, fl.httpWindow, joinInts(fl.httpClients), strings.Join(fl.scenarios, ","))
+	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -window %d -stall-subs %d -stall-events %d -max-deliveries %d -http-events %d -http-count %d -http-window %d -http-clients %s -paced-rates %s -paced-subs %s -paced-http-clients %s -paced-count %d -paced-duration %s -paced-modes %s -scenarios %s\n\n",
+		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.window, fl.stallSubs, fl.stallEvents, fl.maxDeliv, fl.httpEvents, fl.httpCount, fl.httpWindow, joinInts(fl.httpClients),
+		joinInts(fl.pacedRates), joinInts(fl.pacedSubs), joinInts(fl.pacedHTTP), fl.pacedCount, fl.pacedDur, strings.Join(fl.pacedModes, ","), strings.Join(fl.scenarios, ","))
 
 	if slices.Contains(fl.scenarios, "fanout") {
 		fmt.Fprintf(w, "## In-process fan-out\n\n")
@@ -211,7 +239,58 @@ func run(w io.Writer, fl flags) {
 			printRuns(w, runAll(libs, cfg, n, fl.httpEvents, fl.httpCount, ho, fl.libs))
 		}
 	}
+	if slices.Contains(fl.scenarios, "paced") {
+		fmt.Fprintf(w, "## Paced publisher, in process\n\n")
+		fmt.Fprintf(w, "One publisher at a fixed rate, N subscribers, every delivery checked; a rate is sustained when nothing is lost "+
+			"(no gap, no duplicate, no stream ended early) in each of %d run(s) of %s and the publisher achieved 95%% of it. "+
+			"Latency: from just before publish to the subscriber, every 8th event. Rates tried: %s.\n\n", fl.pacedCount, fl.pacedDur, joinInts(fl.pacedRates))
+		for _, n := range fl.pacedSubs {
+			for _, mode := range fl.pacedModes {
+				fmt.Fprintf(w, "### %d subscriber(s), %s (load average %s)\n\n", n, pacedModeName(mode), loadAvg())
+				runPacedTable(w, libraries, cfg, n, mode, fl)
+			}
+		}
+	}
+	if slices.Contains(fl.scenarios, "paced-http") {
+		fmt.Fprintf(w, "## Paced publisher, HTTP over loopback\n\n")
+		var libs []library
+		for _, h := range httpLibraries {
+			libs = append(libs, h.asLibrary())
+		}
+		for _, n := range fl.pacedHTTP {
+			for _, mode := range fl.pacedModes {
+				fmt.Fprintf(w, "### %d clients, %s (load average %s)\n\n", n, pacedModeName(mode), loadAvg())
+				runPacedTable(w, libs, cfg, n, mode, fl)
+			}
+		}
+	}
 	fmt.Fprintf(w, "total run time: %s; load average at end: %s\n", time.Since(start).Round(100*time.Millisecond), loadAvg())
+}
+
+func pacedModeName(mode string) string {
+	name := "spin-wait pace"
+	if strings.HasPrefix(mode, "burst") {
+		name = "1 ms bursts with sleeps"
+	}
+	if strings.HasSuffix(mode, "+pause") {
+		name += ", subscribers pausing 2-5 ms every 20-80 ms"
+	}
+	return name
+}
+
+func runPacedTable(w io.Writer, libs []library, cfg config, subs int, mode string, fl flags) {
+	o := pacedOpts{burst: strings.HasPrefix(mode, "burst"), pause: strings.HasSuffix(mode, "+pause"),
+		duration: fl.pacedDur, settle: 3 * time.Second}
+	var rows []pacedRow
+	var names []string
+	for _, lib := range libs {
+		if !selected(lib.name, fl.libs) {
+			continue
+		}
+		rows = append(rows, sweepPaced(lib, cfg, subs, fl.pacedRates, fl.pacedCount, o))
+		names = append(names, lib.name)
+	}
+	printPaced(w, rows, names)
 }
 
 // loadAvg is /proc/loadavg's first three fields (Linux), to tell a quiet

@@ -1,0 +1,348 @@
+package eventbus
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Paced benchmarks (issue 13): a publisher at a fixed rate in events/s,
+// paced by a spin-wait (every event at its time) or by sleeping between
+// bursts (each millisecond's events at once, then a sleep), consumers that
+// check every delivery and may pause a few milliseconds now and then, as
+// the scheduler and the garbage collector make them. They report losses
+// apart from speed: lost events and evicted subscribers, the rate the
+// publisher achieved, and the delivery latency from just before Publish to
+// the consumer (p50, p99, p99.9, from every 8th event). Run them with
+//
+//	go test -run '^$' -bench 'Paced' -benchtime 1x -count 5 | tee paced.txt
+//
+// and read the metrics per sub-benchmark (benchstat works on them too).
+// The naive impl is a blocking bus (one buffered channel of 256 per
+// subscriber): it never loses, it slows the publisher, so its achieved
+// rate tells whether it sustains the pace.
+
+// pacedRun configures one paced run.
+type pacedRun struct {
+	impl   string // "evict", "resync", "catchup", "naive"
+	subs   int
+	rate   int  // events per second
+	burst  bool // sleep between bursts instead of spinning
+	pause  bool // consumers pause 2-5 ms about every 50 ms
+	events int
+	yields bool // OverflowEvict's publisher yields (off: a variant to measure them)
+}
+
+// pacedResult is what a run measured.
+type pacedResult struct {
+	lost, evicted int64 // events some subscriber never got; subscribers evicted
+	dup           int64 // deliveries out of order or twice (must be 0)
+	achieved      float64
+	lat           latHist
+	catchUps      uint64
+}
+
+// latHist is a log-linear histogram of nanoseconds: 8 buckets per power
+// of two, so a percentile is read to within 12%.
+type latHist struct{ b [64 * 8]uint64 }
+
+func (h *latHist) add(ns int64) {
+	if ns < 1 {
+		ns = 1
+	}
+	v := uint64(ns)
+	e := bits.Len64(v) - 1
+	m := uint64(0)
+	if e >= 3 {
+		m = (v >> (e - 3)) & 7
+	} else {
+		m = (v << (3 - e)) & 7
+	}
+	h.b[e*8+int(m)]++
+}
+
+func (h *latHist) merge(o *latHist) {
+	for i := range h.b {
+		h.b[i] += o.b[i]
+	}
+}
+
+// quantile returns the lower bound of the bucket holding quantile q.
+func (h *latHist) quantile(q float64) time.Duration {
+	var n uint64
+	for _, c := range h.b {
+		n += c
+	}
+	if n == 0 {
+		return 0
+	}
+	want := uint64(q * float64(n))
+	var acc uint64
+	for i, c := range h.b {
+		acc += c
+		if acc > want {
+			e, m := i/8, uint64(i%8)
+			if e >= 3 {
+				return time.Duration((8 + m) << (e - 3))
+			}
+			return time.Duration(1 << e)
+		}
+	}
+	return 0
+}
+
+// pacedConsumer checks one subscriber's deliveries.
+type pacedConsumer struct {
+	next    uint64 // next expected id
+	lost    int64
+	dup     int64
+	evicted bool
+	lat     latHist
+	rng     *rand.Rand
+	pauseAt time.Duration
+	got     atomic.Uint64 // events seen, for the end of the run
+	ended   atomic.Bool   // its stream ended (evicted, or closed)
+}
+
+func (c *pacedConsumer) see(id uint64, sent []atomic.Int64, base time.Time, pause bool) {
+	switch {
+	case id == c.next:
+		c.next++
+	case id > c.next:
+		c.lost += int64(id - c.next)
+		c.next = id + 1
+	default:
+		c.dup++
+	}
+	if id&7 == 0 {
+		c.lat.add(int64(time.Since(base)) - sent[id].Load())
+	}
+	if id&63 == 0 {
+		c.got.Store(c.next - 1)
+		if pause {
+			if now := time.Since(base); now >= c.pauseAt {
+				time.Sleep(time.Duration(2+c.rng.IntN(4)) * time.Millisecond)
+				c.pauseAt = time.Since(base) + time.Duration(20+c.rng.IntN(60))*time.Millisecond
+			}
+		}
+	}
+}
+
+func runPaced(tb testing.TB, r pacedRun) pacedResult {
+	sent := make([]atomic.Int64, r.events+1)
+	base := time.Now()
+	cons := make([]*pacedConsumer, r.subs)
+	for i := range cons {
+		cons[i] = &pacedConsumer{next: 1, rng: rand.New(rand.NewPCG(uint64(i), 13)),
+			pauseAt: time.Duration(rand.IntN(50)) * time.Millisecond}
+	}
+	var wg sync.WaitGroup
+	var publish func(seq uint64)
+	var stop func()
+	var bus *EventBus
+	switch r.impl {
+	case "naive":
+		chans := make([]chan uint64, r.subs)
+		var mu sync.RWMutex
+		for i := range chans {
+			chans[i] = make(chan uint64, 256)
+			c := cons[i]
+			wg.Go(func() {
+				for id := range chans[i] {
+					c.see(id, sent, base, r.pause)
+				}
+				c.ended.Store(true)
+			})
+		}
+		publish = func(seq uint64) {
+			mu.RLock()
+			for _, ch := range chans {
+				ch <- seq
+			}
+			mu.RUnlock()
+		}
+		stop = func() {
+			for _, ch := range chans {
+				close(ch)
+			}
+		}
+	default:
+		policy := map[string]OverflowPolicy{"evict": OverflowEvict, "resync": OverflowResync, "catchup": OverflowCatchUp}[r.impl]
+		var err error
+		bus, err = New(Options{MaxSubscribers: r.subs, OverflowPolicy: policy, Logger: quiet, RingSize: min(MaxRingSize, max(DefaultRingSize, r.events))})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		var started sync.WaitGroup
+		for i := range cons {
+			s, err := bus.Subscribe(context.Background(), SubscribeOptions{})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			c := cons[i]
+			started.Add(1)
+			wg.Go(func() {
+				started.Done()
+				for f := range s.Events() {
+					if id := f.ID(); id != 0 {
+						c.see(id, sent, base, r.pause)
+					}
+				}
+				c.evicted = s.Err() != nil
+				c.ended.Store(true)
+			})
+		}
+		started.Wait()
+		ev := Event{Type: "bench", Data: benchData}
+		publish = func(seq uint64) {
+			if _, err := bus.Publish(ev); err != nil {
+				tb.Error(err)
+			}
+		}
+		stop = func() { _ = bus.Close() }
+	}
+	if !r.yields {
+		defer func(f func()) { yieldProcessor = f }(yieldProcessor)
+		yieldProcessor = func() {}
+	}
+
+	interval := time.Second / time.Duration(r.rate)
+	start := time.Since(base)
+	for seq := uint64(1); seq <= uint64(r.events); seq++ {
+		due := start + time.Duration(seq-1)*interval
+		if r.burst {
+			if now := time.Since(base); now < due {
+				// Sleep to the next millisecond, then publish every event
+				// due by then: about rate/1000 at a time.
+				time.Sleep(due - now + time.Millisecond - (due-now)%time.Millisecond)
+			}
+		} else {
+			for time.Since(base) < due {
+			}
+		}
+		sent[seq].Store(int64(time.Since(base)))
+		publish(seq)
+	}
+	elapsed := time.Since(base) - start
+	// Let the consumers finish: every one has every event, or stops moving.
+	deadline := time.Now().Add(10 * time.Second)
+	for _, c := range cons {
+		last, lastChange := c.got.Load(), time.Now()
+		for c.got.Load() < uint64(r.events)-63 && !c.ended.Load() && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+			if g := c.got.Load(); g != last {
+				last, lastChange = g, time.Now()
+			} else if time.Since(lastChange) > 500*time.Millisecond {
+				break // evicted, or its stream ended
+			}
+		}
+	}
+	if bus != nil {
+		// Close ends a subscriber still catching up with a resync: wait
+		// for the stats to show none left behind first.
+		for bus.Stats().CatchUp.Behind > 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	stop()
+	wg.Wait()
+	res := pacedResult{achieved: float64(r.events) / elapsed.Seconds()}
+	for _, c := range cons {
+		if c.next <= uint64(r.events) {
+			c.lost += int64(uint64(r.events) - (c.next - 1))
+		}
+		res.lost += c.lost
+		res.dup += c.dup
+		if c.evicted {
+			res.evicted++
+		}
+		res.lat.merge(&c.lat)
+	}
+	if bus != nil {
+		res.catchUps = bus.Stats().CatchUp.Entered
+	}
+	return res
+}
+
+// BenchmarkPaced: every impl at 1, 64 and 1000 subscribers, both paces,
+// with and without pausing consumers, at 100,000 events/s (the rate of
+// the issue's report), each run 50,000 events (0.5 s). Under OverflowEvict
+// the yields can be switched off (yields=off) to see what they buy.
+func BenchmarkPaced(b *testing.B) {
+	const events = 50_000
+	for _, subs := range benchSizes {
+		for _, pace := range []string{"spin", "burst"} {
+			for _, pause := range []bool{false, true} {
+				for _, impl := range []string{"naive", "evict", "evict-noyield", "resync", "catchup"} {
+					name := fmt.Sprintf("subs=%d/pace=%s/pause=%v/impl=%s", subs, pace, pause, impl)
+					b.Run(name, func(b *testing.B) {
+						r := pacedRun{impl: impl, subs: subs, rate: 100_000, burst: pace == "burst", pause: pause, events: events, yields: true}
+						if impl == "evict-noyield" {
+							r.impl, r.yields = "evict", false
+						}
+						benchPaced(b, r)
+					})
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkPacedRates sweeps the rate for the catch-up policy and the
+// naive blocking bus at 64 subscribers, spin-paced, with pausing
+// consumers: the highest rate each sustains losslessly.
+func BenchmarkPacedRates(b *testing.B) {
+	for _, rate := range []int{10_000, 30_000, 100_000, 300_000, 1_000_000} {
+		for _, impl := range []string{"naive", "evict", "catchup"} {
+			b.Run(fmt.Sprintf("rate=%d/impl=%s", rate, impl), func(b *testing.B) {
+				benchPaced(b, pacedRun{impl: impl, subs: 64, rate: rate, pause: true, events: max(20_000, rate/2), yields: true})
+			})
+		}
+	}
+}
+
+func benchPaced(b *testing.B, r pacedRun) {
+	var lost, evicted, dup int64
+	var achieved float64
+	var lat latHist
+	var catchUps uint64
+	runs := 0
+	for b.Loop() {
+		res := runPaced(b, r)
+		lost += res.lost
+		evicted += res.evicted
+		dup += res.dup
+		achieved += res.achieved
+		catchUps += res.catchUps
+		lat.merge(&res.lat)
+		runs++
+		runtime.GC()
+	}
+	if dup != 0 {
+		b.Errorf("%d deliveries out of order or duplicated", dup)
+	}
+	n := float64(runs)
+	b.ReportMetric(float64(lost)/n, "lost/run")
+	b.ReportMetric(float64(evicted)/n, "evicted/run")
+	b.ReportMetric(achieved/n, "events/s")
+	b.ReportMetric(float64(catchUps)/n, "catchups/run")
+	b.ReportMetric(float64(lat.quantile(0.5).Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat.quantile(0.99).Microseconds()), "p99-µs")
+	b.ReportMetric(float64(lat.quantile(0.999).Microseconds()), "p99.9-µs")
+}
+
+// pacedSummary formats a result, for tests and logs.
+func (r pacedResult) String() string {
+	qs := []float64{0.5, 0.99, 0.999}
+	ls := make([]string, 0, len(qs))
+	for _, q := range qs {
+		ls = append(ls, r.lat.quantile(q).String())
+	}
+	return fmt.Sprintf("lost %d evicted %d dup %d rate %.0f/s catch-ups %d latency p50/p99/p99.9 %v", r.lost, r.evicted, r.dup, r.achieved, r.catchUps, ls)
+}
