@@ -93,6 +93,11 @@ func (b *EventBus) appendEntry(e seam.Entry) error {
 		// was away): every subscriber missed them, and must be told.
 		now := b.now()
 		for _, s := range b.subs {
+			if s.behind {
+				// Catching up, it reads the gap from the restarted ring
+				// and is told from its own cursor (see catchUp).
+				continue
+			}
 			if s.q.forcePush(resyncFrame(ReasonRingEvicted, "", b.nextID-1, e.ID, b.epoch, now).ref()) {
 				b.stats.resync(ReasonRingEvicted)
 			}

@@ -126,6 +126,33 @@ func TestMirrorAppendGapSendsRingEvictedResync(t *testing.T) {
 	assert.Equal(t, 1, b.ring.Len(), "the ring restarts at the gap so its ids stay contiguous")
 }
 
+func TestMirrorAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T) {
+	b := newMirror(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp}, "", 1)
+	s, err := b.Subscribe(context.Background(), SubscribeOptions{})
+	require.NoError(t, err)
+	log := &fakeLog{}
+	for range 10 {
+		log.add(t, b, "tick")
+	}
+	for _, e := range log.entries[:4] {
+		require.NoError(t, seam.Append(b, e)) // 1, 2 queued; behind at 3
+	}
+	require.NoError(t, seam.Append(b, log.entries[8])) // 5..8 lost by the log
+	require.NoError(t, seam.Append(b, log.entries[9]))
+	var fs []Frame
+	for {
+		more := drainNow(s)
+		if len(more) == 0 {
+			break
+		}
+		fs = append(fs, more...)
+	}
+	assert.Equal(t, []string{"1", "2", TypeSlowClientWarning, TypeStateResyncRequired, "9", "10"}, summary(fs),
+		"3 and 4 went with the ring's restart: one resync, from the cursor")
+	assert.Contains(t, string(fs[3].JSON()), `"reason":"ring_evicted","lastDeliveredId":2,"earliestAvailableId":9`)
+	assert.Equal(t, uint64(1), b.Stats().Resyncs.RingEvicted)
+}
+
 func TestRemoteResumeReplaysFromTheLogAheadOfLiveFrames(t *testing.T) {
 	b := newMirror(t, Options{}, "", 1)
 	log := &fakeLog{}

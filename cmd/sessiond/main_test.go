@@ -546,7 +546,7 @@ func TestRunFlags(t *testing.T) {
 	if err := run(context.Background(), []string{"-h"}, &out); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
-	for _, want := range []string{"POST   /session/{id}/disconnect", "-max-subscribers", "-ring", "-demo"} {
+	for _, want := range []string{"POST   /session/{id}/disconnect", "-max-subscribers", "-ring", "-demo", "-overflow policy"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-h output lacks %q:\n%s", want, out.String())
 		}
@@ -556,5 +556,8 @@ func TestRunFlags(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"extra"}, io.Discard); err == nil {
 		t.Fatal("a positional argument was accepted")
+	}
+	if err := run(context.Background(), []string{"-overflow", "drop", "-addr", "127.0.0.1:0"}, io.Discard); err == nil {
+		t.Fatal("-overflow drop was accepted")
 	}
 }

@@ -287,7 +287,8 @@ func TestFlags(t *testing.T) {
 	if err := Parse(fs, []string{"-h"}); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
-	for _, want := range []string{"USAGE\n", "RING HELP", "SUBS HELP", "WT HELP", `(default "127.0.0.1:1")`, `session "demo"`, "-shutdown-timeout"} {
+	for _, want := range []string{"USAGE\n", "RING HELP", "SUBS HELP", "WT HELP", `(default "127.0.0.1:1")`, `session "demo"`, "-shutdown-timeout",
+		"-overflow policy", "catchup (it reads what it missed", "(default evict)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-h output lacks %q:\n%s", want, out.String())
 		}
@@ -304,13 +305,18 @@ func TestFlags(t *testing.T) {
 	if f.Addr != "127.0.0.1:1" || f.DemoInterval != 500*time.Millisecond || f.ShutdownTimeout != 10*time.Second || f.Demo || f.Verbose {
 		t.Fatalf("defaults: %+v", f)
 	}
+	if o := f.BusOptions(nil); o.OverflowPolicy != 0 {
+		t.Fatalf("default -overflow: policy %d, want 0 (the bus's default, OverflowEvict)", o.OverflowPolicy)
+	}
 	err := Parse(fs, []string{"-addr", ":0", "-ring", "5", "-max-subscribers", "6", "-max-queued", "7", "-max-event-bytes", "8",
-		"-heartbeat", "1s", "-retry", "2s", "-write-timeout", "3s", "-demo", "-demo-interval", "4s", "-shutdown-timeout", "5s", "-v", "-own", "x"})
+		"-heartbeat", "1s", "-retry", "2s", "-write-timeout", "3s", "-demo", "-demo-interval", "4s", "-shutdown-timeout", "5s", "-v", "-own", "x",
+		"-overflow", "catchup"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Flags{Addr: ":0", RingSize: 5, MaxSubscribers: 6, MaxQueued: 7, MaxEventBytes: 8, Heartbeat: time.Second, Retry: 2 * time.Second,
-		WriteTimeout: 3 * time.Second, Demo: true, DemoInterval: 4 * time.Second, ShutdownTimeout: 5 * time.Second, Verbose: true}
+		WriteTimeout: 3 * time.Second, Demo: true, DemoInterval: 4 * time.Second, ShutdownTimeout: 5 * time.Second, Verbose: true,
+		Overflow: eventbus.OverflowCatchUp}
 	if *f != want || *own != "x" {
 		t.Fatalf("parsed %+v, own %q", *f, *own)
 	}
@@ -321,8 +327,22 @@ func TestFlags(t *testing.T) {
 	if (&Flags{}).Logger(io.Discard).Enabled(context.Background(), slog.LevelDebug) {
 		t.Error("debug logging without -v")
 	}
-	if o := f.BusOptions(logger); !reflect.DeepEqual(o, eventbus.Options{RingSize: 5, MaxSubscribers: 6, MaxQueued: 7, MaxEventBytes: 8, Logger: logger}) {
+	if o := f.BusOptions(logger); !reflect.DeepEqual(o, eventbus.Options{RingSize: 5, MaxSubscribers: 6, MaxQueued: 7, MaxEventBytes: 8,
+		OverflowPolicy: eventbus.OverflowCatchUp, Logger: logger}) {
 		t.Fatalf("BusOptions: %+v", o)
+	}
+	for name, p := range map[string]eventbus.OverflowPolicy{"evict": eventbus.OverflowEvict, "resync": eventbus.OverflowResync, "catchup": eventbus.OverflowCatchUp} {
+		fs, f := NewFlags("testd", "", io.Discard, docs)
+		if err := Parse(fs, []string{"-overflow", name}); err != nil || f.Overflow != p || fs.Lookup("overflow").Value.String() != name {
+			t.Errorf("-overflow %s: %v, policy %d, shown as %q", name, err, f.Overflow, fs.Lookup("overflow").Value.String())
+		}
+	}
+	for _, bad := range []string{"", "Evict", "drop", "catch-up"} {
+		var out bytes.Buffer
+		fs, _ := NewFlags("testd", "", &out, docs)
+		if err := Parse(fs, []string{"-overflow", bad}); err == nil || !strings.Contains(out.String(), "must be evict, resync or catchup") {
+			t.Errorf("-overflow %q: %v; output %q", bad, err, out.String())
+		}
 	}
 }
 

@@ -59,6 +59,40 @@ type Flags struct {
 	DemoInterval    time.Duration // -demo-interval: interval between demo ticks
 	ShutdownTimeout time.Duration // -shutdown-timeout: how long shutdown waits for open requests
 	Verbose         bool          // -v: debug logging
+	// -overflow: what a stream whose queue overflows gets (evict, resync
+	// or catchup); the zero value is evict.
+	Overflow eventbus.OverflowPolicy
+}
+
+// overflowNames are -overflow's values, by policy.
+var overflowNames = map[string]eventbus.OverflowPolicy{
+	"evict":   eventbus.OverflowEvict,
+	"resync":  eventbus.OverflowResync,
+	"catchup": eventbus.OverflowCatchUp,
+}
+
+// overflowFlag is -overflow as a flag.Value over a Flags field.
+type overflowFlag struct{ p *eventbus.OverflowPolicy }
+
+func (o overflowFlag) String() string {
+	if o.p == nil {
+		return "" // the flag package's zero value, so that -h shows the default
+	}
+	for name, p := range overflowNames {
+		if p == *o.p {
+			return name
+		}
+	}
+	return "evict"
+}
+
+func (o overflowFlag) Set(s string) error {
+	p, ok := overflowNames[s]
+	if !ok {
+		return fmt.Errorf("must be evict, resync or catchup")
+	}
+	*o.p = p
+	return nil
 }
 
 // FlagDocs is what the daemons say differently about the shared flags.
@@ -83,6 +117,9 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	fs.DurationVar(&f.DemoInterval, "demo-interval", 500*time.Millisecond, "interval between demo ticks")
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests")
 	fs.BoolVar(&f.Verbose, "v", false, "debug logging")
+	fs.Var(overflowFlag{&f.Overflow}, "overflow", "`policy` for a stream whose queue overflows: evict (client_evicted; it reconnects and resumes), "+
+		"resync (its queue is dropped for a state_resync_required; evicted on the third overflow within 60s) or "+
+		"catchup (it reads what it missed from the session's ring, nothing lost while the ring holds it)")
 }
 
 // Logger returns a text logger writing to out: at Debug level with -v,
@@ -96,14 +133,15 @@ func (f *Flags) Logger(out io.Writer) *slog.Logger {
 }
 
 // BusOptions returns the bus options the flags set (ring size, subscriber
-// and queue limits, event size limit), logging to logger. The options are
-// not validated here; eventbus.New does that.
+// and queue limits, event size limit, overflow policy), logging to logger.
+// The options are not validated here; eventbus.New does that.
 func (f *Flags) BusOptions(logger *slog.Logger) eventbus.Options {
 	return eventbus.Options{
 		RingSize:       f.RingSize,
 		MaxSubscribers: f.MaxSubscribers,
 		MaxQueued:      f.MaxQueued,
 		MaxEventBytes:  f.MaxEventBytes,
+		OverflowPolicy: f.Overflow,
 		Logger:         logger,
 	}
 }

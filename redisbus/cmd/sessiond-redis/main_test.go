@@ -55,14 +55,15 @@ func startRedis(t *testing.T) string {
 	}
 }
 
-// daemon runs one replica until the test ends and returns its base URL.
-func daemon(t *testing.T, redisAddr, name string) string {
+// daemon runs one replica until the test ends and returns its base URL;
+// flags are added to its command line.
+func daemon(t *testing.T, redisAddr, name string, flags ...string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	addrc := make(chan string, 1)
 	errc := make(chan error, 1)
+	args := append([]string{"-addr", "127.0.0.1:0", "-redis", redisAddr, "-name", name, "-prefix", "demo:" + t.Name() + ":"}, flags...)
 	go func() {
-		errc <- run(ctx, []string{"-addr", "127.0.0.1:0", "-redis", redisAddr, "-name", name, "-prefix", "demo:" + t.Name() + ":"},
-			io.Discard, func(a string) { addrc <- a })
+		errc <- run(ctx, args, io.Discard, func(a string) { addrc <- a })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -96,10 +97,22 @@ func post(t *testing.T, url, body string) map[string]any {
 	return v
 }
 
+func TestRunFlags(t *testing.T) {
+	var out strings.Builder
+	if err := run(context.Background(), []string{"-h"}, &out, nil); err == nil || !strings.Contains(out.String(), "-overflow policy") {
+		t.Fatalf("-h: %v\n%s", err, out.String())
+	}
+	if err := run(context.Background(), []string{"-overflow", "drop"}, io.Discard, nil); err == nil {
+		t.Fatal("-overflow drop was accepted")
+	}
+}
+
 // The README's two-daemon demo: publish on A, resume on B.
 func TestTwoReplicas(t *testing.T) {
 	r := startRedis(t)
-	a, b := daemon(t, r, "A"), daemon(t, r, "B")
+	// B serves its streams under the catch-up overflow policy (-overflow
+	// is a shared daemon flag): nothing in this demo depends on it.
+	a, b := daemon(t, r, "A"), daemon(t, r, "B", "-overflow", "catchup")
 	defer http.DefaultClient.CloseIdleConnections()
 	var epoch string
 	for i := 1; i <= 3; i++ {
