@@ -150,7 +150,13 @@ func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts Subsc
 	}
 	// unhold moves the queue's head back, which must not overlap a live
 	// push: the bus lock keeps publishers out meanwhile.
+	now := b.now()
 	b.mu.Lock()
 	s.q.unhold(front)
+	if s.behind {
+		// Its consumer could take nothing while held: its stall bound
+		// starts now.
+		s.progress = now
+	}
 	b.mu.Unlock()
 }

@@ -351,6 +351,10 @@ type eviction struct {
 
 // fanout collects what a publish decided under the lock and acts on after.
 type fanout struct {
+	// now is the publish's clock reading (Unix ms), read before the lock,
+	// for the catch-up stall check; 0 when there was none (the fan-out
+	// reads the clock itself then, if a subscriber is behind).
+	now     int64
 	diags   []Diagnostic
 	evicted []eviction
 	// behind is set when a subscriber's queue is past the warning
@@ -393,7 +397,7 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 		return Frame{}, err
 	}
 
-	var out fanout
+	out := fanout{now: p.now}
 	// The frame is shared by the ring and every queue. Allocate it before
 	// the lock: an allocation can stall on GC assist, and nobody should
 	// wait on the lock for that.
@@ -440,13 +444,14 @@ func (b *EventBus) Signal(typ, about string) error {
 		b.rejected(typ, err)
 		return err
 	}
-	f := signalFrame(typ, about, b.now()).ref()
+	now := b.now()
+	f := signalFrame(typ, about, now).ref()
 	if f.size() > b.opts.MaxEventBytes {
 		err := fmt.Errorf("%w: signal of %d bytes, MaxEventBytes is %d", ErrEventTooLarge, f.size(), b.opts.MaxEventBytes)
 		b.rejected(typ, err)
 		return err
 	}
-	var out fanout
+	out := fanout{now: now}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -479,7 +484,7 @@ func (b *EventBus) rejected(typ string, err error) {
 // f is in the ring, where its consumer will read it (see catchUp).
 func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 	removed := false
-	var now int64 // read once, when a subscriber catching up needs it
+	now := out.now
 	for i, s := range b.subs {
 		if s.behind {
 			if now == 0 {

@@ -380,6 +380,7 @@ type encoded struct {
 	buf  []byte
 	head int
 	typ  string
+	now  int64 // the clock reading of the stamp, Unix ms; 0 when the caller gave one
 }
 
 const (
@@ -526,8 +527,11 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 	// validates the data anyway.
 	if raw, ok := e.Data.(json.RawMessage); len(e.Meta) == 0 && (e.Data == nil || ok && compactValid(raw)) {
 		var mb [len(kTimestamp) + maxDigits + 1]byte
-		meta := strconv.AppendInt(append(mb[:0], kTimestamp...), b.now(), 10)
-		return b.assemble(e, raw, len(raw) > 0, meta)
+		now := b.now()
+		meta := strconv.AppendInt(append(mb[:0], kTimestamp...), now, 10)
+		p, err := b.assemble(e, raw, len(raw) > 0, meta)
+		p.now = now
+		return p, err
 	}
 
 	s := scratchPool.Get().(*scratch)
@@ -553,12 +557,14 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 	dataEnd := len(s.data)
 
 	s.data = append(s.data, kTimestamp...)
+	var now int64
 	if ts, ok := e.Meta["serverTimestamp"]; ok && finiteNumber(ts) {
 		if err := s.encodeValue(ts); err != nil {
 			return encoded{}, err
 		}
 	} else {
-		s.data = strconv.AppendInt(s.data, b.now(), 10)
+		now = b.now()
+		s.data = strconv.AppendInt(s.data, now, 10)
 	}
 	if len(e.Meta) > 0 {
 		for _, k := range slices.Sorted(maps.Keys(e.Meta)) {
@@ -573,7 +579,9 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 			}
 		}
 	}
-	return b.assemble(e, s.data[:dataEnd], hasData, s.data[dataEnd:])
+	p, err := b.assemble(e, s.data[:dataEnd], hasData, s.data[dataEnd:])
+	p.now = now
+	return p, err
 }
 
 const kTimestamp = `"serverTimestamp":`

@@ -163,14 +163,12 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 		s.stop = context.AfterFunc(ctx, func() { s.cancel(ctx.Err(), true) })
 	}
 
-	b.mu.Lock()
-	var stalled []eviction
-	if len(b.subs) >= b.opts.MaxSubscribers && !b.closed && !s.cancelled {
+	if b.SubscriberCount() >= b.opts.MaxSubscribers {
 		// On a quiet bus no publish comes to evict a stalled subscriber
 		// catching up: the slot it holds is freed here.
-		stalled = b.sweepStalledLocked()
+		b.sweepStalled()
 	}
-	defer b.endEvicted(stalled)
+	b.mu.Lock()
 	switch {
 	case b.closed:
 		b.mu.Unlock()
@@ -495,20 +493,15 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int, taken queueCounts)
 	return dst, !full && served == 0
 }
 
-// sweepStalledLocked unregisters every subscriber catching up whose
-// consumer has taken nothing for its stall bound, and returns them for
-// endEvicted.
-func (b *EventBus) sweepStalledLocked() []eviction {
+// sweepStalled evicts every subscriber catching up whose consumer has
+// taken nothing for its stall bound (Subscribe calls it at the subscriber
+// limit).
+func (b *EventBus) sweepStalled() {
+	now := b.now()
 	var out []eviction
-	now := int64(0)
+	b.mu.Lock()
 	for i, s := range b.subs {
-		if !s.behind {
-			continue
-		}
-		if now == 0 {
-			now = b.now()
-		}
-		if now-s.progress > s.stallMillis {
+		if s.behind && now-s.progress > s.stallMillis {
 			s.leaveCatchUpLocked()
 			out = append(out, eviction{s: s, reason: ReasonCatchUpStalled, id: s.cursor, counts: s.q.liveCounts(), bytes: -1})
 			b.subs[i] = nil
@@ -517,12 +510,8 @@ func (b *EventBus) sweepStalledLocked() []eviction {
 	if out != nil {
 		b.compactSubsLocked()
 	}
-	return out
-}
-
-// endEvicted ends the subscribers a sweep unregistered, after the lock.
-func (b *EventBus) endEvicted(evs []eviction) {
-	for _, ev := range evs {
+	b.mu.Unlock()
+	for _, ev := range out {
 		b.emit(ev.s.evict(ev))
 	}
 }
