@@ -412,24 +412,43 @@ func (m *busModel) catchUp(s *bmSub, out []bmEntry, taken [2]int) []bmEntry {
 	if len(m.ring) > 0 {
 		first = m.ring[0].id
 	}
+	// A resync for a cursor the ring dropped goes right before the first
+	// frame read after it; with the caps full nothing moves and it waits.
+	var missedFrom uint64
 	if s.cursor < first {
-		out = append(out, bmEntry{f: m.resyncFrame(ReasonRingEvicted, "", s.cursor-1, first), forced: true})
-		s.cursor = first
+		missedFrom, s.cursor = s.cursor, first
 	}
+	resync := func() {
+		out = append(out, bmEntry{f: m.resyncFrame(ReasonRingEvicted, "", missedFrom-1, first), forced: true})
+		missedFrom = 0
+	}
+	skipped := false
 	for _, f := range m.ring {
 		if f.id < s.cursor {
 			continue
 		}
-		if s.match(f.typ) {
-			if count >= s.maxQueued || count > 0 && bytes+len(f.json) > m.o.MaxQueuedBytes {
-				break
-			}
-			out = append(out, bmEntry{f: f})
-			count++
-			bytes += len(f.json)
-			m.stats.CatchUp.Served++
+		if !s.match(f.typ) {
+			s.cursor, skipped = f.id+1, true
+			continue
 		}
+		if count >= s.maxQueued || count > 0 && bytes+len(f.json) > m.o.MaxQueuedBytes {
+			break
+		}
+		if missedFrom != 0 {
+			resync()
+		}
+		out = append(out, bmEntry{f: f})
+		count++
+		bytes += len(f.json)
+		m.stats.CatchUp.Served++
 		s.cursor = f.id + 1
+	}
+	if missedFrom != 0 {
+		if skipped || s.cursor >= m.nextID {
+			resync()
+		} else {
+			s.cursor = missedFrom
+		}
 	}
 	if s.cursor >= m.nextID {
 		m.leaveCatchUp(s)

@@ -21,9 +21,10 @@ import (
 	"time"
 )
 
-// TestChaosHTTP runs real SSE clients over loopback HTTP against two
-// sessions (one with the default evict policy, one with OverflowResync)
-// while two publishers per session publish. Each client subscribes with a
+// TestChaosHTTP runs real SSE clients over loopback HTTP against three
+// sessions (one with the default evict policy, one with OverflowResync,
+// one with OverflowCatchUp and a stall bound of 1 s) while two publishers
+// per session publish. Each client subscribes with a
 // random maxQueued in [16, 2048], reads at a random speed (fast, jittery,
 // slow, or stalling until the session has moved on by more than its queue
 // and the sockets hold, so it is evicted or resynced), disconnects at
@@ -34,7 +35,9 @@ import (
 // ids it accepted are exactly 1..N (N the last id published), in order,
 // without duplicates, except where a state_resync_required frame announced
 // a gap, and then the gap is exactly (lastDeliveredId, earliestAvailableId):
-// the next event it receives is earliestAvailableId. Nothing is lost
+// the next event it receives is earliestAvailableId. Under catch-up a
+// ring_evicted may come in the middle of a stream, from exactly the last
+// event the client has, and the only eviction is catch_up_stalled. Nothing is lost
 // silently. Also checked: every connection starts with "retry: 3000", the
 // Event-Epoch header is the session's, replay_complete comes once per
 // connection with the count of what was replayed, client_evicted is the
@@ -57,10 +60,12 @@ func TestChaosHTTP(t *testing.T) {
 		MaxSubscribers:    4 * nClients,
 		Logger:            slog.New(slog.DiscardHandler),
 	}
-	evictOpts, resyncOpts := base, base
+	evictOpts, resyncOpts, catchUpOpts := base, base, base
 	resyncOpts.OverflowPolicy = OverflowResync
+	catchUpOpts.OverflowPolicy = OverflowCatchUp
+	catchUpOpts.CatchUpStallTimeout = time.Second
 	sessions := map[string]*EventBus{}
-	for name, o := range map[string]Options{"evict": evictOpts, "resync": resyncOpts} {
+	for name, o := range map[string]Options{"evict": evictOpts, "resync": resyncOpts, "catchup": catchUpOpts} {
 		b, err := New(o)
 		if err != nil {
 			t.Fatal(err)
@@ -92,7 +97,7 @@ func TestChaosHTTP(t *testing.T) {
 	var published sync.WaitGroup
 	pubDone := make(chan struct{})
 	stopAt := time.Now().Add(dur)
-	for _, name := range []string{"evict", "resync"} {
+	for _, name := range []string{"evict", "resync", "catchup"} {
 		b := sessions[name]
 		var count atomic.Int64
 		for p := range 2 {
@@ -123,8 +128,11 @@ func TestChaosHTTP(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range clients {
 		name := "evict"
-		if i%3 == 2 {
+		switch i % 6 {
+		case 2, 5:
 			name = "resync"
+		case 4:
+			name = "catchup"
 		}
 		c := &chaosClient{
 			t: t, id: i, session: name, bus: sessions[name], url: ts.URL + "/session/" + name + "/events",
@@ -141,14 +149,14 @@ func TestChaosHTTP(t *testing.T) {
 	}
 	for name, b := range sessions {
 		st := b.Stats()
-		t.Logf("%s: published %d; evictions %+v; resyncs %+v; dropped %+v; warnings %d", name, st.Published,
-			st.Evictions, st.Resyncs, st.Dropped, st.Warnings)
+		t.Logf("%s: published %d; evictions %+v; resyncs %+v; dropped %+v; warnings %d; catch-up %+v", name, st.Published,
+			st.Evictions, st.Resyncs, st.Dropped, st.Warnings, st.CatchUp)
 	}
 	t.Logf("clients %d: connections %d, events accepted %d, replayed %d, gaps %d (%d ids announced), evicted %d, "+
 		"resync frames %v, budget reconnects %d, own disconnects %d, cut by server %d, warnings %d, "+
-		"overflow resyncs reporting lastDeliveredId 0 before any live event %d",
+		"overflow resyncs reporting lastDeliveredId 0 before any live event %d, ring_evicted while catching up %d",
 		nClients, sum.connections, sum.accepted, sum.replayed, sum.gaps, sum.gapIDs, sum.evicted,
-		sum.resyncs, sum.budgetReconnects, sum.ownDisconnects, sum.cut, sum.warnings, sum.zeroLastDelivered)
+		sum.resyncs, sum.budgetReconnects, sum.ownDisconnects, sum.cut, sum.warnings, sum.zeroLastDelivered, sum.catchUpGaps)
 	if t.Failed() {
 		return
 	}
@@ -165,6 +173,9 @@ func TestChaosHTTP(t *testing.T) {
 	}
 	if n := sessions["resync"].LastEventID(); n >= 3000 && sum.resyncs[ReasonQueueOverflow]+sum.resyncs[ReasonQueueBytesOverflow] == 0 {
 		t.Errorf("no overflow resync on the resync session in %d events", n)
+	}
+	if st := sessions["catchup"].Stats(); st.Published >= 3000 && st.CatchUp.Entered == 0 {
+		t.Errorf("no subscriber of the catch-up session fell behind in %d events", st.Published)
 	}
 	for name, b := range sessions {
 		_ = b.Close()
@@ -189,7 +200,7 @@ func (l smallBufListener) Accept() (net.Conn, error) {
 
 type chaosCounts struct {
 	connections, accepted, replayed, gaps, gapIDs, evicted, budgetReconnects int
-	ownDisconnects, cut, warnings, zeroLastDelivered                         int
+	ownDisconnects, cut, warnings, zeroLastDelivered, catchUpGaps            int
 	resyncs                                                                  map[string]int
 }
 
@@ -205,6 +216,7 @@ func (c *chaosCounts) add(o chaosCounts) {
 	c.cut += o.cut
 	c.warnings += o.warnings
 	c.zeroLastDelivered += o.zeroLastDelivered
+	c.catchUpGaps += o.catchUpGaps
 	if c.resyncs == nil {
 		c.resyncs = map[string]int{}
 	}
@@ -438,7 +450,13 @@ func (c *chaosClient) connect(hc *http.Client) bool {
 				}
 				switch d.Reason {
 				case ReasonRingEvicted:
-					if frames != 1 || d.LastDeliveredID != from || d.EarliestAvailableID <= from+1 {
+					switch {
+					case frames == 1 && d.LastDeliveredID == from && d.EarliestAvailableID > from+1:
+						// A resume whose cursor left the ring.
+					case c.session == "catchup" && d.LastDeliveredID == c.cursor && d.EarliestAvailableID > c.cursor+1:
+						// Catching up, the ring moved past its cursor.
+						c.counts.catchUpGaps++
+					default:
 						c.failf("ring_evicted %s as frame %d of a resume from %d", fr.data, frames, from)
 						return false
 					}
@@ -483,6 +501,8 @@ func (c *chaosClient) connect(hc *http.Client) bool {
 					ok = ok && d.EventBytes != nil && d.QueuedBytes+*d.EventBytes > d.MaxQueuedBytes && c.session == "evict"
 				case ReasonRepeatedOverflow:
 					ok = ok && c.session == "resync"
+				case ReasonCatchUpStalled:
+					ok = ok && c.session == "catchup"
 				default:
 					ok = false
 				}

@@ -448,27 +448,40 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int, taken queueCounts)
 	if first == 0 {
 		first = b.nextID // empty
 	}
+	// The ring dropped the cursor: the resync goes right before the first
+	// frame read after it, so that the next event the client gets is the
+	// one it announces. With its caps full it waits, cursor unmoved: by
+	// the next read the ring may have moved on again, and one resync, with
+	// the ids of then, is what the client must see.
+	missedFrom := uint64(0) // cursor-1 of a resync not appended yet
 	if s.cursor < first {
-		dst = append(dst, resyncFrame(ReasonRingEvicted, "", s.cursor-1, first, b.epoch, now))
+		missedFrom, s.cursor = s.cursor, first
+	}
+	resync := func() {
+		dst = append(dst, resyncFrame(ReasonRingEvicted, "", missedFrom-1, first, b.epoch, now))
 		if sizes != nil {
 			*sizes = append(*sizes, -1)
 		}
 		b.stats.resync(ReasonRingEvicted)
-		s.cursor = first
+		missedFrom = 0
 	}
 	var served uint64
 	heldLive, heldBytes := 0, 0
-	full := false
+	full, skipped := false, false
 	for n := 0; n < maxCatchUpScan && s.cursor < b.nextID; n++ {
 		f := b.ring.at(int(s.cursor - first))
 		if !s.filter.match(f.typ) {
 			s.cursor++
+			skipped = true
 			continue
 		}
 		size := f.size()
 		if q.admit(c, size) != pushAccepted || sizes != nil && heldBytes >= maxBatchBytes {
 			full = true
 			break
+		}
+		if missedFrom != 0 {
+			resync()
 		}
 		dst = append(dst, Frame{f})
 		if sizes != nil {
@@ -480,6 +493,13 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int, taken queueCounts)
 		c.liveBytes += size
 		served++
 		s.cursor++
+	}
+	if missedFrom != 0 {
+		if skipped || s.cursor >= b.nextID {
+			resync() // the cursor moved on: the gap is announced now
+		} else {
+			s.cursor = missedFrom
+		}
 	}
 	if heldLive > 0 {
 		// Before the lock is released: the next push must see them.
