@@ -104,8 +104,8 @@ func (b *EventBus) appendEntry(e seam.Entry) error {
 		}
 	}
 	b.nextID = e.ID + 1
-	b.ring.append(f) // restarts itself on a gap, keeping ids contiguous
-	b.lastID.Store(e.ID)
+	b.ring.append(f)     // restarts itself on a gap, keeping ids contiguous
+	b.lastID.Store(e.ID) // before the fan-out, as in Publish
 	b.stats.published.Add(1)
 	b.stats.ringLen.Store(int64(b.ring.Len()))
 	b.stats.ringBytes.Store(int64(b.ring.Bytes()))
@@ -156,7 +156,7 @@ func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts Subsc
 	if s.behind {
 		// Its consumer could take nothing while held: its stall bound
 		// starts now.
-		s.progress = now
+		s.progress.Store(now)
 	}
 	b.mu.Unlock()
 }

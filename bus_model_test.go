@@ -238,8 +238,14 @@ func (m *busModel) signal(typ, about string) error {
 func (m *busModel) fanOut(f bmFrame, lastID uint64) {
 	var evicted []*bmSub
 	for _, s := range m.subs {
+		if s.behind && f.kind == kindEvent && s.cursor == f.id {
+			// It has read everything before f: f hands it over to the
+			// live fan-out.
+			m.leaveCatchUp(s)
+			s.cursor = f.id + 1
+		}
 		if s.behind {
-			if m.clock-s.progress > s.stall {
+			if m.stalled(s) {
 				m.evictStalled(s)
 				evicted = append(evicted, s)
 				continue
@@ -385,6 +391,12 @@ func (m *busModel) leaveCatchUp(s *bmSub) {
 	}
 }
 
+// stalled reports whether s, behind, has something to read and has taken
+// nothing for longer than its bound.
+func (m *busModel) stalled(s *bmSub) bool {
+	return s.cursor < m.nextID && m.clock-s.progress > s.stall
+}
+
 // evictStalled ends s, behind and past its stall bound: client_evicted
 // catch_up_stalled after what it holds. The caller unregisters it.
 func (m *busModel) evictStalled(s *bmSub) {
@@ -400,7 +412,9 @@ func (m *busModel) evictStalled(s *bmSub) {
 // catchUp is a behind subscriber's read from the ring once its queue is
 // drained: a resync when the ring lost its cursor, then the matching
 // events while its caps admit them, counting what it holds and what this
-// batch took from the queue (taken); caught up, it goes live again.
+// batch took from the queue (taken). Having read up to the newest event
+// it stays behind until the next publish hands it over (fanOut), except
+// after a resync: that read, under the bus lock, hands it over itself.
 func (m *busModel) catchUp(s *bmSub, out []bmEntry, taken [2]int) []bmEntry {
 	if !s.behind {
 		return out
@@ -411,6 +425,25 @@ func (m *busModel) catchUp(s *bmSub, out []bmEntry, taken [2]int) []bmEntry {
 	first := m.nextID
 	if len(m.ring) > 0 {
 		first = m.ring[0].id
+	}
+	if s.cursor >= first {
+		// The ring holds the cursor: read without the lock.
+		for _, f := range m.ring {
+			if f.id < s.cursor {
+				continue
+			}
+			if s.match(f.typ) {
+				if count >= s.maxQueued || count > 0 && bytes+len(f.json) > m.o.MaxQueuedBytes {
+					break
+				}
+				out = append(out, bmEntry{f: f})
+				count++
+				bytes += len(f.json)
+				m.stats.CatchUp.Served++
+			}
+			s.cursor = f.id + 1
+		}
+		return out
 	}
 	// A resync for a cursor the ring dropped goes right before the first
 	// frame read after it; with the caps full nothing moves and it waits.
@@ -510,7 +543,7 @@ func (m *busModel) subscribe(s *bmSub, opts SubscribeOptions, ctxDone bool) erro
 		// At the limit, stalled subscribers catching up are swept first.
 		var stalled []*bmSub
 		for _, x := range m.subs {
-			if x.behind && m.clock-x.progress > x.stall {
+			if x.behind && m.stalled(x) {
 				m.evictStalled(x)
 				stalled = append(stalled, x)
 			}
@@ -1051,7 +1084,7 @@ func bmCompare(b *EventBus, m *busModel, fail func(string, ...any)) {
 		}
 		q.mu.Unlock()
 		b.mu.Lock()
-		behind, cursor := s.s.behind, s.s.cursor
+		behind, cursor := s.s.behind, s.s.cursor.Load()
 		b.mu.Unlock()
 		if behind != s.behind || behind && cursor != s.cursor {
 			fail("sub%d: behind %v cursor %d, model %v %d", s.name, behind, cursor, s.behind, s.cursor)

@@ -113,10 +113,12 @@ func TestCatchUpConsumerThatStopsThenResumesGetsEverything(t *testing.T) {
 
 	st = b.Stats()
 	assert.Equal(t, EvictionStats{}, st.Evictions)
-	assert.Equal(t, CatchUpStats{Entered: 1, Served: 984, Behind: 0}, st.CatchUp)
+	assert.Equal(t, CatchUpStats{Entered: 1, Served: 984, Behind: 1}, st.CatchUp,
+		"it has read everything; the next publish hands it over")
 	assert.Equal(t, uint64(1001), st.FramesDelivered)
 
 	pub11(t, b, "e")
+	assert.Equal(t, 0, b.Stats().CatchUp.Behind)
 	assert.Equal(t, 1, s.q.counts().liveCount, "caught up, it is pushed to live again")
 	assert.Equal(t, []string{"#1001"}, coreDescribe(take11(s)))
 }
@@ -187,7 +189,9 @@ func TestCatchUpOversizedEventReachesAConsumerThatHoldsNothing(t *testing.T) {
 	assert.Equal(t, []uint64{5}, eventIDs(take11(s)))
 	assert.Equal(t, []uint64{6}, eventIDs(take11(s)), "alone, above the byte cap")
 	assert.Equal(t, []uint64{7}, eventIDs(take11(s)))
-	assert.Equal(t, 0, b.Stats().CatchUp.Behind)
+	pubN11(t, b, "e", 1)
+	assert.Equal(t, 0, b.Stats().CatchUp.Behind, "handed over by #8")
+	assert.Equal(t, []uint64{8}, eventIDs(take11(s)))
 }
 
 func TestCatchUpFilterDuringCatchUp(t *testing.T) {
@@ -224,8 +228,8 @@ func TestCatchUpFilterMatchingNothingInTheRingCatchesUp(t *testing.T) {
 	pubN11(t, b, "b", 3000)
 	fs := drainReady(t, s)
 	assert.Equal(t, seqIDs(1, 5), eventIDs(fs))
-	assert.Equal(t, 0, b.Stats().CatchUp.Behind, "3000 filtered-out entries read in bounded steps, then live again")
 	pub11(t, b, "a")
+	assert.Equal(t, 0, b.Stats().CatchUp.Behind, "3000 filtered-out entries read, then handed over by #3006")
 	assert.Equal(t, []uint64{3006}, eventIDs(take11(s)))
 }
 
@@ -270,6 +274,7 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 	b := bus11(t, Options{MaxQueued: 8, RingSize: publishers * perPublisher, MaxSubscribers: 16, OverflowPolicy: OverflowCatchUp})
 	var wg sync.WaitGroup
 	results := make([][]uint64, consumers)
+	got := make([]atomic.Uint64, consumers) // events seen, for the end
 	for c := range consumers {
 		s := sub11(t, b, SubscribeOptions{})
 		iter := c%2 == 0
@@ -284,6 +289,7 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 				for f := range s.Events() {
 					if f.ID() != 0 {
 						results[c] = append(results[c], f.ID())
+						got[c].Add(1)
 					}
 					pause()
 				}
@@ -292,6 +298,7 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 			for {
 				fs, open := s.AppendReady(nil)
 				results[c] = append(results[c], eventIDs(fs)...)
+				got[c].Add(uint64(len(eventIDs(fs))))
 				if !open {
 					return
 				}
@@ -317,7 +324,14 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 	total := uint64(publishers * perPublisher)
 	// Close once every consumer has everything: a Close while one is still
 	// behind would end it with a resync instead.
-	require.Eventually(t, func() bool { return b.Stats().FramesDelivered >= total*consumers }, 30*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool {
+		for c := range got {
+			if got[c].Load() < total {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, time.Millisecond)
 	require.NoError(t, b.Close())
 	wg.Wait()
 	for c, ids := range results {

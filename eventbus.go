@@ -261,8 +261,7 @@ func (b *EventBus) Close() error {
 			if missed == nil {
 				missed = make([]uint64, len(subs))
 			}
-			missed[i] = s.cursor
-			s.leaveCatchUpLocked()
+			missed[i] = s.dropCatchUpLocked()
 		}
 	}
 	next := b.nextID
@@ -412,6 +411,9 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	b.nextID++
 	*f = p.build(id)
 	b.ring.append(f)
+	// Before the fan-out: a consumer catching up reads the ring up to it
+	// without the lock, and either it sees this id or the fan-out sees it
+	// waiting (see catchUpFast).
 	b.lastID.Store(id)
 	b.stats.published.Add(1)
 	b.stats.ringLen.Store(int64(b.ring.Len()))
@@ -486,19 +488,26 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 	removed := false
 	now := out.now
 	for i, s := range b.subs {
-		if s.behind {
+		if s.behind && !s.rejoinLocked(f) {
+			if s.q.claimWake() {
+				// Its consumer read up to the last id it saw and waits:
+				// f is for it to read from the ring.
+				if out.wake == nil {
+					out.wake = wakePool.Get().(*[]*boundedAsyncQueue)
+				}
+				*out.wake = append(*out.wake, &s.q)
+			}
 			if now == 0 {
 				now = b.now()
 			}
-			if now-s.progress > s.stallMillis {
-				s.leaveCatchUpLocked()
-				out.evicted = append(out.evicted, eviction{s: s, reason: ReasonCatchUpStalled, id: s.cursor, counts: s.q.liveCounts(), bytes: -1})
+			if s.stalledLocked(now, b.nextID-1) {
+				out.evicted = append(out.evicted, eviction{s: s, reason: ReasonCatchUpStalled, id: s.dropCatchUpLocked(), counts: s.q.liveCounts(), bytes: -1})
 				b.subs[i] = nil
 				removed = true
 				continue
 			}
 			if f.kind != kindSignal || !s.filter.match(f.typ) {
-				continue
+				continue // f is in the ring, for its consumer to read
 			}
 			// Signals are not in the ring: one that the caps take goes
 			// live (it may then reach the consumer ahead of ring events
@@ -657,7 +666,7 @@ func (b *EventBus) addLocked(s *Subscription) {
 func (b *EventBus) removeLocked(s *Subscription) bool {
 	for i, x := range b.subs {
 		if x == s {
-			s.leaveCatchUpLocked()
+			s.dropCatchUpLocked()
 			copy(b.subs[i:], b.subs[i+1:])
 			b.subs[len(b.subs)-1] = nil
 			b.subs = b.subs[:len(b.subs)-1]

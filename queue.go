@@ -108,7 +108,7 @@ type boundedAsyncQueue struct {
 	// discarded is set by a close without drain: the consumer stops before
 	// it hands on another frame it took.
 	discarded atomic.Bool
-	held      bool // the consumer sees nothing until unhold (backplane replay)
+	held      atomic.Bool // the consumer sees nothing until unhold (backplane replay); set under mu
 	// signals maps a queued signal's (type, about) to its position, for
 	// in-place coalescing (SPEC 11). Under mu.
 	signals map[signalKey]uint64
@@ -142,6 +142,21 @@ func (q *boundedAsyncQueue) liveCounts() queueCounts {
 	live += int(u >> unyieldedShift)
 	bytes += int(u & unyieldedBytesMask)
 	return queueCounts{live, q.maxQueued, bytes, q.maxBytes}
+}
+
+// queuedLiveLocked counts the live entries queued and their bytes from the
+// entries, without the producer's totals (under mu, for a consumer that is
+// not the producer: see Subscription.catchUpFast).
+func (q *boundedAsyncQueue) queuedLiveLocked() queueCounts {
+	c := queueCounts{maxQueued: q.maxQueued, maxBytes: q.maxBytes}
+	mask := uint64(len(q.buf) - 1)
+	for p, t := q.head.Load(), q.tail.Load(); p != t; p++ {
+		if q.flags[p&mask] == 0 {
+			c.liveCount++
+			c.liveBytes += q.buf[p&mask].size()
+		}
+	}
+	return c
 }
 
 // unyielded packs a count of frames and their bytes. A batch holds fewer
@@ -299,7 +314,7 @@ func (q *boundedAsyncQueue) publishLocked() { q.tail.Store(q.next) }
 // hold hides the queue from the consumer until unhold; pushes go on.
 func (q *boundedAsyncQueue) hold() {
 	q.mu.Lock()
-	q.held = true
+	q.held.Store(true)
 	q.mu.Unlock()
 }
 
@@ -310,7 +325,7 @@ func (q *boundedAsyncQueue) hold() {
 // not overlap a push: the caller holds the bus lock.
 func (q *boundedAsyncQueue) unhold(front []*frame) {
 	q.mu.Lock()
-	q.held = false
+	q.held.Store(false)
 	if !q.closed.Load() && len(front) > 0 {
 		q.growLocked(len(front))
 		// Positions before head are free: the front takes the ones right
@@ -476,7 +491,7 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.held && !q.closed.Load() {
+	if q.held.Load() && !q.closed.Load() {
 		if wait {
 			q.waiting.Store(true)
 		}

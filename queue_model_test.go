@@ -569,13 +569,13 @@ func qmCompareState(q *boundedAsyncQueue, m *queueModel, fail func(string, ...an
 		fail("free slot %d holds a frame or tags", i)
 	}
 	waiting := q.waiting.Load()
-	if q.closed.Load() != m.closed || q.held != m.held || waiting != m.waiting {
-		fail("state: got closed=%v held=%v waiting=%v, model %v %v %v", q.closed.Load(), q.held, waiting, m.closed, m.held, m.waiting)
+	if q.closed.Load() != m.closed || q.held.Load() != m.held || waiting != m.waiting {
+		fail("state: got closed=%v held=%v waiting=%v, model %v %v %v", q.closed.Load(), q.held.Load(), waiting, m.closed, m.held, m.waiting)
 	}
 	if tok := len(q.ready) == 1; tok != m.token {
 		fail("ready token buffered: got %v, model %v", tok, m.token)
 	}
-	if waiting && n > 0 && (!q.held || q.closed.Load()) {
+	if waiting && n > 0 && (!q.held.Load() || q.closed.Load()) {
 		fail("lost wake-up: the consumer is marked waiting with %d entries it could take", n)
 	}
 	if q.lastID != m.lastID {

@@ -1,26 +1,44 @@
 package eventbus
 
+import (
+	"math/bits"
+	"sync/atomic"
+)
+
 // ring is the replay buffer: a slice ring of published frames whose ids are
-// contiguous, bounded by a count and by a number of encoded bytes. It is not
-// safe for concurrent use; the bus guards it with its lock.
+// contiguous, bounded by a count and by a number of encoded bytes. The bus
+// guards it with its lock; only load reads it without (see below).
 //
-// Ids in the ring are contiguous (each append is the next id), so the frame
-// with id x sits at offset x-first from the oldest: lookup by id is O(1).
-// The backing slice grows by doubling up to maxLen, so a quiet session does
-// not pay for a full ring up front, and append stays amortised O(1).
+// The frame with id x sits in slot x&(len(slots)-1): ids in the ring are
+// contiguous (each append is the next id) and the slots are a power of two
+// at least as many as the ring holds, so lookup by id is O(1) and a slot
+// never holds two frames of the ring at once. The slots grow by doubling
+// up to the power of two at or above maxLen, so a quiet session does not
+// pay for a full ring up front, and append stays amortised O(1).
 //
 // It holds pointers to the frames Publish made, the same ones every
 // subscriber's queue holds: a frame is stored once however many places
 // refer to it, and a replay queues pointers without copying or allocating.
 // A frame is never modified after it is made.
+//
+// A subscriber catching up reads the ring without the bus lock (load): the
+// slots are atomic, the current slice is published in view, and a frame
+// names its own id, so a reader that finds a slot empty or holding another
+// id knows the ring no longer holds the one it wants.
 type ring struct {
-	buf      []*frame
-	head     int // index of the oldest frame
+	slots    []atomic.Pointer[frame]
+	view     atomic.Pointer[ringSlots] // slots, for load
+	first    uint64                    // id of the oldest frame, when n > 0
 	n        int
 	bytes    int
 	maxLen   int
 	maxBytes int
 }
+
+// ringSlots is a published slice of slots. A grown or reset ring publishes
+// a new one; a reader holding the old one finds no frame it wants there
+// that the ring does not still hold, or finds an id mismatch and reloads.
+type ringSlots struct{ s []atomic.Pointer[frame] }
 
 func newRing(maxLen, maxBytes int) ring {
 	return ring{maxLen: maxLen, maxBytes: maxBytes}
@@ -37,7 +55,7 @@ func (r *ring) firstID() uint64 {
 	if r.n == 0 {
 		return 0
 	}
-	return r.buf[r.head].id
+	return r.first
 }
 
 // lastID returns the newest id held, or 0 when empty.
@@ -45,38 +63,36 @@ func (r *ring) lastID() uint64 {
 	if r.n == 0 {
 		return 0
 	}
-	return r.at(r.n - 1).id
+	return r.first + uint64(r.n) - 1
+}
+
+func (r *ring) slot(id uint64) *atomic.Pointer[frame] {
+	return &r.slots[id&uint64(len(r.slots)-1)]
 }
 
 // at returns the i-th oldest frame.
-func (r *ring) at(i int) *frame {
-	j := r.head + i
-	if j >= len(r.buf) {
-		j -= len(r.buf)
-	}
-	return r.buf[j]
-}
+func (r *ring) at(i int) *frame { return r.slot(r.first + uint64(i)).Load() }
 
 // append adds f, the next id, then drops the oldest frames while the ring
 // holds more than maxLen frames or maxBytes bytes; the newest always stays.
 // A frame whose id does not follow the newest one restarts the ring, so the
-// ids held stay contiguous.
+// ids held stay contiguous. The bus stores its last id after append, so a
+// reader that loads that id first finds every frame up to it stored.
 func (r *ring) append(f *frame) {
 	if r.n > 0 && f.id != r.lastID()+1 {
 		r.reset()
 	}
-	if r.n == len(r.buf) {
+	if r.n == len(r.slots) {
 		r.grow()
 	}
-	if r.n == len(r.buf) {
-		// Full at maxLen: the new frame overwrites the oldest slot.
+	if r.n == r.maxLen {
+		// Full: the oldest goes first, so that its slot is free.
 		r.dropOldest()
 	}
-	j := r.head + r.n
-	if j >= len(r.buf) {
-		j -= len(r.buf)
+	if r.n == 0 {
+		r.first = f.id
 	}
-	r.buf[j] = f
+	r.slot(f.id).Store(f)
 	r.n++
 	r.bytes += f.size()
 	for r.n > 1 && r.bytes > r.maxBytes {
@@ -85,31 +101,31 @@ func (r *ring) append(f *frame) {
 }
 
 func (r *ring) grow() {
-	if len(r.buf) >= r.maxLen {
+	limit := 1 << bits.Len(uint(max(r.maxLen, 1)-1)) // the power of two at or above maxLen
+	if len(r.slots) >= limit {
 		return
 	}
-	size := max(2*len(r.buf), 16)
-	size = min(size, r.maxLen)
-	buf := make([]*frame, size)
-	for i := range r.n {
-		buf[i] = r.at(i)
+	size := min(max(2*len(r.slots), 16), limit)
+	old := r.slots
+	r.slots = make([]atomic.Pointer[frame], size)
+	for id := r.first; id != r.first+uint64(r.n); id++ {
+		r.slot(id).Store(old[id&uint64(len(old)-1)].Load())
 	}
-	r.buf, r.head = buf, 0
+	r.view.Store(&ringSlots{r.slots})
 }
 
 func (r *ring) dropOldest() {
-	r.bytes -= r.buf[r.head].size()
-	r.buf[r.head] = nil // clear, so the ring does not pin evicted bytes
-	r.head++
-	if r.head == len(r.buf) {
-		r.head = 0
-	}
+	s := r.slot(r.first)
+	r.bytes -= s.Load().size()
+	s.Store(nil) // clear, so the ring does not pin evicted bytes
+	r.first++
 	r.n--
 }
 
 // reset empties the ring and releases its memory.
 func (r *ring) reset() {
-	*r = ring{maxLen: r.maxLen, maxBytes: r.maxBytes}
+	r.slots, r.first, r.n, r.bytes = nil, 0, 0, 0
+	r.view.Store(nil)
 }
 
 // indexOf returns the position of id in the ring, or -1 when not held.
@@ -119,4 +135,22 @@ func (r *ring) indexOf(id uint64) int {
 		return -1
 	}
 	return int(id - first)
+}
+
+// load returns the frame with id without the bus lock, or nil when the
+// ring does not hold it (any more). Only for ids up to the bus's last id.
+func (r *ring) load(id uint64) *frame {
+	for {
+		v := r.view.Load()
+		if v == nil {
+			return nil
+		}
+		if f := v.s[id&uint64(len(v.s)-1)].Load(); f != nil && f.id == id {
+			return f
+		}
+		if r.view.Load() == v {
+			return nil
+		}
+		// Grown meanwhile: the frame may be in the new slots only.
+	}
 }

@@ -70,9 +70,9 @@ func TestRingClearsOverwrittenSlots(t *testing.T) {
 	// no slot holds an id outside the ring.
 	r := newRing(4, 1<<20)
 	appendRange(&r, 1, 6, 10)
-	require.Len(t, r.buf, 4)
-	for _, f := range r.buf {
-		assert.GreaterOrEqual(t, f.id, uint64(3))
+	require.Len(t, r.slots, 4)
+	for i := range r.slots {
+		assert.GreaterOrEqual(t, r.slots[i].Load().id, uint64(3))
 	}
 
 	// Dropped by bytes: the freed slot is zeroed, so the ring does not pin
@@ -80,11 +80,11 @@ func TestRingClearsOverwrittenSlots(t *testing.T) {
 	r = newRing(16, 250)
 	appendRange(&r, 1, 3, 100) // 300 > 250: frame 1 goes
 	require.Equal(t, []uint64{2, 3}, ringIDs(&r))
-	assert.Nil(t, r.buf[0])
+	assert.Nil(t, r.slots[1].Load(), "the slot of id 1")
 
 	// reset releases everything.
 	r.reset()
-	assert.Nil(t, r.buf)
+	assert.Nil(t, r.slots)
 	assert.Equal(t, 0, r.Len())
 	assert.Equal(t, 0, r.Bytes())
 }
@@ -128,21 +128,47 @@ func TestRingNewestAlwaysStays(t *testing.T) {
 
 func TestRingGrowsByDoublingUpToMaxLen(t *testing.T) {
 	r := newRing(100, 1<<20)
-	assert.Empty(t, r.buf, "a quiet session pays for nothing")
+	assert.Empty(t, r.slots, "a quiet session pays for nothing")
 	var sizes []int
 	for id := uint64(1); id <= 250; id++ {
 		r.append(coreQueueFrame(id, 1).ref())
-		if len(sizes) == 0 || sizes[len(sizes)-1] != len(r.buf) {
-			sizes = append(sizes, len(r.buf))
+		if len(sizes) == 0 || sizes[len(sizes)-1] != len(r.slots) {
+			sizes = append(sizes, len(r.slots))
 		}
 	}
-	assert.Equal(t, []int{16, 32, 64, 100}, sizes)
-	assert.Equal(t, 100, r.Len())
+	assert.Equal(t, []int{16, 32, 64, 128}, sizes, "powers of two, up to the first at or above maxLen")
+	assert.Equal(t, 100, r.Len(), "it still holds maxLen")
 	assert.Equal(t, uint64(151), r.firstID())
 
 	small := newRing(3, 1<<20)
 	small.append(coreQueueFrame(1, 1).ref())
-	assert.Len(t, small.buf, 3, "never above maxLen")
+	assert.Len(t, small.slots, 4, "never above the power of two at or above maxLen")
+	one := newRing(1, 1<<20)
+	appendRange(&one, 1, 3, 1)
+	assert.Len(t, one.slots, 1)
+	assert.Equal(t, []uint64{3}, ringIDs(&one))
+}
+
+func TestRingLoadWithoutTheLock(t *testing.T) {
+	r := newRing(8, 1<<20)
+	assert.Nil(t, r.load(1), "empty")
+	appendRange(&r, 1, 20, 1) // holds 13..20 in 8 slots
+	for id := uint64(13); id <= 20; id++ {
+		assert.Equal(t, id, r.load(id).id)
+	}
+	assert.Nil(t, r.load(12), "dropped: its slot holds 20")
+	r.reset()
+	assert.Nil(t, r.load(20))
+
+	// A reader that holds the slots from before a grow finds what it wants
+	// in the new ones.
+	g := newRing(64, 1<<20)
+	appendRange(&g, 1, 16, 1)
+	old := g.view.Load()
+	appendRange(&g, 17, 17, 1) // grows to 32
+	require.NotSame(t, old, g.view.Load())
+	assert.Nil(t, old.s[17&15].Load().idIf(17), "the old slots never see 17")
+	assert.Equal(t, uint64(17), g.load(17).id)
 }
 
 func TestRingGrowthWhileWrappedKeepsOrder(t *testing.T) {
@@ -172,4 +198,12 @@ func TestRingNonContiguousAppendRestarts(t *testing.T) {
 	assert.Equal(t, 10, r.Bytes())
 	assert.Equal(t, 0, r.indexOf(9))
 	assert.Equal(t, -1, r.indexOf(5))
+}
+
+// idIf returns f when it has id, else nil.
+func (f *frame) idIf(id uint64) *frame {
+	if f != nil && f.id == id {
+		return f
+	}
+	return nil
 }
