@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -681,4 +682,45 @@ func TestEventsCatchUpCountsRingFramesUntilYielded(t *testing.T) {
 	assert.Equal(t, 7, s.q.counts().liveCount)
 	it.drop(s)
 	assert.Equal(t, 0, s.q.counts().liveCount)
+}
+
+func TestCatchUpConsumerWaitingAtTheNewestIsWokenByTheNextPublish(t *testing.T) {
+	// A consumer behind that has read up to the newest id waits; the next
+	// publish must reach it (from the ring or, handed over, live) whatever
+	// the interleaving, with no later publish to wake it. Two races this
+	// caught: the bus storing its last id after its fan-out (the consumer
+	// loads it after declaring itself waiting, the fan-out looks for
+	// waiting consumers: one must see the other); and a hand-over whose
+	// push the caps reject because the consumer had reserved them for a
+	// read the hand-over cut short: the subscriber falls behind again, and
+	// its consumer, waiting, must be woken. Many rounds of a burst that puts
+	// it behind, each of whose last event it must get.
+	b := bus11(t, Options{MaxQueued: 1, OverflowPolicy: OverflowCatchUp})
+	s := sub11(t, b, SubscribeOptions{})
+	var got atomic.Uint64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for f := range s.Events() {
+			if f.ID() != 0 {
+				got.Store(f.ID())
+			}
+		}
+	}()
+	rounds := 3000
+	if testing.Short() {
+		rounds = 500
+	}
+	for range rounds {
+		last := pubN11(t, b, "e", 1+rand.IntN(3))
+		deadline := time.Now().Add(10 * time.Second)
+		for got.Load() != last {
+			if time.Now().After(deadline) {
+				t.Fatalf("the consumer has %d, the last event is %d, and no publish comes to wake it", got.Load(), last)
+			}
+			runtime.Gosched()
+		}
+	}
+	s.Close()
+	<-done
 }

@@ -369,6 +369,14 @@ type fanout struct {
 	wake *[]*boundedAsyncQueue
 }
 
+// addWake adds q to the consumers finish wakes.
+func (out *fanout) addWake(q *boundedAsyncQueue) {
+	if out.wake == nil {
+		out.wake = wakePool.Get().(*[]*boundedAsyncQueue)
+	}
+	*out.wake = append(*out.wake, q)
+}
+
 // wakePool recycles fanout.wake lists, so a publish allocates nothing for
 // them at any subscriber count.
 var wakePool = sync.Pool{New: func() any { return new([]*boundedAsyncQueue) }}
@@ -492,10 +500,7 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			if s.q.claimWake() {
 				// Its consumer read up to the last id it saw and waits:
 				// f is for it to read from the ring.
-				if out.wake == nil {
-					out.wake = wakePool.Get().(*[]*boundedAsyncQueue)
-				}
-				*out.wake = append(*out.wake, &s.q)
+				out.addWake(&s.q)
 			}
 			if now == 0 {
 				now = b.now()
@@ -518,10 +523,7 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 		}
 		res, c, wake := s.q.push(f)
 		if wake {
-			if out.wake == nil {
-				out.wake = wakePool.Get().(*[]*boundedAsyncQueue)
-			}
-			*out.wake = append(*out.wake, &s.q)
+			out.addWake(&s.q)
 		}
 		switch res {
 		case pushAccepted:
@@ -561,6 +563,12 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 					now = b.now()
 				}
 				s.enterCatchUpLocked(f, lastID, now)
+				if s.q.claimWake() {
+					// A hand-over whose push the caps rejected (its
+					// consumer had reserved them for a read the hand-over
+					// cut short): it waits, and f is in the ring for it.
+					out.addWake(&s.q)
+				}
 				continue
 			}
 			ev := eviction{s: s, reason: res.reason(), id: lastID, counts: c, bytes: -1}
