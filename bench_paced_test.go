@@ -125,8 +125,8 @@ func (c *pacedConsumer) see(id uint64, sent []atomic.Int64, base time.Time, paus
 	if id&7 == 0 {
 		c.lat.add(int64(time.Since(base)) - sent[id].Load())
 	}
+	c.got.Store(c.next - 1)
 	if id&63 == 0 {
-		c.got.Store(c.next - 1)
 		if pause {
 			if now := time.Since(base); now >= c.pauseAt {
 				time.Sleep(time.Duration(2+c.rng.IntN(4)) * time.Millisecond)
@@ -236,9 +236,7 @@ func runPaced(tb testing.TB, r pacedRun) pacedResult {
 	deadline := time.Now().Add(10 * time.Second)
 	for _, c := range cons {
 		last, lastChange := c.got.Load(), time.Now()
-		// (got is published every 64 events: the last few are waited for
-		// by the close below, which drains.)
-		for c.got.Load() < uint64(r.events)-63 && !c.ended.Load() && time.Now().Before(deadline) {
+		for c.got.Load() < uint64(r.events) && !c.ended.Load() && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 			if g := c.got.Load(); g != last {
 				last, lastChange = g, time.Now()
