@@ -54,7 +54,11 @@ const memOverhead = 8 << 20
 //   - resync: OverflowResync keeps every stalled subscriber; each overflow
 //     drops its live frames (the clock moves 61 s per event, so the
 //     repeated_overflow eviction never comes).
-//   - mixed: a third of the subscribers of each kind on one bus.
+//   - catchup: OverflowCatchUp keeps every stalled subscriber behind (a
+//     stall bound of a year, so the clock never evicts it): its queue holds
+//     what it had when it fell behind, and nothing more is copied for it;
+//     what it will read is the ring's.
+//   - mixed: a quarter of the subscribers of each kind on one bus.
 //
 // Under -race, encoding a 1 MiB event costs ~50 ms (the detector checks
 // every byte the JSON validator reads), so the normal
@@ -66,7 +70,7 @@ const memOverhead = 8 << 20
 // live bytes never exceed MaxQueuedBytes (an event fits, as one 1 MiB
 // event always does).
 func TestMemoryBoundStalledSubscribers(t *testing.T) {
-	events, modes := 300, []string{"evicted", "reconnect", "resync", "mixed"}
+	events, modes := 300, []string{"evicted", "reconnect", "resync", "catchup", "mixed"}
 	switch {
 	case proveLong():
 		events = 3000
@@ -99,12 +103,15 @@ func TestMemoryBoundStalledSubscribers(t *testing.T) {
 				if mode != "mixed" {
 					return mode
 				}
-				return []string{"evicted", "reconnect", "resync"}[i%3]
+				return []string{"evicted", "reconnect", "resync", "catchup"}[i%4]
 			}
 			subscribe := func(i int) {
 				so := SubscribeOptions{}
-				if kind(i) == "resync" {
+				switch kind(i) {
+				case "resync":
 					so.OverflowPolicy = OverflowResync
+				case "catchup":
+					so.OverflowPolicy, so.CatchUpStallTimeout = OverflowCatchUp, 365*24*time.Hour
 				}
 				s, err := b.Subscribe(context.Background(), so)
 				if err != nil {
@@ -131,7 +138,7 @@ func TestMemoryBoundStalledSubscribers(t *testing.T) {
 					}
 					switch err := s.Err(); {
 					case err == nil:
-					case !errors.Is(err, ErrEvicted) || kind(i) == "resync":
+					case !errors.Is(err, ErrEvicted) || kind(i) == "resync" || kind(i) == "catchup":
 						t.Fatalf("subscriber %d ended: %v", i, err)
 					case kind(i) == "reconnect":
 						s.Close()
@@ -168,10 +175,10 @@ func TestMemoryBoundStalledSubscribers(t *testing.T) {
 				want[kind(i)]++
 			}
 			// The evicted ones are gone; the others are registered.
-			if st.Subscribers != want["reconnect"]+want["resync"] || st.Evictions.RepeatedOverflow != 0 ||
-				(want["resync"] > 0) != (st.Resyncs.QueueBytesOverflow > 0) {
+			if st.Subscribers != want["reconnect"]+want["resync"]+want["catchup"] || st.Evictions.RepeatedOverflow != 0 ||
+				(want["resync"] > 0) != (st.Resyncs.QueueBytesOverflow > 0) || st.CatchUp.Behind != want["catchup"] {
 				t.Errorf("%d subscribers registered, want %d; evictions %+v; %d resyncs", st.Subscribers,
-					want["reconnect"]+want["resync"], st.Evictions, st.Resyncs.QueueBytesOverflow)
+					want["reconnect"]+want["resync"]+want["catchup"], st.Evictions, st.Resyncs.QueueBytesOverflow)
 			}
 			for _, s := range subs {
 				s.Close()
