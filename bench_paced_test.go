@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -12,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ssebus/eventbus/internal/lathist"
 )
 
 // Paced benchmarks (issue 13): a publisher at a fixed rate in events/s,
@@ -46,57 +47,8 @@ type pacedResult struct {
 	lost, evicted int64 // events some subscriber never got; subscribers evicted
 	dup           int64 // deliveries out of order or twice (must be 0)
 	achieved      float64
-	lat           latHist
+	lat           lathist.Hist
 	catchUps      uint64
-}
-
-// latHist is a log-linear histogram of nanoseconds: 8 buckets per power
-// of two, so a percentile is read to within 12%.
-type latHist struct{ b [64 * 8]uint64 }
-
-func (h *latHist) add(ns int64) {
-	if ns < 1 {
-		ns = 1
-	}
-	v := uint64(ns)
-	e := bits.Len64(v) - 1
-	m := uint64(0)
-	if e >= 3 {
-		m = (v >> (e - 3)) & 7
-	} else {
-		m = (v << (3 - e)) & 7
-	}
-	h.b[e*8+int(m)]++
-}
-
-func (h *latHist) merge(o *latHist) {
-	for i := range h.b {
-		h.b[i] += o.b[i]
-	}
-}
-
-// quantile returns the lower bound of the bucket holding quantile q.
-func (h *latHist) quantile(q float64) time.Duration {
-	var n uint64
-	for _, c := range h.b {
-		n += c
-	}
-	if n == 0 {
-		return 0
-	}
-	want := uint64(q * float64(n))
-	var acc uint64
-	for i, c := range h.b {
-		acc += c
-		if acc > want {
-			e, m := i/8, uint64(i%8)
-			if e >= 3 {
-				return time.Duration((8 + m) << (e - 3))
-			}
-			return time.Duration(1 << e)
-		}
-	}
-	return 0
 }
 
 // pacedConsumer checks one subscriber's deliveries.
@@ -105,7 +57,7 @@ type pacedConsumer struct {
 	lost    int64
 	dup     int64
 	evicted bool
-	lat     latHist
+	lat     lathist.Hist
 	rng     *rand.Rand
 	pauseAt time.Duration
 	got     atomic.Uint64 // events seen, for the end of the run
@@ -123,7 +75,7 @@ func (c *pacedConsumer) see(id uint64, sent []atomic.Int64, base time.Time, paus
 		c.dup++
 	}
 	if id&7 == 0 {
-		c.lat.add(int64(time.Since(base)) - sent[id].Load())
+		c.lat.Add(int64(time.Since(base)) - sent[id].Load())
 	}
 	c.got.Store(c.next - 1)
 	if id&63 == 0 {
@@ -257,7 +209,7 @@ func runPaced(tb testing.TB, r pacedRun) pacedResult {
 		if c.evicted {
 			res.evicted++
 		}
-		res.lat.merge(&c.lat)
+		res.lat.Merge(&c.lat)
 	}
 	if bus != nil {
 		res.catchUps = bus.Stats().CatchUp.Entered
@@ -305,7 +257,7 @@ func BenchmarkPaced(b *testing.B) {
 func benchPaced(b *testing.B, r pacedRun) {
 	var lost, evicted, dup int64
 	var achieved float64
-	var lat latHist
+	var lat lathist.Hist
 	var catchUps uint64
 	runs := 0
 	for b.Loop() {
@@ -315,7 +267,7 @@ func benchPaced(b *testing.B, r pacedRun) {
 		dup += res.dup
 		achieved += res.achieved
 		catchUps += res.catchUps
-		lat.merge(&res.lat)
+		lat.Merge(&res.lat)
 		runs++
 		runtime.GC()
 	}
@@ -327,19 +279,9 @@ func benchPaced(b *testing.B, r pacedRun) {
 	b.ReportMetric(float64(evicted)/n, "evicted/run")
 	b.ReportMetric(achieved/n, "events/s")
 	b.ReportMetric(float64(catchUps)/n, "catchups/run")
-	b.ReportMetric(float64(lat.quantile(0.5).Microseconds()), "p50-µs")
-	b.ReportMetric(float64(lat.quantile(0.99).Microseconds()), "p99-µs")
-	b.ReportMetric(float64(lat.quantile(0.999).Microseconds()), "p99.9-µs")
-}
-
-// pacedSummary formats a result, for tests and logs.
-func (r pacedResult) String() string {
-	qs := []float64{0.5, 0.99, 0.999}
-	ls := make([]string, 0, len(qs))
-	for _, q := range qs {
-		ls = append(ls, r.lat.quantile(q).String())
-	}
-	return fmt.Sprintf("lost %d evicted %d dup %d rate %.0f/s catch-ups %d latency p50/p99/p99.9 %v", r.lost, r.evicted, r.dup, r.achieved, r.catchUps, ls)
+	b.ReportMetric(float64(lat.Quantile(0.5).Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat.Quantile(0.99).Microseconds()), "p99-µs")
+	b.ReportMetric(float64(lat.Quantile(0.999).Microseconds()), "p99.9-µs")
 }
 
 // BenchmarkCatchUpPublishLatency times Publish at 1000 subscribers on

@@ -489,8 +489,9 @@ func (m *busModel) catchUp(s *bmSub, out []bmEntry, taken [2]int) []bmEntry {
 	return out
 }
 
-// appendReady is AppendReady: the queue, then the ring when behind.
-func (m *busModel) appendReady(s *bmSub) (out []bmEntry, open bool) {
+// appendReady is AppendReady: the queue, then the ring when behind; with
+// batch, the iterator's take, whose frames stay counted (in s.batch).
+func (m *busModel) appendReady(s *bmSub, batch bool) (out []bmEntry, open bool) {
 	behind := s.behind
 	out, s.q = s.q, nil
 	var taken [2]int
@@ -498,13 +499,19 @@ func (m *busModel) appendReady(s *bmSub) (out []bmEntry, open bool) {
 		if e.f.kind == kindEvent {
 			s.lastDeq = e.f.id
 		}
-		if !e.forced {
+		if !e.forced && !batch {
 			taken[0]++
 			taken[1] += len(e.f.json)
 		}
 	}
+	if batch {
+		s.batch = out // counted in live() from here on
+	}
 	if !s.closed && behind {
 		out = m.catchUp(s, out, taken)
+	}
+	if batch {
+		s.batch = out
 	}
 	return out, !s.closed
 }
@@ -665,25 +672,6 @@ func (m *busModel) close() {
 	m.stats.Subscribers, m.stats.RingLen, m.stats.RingBytes = 0, 0, 0
 }
 
-// appendReadyBatch is the iterator's take: appendReady, the frames kept as
-// its batch, whose live ones still count.
-func (m *busModel) appendReadyBatch(s *bmSub) ([]bmEntry, bool) {
-	behind := s.behind
-	batch := s.q
-	s.q = nil
-	for _, e := range batch {
-		if e.f.kind == kindEvent {
-			s.lastDeq = e.f.id
-		}
-	}
-	s.batch = batch
-	if !s.closed && behind {
-		// The batch counts in live() already.
-		s.batch = m.catchUp(s, s.batch, [2]int{})
-	}
-	return s.batch, !s.closed
-}
-
 func bmDescribeAll(fs []Frame) string {
 	var out []string
 	for _, f := range fs {
@@ -787,6 +775,27 @@ func runBusModel(t *testing.T, data []byte) {
 		if werr == nil {
 			if d := bmCheckFrame(got, want); d != "" {
 				fail("publish returned\n%s", d)
+			}
+		}
+	}
+	// checkTaken compares what a take returned with the model's; sizes,
+	// for the iterator's batch, says which frames still count.
+	checkTaken := func(op string, s *bmSub, got []Frame, open bool, want []bmEntry, wopen bool, sizes []int) {
+		if !wopen {
+			s.ended, s.watched = true, false
+		}
+		trace = append(trace, fmt.Sprintf("%s sub%d -> %d frames open=%v", op, s.name, len(got), open))
+		if open != wopen || len(got) != len(want) {
+			fail("%s sub%d: %d frames open=%v, model %d frames open=%v\n got:  %s\n want: %s", op, s.name, len(got), open, len(want), wopen,
+				bmDescribeAll(got), bmEntries(want))
+		}
+		for i := range want {
+			d := bmCheckFrame(got[i], want[i].f)
+			if sizes != nil && (sizes[i] < 0) != want[i].forced {
+				d += fmt.Sprintf("counted %v, model forced %v", sizes[i] >= 0, want[i].forced)
+			}
+			if d != "" {
+				fail("%s sub%d frame %d:\n%s", op, s.name, i, d)
 			}
 		}
 	}
@@ -937,43 +946,18 @@ func runBusModel(t *testing.T, data []byte) {
 				break
 			}
 			got, open := s.s.AppendReady(nil)
-			want, wopen := m.appendReady(s)
+			want, wopen := m.appendReady(s, false)
 			m.stats.FramesDelivered += uint64(len(want))
-			if !wopen {
-				s.ended, s.watched = true, false
-			}
-			trace = append(trace, fmt.Sprintf("appendReady sub%d -> %d frames open=%v", s.name, len(got), open))
-			if open != wopen || len(got) != len(want) {
-				fail("appendReady sub%d: %d frames open=%v, model %d frames open=%v\n got:  %s\n want: %s", s.name, len(got), open, len(want), wopen,
-					bmDescribeAll(got), bmEntries(want))
-			}
-			for i := range want {
-				if d := bmCheckFrame(got[i], want[i].f); d != "" {
-					fail("appendReady sub%d frame %d:\n%s", s.name, i, d)
-				}
-			}
+			checkTaken("appendReady", s, got, open, want, wopen, nil)
 		case 24: // the iterator takes a batch, once it yielded the last one
 			s := pick()
 			if s == nil || s.ended || len(s.batch) > 0 || s.it.i < len(s.it.frames) {
 				break
 			}
 			open := s.it.fill(s.s)
-			got := s.it.frames
 			// As AppendReady, except that the batch keeps counting.
-			want, wopen := m.appendReadyBatch(s)
-			if !wopen {
-				s.ended, s.watched = true, false
-			}
-			trace = append(trace, fmt.Sprintf("iterator sub%d takes %d frames open=%v", s.name, len(got), open))
-			if open != wopen || len(got) != len(want) {
-				fail("iterator batch sub%d: %d frames open=%v, model %d open=%v\n got:  %s\n want: %s", s.name, len(got), open, len(want), wopen,
-					bmDescribeAll(got), bmEntries(want))
-			}
-			for i := range want {
-				if d := bmCheckFrame(got[i], want[i].f); d != "" || (s.it.sizes[i] < 0) != want[i].forced {
-					fail("iterator batch sub%d frame %d (counted %v, model forced %v):\n%s", s.name, i, s.it.sizes[i] >= 0, want[i].forced, d)
-				}
-			}
+			want, wopen := m.appendReady(s, true)
+			checkTaken("iterator batch", s, s.it.frames, open, want, wopen, s.it.sizes)
 		case 25: // the iterator yields from its batch
 			s := pick()
 			if s == nil || len(s.it.frames) == 0 {

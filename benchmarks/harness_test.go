@@ -202,7 +202,7 @@ func TestPacedScenario(t *testing.T) {
 		if !r.sustained() {
 			t.Errorf("%s at 2000/s: %s", lib.name, r.why())
 		}
-		if r.lat.quantile(0.5) <= 0 {
+		if r.lat.Quantile(0.5) <= 0 {
 			t.Errorf("%s: no latency recorded", lib.name)
 		}
 	}

@@ -3,11 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"github.com/ssebus/eventbus/internal/lathist"
 )
 
 // The paced scenario (issue 13): the publisher holds a rate in events/s
@@ -36,7 +37,7 @@ type pacedOpts struct {
 type pacing struct {
 	sent    []atomic.Int64 // ns since base, by seq
 	base    time.Time
-	lat     latHist
+	lat     lathist.Hist
 	pause   bool
 	rng     *rand.Rand
 	pauseAt time.Duration
@@ -45,7 +46,7 @@ type pacing struct {
 // observe records the latency of seq and pauses when it is time to.
 func (p *pacing) observe(seq uint64) {
 	if seq&7 == 0 && seq < uint64(len(p.sent)) {
-		p.lat.add(int64(time.Since(p.base)) - p.sent[seq].Load())
+		p.lat.Add(int64(time.Since(p.base)) - p.sent[seq].Load())
 	}
 	if p.pause && seq&63 == 0 {
 		if now := time.Since(p.base); now >= p.pauseAt {
@@ -53,50 +54,6 @@ func (p *pacing) observe(seq uint64) {
 			p.pauseAt = time.Since(p.base) + time.Duration(20+p.rng.IntN(60))*time.Millisecond
 		}
 	}
-}
-
-// latHist is a log-linear histogram of nanoseconds: 8 buckets per power of
-// two, so a percentile is read to within 12%.
-type latHist struct{ b [64 * 8]uint64 }
-
-func (h *latHist) add(ns int64) {
-	v := uint64(max(ns, 1))
-	e := bits.Len64(v) - 1
-	var m uint64
-	if e >= 3 {
-		m = (v >> (e - 3)) & 7
-	} else {
-		m = (v << (3 - e)) & 7
-	}
-	h.b[e*8+int(m)]++
-}
-
-func (h *latHist) merge(o *latHist) {
-	for i := range h.b {
-		h.b[i] += o.b[i]
-	}
-}
-
-// quantile returns the lower bound of the bucket that holds quantile q.
-func (h *latHist) quantile(q float64) time.Duration {
-	var n uint64
-	for _, c := range h.b {
-		n += c
-	}
-	if n == 0 {
-		return 0
-	}
-	want, acc := uint64(q*float64(n)), uint64(0)
-	for i, c := range h.b {
-		if acc += c; acc > want {
-			e, m := i/8, uint64(i%8)
-			if e < 3 {
-				return time.Duration(1) << e
-			}
-			return time.Duration((8 + m) << (e - 3))
-		}
-	}
-	return 0
 }
 
 type pacedResult struct {
@@ -108,7 +65,7 @@ type pacedResult struct {
 	missing  uint64
 	dup      uint64
 	ended    int // subscriber streams that ended early (evicted, errors)
-	lat      latHist
+	lat      lathist.Hist
 	err      string
 }
 
@@ -220,7 +177,7 @@ func runPacedOnce(lib library, cfg config, subs int, o pacedOpts) pacedResult {
 		if !s.ended && !s.complete && s.next <= s.total {
 			r.missing += s.total - (s.next - 1)
 		}
-		r.lat.merge(&s.pacing.lat)
+		r.lat.Merge(&s.pacing.lat)
 	}
 	return r
 }
@@ -246,7 +203,7 @@ func sweepPaced(lib library, cfg config, subs int, rates []int, count int, o pac
 			if agg.lib == "" {
 				agg = r
 			} else {
-				agg.lat.merge(&r.lat)
+				agg.lat.Merge(&r.lat)
 				agg.achieved = min(agg.achieved, r.achieved)
 			}
 			if !r.sustained() {
@@ -271,7 +228,7 @@ func printPaced(w io.Writer, rows []pacedRow, libs []string) {
 		best, lat := "none", ""
 		if row.best.rate > 0 {
 			best = fmt.Sprintf("%d/s", row.best.rate)
-			lat = fmt.Sprintf("%s / %s / %s", fmtDur(row.best.lat.quantile(0.5)), fmtDur(row.best.lat.quantile(0.99)), fmtDur(row.best.lat.quantile(0.999)))
+			lat = fmt.Sprintf("%s / %s / %s", fmtDur(row.best.lat.Quantile(0.5)), fmtDur(row.best.lat.Quantile(0.99)), fmtDur(row.best.lat.Quantile(0.999)))
 		}
 		next, what := "-", "sustained every rate tried"
 		if row.fail.rate > 0 {

@@ -1,0 +1,35 @@
+package lathist
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestQuantiles(t *testing.T) {
+	var h Hist
+	if h.Quantile(0.5) != 0 {
+		t.Fatal("an empty histogram has no quantile")
+	}
+	for i := 1; i <= 1000; i++ {
+		h.Add(int64(i) * int64(time.Microsecond))
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {0.999, 999 * time.Microsecond}} {
+		got := h.Quantile(c.q)
+		if got > c.want || float64(got) < 0.88*float64(c.want) {
+			t.Errorf("q%.3f = %v, want %v within 12%% below", c.q, got, c.want)
+		}
+	}
+	var o Hist
+	o.Add(0) // counts as 1 ns
+	o.Merge(&h)
+	if o.Quantile(0.0001) != 1 {
+		t.Errorf("the smallest bucket: %v", o.Quantile(0.0001))
+	}
+}
