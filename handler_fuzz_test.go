@@ -288,7 +288,7 @@ func FuzzHandlerRequest(f *testing.F) {
 			return
 		}
 		require.Equal(t, http.StatusOK, st.status, "body %q", st.body)
-		require.Equal(t, "retry: 3000\n\n", st.body)
+		require.Equal(t, "retry: 3000\n", st.body)
 		require.Zero(t, b.SubscriberCount())
 
 		raw := header

@@ -160,8 +160,17 @@ type testEnv struct {
 	buses map[string]*EventBus
 }
 
+// testJitter is the RetryJitter of the test handlers: none unless a test
+// asks for it, so that "retry:" is exact.
+func testJitter(j time.Duration) time.Duration {
+	if j == 0 {
+		return -1
+	}
+	return j
+}
+
 type envOptions struct {
-	handler        Handler // Retry, Heartbeat and WriteTimeout are used
+	handler        Handler // Retry, RetryJitter, Heartbeat, WriteTimeout, EpochIDs and CORS are used
 	wrap           func(http.Handler) http.Handler
 	maxHeaderBytes int
 	http2          bool
@@ -175,8 +184,11 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 		Lookup:       e.lookup,
 		Logger:       e.logs.logger(),
 		Retry:        o.handler.Retry,
+		RetryJitter:  testJitter(o.handler.RetryJitter),
 		Heartbeat:    o.handler.Heartbeat,
 		WriteTimeout: o.handler.WriteTimeout,
+		EpochIDs:     o.handler.EpochIDs,
+		CORS:         o.handler.CORS,
 	}
 	var h http.Handler = e.h
 	if o.wrap != nil {
@@ -578,8 +590,9 @@ func serveMem(h *Handler, w http.ResponseWriter, target string, hdr http.Header)
 
 func busHandler(b *EventBus, logs *logCapture) *Handler {
 	return &Handler{
-		Lookup: func(*http.Request) (*EventBus, error) { return b, nil },
-		Logger: logs.logger(),
+		Lookup:      func(*http.Request) (*EventBus, error) { return b, nil },
+		Logger:      logs.logger(),
+		RetryJitter: testJitter(0),
 	}
 }
 
@@ -914,7 +927,7 @@ func TestHandlerResponseHeaders(t *testing.T) {
 		require.Equal(t, 1, c.resp.ProtoMinor)
 		check(t, c.resp, b)
 		require.Equal(t, []string{"keep-alive"}, c.resp.Header.Values("Connection"))
-		require.Equal(t, "retry: 3000\n\n", string(c.raw), "the retry directive comes first, alone, flushed at once")
+		require.Equal(t, "retry: 3000\n", string(c.raw), "the retry directive comes first, alone, flushed at once")
 	})
 	t.Run("HTTP/2", func(t *testing.T) {
 		e := newEnv(t, envOptions{http2: true})
@@ -940,10 +953,10 @@ func TestHandlerResponseHeaders(t *testing.T) {
 		defer resp.Body.Close()
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		require.NotEqual(t, "keep-alive", resp.Header.Get("Connection"), "keep-alive is for HTTP/1.1 only")
-		buf := make([]byte, len("retry: 3000\n\n"))
+		buf := make([]byte, len("retry: 3000\n"))
 		_, err = io.ReadFull(resp.Body, buf)
 		require.NoError(t, err)
-		require.Equal(t, "retry: 3000\n\n", string(buf))
+		require.Equal(t, "retry: 3000\n", string(buf))
 	})
 }
 
@@ -961,7 +974,7 @@ func TestHandlerRetryDirective(t *testing.T) {
 			e.bus(t, "s", Options{})
 			c := e.open(t, "/session/s/events", nil)
 			require.Equal(t, sseRecord{Kind: sseRetryRecord, Retry: tc.want}, c.next())
-			require.Equal(t, fmt.Sprintf("retry: %d\n\n", tc.want), string(c.raw))
+			require.Equal(t, fmt.Sprintf("retry: %d\n", tc.want), string(c.raw))
 		})
 	}
 }
@@ -988,10 +1001,10 @@ func TestHandlerHeartbeat(t *testing.T) {
 				w := newMemWriter() // no SetWriteDeadline: ErrNotSupported is fine
 				cancel, done := serveMem(h, w, "/session/s/events", nil)
 				synctest.Wait()
-				require.Equal(t, "retry: 3000\n\n", w.state().body)
+				require.Equal(t, "retry: 3000\n", w.state().body)
 				require.Equal(t, 1, w.state().flushes)
 
-				const hb = ": heartbeat\n\n"
+				const hb = ":\n"
 				time.Sleep(every - time.Nanosecond)
 				synctest.Wait()
 				require.Equal(t, 0, strings.Count(w.state().body, hb), "no heartbeat before the idle time")
@@ -1021,7 +1034,7 @@ func TestHandlerHeartbeat(t *testing.T) {
 				cancel()
 				<-done
 				recs := parseBody(t, w.state().body)
-				comment := sseRecord{Kind: sseCommentRecord, Comment: " heartbeat"}
+				comment := sseRecord{Kind: sseCommentRecord, Comment: ""}
 				require.Equal(t, []sseRecord{
 					{Kind: sseRetryRecord, Retry: 3000}, comment,
 					{Kind: sseEventRecord, Event: wantEvent(1)}, comment, comment, comment, comment,
@@ -1033,7 +1046,7 @@ func TestHandlerHeartbeat(t *testing.T) {
 }
 
 func TestHandlerWriteDeadline(t *testing.T) {
-	t.Run("every write has a deadline", func(t *testing.T) {
+	t.Run("every write has a deadline, cleared after its flush", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
 			b := newTestBus(t, Options{}, logs)
@@ -1051,8 +1064,11 @@ func TestHandlerWriteDeadline(t *testing.T) {
 			at := func(d time.Duration) time.Time { return start.Add(d) }
 			require.Equal(t, []deadlineSet{
 				{at(0), at(DefaultWriteTimeout)},                                 // retry:
+				{at(0), time.Time{}},                                             // cleared
 				{at(5 * time.Second), at(5*time.Second + DefaultWriteTimeout)},   // the batch
+				{at(5 * time.Second), time.Time{}},                               // cleared
 				{at(20 * time.Second), at(20*time.Second + DefaultWriteTimeout)}, // the heartbeat
+				{at(20 * time.Second), time.Time{}},                              // cleared
 			}, w.deadlineSets())
 			require.Equal(t, 3, w.state().writes)
 		})
@@ -1109,7 +1125,7 @@ func TestHandlerWriteDeadline(t *testing.T) {
 				if tc.blockFrom == 1 {
 					require.Empty(t, st.body)
 				} else {
-					require.Equal(t, "retry: 3000\n\n", st.body, "no frame after a failed write")
+					require.Equal(t, "retry: 3000\n", st.body, "no frame after a failed write")
 				}
 				require.Len(t, logs.kind(DiagWriteFailed), 1)
 				require.Equal(t, uint64(3*boolInt(tc.name == "batch blocks")), b.Stats().Dropped.Blocked,
@@ -1526,7 +1542,7 @@ func TestHandlerSlowReaderDropped(t *testing.T) {
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
-		buf := make([]byte, len("retry: 3000\n\n"))
+		buf := make([]byte, len("retry: 3000\n"))
 		_, err = io.ReadFull(resp.Body, buf)
 		require.NoError(t, err)
 		// From now on the client never reads.
