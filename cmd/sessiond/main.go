@@ -67,13 +67,15 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	logger := f.Logger(logOut)
 
 	srv, err := newServer(config{
-		Options:      f.BusOptions(logger),
-		MaxSessions:  *maxSessions,
-		Heartbeat:    f.Heartbeat,
-		Retry:        f.Retry,
-		WriteTimeout: f.WriteTimeout,
-		Logger:       logger,
+		Options:     f.BusOptions(logger),
+		MaxSessions: *maxSessions,
+		Stream:      f.Handler,
+		Logger:      logger,
 	})
+	if err != nil {
+		return err
+	}
+	tlsConfig, err := f.TLSConfig()
 	if err != nil {
 		return err
 	}
@@ -81,12 +83,17 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	scheme := "http://"
+	if tlsConfig != nil {
+		scheme = "https://"
+	}
 	d := &daemon.Server{
 		Name:            "sessiond",
 		Listener:        ln,
 		Handler:         srv.routes(),
+		TLS:             tlsConfig,
 		Logger:          logger,
-		ListenAttrs:     []any{"url", "http://" + ln.Addr().String() + "/"},
+		ListenAttrs:     []any{"url", scheme + ln.Addr().String() + "/"},
 		Close:           srv.closeAll,
 		ShutdownTimeout: f.ShutdownTimeout,
 	}

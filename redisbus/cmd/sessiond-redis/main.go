@@ -96,6 +96,10 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	client := redis.NewClient(ropts)
 	defer client.Close()
 
+	tlsConfig, err := f.TLSConfig()
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", f.Addr)
 	if err != nil {
 		return err
@@ -115,15 +119,21 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ln.Close()
 		return err
 	}
-	srv := &server{bp: bp, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*context.CancelFunc]struct{}{}}
+	srv := &server{bp: bp, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*shared.Stream]struct{}{}}
 	h := bp.Handler()
-	h.Logger, h.Heartbeat, h.Retry, h.WriteTimeout = logger, f.Heartbeat, f.Retry, f.WriteTimeout
+	h.Logger = logger
+	if err := f.Handler(h); err != nil {
+		bp.Close()
+		ln.Close()
+		return err
+	}
 	srv.events = h
 
 	d := &shared.Server{
 		Name:     "sessiond-redis",
 		Listener: ln,
 		Handler:  srv.routes(),
+		TLS:      tlsConfig,
 		Logger:   logger,
 		// Close the mirrors first: each stream gets what it has queued,
 		// then its handler returns, so Shutdown finds idle connections.
@@ -146,13 +156,13 @@ type server struct {
 	maxBody int64
 
 	mu      sync.Mutex
-	streams map[string]map[*context.CancelFunc]struct{} // open streams by session, for /disconnect
+	streams map[string]map[*shared.Stream]struct{} // open streams by session, for /disconnect
 }
 
 func (s *server) routes() http.Handler {
 	mux := shared.Mux(s)
 	mux.HandleFunc("POST /session/{id}/signal", s.ServeSignal)
-	return mux
+	return shared.JSONErrors(mux)
 }
 
 func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
@@ -161,16 +171,15 @@ func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, strings.TrimSuffix(usageText, "Flags:\n"))
 }
 
-// ServeEvents runs the backplane's SSE handler under a context that
-// /disconnect can cancel, as a client disconnect would.
+// ServeEvents runs the backplane's SSE handler on a request that
+// /disconnect can cut.
 func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	key := &cancel
+	key, r := shared.Track(r)
+	defer key.Done()
 	s.mu.Lock()
 	if s.streams[id] == nil {
-		s.streams[id] = map[*context.CancelFunc]struct{}{}
+		s.streams[id] = map[*shared.Stream]struct{}{}
 	}
 	s.streams[id][key] = struct{}{}
 	s.mu.Unlock()
@@ -183,7 +192,7 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 	}()
 	s.logger.Debug("stream opened", "session", id, "lastEventId", r.Header.Get("Last-Event-ID"), "remote", r.RemoteAddr)
-	s.events.ServeHTTP(w, r.WithContext(ctx))
+	s.events.ServeHTTP(w, r)
 }
 
 func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
@@ -265,16 +274,21 @@ func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
+	mode, err := shared.ParseCutMode(r)
+	if err != nil {
+		shared.WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())
+		return
+	}
 	s.mu.Lock()
-	var cancels []context.CancelFunc
+	var cuts []*shared.Stream
 	for c := range s.streams[r.PathValue("id")] {
-		cancels = append(cancels, *c)
+		cuts = append(cuts, c)
 	}
 	s.mu.Unlock()
-	for _, c := range cancels {
-		c()
+	for _, c := range cuts {
+		c.Cut(mode)
 	}
-	shared.WriteJSON(w, http.StatusOK, map[string]int{"disconnected": len(cancels)})
+	shared.WriteJSON(w, http.StatusOK, map[string]any{"disconnected": len(cuts), "mode": mode.String()})
 }
 
 // publishDemo is the demo's Publish; an error after the demo was stopped
