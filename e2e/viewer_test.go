@@ -49,7 +49,7 @@ func chromiumPath(t *testing.T) string {
 type daemon struct {
 	t    *testing.T
 	cmd  *exec.Cmd
-	base string // http://127.0.0.1:port
+	base string // http://127.0.0.1:port, or https:// with -tls-cert
 	http *http.Client
 
 	mu   sync.Mutex
@@ -100,7 +100,7 @@ func startDaemon(ctx context.Context, t *testing.T, bin string, args ...string) 
 	addrCh := make(chan string, 1)
 	go func() {
 		defer close(d.done)
-		addrRE := regexp.MustCompile(`msg="sessiond listening" addr=(\S+)`)
+		addrRE := regexp.MustCompile(`msg="sessiond listening" addr=\S+ url=(\S+)/`)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			line := sc.Text()
@@ -128,8 +128,8 @@ func startDaemon(ctx context.Context, t *testing.T, bin string, args ...string) 
 		}
 	})
 	select {
-	case addr := <-addrCh:
-		d.base = "http://" + addr
+	case url := <-addrCh:
+		d.base = url
 	case <-d.done:
 		t.Fatalf("the daemon exited before listening:\n%s", d.logText())
 	case <-ctx.Done():
@@ -277,53 +277,8 @@ func TestViewerResumesAfterTheServerCutsTheStream(t *testing.T) {
 	d := startDaemon(ctx, t, bin, "-retry", "1s", "-ring", "1000")
 	const session = "e2e"
 
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(chromium),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 1000),
-	)
-	defer cancelAlloc() // waits for the browser process to exit
-	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
-	consoleDone := make(chan struct{})
-	defer func() {
-		// Close the browser gracefully, bounded, then free the context; that
-		// also ends the console reader below.
-		cctx, ccancel := context.WithTimeout(bctx, 15*time.Second)
-		defer ccancel()
-		if err := chromedp.Cancel(cctx); err != nil {
-			t.Logf("closing the browser: %v", err)
-		}
-		cancelBrowser()
-		<-consoleDone
-	}()
-
-	// Collect the page's console errors and uncaught exceptions.
-	var consoleMu sync.Mutex
-	var consoleErrs []string
-	console := chromedp.Console(bctx) // starts the browser
-	go func() {
-		defer close(consoleDone)
-		for m, err := range console {
-			if err != nil {
-				return
-			}
-			if m.IsException() || m.Type == chromedp.ConsoleError {
-				consoleMu.Lock()
-				consoleErrs = append(consoleErrs, m.String())
-				consoleMu.Unlock()
-			}
-		}
-	}()
+	br := newBrowser(ctx, t, chromium)
+	bctx := br.ctx
 
 	if err := chromedp.Do(bctx, chromedp.Navigate(d.base+"/?session="+session)); err != nil {
 		t.Fatalf("navigating to the viewer: %v", err)
@@ -484,18 +439,86 @@ func TestViewerResumesAfterTheServerCutsTheStream(t *testing.T) {
 	if st := d.status(session); st.StreamsResumed != 3 || st.Epoch != epoch {
 		t.Errorf("server status %+v: want 3 resumed streams in epoch %s", st, epoch)
 	}
-	consoleMu.Lock()
-	if len(consoleErrs) > 0 {
+	if errs := br.consoleErrors(); len(errs) > 0 {
 		// A reconnecting EventSource logs nothing; any error is a page bug.
-		t.Errorf("the page logged errors: %q", consoleErrs)
+		t.Errorf("the page logged errors: %q", errs)
 	}
-	consoleMu.Unlock()
 
 	screenshot(bctx, t, "viewer-final.png")
 
 	// SIGTERM while the page still streams: the daemon closes the bus, the
 	// stream drains and ends, and the server shuts down cleanly.
 	d.stop(20 * time.Second)
+}
+
+// browser is a headless chromium with one tab (ctx) whose console errors
+// and uncaught exceptions are collected. The test's cleanup closes it.
+type browser struct {
+	ctx context.Context
+
+	mu     sync.Mutex
+	errors []string
+}
+
+func (b *browser) consoleErrors() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.errors)
+}
+
+// newBrowser starts chromium with the flags this machine needs (no
+// background networking: its connections are refused here) and extra.
+func newBrowser(ctx context.Context, t *testing.T, chromium string, extra ...chromedp.ExecAllocatorOption) *browser {
+	t.Helper()
+	opts := append([]chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromium),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 1000),
+	}, extra...)
+	// Not ended by ctx: the cleanup closes the browser gracefully after the
+	// test function (and its deferred cancel of ctx) returned.
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.WithoutCancel(ctx), opts...)
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
+	b := &browser{ctx: bctx}
+	consoleDone := make(chan struct{})
+	console := chromedp.Console(bctx) // starts the browser
+	go func() {
+		defer close(consoleDone)
+		for m, err := range console {
+			if err != nil {
+				return
+			}
+			if m.IsException() || m.Type == chromedp.ConsoleError {
+				b.mu.Lock()
+				b.errors = append(b.errors, m.String())
+				b.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		// Close the browser gracefully, bounded, then free the contexts; that
+		// also ends the console reader, and cancelAlloc waits for the
+		// browser process to exit.
+		cctx, ccancel := context.WithTimeout(bctx, 15*time.Second)
+		defer ccancel()
+		if err := chromedp.Cancel(cctx); err != nil {
+			t.Logf("closing the browser: %v", err)
+		}
+		cancelBrowser()
+		<-consoleDone
+		cancelAlloc()
+	})
+	return b
 }
 
 // screenshot saves the page's viewport as name under $E2E_ARTIFACTS, or under
