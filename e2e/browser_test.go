@@ -259,6 +259,9 @@ func TestTenViewerTabsOverHTTP2(t *testing.T) {
 	if err := chromedp.Do(last, chromedp.Click("#publish")); err != nil {
 		t.Fatal(err)
 	}
+	waitUntil(t, 20*time.Second, "the tab's publish to be answered", func() (bool, string) {
+		return d.status("tabs").LastEventID == 1, fmt.Sprintf("%+v", d.status("tabs"))
+	})
 	for n := 2; n <= 20; n++ {
 		d.publish("tabs", n)
 	}

@@ -76,6 +76,13 @@ type stream struct {
 
 type streamKey struct{}
 
+func (sess *session) busOrNil() *eventbus.EventBus {
+	if sess == nil {
+		return nil
+	}
+	return sess.bus
+}
+
 func newServer(cfg config) (*server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -262,8 +269,8 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	id := r.PathValue("id")
 	sess, err := s.getSession(id, true)
-	if err != nil {
-		return nil, err
+	if err != nil || r.Method == http.MethodHead {
+		return sess.busOrNil(), err // a HEAD opens no stream
 	}
 	resume := r.Header.Get("Last-Event-ID")
 	if resume == "" {
