@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	shared "github.com/ssebus/eventbus/internal/daemon"
+	"github.com/ssebus/eventbus/internal/daemontest"
 )
 
 // plainPage is a page with a bare EventSource and no epoch code of its own:
@@ -91,28 +92,28 @@ func TestPlainEventSourceAcrossARestart(t *testing.T) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin := buildDaemon(ctx, t)
+	bin := daemontest.Build(ctx, t, "..", raceEnabled)
 	ps := pageServer(t)
 	addr := freeAddr(t)
 	// -retry 4s, no jitter: the browser waits that long after the stream
 	// ends, time enough to restart the daemon and publish first.
 	args := []string{"-addr", addr, "-cors-origin", ps.URL, "-retry", "4s", "-retry-jitter", "-1ns"}
-	d1 := startDaemon(ctx, t, bin, args...)
+	d1 := daemontest.Start(ctx, t, bin, args...)
 	br := newBrowser(ctx, t, chromium)
-	src := d1.base + "/session/e2e/events"
+	src := d1.Base + "/session/e2e/events"
 	if err := chromedp.Do(br.ctx, chromedp.Navigate(ps.URL+"/?src="+url.QueryEscape(src))); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 20*time.Second, "the page's EventSource to open", func() (bool, string) {
+	daemontest.WaitUntil(t, 20*time.Second, "the page's EventSource to open", func() (bool, string) {
 		p := readPlain(br.ctx, t)
-		return p.Opens == 1 && d1.status("e2e").Subscribers == 1, fmt.Sprintf("%+v", p)
+		return p.Opens == 1 && d1.Status("e2e").Subscribers == 1, fmt.Sprintf("%+v", p)
 	})
-	old := d1.status("e2e").Epoch
+	old := d1.Status("e2e").Epoch
 	for n := 1; n <= 3; n++ {
-		d1.publish("e2e", n)
+		d1.Publish("e2e", n)
 	}
 	var p plainState
-	waitUntil(t, 20*time.Second, "three events", func() (bool, string) {
+	daemontest.WaitUntil(t, 20*time.Second, "three events", func() (bool, string) {
 		p = readPlain(br.ctx, t)
 		return len(p.Log) == 3, fmt.Sprintf("%+v", p)
 	})
@@ -122,17 +123,17 @@ func TestPlainEventSourceAcrossARestart(t *testing.T) {
 		}
 	}
 
-	d1.stop(20 * time.Second)
+	d1.Stop(20 * time.Second)
 	stoppedAt := time.Now()
-	d2 := startDaemon(ctx, t, bin, args...)
+	d2 := daemontest.Start(ctx, t, bin, args...)
 	for n := 1; n <= 5; n++ {
-		d2.publish("e2e", n)
+		d2.Publish("e2e", n)
 	}
 	if since := time.Since(stoppedAt); since > 3*time.Second {
 		t.Fatalf("the restart took %v: the browser may have come back before the five events", since)
 	}
-	next := d2.status("e2e").Epoch
-	waitUntil(t, 30*time.Second, "the browser to come back and be told", func() (bool, string) {
+	next := d2.Status("e2e").Epoch
+	daemontest.WaitUntil(t, 30*time.Second, "the browser to come back and be told", func() (bool, string) {
 		p = readPlain(br.ctx, t)
 		return len(p.Log) >= 3+7, fmt.Sprintf("%+v", p)
 	})
@@ -149,11 +150,11 @@ func TestPlainEventSourceAcrossARestart(t *testing.T) {
 	if f := got[6]; f.Type != "replay_complete" || f.Data.Data["replayedCount"] != float64(5) || f.Data.Data["epoch"] != next {
 		t.Fatalf("last replayed frame: %+v", f)
 	}
-	if st := d2.status("e2e"); st.LastResumeFrom != old+":3" || st.StreamsResumed != 1 {
+	if st := d2.Status("e2e"); st.LastResumeFrom != old+":3" || st.StreamsResumed != 1 {
 		t.Fatalf("the new daemon saw %+v; want one resume from %s:3", st, old)
 	}
-	d2.publish("e2e", 6)
-	waitUntil(t, 20*time.Second, "a live event of the new epoch", func() (bool, string) {
+	d2.Publish("e2e", 6)
+	daemontest.WaitUntil(t, 20*time.Second, "a live event of the new epoch", func() (bool, string) {
 		p = readPlain(br.ctx, t)
 		return len(p.Log) == 11 && p.Log[10].LastEventID == next+":6", fmt.Sprintf("%+v", p.Log[len(p.Log)-1])
 	})
@@ -167,39 +168,39 @@ func TestCrossOriginPage(t *testing.T) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	bin := buildDaemon(ctx, t)
+	bin := daemontest.Build(ctx, t, "..", raceEnabled)
 	ps := pageServer(t)
-	allowed := startDaemon(ctx, t, bin, "-cors-origin", ps.URL)
-	other := startDaemon(ctx, t, bin, "-cors-origin", "https://somewhere.else.example")
-	refused := startDaemon(ctx, t, bin)
+	allowed := daemontest.Start(ctx, t, bin, "-cors-origin", ps.URL)
+	other := daemontest.Start(ctx, t, bin, "-cors-origin", "https://somewhere.else.example")
+	refused := daemontest.Start(ctx, t, bin)
 	br := newBrowser(ctx, t, chromium)
 
-	open := func(d *daemon) context.Context {
+	open := func(d *daemontest.Daemon) context.Context {
 		tab, closeTab := chromedp.NewContext(br.ctx)
 		t.Cleanup(closeTab)
-		if err := chromedp.Do(tab, chromedp.Navigate(ps.URL+"/?src="+url.QueryEscape(d.base+"/session/cors/events"))); err != nil {
+		if err := chromedp.Do(tab, chromedp.Navigate(ps.URL+"/?src="+url.QueryEscape(d.Base+"/session/cors/events"))); err != nil {
 			t.Fatal(err)
 		}
 		return tab
 	}
 	tab := open(allowed)
-	waitUntil(t, 20*time.Second, "the allowed page to open", func() (bool, string) {
+	daemontest.WaitUntil(t, 20*time.Second, "the allowed page to open", func() (bool, string) {
 		p := readPlain(tab, t)
 		return p.Opens == 1, fmt.Sprintf("%+v", p)
 	})
-	allowed.publish("cors", 1)
-	waitUntil(t, 20*time.Second, "the allowed page to get the event", func() (bool, string) {
+	allowed.Publish("cors", 1)
+	daemontest.WaitUntil(t, 20*time.Second, "the allowed page to get the event", func() (bool, string) {
 		p := readPlain(tab, t)
 		return len(p.Log) == 1 && p.Log[0].Type == "note", fmt.Sprintf("%+v", p)
 	})
 
-	for name, d := range map[string]*daemon{"another origin listed": other, "no -cors-origin": refused} {
+	for name, d := range map[string]*daemontest.Daemon{"another origin listed": other, "no -cors-origin": refused} {
 		tab := open(d)
-		waitUntil(t, 20*time.Second, name+": the page's EventSource to fail for good", func() (bool, string) {
+		daemontest.WaitUntil(t, 20*time.Second, name+": the page's EventSource to fail for good", func() (bool, string) {
 			p := readPlain(tab, t)
 			return p.Errors >= 1 && p.ReadyState == 2, fmt.Sprintf("%+v", p)
 		})
-		d.publish("cors", 1)
+		d.Publish("cors", 1)
 		time.Sleep(300 * time.Millisecond)
 		if p := readPlain(tab, t); p.Opens != 0 || len(p.Log) != 0 {
 			t.Fatalf("%s: the page read the stream: %+v", name, p)
@@ -215,15 +216,15 @@ func TestTenViewerTabsOverHTTP2(t *testing.T) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bin := buildDaemon(ctx, t)
+	bin := daemontest.Build(ctx, t, "..", raceEnabled)
 	certFile, keyFile, cert, err := shared.WriteSelfSignedCert(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(ctx, t, bin, "-tls-cert", certFile, "-tls-key", keyFile)
+	d := daemontest.Start(ctx, t, bin, "-tls-cert", certFile, "-tls-key", keyFile)
 	roots := x509.NewCertPool()
 	roots.AddCert(cert)
-	d.http.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
+	d.HTTP.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
 	br := newBrowser(ctx, t, chromium, chromedp.Flag("ignore-certificate-errors", true))
 
 	const tabs = 10
@@ -231,19 +232,19 @@ func TestTenViewerTabsOverHTTP2(t *testing.T) {
 	for i := range tabs {
 		tab, closeTab := chromedp.NewContext(br.ctx)
 		t.Cleanup(closeTab)
-		if err := chromedp.Do(tab, chromedp.Navigate(d.base+"/?session=tabs")); err != nil {
+		if err := chromedp.Do(tab, chromedp.Navigate(d.Base+"/?session=tabs")); err != nil {
 			t.Fatalf("tab %d: %v", i+1, err)
 		}
 		ctxs = append(ctxs, tab)
 	}
-	waitUntil(t, 60*time.Second, "ten open streams", func() (bool, string) {
+	daemontest.WaitUntil(t, 60*time.Second, "ten open streams", func() (bool, string) {
 		open := 0
 		for _, tab := range ctxs {
 			if readPage(tab, t).ConnState == "open" {
 				open++
 			}
 		}
-		st := d.status("tabs")
+		st := d.Status("tabs")
 		return open == tabs && st.Subscribers == tabs, fmt.Sprintf("%d tabs open, server %+v", open, st)
 	})
 	for i, tab := range ctxs {
@@ -259,14 +260,14 @@ func TestTenViewerTabsOverHTTP2(t *testing.T) {
 	if err := chromedp.Do(last, chromedp.Click("#publish")); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 20*time.Second, "the tab's publish to be answered", func() (bool, string) {
-		return d.status("tabs").LastEventID == 1, fmt.Sprintf("%+v", d.status("tabs"))
+	daemontest.WaitUntil(t, 20*time.Second, "the tab's publish to be answered", func() (bool, string) {
+		return d.Status("tabs").LastEventID == 1, fmt.Sprintf("%+v", d.Status("tabs"))
 	})
 	for n := 2; n <= 20; n++ {
-		d.publish("tabs", n)
+		d.Publish("tabs", n)
 	}
 	for i, tab := range ctxs {
-		waitUntil(t, 30*time.Second, fmt.Sprintf("tab %d to see ids 1..20", i+1), func() (bool, string) {
+		daemontest.WaitUntil(t, 30*time.Second, fmt.Sprintf("tab %d to see ids 1..20", i+1), func() (bool, string) {
 			p := readPage(tab, t)
 			return len(p.SeenIDs) == 20 && p.SeenIDs[19] == 20, p.summary()
 		})
@@ -295,9 +296,9 @@ func TestViewerEpoch(t *testing.T) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	d := startDaemon(ctx, t, buildDaemon(ctx, t), "-retry", "300ms")
+	d := daemontest.Start(ctx, t, daemontest.Build(ctx, t, "..", raceEnabled), "-retry", "300ms")
 	br := newBrowser(ctx, t, chromium)
-	if err := chromedp.Do(br.ctx, chromedp.Navigate(d.base+"/?session=ep")); err != nil {
+	if err := chromedp.Do(br.ctx, chromedp.Navigate(d.Base+"/?session=ep")); err != nil {
 		t.Fatal(err)
 	}
 	type viewerEpoch struct {
@@ -318,19 +319,19 @@ func TestViewerEpoch(t *testing.T) {
 		return v
 	}
 	var v viewerEpoch
-	waitUntil(t, 20*time.Second, "the viewer to learn the epoch (Event-Epoch of a HEAD)", func() (bool, string) {
+	daemontest.WaitUntil(t, 20*time.Second, "the viewer to learn the epoch (Event-Epoch of a HEAD)", func() (bool, string) {
 		v = read()
 		return v.Epoch != nil, fmt.Sprintf("%+v", v)
 	})
 	first := *v.Epoch
-	if first != d.status("ep").Epoch {
-		t.Fatalf("viewer epoch %s, daemon %s", first, d.status("ep").Epoch)
+	if first != d.Status("ep").Epoch {
+		t.Fatalf("viewer epoch %s, daemon %s", first, d.Status("ep").Epoch)
 	}
 	const fake = "00000000000000000000000000000000"
-	d.call(http.MethodPost, "/session/ep/events", `{"type":"note","data":{"epoch":"`+fake+`"}}`, http.StatusOK, nil)
-	d.call(http.MethodPost, "/session/ep/events", `{"type":"replay_complete","data":{"epoch":"`+fake+`","replayedCount":0}}`, http.StatusOK, nil)
-	d.call(http.MethodPost, "/session/ep/events", `{"type":"state_resync_required","data":{"reason":"epoch_reset","epoch":"`+fake+`"}}`, http.StatusOK, nil)
-	waitUntil(t, 20*time.Second, "three published events", func() (bool, string) {
+	d.Call(http.MethodPost, "/session/ep/events", `{"type":"note","data":{"epoch":"`+fake+`"}}`, http.StatusOK, nil)
+	d.Call(http.MethodPost, "/session/ep/events", `{"type":"replay_complete","data":{"epoch":"`+fake+`","replayedCount":0}}`, http.StatusOK, nil)
+	d.Call(http.MethodPost, "/session/ep/events", `{"type":"state_resync_required","data":{"reason":"epoch_reset","epoch":"`+fake+`"}}`, http.StatusOK, nil)
+	daemontest.WaitUntil(t, 20*time.Second, "three published events", func() (bool, string) {
 		v = read()
 		return v.Frames == 3, fmt.Sprintf("%+v", v)
 	})
@@ -338,12 +339,12 @@ func TestViewerEpoch(t *testing.T) {
 		t.Fatalf("application data moved the viewer: %+v", v)
 	}
 
-	d.call(http.MethodDelete, "/session/ep", "", http.StatusNoContent, nil)
-	waitUntil(t, 20*time.Second, "the viewer to come back to a new epoch", func() (bool, string) {
+	d.Call(http.MethodDelete, "/session/ep", "", http.StatusNoContent, nil)
+	daemontest.WaitUntil(t, 20*time.Second, "the viewer to come back to a new epoch", func() (bool, string) {
 		v = read()
 		return v.EpochChanges == 1, fmt.Sprintf("%+v", v)
 	})
-	next := d.status("ep").Epoch
+	next := d.Status("ep").Epoch
 	if *v.Epoch != next || next == first || v.SilentJoins != 0 || v.Resyncs != 1 ||
 		!strings.HasPrefix(v.Banner, "changed: Epoch changed: "+first+" → "+next) {
 		t.Fatalf("after the DELETE: %+v (daemon epoch %s)", v, next)
