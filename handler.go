@@ -50,7 +50,11 @@ var ErrSessionNotFound = errors.New("eventbus: session not found")
 // their own: a blank line ends an event, and several common clients (r3labs,
 // go-sse, httpx-sse) turn a block without data into an empty event. A
 // conforming parser applies retry: at once and ignores comments; a lenient
-// one reads them as part of the next event's block.
+// one reads them as part of the next event's block. The first heartbeat
+// after an event repeats the connection's retry: line, later ones are a
+// bare ":" comment: go-sse (v0.12) ends its connection for good, without
+// reconnecting, when a response ends after a block that holds nothing but
+// comments, so the text after the last event always holds a field.
 //
 // A Handler is safe for concurrent use once its fields are set; they must
 // not change while it serves. Its zero value answers 404 to everything
@@ -276,8 +280,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// No blank line after it: a block of its own would be an empty event
 	// in lenient clients (see the type's doc).
-	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), h.retryMillis(), 10)
-	s.buf = append(s.buf, '\n')
+	s.retry = h.retryMillis()
+	s.appendRetry()
 	if err := s.flushBatch(); err != nil {
 		h.dropBlocked(r.Context(), sub, &s, err)
 		return
@@ -327,6 +331,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 				h.dropBlocked(ctx, sub, s, err)
 				return
 			}
+			s.tailField = false // every frame ends with a blank line
 			timer.Reset(idle)
 		}
 		// Delivered only once written and flushed: the frames of a failed
@@ -347,7 +352,11 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		select {
 		case <-sub.Ready():
 		case <-timer.C:
-			s.buf = append(s.buf, heartbeat...)
+			if s.tailField {
+				s.buf = append(s.buf, heartbeat...)
+			} else {
+				s.appendRetry()
+			}
 			if err := s.flushBatch(); err != nil {
 				h.dropBlocked(ctx, sub, s, err)
 				return
@@ -375,9 +384,10 @@ func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream,
 	sub.cancelBlocked(s.frames, err)
 }
 
-// heartbeat is the idle keep-alive: one comment line, without a blank line
-// after it (see Handler), as short as a comment can be, because lenient
-// clients keep such lines until the next event's blank line.
+// heartbeat is the idle keep-alive once the stream's tail holds a field:
+// one comment line, without a blank line after it (see Handler), as short
+// as a comment can be, because lenient clients keep such lines until the
+// next event's blank line.
 const heartbeat = ":\n"
 
 // stream batches frames for one response. Every batch is written with one
@@ -393,10 +403,14 @@ type stream struct {
 	// event's shared bytes start with "id: N"; the writer puts idPrefix
 	// in front of the bytes after "id: ", so the frames stay encoded once.
 	idPrefix []byte
-	err      error // the first write error; later writes are skipped
-	pending  bool  // written since the last flush
-	armed    bool  // the deadline of this batch is set
-	frames   int   // frames in this batch
+	retry    int64 // this connection's retry:, in milliseconds
+	// tailField: since the last blank line the stream has carried a field
+	// (the retry: line), not only comments (see Handler).
+	tailField bool
+	err       error // the first write error; later writes are skipped
+	pending   bool  // written since the last flush
+	armed     bool  // the deadline of this batch is set
+	frames    int   // frames in this batch
 }
 
 const (
@@ -407,6 +421,13 @@ const (
 	// and is not kept between batches.
 	maxBatchBuffer = 1 << 20
 )
+
+// appendRetry adds the connection's retry: line, without a blank line.
+func (s *stream) appendRetry() {
+	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), s.retry, 10)
+	s.buf = append(s.buf, '\n')
+	s.tailField = true
+}
 
 // reserve makes room in the batch buffer for the frames add will copy,
 // in one allocation: growing by doubling while a large batch is copied

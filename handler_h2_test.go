@@ -162,10 +162,14 @@ func TestHandlerHTTP2IdleLongerThanWriteTimeout(t *testing.T) {
 		synctest.Wait()
 		require.Equal(t, []sseRecord{{Kind: sseEventRecord, Event: wantEvent(1)}}, drain(recs), "flushed at once")
 
-		for range 10 { // one heartbeat a minute, each flushed
+		for i := range 10 { // one heartbeat a minute, each flushed
 			time.Sleep(time.Minute)
 			synctest.Wait()
-			require.Equal(t, []sseRecord{{Kind: sseCommentRecord}}, drain(recs))
+			want := sseRecord{Kind: sseCommentRecord}
+			if i == 0 {
+				want = sseRecord{Kind: sseRetryRecord, Retry: 3000} // the first after an event
+			}
+			require.Equal(t, []sseRecord{want}, drain(recs))
 		}
 		publishN(t, b, 1)
 		synctest.Wait()
