@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -58,7 +56,7 @@ func TestThirdPartyClients(t *testing.T) {
 			nodeAvailable(t)
 		}
 	}
-	bin := daemontest.Build(ctx, t, "..", false)
+	bin := daemontest.Build(ctx, t, "..", raceEnabled)
 	addr := freeAddr(t)
 	args := append([]string{"-addr", addr}, daemonArgs...)
 	d := daemontest.Start(ctx, t, bin, args...)
@@ -236,7 +234,7 @@ func verify(t *testing.T, c *client, epoch1, epoch2 string, counts []int, resume
 			case "state_resync_required":
 				var d struct {
 					Reason, Detail, Epoch string
-					LastDeliveredID     uint64 `json:"lastDeliveredId"`
+					LastDeliveredID       uint64 `json:"lastDeliveredId"`
 				}
 				json.Unmarshal(env.Data, &d)
 				if phase != 0 || next != uint64(counts[0])+1 || d.Reason != "epoch_reset" || d.Detail != "epoch_mismatch" ||
@@ -283,6 +281,3 @@ func freeAddr(t *testing.T) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
-
-var _ = os.Getenv
-var _ sync.Mutex
