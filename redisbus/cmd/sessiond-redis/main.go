@@ -13,11 +13,14 @@
 //	POST   /session/{id}/events       publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...}
 //	GET    /session/{id}              the session as Redis and this replica see it (404 if Redis has none)
 //	DELETE /session/{id}              forget the session in Redis; every replica's streams of it end -> 204
-//	POST   /session/{id}/disconnect   cut this replica's open streams of the session -> {"disconnected":N}
+//	POST   /session/{id}/disconnect   cut this replica's open streams of the session -> {"disconnected":N,"mode":...}
+//	                                  (?mode=clean ends the responses, ?mode=abort resets the connections)
 //	POST   /session/{id}/signal       send {"type":..., "about":...} to the session's streams on every replica -> 204
 //
-// On SIGINT or SIGTERM it closes the backplane (open streams drain and
-// end), then shuts the HTTP server down. The Redis keys stay.
+// The flags of cmd/sessiond apply (epoch ids on by default, -cors-origin,
+// h2c, -tls-cert/-tls-key). On SIGINT or SIGTERM it closes the backplane
+// (open streams drain and end), then shuts the HTTP server down. The Redis
+// keys stay.
 package main
 
 import (
@@ -53,7 +56,8 @@ Routes:
                                     -> {"id":N,"epoch":"..."}; 400 bad body, 413 too large, 503 Redis down
   GET    /session/{id}              the session in Redis and on this replica; 404 if Redis has none
   DELETE /session/{id}              forget the session in Redis -> 204; the next use starts a new epoch
-  POST   /session/{id}/disconnect   cut this replica's streams of the session -> {"disconnected":N}
+  POST   /session/{id}/disconnect   cut this replica's streams of the session -> {"disconnected":N,"mode":...}
+                                    (?mode=clean: end the responses; ?mode=abort: reset the connections)
   POST   /session/{id}/signal       change signal {"type":"...","about":"..."} to the session's
                                     streams on every replica (no id, not stored) -> 204
 
