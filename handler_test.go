@@ -149,6 +149,16 @@ func wantSynth(typ, data, lastID string) sseEvent {
 	}
 }
 
+// wantReplayComplete is b's replay_complete after count replayed events up
+// to last; lastID is the SSE id the client holds when it arrives.
+func wantReplayComplete(b *EventBus, count int, last uint64, lastID string) sseEvent {
+	if count == 0 {
+		return wantSynth(TypeReplayComplete, `{"replayedCount":0,"epoch":"`+b.Epoch()+`"}`, lastID)
+	}
+	return wantSynth(TypeReplayComplete, fmt.Sprintf(`{"replayedCount":%d,"lastReplayedEventId":%d,"lastEventId":%d,"epoch":"%s"}`,
+		count, last, last, b.Epoch()), lastID)
+}
+
 // testEnv is a loopback HTTP server with the Handler on
 // "GET /session/{id}/events" and a Lookup over a map of buses.
 type testEnv struct {
@@ -223,6 +233,17 @@ func (e *testEnv) lookup(r *http.Request) (*EventBus, error) {
 		return nil, fmt.Errorf("%w: %q", ErrSessionNotFound, id)
 	}
 	return b, nil
+}
+
+// sessionWithEvents adds a session of its own with n events published
+// (by publishN) and returns its stream path and bus.
+func (e *testEnv) sessionWithEvents(t *testing.T, n int) (string, *EventBus) {
+	e.mu.Lock()
+	id := "s" + strconv.Itoa(len(e.buses)+1)
+	e.mu.Unlock()
+	b := e.bus(t, id, Options{})
+	publishN(t, b, n)
+	return "/session/" + id + "/events", b
 }
 
 // bus adds a session.
@@ -1163,20 +1184,13 @@ func boolInt(b bool) int {
 
 func TestHandlerResume(t *testing.T) {
 	e := newEnv(t, envOptions{})
-	n := 0
-	setup := func(t *testing.T) (string, *EventBus) {
-		n++
-		id := "s" + strconv.Itoa(n)
-		b := e.bus(t, id, Options{})
-		publishN(t, b, 5)
-		return "/session/" + id + "/events", b
-	}
+	setup := func(t *testing.T) (string, *EventBus) { return e.sessionWithEvents(t, 5) }
 	rc := func(b *EventBus, count int, last uint64) sseEvent {
-		if count == 0 {
-			return wantSynth(TypeReplayComplete, `{"replayedCount":0,"epoch":"`+b.Epoch()+`"}`, "")
+		lastID := ""
+		if count > 0 {
+			lastID = strconv.FormatUint(last, 10)
 		}
-		return wantSynth(TypeReplayComplete, fmt.Sprintf(`{"replayedCount":%d,"lastReplayedEventId":%d,"lastEventId":%d,"epoch":"%s"}`,
-			count, last, last, b.Epoch()), strconv.FormatUint(last, 10))
+		return wantReplayComplete(b, count, last, lastID)
 	}
 	events := func(from, to uint64) []sseEvent {
 		var evs []sseEvent
@@ -1829,22 +1843,9 @@ func epochEvent(epoch string, id uint64) sseEvent {
 
 func TestHandlerEpochIDs(t *testing.T) {
 	e := newEnv(t, envOptions{handler: Handler{EpochIDs: true}})
-	n := 0
-	setup := func(t *testing.T) (string, *EventBus) {
-		n++
-		id := "s" + strconv.Itoa(n)
-		b := e.bus(t, id, Options{})
-		publishN(t, b, 5)
-		return "/session/" + id + "/events", b
-	}
+	setup := func(t *testing.T) (string, *EventBus) { return e.sessionWithEvents(t, 5) }
 	const other = "0123456789abcdef0123456789abcdef"
-	rc := func(b *EventBus, count int, last uint64, lastID string) sseEvent {
-		if count == 0 {
-			return wantSynth(TypeReplayComplete, `{"replayedCount":0,"epoch":"`+b.Epoch()+`"}`, lastID)
-		}
-		return wantSynth(TypeReplayComplete, fmt.Sprintf(`{"replayedCount":%d,"lastReplayedEventId":%d,"lastEventId":%d,"epoch":"%s"}`,
-			count, last, last, b.Epoch()), lastID)
-	}
+	rc := wantReplayComplete
 	events := func(b *EventBus, from, to uint64) []sseEvent {
 		var evs []sseEvent
 		for i := from; i <= to; i++ {

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -72,17 +71,6 @@ func readPlain(ctx context.Context, t *testing.T) plainState {
 	return st
 }
 
-// freeAddr returns a loopback address nothing listens on, for a daemon
-// that must come back on the same one.
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestPlainEventSourceAcrossARestart: a page with a bare EventSource reads
 // three events, the daemon restarts (a new epoch, in which five events are
 // published before the browser comes back), and the browser's own
@@ -94,7 +82,7 @@ func TestPlainEventSourceAcrossARestart(t *testing.T) {
 	defer cancel()
 	bin := daemontest.Build(ctx, t, "..", raceEnabled)
 	ps := pageServer(t)
-	addr := freeAddr(t)
+	addr := daemontest.FreeAddr(t)
 	// -retry 4s, no jitter: the browser waits that long after the stream
 	// ends, time enough to restart the daemon and publish first.
 	args := []string{"-addr", addr, "-cors-origin", ps.URL, "-retry", "4s", "-retry-jitter", "-1ns"}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -57,7 +56,7 @@ func TestThirdPartyClients(t *testing.T) {
 		}
 	}
 	bin := daemontest.Build(ctx, t, "..", raceEnabled)
-	addr := freeAddr(t)
+	addr := daemontest.FreeAddr(t)
 	args := append([]string{"-addr", addr}, daemonArgs...)
 	d := daemontest.Start(ctx, t, bin, args...)
 
@@ -269,15 +268,4 @@ func kinds(recs []record) string {
 		b.WriteString(r.Kind + " ")
 	}
 	return b.String()
-}
-
-// freeAddr returns a loopback address nothing listens on, for a daemon
-// that must come back on the same one.
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

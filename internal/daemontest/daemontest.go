@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -199,6 +200,18 @@ func (d *Daemon) Publish(session string, n int) uint64 {
 	body := fmt.Sprintf(`{"type":"note","data":{"n":%d},"originatorClientId":"e2e"}`, n)
 	d.Call(http.MethodPost, "/session/"+session+"/events", body, http.StatusOK, &res)
 	return res.ID
+}
+
+// FreeAddr returns a loopback address nothing listens on, for a daemon
+// that must come back on the same one after a restart.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // WaitUntil polls cond every 20 ms until it is true or timeout passes.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -111,41 +112,13 @@ func TestTwoReplicas(t *testing.T) {
 		}
 		epoch = v["epoch"].(string)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", b+"/session/s1/events", nil)
-	req.Header.Set("Last-Event-ID", "1")
-	req.Header.Set("Event-Epoch", epoch)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	lines, resp := streamLines(t, b+"/session/s1/events", http.Header{"Last-Event-Id": {"1"}, "Event-Epoch": {epoch}}, "id: ", "event: ")
 	if resp.Header.Get("Event-Epoch") != epoch {
 		t.Fatalf("B's epoch %q, A's %q", resp.Header.Get("Event-Epoch"), epoch)
 	}
-	lines := make(chan string, 100)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			if l := sc.Text(); strings.HasPrefix(l, "id: ") || strings.HasPrefix(l, "event: ") {
-				lines <- l
-			}
-		}
-	}()
 	expect := func(want ...string) {
 		t.Helper()
-		for _, w := range want {
-			select {
-			case l := <-lines:
-				if l != w {
-					t.Fatalf("got %q, want %q", l, w)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("timed out waiting for %q", w)
-			}
-		}
+		expectLines(t, lines, want...)
 	}
 	expect("id: "+epoch+":2", "event: note", "id: "+epoch+":3", "event: note", "event: replay_complete") // -epoch-ids is on
 	post(t, b+"/session/s1/events", `{"type":"note"}`)
@@ -191,9 +164,13 @@ func TestTwoReplicas(t *testing.T) {
 	}
 }
 
-// streamLines opens url with hdr and sends its id:, event: and data: lines
-// on the returned channel until the stream ends (then the channel closes).
-func streamLines(t *testing.T, url string, hdr http.Header) (<-chan string, *http.Response) {
+// streamLines opens url with hdr and sends its lines that start with one of
+// prefixes (default: id:, event: and data:) on the returned channel until
+// the stream ends (then the channel closes).
+func streamLines(t *testing.T, url string, hdr http.Header, prefixes ...string) (<-chan string, *http.Response) {
+	if len(prefixes) == 0 {
+		prefixes = []string{"id: ", "event: ", "data: "}
+	}
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -214,7 +191,8 @@ func streamLines(t *testing.T, url string, hdr http.Header) (<-chan string, *htt
 		defer close(lines)
 		sc := bufio.NewScanner(resp.Body)
 		for sc.Scan() {
-			if l := sc.Text(); strings.HasPrefix(l, "id: ") || strings.HasPrefix(l, "event: ") || strings.HasPrefix(l, "data: ") {
+			l := sc.Text()
+			if slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(l, p) }) {
 				lines <- l
 			}
 		}
