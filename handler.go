@@ -57,10 +57,6 @@ type Handler struct {
 	Heartbeat time.Duration
 	// WriteTimeout bounds each write and flush; 0 means DefaultWriteTimeout.
 	WriteTimeout time.Duration
-	// Subscribe subscribes a request to the bus Lookup returned; nil means
-	// bus.Subscribe. A backplane sets it, to answer resumes from its shared
-	// log. It must return a subscription or an error.
-	Subscribe func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error)
 }
 
 func (h *Handler) logger() *slog.Logger {
@@ -160,14 +156,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	subscribe := h.Subscribe
-	if subscribe == nil {
-		subscribe = func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error) {
-			return bus.Subscribe(ctx, opts)
-		}
-	}
 	// The subscription watches the request context only while subscribing
-	// (a backplane's remote read must stop when the client leaves). After
+	// (a fed bus's read of its log must stop when the client leaves). After
 	// that the handler ends it itself: it waits on r.Context() in serve,
 	// and on a failed write decides between cancelled and blocked. Left to
 	// the context, the net/http cancellation that follows every failed
@@ -179,7 +169,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
 		cancelSub() // at once: AfterFunc calls it on another goroutine
 	}
-	sub, err := subscribe(subCtx, bus, opts)
+	sub, err := bus.Subscribe(subCtx, opts)
 	unwatch()
 	if err != nil {
 		var limit *SubscriberLimitError
