@@ -217,7 +217,23 @@ func (b *EventBus) SubscriberCount() int { return int(b.subscribed.Load()) }
 // receives what was queued, then the end), including subscriptions never
 // iterated; afterwards Publish returns ErrClosed and Subscribe returns an
 // ended subscription. Close is idempotent, does not block, and returns nil.
-func (b *EventBus) Close() error {
+func (b *EventBus) Close() error { return b.close(nil) }
+
+// CloseWithError is Close for a bus that ends because something failed,
+// such as a backplane whose engine stayed unreachable: every subscription
+// receives what was queued, then a terminal stream_error frame
+// {"error":message,"errorKind":kind} (ErrorKindUnavailable, say), so a
+// client learns why its stream ended and resumes when it reconnects; its
+// Err wraps ErrClosed and names kind and message. Like Close it is
+// idempotent (only the first Close or CloseWithError counts), does not
+// block, and returns nil.
+func (b *EventBus) CloseWithError(kind, message string) error {
+	f := streamErrorFrame(message, kind, b.now())
+	return b.close(&f)
+}
+
+// close is Close, with an optional terminal frame for every subscription.
+func (b *EventBus) close(terminal *Frame) error {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -235,8 +251,15 @@ func (b *EventBus) Close() error {
 	if b.feed != nil {
 		b.feed.wake() // a Subscribe waiting for the feed gives up
 	}
+	var why error
+	if terminal != nil {
+		why = fmt.Errorf("%w: %s", ErrClosed, terminal.JSON())
+	}
 	for _, s := range subs {
-		s.end(nil)
+		s.end(why)
+		if terminal != nil {
+			s.q.forcePush(terminal.ref())
+		}
 		s.q.close(true)
 		// The context stays watched while the consumer drains: a later
 		// cancellation must still drop the buffer (SPEC 8). The consumer

@@ -41,6 +41,21 @@ const (
 	ReasonQueueBytesOverflow   = "queue_bytes_overflow"
 )
 
+// errorKind values of stream_error frames: what a client does next.
+const (
+	// ErrorKindInternal: the server failed; reconnect with backoff.
+	ErrorKindInternal = "internal"
+	// ErrorKindUnavailable: a backplane could not reach its engine past its
+	// bound; reconnect with backoff and resume from the cursor.
+	ErrorKindUnavailable = "unavailable"
+	// ErrorKindReauthenticate: the stream's lifetime ended (a token
+	// expired); get fresh credentials, reconnect at once and resume.
+	ErrorKindReauthenticate = "reauthenticate"
+	// ErrorKindRevoked: access was revoked; reconnect once with fresh
+	// credentials, and take a 401 or 403 then as final.
+	ErrorKindRevoked = "revoked"
+)
+
 type frameKind uint8
 
 const (
@@ -165,14 +180,17 @@ func (f Frame) String() string {
 // {"error":msg,"errorKind":kind}, stamped with the current time. The HTTP
 // handler writes it when a stream must end for a reason other than eviction,
 // close or disconnect.
-func StreamErrorFrame(msg, kind string) Frame {
+func StreamErrorFrame(msg, kind string) Frame { return streamErrorFrame(msg, kind, nowMillis(nil)) }
+
+// streamErrorFrame is StreamErrorFrame stamped with ts.
+func streamErrorFrame(msg, kind string, ts int64) Frame {
 	d := make([]byte, 0, 48+len(msg)+len(kind))
 	d = append(d, `{"error":`...)
 	d = appendJSONString(d, msg)
 	d = append(d, `,"errorKind":`...)
 	d = appendJSONString(d, kind)
 	d = append(d, '}')
-	return syntheticFrame(TypeStreamError, kindTerminal, d, nowMillis(nil))
+	return syntheticFrame(TypeStreamError, kindTerminal, d, ts)
 }
 
 // syntheticFrame builds an id-less frame around pre-encoded data.

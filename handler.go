@@ -207,7 +207,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		// tell the client, log it, and end this stream only.
 		if p := recover(); p != nil {
 			h.logger().LogAttrs(ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-			s.buf = StreamErrorFrame("internal error", "internal").AppendSSE(s.buf[:0])
+			s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
 			_ = s.flushBatch()
 		}
 	}()
@@ -231,9 +231,11 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		taken := len(frames)
 		clear(frames) // do not pin delivered frames while idle
 		if !open && !terminal && ctx.Err() == nil {
-			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) {
-				// Ended for a reason the client would not otherwise learn.
-				s.add(StreamErrorFrame(err.Error(), "internal"))
+			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
+				// Ended for a reason the client would not otherwise learn
+				// (an eviction and CloseWithError queue their own terminal
+				// frame).
+				s.add(StreamErrorFrame(err.Error(), ErrorKindInternal))
 			}
 		}
 		if len(s.buf) > 0 || s.pending {

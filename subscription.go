@@ -430,7 +430,8 @@ func (s *Subscription) Close() { s.cancel(context.Canceled, false) }
 
 // Err returns why the subscription ended: an error wrapping ErrEvicted after
 // an eviction, the context's error (or context.Canceled after Close) after a
-// cancellation, and nil while it is open or when the bus was closed.
+// cancellation, one wrapping ErrClosed after EventBus.CloseWithError, and
+// nil while it is open or when the bus was closed by Close.
 func (s *Subscription) Err() error {
 	if p := s.endErr.Load(); p != nil {
 		return *p
