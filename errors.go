@@ -33,6 +33,11 @@ var (
 	// invalid SubscribeOptions.Types entry; the message names the filter.
 	ErrInvalidFilter = errors.New("eventbus: invalid type filter")
 
+	// ErrFed is returned by Publish on a bus fed by a shared log (NewFed):
+	// publish through its backplane, which numbers the event in the log.
+	// Append returns it on a bus made by New.
+	ErrFed = errors.New("eventbus: bus is fed by a shared log; publish through its backplane")
+
 	// ErrEvicted is wrapped by Subscription.Err after the bus evicted the
 	// subscription because its queue overflowed.
 	ErrEvicted = errors.New("eventbus: subscriber evicted")

@@ -94,10 +94,6 @@ type Handler struct {
 	// CORS). nil: no CORS headers but Access-Control-Expose-Headers, no
 	// preflight (OPTIONS is 405), no origin check.
 	CORS *CORS
-	// Subscribe subscribes a request to the bus Lookup returned; nil means
-	// bus.Subscribe. A backplane sets it, to answer resumes from its shared
-	// log. It must return a subscription or an error.
-	Subscribe func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error)
 }
 
 func (h *Handler) logger() *slog.Logger {
@@ -234,14 +230,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	subscribe := h.Subscribe
-	if subscribe == nil {
-		subscribe = func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error) {
-			return bus.Subscribe(ctx, opts)
-		}
-	}
 	// The subscription watches the request context only while subscribing
-	// (a backplane's remote read must stop when the client leaves). After
+	// (a fed bus's read of its log must stop when the client leaves). After
 	// that the handler ends it itself: it waits on r.Context() in serve,
 	// and on a failed write decides between cancelled and blocked. Left to
 	// the context, the net/http cancellation that follows every failed
@@ -253,7 +243,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
 		cancelSub() // at once: AfterFunc calls it on another goroutine
 	}
-	sub, err := subscribe(subCtx, bus, opts)
+	sub, err := bus.Subscribe(subCtx, opts)
 	unwatch()
 	if err != nil {
 		var limit *SubscriberLimitError
@@ -297,7 +287,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		// tell the client, log it, and end this stream only.
 		if p := recover(); p != nil {
 			h.logger().LogAttrs(ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-			s.buf = StreamErrorFrame("internal error", "internal").AppendSSE(s.buf[:0])
+			s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
 			_ = s.flushBatch()
 		}
 	}()
@@ -321,9 +311,11 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		taken := len(frames)
 		clear(frames) // do not pin delivered frames while idle
 		if !open && !terminal && ctx.Err() == nil {
-			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) {
-				// Ended for a reason the client would not otherwise learn.
-				s.add(StreamErrorFrame(err.Error(), "internal"))
+			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
+				// Ended for a reason the client would not otherwise learn
+				// (an eviction and CloseWithError queue their own terminal
+				// frame).
+				s.add(StreamErrorFrame(err.Error(), ErrorKindInternal))
 			}
 		}
 		if len(s.buf) > 0 || s.pending {

@@ -1630,6 +1630,27 @@ func TestHandlerBusCloseEndsStream(t *testing.T) {
 	})
 }
 
+func TestHandlerCloseWithErrorWritesOneTerminalFrame(t *testing.T) {
+	logs := &logCapture{}
+	b := newTestBus(t, Options{}, logs)
+	w := newMemWriter()
+	reached, release := gateFirstFlush(w)
+	defer release()
+	_, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
+	waitClosed(t, reached, "handler did not reach its first flush")
+	publishN(t, b, 2)
+	require.NoError(t, b.CloseWithError(ErrorKindUnavailable, "backplane unreachable"))
+	release()
+	waitClosed(t, done, "the stream ends after its terminal frame")
+	recs := parseBody(t, w.state().body)
+	require.Equal(t, []sseRecord{
+		{Kind: sseRetryRecord, Retry: 3000},
+		{Kind: sseEventRecord, Event: wantEvent(1)},
+		{Kind: sseEventRecord, Event: wantEvent(2)},
+		{Kind: sseEventRecord, Event: wantSynth(TypeStreamError, `{"error":"backplane unreachable","errorKind":"unavailable"}`, "2")},
+	}, recs, "exactly one stream_error, after what was queued")
+}
+
 func TestHandlerEviction(t *testing.T) {
 	logs := &logCapture{}
 	b := newTestBus(t, Options{}, logs)

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/seam"
 )
 
 const wait = 10 * time.Second // bound of every wait for frames
@@ -276,11 +275,11 @@ func TestTrimByBytes(t *testing.T) {
 	}
 	// The bound is tight: the newest entry the trim dropped would not fit.
 	dropped := in.FirstEventID - 1
-	_, tail, err := seam.EncodeTail(a.bp.encoder, eventbus.Event{Type: "e", Data: strings.Repeat("x", int(dropped-1)*3), Meta: ts})
+	ev, err := a.bp.encoder.Encode(eventbus.Event{Type: "e", Data: strings.Repeat("x", int(dropped-1)*3), Meta: ts})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if size := len(`{"id":`) + len(strconv.FormatUint(dropped, 10)) + len(tail); sum+uint64(size) <= 1000 {
+	if size := len(ev.Envelope(dropped)); sum+uint64(size) <= 1000 {
 		t.Fatalf("id %d (%d bytes) was dropped although %d+%d fits 1000", dropped, size, sum, size)
 	}
 	// A single event above the byte bound still stays, alone.
@@ -729,14 +728,14 @@ func TestPublishValidation(t *testing.T) {
 		}
 	}
 	// An event that fits with a one-digit id but not with id 10.
-	_, tail, err := seam.EncodeTail(a.bp.encoder, eventbus.Event{Type: "e", Data: "", Meta: ts})
+	enc, err := a.bp.encoder.Encode(eventbus.Event{Type: "e", Data: "", Meta: ts})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pad := 200 - (len(`{"id":1`) + len(tail))
+	pad := 200 - len(enc.Envelope(1))
 	ev := eventbus.Event{Type: "e", Data: strings.Repeat("p", pad), Meta: ts}
-	_, tail, _ = seam.EncodeTail(a.bp.encoder, ev)
-	if n := len(`{"id":1`) + len(tail); n != 200 {
+	enc, _ = a.bp.encoder.Encode(ev)
+	if n := len(enc.Envelope(1)); n != 200 {
 		t.Fatalf("crafted envelope of %d bytes", n)
 	}
 	if _, _, err := a.bp.Publish(ctx, "s", ev); !errors.Is(err, eventbus.ErrEventTooLarge) {

@@ -39,8 +39,6 @@ package redisbus
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,7 +51,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // Defaults of Options.
@@ -119,7 +116,7 @@ type Backplane struct {
 	maxLen   int
 	maxBytes int
 	maxEvent int
-	encoder  *eventbus.EventBus // encodes events for Publish; never fed
+	encoder  *eventbus.Encoder
 	log      *slog.Logger
 
 	ctx    context.Context // ends every reader
@@ -188,7 +185,7 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	if opts.Bus.Logger == nil {
 		opts.Bus.Logger = log
 	}
-	enc, err := seam.NewMirror(opts.Bus, "", 1) // validates opts.Bus
+	enc, err := eventbus.NewEncoder(opts.Bus) // validates opts.Bus
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +196,7 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 		maxLen:   orInt(opts.Bus.RingSize, eventbus.DefaultRingSize),
 		maxBytes: orInt(opts.Bus.RingMaxBytes, eventbus.DefaultRingMaxBytes),
 		maxEvent: orInt(opts.Bus.MaxEventBytes, eventbus.DefaultMaxEventBytes),
-		encoder:  enc.(*eventbus.EventBus),
+		encoder:  enc,
 		log:      log,
 		sessions: make(map[string]*session),
 		byBus:    make(map[*eventbus.EventBus]*session),
@@ -259,7 +256,6 @@ func (b *Backplane) Close() error {
 		s.stop()
 	}
 	b.wg.Wait()
-	b.encoder.Close()
 	return nil
 }
 
@@ -275,12 +271,6 @@ func validSession(id string) error {
 func (b *Backplane) keys(id string) (meta, stream string) {
 	base := b.opts.KeyPrefix + "{" + id + "}:"
 	return base + "m", base + "s:"
-}
-
-func newEpoch() string {
-	var e [16]byte
-	_, _ = rand.Read(e[:]) // never fails (Go 1.24+)
-	return hex.EncodeToString(e[:])
 }
 
 // unavailable wraps a Redis failure.
@@ -308,7 +298,7 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 	if closed {
 		return 0, "", eventbus.ErrClosed
 	}
-	typ, tail, err := seam.EncodeTail(b.encoder, e)
+	ev, err := b.encoder.Encode(e)
 	if err != nil {
 		return 0, "", err
 	}
@@ -325,7 +315,7 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 	defer cancel()
 	meta, prefix := b.keys(session)
 	res, err := publishScript.Run(ctx, b.client, []string{meta, prefix},
-		newEpoch(), typ, tail, b.maxLen, b.maxBytes, b.maxEvent, b.opts.KeyTTL.Milliseconds()).StringSlice()
+		eventbus.NewEpoch(), ev.Type, ev.Tail, b.maxLen, b.maxBytes, b.maxEvent, b.opts.KeyTTL.Milliseconds()).StringSlice()
 	if err != nil {
 		var rerr redis.Error
 		if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "TOOLARGE ") {
@@ -466,27 +456,26 @@ func (b *Backplane) busFor(ctx context.Context, session, epoch string) (*eventbu
 }
 
 // Subscribe subscribes to session on this replica, as
-// eventbus.EventBus.Subscribe does, answering a resume its mirror cannot
-// from the stream.
+// eventbus.EventBus.Subscribe does: a resume its mirror cannot answer is
+// answered from the stream.
 func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
 	bus, err := b.busFor(ctx, session, opts.Epoch)
 	if err != nil {
 		return nil, err
 	}
-	return b.subscribeBus(ctx, bus, opts)
+	return bus.Subscribe(ctx, opts)
 }
 
 // Handler returns an SSE handler for a route such as
 // "GET /session/{id}/events": its Lookup gets or creates the session named
-// by r.PathValue("id") (an invalid id is 404, Redis unavailable 500) and
-// its Subscribe answers resumes from the stream. Set Retry, Heartbeat,
-// WriteTimeout or Logger on it before serving; keep Lookup and Subscribe
-// (wrap them to add to them).
+// by r.PathValue("id") (an invalid id is 404, Redis unavailable 500); the
+// mirror it returns answers resumes from the stream. Set Retry, Heartbeat,
+// WriteTimeout or Logger on it before serving; keep Lookup (wrap it to add
+// to it).
 func (b *Backplane) Handler() *eventbus.Handler {
 	return &eventbus.Handler{
-		Lookup:    b.lookup,
-		Subscribe: b.subscribeBus,
-		Logger:    b.log,
+		Lookup: b.lookup,
+		Logger: b.log,
 	}
 }
 
@@ -500,29 +489,6 @@ func (b *Backplane) lookup(r *http.Request) (*eventbus.EventBus, error) {
 		epoch = r.URL.Query().Get("epoch")
 	}
 	return b.busFor(r.Context(), id, epoch)
-}
-
-// subscribeBus is the handler's Subscribe.
-func (b *Backplane) subscribeBus(ctx context.Context, bus *eventbus.EventBus, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
-	b.mu.Lock()
-	s := b.byBus[bus]
-	b.mu.Unlock()
-	if s == nil {
-		// Released meanwhile (closed bus: an ended subscription), or not
-		// one of ours.
-		return bus.Subscribe(ctx, opts)
-	}
-	if opts.Resume && opts.LastEventID > bus.LastEventID() && !epochMismatch(opts.Epoch, s.epoch) {
-		// The cursor is ahead of this mirror: either from an older epoch
-		// (epoch_reset), or this replica's reader lags the stream, which
-		// must not look like an epoch reset.
-		s.catchUp(ctx, opts.LastEventID)
-	}
-	sub, err := seam.Subscribe(bus, ctx, opts, s.history(opts))
-	if err != nil {
-		return nil, err
-	}
-	return sub.(*eventbus.Subscription), nil
 }
 
 // epochMismatch is SPEC 5.2's rule: an epoch that is set, at most 64

@@ -7,12 +7,10 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // session is this replica's mirror of one session: a mirror bus fed by one
@@ -34,9 +32,6 @@ type session struct {
 	cancel context.CancelFunc
 
 	lastActive time.Time // guarded by b.mu
-
-	pmu sync.Mutex
-	pch chan struct{} // closed when the reader delivers; nil when nobody waits
 }
 
 // errReleased is the error of a session released (Delete, a new epoch)
@@ -112,7 +107,7 @@ func (s *session) open() {
 	}
 	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
 	res, err := ensureScript.Run(ctx, b.client, []string{s.meta, s.prefix},
-		newEpoch(), b.opts.KeyTTL.Milliseconds()).StringSlice()
+		eventbus.NewEpoch(), b.opts.KeyTTL.Milliseconds()).StringSlice()
 	cancel()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %q", res)
@@ -126,12 +121,12 @@ func (s *session) open() {
 		fail(unavailable("open", s.id, fmt.Errorf("unexpected last id %q", res[1])))
 		return
 	}
-	mb, err := seam.NewMirror(b.busOpts, res[0], last+1)
+	bus, err := eventbus.NewFed(b.busOpts, eventbus.FeedOptions{
+		Epoch: res[0], NextID: last + 1, Log: s, LagTimeout: b.opts.PublishTimeout})
 	if err != nil {
-		fail(err) // cannot happen: New validated the options
+		fail(unavailable("open", s.id, err)) // a corrupt epoch; the options were validated by New
 		return
 	}
-	bus := mb.(*eventbus.EventBus)
 	rctx, rcancel := context.WithCancel(b.ctx)
 	b.mu.Lock()
 	if b.closed || b.sessions[s.id] != s {
@@ -252,7 +247,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 					b.log.Error("redisbus: malformed stream entry", "session", s.id, "entry", m.ID, "error", err)
 					continue
 				}
-				if err := seam.Append(s.bus, e); err != nil {
+				if err := s.bus.Append(e); err != nil {
 					if errors.Is(err, eventbus.ErrClosed) {
 						return
 					}
@@ -261,7 +256,6 @@ func (s *session) run(ctx context.Context, last uint64) {
 				last = e.ID
 			}
 		}
-		s.progress()
 	}
 }
 
@@ -304,66 +298,37 @@ func (s *session) currentEpoch(ctx context.Context) (string, error) {
 	return e, err
 }
 
-// progress wakes resumes waiting for the reader (catchUp).
-func (s *session) progress() {
-	s.pmu.Lock()
-	if s.pch != nil {
-		close(s.pch)
-		s.pch = nil
-	}
-	s.pmu.Unlock()
-}
-
-// catchUp waits, at most PublishTimeout, until the mirror has delivered id
-// n when the stream holds n in the mirror's epoch: a client that read n
-// through another replica resumes here before this reader has seen it.
-func (s *session) catchUp(ctx context.Context, n uint64) {
+// Head implements eventbus.Log: the stream's epoch and last id in Redis.
+func (s *session) Head(ctx context.Context) (epoch string, last uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
 	defer cancel()
 	v, err := s.b.client.HMGet(ctx, s.meta, "epoch", "last").Result()
-	if err != nil || len(v) != 2 {
-		return
+	if err != nil {
+		return "", 0, err
 	}
-	if e, _ := v[0].(string); e != s.epoch || parseUint(v[1]) < n {
-		return // a cursor of another epoch: epoch_reset is right
+	if len(v) != 2 {
+		return "", 0, fmt.Errorf("redisbus: unexpected reply %q", v)
 	}
-	for s.bus.LastEventID() < n {
-		s.pmu.Lock()
-		if s.pch == nil {
-			s.pch = make(chan struct{})
-		}
-		ch := s.pch
-		s.pmu.Unlock()
-		if s.bus.LastEventID() >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return
-		case <-s.rctx.Done():
-			return
-		}
-	}
+	epoch, _ = v[0].(string)
+	return epoch, parseUint(v[1]), nil
 }
 
 // historyBatch is the most entries one XRANGE of a resume reads.
 const historyBatch = 1000
 
-// history returns the seam.History of one resume: the stream's entries
-// after < id <= upto, and the first id it holds. Without a type filter it
-// stops after the first entry past the replay budget (the replay stops
-// there anyway), so a resume from far back does not read the whole ring.
-func (s *session) history(opts eventbus.SubscribeOptions) seam.History {
-	cut := len(opts.Types) == 0
-	budget := orInt(s.b.busOpts.ReplayBudgetBytes, eventbus.DefaultReplayBudgetBytes)
-	return func(ctx context.Context, after, upto uint64) ([]seam.Entry, uint64, error) {
+// ReadHistory implements eventbus.Log: the stream's entries in req's
+// range, and the first id it holds. With req.MaxBytes it stops after the
+// first entry past it (the replay stops there anyway), so a resume from far
+// back does not read the whole ring.
+func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+	after, upto := req.After, req.Upto
+	{
 		if upto <= after {
 			return nil, 0, nil
 		}
 		ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
 		defer cancel()
-		var out []seam.Entry
+		var out []eventbus.LogEntry
 		spent := 0
 		for from := after + 1; from <= upto; {
 			msgs, err := s.b.client.XRangeN(ctx, s.stream, strconv.FormatUint(from, 10)+"-0",
@@ -378,7 +343,7 @@ func (s *session) history(opts eventbus.SubscribeOptions) seam.History {
 				}
 				out = append(out, e)
 				spent += len(e.JSON)
-				if cut && len(out) > 1 && spent > budget {
+				if req.MaxBytes > 0 && len(out) > 1 && spent > req.MaxBytes {
 					return out, out[0].ID, nil
 				}
 				from = e.ID + 1
@@ -407,16 +372,16 @@ func (s *session) history(opts eventbus.SubscribeOptions) seam.History {
 }
 
 // parseEntry reads a stream entry "<id>-0" {t: type, j: envelope}.
-func parseEntry(m redis.XMessage) (seam.Entry, error) {
+func parseEntry(m redis.XMessage) (eventbus.LogEntry, error) {
 	ms, seq, _ := strings.Cut(m.ID, "-")
 	id, err := strconv.ParseUint(ms, 10, 64)
 	if err != nil || seq != "0" || id == 0 {
-		return seam.Entry{}, fmt.Errorf("redisbus: entry id %q is not <id>-0", m.ID)
+		return eventbus.LogEntry{}, fmt.Errorf("redisbus: entry id %q is not <id>-0", m.ID)
 	}
 	t, ok1 := m.Values["t"].(string)
 	j, ok2 := m.Values["j"].(string)
 	if !ok1 || !ok2 {
-		return seam.Entry{}, fmt.Errorf("redisbus: entry %q lacks t or j", m.ID)
+		return eventbus.LogEntry{}, fmt.Errorf("redisbus: entry %q lacks t or j", m.ID)
 	}
-	return seam.Entry{ID: id, Type: t, JSON: []byte(j)}, nil
+	return eventbus.LogEntry{ID: id, Type: t, JSON: []byte(j)}, nil
 }
