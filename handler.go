@@ -38,7 +38,7 @@ var ErrSessionNotFound = errors.New("eventbus: session not found")
 // Retry-After: 5. Error bodies are JSON {"error":...,"code":...}.
 //
 // The stream starts with the headers and a "retry:" line, then writes every
-// frame that is ready as one batch with one flush, a ":" comment line after
+// frame that is ready as one batch with one flush, a heartbeat line after
 // Heartbeat without a write, and sets a write deadline before every write
 // and clears it after the flush (when the connection supports one): a
 // write that fails or blocks past it cancels the subscription at once, and
@@ -68,8 +68,8 @@ type Handler struct {
 	Logger *slog.Logger
 	// Retry is the SSE reconnection delay sent first; 0 means DefaultRetry.
 	Retry time.Duration
-	// Heartbeat is the idle time before a comment line; 0 means
-	// DefaultHeartbeat.
+	// Heartbeat is the idle time before a heartbeat line (the retry: line
+	// again, or a ":" comment; see above); 0 means DefaultHeartbeat.
 	Heartbeat time.Duration
 	// WriteTimeout bounds each write and flush; 0 means DefaultWriteTimeout.
 	WriteTimeout time.Duration
