@@ -339,3 +339,56 @@ func TestViewerEpoch(t *testing.T) {
 	}
 	screenshot(br.ctx, t, "viewer-epoch-change.png")
 }
+
+// TestViewerBothCuts: the viewer's two cut buttons. "Cut streams" ends the
+// response, "Abort connections" resets the TCP connection; after each the
+// browser reconnects by itself and the page has every id once.
+func TestViewerBothCuts(t *testing.T) {
+	chromium := chromiumPath(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d := daemontest.Start(ctx, t, daemontest.Build(ctx, t, "..", raceEnabled), "-retry", "300ms")
+	br := newBrowser(ctx, t, chromium)
+	if err := chromedp.Do(br.ctx, chromedp.Navigate(d.Base+"/?session=cuts")); err != nil {
+		t.Fatal(err)
+	}
+	daemontest.WaitUntil(t, 20*time.Second, "the viewer to subscribe", func() (bool, string) {
+		return readPage(br.ctx, t).ConnState == "open" && d.Status("cuts").Subscribers == 1, readPage(br.ctx, t).summary()
+	})
+	n := 0
+	publish := func(k int) {
+		for range k {
+			n++
+			d.Publish("cuts", n)
+		}
+	}
+	publish(5)
+	for i, button := range []string{"#cut", "#abort"} {
+		daemontest.WaitUntil(t, 20*time.Second, fmt.Sprintf("%d ids before %s", n, button), func() (bool, string) {
+			p := readPage(br.ctx, t)
+			return len(p.SeenIDs) == n, p.summary()
+		})
+		if err := chromedp.Do(br.ctx, chromedp.Click(button)); err != nil {
+			t.Fatal(err)
+		}
+		daemontest.WaitUntil(t, 20*time.Second, button+" to cut the stream", func() (bool, string) {
+			st := d.Status("cuts")
+			return st.Subscribers == 0 || st.StreamsOpened > i+1, fmt.Sprintf("%+v", st)
+		})
+		publish(5)
+		daemontest.WaitUntil(t, 20*time.Second, "the viewer to come back after "+button, func() (bool, string) {
+			p := readPage(br.ctx, t)
+			return p.Reconnects == i+1 && len(p.SeenIDs) == n, p.summary()
+		})
+	}
+	p := readPage(br.ctx, t)
+	for i, id := range p.SeenIDs {
+		if id != uint64(i+1) {
+			t.Fatalf("ids %v, want 1..%d once each", p.SeenIDs, n)
+		}
+	}
+	if p.Resyncs != 0 {
+		t.Fatalf("%d resyncs", p.Resyncs)
+	}
+	screenshot(br.ctx, t, "viewer-both-cuts.png")
+}
