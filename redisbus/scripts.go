@@ -123,10 +123,13 @@ if key ~= '' then
   end
   redis.call('HSET', ik, key, d(id) .. ' ' .. d(now + win) .. ' ' .. fp)
   redis.call('ZADD', xk, d(now + win), key)
-  -- the records live as long as the latest expiry (replicas with a
-  -- shorter window must not cut a longer one's records)
-  if redis.call('PTTL', ik) < win then redis.call('PEXPIRE', ik, win) end
-  if redis.call('PTTL', xk) < win then redis.call('PEXPIRE', xk, win) end
+  -- the records' keys outlive the latest expiry by at most a second (a
+  -- replica with a shorter window never cuts a longer one's records), and
+  -- are set once a second rather than on every publish
+  if redis.call('PTTL', ik) < win or redis.call('PTTL', xk) < win then
+    redis.call('PEXPIRE', ik, win + 1000)
+    redis.call('PEXPIRE', xk, win + 1000)
+  end
 end
 return {d(id), epoch, '0'}
 `
