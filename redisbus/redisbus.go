@@ -119,8 +119,8 @@ type Options struct {
 	ReadCount int
 	// IdempotencyWindow is how long PublishIdempotent remembers a key
 	// after its first publish; 0 means DefaultIdempotencyWindow. Redis
-	// holds one record (the key and about 60 bytes) per keyed publish
-	// for this long. Give every replica the same window.
+	// holds one record per keyed publish for this long (about 300 bytes
+	// with a 36-byte key). Give every replica the same window.
 	IdempotencyWindow time.Duration
 	// OutageTimeout is how long a session's reader may go without
 	// reaching Redis before it ends the mirror with a terminal
