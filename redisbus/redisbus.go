@@ -404,7 +404,7 @@ func (b *Backplane) Sessions() int {
 // when Redis cannot be reached.
 func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
 	start := time.Now()
-	for attempt := 0; ; attempt++ {
+	for attempt := 0; attempt < 3; attempt++ {
 		s, err := b.session(ctx, session)
 		if err != nil {
 			return nil, err
@@ -419,11 +419,14 @@ func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus
 		if err != nil {
 			return nil, unavailable("check the epoch of", session, err)
 		}
-		if cur == s.epoch || attempt == 3 {
+		if cur == s.epoch {
 			return s.bus, nil
 		}
+		// The next session opens after start, so this runs once unless
+		// another lookup's older session got in between.
 		b.expire(s, "a new stream found another epoch in Redis")
 	}
+	return nil, unavailable("open", session, errors.New("its epoch kept changing while the stream opened"))
 }
 
 // Subscribe subscribes to session on this replica, as
