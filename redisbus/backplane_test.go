@@ -645,10 +645,7 @@ func TestIdleRelease(t *testing.T) {
 	r := startRedis(t)
 	opts := testOptions(t)
 	opts.IdleTimeout = 100 * time.Millisecond
-	a := newReplica(t, r, "A", opts)
-	s := openSSE(t, a, "s", nil, "")
-	a.publish(t, "s", "e", nil)
-	wantIDs(t, s.events(1, wait), 1, 1)
+	a, s := liveReplica(t, r, opts)
 	time.Sleep(300 * time.Millisecond)
 	if n := a.bp.Sessions(); n != 1 {
 		t.Fatalf("a session with a subscriber was released (%d)", n)
@@ -835,14 +832,7 @@ func TestPublishReleasesStaleMirror(t *testing.T) {
 func TestResumeOfALostEpoch(t *testing.T) {
 	r := startRedis(t)
 	a, _, c := threeReplicas(t, r, testOptions(t))
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	live := openSSE(t, c, "s", nil, "") // C's ring starts at 11
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	wantIDs(t, live.events(10, wait), 11, 20)
+	live := lateMirror(t, a, c) // C's ring starts at 11
 	g := installGate(c.bp)
 	defer g.open()
 	g.close(t)
@@ -869,14 +859,7 @@ func TestResumeOfALostEpoch(t *testing.T) {
 func TestResumeHistoryUnavailable(t *testing.T) {
 	r := startRedis(t)
 	a, _, c := threeReplicas(t, r, testOptions(t))
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	live := openSSE(t, c, "s", nil, "") // C's ring starts at 11
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	wantIDs(t, live.events(10, wait), 11, 20)
+	live := lateMirror(t, a, c) // C's ring starts at 11
 	g := installGate(c.bp)
 	defer g.open()
 	g.close(t)

@@ -194,12 +194,7 @@ func sentAt(env []byte) (time.Time, bool) {
 // encoding on the replica), and a retry of one key (a duplicate: nothing
 // appended).
 func BenchmarkPublish(b *testing.B) {
-	r := startRedis(b)
-	bp, err := New(r.client(b), Options{KeyPrefix: "bench:", ReadBlock: 100 * time.Millisecond})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { bp.Close() })
+	bp := benchBackplane(b)
 	ctx := context.Background()
 	ev := eventbus.Event{Type: "bench", Data: json.RawMessage(`{"order":42,"sku":"ab-123","qty":1}`), OriginatorClientID: "c1"}
 	b.Run("key=none", func(b *testing.B) {
@@ -242,12 +237,7 @@ func BenchmarkPublish(b *testing.B) {
 // checks the epoch with Redis first (one round trip), and on the mirror bus
 // directly, without the check.
 func BenchmarkStreamOpen(b *testing.B) {
-	r := startRedis(b)
-	bp, err := New(r.client(b), Options{KeyPrefix: "bench:", ReadBlock: 100 * time.Millisecond})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { bp.Close() })
+	bp := benchBackplane(b)
 	ctx := context.Background()
 	bus, err := bp.Bus(ctx, "s")
 	if err != nil {
@@ -273,4 +263,16 @@ func BenchmarkStreamOpen(b *testing.B) {
 			sub.Close()
 		}
 	})
+}
+
+// benchBackplane is one backplane on a Redis of its own, closed when b
+// ends.
+func benchBackplane(b *testing.B) *Backplane {
+	r := startRedis(b)
+	bp, err := New(r.client(b), Options{KeyPrefix: "bench:", ReadBlock: 100 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { bp.Close() })
+	return bp
 }
