@@ -101,7 +101,10 @@ func startR3labs(t *testing.T, ctx context.Context, c *client, url string) func(
 	tr := &http.Transport{}
 	cl := r3.NewClient(url)
 	cl.Connection = &http.Client{Transport: tr}
-	cl.ReconnectStrategy = backoff.NewConstantBackOff(100 * time.Millisecond)
+	// With ctx: RetryNotify retries a failed request until its backoff
+	// says stop, and a constant backoff alone never does, so a request
+	// that fails because ctx ended would be retried forever.
+	cl.ReconnectStrategy = backoff.WithContext(backoff.NewConstantBackOff(100*time.Millisecond), ctx)
 	cl.OnDisconnect(func(*r3.Client) { c.add(record{Kind: "end", Data: "disconnected"}) })
 	done := make(chan struct{})
 	go func() {
