@@ -14,7 +14,7 @@ func TestCORSStream(t *testing.T) {
 		Origins:     []string{page, "null"},
 		AllowOrigin: func(o string) bool { return o == "http://dev.example:5173" },
 	}
-	e := newEnv(t, envOptions{anyMethod: true, handler: Handler{CORS: cors}})
+	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: cors}})
 	b := e.bus(t, "s", Options{})
 
 	t.Run("allowed origins", func(t *testing.T) {
@@ -64,7 +64,7 @@ func TestCORSStream(t *testing.T) {
 
 func TestCORSCredentials(t *testing.T) {
 	const page = "https://app.example"
-	e := newEnv(t, envOptions{anyMethod: true, handler: Handler{CORS: &CORS{Origins: []string{"*"}, Credentials: true}}})
+	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: &CORS{Origins: []string{"*"}, Credentials: true}}})
 	e.bus(t, "s", Options{})
 	for _, origin := range []string{page, "https://other.example"} {
 		c := e.stream(t, "/session/s/events", hdr("Origin", origin, "Cookie", "session=1"))
@@ -81,7 +81,7 @@ func TestCORSCredentials(t *testing.T) {
 func TestCORSPreflight(t *testing.T) {
 	const page = "https://app.example"
 	cors := &CORS{Origins: []string{page}, AllowHeaders: []string{"Authorization"}}
-	e := newEnv(t, envOptions{anyMethod: true, handler: Handler{CORS: cors}})
+	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: cors}})
 	b := e.bus(t, "s", Options{})
 	preflight := func(origin, method, headers string) *http.Response {
 		h := hdr("Origin", origin, "Access-Control-Request-Method", method)
@@ -125,7 +125,7 @@ func TestCORSPreflight(t *testing.T) {
 			maxAge time.Duration
 			want   string
 		}{{30 * time.Second, "30"}, {-1, ""}} {
-			e := newEnv(t, envOptions{anyMethod: true, handler: Handler{CORS: &CORS{Origins: []string{page}, MaxAge: tc.maxAge}}})
+			e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: &CORS{Origins: []string{page}, MaxAge: tc.maxAge}}})
 			e.bus(t, "s", Options{})
 			resp := e.do(t, http.MethodOptions, "/session/s/events", hdr("Origin", page, "Access-Control-Request-Method", "GET"))
 			require.Equal(t, http.StatusNoContent, resp.StatusCode)

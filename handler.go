@@ -34,8 +34,13 @@ var ErrSessionNotFound = errors.New("eventbus: session not found")
 // SubscribeOptions.Types; an invalid one is 400 invalid_filter);
 // maxQueued, when present, is one decimal in [16, 2048] (else 400
 // invalid_max_queued); Lookup's ErrSessionNotFound is 404
-// session_not_found; a full bus is 429 subscriber_limit_exceeded with
-// Retry-After: 5. Error bodies are JSON {"error":...,"code":...}.
+// session_not_found and its StatusError the answer that names; then
+// Authorize, when set, decides (its StatusError is the answer: 401, 403,
+// 503...); a full bus is 429 subscriber_limit_exceeded with Retry-After: 5.
+// Error bodies are JSON {"error":...,"code":...}. A HEAD goes through the
+// same checks, Authorize included, and gets the stream's headers without
+// subscribing. A CORS preflight is answered before all of them, without
+// Lookup or Authorize: browsers send a preflight without credentials.
 //
 // The stream starts with the headers and a "retry:" line, then writes every
 // frame that is ready as one batch with one flush, a heartbeat line after
@@ -56,14 +61,36 @@ var ErrSessionNotFound = errors.New("eventbus: session not found")
 // reconnecting, when a response ends after a block that holds nothing but
 // comments, so the text after the last event always holds a field.
 //
+// A stream ends by itself when its Grant's lifetime ends (stream_error
+// reauthenticate, after what was queued) and when Revoke names its subject
+// (stream_error revoked); both are checked by the serve loop between
+// batches, with no goroutine and no lock per frame.
+//
 // A Handler is safe for concurrent use once its fields are set; they must
-// not change while it serves. Its zero value answers 404 to everything
-// because it has no Lookup.
+// not change while it serves. It must not be copied after first use. Its
+// zero value answers 404 to everything because it has no Lookup.
 type Handler struct {
 	// Lookup finds the bus of a request, typically by r.PathValue("id").
 	// It returns an error wrapping ErrSessionNotFound (or a nil bus) for an
-	// unknown session; any other error is a 500.
+	// unknown session, and an error that is or wraps a *StatusError for
+	// another answer of its choice (503 with Retry-After when its store is
+	// unreachable, 401 when it checks credentials itself); any other error
+	// is a 500 whose cause is logged, not sent. Lookup runs before
+	// Authorize: a Lookup that creates sessions (or reads a remote store)
+	// should check credentials itself first, or an anonymous client makes
+	// it do that work before Authorize refuses it.
 	Lookup func(r *http.Request) (*EventBus, error)
+	// Authorize, when set, decides whether the request may open the stream
+	// of bus, after the request checks and Lookup and before subscribing
+	// (for a HEAD too; never for a CORS preflight). It is called on the
+	// request's goroutine, once per request, and may block (the client
+	// waits; its context is r.Context()). It returns what the stream may
+	// do: its subject, for Revoke, and when its lifetime ends (see Grant).
+	// An error that is or wraps a *StatusError is answered as that says
+	// (Unauthorized, Forbidden, Unavailable); another error is a 500 whose
+	// cause is logged. nil: every request that passes Lookup is served,
+	// without subject or lifetime.
+	Authorize func(r *http.Request, bus *EventBus) (Grant, error)
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 	// Retry is the SSE reconnection delay sent first; 0 means DefaultRetry.
@@ -94,6 +121,8 @@ type Handler struct {
 	// CORS). nil: no CORS headers but Access-Control-Expose-Headers, no
 	// preflight (OPTIONS is 405), no origin check.
 	CORS *CORS
+
+	reg registry // the authorized streams, by subject, for Revoke
 }
 
 func (h *Handler) logger() *slog.Logger {
@@ -213,7 +242,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.Lookup != nil {
 		bus, err = h.Lookup(r)
 	}
+	var se *StatusError
 	switch {
+	case errors.As(err, &se):
+		h.refused(w, r, "eventbus: session lookup refused", se)
+		return
 	case errors.Is(err, ErrSessionNotFound) || (err == nil && bus == nil):
 		writeJSONError(w, http.StatusNotFound, "session not found", "session_not_found", 0)
 		return
@@ -221,6 +254,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: session lookup failed", slog.String("error", err.Error()))
 		writeJSONError(w, http.StatusInternalServerError, "session lookup failed", "internal", 0)
 		return
+	}
+
+	var grant Grant
+	var ls *liveStream
+	if h.Authorize != nil {
+		if r.Method != http.MethodHead {
+			// Filed before Authorize runs, so that a Revoke while it runs
+			// reaches this stream too (see Revoke).
+			ls = h.reg.begin()
+			defer h.reg.remove(ls)
+		}
+		if grant, err = h.Authorize(r, bus); err != nil {
+			if errors.As(err, &se) {
+				h.refused(w, r, "eventbus: authorization refused", se)
+			} else {
+				h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: authorization failed", slog.String("error", err.Error()))
+				writeJSONError(w, http.StatusInternalServerError, "authorization failed", "internal", 0)
+			}
+			return
+		}
+		if !grant.Expires.IsZero() && !time.Now().Before(grant.Expires) {
+			// A stream that would end at once would have its client
+			// reconnect at once, in a loop.
+			writeJSONError(w, http.StatusUnauthorized, "credentials expired", "credentials_expired", 0)
+			return
+		}
+		if ls != nil {
+			h.reg.commit(ls, grant.Subject)
+		}
 	}
 
 	if r.Method == http.MethodHead {
@@ -276,12 +338,65 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.dropBlocked(r.Context(), sub, &s, err)
 		return
 	}
-	h.serve(r.Context(), sub, &s)
+	var ends streamEnds
+	if ls != nil {
+		ends.revoked = ls.revoked
+	}
+	if !grant.Expires.IsZero() {
+		lifetime := time.NewTimer(time.Until(grant.Expires))
+		defer lifetime.Stop()
+		ends.lifetime = lifetime.C
+	}
+	h.serve(r.Context(), sub, &s, ends)
+}
+
+// refused answers a request that Lookup or Authorize refused with se, and
+// logs it: at Warn for a 5xx (something the daemon depends on failed), at
+// Debug otherwise (a client without access is no event of the daemon's).
+func (h *Handler) refused(w http.ResponseWriter, r *http.Request, msg string, se *StatusError) {
+	level := slog.LevelDebug
+	if se.Status >= 500 || se.Status < 400 {
+		level = slog.LevelWarn
+	}
+	h.logger().LogAttrs(r.Context(), level, msg, slog.Int("status", se.Status), slog.String("error", se.Error()))
+	se.ServeHTTP(w, r)
+}
+
+// streamEnds are the ways a stream ends by itself; a nil channel never
+// fires.
+type streamEnds struct {
+	lifetime <-chan time.Time // the Grant's Expires
+	revoked  <-chan struct{}  // closed by Revoke
+}
+
+// endCause is why a stream ends by itself.
+type endCause uint8
+
+const (
+	endNone endCause = iota
+	endLifetime
+	endRevoked
+)
+
+// poll reports whether an end has come, without waiting.
+func (e streamEnds) poll() endCause {
+	if e.lifetime == nil && e.revoked == nil {
+		return endNone
+	}
+	select {
+	case <-e.revoked:
+		return endRevoked
+	case <-e.lifetime:
+		return endLifetime
+	default:
+		return endNone
+	}
 }
 
 // serve is the stream loop: write what is ready as one batch, else wait for
-// frames, the heartbeat or the client going away.
-func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
+// frames, the heartbeat, the end of the stream's lifetime, a revocation or
+// the client going away.
+func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream, ends streamEnds) {
 	defer func() {
 		// A bug must not take the daemon down with a half-written stream:
 		// tell the client, log it, and end this stream only.
@@ -295,6 +410,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 	timer := time.NewTimer(idle)
 	defer timer.Stop()
 	var frames []Frame
+	end := endNone
 	for {
 		var open bool
 		// No yield before waiting: between batches the handler writes and
@@ -302,6 +418,19 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		// peer harness's tight-publisher runs the yield gave 10x slower
 		// outliers (BENCHMARKS.md).
 		frames, open = sub.takeReady(frames[:0], false)
+		if end == endNone {
+			// After the take: a batch taken after Revoke returned is never
+			// written.
+			end = ends.poll()
+		}
+		if end == endRevoked {
+			// Access is gone: what was queued is not written. The client's
+			// cursor stays before it, so nothing is lost should it get
+			// access again.
+			sub.bus.stats.dropCancel.Add(uint64(len(frames)))
+			clear(frames)
+			frames = frames[:0]
+		}
 		s.reserve(frames)
 		terminal := false
 		for _, f := range frames {
@@ -310,7 +439,15 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		}
 		taken := len(frames)
 		clear(frames) // do not pin delivered frames while idle
-		if !open && !terminal && ctx.Err() == nil {
+		switch {
+		case end == endRevoked && ctx.Err() == nil:
+			s.add(streamErrorFrame(revokedMessage, ErrorKindRevoked, sub.bus.now()))
+			open = false
+		case end == endLifetime && open:
+			// After what was queued: the client resumes after its last id.
+			s.add(streamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate, sub.bus.now()))
+			open = false
+		case !open && !terminal && ctx.Err() == nil:
 			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
 				// Ended for a reason the client would not otherwise learn
 				// (an eviction and CloseWithError queue their own terminal
@@ -329,11 +466,13 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		// Delivered only once written and flushed: the frames of a failed
 		// batch are counted as dropped (blocked) instead, never as both.
 		sub.bus.stats.delivered.Add(uint64(taken))
-		if !open {
+		if !open || end != endNone {
 			// net/http still writes the end of the response after we
 			// return (the last chunk); give it a deadline of its own, or
 			// one that expired while the last batch went out would cut the
 			// connection right after a terminal frame the client has read.
+			// (A stream ended by itself returns with its subscription
+			// open: the deferred Close ends it, dropping what came after.)
 			s.armed = false
 			s.arm()
 			return
@@ -354,6 +493,10 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 				return
 			}
 			timer.Reset(idle)
+		case <-ends.lifetime:
+			end = endLifetime
+		case <-ends.revoked:
+			end = endRevoked
 		case <-ctx.Done():
 			return // the deferred Close cancels without drain
 		}

@@ -180,7 +180,7 @@ func testJitter(j time.Duration) time.Duration {
 }
 
 type envOptions struct {
-	handler        Handler // Retry, RetryJitter, Heartbeat, WriteTimeout, EpochIDs and CORS are used
+	handler        *Handler // Retry, RetryJitter, Heartbeat, WriteTimeout, EpochIDs, CORS and Authorize are used; nil: none
 	wrap           func(http.Handler) http.Handler
 	maxHeaderBytes int
 	http2          bool
@@ -190,6 +190,9 @@ type envOptions struct {
 func newEnv(t *testing.T, o envOptions) *testEnv {
 	t.Helper()
 	e := &testEnv{logs: &logCapture{}, buses: map[string]*EventBus{}}
+	if o.handler == nil {
+		o.handler = &Handler{}
+	}
 	e.h = &Handler{
 		Lookup:       e.lookup,
 		Logger:       e.logs.logger(),
@@ -199,6 +202,7 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 		WriteTimeout: o.handler.WriteTimeout,
 		EpochIDs:     o.handler.EpochIDs,
 		CORS:         o.handler.CORS,
+		Authorize:    o.handler.Authorize,
 	}
 	var h http.Handler = e.h
 	if o.wrap != nil {
@@ -991,7 +995,7 @@ func TestHandlerRetryDirective(t *testing.T) {
 		{time.Minute, 60000},
 	} {
 		t.Run(tc.retry.String(), func(t *testing.T) {
-			e := newEnv(t, envOptions{handler: Handler{Retry: tc.retry}})
+			e := newEnv(t, envOptions{handler: &Handler{Retry: tc.retry}})
 			e.bus(t, "s", Options{})
 			c := e.open(t, "/session/s/events", nil)
 			require.Equal(t, sseRecord{Kind: sseRetryRecord, Retry: tc.want}, c.next())
@@ -1506,7 +1510,7 @@ func TestHandlerSlowReaderDropped(t *testing.T) {
 	const writeTimeout = 200 * time.Millisecond
 	setup := func(t *testing.T, http2 bool) (*testEnv, *countingMiddleware, *EventBus) {
 		mw := &countingMiddleware{}
-		e := newEnv(t, envOptions{handler: Handler{WriteTimeout: writeTimeout}, wrap: mw.wrap, http2: http2})
+		e := newEnv(t, envOptions{handler: &Handler{WriteTimeout: writeTimeout}, wrap: mw.wrap, http2: http2})
 		// Caps high enough that the queue never evicts: only the write
 		// deadline may drop this subscriber.
 		b := e.bus(t, "s", Options{MaxQueued: 1 << 20, MaxQueuedBytes: 1 << 30})
@@ -1863,7 +1867,7 @@ func epochEvent(epoch string, id uint64) sseEvent {
 }
 
 func TestHandlerEpochIDs(t *testing.T) {
-	e := newEnv(t, envOptions{handler: Handler{EpochIDs: true}})
+	e := newEnv(t, envOptions{handler: &Handler{EpochIDs: true}})
 	setup := func(t *testing.T) (string, *EventBus) { return e.sessionWithEvents(t, 5) }
 	const other = "0123456789abcdef0123456789abcdef"
 	rc := wantReplayComplete
@@ -1984,7 +1988,7 @@ func TestHandlerEpochIDs(t *testing.T) {
 // id it last saw, and the new bus (a new epoch, already past that id) must
 // answer epoch_reset instead of resuming in the middle of its own sequence.
 func TestHandlerEpochIDsAcrossARestart(t *testing.T) {
-	e := newEnv(t, envOptions{handler: Handler{EpochIDs: true}})
+	e := newEnv(t, envOptions{handler: &Handler{EpochIDs: true}})
 	old := e.bus(t, "s", Options{})
 	publishN(t, old, 3)
 	c := e.stream(t, "/session/s/events", hdr("Last-Event-ID", "0"))
@@ -2207,7 +2211,7 @@ func TestHandlerFramingForLenientClients(t *testing.T) {
 }
 
 func TestHandlerRetryJitter(t *testing.T) {
-	retries := func(t *testing.T, h Handler, n int) map[int64]int {
+	retries := func(t *testing.T, h *Handler, n int) map[int64]int {
 		e := newEnv(t, envOptions{handler: h})
 		e.h.RetryJitter = h.RetryJitter // 0 too: the default
 		e.bus(t, "s", Options{})
@@ -2222,7 +2226,7 @@ func TestHandlerRetryJitter(t *testing.T) {
 		return seen
 	}
 	t.Run("default: up to half of Retry more, per connection", func(t *testing.T) {
-		seen := retries(t, Handler{RetryJitter: 0}, 100)
+		seen := retries(t, &Handler{RetryJitter: 0}, 100)
 		for ms := range seen {
 			require.GreaterOrEqual(t, ms, int64(3000))
 			require.LessOrEqual(t, ms, int64(4500))
@@ -2230,7 +2234,7 @@ func TestHandlerRetryJitter(t *testing.T) {
 		require.Greater(t, len(seen), 50, "100 connections spread over 1501 values: %v", seen)
 	})
 	t.Run("custom", func(t *testing.T) {
-		seen := retries(t, Handler{Retry: time.Second, RetryJitter: 3 * time.Millisecond}, 60)
+		seen := retries(t, &Handler{Retry: time.Second, RetryJitter: 3 * time.Millisecond}, 60)
 		for ms := range seen {
 			require.GreaterOrEqual(t, ms, int64(1000))
 			require.LessOrEqual(t, ms, int64(1003))
@@ -2238,7 +2242,7 @@ func TestHandlerRetryJitter(t *testing.T) {
 		require.Len(t, seen, 4, "each of 1000..1003 in 60 draws: %v", seen)
 	})
 	t.Run("negative: none", func(t *testing.T) {
-		require.Equal(t, map[int64]int{1500: 20}, retries(t, Handler{Retry: 1500 * time.Millisecond, RetryJitter: -1}, 20))
+		require.Equal(t, map[int64]int{1500: 20}, retries(t, &Handler{Retry: 1500 * time.Millisecond, RetryJitter: -1}, 20))
 	})
 	t.Run("jitter is drawn without allocating", func(t *testing.T) {
 		h := &Handler{}
