@@ -311,6 +311,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var limit *SubscriberLimitError
 		if errors.As(err, &limit) {
 			w.Header().Set("Retry-After", "5")
+			w.Header().Set("Access-Control-Expose-Headers", "Retry-After")
 			writeJSONError(w, http.StatusTooManyRequests, "subscriber limit exceeded", "subscriber_limit_exceeded", limit.Limit)
 			return
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // BenchmarkHandler measures one event from Publish to a client that has
@@ -15,7 +16,9 @@ import (
 // with the SPEC's id lines and with EpochIDs. One op is one event; the
 // publisher waits for the client every 64 events, so delivery is inside the
 // timed loop. allocs/op counts the whole process: Publish's own 2, the
-// server's writes and the client's reads; EpochIDs must add none.
+// server's writes and the client's reads; EpochIDs must add none. The
+// grant case has an Authorize whose Grant has a subject and a lifetime
+// (a revocable, bounded stream): that must add nothing per frame either.
 func BenchmarkHandler(b *testing.B) {
 	for _, proto := range []string{"http1", "h2c"} {
 		for _, epochIDs := range []bool{false, true} {
@@ -24,13 +27,14 @@ func BenchmarkHandler(b *testing.B) {
 				ids = "epoch"
 			}
 			b.Run("proto="+proto+"/ids="+ids, func(b *testing.B) {
-				benchHandler(b, proto == "h2c", epochIDs)
+				benchHandler(b, proto == "h2c", epochIDs, false)
 			})
 		}
 	}
+	b.Run("proto=http1/ids=plain/grant", func(b *testing.B) { benchHandler(b, false, false, true) })
 }
 
-func benchHandler(b *testing.B, h2c bool, epochIDs bool) {
+func benchHandler(b *testing.B, h2c, epochIDs, grant bool) {
 	bus, err := New(Options{MaxQueued: 1 << 16, MaxQueuedBytes: 1 << 30, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
@@ -40,6 +44,11 @@ func benchHandler(b *testing.B, h2c bool, epochIDs bool) {
 		Lookup:   func(*http.Request) (*EventBus, error) { return bus, nil },
 		Logger:   slog.New(slog.DiscardHandler),
 		EpochIDs: epochIDs,
+	}
+	if grant {
+		h.Authorize = func(*http.Request, *EventBus) (Grant, error) {
+			return Grant{Subject: "bench", Expires: time.Now().Add(time.Hour)}, nil
+		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -446,9 +446,11 @@ func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus
 
 // Handler returns an SSE handler for a route such as
 // "GET /session/{id}/events": its Lookup is Bus for r.PathValue("id") (an
-// invalid id is 404; Redis unavailable is a Lookup error, which
-// eventbus.Handler answers with 500). Set Retry, Heartbeat, WriteTimeout
-// or Logger on it before serving; keep Lookup (wrap it to add to it).
+// invalid id is 404; Redis unavailable is 503 unavailable and a closed
+// Backplane 503 shutting_down, both with Retry-After: 1, as
+// eventbus.StatusError wrapping the cause). Set Retry, Heartbeat,
+// WriteTimeout, Logger, CORS or Authorize on it before serving; keep
+// Lookup (wrap it to add to it).
 func (b *Backplane) Handler() *eventbus.Handler {
 	return &eventbus.Handler{
 		Lookup: b.lookup,
@@ -461,7 +463,17 @@ func (b *Backplane) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	if validSession(id) != nil {
 		return nil, eventbus.ErrSessionNotFound
 	}
-	return b.Bus(r.Context(), id)
+	bus, err := b.Bus(r.Context(), id)
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		se := eventbus.Unavailable(time.Second, "Redis unavailable; retry after Retry-After")
+		se.Err = err
+		return nil, se
+	case errors.Is(err, eventbus.ErrClosed):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down",
+			Message: "the daemon is shutting down", RetryAfter: time.Second, Err: err}
+	}
+	return bus, err
 }
 
 // janitor releases sessions without local subscribers for IdleTimeout.

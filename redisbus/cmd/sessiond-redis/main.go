@@ -143,15 +143,6 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ln.Close()
 		return err
 	}
-	// ServeEvents looks the session up first, to answer Redis down with
-	// 503 and Retry-After (the Handler answers any Lookup error but
-	// ErrSessionNotFound with 500); the Handler takes the bus it found.
-	h.Lookup = func(r *http.Request) (*eventbus.EventBus, error) {
-		if bus, ok := r.Context().Value(busKey{}).(*eventbus.EventBus); ok {
-			return bus, nil
-		}
-		return nil, eventbus.ErrSessionNotFound
-	}
 	srv.events = h
 
 	d := &shared.Server{
@@ -172,9 +163,6 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	}
 	return d.Run(ctx)
 }
-
-// busKey is the request context key of the bus ServeEvents found.
-type busKey struct{}
 
 // publishErrors maps redisbus's publish errors to HTTP answers.
 var publishErrors = shared.PublishErrors{
@@ -208,33 +196,16 @@ func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, strings.TrimSuffix(usageText, "Flags:\n"))
 }
 
-// ServeEvents finds the session's mirror (checking its epoch with Redis),
-// then runs the backplane's SSE handler on it, on a request that
-// /disconnect can cut. An OPTIONS (a CORS preflight, or 405) needs no
-// session.
+// ServeEvents runs the backplane's SSE handler (whose Lookup checks the
+// session's epoch with Redis and answers Redis down with 503 and
+// Retry-After) on a request that /disconnect can cut.
 func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if r.Method == http.MethodOptions {
 		s.events.ServeHTTP(w, r)
 		return
 	}
-	bus, err := s.bp.Bus(r.Context(), id)
-	switch {
-	case errors.Is(err, redisbus.ErrInvalidSession):
-		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
-		return
-	case errors.Is(err, redisbus.ErrUnavailable):
-		s.logger.Warn("stream refused: Redis unavailable", "session", id, "err", err)
-		shared.WriteUnavailable(w, "unavailable", "Redis unavailable; retry after Retry-After")
-		return
-	case errors.Is(err, eventbus.ErrClosed):
-		shared.WriteUnavailable(w, "shutting_down", "the daemon is shutting down")
-		return
-	case err != nil: // the client left while the session opened
-		shared.WriteError(w, http.StatusInternalServerError, "internal", "session lookup failed")
-		return
-	}
-	key, r := shared.Track(r.WithContext(context.WithValue(r.Context(), busKey{}, bus)))
+	key, r := shared.Track(r)
 	defer key.Done()
 	s.mu.Lock()
 	if s.streams[id] == nil {
