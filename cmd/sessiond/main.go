@@ -62,6 +62,7 @@ Routes:
 
 HTTP/1.1 and h2c (HTTP/2 with prior knowledge); HTTPS with HTTP/2 with -tls-cert/-tls-key.
 
+` + daemon.AuthUsage + `
 Flags:
 `
 
@@ -79,19 +80,24 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 		return err
 	}
 	logger := f.Logger(logOut)
+	tlsConfig, err := f.TLSConfig()
+	if err != nil {
+		return err
+	}
+	auth, err := f.Auth("sessiond", tlsConfig != nil)
+	if err != nil {
+		return err
+	}
 
 	srv, err := newServer(config{
 		Options:     f.BusOptions(logger),
 		MaxSessions: *maxSessions,
 		Stream:      f.Handler,
 		Logger:      logger,
+		Auth:        auth,
 
 		IdempotencyWindow: f.IdempotencyWindow,
 	})
-	if err != nil {
-		return err
-	}
-	tlsConfig, err := f.TLSConfig()
 	if err != nil {
 		return err
 	}

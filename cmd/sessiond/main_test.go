@@ -351,10 +351,12 @@ func TestMaxSessionsAndShutdownAreRefusedClearly(t *testing.T) {
 	if r := publish(t, ts, "two", `{"type":"a"}`); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" {
 		t.Fatalf("POST to a second session: %d %s", r.status, r.body)
 	}
-	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" {
-		t.Fatalf("GET of a second session: %d %s", r.status, r.body)
+	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" ||
+		r.header.Get("Retry-After") != "1" {
+		t.Fatalf("GET of a second session: %d %v %s", r.status, r.header, r.body)
 	}
-	if r := do(t, http.MethodGet, ts.URL+"/session/"+strings.Repeat("x", maxSessionIDBytes+1)+"/events", ""); r.status != http.StatusBadRequest {
+	if r := do(t, http.MethodGet, ts.URL+"/session/"+strings.Repeat("x", maxSessionIDBytes+1)+"/events", ""); r.status != http.StatusBadRequest ||
+		r.json(t)["code"] != "invalid_session_id" {
 		t.Fatalf("GET of a too long id: %d %s", r.status, r.body)
 	}
 	// The existing session still streams; a DELETE makes room.
@@ -368,8 +370,9 @@ func TestMaxSessionsAndShutdownAreRefusedClearly(t *testing.T) {
 	if r := publish(t, ts, "two", `{"type":"a"}`); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "shutting_down" {
 		t.Fatalf("POST while shutting down: %d %s", r.status, r.body)
 	}
-	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "shutting_down" {
-		t.Fatalf("GET while shutting down: %d %s", r.status, r.body)
+	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "shutting_down" ||
+		r.header.Get("Retry-After") != "1" {
+		t.Fatalf("GET while shutting down: %d %v %s", r.status, r.header, r.body)
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"errors"
@@ -50,6 +51,10 @@ type config struct {
 	// Idempotency-Key (at most daemon.DefaultIdempotencyKeys of them);
 	// 0: daemon.DefaultIdempotencyWindow.
 	IdempotencyWindow time.Duration
+	// Auth, when set, is the access control of -auth-token: every
+	// /session route needs credentials, POST /login, /logout and /revoke
+	// exist, and the viewer shows its login form. nil: none.
+	Auth *daemon.Auth
 }
 
 // server owns the sessions. It is safe for concurrent use.
@@ -59,6 +64,7 @@ type server struct {
 	maxBody int64
 	events  http.Handler      // the eventbus SSE handler; its Lookup is s.lookup
 	enc     *eventbus.Encoder // for the fingerprints of idempotent publishes
+	index   []byte            // the viewer page, told whether to show its login form
 
 	mu       sync.Mutex
 	closed   bool
@@ -128,12 +134,17 @@ func newServer(cfg config) (*server, error) {
 			return nil, err
 		}
 	}
+	cfg.Auth.Install(h)
 	s.events = h
+	s.index = indexHTML
+	if cfg.Auth != nil {
+		s.index = bytes.Replace(indexHTML, []byte(`data-auth="off"`), []byte(`data-auth="on"`), 1)
+	}
 	return s, nil
 }
 
 func (s *server) routes() http.Handler {
-	return daemon.JSONErrors(daemon.Mux(s))
+	return s.cfg.Auth.Protect(daemon.Mux(s))
 }
 
 // getSession returns the live session id, creating it when create is set.
@@ -163,25 +174,6 @@ func (s *server) getSession(id string, create bool) (*session, error) {
 	sess.idem.Window = s.cfg.IdempotencyWindow
 	s.sessions[id] = sess
 	return sess, nil
-}
-
-// admit reports the error getSession(id, true) would return, without
-// creating the session.
-func (s *server) admit(id string) error {
-	if len(id) > maxSessionIDBytes {
-		return errInvalidSession
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return errShuttingDown
-	case s.sessions[id] != nil:
-		return nil
-	case s.cfg.MaxSessions > 0 && len(s.sessions) >= s.cfg.MaxSessions:
-		return errTooManySessions
-	}
-	return nil
 }
 
 // publish publishes ev to session id, creating the session if needed. A bus
@@ -275,26 +267,12 @@ func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:")
-	w.Write(indexHTML)
+	w.Write(s.index)
 }
 
 // ServeEvents wraps the eventbus handler: the request context it sees can be
 // cancelled by /disconnect. lookup registers the stream with its session.
 func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
-	// The handler turns any Lookup error but ErrSessionNotFound into a 500,
-	// so refuse what lookup would refuse with a clearer status first. (A
-	// race with shutdown or another new session can still end in that 500.)
-	if err := s.admit(r.PathValue("id")); err != nil {
-		switch {
-		case errors.Is(err, errInvalidSession):
-			daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
-		case errors.Is(err, errShuttingDown):
-			daemon.WriteError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
-		default:
-			daemon.WriteError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
-		}
-		return
-	}
 	cut, r := daemon.Track(r)
 	defer cut.Done()
 	st := &stream{cut: cut}
@@ -309,10 +287,20 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 // lookup is the eventbus handler's Lookup: it creates the session on first
-// use and records the stream.
+// use and records the stream. What it refuses it answers as the other
+// routes do (a StatusError): 400 invalid_session_id, 503 shutting_down or
+// too_many_sessions with Retry-After.
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	id := r.PathValue("id")
 	sess, err := s.getSession(id, true)
+	switch {
+	case errors.Is(err, errInvalidSession):
+		return nil, &eventbus.StatusError{Status: http.StatusBadRequest, Code: "invalid_session_id", Message: err.Error()}
+	case errors.Is(err, errShuttingDown):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: err.Error(), RetryAfter: time.Second}
+	case errors.Is(err, errTooManySessions):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "too_many_sessions", Message: err.Error(), RetryAfter: time.Second}
+	}
 	if err != nil || r.Method == http.MethodHead {
 		return sess.busOrNil(), err // a HEAD opens no stream
 	}
@@ -377,9 +365,9 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		daemon.WritePublished(w, eventID, sess.bus.Epoch(), dup)
 	case errors.Is(err, errShuttingDown):
-		daemon.WriteError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
+		daemon.WriteUnavailable(w, "shutting_down", err.Error())
 	case errors.Is(err, errTooManySessions):
-		daemon.WriteError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
+		daemon.WriteUnavailable(w, "too_many_sessions", err.Error())
 	default:
 		if !publishErrors.Write(w, err) {
 			s.logger.Error("publish failed", "session", id, "err", err)

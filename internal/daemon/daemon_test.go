@@ -335,10 +335,10 @@ func TestFlags(t *testing.T) {
 	if err := f.Handler(h); err != nil {
 		t.Fatal(err)
 	}
-	wantH := eventbus.Handler{Heartbeat: time.Second, Retry: 2 * time.Second, RetryJitter: -1, WriteTimeout: 3 * time.Second,
+	wantH := &eventbus.Handler{Heartbeat: time.Second, Retry: 2 * time.Second, RetryJitter: -1, WriteTimeout: 3 * time.Second,
 		CORS: &eventbus.CORS{Origins: []string{"https://a.example", "http://b.example:8080"}, Credentials: true}}
-	if !reflect.DeepEqual(*h, wantH) {
-		t.Fatalf("Handler: %+v, CORS %+v", *h, h.CORS)
+	if !reflect.DeepEqual(h, wantH) {
+		t.Fatalf("Handler: %+v, CORS %+v", h, h.CORS)
 	}
 	if _, err := f.TLSConfig(); err == nil || !strings.Contains(err.Error(), "c.pem") {
 		t.Fatalf("TLSConfig of missing files: %v", err)

@@ -69,7 +69,13 @@ type Flags struct {
 	// -idempotency-window: how long an Idempotency-Key of a POST is
 	// remembered (0: DefaultIdempotencyWindow)
 	IdempotencyWindow time.Duration
-	Verbose           bool // -v: debug logging
+	// -auth-token: the static bearer token every /session route needs
+	// (Authorization: Bearer, or the cookie of POST /login); empty: none
+	AuthToken string
+	// -token-lifetime: how long a stream (and a login) lasts before it must
+	// reauthenticate; 0: no bound. Needs -auth-token.
+	TokenLifetime time.Duration
+	Verbose       bool // -v: debug logging
 }
 
 // FlagDocs is what the daemons say differently about the shared flags.
@@ -100,7 +106,23 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	fs.DurationVar(&f.DemoInterval, "demo-interval", 500*time.Millisecond, "interval between demo ticks")
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests")
 	fs.DurationVar(&f.IdempotencyWindow, "idempotency-window", 0, "how long a POST's Idempotency-Key is remembered (0: 10m)")
+	fs.StringVar(&f.AuthToken, "auth-token", "", "require this static bearer token on every /session route (Authorization: Bearer <token>, or the cookie POST /login sets for it); empty: no access control")
+	fs.DurationVar(&f.TokenLifetime, "token-lifetime", 0, "with -auth-token: a stream (and a login) lasts this long, then ends with stream_error reauthenticate and the client resumes with fresh credentials (0: no bound)")
 	fs.BoolVar(&f.Verbose, "v", false, "debug logging")
+}
+
+// Auth returns the access control of -auth-token and -token-lifetime, nil
+// without -auth-token; realm names the daemon in WWW-Authenticate, secure
+// marks its cookie Secure (the daemon serves HTTPS). It returns an error
+// for an invalid token, or -token-lifetime without -auth-token.
+func (f *Flags) Auth(realm string, secure bool) (*Auth, error) {
+	if f.AuthToken == "" {
+		if f.TokenLifetime != 0 {
+			return nil, errors.New("-token-lifetime needs -auth-token")
+		}
+		return nil, nil
+	}
+	return NewAuth(AuthOptions{Token: f.AuthToken, Lifetime: f.TokenLifetime, Realm: realm, Secure: secure})
 }
 
 // Logger returns a text logger writing to out: at Debug level with -v,

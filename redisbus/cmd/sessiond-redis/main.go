@@ -69,6 +69,7 @@ Routes:
   POST   /session/{id}/signal       change signal {"type":"...","about":"..."} to the session's
                                     streams on every replica (no id, not stored) -> 204
 
+` + shared.AuthUsage + `
 Flags:
 `
 
@@ -113,6 +114,10 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	if err != nil {
 		return err
 	}
+	auth, err := f.Auth("sessiond-redis", tlsConfig != nil)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", f.Addr)
 	if err != nil {
 		return err
@@ -135,7 +140,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ln.Close()
 		return err
 	}
-	srv := &server{bp: bp, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*shared.Stream]struct{}{}}
+	srv := &server{bp: bp, auth: auth, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*shared.Stream]struct{}{}}
 	h := bp.Handler()
 	h.Logger = logger
 	if err := f.Handler(h); err != nil {
@@ -143,6 +148,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ln.Close()
 		return err
 	}
+	auth.Install(h)
 	srv.events = h
 
 	d := &shared.Server{
@@ -175,6 +181,7 @@ var publishErrors = shared.PublishErrors{
 
 type server struct {
 	bp      *redisbus.Backplane
+	auth    *shared.Auth // nil without -auth-token
 	events  *eventbus.Handler
 	name    string
 	logger  *slog.Logger
@@ -187,7 +194,7 @@ type server struct {
 func (s *server) routes() http.Handler {
 	mux := shared.Mux(s)
 	mux.HandleFunc("POST /session/{id}/signal", s.ServeSignal)
-	return shared.JSONErrors(mux)
+	return s.auth.Protect(mux)
 }
 
 func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
