@@ -35,6 +35,9 @@ type Daemon struct {
 	// HTTP is the client Call uses; a test may set its Transport (to trust
 	// a test certificate).
 	HTTP *http.Client
+	// Header is sent with every Call (and so with Status and Publish),
+	// such as the Authorization of a daemon started with -auth-token.
+	Header http.Header
 
 	mu   sync.Mutex
 	logs bytes.Buffer
@@ -151,6 +154,9 @@ func (d *Daemon) Call(method, path, body string, wantStatus int, out any) {
 	req, err := http.NewRequest(method, d.Base+path, rd)
 	if err != nil {
 		d.t.Fatal(err)
+	}
+	for k, v := range d.Header {
+		req.Header[k] = v
 	}
 	resp, err := d.HTTP.Do(req)
 	if err != nil {
