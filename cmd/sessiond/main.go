@@ -17,6 +17,11 @@
 //	                                      their TCP connections; clients reconnect by themselves and
 //	                                      resume with Last-Event-ID
 //
+// With -auth-token every /session route needs "Authorization: Bearer <token>"
+// or the cookie of POST /login (the viewer shows a login form), and
+// -token-lifetime bounds each stream and login; POST /logout and POST
+// /revoke end a subject's streams (README "Access control").
+//
 // A GET or POST after DELETE starts a new session with a new epoch. With -demo
 // the daemon publishes "tick" events to session "demo". The SSE ids carry the
 // epoch (-epoch-ids, on by default: the viewer is a plain EventSource); other

@@ -19,7 +19,8 @@
 //	POST   /session/{id}/signal       send {"type":..., "about":...} to the session's streams on every replica -> 204
 //
 // The flags of cmd/sessiond apply (epoch ids on by default, -cors-origin,
-// h2c, -tls-cert/-tls-key). On SIGINT or SIGTERM it closes the backplane
+// h2c, -tls-cert/-tls-key, -auth-token and -token-lifetime with POST /login,
+// /logout and /revoke; a revocation ends the streams of this replica). On SIGINT or SIGTERM it closes the backplane
 // (open streams drain and end), then shuts the HTTP server down. The Redis
 // keys stay.
 package main
