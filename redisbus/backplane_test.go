@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -447,14 +449,16 @@ func TestRedisDownPublishFails(t *testing.T) {
 	})
 	r.stop()
 	check("stopped redis")
-	// The HTTP route answers 500 when it cannot open a session.
+	// The HTTP route answers 503 with Retry-After when it cannot open a
+	// session (the Handler's Lookup returns an eventbus.StatusError).
 	resp, err := a.srv.Client().Get(a.srv.URL + "/session/other/events")
 	if err != nil {
 		t.Fatal(err)
 	}
+	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 500 {
-		t.Fatalf("GET with redis down: %s", resp.Status)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || !strings.Contains(string(body), `"code":"unavailable"`) {
+		t.Fatalf("GET with redis down: %s %v %s", resp.Status, resp.Header, body)
 	}
 }
 

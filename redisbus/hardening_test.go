@@ -388,15 +388,15 @@ func TestOutageEndsStreams(t *testing.T) {
 	if a.bp.Sessions() != 0 || b.bp.Sessions() != 0 {
 		t.Fatalf("sessions still held: A %d, B %d", a.bp.Sessions(), b.bp.Sessions())
 	}
-	// New streams while Redis is down: an error answer (the Handler maps
-	// any Lookup error to 500), in-process an ErrUnavailable.
+	// New streams while Redis is down: 503 with Retry-After, in-process an
+	// ErrUnavailable.
 	resp, err := a.srv.Client().Get(a.srv.URL + "/session/s/events")
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusInternalServerError {
-		t.Fatalf("new stream while Redis is down: %s", resp.Status)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("new stream while Redis is down: %s %v", resp.Status, resp.Header)
 	}
 	if _, err := a.bp.Subscribe(context.Background(), "s", eventbus.SubscribeOptions{}); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Subscribe while Redis is down: %v", err)

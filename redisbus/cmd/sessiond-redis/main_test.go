@@ -407,3 +407,52 @@ func TestDisconnectModesAndJSONErrors(t *testing.T) {
 		}
 	}
 }
+
+// -auth-token on two replicas: no credentials, no stream (and no session
+// in Redis); the login cookie of one replica is accepted by the other
+// (it is signed with the shared token, not stored); a logout on a replica
+// ends its streams of the subject with stream_error revoked.
+func TestAuthTokenAcrossReplicas(t *testing.T) {
+	r := startRedis(t)
+	flags := []string{"-auth-token", "rtok", "-token-lifetime", "1m"}
+	a, b := daemon(t, r, "A", flags...), daemon(t, r, "B", flags...)
+	defer http.DefaultClient.CloseIdleConnections()
+	send := func(method, url, body string, hdr http.Header) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		for k, vs := range hdr {
+			req.Header[k] = vs
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp, string(out)
+	}
+	bearer := http.Header{"Authorization": {"Bearer rtok"}}
+
+	resp, body := send("GET", a+"/session/auth/events", "", nil)
+	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") != `Bearer realm="sessiond-redis"` {
+		t.Fatalf("anonymous stream: %s %v %s", resp.Status, resp.Header, body)
+	}
+	if resp, body := send("GET", a+"/session/auth", "", bearer); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("the anonymous stream made a session: %s %s", resp.Status, body)
+	}
+	resp, body = send("POST", a+"/login", `{"token":"rtok","subject":"alice"}`, nil)
+	if resp.StatusCode != 200 || len(resp.Cookies()) != 1 {
+		t.Fatalf("login on A: %s %s", resp.Status, body)
+	}
+	cookie := http.Header{"Cookie": {resp.Cookies()[0].Name + "=" + resp.Cookies()[0].Value}}
+	if resp, body := send("POST", b+"/session/auth/events", `{"type":"a"}`, cookie); resp.StatusCode != 200 {
+		t.Fatalf("publish on B with A's cookie: %s %s", resp.Status, body)
+	}
+	lines, _ := streamLines(t, b+"/session/auth/events", http.Header{"Cookie": cookie["Cookie"], "Last-Event-Id": {"0"}}, "event: ")
+	expectLines(t, lines, "event: a", "event: replay_complete")
+	resp, body = send("POST", b+"/logout", "", cookie)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"revoked":1`) {
+		t.Fatalf("logout on B: %s %s", resp.Status, body)
+	}
+	expectLines(t, lines, "event: stream_error")
+}
