@@ -122,11 +122,7 @@ func TestViewerLoginLifetimeAndLogout(t *testing.T) {
 	})
 	time.Sleep(300 * time.Millisecond) // let a duplicate, if any, arrive
 	p = readAuthPage(br.ctx, t)
-	want := make([]uint64, total)
-	for i := range want {
-		want[i] = uint64(i + 1)
-	}
-	if !slices.Equal(p.SeenIDs, want) {
+	if !slices.Equal(p.SeenIDs, idsUpTo(total)) {
 		t.Fatalf("the page saw ids %v, want exactly 1..%d once each", p.SeenIDs, total)
 	}
 	t.Logf("the page saw ids 1..%d exactly once across 2 stream lifetimes", total)

@@ -68,6 +68,15 @@ func readPage(ctx context.Context, t *testing.T) pageState {
 	return st
 }
 
+// idsUpTo returns 1..n.
+func idsUpTo(n int) []uint64 {
+	ids := make([]uint64, n)
+	for i := range ids {
+		ids[i] = uint64(i + 1)
+	}
+	return ids
+}
+
 func (p pageState) summary() string {
 	return fmt.Sprintf("conn=%s reconnects=%d resyncs=%d seen=%d ids (last %v)",
 		p.ConnState, p.Reconnects, p.Resyncs, len(p.SeenIDs), p.SeenIDs[max(0, len(p.SeenIDs)-3):])
@@ -226,11 +235,7 @@ func TestViewerResumesAfterTheServerCutsTheStream(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // let a duplicate, if any, arrive
 	p = readPage(bctx, t)
 
-	want := make([]uint64, total)
-	for i := range want {
-		want[i] = uint64(i + 1)
-	}
-	if !slices.Equal(p.SeenIDs, want) {
+	if !slices.Equal(p.SeenIDs, idsUpTo(total)) {
 		t.Errorf("the page's EventSource saw ids %v, want exactly 1..%d once each", p.SeenIDs, total)
 	}
 	t.Logf("the page saw ids 1..%d exactly once across 3 server-side cuts", total)

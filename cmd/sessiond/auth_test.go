@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -42,30 +40,6 @@ func newAuthServer(t *testing.T, lifetime time.Duration) (*server, *httptest.Ser
 }
 
 func bearer() http.Header { return http.Header{"Authorization": {"Bearer " + testToken}} }
-
-// call sends a request with header and body and returns the answer.
-func call(t *testing.T, method, url string, header http.Header, body string) response {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return response{resp.StatusCode, resp.Header, b}
-}
 
 // loginCookie logs in as subject and returns the Cookie header to send.
 func loginCookie(t *testing.T, ts *httptest.Server, subject string) http.Header {

@@ -68,6 +68,12 @@ func (r response) json(t *testing.T) map[string]any {
 
 func do(t *testing.T, method, url, body string) response {
 	t.Helper()
+	return call(t, method, url, nil, body)
+}
+
+// call sends a request with header and body and returns the answer.
+func call(t *testing.T, method, url string, header http.Header, body string) response {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var rd io.Reader
@@ -77,6 +83,9 @@ func do(t *testing.T, method, url, body string) response {
 	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
