@@ -272,10 +272,10 @@ func newQueries(s string) queries {
 			"WHERE e.session = $1 AND s.epoch = $2 AND e.id > $3 AND e.id <= $4 ORDER BY e.id LIMIT $5",
 		first: "SELECT min(e.id) FROM " + q + ".events e JOIN " + q + ".sessions s ON s.session = e.session " +
 			"WHERE e.session = $1 AND s.epoch = $2",
-		head:  "SELECT epoch, last_id FROM " + q + ".sessions WHERE session = $1",
-		info:  "SELECT epoch, last_id, first_id, bytes FROM " + q + ".sessions WHERE session = $1",
-		idle:  "SELECT session FROM " + q + ".sessions WHERE touched_at < now() - $1 * interval '1 millisecond' LIMIT 100",
-		purge: "DELETE FROM " + q + ".idempotency WHERE ctid IN (SELECT ctid FROM " + q + ".idempotency WHERE expires_at <= now() LIMIT 5000)",
+		head:    "SELECT epoch, last_id FROM " + q + ".sessions WHERE session = $1",
+		info:    "SELECT epoch, last_id, first_id, bytes FROM " + q + ".sessions WHERE session = $1",
+		idle:    "SELECT session FROM " + q + ".sessions WHERE touched_at < now() - $1 * interval '1 millisecond' LIMIT 100",
+		purge:   "DELETE FROM " + q + ".idempotency WHERE ctid IN (SELECT ctid FROM " + q + ".idempotency WHERE expires_at <= now() LIMIT 5000)",
 		events:  s + "_events",
 		signals: s + "_signals",
 	}
