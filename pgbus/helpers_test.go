@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -187,6 +189,9 @@ func newPool(t testing.TB, url string) *pgxpool.Pool {
 
 func newReplica(t testing.TB, url, name string, opts Options) *replica {
 	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("replica", name)
+	}
 	pool := newPool(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -226,6 +231,15 @@ func (rp *replica) open(t testing.TB, session string, header map[string]string, 
 		url += "?" + query
 	}
 	return ssetest.Open(t, rp.srv.Client(), url, header)
+}
+
+// testWriter writes a backplane's log lines to its test's log (every
+// goroutine that logs ends in a cleanup, before the test completes).
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
 
 // Short names for the shared checks.
