@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/ssetest"
+	"github.com/ssebus/eventbus/internal/backplanetest"
 	"go.uber.org/goleak"
 )
 
@@ -224,13 +224,13 @@ func (rp *replica) publish(t testing.TB, session, typ string, data any) uint64 {
 
 // open opens GET /session/{session}/events on rp with the given headers
 // and query.
-func (rp *replica) open(t testing.TB, session string, header map[string]string, query string) *ssetest.Stream {
+func (rp *replica) open(t testing.TB, session string, header map[string]string, query string) *backplanetest.Stream {
 	t.Helper()
 	url := rp.srv.URL + "/session/" + session + "/events"
 	if query != "" {
 		url += "?" + query
 	}
-	return ssetest.Open(t, rp.srv.Client(), url, header)
+	return backplanetest.Open(t, rp.srv.Client(), url, header)
 }
 
 // testWriter writes a backplane's log lines to its test's log (every
@@ -244,11 +244,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 // Short names for the shared checks.
 var (
-	wantIDs = ssetest.WantIDs
-	waitFor = ssetest.WaitFor
+	wantIDs = backplanetest.WantIDs
+	waitFor = backplanetest.WaitFor
 )
 
-type frame = ssetest.Frame
+type frame = backplanetest.Frame
 
 // gate pauses a backplane's readers: while closed, a reader waits before
 // its next query. parked reports readers waiting.
@@ -314,4 +314,4 @@ func (g *gate) open() {
 	g.mu.Unlock()
 }
 
-type streamT = ssetest.Stream
+type streamT = backplanetest.Stream

@@ -2,9 +2,8 @@ package pgbus
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
-	"encoding/json"
 	"fmt"
+	"maps"
 
 	"github.com/ssebus/eventbus"
 )
@@ -24,26 +23,21 @@ func validKey(key string) error {
 }
 
 // fingerprint identifies what a retry must repeat for its key to count as
-// the same publish: the event's type and its data as encoded (absent data
-// differs from null). The timestamp, the metadata and the originator are
-// left out: a retry stamps a new serverTimestamp.
-func fingerprint(ev eventbus.EncodedEvent) []byte {
-	var env struct {
-		Data json.RawMessage `json:"data"`
+// the same publish: the event as encoded (type, data, _meta,
+// originatorClientId) with serverTimestamp set to 0, so that the time a
+// retry is stamped with does not make it another event, and {"a": 1} and
+// {"a":1} are the same data. This is redisbus's and the in-memory demo
+// daemon's definition too. It returns the encoder's error for an event
+// Publish would refuse.
+func fingerprint(enc *eventbus.Encoder, e eventbus.Event) ([]byte, error) {
+	meta := make(map[string]any, len(e.Meta)+1)
+	maps.Copy(meta, e.Meta)
+	meta["serverTimestamp"] = 0
+	e.Meta = meta
+	ev, err := enc.Encode(e)
+	if err != nil {
+		return nil, err
 	}
-	// The envelope is the encoder's own valid JSON; an error is impossible,
-	// and would leave Data empty, which only makes the fingerprint coarser.
-	_ = json.Unmarshal(ev.Envelope(0), &env)
-	h := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(ev.Type)))
-	h.Write(n[:])
-	h.Write([]byte(ev.Type))
-	if env.Data != nil {
-		h.Write([]byte{1})
-		h.Write(env.Data)
-	} else {
-		h.Write([]byte{0})
-	}
-	return h.Sum(nil)
+	sum := sha256.Sum256(ev.Tail)
+	return sum[:], nil
 }

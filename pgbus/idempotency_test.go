@@ -25,11 +25,9 @@ func TestPublishIdempotent(t *testing.T) {
 	if err != nil || id != 1 || dup {
 		t.Fatalf("first publish: %d %v %v", id, dup, err)
 	}
-	// The same event, with other metadata and originator (a retry stamps a
-	// new serverTimestamp), on another replica.
-	retry := ev
-	retry.Meta = map[string]any{"serverTimestamp": 5, "attempt": 2}
-	retry.OriginatorClientID = "c"
+	// The same event, stamped at another time (as a retry is), with its
+	// data spelled otherwise, on another replica.
+	retry := eventbus.Event{Type: "e", Data: json.RawMessage(`{ "n": 1 }`), Meta: map[string]any{"serverTimestamp": 5}}
 	id2, epoch2, dup, err := b.bp.PublishIdempotent(ctx, "s", "k1", retry)
 	if err != nil || id2 != 1 || !dup || epoch2 != epoch {
 		t.Fatalf("retry: %d %q %v %v, want 1 %q duplicate", id2, epoch2, dup, err, epoch)
@@ -39,6 +37,8 @@ func TestPublishIdempotent(t *testing.T) {
 		{Type: "f", Data: map[string]int{"n": 1}},
 		{Type: "e"},
 		{Type: "e", Data: json.RawMessage(`{"n":1,"m":0}`)},
+		{Type: "e", Data: map[string]int{"n": 1}, OriginatorClientID: "c"},
+		{Type: "e", Data: map[string]int{"n": 1}, Meta: map[string]any{"attempt": 2}},
 	} {
 		if _, _, _, err := b.bp.PublishIdempotent(ctx, "s", "k1", other); !errors.Is(err, ErrIdempotencyKeyReused) {
 			t.Fatalf("key reused for %+v: %v", other, err)

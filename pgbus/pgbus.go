@@ -321,13 +321,17 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 	return id, epoch, err
 }
 
-// PublishIdempotent is Publish with an idempotency key: within
+// PublishIdempotent is Publish with an idempotency key, so that a publish
+// whose outcome is unknown can be retried safely: within
 // IdempotencyWindow of the first publish with key in session, a publish
-// with the same key and an event of the same type and data appends
-// nothing and returns the first publish's id with duplicate true; the
-// same key with another type or data is an error wrapping
-// ErrIdempotencyKeyReused. (Metadata and the originator are not compared.)
-// A key is 1 to MaxIdempotencyKeyBytes bytes of printable ASCII (0x20 to
+// with the same key and the same event appends nothing and returns the
+// first publish's id with duplicate true; the same key with a different
+// event is an error wrapping ErrIdempotencyKeyReused. The event's
+// identity is its type, data, _meta (but serverTimestamp) and
+// originatorClientId as encoded. The check and the append happen under
+// the session's lock: concurrent publishes with one key, on any replicas,
+// append once. The window counts from the first publish on PostgreSQL's
+// clock; a duplicate does not extend it. A key is 1 to MaxIdempotencyKeyBytes bytes of printable ASCII (0x20 to
 // 0x7e), else the error wraps ErrInvalidIdempotencyKey. Delete forgets a
 // session's keys. Otherwise as Publish: after an error wrapping
 // ErrOutcomeUnknown, retry with the same key.
@@ -352,7 +356,10 @@ func (b *Backplane) publish(ctx context.Context, session, key string, idem bool,
 	var keyArg any // nil: SQL NULL, no key
 	var fp []byte
 	if idem {
-		keyArg, fp = key, fingerprint(ev)
+		if fp, err = fingerprint(b.encoder, e); err != nil {
+			return 0, "", false, err
+		}
+		keyArg = key
 	}
 	// This replica's mirror, as it was before the publish: its epoch was
 	// read earlier, so if the publish reports another one, the mirror's is

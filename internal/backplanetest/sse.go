@@ -1,12 +1,13 @@
-// Package ssetest is the SSE client and the frame checks that the tests of
-// the backplane modules share: a test opens a stream on a replica's HTTP
+// Package backplanetest is what the tests and benchmarks of the backplane
+// modules share: an SSE client (a test opens a stream on a replica's HTTP
 // server, reads its frames from a channel, and checks ids and synthetic
-// frames by their envelope fields.
+// frames by their envelope fields) and the publish-to-delivery benchmark
+// harness (Delivery).
 //
 // It is internal to github.com/ssebus/eventbus; the backplane modules
 // (redisbus, pgbus) may import it because their import paths lie under
 // that prefix. It is for tests only.
-package ssetest
+package backplanetest
 
 import (
 	"bufio"
