@@ -67,7 +67,7 @@ func TestDatabaseRestart(t *testing.T) {
 		if n == total/3 {
 			go func() {
 				defer close(restarted)
-				srv.restart()
+				srv.Restart()
 			}()
 		}
 		publishUntilApplied(t, reps[n%len(reps)], "s", n)
@@ -116,9 +116,9 @@ func TestReplicaClosed(t *testing.T) {
 	for range 10 {
 		c.publish(t, "s", "e", nil)
 	}
+	wantIDs(t, sb.Events(20, wait), 1, 20)
 	resumed := b.open(t, "s", map[string]string{"Last-Event-ID": "10", "Event-Epoch": sa.Epoch}, "")
 	wantIDs(t, resumed.Events(10, wait), 11, 20)
-	wantIDs(t, sb.Events(20, wait), 1, 20)
 }
 
 // A replica's pool is closed under it (the replica is broken, not shut
@@ -154,9 +154,9 @@ func TestReplicaPoolClosed(t *testing.T) {
 	if took < opts.OutageTimeout || took > opts.OutageTimeout+3*time.Second {
 		t.Fatalf("A's stream ended %v after the failure, OutageTimeout %v", took, opts.OutageTimeout)
 	}
+	wantIDs(t, sb.Events(10, wait), 1, 10)
 	resumed := b.open(t, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": sa.Epoch}, "")
 	wantIDs(t, resumed.Events(5, wait), 6, 10)
-	wantIDs(t, sb.Events(10, wait), 1, 10)
 	resp, err := a.srv.Client().Get(a.srv.URL + "/session/s/events")
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +185,7 @@ func TestHungDatabase(t *testing.T) {
 	wantIDs(t, sa.Events(5, wait), 1, 5)
 	wantIDs(t, sb.Events(5, wait), 1, 5)
 
-	srv.pause()
+	srv.Pause()
 	paused := time.Now()
 	for i := range 3 {
 		start := time.Now()
@@ -216,7 +216,7 @@ func TestHungDatabase(t *testing.T) {
 	if a.bp.Sessions() != 0 || b.bp.Sessions() != 0 {
 		t.Fatalf("mirrors left after the outage: %d, %d", a.bp.Sessions(), b.bp.Sessions())
 	}
-	srv.resume()
+	srv.Resume()
 	var id uint64
 	waitFor(t, wait, "publish after resume", func() bool {
 		var err error
@@ -248,7 +248,7 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 		a.publish(t, "s", "e", nil)
 	}
 	wantIDs(t, live.Events(10, wait), 11, 20)
-	srv.pause()
+	srv.Pause()
 	sc := c.open(t, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
 	rs := sc.Next(wait)
 	if rs.Event != eventbus.TypeStateResyncRequired || rs.Str(t, "data", "reason") != "ring_evicted" ||
@@ -259,7 +259,7 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 0 {
 		t.Fatalf("want an empty replay_complete, got %+v", rc)
 	}
-	srv.resume()
+	srv.Resume()
 	waitFor(t, wait, "publish after resume", func() bool {
 		_, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
 		return err == nil
@@ -281,12 +281,12 @@ func TestIdempotentRetryAfterTimeout(t *testing.T) {
 	a.publish(t, "s", "e", nil)
 	wantIDs(t, sb.Events(1, wait), 1, 1)
 	ev := eventbus.Event{Type: "order.placed", Data: map[string]string{"order": "o-1"}}
-	srv.pause()
+	srv.Pause()
 	_, _, _, err := a.bp.PublishIdempotent(context.Background(), "s", "order-o-1", ev)
 	if !errors.Is(err, ErrOutcomeUnknown) {
 		t.Fatalf("publish to a hung database: %v, want ErrOutcomeUnknown", err)
 	}
-	srv.resume()
+	srv.Resume()
 	var id uint64
 	var dup bool
 	waitFor(t, wait, "the retry", func() bool {

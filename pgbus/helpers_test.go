@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -26,71 +24,21 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const wait = 10 * time.Second // bound of every wait for frames
 
 // pgURL returns the test server's URL (.ci/pg.sh starts one and sets
-// PGBUS_TEST_URL). Without it the test is skipped, unless CI=true, where
-// it fails.
+// PGBUS_TEST_URL); without it the test is skipped, unless CI=true.
 func pgURL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv("PGBUS_TEST_URL")
-	if u == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("PGBUS_TEST_URL is not set (CI=true): run the tests through .ci/pg.sh")
-		}
-		t.Skip("PGBUS_TEST_URL is not set: run bash .ci/pg.sh (or bash .ci/pg.sh shell, then go test) to test against a real PostgreSQL")
-	}
-	return u
+	return backplanetest.Env(t, "PGBUS_TEST_URL",
+		"run bash .ci/pg.sh (or bash .ci/pg.sh shell, then go test) to test against a real PostgreSQL")
 }
 
-// server controls the test server through .ci/pg.sh's helper
-// (PGBUS_TEST_PGCTL): restart, and pause and resume (SIGSTOP and SIGCONT
+// control returns the controls of the test server (.ci/pg.sh's helper,
+// PGBUS_TEST_PGCTL): restart, and pause and resume (SIGSTOP and SIGCONT
 // of every server process: a hung database).
-type server struct {
-	t   testing.TB
-	ctl string
-	mu  sync.Mutex
-	// paused, while the server is stopped; the test's cleanup resumes it.
-	paused bool
-}
-
-func control(t testing.TB) *server {
+func control(t testing.TB) *backplanetest.Control {
 	t.Helper()
 	pgURL(t)
-	ctl := os.Getenv("PGBUS_TEST_PGCTL")
-	if ctl == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("PGBUS_TEST_PGCTL is not set (CI=true): run the tests through .ci/pg.sh")
-		}
-		t.Skip("PGBUS_TEST_PGCTL is not set: this test restarts or pauses the server (.ci/pg.sh sets it)")
-	}
-	s := &server{t: t, ctl: ctl}
-	t.Cleanup(s.resume)
-	return s
-}
-
-func (s *server) run(verb string) {
-	s.t.Helper()
-	out, err := exec.Command(s.ctl, verb).CombinedOutput()
-	if err != nil {
-		s.t.Fatalf("%s %s: %v: %s", s.ctl, verb, err, out)
-	}
-}
-
-func (s *server) restart() { s.run("restart") }
-
-func (s *server) pause() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.run("pause")
-	s.paused = true
-}
-
-// resume continues a paused server. Idempotent.
-func (s *server) resume() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.paused {
-		s.run("resume")
-		s.paused = false
-	}
+	return backplanetest.NewControl(t, backplanetest.Env(t, "PGBUS_TEST_PGCTL",
+		"this test restarts or pauses the server; .ci/pg.sh sets it"))
 }
 
 // testSchema returns a schema of its own for t (dropped when t ends) and
