@@ -96,6 +96,7 @@ chmod 755 "$TMP/pgctl"
 export PGBUS_TEST_URL="postgres://pgbus@127.0.0.1:$PORT/postgres?sslmode=disable"
 export PGBUS_TEST_PGCTL="$TMP/pgctl"
 echo "pg: server on 127.0.0.1:$PORT (data $DATA)"
+echo "pg: PGBUS_TEST_URL=$PGBUS_TEST_URL"
 
 if [ "${1:-}" = "shell" ]; then
   "${SHELL:-bash}" -i || true
