@@ -645,10 +645,7 @@ func TestIdleRelease(t *testing.T) {
 	r := startRedis(t)
 	opts := testOptions(t)
 	opts.IdleTimeout = 100 * time.Millisecond
-	a := newReplica(t, r, "A", opts)
-	s := openSSE(t, a, "s", nil, "")
-	a.publish(t, "s", "e", nil)
-	wantIDs(t, s.events(1, wait), 1, 1)
+	a, s := liveReplica(t, r, opts)
 	time.Sleep(300 * time.Millisecond)
 	if n := a.bp.Sessions(); n != 1 {
 		t.Fatalf("a session with a subscriber was released (%d)", n)
@@ -828,23 +825,45 @@ func TestPublishReleasesStaleMirror(t *testing.T) {
 	sa.ended(wait)
 }
 
-// A resume from the stream when the stream is gone (Redis lost it and this
-// replica has not noticed yet): the client is told what it missed cannot
-// be read, and the stream ends once the reader notices the new epoch.
+// A resume on a replica whose mirror is of a lost stream (Redis restarted
+// and this replica's reader has not noticed): the stream's open checks the
+// epoch with Redis, so the client gets epoch_reset on the new epoch at once,
+// and the stale mirror's streams end without waiting for the reader.
+func TestResumeOfALostEpoch(t *testing.T) {
+	r := startRedis(t)
+	a, _, c := threeReplicas(t, r, testOptions(t))
+	live := lateMirror(t, a, c) // C's ring starts at 11
+	g := installGate(c.bp)
+	defer g.open()
+	g.close(t)
+	r.restart()
+	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
+	if sc.Epoch == live.Epoch || len(sc.Epoch) != 32 {
+		t.Fatalf("Event-Epoch %q after the restart, before %q", sc.Epoch, live.Epoch)
+	}
+	rs := sc.next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "epoch_reset" ||
+		rs.str(t, "data", "detail") != "epoch_mismatch" || rs.num(t, "data", "lastDeliveredId") != 5 ||
+		rs.num(t, "data", "earliestAvailableId") != 1 {
+		t.Fatalf("want epoch_reset (epoch_mismatch) 5 -> 1, got %+v", rs)
+	}
+	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 0 {
+		t.Fatalf("want an empty replay_complete, got %+v", rc)
+	}
+	live.ended(wait) // before the gate opens
+}
+
+// A resume whose history read fails (Redis answers XRANGE with an error;
+// here the stream key holds a string): the client is told what it missed
+// cannot be read, then gets the live events.
 func TestResumeHistoryUnavailable(t *testing.T) {
 	r := startRedis(t)
 	a, _, c := threeReplicas(t, r, testOptions(t))
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	live := openSSE(t, c, "s", nil, "") // C's ring starts at 11
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	wantIDs(t, live.events(10, wait), 11, 20)
+	live := lateMirror(t, a, c) // C's ring starts at 11
 	g := installGate(c.bp)
+	defer g.open()
 	g.close(t)
-	r.restart()
+	r.do(t, "SET", "t:"+t.Name()+":{s}:s:"+live.Epoch, "not a stream")
 	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
 	rs := sc.next(wait)
 	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "ring_evicted" ||
@@ -855,9 +874,6 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 0 {
 		t.Fatalf("want an empty replay_complete, got %+v", rc)
 	}
-	g.open()
-	sc.ended(wait)
-	live.ended(wait)
 }
 
 // A signal sent on one replica reaches the session's subscribers on every

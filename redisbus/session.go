@@ -19,12 +19,14 @@ import (
 type session struct {
 	b      *Backplane
 	id     string
-	meta   string // meta hash key
-	prefix string // stream key without the epoch
+	keys   []string // the scripts' KEYS (Backplane.keys)
+	meta   string   // meta hash key
+	prefix string   // stream key without the epoch
 
 	ready chan struct{} // closed when open has finished
 	// Set by open before ready is closed (bus and cancel under b.mu).
 	err    error
+	opened time.Time // when open asked Redis for the epoch
 	bus    *eventbus.EventBus
 	epoch  string
 	stream string
@@ -60,8 +62,8 @@ func (b *Backplane) session(ctx context.Context, id string) (*session, error) {
 		}
 		s := b.sessions[id]
 		if s == nil {
-			meta, prefix := b.keys(id)
-			s = &session{b: b, id: id, meta: meta, prefix: prefix, ready: make(chan struct{})}
+			keys := b.keys(id)
+			s = &session{b: b, id: id, keys: keys, meta: keys[0], prefix: keys[1], ready: make(chan struct{})}
 			b.sessions[id] = s
 			s.lastActive = time.Now()
 			b.mu.Unlock()
@@ -105,8 +107,9 @@ func (s *session) open() {
 		}
 		b.mu.Unlock()
 	}
+	s.opened = time.Now()
 	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
-	res, err := ensureScript.Run(ctx, b.client, []string{s.meta, s.prefix},
+	res, err := ensureScript.Run(ctx, b.client, s.keys,
 		eventbus.NewEpoch(), b.opts.KeyTTL.Milliseconds()).StringSlice()
 	cancel()
 	if err == nil && len(res) != 2 {
@@ -149,20 +152,36 @@ func (s *session) open() {
 
 // stop ends the reader and closes the mirror (its streams drain, then end).
 // The session must already be out of the backplane's maps. Idempotent.
-func (s *session) stop() {
+func (s *session) stop() { s.stopWith("", "") }
+
+// stopWith is stop; with a kind, the mirror's streams end with a terminal
+// stream_error of that kind and message (EventBus.CloseWithError).
+func (s *session) stopWith(kind, message string) {
 	s.b.mu.Lock()
 	cancel, bus := s.cancel, s.bus
 	s.b.mu.Unlock()
 	if cancel != nil {
 		cancel()
 	}
-	if bus != nil {
+	switch {
+	case bus == nil:
+	case kind != "":
+		bus.CloseWithError(kind, message)
+	default:
 		bus.Close()
 	}
 }
 
 // expire removes s from the backplane and stops it.
 func (b *Backplane) expire(s *session, why string) {
+	b.remove(s)
+	b.log.Info("redisbus: session released", "session", s.id, "epoch", s.epoch, "reason", why)
+	s.stop()
+}
+
+// remove takes s out of the backplane's maps, so that the next lookup of
+// its session makes a new one.
+func (b *Backplane) remove(s *session) {
 	b.mu.Lock()
 	if b.sessions[s.id] == s {
 		delete(b.sessions, s.id)
@@ -170,10 +189,20 @@ func (b *Backplane) expire(s *session, why string) {
 	if s.bus != nil && b.byBus[s.bus] == s {
 		delete(b.byBus, s.bus)
 	}
-	epoch := s.epoch
 	b.mu.Unlock()
-	b.log.Info("redisbus: session released", "session", s.id, "epoch", epoch, "reason", why)
-	s.stop()
+}
+
+// outage ends s after its reader could not reach Redis for OutageTimeout:
+// out of the maps first (a new stream then asks Redis again, and fails
+// while it is down), then every stream of the mirror gets what it had
+// queued and a terminal stream_error "unavailable", so that its client
+// reconnects with backoff and resumes from its cursor.
+func (b *Backplane) outage(s *session, err error) {
+	b.remove(s)
+	b.log.Warn("redisbus: redis unreachable past OutageTimeout; the session's streams end",
+		"session", s.id, "epoch", s.epoch, "outageTimeout", b.opts.OutageTimeout, "error", err)
+	s.stopWith(eventbus.ErrorKindUnavailable, fmt.Sprintf(
+		"redisbus: Redis unreachable for %v; reconnect with backoff and resume from the last event id", b.opts.OutageTimeout))
 }
 
 // Reader backoff after a Redis error.
@@ -187,26 +216,39 @@ const (
 // run is the session's reader: XREAD BLOCK from the last id it fed, into
 // the mirror, until ctx ends or the epoch changes. After a timeout or an
 // error it checks the session's epoch in Redis: a different or missing one
-// means the stream is lost, and the mirror is released.
+// means the stream is lost, and the mirror is released. When no call has
+// reached Redis for OutageTimeout, the mirror ends with a terminal
+// stream_error (outage).
 func (s *session) run(ctx context.Context, last uint64) {
 	b := s.b
 	defer b.wg.Done()
 	var delay time.Duration
 	failing := false
 	check := false
+	lastOK := time.Now() // the last answer from Redis
+	var lastErr error
 	for ctx.Err() == nil {
+		// Every call is bounded by what is left of the outage bound, so a
+		// hung Redis ends the streams at OutageTimeout, not one call later.
+		left := time.Until(lastOK.Add(b.opts.OutageTimeout))
+		if left <= 0 {
+			b.outage(s, lastErr)
+			return
+		}
 		if check {
-			lost, err := s.epochLost(ctx)
-			if err == nil {
-				check = false
-				if lost {
-					b.expire(s, "epoch changed: the stream was lost or deleted")
+			e, err := s.currentEpoch(ctx, min(b.opts.PublishTimeout, left))
+			if err != nil {
+				if ctx.Err() != nil {
 					return
 				}
-			}
-			if err != nil {
-				delay = s.failed(ctx, &failing, delay, err)
+				lastErr = err
+				delay = s.failed(ctx, &failing, delay, left, err)
 				continue
+			}
+			lastOK, check = time.Now(), false
+			if e != s.epoch {
+				b.expire(s, "epoch changed: the stream was lost or deleted")
+				return
 			}
 		}
 		if h := b.readHook.Load(); h != nil {
@@ -215,25 +257,31 @@ func (s *session) run(ctx context.Context, last uint64) {
 				return
 			}
 		}
-		rctx, cancel := context.WithTimeout(ctx, b.opts.ReadBlock+readSlack)
+		// A healthy XREAD answers after block; block is at most half of
+		// what is left, so that its answer comes before the bound.
+		block := min(b.opts.ReadBlock, max(left/2, time.Millisecond))
+		rctx, cancel := context.WithTimeout(ctx, min(block+readSlack, left))
 		streams, err := b.client.XRead(rctx, &redis.XReadArgs{
 			Streams: []string{s.stream, strconv.FormatUint(last, 10) + "-0"},
 			Count:   int64(b.opts.ReadCount),
-			Block:   b.opts.ReadBlock,
+			Block:   block,
 		}).Result()
 		cancel()
 		switch {
 		case errors.Is(err, redis.Nil):
+			lastOK = time.Now()
 			check = true // quiet: is the stream still ours?
 			continue
 		case err != nil:
 			if ctx.Err() != nil {
 				return
 			}
-			delay = s.failed(ctx, &failing, delay, err)
+			lastErr = err
+			delay = s.failed(ctx, &failing, delay, left, err)
 			check = true
 			continue
 		}
+		lastOK = time.Now()
 		if failing {
 			failing = false
 			b.log.Info("redisbus: reader reconnected", "session", s.id, "lastEventId", last)
@@ -260,15 +308,15 @@ func (s *session) run(ctx context.Context, last uint64) {
 }
 
 // failed logs a Redis error (the first of a streak as a warning) and
-// sleeps the next backoff; it returns that backoff.
-func (s *session) failed(ctx context.Context, failing *bool, delay time.Duration, err error) time.Duration {
+// sleeps the next backoff, at most left; it returns that backoff.
+func (s *session) failed(ctx context.Context, failing *bool, delay, left time.Duration, err error) time.Duration {
 	if !*failing {
 		*failing = true
 		s.b.log.Warn("redisbus: reader lost redis; retrying with backoff", "session", s.id, "error", err)
 	}
 	delay = min(max(2*delay, minBackoff), maxBackoff)
 	d := delay/2 + rand.N(delay/2+1) // jitter, so replicas do not retry in step
-	t := time.NewTimer(d)
+	t := time.NewTimer(min(d, left))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -277,25 +325,12 @@ func (s *session) failed(ctx context.Context, failing *bool, delay time.Duration
 	return delay
 }
 
-// epochLost reports whether the session's epoch in Redis is no longer the
-// mirror's (missing included).
-func (s *session) epochLost(ctx context.Context) (bool, error) {
-	e, err := s.currentEpoch(ctx)
-	if err != nil {
-		return false, err
-	}
-	return e != s.epoch, nil
-}
-
-// currentEpoch returns the session's epoch in Redis, "" when it has none.
-func (s *session) currentEpoch(ctx context.Context) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
+// currentEpoch returns the session's epoch in Redis, "" when it has none
+// or its stream is lost (epochScript), waiting at most timeout.
+func (s *session) currentEpoch(ctx context.Context, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	e, err := s.b.client.HGet(ctx, s.meta, "epoch").Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
-	return e, err
+	return epochScript.Run(ctx, s.b.client, s.keys[:2]).Text()
 }
 
 // Head implements eventbus.Log: the stream's epoch and last id in Redis.

@@ -40,7 +40,11 @@ Routes:
   GET    /session/{id}/events       SSE stream; creates the session on first use
                                     (Last-Event-ID or ?lastEventId= resumes; ?maxQueued=16..2048)
   POST   /session/{id}/events       publish {"type":"...","data":...,"originatorClientId":"..."}
-                                    -> {"id":N,"epoch":"..."}; 400 bad body or type, 413 too large
+                                    -> {"id":N,"epoch":"..."}; 400 bad body or type, 413 too large.
+                                    With an Idempotency-Key header a retry of the same event within
+                                    -idempotency-window (up to 256 keys per session) appends nothing
+                                    -> {"id":<first>,"epoch":"...","duplicate":true}; the key with
+                                    another event: 422 idempotency_key_reused
   GET    /session/{id}              session status as JSON; 404 if the session does not exist
   DELETE /session/{id}              close the session's bus and forget it -> 204; the next
                                     GET or POST starts a new session with a new epoch
@@ -73,6 +77,8 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 		Retry:        f.Retry,
 		WriteTimeout: f.WriteTimeout,
 		Logger:       logger,
+
+		IdempotencyWindow: f.IdempotencyWindow,
 	})
 	if err != nil {
 		return err

@@ -558,3 +558,55 @@ func TestRunFlags(t *testing.T) {
 		t.Fatal("a positional argument was accepted")
 	}
 }
+
+// postKeyed is POST /session/{id}/events with an Idempotency-Key.
+func postKeyed(t *testing.T, ts *httptest.Server, session, key, body string) response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, ts.URL+"/session/"+session+"/events", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return response{resp.StatusCode, resp.Header, b}
+}
+
+// A POST retried with its Idempotency-Key (its answer was lost) appends
+// once; the key with another body is 422; an invalid key is 400; DELETE
+// forgets the keys with the session.
+func TestPublishIdempotencyKey(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+	body := `{"type":"order","data":{"n":1},"originatorClientId":"c1"}`
+	r := postKeyed(t, ts, "s", "order-1", body)
+	first := r.json(t)
+	if r.status != http.StatusOK || first["id"] != float64(1) || first["duplicate"] != nil {
+		t.Fatalf("first POST: %d %s", r.status, r.body)
+	}
+	r = postKeyed(t, ts, "s", "order-1", `{"type":"order", "data":{ "n": 1 },"originatorClientId":"c1"}`)
+	if got := r.json(t); r.status != http.StatusOK || got["id"] != float64(1) || got["duplicate"] != true || got["epoch"] != first["epoch"] {
+		t.Fatalf("retry: %d %s", r.status, r.body)
+	}
+	r = postKeyed(t, ts, "s", "order-1", `{"type":"order","data":{"n":2},"originatorClientId":"c1"}`)
+	if r.status != http.StatusUnprocessableEntity || r.json(t)["code"] != "idempotency_key_reused" {
+		t.Fatalf("same key, other data: %d %s", r.status, r.body)
+	}
+	for _, key := range []string{"", strings.Repeat("k", 256), "caf\u00e9"} {
+		r = postKeyed(t, ts, "s", key, body)
+		if r.status != http.StatusBadRequest || r.json(t)["code"] != "invalid_idempotency_key" {
+			t.Fatalf("key %q: %d %s", key, r.status, r.body)
+		}
+	}
+	if st := status(t, ts, "s"); st["lastEventId"] != float64(1) {
+		t.Fatalf("after the retries: %v", st)
+	}
+	do(t, http.MethodDelete, ts.URL+"/session/s", "")
+	r = postKeyed(t, ts, "s", "order-1", body)
+	if got := r.json(t); r.status != http.StatusOK || got["id"] != float64(1) || got["duplicate"] != nil || got["epoch"] == first["epoch"] {
+		t.Fatalf("after DELETE: %d %s", r.status, r.body)
+	}
+}

@@ -25,6 +25,14 @@ const maxSessionIDBytes = 128
 // MaxEventBytes+bodySlack is refused (413) before it is read to the end.
 const bodySlack = daemon.BodySlack
 
+// publishErrors maps the idempotency errors (and the bus's own) to HTTP
+// answers, as the backplane daemons do; this daemon never answers
+// publish_outcome_unknown: its publishes are definite.
+var publishErrors = daemon.PublishErrors{
+	InvalidKey: daemon.ErrInvalidIdempotencyKey,
+	KeyReused:  daemon.ErrIdempotencyKeyReused,
+}
+
 var (
 	errShuttingDown    = errors.New("sessiond: shutting down")
 	errTooManySessions = errors.New("sessiond: too many sessions")
@@ -38,6 +46,10 @@ type config struct {
 	Retry        time.Duration    // 0: handler default
 	WriteTimeout time.Duration    // 0: handler default
 	Logger       *slog.Logger     // nil: slog.Default()
+	// IdempotencyWindow is how long a session remembers an
+	// Idempotency-Key (at most daemon.DefaultIdempotencyKeys of them);
+	// 0: daemon.DefaultIdempotencyWindow.
+	IdempotencyWindow time.Duration
 }
 
 // server owns the sessions. It is safe for concurrent use.
@@ -45,7 +57,8 @@ type server struct {
 	cfg     config
 	logger  *slog.Logger
 	maxBody int64
-	events  http.Handler // the eventbus SSE handler; its Lookup is s.lookup
+	events  http.Handler      // the eventbus SSE handler; its Lookup is s.lookup
+	enc     *eventbus.Encoder // for the fingerprints of idempotent publishes
 
 	mu       sync.Mutex
 	closed   bool
@@ -59,6 +72,7 @@ type session struct {
 	bus     *eventbus.EventBus
 	created time.Time
 
+	idem    daemon.Idempotency   // the session's Idempotency-Keys (own lock)
 	streams map[*stream]struct{} // open GET streams, for /disconnect
 	// GET requests that reached the bus (after the handler's own checks; a
 	// 429 for the subscriber limit still counts), and those of them that
@@ -91,8 +105,13 @@ func newServer(cfg config) (*server, error) {
 		return nil, err
 	}
 	probe.Close()
+	enc, err := eventbus.NewEncoder(cfg.Options)
+	if err != nil {
+		return nil, err
+	}
 
 	s := &server{
+		enc:      enc,
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		maxBody:  daemon.MaxBody(cfg.Options.MaxEventBytes),
@@ -136,6 +155,7 @@ func (s *server) getSession(id string, create bool) (*session, error) {
 		return nil, err
 	}
 	sess := &session{id: id, bus: bus, created: time.Now(), streams: make(map[*stream]struct{})}
+	sess.idem.Window = s.cfg.IdempotencyWindow
 	s.sessions[id] = sess
 	return sess, nil
 }
@@ -163,16 +183,40 @@ func (s *server) admit(id string) error {
 // closed by a concurrent DELETE is replaced by a new session, as a POST after
 // the DELETE would be.
 func (s *server) publish(id string, ev eventbus.Event) (eventbus.Frame, *session, error) {
+	var f eventbus.Frame
+	sess, err := s.withSession(id, func(sess *session) (err error) {
+		f, err = sess.bus.Publish(ev)
+		return err
+	})
+	return f, sess, err
+}
+
+// publishIdempotent is publish with an Idempotency-Key whose event has
+// fingerprint fp (daemon.Idempotency.Publish).
+func (s *server) publishIdempotent(id, key, fp string, ev eventbus.Event) (eventID uint64, sess *session, duplicate bool, err error) {
+	sess, err = s.withSession(id, func(sess *session) (err error) {
+		eventID, duplicate, err = sess.idem.Publish(key, fp, func() (uint64, error) {
+			f, err := sess.bus.Publish(ev)
+			return f.ID(), err
+		})
+		return err
+	})
+	return eventID, sess, duplicate, err
+}
+
+// withSession runs publish on session id, created if needed, again on a new
+// session when a concurrent DELETE closed the bus.
+func (s *server) withSession(id string, publish func(*session) error) (*session, error) {
 	for attempt := 0; ; attempt++ {
 		sess, err := s.getSession(id, true)
 		if err != nil {
-			return eventbus.Frame{}, nil, err
+			return nil, err
 		}
-		f, err := sess.bus.Publish(ev)
+		err = publish(sess)
 		if errors.Is(err, eventbus.ErrClosed) && attempt < 3 {
 			continue
 		}
-		return f, sess, err
+		return sess, err
 	}
 }
 
@@ -294,26 +338,47 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 		daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", errInvalidSession.Error())
 		return
 	}
+	key, keyed := daemon.IdempotencyKey(r)
+	if keyed {
+		if err := daemon.ValidIdempotencyKey(key); err != nil {
+			daemon.WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", err.Error())
+			return
+		}
+	}
 	req, ok := daemon.DecodePublish(w, r, s.maxBody)
 	if !ok {
 		return
 	}
 
-	f, sess, err := s.publish(id, req.Event())
+	var (
+		eventID uint64
+		sess    *session
+		dup     bool
+		err     error
+	)
+	ev := req.Event()
+	if keyed {
+		var fp string
+		if fp, err = daemon.Fingerprint(s.enc, ev); err == nil {
+			eventID, sess, dup, err = s.publishIdempotent(id, key, fp, ev)
+		}
+	} else {
+		var f eventbus.Frame
+		f, sess, err = s.publish(id, ev)
+		eventID = f.ID()
+	}
 	switch {
 	case err == nil:
-		daemon.WritePublished(w, f.ID(), sess.bus.Epoch())
-	case errors.Is(err, eventbus.ErrEventTooLarge):
-		daemon.WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
-	case errors.Is(err, eventbus.ErrInvalidEvent):
-		daemon.WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
+		daemon.WritePublished(w, eventID, sess.bus.Epoch(), dup)
 	case errors.Is(err, errShuttingDown):
 		daemon.WriteError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
 	case errors.Is(err, errTooManySessions):
 		daemon.WriteError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
 	default:
-		s.logger.Error("publish failed", "session", id, "err", err)
-		daemon.WriteError(w, http.StatusInternalServerError, "internal", "publish failed")
+		if !publishErrors.Write(w, err) {
+			s.logger.Error("publish failed", "session", id, "err", err)
+			daemon.WriteError(w, http.StatusInternalServerError, "internal", "publish failed")
+		}
 	}
 }
 

@@ -389,8 +389,12 @@ func TestWriteJSON(t *testing.T) {
 	check(w, http.StatusBadRequest, "{\"code\":\"bad_thing\",\"error\":\"it is bad\"}\n")
 
 	w = httptest.NewRecorder()
-	WritePublished(w, 7, "e1")
+	WritePublished(w, 7, "e1", false)
 	check(w, http.StatusOK, "{\"epoch\":\"e1\",\"id\":7}\n")
+
+	w = httptest.NewRecorder()
+	WritePublished(w, 7, "e1", true)
+	check(w, http.StatusOK, "{\"duplicate\":true,\"epoch\":\"e1\",\"id\":7}\n")
 }
 
 func TestPublishRequestEvent(t *testing.T) {

@@ -58,7 +58,10 @@ type Flags struct {
 	Demo            bool          // -demo: publish "tick" events to session DemoSession
 	DemoInterval    time.Duration // -demo-interval: interval between demo ticks
 	ShutdownTimeout time.Duration // -shutdown-timeout: how long shutdown waits for open requests
-	Verbose         bool          // -v: debug logging
+	// -idempotency-window: how long an Idempotency-Key of a POST is
+	// remembered (0: DefaultIdempotencyWindow)
+	IdempotencyWindow time.Duration
+	Verbose           bool // -v: debug logging
 }
 
 // FlagDocs is what the daemons say differently about the shared flags.
@@ -82,6 +85,7 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	fs.BoolVar(&f.Demo, "demo", false, `publish "tick" events to session "`+DemoSession+`"`)
 	fs.DurationVar(&f.DemoInterval, "demo-interval", 500*time.Millisecond, "interval between demo ticks")
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests")
+	fs.DurationVar(&f.IdempotencyWindow, "idempotency-window", 0, "how long a POST's Idempotency-Key is remembered (0: 10m)")
 	fs.BoolVar(&f.Verbose, "v", false, "debug logging")
 }
 

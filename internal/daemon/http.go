@@ -106,12 +106,6 @@ func (p PublishRequest) Event() eventbus.Event {
 	return ev
 }
 
-// WritePublished writes the 200 response of a successful publish:
-// {"epoch":"...","id":N}.
-func WritePublished(w http.ResponseWriter, id uint64, epoch string) {
-	WriteJSON(w, http.StatusOK, map[string]any{"id": id, "epoch": epoch})
-}
-
 // WriteJSON writes v as a JSON response with status, uncacheable, followed
 // by a newline. When v does not marshal it writes a 500
 // {"error":"internal","code":"internal"} instead. The caller must not have

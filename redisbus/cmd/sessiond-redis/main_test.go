@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +23,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // startRedis runs a redis-server without persistence on a free loopback
 // port until the test ends (skipped without one, unless CI=true).
 func startRedis(t *testing.T) string {
+	addr, _ := startRedisProcess(t)
+	return addr
+}
+
+// startRedisProcess is startRedis, also returning the process (to pause it
+// with SIGSTOP, or kill it).
+func startRedisProcess(t *testing.T) (string, *os.Process) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -41,12 +49,12 @@ func startRedis(t *testing.T) string {
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGCONT); cmd.Process.Kill(); <-done })
 	addr := "127.0.0.1:" + port
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
-			return addr
+			return addr, cmd.Process
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("redis-server did not start")
@@ -56,13 +64,13 @@ func startRedis(t *testing.T) string {
 }
 
 // daemon runs one replica until the test ends and returns its base URL.
-func daemon(t *testing.T, redisAddr, name string) string {
+func daemon(t *testing.T, redisAddr, name string, flags ...string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	addrc := make(chan string, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, []string{"-addr", "127.0.0.1:0", "-redis", redisAddr, "-name", name, "-prefix", "demo:" + t.Name() + ":"},
-			io.Discard, func(a string) { addrc <- a })
+		args := append([]string{"-addr", "127.0.0.1:0", "-redis", redisAddr, "-name", name, "-prefix", "demo:" + t.Name() + ":"}, flags...)
+		errc <- run(ctx, args, io.Discard, func(a string) { addrc <- a })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -186,5 +194,112 @@ func TestTwoReplicas(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("B's stream did not end after DELETE")
+	}
+}
+
+// postKey is POST with an Idempotency-Key; it returns the status, the
+// Retry-After header and the decoded body.
+func postKey(t *testing.T, url, key, body string) (int, string, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v map[string]any
+	json.NewDecoder(resp.Body).Decode(&v)
+	return resp.StatusCode, resp.Header.Get("Retry-After"), v
+}
+
+// The demo POST with Idempotency-Key, end to end: a duplicate is 200 with
+// the first id and "duplicate":true, the key with another event 422, an
+// invalid key 400; a publish to a hung Redis is 503 publish_outcome_unknown,
+// and its retry with the same key finds it appended once; with Redis down
+// a publish and a new stream are 503, with Retry-After.
+func TestIdempotentPublish(t *testing.T) {
+	r, proc := startRedisProcess(t)
+	a := daemon(t, r, "A", "-publish-timeout", "300ms")
+	defer http.DefaultClient.CloseIdleConnections()
+	url := a + "/session/s/events"
+	body := `{"type":"order","data":{"n":1}}`
+	st, _, v := postKey(t, url, "k1", body)
+	if st != 200 || v["id"] != float64(1) || v["duplicate"] != nil {
+		t.Fatalf("first: %d %v", st, v)
+	}
+	epoch := v["epoch"]
+	if st, _, v = postKey(t, url, "k1", body); st != 200 || v["id"] != float64(1) || v["duplicate"] != true || v["epoch"] != epoch {
+		t.Fatalf("duplicate: %d %v", st, v)
+	}
+	if st, _, v = postKey(t, url, "k1", `{"type":"order","data":{"n":2}}`); st != 422 || v["code"] != "idempotency_key_reused" {
+		t.Fatalf("reused: %d %v", st, v)
+	}
+	if st, _, v = postKey(t, url, strings.Repeat("k", 256), body); st != 400 || v["code"] != "invalid_idempotency_key" {
+		t.Fatalf("invalid key: %d %v", st, v)
+	}
+
+	proc.Signal(syscall.SIGSTOP)
+	st, retryAfter, v := postKey(t, url, "k2", body)
+	proc.Signal(syscall.SIGCONT)
+	msg, _ := v["error"].(string)
+	if st != 503 || v["code"] != "publish_outcome_unknown" || retryAfter == "" ||
+		!strings.Contains(msg, "may or may not") || !strings.Contains(msg, "same Idempotency-Key") {
+		t.Fatalf("publish to a hung Redis: %d Retry-After %q %v", st, retryAfter, v)
+	}
+	lastID := func() float64 {
+		resp, err := http.Get(a + "/session/s")
+		if err != nil {
+			return -1
+		}
+		defer resp.Body.Close()
+		var info map[string]any
+		json.NewDecoder(resp.Body).Decode(&info)
+		id, _ := info["lastEventId"].(float64)
+		return id
+	}
+	for deadline := time.Now().Add(10 * time.Second); lastID() != 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the timed-out publish was not applied: last id %v", lastID())
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if st, _, v = postKey(t, url, "k2", body); st == 200 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if st != 200 || v["id"] != float64(2) || v["duplicate"] != true {
+		t.Fatalf("retry after the timeout: %d %v", st, v)
+	}
+	if id := lastID(); id != 2 {
+		t.Fatalf("last id %v after the retry, want 2", id)
+	}
+
+	proc.Kill()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c, err := net.Dial("tcp", r)
+		if err != nil {
+			break // Redis is gone
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("redis-server still accepts connections after SIGKILL")
+		}
+	}
+	// Unavailable when the refusal is known within the publish timeout;
+	// here go-redis's dial retries (5 × 100 ms) outlast it, and a publish
+	// that timed out while dialing cannot be told from one that was sent:
+	// outcome unknown, the safe answer.
+	st, retryAfter, v = postKey(t, url, "k3", body)
+	if code := v["code"]; st != 503 || retryAfter == "" || (code != "unavailable" && code != "publish_outcome_unknown") {
+		t.Fatalf("publish with Redis down: %d Retry-After %q %v", st, retryAfter, v)
+	}
+	resp, err := http.Get(a + "/session/other/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("new stream with Redis down: %s, Retry-After %q", resp.Status, resp.Header.Get("Retry-After"))
 	}
 }
