@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/ssebus/eventbus"
 )
 
@@ -231,11 +232,11 @@ func TestHungDatabase(t *testing.T) {
 	wantIDs(t, s.Events(int(id-5), wait), 6, id)
 }
 
-// A resume the mirror's ring cannot answer while the database hangs: the
-// client is told at once what it missed cannot be read now
-// (history_unavailable) and goes on live.
+// A resume the mirror's ring cannot answer while the events table cannot
+// be read (another transaction holds an exclusive lock on it; the epoch
+// check, on the sessions table, passes): the client is told at once what
+// it missed cannot be read now (history_unavailable) and goes on live.
 func TestResumeHistoryUnavailable(t *testing.T) {
-	srv := control(t)
 	url, schema := testSchema(t)
 	opts := testOptions(schema)
 	opts.PublishTimeout = 300 * time.Millisecond
@@ -248,7 +249,19 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 		a.publish(t, "s", "e", nil)
 	}
 	wantIDs(t, live.Events(10, wait), 11, 20)
-	srv.Pause()
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+schema+".events IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
 	sc := c.open(t, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
 	rs := sc.Next(wait)
 	if rs.Event != eventbus.TypeStateResyncRequired || rs.Str(t, "data", "reason") != "ring_evicted" ||
@@ -259,12 +272,35 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 0 {
 		t.Fatalf("want an empty replay_complete, got %+v", rc)
 	}
-	srv.Resume()
-	waitFor(t, wait, "publish after resume", func() bool {
-		_, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
-		return err == nil
-	})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.publish(t, "s", "e", nil)
 	wantIDs(t, sc.Events(1, wait), 21, 21)
+}
+
+// A hung database refuses new streams (the epoch check cannot be made)
+// rather than joining a mirror that may be of a dead epoch.
+func TestNewStreamOnHungDatabase(t *testing.T) {
+	srv := control(t)
+	url, schema := testSchema(t)
+	opts := testOptions(schema)
+	opts.PublishTimeout = 300 * time.Millisecond
+	a := newReplica(t, url, "A", opts)
+	live := a.open(t, "s", nil, "")
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, live.Events(1, wait), 1, 1)
+	srv.Pause()
+	start := time.Now()
+	if _, err := a.bp.Subscribe(context.Background(), "s", eventbus.SubscribeOptions{}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Subscribe on a hung database: %v", err)
+	}
+	if took := time.Since(start); took > opts.PublishTimeout+500*time.Millisecond {
+		t.Fatalf("Subscribe took %v", took)
+	}
+	srv.Resume()
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, live.Events(1, wait), 2, 2)
 }
 
 // A publish that timed out on a hung database and is retried with the

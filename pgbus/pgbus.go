@@ -31,7 +31,7 @@
 // every replica closes its mirror of the old one (its streams end; clients
 // reconnect with the old epoch and get epoch_reset). A new stream checks
 // the session's epoch in the table first, so it never joins an epoch the
-// table no longer has.
+// table no longer has (and fails while PostgreSQL is down).
 //
 // Failures are bounded and announced: Publish returns within
 // Options.PublishTimeout, with an error wrapping ErrOutcomeUnknown when
@@ -486,47 +486,41 @@ func (b *Backplane) Sessions() int {
 }
 
 // Bus returns this replica's mirror bus of session, creating it (and its
-// reader) when needed; a mirror of an epoch the table no longer has is
-// replaced first. Subscribe through the backplane (Subscribe, or the
-// Handler) or on this bus: its Subscribe answers resumes from the table.
-// Its Publish returns eventbus.ErrFed; Signal delivers to this replica's
-// subscribers only.
+// reader) when needed. A mirror this call did not create is first checked
+// against the session's epoch in the table (one query): a mirror of an
+// epoch the table no longer has (a Delete this replica has not heard of
+// yet) is released and a new one made, so a stream never joins a dead
+// epoch. It returns an error wrapping ErrUnavailable when PostgreSQL
+// cannot be reached for that. Subscribe through the backplane (Subscribe,
+// or the Handler) or on this bus: its Subscribe answers resumes from the
+// table. Its Publish returns eventbus.ErrFed; Signal delivers to this
+// replica's subscribers only.
 func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
-	s, err := b.current(ctx, session)
-	if err != nil {
-		return nil, err
+	for attempt := 0; attempt < 3; attempt++ {
+		s, created, err := b.session(ctx, session)
+		if err != nil {
+			return nil, err
+		}
+		if created {
+			return s.bus, nil // its epoch was read just now
+		}
+		epoch, _, err := s.Head(ctx)
+		if err != nil {
+			return nil, unavailable("check the epoch of", session, err)
+		}
+		if epoch == s.epoch {
+			return s.bus, nil
+		}
+		b.expire(s, "a new stream found another epoch in the table")
 	}
-	return s.bus, nil
-}
-
-// current returns the mirror of session, creating it when needed. A
-// mirror this call did not create is checked against the table's epoch:
-// when the session was deleted (or replaced) and this replica has not
-// heard yet, the mirror is released and a new one made, so a new stream
-// never joins an epoch the table no longer has. When the check cannot
-// reach PostgreSQL, the existing mirror is used (it closes itself past
-// OutageTimeout).
-func (b *Backplane) current(ctx context.Context, session string) (*session, error) {
-	s, created, err := b.session(ctx, session)
-	if err != nil || created {
-		return s, err
-	}
-	epoch, _, err := s.Head(ctx)
-	if err != nil {
-		b.log.Debug("pgbus: epoch check failed; using the mirror", "session", session, "error", err)
-		return s, nil
-	}
-	if epoch == s.epoch {
-		return s, nil
-	}
-	b.expire(s, "a new stream found a new epoch")
-	s, _, err = b.session(ctx, session)
-	return s, err
+	return nil, unavailable("open", session, errors.New("its epoch kept changing while the stream opened"))
 }
 
 // Subscribe subscribes to session on this replica, as
-// eventbus.EventBus.Subscribe does: a resume its mirror cannot answer is
-// answered from the table.
+// eventbus.EventBus.Subscribe does, on the mirror Bus returns (so a new
+// subscription never joins a dead epoch): a resume its mirror cannot
+// answer is answered from the table. It returns an error wrapping
+// ErrUnavailable when PostgreSQL cannot be reached.
 func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
 	bus, err := b.Bus(ctx, session)
 	if err != nil {

@@ -89,7 +89,6 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		sessionTTL     = fs.Duration("session-ttl", 0, "delete a session after this long without a publish or a new mirror (0: never)")
 		poolSize       = fs.Int("pg-pool", 32, "PostgreSQL connections of this replica (one more is held by the listener)")
 		outageTimeout  = fs.Duration("outage-timeout", 0, "end a session's streams (stream_error unavailable) after PostgreSQL is unreachable this long (0: pgbus default 30s)")
-		idemWindow     = fs.Duration("idempotency-window", 0, "how long a POST's Idempotency-Key is remembered (0: 10m)")
 	)
 	if err := shared.Parse(fs, args); err != nil {
 		return err
@@ -121,7 +120,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Bus:               f.BusOptions(logger), // its RingSize bounds each session's rows too
 		PublishTimeout:    *publishTimeout,
 		OutageTimeout:     *outageTimeout,
-		IdempotencyWindow: *idemWindow,
+		IdempotencyWindow: f.IdempotencyWindow,
 		IdleTimeout:       *idleTimeout,
 		Schema:            *schema,
 		SessionTTL:        *sessionTTL,
@@ -167,7 +166,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 type busKey struct{}
 
 // publishErrors maps pgbus's publish errors to HTTP answers.
-var publishErrors = publishErrorMap{
+var publishErrors = shared.PublishErrors{
 	OutcomeUnknown: pgbus.ErrOutcomeUnknown,
 	KeyReused:      pgbus.ErrIdempotencyKeyReused,
 	InvalidKey:     pgbus.ErrInvalidIdempotencyKey,
@@ -210,10 +209,10 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	case errors.Is(err, pgbus.ErrUnavailable):
 		s.logger.Warn("stream refused: PostgreSQL unavailable", "session", id, "err", err)
-		writeUnavailable(w, "unavailable", "PostgreSQL unavailable; retry after Retry-After")
+		shared.WriteUnavailable(w, "unavailable", "PostgreSQL unavailable; retry after Retry-After")
 		return
 	case errors.Is(err, eventbus.ErrClosed):
-		writeUnavailable(w, "shutting_down", "the daemon is shutting down")
+		shared.WriteUnavailable(w, "shutting_down", "the daemon is shutting down")
 		return
 	case err != nil: // the client left while the session opened
 		shared.WriteError(w, http.StatusInternalServerError, "internal", "session lookup failed")
@@ -241,7 +240,7 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
-	key, keyed := idempotencyKey(r)
+	key, keyed := shared.IdempotencyKey(r)
 	req, ok := shared.DecodePublish(w, r, s.maxBody)
 	if !ok {
 		return
@@ -258,7 +257,7 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 		id, epoch, err = s.bp.Publish(r.Context(), r.PathValue("id"), req.Event())
 	}
 	if err == nil {
-		writePublished(w, id, epoch, dup)
+		shared.WritePublished(w, id, epoch, dup)
 		return
 	}
 	if errors.Is(err, pgbus.ErrUnavailable) {
@@ -287,7 +286,7 @@ func (s *server) ServeSignal(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, eventbus.ErrInvalidEvent), errors.Is(err, pgbus.ErrInvalidSession):
 		shared.WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
 	default:
-		writeUnavailable(w, "unavailable", err.Error())
+		shared.WriteUnavailable(w, "unavailable", err.Error())
 	}
 }
 
@@ -298,7 +297,7 @@ func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
 		return
 	case err != nil:
-		writeUnavailable(w, "unavailable", err.Error())
+		shared.WriteUnavailable(w, "unavailable", err.Error())
 		return
 	case !in.Exists:
 		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
@@ -320,7 +319,7 @@ func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
-		writeUnavailable(w, "unavailable", err.Error())
+		shared.WriteUnavailable(w, "unavailable", err.Error())
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
