@@ -65,8 +65,8 @@ func testSchema(t testing.TB) (url, schema string) {
 	return url, schema
 }
 
-// exec runs one statement on a throwaway connection.
-func execSQL(t testing.TB, url, sql string, args ...any) {
+// withConn runs f on a throwaway connection to url.
+func withConn(t testing.TB, url string, f func(ctx context.Context, conn *pgx.Conn) error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -75,25 +75,27 @@ func execSQL(t testing.TB, url, sql string, args ...any) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
+	if err := f(ctx, conn); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// execSQL runs one statement on a throwaway connection.
+func execSQL(t testing.TB, url, sql string, args ...any) {
+	t.Helper()
+	withConn(t, url, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, sql, args...)
+		return err
+	})
 }
 
 // queryInt runs a query returning one integer on a throwaway connection.
 func queryInt(t testing.TB, url, sql string, args ...any) int64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	var n int64
-	if err := conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
+	withConn(t, url, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, sql, args...).Scan(&n)
+	})
 	return n
 }
 
