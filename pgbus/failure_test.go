@@ -239,7 +239,7 @@ func TestHungDatabase(t *testing.T) {
 func TestResumeHistoryUnavailable(t *testing.T) {
 	url, schema := testSchema(t)
 	opts := testOptions(schema)
-	opts.PublishTimeout = 300 * time.Millisecond
+	opts.PublishTimeout = time.Second
 	a, _, c := threeReplicas(t, url, opts)
 	for range 10 {
 		a.publish(t, "s", "e", nil)
@@ -285,7 +285,7 @@ func TestNewStreamOnHungDatabase(t *testing.T) {
 	srv := control(t)
 	url, schema := testSchema(t)
 	opts := testOptions(schema)
-	opts.PublishTimeout = 300 * time.Millisecond
+	opts.PublishTimeout = 500 * time.Millisecond
 	a := newReplica(t, url, "A", opts)
 	live := a.open(t, "s", nil, "")
 	a.publish(t, "s", "e", nil)
@@ -311,7 +311,7 @@ func TestIdempotentRetryAfterTimeout(t *testing.T) {
 	srv := control(t)
 	url, schema := testSchema(t)
 	opts := testOptions(schema)
-	opts.PublishTimeout = 300 * time.Millisecond
+	opts.PublishTimeout = time.Second
 	a, b, _ := threeReplicas(t, url, opts)
 	sb := b.open(t, "s", nil, "")
 	a.publish(t, "s", "e", nil)

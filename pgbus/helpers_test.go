@@ -100,11 +100,18 @@ func queryInt(t testing.TB, url, sql string, args ...any) int64 {
 }
 
 // testOptions are quick to notice changes and to close; every replica of
-// a test shares its schema.
+// a test shares its schema. PublishTimeout is the default: a loaded
+// machine can hold a query for more than a second, and only the failure
+// tests, which set a shorter one, wait for it to pass.
+//
+// Streams keep up to 4096 frames (instead of 256): the tests' SSE clients
+// run on the same two cores as three replicas and the database, and are
+// not the slow subscribers some tests are about.
 func testOptions(schema string) Options {
 	return Options{
+		Bus:            eventbus.Options{MaxQueued: 4096},
 		Schema:         schema,
-		PublishTimeout: time.Second,
+		PublishTimeout: DefaultPublishTimeout,
 		IdleTimeout:    time.Hour,
 		PollInterval:   100 * time.Millisecond,
 	}
@@ -128,7 +135,7 @@ func newPool(t testing.TB, url string) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = 16
-	cfg.ConnConfig.ConnectTimeout = time.Second
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
