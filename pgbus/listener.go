@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/ssebus/eventbus"
 )
 
 // listenPing is how long the listener waits for a notification before it
@@ -153,11 +154,18 @@ func (b *Backplane) dispatch(n *pgconn.Notification) {
 			b.log.Warn("pgbus: malformed notification", "channel", n.Channel, "payload", n.Payload)
 			return
 		}
-		s := b.readySession(string(session))
-		if s == nil {
-			return
+		// Not only ready sessions: a mirror being opened has its reader
+		// started (and perhaps its first read done) just before it is
+		// ready, and must not miss this wake.
+		b.mu.Lock()
+		s := b.sessions[string(session)]
+		var bus *eventbus.EventBus
+		var mine string
+		if s != nil {
+			bus, mine = s.bus, s.epoch
 		}
-		if string(epoch) != s.epoch || id == 0 || id > s.bus.LastEventID() {
+		b.mu.Unlock()
+		if s != nil && (bus == nil || string(epoch) != mine || id == 0 || id > bus.LastEventID()) {
 			s.poke()
 		}
 	case b.q.signals:

@@ -21,7 +21,8 @@ type session struct {
 	key []byte // id, as the bytea parameter of every query
 
 	ready chan struct{} // closed when open has finished
-	// Set by open before ready is closed (cancel also read under b.mu).
+	// Set by open, under b.mu (dispatch reads bus and epoch under it),
+	// before ready is closed.
 	err    error
 	bus    *eventbus.EventBus
 	epoch  string
