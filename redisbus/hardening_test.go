@@ -171,7 +171,7 @@ func TestIdempotencyKeyReused(t *testing.T) {
 		"meta":       {Type: "e", Data: ev.Data, OriginatorClientID: "c1", Meta: map[string]any{"trace": "t2"}},
 	} {
 		_, _, _, err := a.bp.PublishIdempotent(ctx, "s", "k", other)
-		if !errors.Is(err, ErrIdempotencyKeyReused) {
+		if !errors.Is(err, eventbus.ErrIdempotencyKeyReused) {
 			t.Fatalf("same key, other %s: %v, want ErrIdempotencyKeyReused", name, err)
 		}
 	}
@@ -198,7 +198,7 @@ func TestInvalidIdempotencyKey(t *testing.T) {
 	a := newReplica(t, r, "A", testOptions(t))
 	ctx := context.Background()
 	for _, k := range []string{"", strings.Repeat("k", 256), "a\nb", "tab\t", "caf\u00e9", "\x7f"} {
-		if _, _, _, err := a.bp.PublishIdempotent(ctx, "s", k, eventbus.Event{Type: "e"}); !errors.Is(err, ErrInvalidIdempotencyKey) {
+		if _, _, _, err := a.bp.PublishIdempotent(ctx, "s", k, eventbus.Event{Type: "e"}); !errors.Is(err, eventbus.ErrInvalidIdempotencyKey) {
 			t.Fatalf("key %q: %v, want ErrInvalidIdempotencyKey", k, err)
 		}
 	}

@@ -2,11 +2,8 @@ package redisbus
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -14,9 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
 )
-
-// MaxIdempotencyKeyBytes bounds an idempotency key.
-const MaxIdempotencyKeyBytes = 255
 
 var (
 	// ErrOutcomeUnknown is wrapped (together with ErrUnavailable) by the
@@ -26,14 +20,6 @@ var (
 	// the same key applies it at most once; a retry of Publish may append
 	// it twice.
 	ErrOutcomeUnknown = errors.New("redisbus: publish outcome unknown")
-	// ErrInvalidIdempotencyKey is wrapped by the error of PublishIdempotent
-	// for a key that is not 1 to MaxIdempotencyKeyBytes bytes of printable
-	// ASCII (0x20 to 0x7E). Nothing is sent.
-	ErrInvalidIdempotencyKey = errors.New("redisbus: invalid idempotency key")
-	// ErrIdempotencyKeyReused is wrapped by the error of PublishIdempotent
-	// for a key already used, within the window and the session's epoch,
-	// by a publish of a different event. Nothing is appended.
-	ErrIdempotencyKeyReused = errors.New("redisbus: idempotency key reused for a different event")
 )
 
 // Publish appends e to session's log and returns its id and the session's
@@ -60,7 +46,7 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 // publish with the same key and the same event appends nothing and
 // returns the first publish's id with duplicate true; one with the same
 // key and a different event returns an error wrapping
-// ErrIdempotencyKeyReused. The event's identity is its type, data, _meta
+// eventbus.ErrIdempotencyKeyReused. The event's identity is its type, data, _meta
 // (but serverTimestamp) and originatorClientId as encoded: the time the
 // retry is stamped with does not make it a different event. The check and
 // the append are one Lua script: two concurrent publishes with one key
@@ -70,43 +56,14 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 // does not extend it. A new epoch (Delete, a lost stream) forgets every
 // key: the log the key's event went to is gone.
 //
-// A key is 1 to MaxIdempotencyKeyBytes bytes of printable ASCII (else an
-// error wrapping ErrInvalidIdempotencyKey). The other errors are
+// A key is 1 to eventbus.MaxIdempotencyKeyBytes bytes of printable ASCII (else an
+// error wrapping eventbus.ErrInvalidIdempotencyKey). The other errors are
 // Publish's.
 func (b *Backplane) PublishIdempotent(ctx context.Context, session, key string, e eventbus.Event) (id uint64, epoch string, duplicate bool, err error) {
-	if err := validKey(key); err != nil {
+	if err := eventbus.CheckIdempotencyKey(key); err != nil {
 		return 0, "", false, err
 	}
 	return b.publish(ctx, session, key, e)
-}
-
-// validKey checks an idempotency key.
-func validKey(k string) error {
-	if len(k) == 0 || len(k) > MaxIdempotencyKeyBytes {
-		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidIdempotencyKey, len(k), MaxIdempotencyKeyBytes)
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] < 0x20 || k[i] > 0x7e {
-			return fmt.Errorf("%w: byte %d is %#x, want printable ASCII", ErrInvalidIdempotencyKey, i, k[i])
-		}
-	}
-	return nil
-}
-
-// fingerprint is the identity of e for its idempotency record: the SHA-256
-// (first 16 bytes, in hex) of its encoding with serverTimestamp set to 0.
-// Encoding it is what makes {"a": 1} and {"a":1} the same data.
-func (b *Backplane) fingerprint(e eventbus.Event) (string, error) {
-	meta := make(map[string]any, len(e.Meta)+1)
-	maps.Copy(meta, e.Meta)
-	meta["serverTimestamp"] = 0
-	e.Meta = meta
-	ev, err := b.encoder.Encode(e)
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(ev.Tail)
-	return hex.EncodeToString(sum[:16]), nil
 }
 
 // publish is Publish and PublishIdempotent; key "" is none.
@@ -126,7 +83,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 	}
 	var fp string
 	if key != "" {
-		if fp, err = b.fingerprint(e); err != nil {
+		if fp, err = b.encoder.Fingerprint(e); err != nil {
 			return 0, "", false, err
 		}
 	}
@@ -181,7 +138,7 @@ func (b *Backplane) publishError(session string, err error) error {
 				eventbus.ErrEventTooLarge, strings.TrimPrefix(msg, "TOOLARGE "), b.maxEvent)
 		case strings.HasPrefix(msg, "KEYREUSED "):
 			return fmt.Errorf("%w: session %q, the key's first publish has id %s",
-				ErrIdempotencyKeyReused, session, strings.TrimPrefix(msg, "KEYREUSED "))
+				eventbus.ErrIdempotencyKeyReused, session, strings.TrimPrefix(msg, "KEYREUSED "))
 		}
 		return unavailable("publish to", session, fmt.Errorf("%v (not appended)", err))
 	}

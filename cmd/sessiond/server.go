@@ -29,8 +29,8 @@ const bodySlack = daemon.BodySlack
 // answers, as the backplane daemons do; this daemon never answers
 // publish_outcome_unknown: its publishes are definite.
 var publishErrors = daemon.PublishErrors{
-	InvalidKey: daemon.ErrInvalidIdempotencyKey,
-	KeyReused:  daemon.ErrIdempotencyKeyReused,
+	InvalidKey: eventbus.ErrInvalidIdempotencyKey,
+	KeyReused:  eventbus.ErrIdempotencyKeyReused,
 }
 
 var (
@@ -340,7 +340,7 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 	}
 	key, keyed := daemon.IdempotencyKey(r)
 	if keyed {
-		if err := daemon.ValidIdempotencyKey(key); err != nil {
+		if err := eventbus.CheckIdempotencyKey(key); err != nil {
 			daemon.WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", err.Error())
 			return
 		}
@@ -359,7 +359,7 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 	ev := req.Event()
 	if keyed {
 		var fp string
-		if fp, err = daemon.Fingerprint(s.enc, ev); err == nil {
+		if fp, err = s.enc.Fingerprint(ev); err == nil {
 			eventID, sess, dup, err = s.publishIdempotent(id, key, fp, ev)
 		}
 	} else {

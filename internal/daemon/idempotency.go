@@ -1,11 +1,7 @@
 package daemon
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"maps"
 	"sync"
 	"time"
 
@@ -22,49 +18,7 @@ const (
 	// sessions holds at most MaxSessions × this many, whatever clients
 	// send).
 	DefaultIdempotencyKeys = 256
-	// MaxIdempotencyKeyBytes bounds a key, as in every backplane.
-	MaxIdempotencyKeyBytes = 255
 )
-
-var (
-	// ErrInvalidIdempotencyKey is wrapped by the error for a key that is
-	// not 1 to MaxIdempotencyKeyBytes bytes of printable ASCII.
-	ErrInvalidIdempotencyKey = errors.New("daemon: invalid idempotency key")
-	// ErrIdempotencyKeyReused is wrapped by the error of a publish whose
-	// key a publish of a different event used within the window.
-	ErrIdempotencyKeyReused = errors.New("daemon: idempotency key reused for a different event")
-)
-
-// ValidIdempotencyKey checks key with the rule every backplane applies: 1
-// to MaxIdempotencyKeyBytes bytes of printable ASCII (0x20 to 0x7E).
-func ValidIdempotencyKey(key string) error {
-	if len(key) == 0 || len(key) > MaxIdempotencyKeyBytes {
-		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidIdempotencyKey, len(key), MaxIdempotencyKeyBytes)
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] < 0x20 || key[i] > 0x7e {
-			return fmt.Errorf("%w: byte %d is %#x, want printable ASCII", ErrInvalidIdempotencyKey, i, key[i])
-		}
-	}
-	return nil
-}
-
-// Fingerprint is the identity of e for idempotency, as the backplanes
-// define it: its encoding by enc (type, data, _meta, originatorClientId)
-// with serverTimestamp set to 0, hashed. It returns enc's error for an
-// event Publish would refuse.
-func Fingerprint(enc *eventbus.Encoder, e eventbus.Event) (string, error) {
-	meta := make(map[string]any, len(e.Meta)+1)
-	maps.Copy(meta, e.Meta)
-	meta["serverTimestamp"] = 0
-	e.Meta = meta
-	ev, err := enc.Encode(e)
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(ev.Tail)
-	return hex.EncodeToString(sum[:16]), nil
-}
 
 // Idempotency remembers the idempotency keys of one in-memory session's
 // publishes, so that a client retrying a POST whose answer it lost appends
@@ -97,7 +51,7 @@ type idemEntry struct {
 // Publish runs publish, which appends an event whose Fingerprint is fp and
 // returns its id, unless key was used within the window: then it returns
 // that publish's id with duplicate true when fp is the same, and an error
-// wrapping ErrIdempotencyKeyReused when it is not, without calling
+// wrapping eventbus.ErrIdempotencyKeyReused when it is not, without calling
 // publish. An error from publish is returned as it is, and the key stays
 // unused. publish is called with the store's lock held, so that two
 // concurrent publishes with one key append once: it must not block (an
@@ -109,7 +63,7 @@ func (c *Idempotency) Publish(key, fp string, publish func() (uint64, error)) (i
 	c.forget(now)
 	if r, ok := c.byKey[key]; ok {
 		if r.fingerprint != fp {
-			return 0, false, fmt.Errorf("%w: the key's first publish has id %d", ErrIdempotencyKeyReused, r.id)
+			return 0, false, fmt.Errorf("%w: the key's first publish has id %d", eventbus.ErrIdempotencyKeyReused, r.id)
 		}
 		return r.id, true, nil
 	}

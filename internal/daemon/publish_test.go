@@ -84,60 +84,6 @@ func TestPublishErrorsWrite(t *testing.T) {
 	}
 }
 
-func TestValidIdempotencyKey(t *testing.T) {
-	for _, k := range []string{"", strings.Repeat("k", 256), "a\nb", "caf\u00e9", "\x7f"} {
-		if !errors.Is(ValidIdempotencyKey(k), ErrInvalidIdempotencyKey) {
-			t.Errorf("%q accepted", k)
-		}
-	}
-	for _, k := range []string{"k", strings.Repeat("k", 255), " ~!"} {
-		if err := ValidIdempotencyKey(k); err != nil {
-			t.Errorf("%q: %v", k, err)
-		}
-	}
-}
-
-func TestFingerprint(t *testing.T) {
-	enc, err := eventbus.NewEncoder(eventbus.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fp := func(e eventbus.Event) string {
-		t.Helper()
-		s, err := Fingerprint(enc, e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	base := eventbus.Event{Type: "e", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c"}
-	same := []eventbus.Event{
-		{Type: "e", Data: json.RawMessage(`{ "a" : 1 }`), OriginatorClientID: "c"},
-		{Type: "e", Data: map[string]int{"a": 1}, OriginatorClientID: "c"},
-		{Type: "e", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c", Meta: map[string]any{"serverTimestamp": 99}},
-	}
-	for _, e := range same {
-		if fp(e) != fp(base) {
-			t.Errorf("%+v differs from %+v", e, base)
-		}
-	}
-	differ := []eventbus.Event{
-		{Type: "f", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c"},
-		{Type: "e", Data: json.RawMessage(`{"a":2}`), OriginatorClientID: "c"},
-		{Type: "e", OriginatorClientID: "c"},
-		{Type: "e", Data: json.RawMessage(`{"a":1}`)},
-		{Type: "e", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c", Meta: map[string]any{"k": 1}},
-	}
-	for _, e := range differ {
-		if fp(e) == fp(base) {
-			t.Errorf("%+v is taken for %+v", e, base)
-		}
-	}
-	if _, err := Fingerprint(enc, eventbus.Event{}); !errors.Is(err, eventbus.ErrInvalidEvent) {
-		t.Errorf("invalid event: %v", err)
-	}
-}
-
 func TestIdempotencyStore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var c Idempotency
@@ -152,7 +98,7 @@ func TestIdempotencyStore(t *testing.T) {
 		if id, dup, err := pub("k", "f1"); id != 1 || !dup || err != nil || calls != 1 {
 			t.Fatalf("retry: %d %v %v, %d publishes", id, dup, err, calls)
 		}
-		if _, _, err := pub("k", "f2"); !errors.Is(err, ErrIdempotencyKeyReused) || calls != 1 {
+		if _, _, err := pub("k", "f2"); !errors.Is(err, eventbus.ErrIdempotencyKeyReused) || calls != 1 {
 			t.Fatalf("other event: %v, %d publishes", err, calls)
 		}
 		time.Sleep(DefaultIdempotencyWindow - time.Second)

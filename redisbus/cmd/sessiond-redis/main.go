@@ -165,8 +165,8 @@ type busKey struct{}
 // publishErrors maps redisbus's publish errors to HTTP answers.
 var publishErrors = shared.PublishErrors{
 	OutcomeUnknown: redisbus.ErrOutcomeUnknown,
-	KeyReused:      redisbus.ErrIdempotencyKeyReused,
-	InvalidKey:     redisbus.ErrInvalidIdempotencyKey,
+	KeyReused:      eventbus.ErrIdempotencyKeyReused,
+	InvalidKey:     eventbus.ErrInvalidIdempotencyKey,
 	InvalidSession: redisbus.ErrInvalidSession,
 	Unavailable:    redisbus.ErrUnavailable,
 }
