@@ -40,7 +40,7 @@ func TestPublishIdempotent(t *testing.T) {
 		{Type: "e", Data: map[string]int{"n": 1}, OriginatorClientID: "c"},
 		{Type: "e", Data: map[string]int{"n": 1}, Meta: map[string]any{"attempt": 2}},
 	} {
-		if _, _, _, err := b.bp.PublishIdempotent(ctx, "s", "k1", other); !errors.Is(err, ErrIdempotencyKeyReused) {
+		if _, _, _, err := b.bp.PublishIdempotent(ctx, "s", "k1", other); !errors.Is(err, eventbus.ErrIdempotencyKeyReused) {
 			t.Fatalf("key reused for %+v: %v", other, err)
 		}
 	}
@@ -58,7 +58,7 @@ func TestPublishIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	null := eventbus.Event{Type: "e", Data: json.RawMessage("null")}
-	if _, _, _, err := a.bp.PublishIdempotent(ctx, "s", "k3", null); !errors.Is(err, ErrIdempotencyKeyReused) {
+	if _, _, _, err := a.bp.PublishIdempotent(ctx, "s", "k3", null); !errors.Is(err, eventbus.ErrIdempotencyKeyReused) {
 		t.Fatalf("null data under the key of absent data: %v", err)
 	}
 	// Delete forgets the keys with the session.
@@ -117,7 +117,7 @@ func TestIdempotencyKeyValidation(t *testing.T) {
 	url, schema := testSchema(t)
 	a := newReplica(t, url, "A", testOptions(schema))
 	for _, k := range []string{"", strings.Repeat("k", 256), "tab\tkey", "é", "nul\x00", "del\x7f"} {
-		if _, _, _, err := a.bp.PublishIdempotent(context.Background(), "s", k, eventbus.Event{Type: "e"}); !errors.Is(err, ErrInvalidIdempotencyKey) {
+		if _, _, _, err := a.bp.PublishIdempotent(context.Background(), "s", k, eventbus.Event{Type: "e"}); !errors.Is(err, eventbus.ErrInvalidIdempotencyKey) {
 			t.Fatalf("key %q: %v", k, err)
 		}
 	}

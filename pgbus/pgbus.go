@@ -69,8 +69,6 @@ const (
 	DefaultReadCount         = 512
 	// MaxSessionIDBytes bounds a session id.
 	MaxSessionIDBytes = 256
-	// MaxIdempotencyKeyBytes bounds an idempotency key.
-	MaxIdempotencyKeyBytes = 255
 )
 
 var (
@@ -86,13 +84,6 @@ var (
 	// ErrInvalidSession is wrapped by the error for an empty session id or
 	// one longer than MaxSessionIDBytes.
 	ErrInvalidSession = errors.New("pgbus: invalid session id")
-	// ErrInvalidIdempotencyKey is wrapped by the error of PublishIdempotent
-	// for a key that is not 1 to 255 bytes of printable ASCII.
-	ErrInvalidIdempotencyKey = errors.New("pgbus: invalid idempotency key")
-	// ErrIdempotencyKeyReused is wrapped by the error of PublishIdempotent
-	// when the key was used in the session within the window for an event
-	// of another type or with other data. Nothing is appended.
-	ErrIdempotencyKeyReused = errors.New("pgbus: idempotency key reused for another event")
 )
 
 // Options configures a Backplane. The zero value is valid.
@@ -324,19 +315,21 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 // PublishIdempotent is Publish with an idempotency key, so that a publish
 // whose outcome is unknown can be retried safely: within
 // IdempotencyWindow of the first publish with key in session, a publish
-// with the same key and the same event appends nothing and returns the
-// first publish's id with duplicate true; the same key with a different
-// event is an error wrapping ErrIdempotencyKeyReused. The event's
-// identity is its type, data, _meta (but serverTimestamp) and
-// originatorClientId as encoded. The check and the append happen under
-// the session's lock: concurrent publishes with one key, on any replicas,
-// append once. The window counts from the first publish on PostgreSQL's
-// clock; a duplicate does not extend it. A key is 1 to MaxIdempotencyKeyBytes bytes of printable ASCII (0x20 to
-// 0x7e), else the error wraps ErrInvalidIdempotencyKey. Delete forgets a
-// session's keys. Otherwise as Publish: after an error wrapping
-// ErrOutcomeUnknown, retry with the same key.
+// with the same key and the same event (the same
+// eventbus.Encoder.Fingerprint: type, data, _meta but serverTimestamp,
+// originatorClientId) appends nothing and returns the first publish's id
+// with duplicate true; the same key with a different event is an error
+// wrapping eventbus.ErrIdempotencyKeyReused. The check and the append
+// happen under the session's lock: concurrent publishes with one key, on
+// any replicas, append once. The window counts from the first publish on
+// PostgreSQL's clock; a duplicate does not extend it. Delete forgets a
+// session's keys. A key is checked by eventbus.CheckIdempotencyKey (1 to
+// eventbus.MaxIdempotencyKeyBytes bytes of printable ASCII, else an error
+// wrapping eventbus.ErrInvalidIdempotencyKey; nothing is sent). Otherwise
+// as Publish: after an error wrapping ErrOutcomeUnknown, retry with the
+// same key.
 func (b *Backplane) PublishIdempotent(ctx context.Context, session, key string, e eventbus.Event) (id uint64, epoch string, duplicate bool, err error) {
-	if err := validKey(key); err != nil {
+	if err := eventbus.CheckIdempotencyKey(key); err != nil {
 		return 0, "", false, err
 	}
 	return b.publish(ctx, session, key, true, e)
@@ -353,13 +346,13 @@ func (b *Backplane) publish(ctx context.Context, session, key string, idem bool,
 	if err != nil {
 		return 0, "", false, err
 	}
-	var keyArg any // nil: SQL NULL, no key
-	var fp []byte
+	var keyArg, fp any // nil: SQL NULL, no key
 	if idem {
-		if fp, err = fingerprint(b.encoder, e); err != nil {
+		f, err := b.encoder.Fingerprint(e)
+		if err != nil {
 			return 0, "", false, err
 		}
-		keyArg = key
+		keyArg, fp = key, f
 	}
 	// This replica's mirror, as it was before the publish: its epoch was
 	// read earlier, so if the publish reports another one, the mirror's is
@@ -397,7 +390,7 @@ func (b *Backplane) publishError(session string, err error) error {
 		case "EB001":
 			return fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d", eventbus.ErrEventTooLarge, pe.Message, b.maxEvent)
 		case "EB002":
-			return fmt.Errorf("%w: session %q: %s", ErrIdempotencyKeyReused, session, pe.Message)
+			return fmt.Errorf("%w: session %q: %s", eventbus.ErrIdempotencyKeyReused, session, pe.Message)
 		}
 		// An ERROR aborted the transaction: nothing was appended. A FATAL
 		// (the backend terminated: a restart, pg_terminate_backend) may

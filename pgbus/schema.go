@@ -77,7 +77,7 @@ CREATE TABLE IF NOT EXISTS S.events (
 CREATE TABLE IF NOT EXISTS S.idempotency (
 	session     bytea NOT NULL,
 	key         text NOT NULL,
-	fingerprint bytea NOT NULL,
+	fingerprint text NOT NULL, -- eventbus.Encoder.Fingerprint
 	id          bigint NOT NULL,
 	expires_at  timestamptz NOT NULL,
 	PRIMARY KEY (session, key)
@@ -100,7 +100,7 @@ $$;
 CREATE OR REPLACE FUNCTION S.publish_@v(
 	p_session bytea, p_new_epoch text, p_type bytea, p_tail bytea,
 	p_max_len bigint, p_max_bytes bigint, p_max_event bigint,
-	p_key text, p_fingerprint bytea, p_window_ms bigint, p_lock_timeout_ms bigint,
+	p_key text, p_fingerprint text, p_window_ms bigint, p_lock_timeout_ms bigint,
 	OUT o_id bigint, OUT o_epoch text, OUT o_duplicate boolean)
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -168,8 +168,8 @@ type busKey struct{}
 // publishErrors maps pgbus's publish errors to HTTP answers.
 var publishErrors = shared.PublishErrors{
 	OutcomeUnknown: pgbus.ErrOutcomeUnknown,
-	KeyReused:      pgbus.ErrIdempotencyKeyReused,
-	InvalidKey:     pgbus.ErrInvalidIdempotencyKey,
+	KeyReused:      eventbus.ErrIdempotencyKeyReused,
+	InvalidKey:     eventbus.ErrInvalidIdempotencyKey,
 	InvalidSession: pgbus.ErrInvalidSession,
 	Unavailable:    pgbus.ErrUnavailable,
 }
