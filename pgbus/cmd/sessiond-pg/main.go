@@ -25,14 +25,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"net/http"
-	"strings"
-	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ssebus/eventbus"
@@ -130,24 +125,25 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ln.Close()
 		return err
 	}
-	srv := &server{bp: bp, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*context.CancelFunc]struct{}{}}
 	h := bp.Handler()
 	h.Logger, h.Heartbeat, h.Retry, h.WriteTimeout = logger, f.Heartbeat, f.Retry, f.WriteTimeout
-	// ServeEvents looks the session up first, to answer PostgreSQL down
-	// with 503 and Retry-After (the Handler answers any Lookup error but
-	// ErrSessionNotFound with 500); the Handler takes the bus it found.
-	h.Lookup = func(r *http.Request) (*eventbus.EventBus, error) {
-		if bus, ok := r.Context().Value(busKey{}).(*eventbus.EventBus); ok {
-			return bus, nil
-		}
-		return nil, eventbus.ErrSessionNotFound
-	}
-	srv.events = h
+	srv := shared.NewReplica(&shared.Replica{
+		Daemon: "sessiond-pg", Usage: usageText, Name: *name, Engine: "PostgreSQL",
+		Backplane: engine{bp},
+		Errors: shared.PublishErrors{
+			OutcomeUnknown: pgbus.ErrOutcomeUnknown,
+			KeyReused:      eventbus.ErrIdempotencyKeyReused,
+			InvalidKey:     eventbus.ErrInvalidIdempotencyKey,
+			InvalidSession: pgbus.ErrInvalidSession,
+			Unavailable:    pgbus.ErrUnavailable,
+		},
+		Logger: logger, MaxBody: shared.MaxBody(f.MaxEventBytes),
+	}, h)
 
 	d := &shared.Server{
 		Name:     "sessiond-pg",
 		Listener: ln,
-		Handler:  srv.routes(),
+		Handler:  srv.Routes(),
 		Logger:   logger,
 		// Close the mirrors first: each stream gets what it has queued,
 		// then its handler returns, so Shutdown finds idle connections.
@@ -157,192 +153,15 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ShutdownTimeout: f.ShutdownTimeout,
 	}
 	if f.Demo {
-		d.Demo = &shared.Demo{Interval: f.DemoInterval, Replica: *name, Publish: srv.publishDemo, Logger: logger}
+		d.Demo = &shared.Demo{Interval: f.DemoInterval, Replica: *name, Publish: srv.PublishDemo, Logger: logger}
 	}
 	return d.Run(ctx)
 }
 
-// busKey is the request context key of the bus ServeEvents found.
-type busKey struct{}
+// engine is the backplane as the shared replica serves it.
+type engine struct{ *pgbus.Backplane }
 
-// publishErrors maps pgbus's publish errors to HTTP answers.
-var publishErrors = shared.PublishErrors{
-	OutcomeUnknown: pgbus.ErrOutcomeUnknown,
-	KeyReused:      eventbus.ErrIdempotencyKeyReused,
-	InvalidKey:     eventbus.ErrInvalidIdempotencyKey,
-	InvalidSession: pgbus.ErrInvalidSession,
-	Unavailable:    pgbus.ErrUnavailable,
-}
-
-type server struct {
-	bp      *pgbus.Backplane
-	events  *eventbus.Handler
-	name    string
-	logger  *slog.Logger
-	maxBody int64
-
-	mu      sync.Mutex
-	streams map[string]map[*context.CancelFunc]struct{} // open streams by session, for /disconnect
-}
-
-func (s *server) routes() http.Handler {
-	mux := shared.Mux(s)
-	mux.HandleFunc("POST /session/{id}/signal", s.ServeSignal)
-	return mux
-}
-
-func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	fmt.Fprintf(w, "sessiond-pg replica %s\n\n", s.name)
-	io.WriteString(w, strings.TrimSuffix(usageText, "Flags:\n"))
-}
-
-// ServeEvents finds the session's mirror (checking its epoch with
-// PostgreSQL), then runs the backplane's SSE handler on it under a context
-// that /disconnect can cancel, as a client disconnect would.
-func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	bus, err := s.bp.Bus(r.Context(), id)
-	switch {
-	case errors.Is(err, pgbus.ErrInvalidSession):
-		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
-		return
-	case errors.Is(err, pgbus.ErrUnavailable):
-		s.logger.Warn("stream refused: PostgreSQL unavailable", "session", id, "err", err)
-		shared.WriteUnavailable(w, "unavailable", "PostgreSQL unavailable; retry after Retry-After")
-		return
-	case errors.Is(err, eventbus.ErrClosed):
-		shared.WriteUnavailable(w, "shutting_down", "the daemon is shutting down")
-		return
-	case err != nil: // the client left while the session opened
-		shared.WriteError(w, http.StatusInternalServerError, "internal", "session lookup failed")
-		return
-	}
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), busKey{}, bus))
-	defer cancel()
-	key := &cancel
-	s.mu.Lock()
-	if s.streams[id] == nil {
-		s.streams[id] = map[*context.CancelFunc]struct{}{}
-	}
-	s.streams[id][key] = struct{}{}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.streams[id], key)
-		if len(s.streams[id]) == 0 {
-			delete(s.streams, id)
-		}
-		s.mu.Unlock()
-	}()
-	s.logger.Debug("stream opened", "session", id, "lastEventId", r.Header.Get("Last-Event-ID"), "remote", r.RemoteAddr)
-	s.events.ServeHTTP(w, r.WithContext(ctx))
-}
-
-func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
-	key, keyed := shared.IdempotencyKey(r)
-	req, ok := shared.DecodePublish(w, r, s.maxBody)
-	if !ok {
-		return
-	}
-	var (
-		id    uint64
-		epoch string
-		dup   bool
-		err   error
-	)
-	if keyed {
-		id, epoch, dup, err = s.bp.PublishIdempotent(r.Context(), r.PathValue("id"), key, req.Event())
-	} else {
-		id, epoch, err = s.bp.Publish(r.Context(), r.PathValue("id"), req.Event())
-	}
-	if err == nil {
-		shared.WritePublished(w, id, epoch, dup)
-		return
-	}
-	if errors.Is(err, pgbus.ErrUnavailable) {
-		s.logger.Warn("publish failed", "session", r.PathValue("id"), "keyed", keyed, "err", err)
-	}
-	if !publishErrors.Write(w, err) {
-		shared.WriteError(w, http.StatusInternalServerError, "internal", err.Error())
-	}
-}
-
-func (s *server) ServeSignal(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Type  string `json:"type"`
-		About string `json:"about"`
-	}
-	if err := shared.NewBodyDecoder(w, r, 1<<20).Decode(&req); err != nil {
-		shared.WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
-		return
-	}
-	err := s.bp.Signal(r.Context(), r.PathValue("id"), req.Type, req.About)
-	switch {
-	case err == nil:
-		w.WriteHeader(http.StatusNoContent)
-	case errors.Is(err, eventbus.ErrEventTooLarge):
-		shared.WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
-	case errors.Is(err, eventbus.ErrInvalidEvent), errors.Is(err, pgbus.ErrInvalidSession):
-		shared.WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
-	default:
-		shared.WriteUnavailable(w, "unavailable", err.Error())
-	}
-}
-
-func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
-	in, err := s.bp.Info(r.Context(), r.PathValue("id"))
-	switch {
-	case errors.Is(err, pgbus.ErrInvalidSession):
-		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
-		return
-	case err != nil:
-		shared.WriteUnavailable(w, "unavailable", err.Error())
-		return
-	case !in.Exists:
-		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
-		return
-	}
-	s.mu.Lock()
-	open := len(s.streams[r.PathValue("id")])
-	s.mu.Unlock()
-	shared.WriteJSON(w, http.StatusOK, map[string]any{
-		"id": r.PathValue("id"), "replica": s.name,
-		"epoch": in.Epoch, "lastEventId": in.LastEventID, "firstEventId": in.FirstEventID, "bytes": in.Bytes,
-		"local": in.Local, "localLastEventId": in.LocalLastEventID, "subscribers": in.Subscribers, "streams": open,
-	})
-}
-
-func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
-	if err := s.bp.Delete(r.Context(), r.PathValue("id")); err != nil {
-		if errors.Is(err, pgbus.ErrInvalidSession) {
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
-		shared.WriteUnavailable(w, "unavailable", err.Error())
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	var cancels []context.CancelFunc
-	for c := range s.streams[r.PathValue("id")] {
-		cancels = append(cancels, *c)
-	}
-	s.mu.Unlock()
-	for _, c := range cancels {
-		c()
-	}
-	shared.WriteJSON(w, http.StatusOK, map[string]int{"disconnected": len(cancels)})
-}
-
-// publishDemo is the demo's Publish; an error after the demo was stopped
-// is not worth a log line.
-func (s *server) publishDemo(ctx context.Context, id string, ev eventbus.Event) error {
-	if _, _, err := s.bp.Publish(ctx, id, ev); err != nil && ctx.Err() == nil {
-		return err
-	}
-	return nil
+func (e engine) Info(ctx context.Context, session string) (shared.SessionInfo, error) {
+	in, err := e.Backplane.Info(ctx, session)
+	return shared.SessionInfo(in), err
 }
