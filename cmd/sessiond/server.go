@@ -40,12 +40,12 @@ var (
 )
 
 type config struct {
-	Options      eventbus.Options // used for every session's bus
-	MaxSessions  int              // <= 0: unlimited
-	Heartbeat    time.Duration    // 0: handler default
-	Retry        time.Duration    // 0: handler default
-	WriteTimeout time.Duration    // 0: handler default
-	Logger       *slog.Logger     // nil: slog.Default()
+	Options     eventbus.Options // used for every session's bus
+	MaxSessions int              // <= 0: unlimited
+	// Stream, when set, sets the SSE handler's stream settings (Heartbeat,
+	// Retry, EpochIDs, CORS...); nil keeps the handler's defaults.
+	Stream func(*eventbus.Handler) error
+	Logger *slog.Logger // nil: slog.Default()
 	// IdempotencyWindow is how long a session remembers an
 	// Idempotency-Key (at most daemon.DefaultIdempotencyKeys of them);
 	// 0: daemon.DefaultIdempotencyWindow.
@@ -82,15 +82,20 @@ type session struct {
 	lastResumeFrom string // that value, as the client sent it (truncated)
 }
 
-// stream is one GET /session/{id}/events request. cancel cancels the request
-// context the eventbus handler sees, which ends the subscription without
-// draining, exactly like a client disconnect.
+// stream is one GET /session/{id}/events request; /disconnect cuts it.
 type stream struct {
-	cancel context.CancelFunc
-	sess   *session // set by lookup; guarded by server.mu
+	cut  *daemon.Stream
+	sess *session // set by lookup; guarded by server.mu
 }
 
 type streamKey struct{}
+
+func (sess *session) busOrNil() *eventbus.EventBus {
+	if sess == nil {
+		return nil
+	}
+	return sess.bus
+}
 
 func newServer(cfg config) (*server, error) {
 	if cfg.Logger == nil {
@@ -117,18 +122,18 @@ func newServer(cfg config) (*server, error) {
 		maxBody:  daemon.MaxBody(cfg.Options.MaxEventBytes),
 		sessions: make(map[string]*session),
 	}
-	s.events = &eventbus.Handler{
-		Lookup:       s.lookup,
-		Logger:       cfg.Logger,
-		Retry:        cfg.Retry,
-		Heartbeat:    cfg.Heartbeat,
-		WriteTimeout: cfg.WriteTimeout,
+	h := &eventbus.Handler{Lookup: s.lookup, Logger: cfg.Logger}
+	if cfg.Stream != nil {
+		if err := cfg.Stream(h); err != nil {
+			return nil, err
+		}
 	}
+	s.events = h
 	return s, nil
 }
 
 func (s *server) routes() http.Handler {
-	return daemon.Mux(s)
+	return daemon.JSONErrors(daemon.Mux(s))
 }
 
 // getSession returns the live session id, creating it when create is set.
@@ -235,20 +240,21 @@ func (s *server) deleteSession(id string) bool {
 	return true
 }
 
-// disconnect cancels every open stream of session id and returns how many.
-func (s *server) disconnect(id string) int {
+// disconnect cuts every open stream of session id as mode says and
+// returns how many.
+func (s *server) disconnect(id string, mode daemon.CutMode) int {
 	s.mu.Lock()
-	var cancels []context.CancelFunc
+	var cuts []*daemon.Stream
 	if sess := s.sessions[id]; sess != nil {
 		for st := range sess.streams {
-			cancels = append(cancels, st.cancel)
+			cuts = append(cuts, st.cut)
 		}
 	}
 	s.mu.Unlock()
-	for _, cancel := range cancels {
-		cancel()
+	for _, c := range cuts {
+		c.Cut(mode)
 	}
-	return len(cancels)
+	return len(cuts)
 }
 
 // closeAll refuses new sessions and closes every bus. Idempotent.
@@ -289,9 +295,9 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	st := &stream{cancel: cancel}
+	cut, r := daemon.Track(r)
+	defer cut.Done()
+	st := &stream{cut: cut}
 	defer func() {
 		s.mu.Lock()
 		if st.sess != nil {
@@ -299,7 +305,7 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		s.mu.Unlock()
 	}()
-	s.events.ServeHTTP(w, r.WithContext(context.WithValue(ctx, streamKey{}, st)))
+	s.events.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), streamKey{}, st)))
 }
 
 // lookup is the eventbus handler's Lookup: it creates the session on first
@@ -307,8 +313,8 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	id := r.PathValue("id")
 	sess, err := s.getSession(id, true)
-	if err != nil {
-		return nil, err
+	if err != nil || r.Method == http.MethodHead {
+		return sess.busOrNil(), err // a HEAD opens no stream
 	}
 	resume := r.Header.Get("Last-Event-ID")
 	if resume == "" {
@@ -412,9 +418,14 @@ func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	n := s.disconnect(id)
-	if n > 0 {
-		s.logger.Info("streams cut on request", "session", id, "streams", n)
+	mode, err := daemon.ParseCutMode(r)
+	if err != nil {
+		daemon.WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())
+		return
 	}
-	daemon.WriteJSON(w, http.StatusOK, map[string]int{"disconnected": n})
+	n := s.disconnect(id, mode)
+	if n > 0 {
+		s.logger.Info("streams cut on request", "session", id, "streams", n, "mode", mode)
+	}
+	daemon.WriteJSON(w, http.StatusOK, map[string]any{"disconnected": n, "mode": mode.String()})
 }

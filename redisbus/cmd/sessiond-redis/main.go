@@ -14,11 +14,14 @@
 //	                                  (an Idempotency-Key header makes a retry safe: see redisbus/README.md)
 //	GET    /session/{id}              the session as Redis and this replica see it (404 if Redis has none)
 //	DELETE /session/{id}              forget the session in Redis; every replica's streams of it end -> 204
-//	POST   /session/{id}/disconnect   cut this replica's open streams of the session -> {"disconnected":N}
+//	POST   /session/{id}/disconnect   cut this replica's open streams of the session -> {"disconnected":N,"mode":...}
+//	                                  (?mode=clean ends the responses, ?mode=abort resets the connections)
 //	POST   /session/{id}/signal       send {"type":..., "about":...} to the session's streams on every replica -> 204
 //
-// On SIGINT or SIGTERM it closes the backplane (open streams drain and
-// end), then shuts the HTTP server down. The Redis keys stay.
+// The flags of cmd/sessiond apply (epoch ids on by default, -cors-origin,
+// h2c, -tls-cert/-tls-key). On SIGINT or SIGTERM it closes the backplane
+// (open streams drain and end), then shuts the HTTP server down. The Redis
+// keys stay.
 package main
 
 import (
@@ -61,7 +64,8 @@ Routes:
                                     the key with another event: 422 idempotency_key_reused
   GET    /session/{id}              the session in Redis and on this replica; 404 if Redis has none
   DELETE /session/{id}              forget the session in Redis -> 204; the next use starts a new epoch
-  POST   /session/{id}/disconnect   cut this replica's streams of the session -> {"disconnected":N}
+  POST   /session/{id}/disconnect   cut this replica's streams of the session -> {"disconnected":N,"mode":...}
+                                    (?mode=clean: end the responses; ?mode=abort: reset the connections)
   POST   /session/{id}/signal       change signal {"type":"...","about":"..."} to the session's
                                     streams on every replica (no id, not stored) -> 204
 
@@ -105,6 +109,10 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	client := redis.NewClient(ropts)
 	defer client.Close()
 
+	tlsConfig, err := f.TLSConfig()
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", f.Addr)
 	if err != nil {
 		return err
@@ -127,9 +135,14 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ln.Close()
 		return err
 	}
-	srv := &server{bp: bp, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*context.CancelFunc]struct{}{}}
+	srv := &server{bp: bp, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*shared.Stream]struct{}{}}
 	h := bp.Handler()
-	h.Logger, h.Heartbeat, h.Retry, h.WriteTimeout = logger, f.Heartbeat, f.Retry, f.WriteTimeout
+	h.Logger = logger
+	if err := f.Handler(h); err != nil {
+		bp.Close()
+		ln.Close()
+		return err
+	}
 	// ServeEvents looks the session up first, to answer Redis down with
 	// 503 and Retry-After (the Handler answers any Lookup error but
 	// ErrSessionNotFound with 500); the Handler takes the bus it found.
@@ -145,6 +158,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Name:     "sessiond-redis",
 		Listener: ln,
 		Handler:  srv.routes(),
+		TLS:      tlsConfig,
 		Logger:   logger,
 		// Close the mirrors first: each stream gets what it has queued,
 		// then its handler returns, so Shutdown finds idle connections.
@@ -179,13 +193,13 @@ type server struct {
 	maxBody int64
 
 	mu      sync.Mutex
-	streams map[string]map[*context.CancelFunc]struct{} // open streams by session, for /disconnect
+	streams map[string]map[*shared.Stream]struct{} // open streams by session, for /disconnect
 }
 
 func (s *server) routes() http.Handler {
 	mux := shared.Mux(s)
 	mux.HandleFunc("POST /session/{id}/signal", s.ServeSignal)
-	return mux
+	return shared.JSONErrors(mux)
 }
 
 func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
@@ -195,10 +209,15 @@ func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 }
 
 // ServeEvents finds the session's mirror (checking its epoch with Redis),
-// then runs the backplane's SSE handler on it under a context that
-// /disconnect can cancel, as a client disconnect would.
+// then runs the backplane's SSE handler on it, on a request that
+// /disconnect can cut. An OPTIONS (a CORS preflight, or 405) needs no
+// session.
 func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	if r.Method == http.MethodOptions {
+		s.events.ServeHTTP(w, r)
+		return
+	}
 	bus, err := s.bp.Bus(r.Context(), id)
 	switch {
 	case errors.Is(err, redisbus.ErrInvalidSession):
@@ -215,12 +234,11 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		shared.WriteError(w, http.StatusInternalServerError, "internal", "session lookup failed")
 		return
 	}
-	ctx, cancel := context.WithCancel(context.WithValue(r.Context(), busKey{}, bus))
-	defer cancel()
-	key := &cancel
+	key, r := shared.Track(r.WithContext(context.WithValue(r.Context(), busKey{}, bus)))
+	defer key.Done()
 	s.mu.Lock()
 	if s.streams[id] == nil {
-		s.streams[id] = map[*context.CancelFunc]struct{}{}
+		s.streams[id] = map[*shared.Stream]struct{}{}
 	}
 	s.streams[id][key] = struct{}{}
 	s.mu.Unlock()
@@ -233,7 +251,7 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 	}()
 	s.logger.Debug("stream opened", "session", id, "lastEventId", r.Header.Get("Last-Event-ID"), "remote", r.RemoteAddr)
-	s.events.ServeHTTP(w, r.WithContext(ctx))
+	s.events.ServeHTTP(w, r)
 }
 
 func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
@@ -323,16 +341,21 @@ func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
+	mode, err := shared.ParseCutMode(r)
+	if err != nil {
+		shared.WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())
+		return
+	}
 	s.mu.Lock()
-	var cancels []context.CancelFunc
+	var cuts []*shared.Stream
 	for c := range s.streams[r.PathValue("id")] {
-		cancels = append(cancels, *c)
+		cuts = append(cuts, c)
 	}
 	s.mu.Unlock()
-	for _, c := range cancels {
-		c()
+	for _, c := range cuts {
+		c.Cut(mode)
 	}
-	shared.WriteJSON(w, http.StatusOK, map[string]int{"disconnected": len(cancels)})
+	shared.WriteJSON(w, http.StatusOK, map[string]any{"disconnected": len(cuts), "mode": mode.String()})
 }
 
 // publishDemo is the demo's Publish; an error after the demo was stopped

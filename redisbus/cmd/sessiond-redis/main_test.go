@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -117,45 +119,17 @@ func TestTwoReplicas(t *testing.T) {
 		}
 		epoch = v["epoch"].(string)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", b+"/session/s1/events", nil)
-	req.Header.Set("Last-Event-ID", "1")
-	req.Header.Set("Event-Epoch", epoch)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	lines, resp := streamLines(t, b+"/session/s1/events", http.Header{"Last-Event-Id": {"1"}, "Event-Epoch": {epoch}}, "id: ", "event: ")
 	if resp.Header.Get("Event-Epoch") != epoch {
 		t.Fatalf("B's epoch %q, A's %q", resp.Header.Get("Event-Epoch"), epoch)
 	}
-	lines := make(chan string, 100)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			if l := sc.Text(); strings.HasPrefix(l, "id: ") || strings.HasPrefix(l, "event: ") {
-				lines <- l
-			}
-		}
-	}()
 	expect := func(want ...string) {
 		t.Helper()
-		for _, w := range want {
-			select {
-			case l := <-lines:
-				if l != w {
-					t.Fatalf("got %q, want %q", l, w)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("timed out waiting for %q", w)
-			}
-		}
+		expectLines(t, lines, want...)
 	}
-	expect("id: 2", "event: note", "id: 3", "event: note", "event: replay_complete")
+	expect("id: "+epoch+":2", "event: note", "id: "+epoch+":3", "event: note", "event: replay_complete") // -epoch-ids is on
 	post(t, b+"/session/s1/events", `{"type":"note"}`)
-	expect("id: 4", "event: note")
+	expect("id: "+epoch+":4", "event: note")
 	sr, err := http.Post(a+"/session/s1/signal", "application/json", strings.NewReader(`{"type":"doc.changed","about":"doc/1"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -301,5 +275,135 @@ func TestIdempotentPublish(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("new stream with Redis down: %s, Retry-After %q", resp.Status, resp.Header.Get("Retry-After"))
+	}
+}
+
+// streamLines opens url with hdr and sends its lines that start with one of
+// prefixes (default: id:, event: and data:) on the returned channel until
+// the stream ends (then the channel closes).
+func streamLines(t *testing.T, url string, hdr http.Header, prefixes ...string) (<-chan string, *http.Response) {
+	if len(prefixes) == 0 {
+		prefixes = []string{"id: ", "event: ", "data: "}
+	}
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	for k, vs := range hdr {
+		req.Header[k] = vs
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			l := sc.Text()
+			if slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(l, p) }) {
+				lines <- l
+			}
+		}
+	}()
+	return lines, resp
+}
+
+func expectLines(t *testing.T, lines <-chan string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		select {
+		case l := <-lines:
+			if l != w && !(strings.HasSuffix(w, "*") && strings.HasPrefix(l, strings.TrimSuffix(w, "*"))) {
+				t.Fatalf("got %q, want %q", l, w)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("timed out waiting for %q", w)
+		}
+	}
+}
+
+// Epoch ids (on by default in the demo daemons) through the backplane:
+// the mirrors of every replica carry the session's shared epoch, so an id
+// a browser got from A resumes on B, and after a DELETE (a new epoch in
+// Redis) the same id is an epoch_reset, never a join of two epochs.
+func TestEpochIDsAcrossReplicas(t *testing.T) {
+	r := startRedis(t)
+	a, b := daemon(t, r, "A"), daemon(t, r, "B")
+	defer http.DefaultClient.CloseIdleConnections()
+	var epoch string
+	for i := 1; i <= 3; i++ {
+		epoch = post(t, a+"/session/s1/events", `{"type":"note","data":{"n":`+strconv.Itoa(i)+`}}`)["epoch"].(string)
+	}
+	lines, _ := streamLines(t, a+"/session/s1/events?lastEventId=0", nil)
+	expectLines(t, lines, "id: "+epoch+":1", "event: note", `data: {"id":1,*`)
+
+	// What a browser's EventSource sends back by itself, to the other replica.
+	lines, _ = streamLines(t, b+"/session/s1/events", http.Header{"Last-Event-Id": {epoch + ":1"}})
+	expectLines(t, lines, "id: "+epoch+":2", "event: note", `data: {"id":2,*`, "id: "+epoch+":3", "event: note", "data: *",
+		"event: replay_complete", `data: {"v":1,"type":"replay_complete","data":{"replayedCount":2,"lastReplayedEventId":3,"lastEventId":3,"epoch":"`+epoch+`"}*`)
+	post(t, a+"/session/s1/events", `{"type":"note"}`)
+	expectLines(t, lines, "id: "+epoch+":4", "event: note", `data: {"id":4,*`)
+
+	del, _ := http.NewRequest("DELETE", a+"/session/s1", nil)
+	dr, err := http.DefaultClient.Do(del)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dr.Body.Close()
+	var next string
+	for i := 1; i <= 5; i++ { // the new epoch is already past the old cursor
+		next = post(t, b+"/session/s1/events", `{"type":"note"}`)["epoch"].(string)
+	}
+	if next == epoch {
+		t.Fatal("DELETE kept the epoch")
+	}
+	for _, replica := range []string{a, b} {
+		lines, _ = streamLines(t, replica+"/session/s1/events", http.Header{"Last-Event-Id": {epoch + ":4"}})
+		expectLines(t, lines, "event: state_resync_required",
+			`data: {"v":1,"type":"state_resync_required","data":{"reason":"epoch_reset","detail":"epoch_mismatch","lastDeliveredId":4,"earliestAvailableId":1,"epoch":"`+next+`"}*`,
+			"id: "+next+":1", "event: note")
+	}
+}
+
+// The routes answer JSON errors, and /disconnect?mode=abort resets the
+// connections of this replica's streams.
+func TestDisconnectModesAndJSONErrors(t *testing.T) {
+	r := startRedis(t)
+	a := daemon(t, r, "A")
+	defer http.DefaultClient.CloseIdleConnections()
+	post(t, a+"/session/s2/events", `{"type":"note"}`)
+	lines, resp := streamLines(t, a+"/session/s2/events", nil)
+	res := post(t, a+"/session/s2/disconnect?mode=abort", "")
+	if res["disconnected"] != float64(1) || res["mode"] != "abort" {
+		t.Fatalf("abort: %v", res)
+	}
+	for range lines {
+	}
+	if _, err := resp.Body.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("after the abort: %v, want a connection reset", err)
+	}
+	for _, c := range []struct{ method, path, code string }{
+		{"PUT", "/session/s2/events", "method_not_allowed"},
+		{"GET", "/session/s2/signal", "method_not_allowed"},
+		{"GET", "/nope", "not_found"},
+		{"POST", "/session/s2/disconnect?mode=x", "invalid_mode"},
+	} {
+		req, _ := http.NewRequest(c.method, a+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v map[string]any
+		json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		if v["code"] != c.code || resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %s %v", c.method, c.path, resp.Status, v)
+		}
 	}
 }
