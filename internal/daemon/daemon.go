@@ -2,11 +2,13 @@
 // buses) and redisbus/cmd/sessiond-redis (buses mirrored from Redis), do
 // alike: the process entry point, the shared flags, the listen, serve and
 // graceful-shutdown sequence, the demo publisher, the route table and the
-// JSON responses. What is specific to a daemon (how sessions are found,
-// created, published to and deleted) stays in the daemon.
+// JSON responses, and the routes of a backplane daemon over any engine
+// (Replica, which pgbus/cmd/sessiond-pg serves). What is specific to a
+// daemon (how sessions are found, created, published to and deleted)
+// stays in the daemon.
 //
-// It is internal to github.com/ssebus/eventbus; the redisbus module may
-// import it because its import path lies under that prefix.
+// It is internal to github.com/ssebus/eventbus; the redisbus and pgbus
+// modules may import it because their import paths lie under that prefix.
 package daemon
 
 import (
