@@ -44,9 +44,10 @@ test("live events, then a clean /disconnect: resumed with no gap and no duplicat
 test("429 with Retry-After: the client waits that long, then connects", async () => {
   const dd = await startDaemon(["-retry", "100ms", "-max-subscribers", "1"]);
   const holder = record(dd.base + "/session/full/events");
-  const r = record(dd.base + "/session/full/events");
+  let r;
   try {
     await holder.until(() => holder.client.state === "open", "holder open");
+    r = record(dd.base + "/session/full/events");
     await r.until(() => r.of("state").some((s) => s.delay !== undefined), "the 429");
     const e = r.of("error")[0];
     assert.equal(e.kind, "http");
@@ -65,7 +66,7 @@ test("429 with Retry-After: the client waits that long, then connects", async ()
     await r.until(() => r.ids().length === 1, "an event");
   } finally {
     holder.client.close();
-    r.client.close();
+    r?.client.close();
     await dd.stop();
   }
 });

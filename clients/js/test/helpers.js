@@ -179,3 +179,58 @@ export function gatedFetch() {
     },
   };
 }
+
+// scripted starts an HTTP server whose every request goes to
+// handler(req, res, n) (n counts requests from 1). It records each request's
+// URL and headers. close() ends every open connection.
+export async function scripted(handler) {
+  const { createServer } = await import("node:http");
+  const requests = [];
+  const sockets = new Set();
+  const srv = createServer((req, res) => {
+    requests.push({ url: new URL(req.url, "http://x"), method: req.method, headers: req.headers, at: Date.now() });
+    Promise.resolve(handler(req, res, requests.length)).catch((e) => {
+      console.error("scripted handler failed", e);
+      res.destroy();
+    });
+  });
+  srv.on("connection", (s) => {
+    sockets.add(s);
+    s.on("close", () => sockets.delete(s));
+  });
+  await new Promise((r) => srv.listen(0, "127.0.0.1", r));
+  return {
+    base: "http://127.0.0.1:" + srv.address().port,
+    requests,
+    close() {
+      for (const s of sockets) s.destroy();
+      return new Promise((r) => srv.close(r));
+    },
+  };
+}
+
+export const EPOCH_A = "a".repeat(32);
+export const EPOCH_B = "b".repeat(32);
+
+// open writes a 200 event-stream response's headers and retry: line.
+export function open(res, { epoch = EPOCH_A, retry = 20 } = {}) {
+  const h = { "Content-Type": "text/event-stream", "Cache-Control": "no-cache" };
+  if (epoch) h["Event-Epoch"] = epoch;
+  res.writeHead(200, h);
+  res.write(retry === null ? "" : "retry: " + retry + "\n\n");
+}
+
+// ev is the wire form of a published event; idLine overrides its id: line.
+export function ev(id, type = "note", data = {}, idLine = String(id)) {
+  return "id: " + idLine + "\nevent: " + type + "\ndata: " + JSON.stringify({ id, v: 1, type, data }) + "\n\n";
+}
+
+// syn is the wire form of a synthetic frame.
+export function syn(type, data) {
+  return "event: " + type + "\ndata: " + JSON.stringify({ v: 1, type, data }) + "\n\n";
+}
+
+export function jsonError(res, status, code, headers = {}) {
+  res.writeHead(status, { "Content-Type": "application/json", ...headers });
+  res.end(JSON.stringify({ error: code.replace(/_/g, " "), code }) + "\n");
+}
