@@ -249,13 +249,14 @@ export class EventBusClient {
         // An EventSource that failed before opening cannot tell why (a 429
         // with Retry-After, a 404): the next attempt asks with fetch.
         forceFetch = useES && !r.opened;
-        const next = await this.#decide(r);
-        if (this.#closed) return;
+        const next = this.#decide(r);
         if (next.final) {
           this.#finish(next.final);
           return;
         }
         if (r.error) this.#report(r.error);
+        if (next.refresh && !(await this.#refreshCredentials(next.refresh, next.status))) return;
+        if (this.#closed) return;
         if (next.delay > 0) {
           this.#setState("reconnecting", { delay: next.delay, attempt, error: r.error });
           await this.#sleep(next.delay);
@@ -291,18 +292,18 @@ export class EventBusClient {
     }
   }
 
-  // #decide turns how a connection ended into the next step: a delay
-  // before the next attempt, or a final error.
-  async #decide(r) {
-    const immediate = async (reason) => {
-      const quick = r.opened && Date.now() - r.openedAt < QUICK_MS;
+  // #decide turns how a connection ended into the next step: a final
+  // error, or credentials to fetch (refresh) and a delay before the next
+  // attempt.
+  #decide(r) {
+    const immediate = (reason) => {
+      const quick = Date.now() - r.openedAt < QUICK_MS;
       const wasImmediate = this.#lastImmediate;
       this.#lastImmediate = true;
       // Without a credentials callback the application refreshes a cookie
       // itself; the reconnect is still immediate.
-      if (reason && this.#opts.credentials && !(await this.#refreshCredentials(reason))) return { delay: 0 };
-      if (quick && wasImmediate) return { delay: this.#backoff(false) };
-      return { delay: 0 };
+      const refresh = this.#opts.credentials ? reason : null;
+      return { refresh, delay: quick && wasImmediate ? this.#backoff(false) : 0 };
     };
     if (r.end === "fatal") return { final: r.error };
     if (r.end === "http") {
@@ -311,8 +312,7 @@ export class EventBusClient {
       if (s === 401 || s === 403) {
         if (!this.#opts.credentials || this.#authFinal) return { final: r.error };
         this.#authFinal = true;
-        await this.#refreshCredentials(s === 401 ? "unauthorized" : "forbidden", s); // on failure it has stopped the client
-        return { delay: 0 };
+        return { refresh: s === 401 ? "unauthorized" : "forbidden", status: s, delay: 0 };
       }
       if ((s === 429 || s === 503) && r.retryAfter !== undefined) {
         this.#backoff(false);
@@ -328,7 +328,7 @@ export class EventBusClient {
     if (r.end === "budget") return immediate(null);
     if (r.end === "stream_error" && r.errorKind === "reauthenticate") return immediate("reauthenticate");
     if (r.end === "stream_error" && r.errorKind === "revoked") {
-      const next = await immediate("revoked");
+      const next = immediate("revoked");
       this.#authFinal = true;
       return next;
     }
