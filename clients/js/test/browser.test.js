@@ -23,9 +23,10 @@ const skip = !existsSync(chromium) && !process.env.CI ? "no Chromium at " + chro
 const PAGE = `<!doctype html><meta charset="utf-8"><title>client test</title>
 <script type="module">
 import { EventBusClient } from "/js/index.js";
+// Reports travel on concurrent requests: seq restores their order.
+let seq = 0;
 const report = (client, kind, v) =>
-  fetch("/report", { method: "POST", body: JSON.stringify({ client, kind, v }) });
-const made = [];
+  fetch("/report", { method: "POST", body: JSON.stringify({ seq: seq++, client, kind, v }) });
 class CountingEventSource extends EventSource {
   constructor(url, init) { super(url, init); report("es", "eventsource", url); }
 }
@@ -83,7 +84,11 @@ async function serve(target) {
     }
   });
   await new Promise((r) => srv.listen(0, "127.0.0.1", r));
-  const of = (client, kind) => reports.filter((x) => x.client === client && x.kind === kind).map((x) => x.v);
+  const of = (client, kind) =>
+    reports
+      .filter((x) => x.client === client && x.kind === kind)
+      .sort((a, b) => a.seq - b.seq)
+      .map((x) => x.v);
   return {
     url: "http://127.0.0.1:" + srv.address().port + "/",
     forwarded,
