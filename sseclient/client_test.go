@@ -15,13 +15,42 @@ import (
 
 const waitLong = 20 * time.Second
 
-func TestLiveThenCleanCutResumesWithoutGapOrDuplicate(t *testing.T) {
-	s := newServer(t, serverConfig{})
+func newClient(url string) *sseclient.Client { return &sseclient.Client{URL: url} }
+
+// stallAtFirstEvent starts c with a recorder whose OnEvent stops reading at
+// event 1 until release is closed: the server's writes then block and its
+// queue for the client fills. It returns once the stream is open.
+func stallAtFirstEvent(t *testing.T, c *sseclient.Client) (rc *recorder, release chan struct{}) {
+	rc, release = newRecorder(), make(chan struct{})
+	c.OnEvent = func(e sseclient.Event) {
+		if e.ID == 1 {
+			<-release
+		}
+		rc.mu.Lock()
+		rc.events = append(rc.events, e)
+		rc.mu.Unlock()
+		rc.note()
+	}
+	return startOpen(t, c, rc), release
+}
+
+// startOpen starts c, recording into rc (a new recorder when none is
+// given), and returns once its stream is open.
+func startOpen(t *testing.T, c *sseclient.Client, rcs ...*recorder) *recorder {
 	rc := newRecorder()
-	c := &sseclient.Client{URL: s.url("a")}
+	if len(rcs) > 0 {
+		rc = rcs[0]
+	}
 	rc.attach(c)
 	start(t, c)
 	rc.wait(t, "open", waitLong, func() bool { return len(rc.states) >= 2 })
+	return rc
+}
+
+func TestLiveThenCleanCutResumesWithoutGapOrDuplicate(t *testing.T) {
+	s := newServer(t, serverConfig{})
+	c := &sseclient.Client{URL: s.url("a")}
+	rc := startOpen(t, c)
 	for i := 1; i <= 3; i++ {
 		s.publish("a", "note", map[string]int{"i": i})
 	}
@@ -58,11 +87,8 @@ func TestLiveThenCleanCutResumesWithoutGapOrDuplicate(t *testing.T) {
 
 func TestAbruptCutResumes(t *testing.T) {
 	s := newServer(t, serverConfig{})
-	rc := newRecorder()
 	c := &sseclient.Client{URL: s.url("a")}
-	rc.attach(c)
-	start(t, c)
-	rc.wait(t, "open", waitLong, func() bool { return len(rc.states) >= 2 })
+	rc := startOpen(t, c)
 	for i := 1; i <= 3; i++ {
 		s.publish("a", "note", nil)
 	}
@@ -87,11 +113,8 @@ func TestRestartIsAnEpochResetNeverASilentJoin(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		s.publish("a", "note", nil)
 	}
-	rc := newRecorder()
 	c := &sseclient.Client{URL: s.url("a"), HTTPClient: hc}
-	rc.attach(c)
-	start(t, c)
-	rc.wait(t, "open", waitLong, func() bool { return len(rc.states) >= 2 })
+	rc := startOpen(t, c)
 	s.publish("a", "note", map[string]int{"gen": 1})
 	rc.wait(t, "event 4", waitLong, func() bool { return len(rc.events) == 1 })
 	old := s.bus("a").Epoch()
@@ -127,21 +150,8 @@ func TestRestartIsAnEpochResetNeverASilentJoin(t *testing.T) {
 
 func TestEvictionThenResumeLosesNothing(t *testing.T) {
 	s := newServer(t, serverConfig{})
-	rc := newRecorder()
-	release := make(chan struct{})
 	c := &sseclient.Client{URL: s.url("a"), MaxQueued: 16}
-	c.OnEvent = func(e sseclient.Event) {
-		if e.ID == 1 {
-			<-release // stop reading: the server's writes block, its queue fills, it evicts
-		}
-		rc.mu.Lock()
-		rc.events = append(rc.events, e)
-		rc.mu.Unlock()
-		rc.note()
-	}
-	rc.attach(c)
-	start(t, c)
-	rc.wait(t, "open", waitLong, func() bool { return len(rc.states) >= 2 })
+	rc, release := stallAtFirstEvent(t, c)
 	payload := strings.Repeat("p", 256<<10)
 	const n = 80 // 20 MiB: past loopback's socket buffers and the 8 MiB replay budget
 	for range n {
@@ -170,11 +180,8 @@ func TestRingEvictedResyncHasTheExactMissingRange(t *testing.T) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	defer tr.CloseIdleConnections()
 	g := newGate(tr)
-	rc := newRecorder()
 	c := &sseclient.Client{URL: s.url("a"), HTTPClient: &http.Client{Transport: g}}
-	rc.attach(c)
-	start(t, c)
-	rc.wait(t, "open", waitLong, func() bool { return len(rc.states) >= 2 })
+	rc := startOpen(t, c)
 	for range 3 {
 		s.publish("a", "note", nil)
 	}
@@ -198,21 +205,7 @@ func TestRingEvictedResyncHasTheExactMissingRange(t *testing.T) {
 
 func TestOverflowResyncPolicyAnnouncesExactlyWhatIsMissing(t *testing.T) {
 	s := newServer(t, serverConfig{opts: eventbus.Options{OverflowPolicy: eventbus.OverflowResync, MaxQueued: 16}})
-	rc := newRecorder()
-	release := make(chan struct{})
-	c := &sseclient.Client{URL: s.url("a")}
-	c.OnEvent = func(e sseclient.Event) {
-		if e.ID == 1 {
-			<-release
-		}
-		rc.mu.Lock()
-		rc.events = append(rc.events, e)
-		rc.mu.Unlock()
-		rc.note()
-	}
-	rc.attach(c)
-	start(t, c)
-	rc.wait(t, "open", waitLong, func() bool { return len(rc.states) >= 2 })
+	rc, release := stallAtFirstEvent(t, newClient(s.url("a")))
 	payload := strings.Repeat("q", 64<<10)
 	const n = 200
 	for range n {
@@ -248,11 +241,8 @@ func TestOverflowResyncPolicyAnnouncesExactlyWhatIsMissing(t *testing.T) {
 
 func TestOneMiBEventAndALineLongerThan64KiB(t *testing.T) {
 	s := newServer(t, serverConfig{})
-	rc := newRecorder()
 	c := &sseclient.Client{URL: s.url("a")}
-	rc.attach(c)
-	start(t, c)
-	rc.wait(t, "open", waitLong, func() bool { return len(rc.states) >= 2 })
+	rc := startOpen(t, c)
 	var b strings.Builder
 	for i := 0; b.Len() < 1<<20; i++ {
 		b.WriteString("0123456789abcdef\u00e9\u4e16")
@@ -393,11 +383,8 @@ func TestRunReturnsOnCancelWhileStreamingAndResumesOnTheNextRun(t *testing.T) {
 
 func TestConcurrentRunIsRefused(t *testing.T) {
 	s := newServer(t, serverConfig{})
-	rc := newRecorder()
 	c := &sseclient.Client{URL: s.url("a")}
-	rc.attach(c)
-	start(t, c)
-	rc.wait(t, "open", waitLong, func() bool { return len(rc.states) >= 2 })
+	startOpen(t, c)
 	if err := c.Run(context.Background()); !errors.Is(err, sseclient.ErrRunning) {
 		t.Fatalf("second Run: %v", err)
 	}

@@ -696,16 +696,7 @@ export class EventBusClient {
     // From the start of the new epoch: what this connection delivers next
     // moves the cursor on; a drop before that replays the whole new epoch.
     this.#cursor = 0;
-    this.#stats.resyncs++;
-    this.#call("onResync", {
-      reason: "epoch_reset",
-      detail: "epoch_changed",
-      lastDeliveredId: last,
-      earliestAvailableId: firstId,
-      epoch: e,
-      previousEpoch: previous,
-      missing: firstId === null ? null : firstId > 1 ? { from: 1, to: firstId - 1 } : null,
-    });
+    this.#reportResync("epoch_reset", "epoch_changed", last, firstId, previous, firstId > 1 ? { from: 1, to: firstId - 1 } : null);
   }
 
   #resync(d, conn) {
@@ -724,16 +715,7 @@ export class EventBusClient {
       if (typeof d.epoch === "string" && EPOCH.test(d.epoch)) this.#epoch = d.epoch;
       else if (conn.streamEpoch) this.#epoch = conn.streamEpoch;
       this.#cursor = 0; // the whole ring of the new epoch follows
-      this.#stats.resyncs++;
-      return this.#call("onResync", {
-        reason,
-        detail: d.detail,
-        lastDeliveredId: last,
-        earliestAvailableId: earliest,
-        epoch: this.#epoch,
-        previousEpoch: previous,
-        missing: earliest > 1 ? { from: 1, to: earliest - 1 } : null,
-      });
+      return this.#reportResync(reason, d.detail, last, earliest, previous, earliest > 1 ? { from: 1, to: earliest - 1 } : null);
     }
     this.#observeEpoch(d.epoch, conn, null);
     // The server's lastDeliveredId can be behind what this client holds
@@ -742,16 +724,12 @@ export class EventBusClient {
     const from = Math.max(last, this.#cursor ?? 0) + 1;
     const to = earliest - 1;
     if (from > to) return undefined;
+    return this.#reportResync(reason, d.detail, last, earliest, null, { from, to });
+  }
+
+  #reportResync(reason, detail, lastDeliveredId, earliestAvailableId, previousEpoch, missing) {
     this.#stats.resyncs++;
-    return this.#call("onResync", {
-      reason,
-      detail: d.detail,
-      lastDeliveredId: last,
-      earliestAvailableId: earliest,
-      epoch: this.#epoch,
-      previousEpoch: null,
-      missing: { from, to },
-    });
+    return this.#call("onResync", { reason, detail, lastDeliveredId, earliestAvailableId, epoch: this.#epoch, previousEpoch, missing });
   }
 }
 
