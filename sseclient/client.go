@@ -81,6 +81,7 @@ const (
 	StateClosed
 )
 
+// String returns the state's name: connecting, open, reconnecting, closed.
 func (s State) String() string {
 	switch s {
 	case StateConnecting:
@@ -137,7 +138,8 @@ type Client struct {
 	// Credentials, when set, is called before the first connection, when a
 	// stream ends with stream_error reauthenticate or revoked, and on a 401
 	// or 403 (once); its result is sent with every request until the next
-	// call. An error from it is Run's final error.
+	// call. It runs on Run's goroutine with Run's context. An error from it
+	// is Run's final error.
 	Credentials func(ctx context.Context, reason CredentialsReason) (Credentials, error)
 
 	// Resume, LastEventID and Epoch are the cursor the first Run starts

@@ -42,6 +42,7 @@ type HTTPError struct {
 	HasRetryAfter bool
 }
 
+// Error returns "sseclient: HTTP <status> <code>: <message>".
 func (e *HTTPError) Error() string {
 	s := "sseclient: HTTP " + strconv.Itoa(e.StatusCode)
 	if e.Code != "" {
@@ -63,6 +64,7 @@ type StreamError struct {
 	Message string
 }
 
+// Error returns "sseclient: the server ended the stream (<kind>): <message>".
 func (e *StreamError) Error() string {
 	return "sseclient: the server ended the stream (" + e.Kind + "): " + e.Message
 }

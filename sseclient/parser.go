@@ -98,9 +98,9 @@ type Parser struct {
 	lastID  string // the last event ID string
 }
 
-// NewParser returns a Parser reading r. It reads in chunks of up to 64 KiB
-// and never reads past what it needs to complete the Message it returns
-// plus one chunk.
+// NewParser returns a Parser reading r, in reads of up to 64 KiB. Next
+// blocks in r's Read; the caller owns r and closes it (closing it is also
+// how another goroutine stops a blocked Next).
 func NewParser(r io.Reader) *Parser {
 	return &Parser{rd: r}
 }
