@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -21,11 +22,14 @@ var ErrSessionNotFound = errors.New("eventbus: session not found")
 // stream (SPEC section 10), typically on a route such as
 // "GET /session/{id}/events" of an [http.ServeMux].
 //
-// Request rules, checked in this order before subscribing: the writer must
+// Request rules, checked in this order before subscribing: with CORS set, a
+// preflight is answered and an origin it refuses gets 403; the writer must
 // support flushing (else 500); Last-Event-ID comes from the header, or when
 // that is absent or empty from the lastEventId query parameter, and is
-// ASCII digits up to 2^53-1 (anything else is logged and means live only);
-// the epoch comes from the Event-Epoch header or the epoch parameter;
+// either "N" (ASCII digits up to 2^53-1) or "<epoch>:<N>" (see
+// ParseEventID; anything else is logged and means live only); the epoch
+// comes from the Event-Epoch header or the epoch parameter, else from the
+// id (when both are given and differ, that is logged and means live only);
 // types, when present, is a comma-separated list of type filters (see
 // SubscribeOptions.Types; an invalid one is 400 invalid_filter);
 // maxQueued, when present, is one decimal in [16, 2048] (else 400
@@ -33,12 +37,24 @@ var ErrSessionNotFound = errors.New("eventbus: session not found")
 // session_not_found; a full bus is 429 subscriber_limit_exceeded with
 // Retry-After: 5. Error bodies are JSON {"error":...,"code":...}.
 //
-// The stream starts with the headers and "retry:", then writes every frame
-// that is ready as one batch with one flush, a ": heartbeat" comment after
+// The stream starts with the headers and a "retry:" line, then writes every
+// frame that is ready as one batch with one flush, a heartbeat line after
 // Heartbeat without a write, and sets a write deadline before every write
-// (when the connection supports one): a write that fails or blocks past it
-// cancels the subscription at once. A client disconnect cancels it promptly.
-// The handler starts no goroutine of its own.
+// and clears it after the flush (when the connection supports one): a
+// write that fails or blocks past it cancels the subscription at once, and
+// an idle stream has no deadline, on HTTP/1.1 and HTTP/2 alike. A client
+// disconnect cancels it promptly. The handler starts no goroutine of its
+// own.
+//
+// The retry: line and the heartbeats are never followed by a blank line of
+// their own: a blank line ends an event, and several common clients (r3labs,
+// go-sse, httpx-sse) turn a block without data into an empty event. A
+// conforming parser applies retry: at once and ignores comments; a lenient
+// one reads them as part of the next event's block. The first heartbeat
+// after an event repeats the connection's retry: line, later ones are a
+// bare ":" comment: go-sse (v0.12) ends its connection for good, without
+// reconnecting, when a response ends after a block that holds nothing but
+// comments, so the text after the last event always holds a field.
 //
 // A Handler is safe for concurrent use once its fields are set; they must
 // not change while it serves. Its zero value answers 404 to everything
@@ -52,15 +68,32 @@ type Handler struct {
 	Logger *slog.Logger
 	// Retry is the SSE reconnection delay sent first; 0 means DefaultRetry.
 	Retry time.Duration
-	// Heartbeat is the idle time before a comment line; 0 means
-	// DefaultHeartbeat.
+	// Heartbeat is the idle time before a heartbeat line (the retry: line
+	// again, or a ":" comment; see above); 0 means DefaultHeartbeat.
 	Heartbeat time.Duration
 	// WriteTimeout bounds each write and flush; 0 means DefaultWriteTimeout.
 	WriteTimeout time.Duration
-	// Subscribe subscribes a request to the bus Lookup returned; nil means
-	// bus.Subscribe. A backplane sets it, to answer resumes from its shared
-	// log. It must return a subscription or an error.
-	Subscribe func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error)
+	// RetryJitter spreads reconnections: each connection's retry: is Retry
+	// plus a random delay in [0, RetryJitter], drawn per connection, so that
+	// the clients of a daemon that restarts do not all come back at once.
+	// 0 means Retry/2 (DefaultRetryJitterRatio); a negative value means
+	// none, every connection gets exactly Retry.
+	RetryJitter time.Duration
+	// EpochIDs makes the SSE id: line of every event "<epoch>:<N>" (the
+	// bus epoch, a colon, the decimal id) instead of "N". A browser's
+	// EventSource sends the last id back by itself on reconnect, but it
+	// cannot send an Event-Epoch header; with EpochIDs its Last-Event-ID
+	// names the epoch, so a cursor from before a daemon restart (or a
+	// DELETE and re-creation of the session) is answered with epoch_reset
+	// instead of being taken for a cursor of the new epoch. The envelope's
+	// "id" stays the number. Off by default: the wire is then SPEC 10's
+	// "id: N", which every SSE client reads as an opaque string either way.
+	// The handler accepts both forms whatever this setting is.
+	EpochIDs bool
+	// CORS, when set, lets pages of other origins open the stream (see
+	// CORS). nil: no CORS headers but Access-Control-Expose-Headers, no
+	// preflight (OPTIONS is 405), no origin check.
+	CORS *CORS
 }
 
 func (h *Handler) logger() *slog.Logger {
@@ -77,10 +110,35 @@ func orDefault(d, def time.Duration) time.Duration {
 	return def
 }
 
+// DefaultRetryJitterRatio is the Handler's default RetryJitter as a
+// fraction of its Retry.
+const DefaultRetryJitterRatio = 0.5
+
+// retryMillis is the retry: value of one connection, in milliseconds.
+func (h *Handler) retryMillis() int64 {
+	retry := orDefault(h.Retry, DefaultRetry)
+	jitter := h.RetryJitter
+	if jitter == 0 {
+		jitter = time.Duration(float64(retry) * DefaultRetryJitterRatio)
+	}
+	ms := retry.Milliseconds()
+	if j := jitter.Milliseconds(); j > 0 {
+		ms += rand.Int64N(j + 1)
+	}
+	return ms
+}
+
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.CORS != nil && !h.CORS.handle(w, r) {
+		return // a preflight, or an origin it refuses: answered
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
+		allow := "GET, HEAD"
+		if h.CORS != nil {
+			allow = "GET, HEAD, OPTIONS"
+		}
+		w.Header().Set("Allow", allow)
 		writeJSONError(w, http.StatusMethodNotAllowed, "method not allowed", "method_not_allowed", 0)
 		return
 	}
@@ -97,9 +155,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			raw = v[0]
 		}
 	}
+	idEpoch := ""
 	if raw != "" {
-		if id, ok := ParseLastEventID(raw); ok {
-			opts.Resume, opts.LastEventID = true, id
+		if epoch, id, ok := ParseEventID(raw); ok {
+			opts.Resume, opts.LastEventID, idEpoch = true, id, epoch
 		} else {
 			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed Last-Event-ID, serving live only",
 				slog.String("value", strconv.Quote(truncate(raw, 64))))
@@ -108,6 +167,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	opts.Epoch = r.Header.Get("Event-Epoch")
 	if opts.Epoch == "" {
 		opts.Epoch = query.Get("epoch")
+	}
+	if idEpoch != "" {
+		switch {
+		case opts.Epoch == "" || len(opts.Epoch) > 64: // an epoch the bus would ignore
+			opts.Epoch = idEpoch
+		case opts.Epoch != idEpoch:
+			// Two epochs for one cursor: neither can be trusted to resume.
+			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: Event-Epoch and the epoch in Last-Event-ID disagree, serving live only",
+				slog.String("value", strconv.Quote(truncate(raw, 64))), slog.String("epoch", strconv.Quote(truncate(opts.Epoch, 64))))
+			opts.Resume, opts.LastEventID, opts.Epoch = false, 0, ""
+		}
 	}
 	if v := query["types"]; len(v) > 0 {
 		for _, list := range v {
@@ -160,14 +230,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	subscribe := h.Subscribe
-	if subscribe == nil {
-		subscribe = func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error) {
-			return bus.Subscribe(ctx, opts)
-		}
-	}
 	// The subscription watches the request context only while subscribing
-	// (a backplane's remote read must stop when the client leaves). After
+	// (a fed bus's read of its log must stop when the client leaves). After
 	// that the handler ends it itself: it waits on r.Context() in serve,
 	// and on a failed write decides between cancelled and blocked. Left to
 	// the context, the net/http cancellation that follows every failed
@@ -179,7 +243,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
 		cancelSub() // at once: AfterFunc calls it on another goroutine
 	}
-	sub, err := subscribe(subCtx, bus, opts)
+	sub, err := bus.Subscribe(subCtx, opts)
 	unwatch()
 	if err != nil {
 		var limit *SubscriberLimitError
@@ -200,8 +264,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rc:      http.NewResponseController(w),
 		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
 	}
-	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), orDefault(h.Retry, DefaultRetry).Milliseconds(), 10)
-	s.buf = append(s.buf, "\n\n"...)
+	if h.EpochIDs {
+		s.idPrefix = make([]byte, 0, len(headID)+len(bus.Epoch())+1)
+		s.idPrefix = append(append(append(s.idPrefix, headID...), bus.Epoch()...), ':')
+	}
+	// No blank line after it: a block of its own would be an empty event
+	// in lenient clients (see the type's doc).
+	s.retry = h.retryMillis()
+	s.appendRetry()
 	if err := s.flushBatch(); err != nil {
 		h.dropBlocked(r.Context(), sub, &s, err)
 		return
@@ -217,12 +287,12 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		// tell the client, log it, and end this stream only.
 		if p := recover(); p != nil {
 			h.logger().LogAttrs(ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-			s.buf = StreamErrorFrame("internal error", "internal").AppendSSE(s.buf[:0])
+			s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
 			_ = s.flushBatch()
 		}
 	}()
-	heartbeat := orDefault(h.Heartbeat, DefaultHeartbeat)
-	timer := time.NewTimer(heartbeat)
+	idle := orDefault(h.Heartbeat, DefaultHeartbeat)
+	timer := time.NewTimer(idle)
 	defer timer.Stop()
 	var frames []Frame
 	for {
@@ -241,9 +311,11 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		taken := len(frames)
 		clear(frames) // do not pin delivered frames while idle
 		if !open && !terminal && ctx.Err() == nil {
-			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) {
-				// Ended for a reason the client would not otherwise learn.
-				s.add(StreamErrorFrame(err.Error(), "internal"))
+			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
+				// Ended for a reason the client would not otherwise learn
+				// (an eviction and CloseWithError queue their own terminal
+				// frame).
+				s.add(StreamErrorFrame(err.Error(), ErrorKindInternal))
 			}
 		}
 		if len(s.buf) > 0 || s.pending {
@@ -251,7 +323,8 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 				h.dropBlocked(ctx, sub, s, err)
 				return
 			}
-			timer.Reset(heartbeat)
+			s.tailField = false // every frame ends with a blank line
+			timer.Reset(idle)
 		}
 		// Delivered only once written and flushed: the frames of a failed
 		// batch are counted as dropped (blocked) instead, never as both.
@@ -271,12 +344,16 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		select {
 		case <-sub.Ready():
 		case <-timer.C:
-			s.buf = append(s.buf, ": heartbeat\n\n"...)
+			if s.tailField {
+				s.buf = append(s.buf, heartbeat...)
+			} else {
+				s.appendRetry()
+			}
 			if err := s.flushBatch(); err != nil {
 				h.dropBlocked(ctx, sub, s, err)
 				return
 			}
-			timer.Reset(heartbeat)
+			timer.Reset(idle)
 		case <-ctx.Done():
 			return // the deferred Close cancels without drain
 		}
@@ -299,18 +376,33 @@ func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream,
 	sub.cancelBlocked(s.frames, err)
 }
 
+// heartbeat is the idle keep-alive once the stream's tail holds a field:
+// one comment line, without a blank line after it (see Handler), as short
+// as a comment can be, because lenient clients keep such lines until the
+// next event's blank line.
+const heartbeat = ":\n"
+
 // stream batches frames for one response. Every batch is written with one
 // Write when it fits maxBatchBuffer (frames of directWriteSize or more go
-// out from their shared bytes) and flushed once, under one write deadline.
+// out from their shared bytes) and flushed once, under one write deadline,
+// which is cleared after the flush.
 type stream struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	timeout time.Duration
 	buf     []byte
-	err     error // the first write error; later writes are skipped
-	pending bool  // written since the last flush
-	armed   bool  // the deadline of this batch is set
-	frames  int   // frames in this batch
+	// idPrefix is "id: <epoch>:" with Handler.EpochIDs, else nil. An
+	// event's shared bytes start with "id: N"; the writer puts idPrefix
+	// in front of the bytes after "id: ", so the frames stay encoded once.
+	idPrefix []byte
+	retry    int64 // this connection's retry:, in milliseconds
+	// tailField: since the last blank line the stream has carried a field
+	// (the retry: line), not only comments (see Handler).
+	tailField bool
+	err       error // the first write error; later writes are skipped
+	pending   bool  // written since the last flush
+	armed     bool  // the deadline of this batch is set
+	frames    int   // frames in this batch
 }
 
 const (
@@ -322,6 +414,13 @@ const (
 	maxBatchBuffer = 1 << 20
 )
 
+// appendRetry adds the connection's retry: line, without a blank line.
+func (s *stream) appendRetry() {
+	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), s.retry, 10)
+	s.buf = append(s.buf, '\n')
+	s.tailField = true
+}
+
 // reserve makes room in the batch buffer for the frames add will copy,
 // in one allocation: growing by doubling while a large batch is copied
 // moved each byte several times and took a fifth of the handler's CPU with
@@ -331,6 +430,9 @@ func (s *stream) reserve(frames []Frame) {
 	for _, f := range frames {
 		if f.Size() < directWriteSize { // larger ones are written directly
 			need += len(f.wire)
+		}
+		if s.idPrefix != nil && f.kind == kindEvent {
+			need += len(s.idPrefix) - len(headID)
 		}
 	}
 	if len(s.buf)+need <= maxBatchBuffer {
@@ -343,15 +445,24 @@ func (s *stream) add(f Frame) {
 	if s.err != nil {
 		return
 	}
+	wire := f.wire
+	prefix := s.idPrefix != nil && f.kind == kindEvent // only events have an id line
+	if prefix {
+		wire = wire[len(headID):]
+	}
 	big := f.Size() >= directWriteSize
-	if big || len(s.buf)+len(f.wire) > maxBatchBuffer {
+	if big || len(s.buf)+len(s.idPrefix)+len(wire) > maxBatchBuffer {
 		s.write(nil)
 	}
+	if prefix {
+		s.buf = append(s.buf, s.idPrefix...)
+	}
 	if big {
-		s.write(f.wire)
+		s.write(nil) // the prefix, if any
+		s.write(wire)
 		return
 	}
-	s.buf = f.AppendSSE(s.buf)
+	s.buf = append(s.buf, wire...)
 }
 
 // write sends p, or the batch buffer when p is nil, under the batch's
@@ -385,12 +496,20 @@ func (s *stream) arm() {
 	}
 }
 
-// flushBatch writes what is buffered, flushes once, and returns the first
-// error of the batch.
+// flushBatch writes what is buffered, flushes once, clears the write
+// deadline, and returns the first error of the batch.
 func (s *stream) flushBatch() error {
 	s.write(nil)
 	if s.err == nil && s.pending {
 		s.err = s.rc.Flush()
+	}
+	if s.err == nil && s.armed {
+		// Go's HTTP/2 server resets a stream when its write deadline passes
+		// even while nothing is being written; an idle stream must have none,
+		// whatever Heartbeat and WriteTimeout are.
+		if err := s.rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			s.err = err
+		}
 	}
 	s.pending, s.armed = false, false
 	if s.err == nil {
@@ -451,6 +570,31 @@ func ParseLastEventID(s string) (uint64, bool) {
 		}
 	}
 	return n, true
+}
+
+// ParseEventID parses a Last-Event-ID value in either form a Handler
+// accepts: "N", as ParseLastEventID, or "<epoch>:<N>", an epoch of exactly
+// 32 lowercase hex digits (what EventBus.Epoch returns), a colon and N as
+// before, which is what the id: lines carry with Handler.EpochIDs. It
+// returns the epoch ("" for the plain form, else a substring of s), the id,
+// and whether s is valid. Anything else reports false: another epoch
+// length, upper-case hex, a space, a sign, an empty id, a second colon. It
+// never allocates. Clients that keep their own cursor apply the same rule.
+func ParseEventID(s string) (epoch string, id uint64, ok bool) {
+	const epochLen = 32
+	if len(s) > epochLen && s[epochLen] == ':' {
+		for i := 0; i < epochLen; i++ {
+			if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return "", 0, false
+			}
+		}
+		epoch, s = s[:epochLen], s[epochLen+1:]
+	}
+	id, ok = ParseLastEventID(s)
+	if !ok {
+		return "", 0, false
+	}
+	return epoch, id, true
 }
 
 // parseMaxQueued applies SPEC 10's rules to the maxQueued values of a query.
