@@ -3,6 +3,7 @@ package sseclient_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -16,6 +17,14 @@ import (
 const waitLong = 20 * time.Second
 
 func newClient(url string) *sseclient.Client { return &sseclient.Client{URL: url} }
+
+// bothIDForms runs f against a Handler with plain ids ("id: N") and with
+// epoch ids ("id: <epoch>:<N>").
+func bothIDForms(t *testing.T, f func(t *testing.T, epochIDs bool)) {
+	for _, epochIDs := range []bool{false, true} {
+		t.Run(fmt.Sprint("EpochIDs=", epochIDs), func(t *testing.T) { f(t, epochIDs) })
+	}
+}
 
 // stallAtFirstEvent starts c with a recorder whose OnEvent stops reading at
 // event 1 until release is closed: the server's writes then block and its
@@ -48,104 +57,114 @@ func startOpen(t *testing.T, c *sseclient.Client, rcs ...*recorder) *recorder {
 }
 
 func TestLiveThenCleanCutResumesWithoutGapOrDuplicate(t *testing.T) {
-	s := newServer(t, serverConfig{})
-	c := &sseclient.Client{URL: s.url("a")}
-	rc := startOpen(t, c)
-	for i := 1; i <= 3; i++ {
-		s.publish("a", "note", map[string]int{"i": i})
-	}
-	rc.wait(t, "3 events", waitLong, func() bool { return len(rc.events) == 3 })
-	epoch := s.bus("a").Epoch()
-	if e, id, ok := c.Cursor(); e != epoch || id != 3 || !ok {
-		t.Fatalf("Cursor() = %q %d %v, want %q 3 true", e, id, ok, epoch)
-	}
-	var d struct{ I int }
-	data(t, rc.snap().events[2], &d)
-	if d.I != 3 || rc.snap().events[2].Epoch != epoch || rc.snap().events[2].Type != "note" || rc.snap().events[2].ServerTimestamp == 0 {
-		t.Fatalf("event 3 = %+v", rc.snap().events[2])
-	}
+	bothIDForms(t, func(t *testing.T, epochIDs bool) {
+		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) { h.EpochIDs = epochIDs }})
+		c := &sseclient.Client{URL: s.url("a")}
+		rc := startOpen(t, c)
+		for i := 1; i <= 3; i++ {
+			s.publish("a", "note", map[string]int{"i": i})
+		}
+		rc.wait(t, "3 events", waitLong, func() bool { return len(rc.events) == 3 })
+		epoch := s.bus("a").Epoch()
+		if e, id, ok := c.Cursor(); e != epoch || id != 3 || !ok {
+			t.Fatalf("Cursor() = %q %d %v, want %q 3 true", e, id, ok, epoch)
+		}
+		var d struct{ I int }
+		data(t, rc.snap().events[2], &d)
+		if d.I != 3 || rc.snap().events[2].Epoch != epoch || rc.snap().events[2].Type != "note" || rc.snap().events[2].ServerTimestamp == 0 {
+			t.Fatalf("event 3 = %+v", rc.snap().events[2])
+		}
 
-	if n := s.cut("a", nil); n != 1 {
-		t.Fatalf("cut %d streams", n)
-	}
-	rc.wait(t, "replay_complete", waitLong, func() bool { return len(rc.caught) == 1 })
-	if got := rc.snap().caught[0]; got.ReplayedCount != 0 || got.Epoch != epoch {
-		t.Fatalf("caught up %+v", got)
-	}
-	for i := 4; i <= 6; i++ {
-		s.publish("a", "note", map[string]int{"i": i})
-	}
-	rc.wait(t, "6 events", waitLong, func() bool { return len(rc.events) == 6 })
-	wantIDs(t, rc.snap().ids(), seq(1, 6))
-	if got := strings.Join(rc.snap().stateNames(), ","); got != "connecting,open,reconnecting,open" {
-		t.Fatalf("states %s", got)
-	}
-	if len(rc.snap().errs) != 1 || !errors.Is(rc.snap().errs[0], sseclient.ErrStreamCut) {
-		t.Fatalf("errors %v, want one ErrStreamCut", rc.snap().errs)
-	}
+		if n := s.cut("a", nil); n != 1 {
+			t.Fatalf("cut %d streams", n)
+		}
+		rc.wait(t, "replay_complete", waitLong, func() bool { return len(rc.caught) == 1 })
+		if got := rc.snap().caught[0]; got.ReplayedCount != 0 || got.Epoch != epoch {
+			t.Fatalf("caught up %+v", got)
+		}
+		for i := 4; i <= 6; i++ {
+			s.publish("a", "note", map[string]int{"i": i})
+		}
+		rc.wait(t, "6 events", waitLong, func() bool { return len(rc.events) == 6 })
+		wantIDs(t, rc.snap().ids(), seq(1, 6))
+		if got := strings.Join(rc.snap().stateNames(), ","); got != "connecting,open,reconnecting,open" {
+			t.Fatalf("states %s", got)
+		}
+		if len(rc.snap().errs) != 1 || !errors.Is(rc.snap().errs[0], sseclient.ErrStreamCut) {
+			t.Fatalf("errors %v, want one ErrStreamCut", rc.snap().errs)
+		}
+	})
 }
 
 func TestAbruptCutResumes(t *testing.T) {
-	s := newServer(t, serverConfig{})
-	c := &sseclient.Client{URL: s.url("a")}
-	rc := startOpen(t, c)
-	for i := 1; i <= 3; i++ {
+	bothIDForms(t, func(t *testing.T, epochIDs bool) {
+		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) { h.EpochIDs = epochIDs }})
+		c := &sseclient.Client{URL: s.url("a")}
+		rc := startOpen(t, c)
+		for i := 1; i <= 3; i++ {
+			s.publish("a", "note", nil)
+		}
+		rc.wait(t, "3 events", waitLong, func() bool { return len(rc.events) == 3 })
+		// Every connection closed at once, as a failing load balancer would.
+		s.srv.CloseClientConnections()
 		s.publish("a", "note", nil)
-	}
-	rc.wait(t, "3 events", waitLong, func() bool { return len(rc.events) == 3 })
-	// Every connection closed at once, as a failing load balancer would.
-	s.srv.CloseClientConnections()
-	s.publish("a", "note", nil)
-	rc.wait(t, "resumed", waitLong, func() bool { return len(rc.caught) == 1 && len(rc.events) == 4 })
-	s.publish("a", "note", nil)
-	rc.wait(t, "5 events", waitLong, func() bool { return len(rc.events) == 5 })
-	wantIDs(t, rc.snap().ids(), seq(1, 5))
-	if !rc.snap().events[3].Replayed || rc.snap().events[4].Replayed {
-		t.Fatalf("replayed flags %v %v", rc.snap().events[3].Replayed, rc.snap().events[4].Replayed)
-	}
+		rc.wait(t, "resumed", waitLong, func() bool { return len(rc.caught) == 1 && len(rc.events) == 4 })
+		s.publish("a", "note", nil)
+		rc.wait(t, "5 events", waitLong, func() bool { return len(rc.events) == 5 })
+		wantIDs(t, rc.snap().ids(), seq(1, 5))
+		if !rc.snap().events[3].Replayed || rc.snap().events[4].Replayed {
+			t.Fatalf("replayed flags %v %v", rc.snap().events[3].Replayed, rc.snap().events[4].Replayed)
+		}
+	})
 }
 
 func TestRestartIsAnEpochResetNeverASilentJoin(t *testing.T) {
-	s := newServer(t, serverConfig{})
-	g := newGate(http.DefaultTransport.(*http.Transport).Clone())
-	hc := &http.Client{Transport: g}
-	defer g.next.(*http.Transport).CloseIdleConnections()
-	for i := 1; i <= 3; i++ {
-		s.publish("a", "note", nil)
-	}
-	c := &sseclient.Client{URL: s.url("a"), HTTPClient: hc}
-	rc := startOpen(t, c)
-	s.publish("a", "note", map[string]int{"gen": 1})
-	rc.wait(t, "event 4", waitLong, func() bool { return len(rc.events) == 1 })
-	old := s.bus("a").Epoch()
-
-	g.hold()
-	s.restart()
-	// The new epoch is past the client's cursor (4) already: a resume by
-	// number alone would join it at 5.
-	for i := 1; i <= 6; i++ {
-		s.publish("a", "note", map[string]int{"gen": 2})
-	}
-	g.release()
-	rc.wait(t, "resumed in the new epoch", waitLong, func() bool { return len(rc.caught) == 1 })
-	if len(rc.snap().resyncs) != 1 {
-		t.Fatalf("resyncs %+v", rc.snap().resyncs)
-	}
-	rs := rc.snap().resyncs[0]
-	fresh := s.bus("a").Epoch()
-	if rs.Reason != "epoch_reset" || rs.Detail != "epoch_mismatch" || rs.PreviousEpoch != old || rs.Epoch != fresh || rs.LastDeliveredID != 4 || !rs.Missing.Empty() {
-		t.Fatalf("resync %+v", rs)
-	}
-	wantIDs(t, rc.snap().ids(), append([]uint64{4}, seq(1, 6)...))
-	for _, e := range rc.snap().events[1:] {
-		if e.Epoch != fresh || !e.Replayed {
-			t.Fatalf("event %+v", e)
+	bothIDForms(t, func(t *testing.T, epochIDs bool) {
+		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) { h.EpochIDs = epochIDs }})
+		g := newGate(http.DefaultTransport.(*http.Transport).Clone())
+		hc := &http.Client{Transport: g}
+		defer g.next.(*http.Transport).CloseIdleConnections()
+		for i := 1; i <= 3; i++ {
+			s.publish("a", "note", nil)
 		}
-	}
-	q, _ := url.Parse(g.lastURL())
-	if q.Query().Get("lastEventId") != "4" || q.Query().Get("epoch") != old {
-		t.Fatalf("resumed with %s", g.lastURL())
-	}
+		c := &sseclient.Client{URL: s.url("a"), HTTPClient: hc}
+		rc := startOpen(t, c)
+		s.publish("a", "note", map[string]int{"gen": 1})
+		rc.wait(t, "event 4", waitLong, func() bool { return len(rc.events) == 1 })
+		old := s.bus("a").Epoch()
+
+		g.hold()
+		s.restart()
+		// The new epoch is past the client's cursor (4) already: a resume by
+		// number alone would join it at 5.
+		for i := 1; i <= 6; i++ {
+			s.publish("a", "note", map[string]int{"gen": 2})
+		}
+		g.release()
+		rc.wait(t, "resumed in the new epoch", waitLong, func() bool { return len(rc.caught) == 1 })
+		if len(rc.snap().resyncs) != 1 {
+			t.Fatalf("resyncs %+v", rc.snap().resyncs)
+		}
+		rs := rc.snap().resyncs[0]
+		fresh := s.bus("a").Epoch()
+		if rs.Reason != "epoch_reset" || rs.Detail != "epoch_mismatch" || rs.PreviousEpoch != old || rs.Epoch != fresh || rs.LastDeliveredID != 4 || !rs.Missing.Empty() {
+			t.Fatalf("resync %+v", rs)
+		}
+		wantIDs(t, rc.snap().ids(), append([]uint64{4}, seq(1, 6)...))
+		for _, e := range rc.snap().events[1:] {
+			if e.Epoch != fresh || !e.Replayed {
+				t.Fatalf("event %+v", e)
+			}
+		}
+		q, _ := url.Parse(g.lastURL())
+		cursor := "4"
+		if epochIDs {
+			cursor = old + ":4" // the form the server used
+		}
+		if q.Query().Get("lastEventId") != cursor || q.Query().Get("epoch") != old {
+			t.Fatalf("resumed with %s", g.lastURL())
+		}
+	})
 }
 
 func TestEvictionThenResumeLosesNothing(t *testing.T) {

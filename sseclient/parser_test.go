@@ -203,42 +203,50 @@ func TestParserOwnsNothingItReturns(t *testing.T) {
 }
 
 // TestParserReadsTheHandlersWire parses what the real eventbus.Handler
-// writes: retry:, events with ids, a synthetic frame, heartbeats.
+// writes, with both id forms: retry:, events, a synthetic frame, and the
+// heartbeats (the retry: line again after an event, then bare comments),
+// none of them a blank-line block of its own.
 func TestParserReadsTheHandlersWire(t *testing.T) {
-	s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) {
-		h.Retry = 1500 * time.Millisecond
-		h.Heartbeat = 20 * time.Millisecond
-	}})
-	s.publish("a", "note", map[string]string{"x": "\n\ndata: injected"})
-	req, _ := http.NewRequest(http.MethodGet, s.url("a")+"?lastEventId=0", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	p := sseclient.NewParser(resp.Body)
-	var kinds []string
-	for len(kinds) < 5 {
-		m, err := p.Next()
+	for _, epochIDs := range []bool{false, true} {
+		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) {
+			h.Retry, h.RetryJitter = 1500*time.Millisecond, -1
+			h.Heartbeat = 20 * time.Millisecond
+			h.EpochIDs = epochIDs
+		}})
+		s.publish("a", "note", map[string]string{"x": "\n\ndata: injected"})
+		resp, err := http.Get(s.url("a") + "?lastEventId=0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch m.Kind {
-		case sseclient.KindRetry:
-			kinds = append(kinds, fmt.Sprint("retry ", m.Retry))
-		case sseclient.KindComment:
-			kinds = append(kinds, "comment"+m.Comment)
-		case sseclient.KindEvent:
-			kinds = append(kinds, m.Type+" "+m.ID)
-			if m.Type == "note" && !bytes.Contains(m.Data, []byte(`\n\ndata: injected`)) {
-				t.Fatalf("data %s", m.Data)
+		p := sseclient.NewParser(resp.Body)
+		var kinds []string
+		for len(kinds) < 6 {
+			m, err := p.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m.Kind {
+			case sseclient.KindRetry:
+				kinds = append(kinds, fmt.Sprint("retry ", m.Retry))
+			case sseclient.KindComment:
+				kinds = append(kinds, "comment"+m.Comment)
+			case sseclient.KindEvent:
+				kinds = append(kinds, m.Type+" "+m.ID)
+				if m.Type == "note" && !bytes.Contains(m.Data, []byte(`\n\ndata: injected`)) {
+					t.Fatalf("data %s", m.Data)
+				}
 			}
 		}
+		resp.Body.Close()
+		id := "1"
+		if epochIDs {
+			id = s.bus("a").Epoch() + ":1"
+		}
+		if got, want := strings.Join(kinds, ","), "retry 1.5s,note "+id+",replay_complete ,retry 1.5s,comment,comment"; got != want {
+			t.Fatalf("EpochIDs %v: read %s, want %s", epochIDs, got, want)
+		}
 	}
-	if got := strings.Join(kinds, ","); got != "retry 1.5s,note 1,replay_complete ,comment heartbeat,comment heartbeat" {
-		t.Fatalf("read %s", got)
-	}
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 }
 
 // reference is a plain, non-incremental reading of the same rules: split

@@ -519,10 +519,12 @@ export class EventBusClient {
     return r;
   }
 
-  #viaEventSource() {
+  async #viaEventSource() {
     const ES = this.#opts.EventSource ?? globalThis.EventSource;
     const conn = this.#newConn();
     const url = this.#url();
+    if (this.#epoch === null && this.#cursor === null) await this.#probeEpoch(url);
+    if (this.#closed) return this.#result(conn, "closed");
     return new Promise((resolve) => {
       let es;
       let done = false;
@@ -543,7 +545,6 @@ export class EventBusClient {
       es.onopen = () => {
         if (done) return;
         this.#opened(conn, null);
-        if (this.#epoch === null && this.#cursor === null) this.#probeEpoch(url);
       };
       es.onerror = () => {
         // Whatever the browser would do next, the loop decides: close it.
@@ -562,20 +563,35 @@ export class EventBusClient {
     });
   }
 
-  // #probeEpoch learns the epoch of a stream opened by an EventSource, which
-  // cannot read the Event-Epoch header, from a HEAD of the same URL (it
-  // takes no subscriber slot). Without it, a live-only stream with plain
-  // ids would never learn its epoch, and a resume after a daemon restart
-  // could join two epochs. The HEAD can in principle see a newer epoch than
-  // the stream if the session is recreated between the two requests.
-  #probeEpoch(url) {
+  // #probeEpoch learns the epoch of a live-only stream an EventSource is
+  // about to open (it cannot read the Event-Epoch header) from a HEAD of the
+  // same URL, which the handler answers with the stream's headers without
+  // taking a subscriber slot. Without it, a stream with plain ids would
+  // never learn its epoch, and its resume after a daemon restart could join
+  // two epochs. Were the session recreated between the HEAD and the GET, the
+  // next resume would name the older epoch and get an epoch_reset: a
+  // needless resync, never a silent join. A HEAD that fails or takes more
+  // than 5 s is given up; the EventSource opens all the same.
+  async #probeEpoch(url) {
     if (!this.#fetch) return;
-    this.#fetch(url, { method: "HEAD", cache: "no-store", credentials: this.#opts.withCredentials ? "include" : "same-origin" })
-      .then((res) => {
-        const e = res.headers.get("event-epoch");
-        if (res.ok && e && EPOCH.test(e) && this.#epoch === null) this.#epoch = e;
-      })
-      .catch(() => {});
+    const ac = new AbortController();
+    this.#abort = () => ac.abort();
+    const timer = setTimeout(() => ac.abort(), 5000);
+    try {
+      const res = await this.#fetch(url, {
+        method: "HEAD",
+        cache: "no-store",
+        credentials: this.#opts.withCredentials ? "include" : "same-origin",
+        signal: ac.signal,
+      });
+      const e = res.headers.get("event-epoch");
+      if (res.ok && e && EPOCH.test(e) && this.#epoch === null) this.#epoch = e;
+    } catch {
+      // The stream itself will say what is wrong.
+    } finally {
+      clearTimeout(timer);
+      this.#abort = null;
+    }
   }
 
   #record(rec, conn) {

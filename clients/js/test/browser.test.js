@@ -111,8 +111,9 @@ async function serve(target) {
   };
 }
 
-test("in Chromium: EventSource and fetch transports across a clean cut and a daemon restart", { skip, timeout: 120_000 }, async () => {
-  let d = await startDaemon(["-retry", "200ms"]);
+for (const epochIds of [true, false]) test("in Chromium (-epoch-ids=" + epochIds + "): EventSource and fetch transports across a clean cut, an abrupt cut and a daemon restart", { skip, timeout: 120_000 }, async () => {
+  const flags = ["-retry", "200ms", "-epoch-ids=" + epochIds];
+  let d = await startDaemon(flags);
   const port = d.port;
   const page = await serve(() => d.base);
   const profile = mkdtempSync(path.join(os.tmpdir(), "chromium-"));
@@ -131,17 +132,22 @@ test("in Chromium: EventSource and fetch transports across a clean cut and a dae
     // A clean cut: both resume with no gap and no duplicate.
     await d.post("/session/b/disconnect");
     await page.until(() => page.of("es", "caughtUp").length === 1 && page.of("fetch", "caughtUp").length === 1, "both resumed");
-    for (let i = 4; i <= 5; i++) await d.publish("b", "note", { i });
+    await d.publish("b", "note", { i: 4 });
+    await page.until(() => both(4), "4 events in both");
+    // An abrupt cut (the connections reset, as a failing load balancer would).
+    assert.equal((await d.post("/session/b/disconnect?mode=abort")).mode, "abort");
+    await page.until(() => page.of("es", "caughtUp").length === 2 && page.of("fetch", "caughtUp").length === 2, "both resumed again");
+    await d.publish("b", "note", { i: 5 });
     await page.until(() => both(5), "5 events in both");
     for (const c of ["es", "fetch"]) {
       assert.deepEqual(page.ids(c), [1, 2, 3, 4, 5], c);
-      assert.ok(page.of(c, "event").every((e) => e.epoch === epoch1), c + ": the epoch is known (an EventSource learns it from a HEAD)");
+      assert.ok(page.of(c, "event").every((e) => e.epoch === epoch1), c + ": the epoch is known (an EventSource learns it from the id line or a HEAD): " + JSON.stringify(page.of(c, "event").map((e) => e.epoch)) + JSON.stringify(page.forwarded.map((f) => f.method + " " + f.url.search)));
     }
 
     // A restart: the new epoch passes the cursor before the clients come
     // back, yet both report epoch_reset and take the new epoch from id 1.
     await d.stop();
-    d = await startDaemon(["-retry", "200ms"], port);
+    d = await startDaemon(flags, port);
     for (let i = 1; i <= 7; i++) await d.publish("b", "note", { gen: 2, i });
     const epoch2 = (await d.status("b")).body.epoch;
     await page.until(() => both(12), "the new epoch in both");
@@ -159,8 +165,9 @@ test("in Chromium: EventSource and fetch transports across a clean cut and a dae
     const esGets = page.forwarded.filter((f) => f.method === "GET" && !f.headers["x-viewer"]);
     assert.ok(page.of("es", "eventsource").length >= 3, "EventSources opened: " + page.of("es", "eventsource").length);
     assert.ok(esGets.every((f) => f.headers.accept === "text/event-stream"));
-    assert.ok(esGets.some((f) => f.url.searchParams.get("lastEventId") === "5" && f.url.searchParams.get("epoch") === epoch1));
-    assert.ok(page.forwarded.some((f) => f.method === "HEAD"), "the epoch probe");
+    const cursor = (epochIds ? epoch1 + ":" : "") + "5";
+    assert.ok(esGets.some((f) => f.url.searchParams.get("lastEventId") === cursor && f.url.searchParams.get("epoch") === epoch1), "resumed with " + cursor);
+    assert.ok(page.forwarded.some((f) => f.method === "HEAD"), "the epoch probe of the first, live-only stream");
     assert.ok(page.forwarded.filter((f) => f.headers["x-viewer"] === "fetch").length >= 3, "the fetch client sent its header");
     for (const c of ["es", "fetch"]) assert.ok(page.of(c, "error").every((e) => !e.final), c + ": no final error");
   } finally {

@@ -446,9 +446,15 @@ test("EventSource transport: named types, its own reconnects with ?lastEventId=,
 
 test("EventSource transport: a refusal it cannot explain is retried with fetch, which sees the 429's Retry-After", async () => {
   FakeEventSource.instances = [];
-  const srv = await scripted((req, res, n) => {
-    if (n === 1) return jsonError(res, 429, "subscriber_limit_exceeded", { "Retry-After": "1" });
-    if (n === 2) return jsonError(res, 429, "subscriber_limit_exceeded", { "Retry-After": "1" });
+  let gets = 0;
+  const srv = await scripted((req, res) => {
+    if (req.method === "HEAD") {
+      // As the handler does: the stream's headers, a HEAD takes no slot.
+      res.writeHead(200, { "Content-Type": "text/event-stream", "Event-Epoch": EPOCH_A });
+      return res.end();
+    }
+    gets++;
+    if (gets <= 2) return jsonError(res, 429, "subscriber_limit_exceeded", { "Retry-After": "1" });
     open(res, { epoch: EPOCH_A });
     res.write(ev(1, "note", {}, EPOCH_A + ":1"));
   });
@@ -458,7 +464,9 @@ test("EventSource transport: a refusal it cannot explain is retried with fetch, 
     const [first, second] = r.of("error");
     assert.equal(first.kind, "network", "the EventSource only says it failed");
     assert.equal(second.status, 429, "fetch sees the status");
-    assert.ok(srv.requests[2].at - srv.requests[1].at >= 950, "waited for Retry-After");
+    const g = srv.requests.filter((q) => q.method === "GET");
+    assert.ok(g[2].at - g[1].at >= 950, "waited for Retry-After");
+    assert.equal(srv.requests.filter((q) => q.method === "HEAD").length, 1, "one HEAD: its epoch is kept for the next EventSource");
     assert.equal(FakeEventSource.instances.length, 2, "EventSource, fetch, then EventSource again");
     assert.equal(r.client.epoch, EPOCH_A);
   } finally {

@@ -14,21 +14,23 @@ after(async () => {
   await d?.stop();
 });
 
-test("live events, then a clean /disconnect: resumed with no gap and no duplicate", async () => {
-  const r = record(d.base + "/session/cut/events");
+for (const mode of ["clean", "abort"]) test("live events, then a " + mode + " /disconnect: resumed with no gap and no duplicate", async () => {
+  const session = "cut-" + mode;
+  const r = record(d.base + "/session/" + session + "/events");
   try {
     await r.until(() => r.client.state === "open", "open");
-    for (let i = 1; i <= 3; i++) await d.publish("cut", "note", { i });
+    for (let i = 1; i <= 3; i++) await d.publish(session, "note", { i });
     await r.until(() => r.ids().length === 3, "3 events");
     const epoch = r.client.epoch;
     assert.match(epoch, EPOCH, "the epoch comes from the Event-Epoch header");
     assert.deepEqual(r.of("event").map((e) => e.epoch), [epoch, epoch, epoch]);
     assert.deepEqual(r.of("event").map((e) => e.data), [{ i: 1 }, { i: 2 }, { i: 3 }]);
 
-    assert.equal((await d.post("/session/cut/disconnect")).disconnected, 1);
+    const cut = await d.post("/session/" + session + "/disconnect" + (mode === "abort" ? "?mode=abort" : ""));
+    assert.equal(cut.disconnected, 1);
     await r.until(() => r.of("caughtUp").length === 1, "replay_complete after the resume");
     assert.deepEqual(r.of("caughtUp")[0], { replayedCount: 0, lastReplayedEventId: null, lastEventId: null, epoch });
-    for (let i = 4; i <= 6; i++) await d.publish("cut", "note", { i });
+    for (let i = 4; i <= 6; i++) await d.publish(session, "note", { i });
     await r.until(() => r.ids().length === 6, "6 events");
     assert.deepEqual(r.ids(), range(1, 6));
     assert.deepEqual(r.states(), ["connecting", "open", "reconnecting", "open"]);
@@ -95,8 +97,9 @@ test("503 without Retry-After (too many sessions): backoff, then success", async
   }
 });
 
-test("a daemon restart: epoch_reset (epoch_mismatch) and the new epoch's events from id 1, never a silent join", async () => {
-  const dd = await startDaemon(["-retry", "100ms"]);
+for (const epochIds of [true, false]) test("a daemon restart (-epoch-ids=" + epochIds + "): epoch_reset (epoch_mismatch) and the new epoch's events from id 1, never a silent join", async () => {
+  const flags = ["-retry", "100ms", "-epoch-ids=" + epochIds];
+  const dd = await startDaemon(flags);
   const port = dd.port;
   const gate = gatedFetch();
   for (let i = 1; i <= 3; i++) await dd.publish("s", "note", { gen: 1, i });
@@ -112,7 +115,7 @@ test("a daemon restart: epoch_reset (epoch_mismatch) and the new epoch's events 
 
     gate.close();
     await dd.stop();
-    dd2 = await startDaemon(["-retry", "100ms"], port);
+    dd2 = await startDaemon(flags, port);
     // The new epoch is already past the client's cursor (4): with plain ids
     // and no epoch a resume would silently join it at id 5.
     for (let i = 1; i <= 6; i++) await dd2.publish("s", "note", { gen: 2, i });
@@ -132,8 +135,9 @@ test("a daemon restart: epoch_reset (epoch_mismatch) and the new epoch's events 
     assert.ok(newEvents.every((e) => e.epoch === rs[0].epoch && e.data.gen === 2 && e.replayed));
     assert.equal(r.client.epoch, rs[0].epoch);
     assert.equal(r.client.lastEventId, 6);
-    const resumed = gate.requests.at(-1).url;
-    assert.match(resumed, new RegExp("lastEventId=4&epoch=" + oldEpoch));
+    const resumed = new URL(gate.requests.at(-1).url).searchParams;
+    assert.equal(resumed.get("lastEventId"), epochIds ? oldEpoch + ":4" : "4", "the cursor in the server's id form");
+    assert.equal(resumed.get("epoch"), oldEpoch);
   } finally {
     r.client.close();
     await dd.stop();
