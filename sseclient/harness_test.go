@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/pipenet"
 	"github.com/ssebus/eventbus/sseclient"
 )
 
@@ -26,7 +27,7 @@ type server struct {
 	opts    eventbus.Options
 	handler *eventbus.Handler
 	srv     *httptest.Server
-	pipe    *pipeListener // set for in-memory servers (synctest)
+	pipe    *pipenet.Listener // set for in-memory servers (synctest)
 	before  func(w http.ResponseWriter, r *http.Request) bool
 
 	mu      sync.Mutex
@@ -52,7 +53,9 @@ func newServer(t testing.TB, cfg serverConfig) *server {
 	s.handler = &eventbus.Handler{
 		Lookup: func(r *http.Request) (*eventbus.EventBus, error) { return s.bus(r.PathValue("id")), nil },
 		Retry:  20 * time.Millisecond,
-		Logger: quietLogger(),
+		// Exact retry: values, so tests can bound the client's delays.
+		RetryJitter: -1,
+		Logger:      quietLogger(),
 	}
 	if cfg.handler != nil {
 		cfg.handler(s.handler)
@@ -63,7 +66,7 @@ func newServer(t testing.TB, cfg serverConfig) *server {
 	s.srv = httptest.NewUnstartedServer(s.routes())
 	if cfg.pipe {
 		s.srv.Listener.Close()
-		s.pipe = newPipeListener()
+		s.pipe = pipenet.Listen()
 		s.srv.Listener = s.pipe
 	}
 	s.srv.Start()
@@ -202,52 +205,6 @@ func (s *server) restart() {
 	s.srv.Listener = ln
 	s.srv.Start()
 }
-
-// pipeListener is an in-memory net.Listener: connections are net.Pipe
-// pairs, so goroutines blocked on them are durably blocked inside a
-// synctest bubble and its fake clock can advance.
-type pipeListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
-
-func (l *pipeListener) DialContext(ctx context.Context, _, _ string) (net.Conn, error) {
-	srv, cli := net.Pipe()
-	select {
-	case l.conns <- srv:
-		return cli, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-type pipeAddr struct{}
-
-func (pipeAddr) Network() string { return "pipe" }
-func (pipeAddr) String() string  { return "pipe.test:80" }
 
 // recorder collects what a Client reports, for assertions.
 type recorder struct {
