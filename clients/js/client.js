@@ -236,6 +236,7 @@ export class EventBusClient {
   }
 
   async #run() {
+    if (this.#closed) return; // closed before it started
     try {
       if (this.#opts.credentials && !(await this.#refreshCredentials("initial"))) return;
       let forceFetch = false;
