@@ -122,6 +122,14 @@ for (const epochIds of [true, false]) test("in Chromium (-epoch-ids=" + epochIds
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--user-data-dir=" + profile, page.url,
   ], { stdio: "ignore", detached: true }); // its own process group: its helpers end with it
+  const killGroup = () => {
+    try {
+      process.kill(-browser.pid, "SIGKILL");
+    } catch {
+      // already gone
+    }
+  };
+  process.once("exit", killGroup); // should the test die before its cleanup
   try {
     const both = (n) => page.ids("es").length >= n && page.ids("fetch").length >= n;
     await page.until(() => page.of("es", "state").some((s) => s.state === "open") && page.of("fetch", "state").some((s) => s.state === "open"), "both open");
@@ -178,6 +186,7 @@ for (const epochIds of [true, false]) test("in Chromium (-epoch-ids=" + epochIds
       // already gone
     }
     await exited;
+    process.off("exit", killGroup);
     rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
     await page.close();
     await d.stop();

@@ -38,11 +38,20 @@ export function freePort() {
   });
 }
 
+// Every daemon still running when the test process exits (a test that
+// failed before its cleanup, a crash) is killed with it.
+const running = new Set();
+process.on("exit", () => {
+  for (const p of running) p.kill("SIGKILL");
+});
+
 // startDaemon runs sessiond on port (a free one by default) with args and
 // resolves once it listens. stop() sends SIGTERM and waits for the exit.
 export async function startDaemon(args = [], port) {
   port ??= await freePort();
   const proc = spawn(sessiondPath(), ["-addr", "127.0.0.1:" + port, ...args], { stdio: ["ignore", "ignore", "pipe"] });
+  running.add(proc);
+  proc.once("exit", () => running.delete(proc));
   let log = "";
   await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error("sessiond did not start:\n" + log)), 15_000);
