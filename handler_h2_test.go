@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ssebus/eventbus/internal/pipenet"
 )
 
 // HTTP/2 streaming on the fake clock: an h2c (prior knowledge) server and
@@ -19,55 +19,11 @@ import (
 // synctest bubble, so that deadlines, heartbeats and idle periods of
 // minutes take no time and fire exactly.
 
-// pipeListener is a net.Listener whose connections are net.Pipe ends.
-type pipeListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
-
-func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
-	server, client := net.Pipe()
-	select {
-	case l.conns <- server:
-		return client, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-type pipeAddr struct{}
-
-func (pipeAddr) Network() string { return "pipe" }
-func (pipeAddr) String() string  { return "pipe" }
-
 // h2cEnv serves h on an h2c server inside the current synctest bubble and
 // returns a client that speaks HTTP/2 with prior knowledge. Cleanup closes
 // both, so the bubble's goroutines end.
 func h2cEnv(t *testing.T, h http.Handler) *http.Client {
-	ln := newPipeListener()
+	ln := pipenet.Listen()
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: h, Protocols: &p}
@@ -76,7 +32,7 @@ func h2cEnv(t *testing.T, h http.Handler) *http.Client {
 		defer close(served)
 		_ = srv.Serve(ln)
 	}()
-	tr := &http.Transport{Protocols: &p, DialContext: ln.dial}
+	tr := &http.Transport{Protocols: &p, DialContext: ln.DialContext}
 	t.Cleanup(func() {
 		tr.CloseIdleConnections()
 		_ = srv.Close()
