@@ -3,54 +3,148 @@ package eventbus
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
-
-	"github.com/ssebus/eventbus/internal/seam"
+	"sync"
+	"time"
 )
 
-// The backplane seams (see internal/seam): a mirror bus takes its ids and
-// epoch from a shared log instead of assigning them, and answers resumes
-// its ring cannot from that log.
-func init() {
-	seam.NewMirror = func(opts any, epoch string, next uint64) (any, error) {
-		b, err := New(opts.(Options))
-		if err != nil {
-			return nil, err
-		}
-		if epoch != "" {
-			b.epoch = epoch
-		}
-		b.mirror = true
-		b.nextID = max(next, 1)
-		b.lastID.Store(b.nextID - 1)
-		return b, nil
-	}
-	seam.EncodeTail = func(bus, event any) (string, []byte, error) {
-		b := bus.(*EventBus)
-		e := event.(Event)
-		p, err := b.encode(e)
-		if err != nil {
-			b.rejected(e.Type, err)
-			return "", nil, err
-		}
-		return e.Type, p.buf[p.head : len(p.buf)-2], nil
-	}
-	seam.Append = func(bus any, e seam.Entry) error { return bus.(*EventBus).appendEntry(e) }
-	seam.Subscribe = func(bus any, ctx context.Context, opts any, h seam.History) (any, error) {
-		return bus.(*EventBus).subscribe(ctx, opts.(SubscribeOptions), h)
-	}
+// A backplane shares one session's events between the replicas of a daemon:
+// a log in a real engine (Redis Streams, PostgreSQL, ...) numbers them, and
+// each replica feeds a local bus from that log. This file is the seam it
+// plugs into, with three parts:
+//
+//   - NewFed makes a bus whose epoch and ids come from the log; the
+//     backplane's reader feeds it with Append, in id order.
+//   - Log is what the bus asks the log for: history for a resume its ring
+//     cannot answer, and the log's head when a client resumes from an id
+//     this replica has not been fed yet.
+//   - Encoder validates and encodes an event as Publish would, without an
+//     id, so the backplane can number it in the log.
+//
+// Everything else (queues, warnings, evictions, replay rules, the Handler)
+// is the bus's own and works on a fed bus unchanged.
+
+// LogEntry is one already-numbered event of a shared log: its id, its type
+// and its complete JSON envelope, with "id" (EncodedEvent.Envelope builds
+// it).
+type LogEntry struct {
+	ID   uint64
+	Type string
+	JSON []byte
 }
 
-// errMirror is returned by Publish on a bus fed by a backplane. Signal
-// still works there and delivers locally: signals carry no id, so a
-// backplane spreads them by calling Signal on every replica's bus.
-var errMirror = errors.New("eventbus: this bus is fed by a backplane; publish through the backplane")
+// HistoryRequest asks a Log for the entries a resume needs.
+type HistoryRequest struct {
+	// After and Upto bound the ids wanted: After < id <= Upto.
+	After, Upto uint64
+	// MaxBytes, when positive, lets the log stop after the first entry
+	// that takes the envelope bytes returned past it: the replay stops
+	// there anyway (the replay budget). 0 means every entry is needed (a
+	// filtered resume counts only the entries that match).
+	MaxBytes int
+}
+
+// Log is a shared log as a fed bus sees it: the interface a backplane
+// implements for NewFed. Its methods are called without any bus lock held,
+// on the goroutine of the Subscribe that needs them, and may do I/O; ctx is
+// that subscription's, bounded by FeedOptions.LagTimeout for Head. They
+// must be safe for concurrent use.
+type Log interface {
+	// ReadHistory returns the entries of req's range that the log still
+	// holds, in id order and contiguous, and the first id the log holds
+	// (0 when it holds none). An error means the history cannot be read
+	// now: the subscriber gets state_resync_required (ring_evicted, detail
+	// history_unavailable) and continues live.
+	ReadHistory(ctx context.Context, req HistoryRequest) (entries []LogEntry, first uint64, err error)
+	// Head returns the log's current epoch and the last id it assigned.
+	// A fed bus asks it when a client resumes, in the bus's epoch, from an
+	// id the bus has not been fed yet (the client read it through a
+	// replica whose reader is ahead): when the log holds that id, Subscribe
+	// waits for the feed to deliver it instead of answering epoch_reset.
+	Head(ctx context.Context) (epoch string, last uint64, err error)
+}
+
+// DefaultLagTimeout is FeedOptions.LagTimeout's default.
+const DefaultLagTimeout = 2 * time.Second
+
+// FeedOptions configures a bus fed by a shared log (NewFed).
+type FeedOptions struct {
+	// Epoch is the log's epoch: 32 lowercase hex characters (NewEpoch
+	// makes one). Every replica's bus of the log must use the same.
+	Epoch string
+	// NextID is the id of the next entry the bus will be fed; 0 means 1.
+	// A bus made for a log that already holds entries 1..n starts at n+1.
+	NextID uint64
+	// Log answers resumes the bus's ring cannot; nil means the ring only.
+	Log Log
+	// LagTimeout bounds how long Subscribe waits for the feed to reach a
+	// client's cursor (see Log.Head); 0 means DefaultLagTimeout.
+	LagTimeout time.Duration
+}
+
+// feed is what NewFed adds to a bus.
+type feed struct {
+	log Log
+	lag time.Duration
+
+	mu sync.Mutex
+	// fed is closed at the next Append (or Close) and then forgotten; nil
+	// while nobody waits for the feed (awaitFeed).
+	fed chan struct{}
+}
+
+// NewFed returns a bus whose epoch and ids come from a shared log: the
+// backplane feeds it with Append, and a resume its ring cannot answer is
+// read from fo.Log. Its Publish returns ErrFed (a backplane publishes to
+// its log, and its reader feeds every replica's bus, this one included);
+// Signal delivers to this bus's subscribers only (a backplane spreads
+// signals by calling Signal on every replica). Subscribe, Close, Stats and
+// every other method behave as on a bus made by New.
+//
+// It returns an error wrapping ErrInvalidOption for invalid opts, an epoch
+// that is not 32 lowercase hex characters, or a negative LagTimeout.
+func NewFed(opts Options, fo FeedOptions) (*EventBus, error) {
+	if !validEpoch(fo.Epoch) {
+		return nil, fmt.Errorf("%w: feed epoch %q is not 32 lowercase hex characters", ErrInvalidOption, truncate(fo.Epoch, 64))
+	}
+	if fo.LagTimeout < 0 {
+		return nil, fmt.Errorf("%w: LagTimeout is %v, must not be negative", ErrInvalidOption, fo.LagTimeout)
+	}
+	b, err := New(opts)
+	if err != nil {
+		return nil, err
+	}
+	b.epoch = fo.Epoch
+	b.nextID = max(fo.NextID, 1)
+	b.lastID.Store(b.nextID - 1)
+	b.feed = &feed{log: fo.Log, lag: fo.LagTimeout}
+	if b.feed.lag == 0 {
+		b.feed.lag = DefaultLagTimeout
+	}
+	return b, nil
+}
+
+// validEpoch reports whether e is an epoch token as NewEpoch makes them.
+func validEpoch(e string) bool {
+	if len(e) != 32 {
+		return false
+	}
+	for i := 0; i < len(e); i++ {
+		if c := e[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // entryFrame builds the frame of an already-numbered log entry.
-func entryFrame(e seam.Entry) (Frame, error) {
+func entryFrame(e LogEntry) (Frame, error) {
 	if err := validType(e.Type); err != nil {
 		return Frame{}, err
 	}
@@ -71,8 +165,25 @@ func entryFrame(e seam.Entry) (Frame, error) {
 	return Frame{&frame{wire: b, json: int32(j), kind: kindEvent, id: e.ID, typ: e.Type}}, nil
 }
 
-// appendEntry is Publish for an id the backplane assigned.
-func (b *EventBus) appendEntry(e seam.Entry) error {
+// Append feeds a fed bus (NewFed) one entry of its log: ring, fan-out,
+// warnings and evictions exactly as Publish, with the log's id. Entries
+// must come in id order from one goroutine (the backplane's reader). An id
+// below the bus's next id is ignored (a reader that re-read after a
+// reconnect); an id above it is a gap (the log trimmed entries while the
+// reader was away): every subscriber gets state_resync_required
+// (ring_evicted) first, because every one of them missed those entries.
+//
+// Append never blocks on a subscriber. It returns ErrFed on a bus made by
+// New, ErrClosed after Close, and an error wrapping ErrInvalidEvent for an
+// entry whose type is invalid or whose envelope holds CR or LF (nothing is
+// delivered then).
+func (b *EventBus) Append(e LogEntry) error {
+	if b.feed == nil {
+		if b.closedOrZero() {
+			return ErrClosed
+		}
+		return ErrFed
+	}
 	v, err := entryFrame(e)
 	if err != nil {
 		return err
@@ -86,11 +197,9 @@ func (b *EventBus) appendEntry(e seam.Entry) error {
 	}
 	if e.ID < b.nextID {
 		b.mu.Unlock()
-		return nil // already delivered: the reader re-read after a reconnect
+		return nil
 	}
 	if e.ID > b.nextID {
-		// The log lost entries this bus never saw (trimmed while the reader
-		// was away): every subscriber missed them, and must be told.
 		now := b.now()
 		for _, s := range b.subs {
 			if s.behind {
@@ -112,26 +221,93 @@ func (b *EventBus) appendEntry(e seam.Entry) error {
 	b.fanOutLocked(f, e.ID, &out)
 	b.mu.Unlock()
 	b.finish(&out)
+	b.feed.wake()
 	return nil
 }
 
-// replayRemote answers a resume from the backplane's log, outside the lock,
-// for a subscription registered (and held) when the bus's next id was
-// upto+1. The replay goes ahead of the live frames queued meanwhile, so the
+// wake releases the Subscribes waiting for the feed (awaitFeed).
+func (f *feed) wake() {
+	f.mu.Lock()
+	if f.fed != nil {
+		close(f.fed)
+		f.fed = nil
+	}
+	f.mu.Unlock()
+}
+
+// next returns a channel closed at the next Append or Close.
+func (f *feed) next() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fed == nil {
+		f.fed = make(chan struct{})
+	}
+	return f.fed
+}
+
+// awaitFeed waits, at most the feed's LagTimeout, until the bus has been
+// fed the cursor of a resume in its own epoch that it has not reached yet,
+// when the log says it holds that id: the client read it through a replica
+// whose reader is ahead of this one's, and must not get an epoch_reset
+// that it would not get a moment later. A cursor the log does not hold (of
+// an older epoch, or a Head that fails) is left to the replay rules.
+func (b *EventBus) awaitFeed(ctx context.Context, opts SubscribeOptions) {
+	f := b.feed
+	n := opts.LastEventID
+	if f == nil || f.log == nil || !opts.Resume || n <= b.lastID.Load() || epochMismatch(opts, b.epoch) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.lag)
+	defer cancel()
+	epoch, last, err := f.log.Head(ctx)
+	if err != nil || epoch != b.epoch || last < n {
+		return
+	}
+	for b.lastID.Load() < n && !b.closedOrZero() {
+		ch := f.next()
+		if b.lastID.Load() >= n || b.closedOrZero() {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// replayRemote answers a resume from the feed's log, outside the lock, for
+// a subscription registered (and held) when the bus's next id was upto+1.
+// The replay goes ahead of the live frames queued meanwhile, so the
 // hand-over has no gap and no duplicate.
-func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts SubscribeOptions, h seam.History, upto uint64) {
+func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts SubscribeOptions, upto uint64) {
 	var front []*frame
 	push := func(f *frame) { front = append(front, f) }
 	after := opts.LastEventID
 	if epochMismatch(opts, b.epoch) || after > upto {
 		after = 0 // an epoch reset replays the whole log
 	}
-	entries, first, err := h(ctx, after, upto)
+	req := HistoryRequest{After: after, Upto: upto}
+	if len(opts.Types) == 0 {
+		req.MaxBytes = b.opts.ReplayBudgetBytes
+	}
+	var entries []LogEntry
+	var first uint64
+	var err error
+	if upto > after {
+		entries, first, err = b.feed.log.ReadHistory(ctx, req)
+	}
 	frames := make([]Frame, 0, len(entries))
 	for _, e := range entries {
 		f, ferr := entryFrame(e)
-		if ferr != nil || (len(frames) > 0 && e.ID != frames[len(frames)-1].id+1) {
-			err = errors.Join(err, ferr, fmt.Errorf("eventbus: history not contiguous at id %d", e.ID))
+		if ferr == nil && len(frames) > 0 && e.ID != frames[len(frames)-1].id+1 {
+			ferr = fmt.Errorf("eventbus: history not contiguous at id %d", e.ID)
+		}
+		if ferr == nil && (e.ID <= after || e.ID > upto) {
+			ferr = fmt.Errorf("eventbus: history entry %d outside (%d, %d]", e.ID, after, upto)
+		}
+		if ferr != nil {
+			err = errors.Join(err, ferr)
 			break
 		}
 		frames = append(frames, f)
@@ -159,4 +335,45 @@ func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts Subsc
 		s.progress.Store(now)
 	}
 	b.mu.Unlock()
+}
+
+// MaxIdempotencyKeyBytes bounds an idempotency key (CheckIdempotencyKey).
+const MaxIdempotencyKeyBytes = 255
+
+// CheckIdempotencyKey checks an idempotency key with the rule every
+// backplane and demo daemon applies: 1 to MaxIdempotencyKeyBytes bytes of
+// printable ASCII (0x20 to 0x7E). It returns nil or an error wrapping
+// ErrInvalidIdempotencyKey. Idempotent publish itself is a backplane's
+// (redisbus.PublishIdempotent): within its window, a publish with a key
+// already used appends nothing and answers the first publish's id.
+func CheckIdempotencyKey(key string) error {
+	if len(key) == 0 || len(key) > MaxIdempotencyKeyBytes {
+		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidIdempotencyKey, len(key), MaxIdempotencyKeyBytes)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return fmt.Errorf("%w: byte %d is %#x, want printable ASCII", ErrInvalidIdempotencyKey, i, key[i])
+		}
+	}
+	return nil
+}
+
+// Fingerprint is the identity of e for idempotent publish: a hash (32 hex
+// characters) of its encoding without the id and with serverTimestamp set
+// to 0, so its type, data (compacted: {"a": 1} is {"a":1}), the other _meta
+// keys and originatorClientId count, and the time of the attempt does not.
+// Two attempts with one key and different fingerprints are a reused key
+// (ErrIdempotencyKeyReused). It returns Encode's error for an event
+// Publish would refuse.
+func (enc *Encoder) Fingerprint(e Event) (string, error) {
+	meta := make(map[string]any, len(e.Meta)+1)
+	maps.Copy(meta, e.Meta)
+	meta["serverTimestamp"] = 0
+	e.Meta = meta
+	ev, err := enc.Encode(e)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(ev.Tail)
+	return hex.EncodeToString(sum[:16]), nil
 }

@@ -2,46 +2,58 @@ package eventbus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // fakeLog is a backplane log in memory: entries first..last, numbered by it.
 type fakeLog struct {
-	entries []seam.Entry
+	epoch   string
+	entries []LogEntry
 	calls   int
+	reqs    []HistoryRequest
 	err     error
+	onRead  func() // runs at the start of every ReadHistory
+	onHead  func() // runs at the start of every Head
 }
 
-func (l *fakeLog) add(t *testing.T, b *EventBus, typ string) seam.Entry {
+func (l *fakeLog) add(t *testing.T, typ string) LogEntry {
 	t.Helper()
-	_, tail, err := seam.EncodeTail(b, Event{Type: typ})
+	enc, err := NewEncoder(Options{})
+	require.NoError(t, err)
+	ev, err := enc.Encode(Event{Type: typ})
 	require.NoError(t, err)
 	id := uint64(1)
 	if n := len(l.entries); n > 0 {
 		id = l.entries[n-1].ID + 1
 	}
-	e := seam.Entry{ID: id, Type: typ, JSON: append([]byte(`{"id":`+strconv.FormatUint(id, 10)), tail...)}
+	e := LogEntry{ID: id, Type: typ, JSON: ev.Envelope(id)}
 	l.entries = append(l.entries, e)
 	return e
 }
 
 func (l *fakeLog) trim(keep int) { l.entries = l.entries[len(l.entries)-keep:] }
 
-func (l *fakeLog) history(_ context.Context, after, upto uint64) ([]seam.Entry, uint64, error) {
+func (l *fakeLog) ReadHistory(_ context.Context, req HistoryRequest) ([]LogEntry, uint64, error) {
+	if l.onRead != nil {
+		l.onRead()
+	}
 	l.calls++
+	l.reqs = append(l.reqs, req)
 	if l.err != nil {
 		return nil, 0, l.err
 	}
-	var out []seam.Entry
+	var out []LogEntry
 	for _, e := range l.entries {
-		if e.ID > after && e.ID <= upto {
+		if e.ID > req.After && e.ID <= req.Upto {
 			out = append(out, e)
 		}
 	}
@@ -52,19 +64,35 @@ func (l *fakeLog) history(_ context.Context, after, upto uint64) ([]seam.Entry, 
 	return out, first, nil
 }
 
-func newMirror(t *testing.T, opts Options, epoch string, next uint64) *EventBus {
-	t.Helper()
-	b, err := seam.NewMirror(opts, epoch, next)
-	require.NoError(t, err)
-	t.Cleanup(func() { b.(*EventBus).Close() })
-	return b.(*EventBus)
+func (l *fakeLog) Head(context.Context) (string, uint64, error) {
+	if l.onHead != nil {
+		l.onHead()
+	}
+	if l.err != nil {
+		return "", 0, l.err
+	}
+	last := uint64(0)
+	if n := len(l.entries); n > 0 {
+		last = l.entries[n-1].ID
+	}
+	return l.epoch, last, nil
 }
 
-func subscribeRemote(t *testing.T, b *EventBus, opts SubscribeOptions, h seam.History) *Subscription {
+const testEpoch = "0123456789abcdef0123456789abcdef"
+
+func newFed(t *testing.T, opts Options, next uint64, log Log) *EventBus {
 	t.Helper()
-	s, err := seam.Subscribe(b, context.Background(), opts, h)
+	b, err := NewFed(opts, FeedOptions{Epoch: testEpoch, NextID: next, Log: log})
 	require.NoError(t, err)
-	return s.(*Subscription)
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func subscribe(t *testing.T, b *EventBus, opts SubscribeOptions) *Subscription {
+	t.Helper()
+	s, err := b.Subscribe(context.Background(), opts)
+	require.NoError(t, err)
+	return s
 }
 
 // drainNow returns every frame ready now.
@@ -85,24 +113,21 @@ func summary(fs []Frame) []string {
 	return out
 }
 
-func TestMirrorTakesEpochAndIDsFromTheLog(t *testing.T) {
-	epoch := "0123456789abcdef0123456789abcdef"
-	b := newMirror(t, Options{}, epoch, 41)
-	assert.Equal(t, epoch, b.Epoch())
+func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
+	b := newFed(t, Options{}, 41, nil)
+	assert.Equal(t, testEpoch, b.Epoch())
 	assert.Equal(t, uint64(40), b.LastEventID())
 
 	_, err := b.Publish(Event{Type: "x"})
-	assert.ErrorIs(t, err, errMirror, "ids come from the log, not from Publish")
+	assert.ErrorIs(t, err, ErrFed, "ids come from the log, not from Publish")
 
-	s, err := b.Subscribe(context.Background(), SubscribeOptions{})
-	require.NoError(t, err)
+	s := subscribe(t, b, SubscribeOptions{})
 	log := &fakeLog{}
-	log.entries = []seam.Entry{}
 	for range 41 {
-		log.add(t, b, "tick")
+		log.add(t, "tick")
 	}
-	require.NoError(t, seam.Append(b, log.entries[40]))
-	require.NoError(t, seam.Append(b, log.entries[40]), "a duplicate is ignored")
+	require.NoError(t, b.Append(log.entries[40]))
+	require.NoError(t, b.Append(log.entries[40]), "a duplicate is ignored")
 	fs := drainNow(s)
 	require.Len(t, fs, 1)
 	assert.Equal(t, uint64(41), fs[0].ID())
@@ -110,35 +135,78 @@ func TestMirrorTakesEpochAndIDsFromTheLog(t *testing.T) {
 	assert.Equal(t, uint64(41), b.LastEventID())
 }
 
-func TestMirrorAppendGapSendsRingEvictedResync(t *testing.T) {
-	b := newMirror(t, Options{}, "", 1)
-	s, err := b.Subscribe(context.Background(), SubscribeOptions{})
+func TestNewFedValidates(t *testing.T) {
+	for _, fo := range []FeedOptions{{}, {Epoch: "short"}, {Epoch: strings.ToUpper(testEpoch)}, {Epoch: testEpoch, LagTimeout: -1}} {
+		_, err := NewFed(Options{}, fo)
+		assert.ErrorIs(t, err, ErrInvalidOption, "%+v", fo)
+	}
+	_, err := NewFed(Options{RingSize: -1}, FeedOptions{Epoch: testEpoch})
+	assert.ErrorIs(t, err, ErrInvalidOption)
+
+	b, err := New(Options{})
 	require.NoError(t, err)
+	assert.ErrorIs(t, b.Append(LogEntry{ID: 1, Type: "x", JSON: []byte(`{"id":1}`)}), ErrFed, "a bus made by New numbers its own events")
+	b.Close()
+	assert.ErrorIs(t, b.Append(LogEntry{ID: 1, Type: "x", JSON: []byte(`{"id":1}`)}), ErrClosed)
+
+	f := newFed(t, Options{}, 1, nil)
+	assert.ErrorIs(t, f.Append(LogEntry{ID: 1, Type: "", JSON: []byte(`{}`)}), ErrInvalidEvent)
+	assert.ErrorIs(t, f.Append(LogEntry{ID: 1, Type: "x", JSON: []byte("{\n}")}), ErrInvalidEvent)
+	assert.Zero(t, f.LastEventID(), "a refused entry is not delivered")
+}
+
+func TestEncoderEncodesAsPublish(t *testing.T) {
+	now := func() time.Time { return time.UnixMilli(1719000000000) }
+	enc, err := NewEncoder(Options{Now: now})
+	require.NoError(t, err)
+	b, err := New(Options{Now: now})
+	require.NoError(t, err)
+	defer b.Close()
+	ev := Event{Type: "t", Data: map[string]int{"a": 1}, OriginatorClientID: "c"}
+	e, err := enc.Encode(ev)
+	require.NoError(t, err)
+	f, err := b.Publish(ev)
+	require.NoError(t, err)
+	assert.Equal(t, "t", e.Type)
+	assert.Equal(t, string(f.JSON()), string(e.Envelope(1)))
+
+	_, err = enc.Encode(Event{Type: "a\nb"})
+	assert.ErrorIs(t, err, ErrInvalidEvent)
+	small, err := NewEncoder(Options{MaxEventBytes: 40})
+	require.NoError(t, err)
+	_, err = small.Encode(Event{Type: "t", Data: strings.Repeat("x", 40)})
+	assert.ErrorIs(t, err, ErrEventTooLarge)
+	_, err = NewEncoder(Options{MaxEventBytes: -1})
+	assert.ErrorIs(t, err, ErrInvalidOption)
+}
+
+func TestFedAppendGapSendsRingEvictedResync(t *testing.T) {
+	b := newFed(t, Options{}, 1, nil)
+	s := subscribe(t, b, SubscribeOptions{})
 	log := &fakeLog{}
 	for range 5 {
-		log.add(t, b, "tick")
+		log.add(t, "tick")
 	}
-	require.NoError(t, seam.Append(b, log.entries[0]))
-	require.NoError(t, seam.Append(b, log.entries[4])) // 2..4 lost by the log
+	require.NoError(t, b.Append(log.entries[0]))
+	require.NoError(t, b.Append(log.entries[4])) // 2..4 lost by the log
 	fs := drainNow(s)
 	assert.Equal(t, []string{"1", TypeStateResyncRequired, "5"}, summary(fs))
 	assert.Contains(t, string(fs[1].JSON()), `"reason":"ring_evicted","lastDeliveredId":1,"earliestAvailableId":5`)
 	assert.Equal(t, 1, b.ring.Len(), "the ring restarts at the gap so its ids stay contiguous")
 }
 
-func TestMirrorAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T) {
-	b := newMirror(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp}, "", 1)
-	s, err := b.Subscribe(context.Background(), SubscribeOptions{})
-	require.NoError(t, err)
+func TestFedAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T) {
+	b := newFed(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp}, 1, nil)
+	s := subscribe(t, b, SubscribeOptions{})
 	log := &fakeLog{}
 	for range 10 {
-		log.add(t, b, "tick")
+		log.add(t, "tick")
 	}
 	for _, e := range log.entries[:4] {
-		require.NoError(t, seam.Append(b, e)) // 1, 2 queued; behind at 3
+		require.NoError(t, b.Append(e)) // 1, 2 queued; behind at 3
 	}
-	require.NoError(t, seam.Append(b, log.entries[8])) // 5..8 lost by the log
-	require.NoError(t, seam.Append(b, log.entries[9]))
+	require.NoError(t, b.Append(log.entries[8])) // 5..8 lost by the log
+	require.NoError(t, b.Append(log.entries[9]))
 	var fs []Frame
 	for {
 		more := drainNow(s)
@@ -154,61 +222,130 @@ func TestMirrorAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T)
 }
 
 func TestRemoteResumeReplaysFromTheLogAheadOfLiveFrames(t *testing.T) {
-	b := newMirror(t, Options{}, "", 1)
-	log := &fakeLog{}
+	log := &fakeLog{epoch: testEpoch}
 	for range 10 {
-		log.add(t, b, "tick")
+		log.add(t, "tick")
 	}
 	// This replica saw only 9 and 10.
-	b.nextID = 9
-	require.NoError(t, seam.Append(b, log.entries[8]))
-	require.NoError(t, seam.Append(b, log.entries[9]))
+	b := newFed(t, Options{}, 9, log)
+	require.NoError(t, b.Append(log.entries[8]))
+	require.NoError(t, b.Append(log.entries[9]))
 
 	// A live event arrives while the history is being read: it must come
 	// after the replay, once.
-	hist := func(ctx context.Context, after, upto uint64) ([]seam.Entry, uint64, error) {
-		assert.Equal(t, uint64(3), after)
-		assert.Equal(t, uint64(10), upto)
-		log.add(t, b, "tick")
-		require.NoError(t, seam.Append(b, log.entries[10]))
-		return log.history(ctx, after, upto)
+	log.onRead = func() {
+		log.onRead = nil
+		log.add(t, "tick")
+		require.NoError(t, b.Append(log.entries[10]))
 	}
-	s := subscribeRemote(t, b, SubscribeOptions{Resume: true, LastEventID: 3}, hist)
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3})
 	fs := drainNow(s)
 	assert.Equal(t, []string{"4", "5", "6", "7", "8", "9", "10", TypeReplayComplete, "11"}, summary(fs))
+	require.Len(t, log.reqs, 1)
+	assert.Equal(t, HistoryRequest{After: 3, Upto: 10, MaxBytes: DefaultReplayBudgetBytes}, log.reqs[0])
+
+	log.reqs = nil
+	s = subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Types: []string{"tick"}})
+	assert.Equal(t, []string{"4", "5", "6", "7", "8", "9", "10", "11", TypeReplayComplete}, summary(drainNow(s)))
+	assert.Equal(t, []HistoryRequest{{After: 3, Upto: 11}}, log.reqs, "a filtered resume needs every entry")
+}
+
+func TestResumeAheadOfTheFeedWaitsForIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := &fakeLog{epoch: testEpoch}
+		for range 6 {
+			log.add(t, "tick")
+		}
+		b := newFed(t, Options{}, 1, log)
+		for _, e := range log.entries[:3] {
+			require.NoError(t, b.Append(e))
+		}
+		// The client read 1..5 through a replica whose reader is ahead:
+		// this one's reader delivers 4 and 5 while the resume waits. No
+		// epoch_reset: the resume gets the live 6 after replay_complete.
+		var s *Subscription
+		go func() {
+			var err error
+			s, err = b.Subscribe(context.Background(), SubscribeOptions{Resume: true, LastEventID: 5, Epoch: testEpoch})
+			assert.NoError(t, err)
+		}()
+		synctest.Wait()
+		require.Nil(t, s, "Subscribe waits for the feed")
+		require.NoError(t, b.Append(log.entries[3]))
+		synctest.Wait()
+		require.Nil(t, s, "4 is not the cursor yet")
+		require.NoError(t, b.Append(log.entries[4]))
+		synctest.Wait()
+		require.NotNil(t, s)
+		require.NoError(t, b.Append(log.entries[5]))
+		assert.Equal(t, []string{TypeReplayComplete, "6"}, summary(drainNow(s)))
+
+		// A cursor the log does not hold is of an older epoch: answered
+		// at once, without waiting.
+		start := time.Now()
+		s = subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 50})
+		assert.Zero(t, time.Since(start))
+		assert.Equal(t, TypeStateResyncRequired, drainNow(s)[0].Type())
+	})
+}
+
+func TestResumeAheadOfTheFeedGivesUpAfterLagTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := &fakeLog{epoch: testEpoch}
+		for range 6 {
+			log.add(t, "tick")
+		}
+		b, err := NewFed(Options{}, FeedOptions{Epoch: testEpoch, NextID: 1, Log: log, LagTimeout: time.Second})
+		require.NoError(t, err)
+		defer b.Close()
+		start := time.Now()
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
+		assert.Equal(t, time.Second, time.Since(start), "waited LagTimeout for a reader that never came")
+		assert.Equal(t, TypeStateResyncRequired, drainNow(s)[0].Type())
+
+		// Close releases a waiting Subscribe at once.
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			b.Close()
+		}()
+		start = time.Now()
+		s = subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
+		assert.Equal(t, 100*time.Millisecond, time.Since(start))
+		_, open := s.AppendReady(nil)
+		assert.False(t, open, "an ended subscription")
+	})
 }
 
 func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
-	b := newMirror(t, Options{}, "", 1)
-	log := &fakeLog{}
+	log := &fakeLog{epoch: testEpoch}
 	for range 10 {
-		log.add(t, b, "tick")
+		log.add(t, "tick")
 	}
-	b.nextID = 10
-	require.NoError(t, seam.Append(b, log.entries[9]))
+	b := newFed(t, Options{}, 10, log)
+	require.NoError(t, b.Append(log.entries[9]))
 	log.trim(4) // the log holds 7..10
 
 	t.Run("ring_evicted", func(t *testing.T) {
-		s := subscribeRemote(t, b, SubscribeOptions{Resume: true, LastEventID: 2}, log.history)
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
 		fs := drainNow(s)
 		assert.Equal(t, []string{TypeStateResyncRequired, "7", "8", "9", "10", TypeReplayComplete}, summary(fs))
 		assert.Contains(t, string(fs[0].JSON()), `"reason":"ring_evicted","lastDeliveredId":2,"earliestAvailableId":7`)
 		s.Close()
 	})
 	t.Run("no resync at the boundary", func(t *testing.T) {
-		s := subscribeRemote(t, b, SubscribeOptions{Resume: true, LastEventID: 6}, log.history)
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 6})
 		assert.Equal(t, []string{"7", "8", "9", "10", TypeReplayComplete}, summary(drainNow(s)))
 		s.Close()
 	})
 	t.Run("epoch_reset by cursor", func(t *testing.T) {
-		s := subscribeRemote(t, b, SubscribeOptions{Resume: true, LastEventID: 50}, log.history)
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 50})
 		fs := drainNow(s)
 		assert.Equal(t, []string{TypeStateResyncRequired, "7", "8", "9", "10", TypeReplayComplete}, summary(fs))
 		assert.Contains(t, string(fs[0].JSON()), `"reason":"epoch_reset","lastDeliveredId":50,"earliestAvailableId":7`)
 		s.Close()
 	})
 	t.Run("epoch mismatch", func(t *testing.T) {
-		s := subscribeRemote(t, b, SubscribeOptions{Resume: true, LastEventID: 8, Epoch: "other"}, log.history)
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 8, Epoch: "other"})
 		fs := drainNow(s)
 		assert.Equal(t, []string{TypeStateResyncRequired, "7", "8", "9", "10", TypeReplayComplete}, summary(fs))
 		assert.Contains(t, string(fs[0].JSON()), `"detail":"epoch_mismatch"`)
@@ -216,7 +353,7 @@ func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
 	})
 	t.Run("the local ring answers when it covers the cursor", func(t *testing.T) {
 		calls := log.calls
-		s := subscribeRemote(t, b, SubscribeOptions{Resume: true, LastEventID: 9}, log.history)
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 9})
 		assert.Equal(t, []string{"10", TypeReplayComplete}, summary(drainNow(s)))
 		assert.Equal(t, calls, log.calls, "no remote read")
 		s.Close()
@@ -224,11 +361,10 @@ func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
 }
 
 func TestRemoteResumeHistoryErrorIsAnExplicitResync(t *testing.T) {
-	b := newMirror(t, Options{}, "", 5)
 	log := &fakeLog{err: errors.New("connection refused")}
 	var diags []Diagnostic
-	b.opts.OnDiagnostic = func(d Diagnostic) bool { diags = append(diags, d); return true }
-	s := subscribeRemote(t, b, SubscribeOptions{Resume: true, LastEventID: 1}, log.history)
+	b := newFed(t, Options{OnDiagnostic: func(d Diagnostic) bool { diags = append(diags, d); return true }}, 5, log)
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})
 	fs := drainNow(s)
 	assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, summary(fs))
 	assert.Contains(t, string(fs[0].JSON()), `"reason":"ring_evicted","detail":"history_unavailable","lastDeliveredId":1,"earliestAvailableId":5`)
@@ -256,6 +392,60 @@ func testFrame(id uint64, size int) Frame {
 	for i := range json {
 		json[i] = 'x'
 	}
-	f, _ := entryFrame(seam.Entry{ID: id, Type: "t", JSON: json})
+	f, _ := entryFrame(LogEntry{ID: id, Type: "t", JSON: json})
 	return f
+}
+
+func TestCheckIdempotencyKey(t *testing.T) {
+	for _, k := range []string{"", strings.Repeat("k", 256), "a\nb", "caf\u00e9", "\x7f"} {
+		if !errors.Is(CheckIdempotencyKey(k), ErrInvalidIdempotencyKey) {
+			t.Errorf("%q accepted", k)
+		}
+	}
+	for _, k := range []string{"k", strings.Repeat("k", 255), " ~!"} {
+		if err := CheckIdempotencyKey(k); err != nil {
+			t.Errorf("%q: %v", k, err)
+		}
+	}
+}
+
+func TestEncoderFingerprint(t *testing.T) {
+	enc, err := NewEncoder(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := func(e Event) string {
+		t.Helper()
+		s, err := enc.Fingerprint(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	base := Event{Type: "e", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c"}
+	same := []Event{
+		{Type: "e", Data: json.RawMessage(`{ "a" : 1 }`), OriginatorClientID: "c"},
+		{Type: "e", Data: map[string]int{"a": 1}, OriginatorClientID: "c"},
+		{Type: "e", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c", Meta: map[string]any{"serverTimestamp": 99}},
+	}
+	for _, e := range same {
+		if fp(e) != fp(base) {
+			t.Errorf("%+v differs from %+v", e, base)
+		}
+	}
+	differ := []Event{
+		{Type: "f", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c"},
+		{Type: "e", Data: json.RawMessage(`{"a":2}`), OriginatorClientID: "c"},
+		{Type: "e", OriginatorClientID: "c"},
+		{Type: "e", Data: json.RawMessage(`{"a":1}`)},
+		{Type: "e", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c", Meta: map[string]any{"k": 1}},
+	}
+	for _, e := range differ {
+		if fp(e) == fp(base) {
+			t.Errorf("%+v is taken for %+v", e, base)
+		}
+	}
+	if _, err := enc.Fingerprint(Event{}); !errors.Is(err, ErrInvalidEvent) {
+		t.Errorf("invalid event: %v", err)
+	}
 }

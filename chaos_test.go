@@ -37,8 +37,9 @@ import (
 // a gap, and then the gap is exactly (lastDeliveredId, earliestAvailableId):
 // the next event it receives is earliestAvailableId. Under catch-up a
 // ring_evicted may come in the middle of a stream, from exactly the last
-// event the client has, and the only eviction is catch_up_stalled. Nothing is lost
-// silently. Also checked: every connection starts with "retry: 3000", the
+// event the client has, and the only eviction is catch_up_stalled. Nothing
+// is lost silently. Also checked: every connection starts with "retry:
+// 3000..4500", the
 // Event-Epoch header is the session's, replay_complete comes once per
 // connection with the count of what was replayed, client_evicted is the
 // last frame of its stream, the envelope id equals the SSE id, and no
@@ -332,8 +333,8 @@ func (c *chaosClient) connect(hc *http.Client) bool {
 		c.counts.cut++
 		return true
 	}
-	if err != nil || !fr.retry || fr.data != "3000" {
-		c.failf("first record %+v %v, want retry: 3000", fr, err)
+	if retry, perr := strconv.Atoi(fr.data); err != nil || !fr.retry || perr != nil || retry < 3000 || retry > 4500 {
+		c.failf("first record %+v %v, want retry: 3000 to 4500 (the default jitter)", fr, err)
 		return false
 	}
 	var (
@@ -560,8 +561,8 @@ type chaosFrame struct {
 var errChaosCut = errors.New("stream ended inside a frame")
 
 // chaosReadFrame reads one record of the exact format the handler writes
-// ("retry: N", ": comment", or [id: N] event: T data: J, each followed by
-// a blank line), strictly: anything else is an error. A clean end between
+// ("retry: N" or ":" alone on their line, or [id: N] event: T data: J
+// followed by a blank line), strictly: anything else is an error. A clean end between
 // records is io.EOF; an end inside one is errChaosCut (a dropped writer
 // may stop mid-frame; the client discards it, as EventSource does).
 func chaosReadFrame(br *bufio.Reader) (chaosFrame, error) {
@@ -585,12 +586,12 @@ func chaosReadFrame(br *bufio.Reader) (chaosFrame, error) {
 		return err
 	}
 	switch {
-	case strings.HasPrefix(line, ":"):
+	case line == ":":
 		fr.comment = true
-		return fr, end()
+		return fr, nil
 	case strings.HasPrefix(line, "retry: "):
 		fr.retry, fr.data = true, line[len("retry: "):]
-		return fr, end()
+		return fr, nil
 	case strings.HasPrefix(line, "id: "):
 		id, perr := strconv.ParseUint(line[len("id: "):], 10, 64)
 		if perr != nil || id == 0 {

@@ -33,6 +33,21 @@ var (
 	// invalid SubscribeOptions.Types entry; the message names the filter.
 	ErrInvalidFilter = errors.New("eventbus: invalid type filter")
 
+	// ErrFed is returned by Publish on a bus fed by a shared log (NewFed):
+	// publish through its backplane, which numbers the event in the log.
+	// Append returns it on a bus made by New.
+	ErrFed = errors.New("eventbus: bus is fed by a shared log; publish through its backplane")
+
+	// ErrInvalidIdempotencyKey is wrapped by the error of CheckIdempotencyKey
+	// (and of a backplane's idempotent publish) for a key that is not 1 to
+	// MaxIdempotencyKeyBytes bytes of printable ASCII.
+	ErrInvalidIdempotencyKey = errors.New("eventbus: invalid idempotency key")
+
+	// ErrIdempotencyKeyReused is wrapped by the error of an idempotent
+	// publish (a backplane's, or a daemon's) whose key a publish of a
+	// different event (another Fingerprint) used within the key's window.
+	ErrIdempotencyKeyReused = errors.New("eventbus: idempotency key reused for a different event")
+
 	// ErrEvicted is wrapped by Subscription.Err after the bus evicted the
 	// subscription because its queue overflowed.
 	ErrEvicted = errors.New("eventbus: subscriber evicted")

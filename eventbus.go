@@ -196,7 +196,7 @@ type EventBus struct {
 	ring   ring
 	subs   []*Subscription
 	closed bool
-	mirror bool // ids come from a backplane (set before first use)
+	feed   *feed // set by NewFed: ids, epoch and history come from a shared log
 
 	// Mirrors of guarded state, for lock-free reads.
 	lastID     atomic.Uint64
@@ -204,7 +204,7 @@ type EventBus struct {
 	subscribed atomic.Int64
 
 	stats counters
-	clock wallClock
+	enc   Encoder // Publish's; its clock stamps synthetic frames too
 }
 
 // New returns an open bus configured by opts. It returns an error wrapping
@@ -214,14 +214,22 @@ func New(opts Options) (*EventBus, error) {
 	if err != nil {
 		return nil, err
 	}
-	var e [16]byte
-	_, _ = rand.Read(e[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return &EventBus{
 		opts:   o,
-		epoch:  hex.EncodeToString(e[:]),
+		epoch:  NewEpoch(),
 		nextID: 1,
 		ring:   newRing(o.RingSize, o.RingMaxBytes),
+		enc:    Encoder{maxEventBytes: o.MaxEventBytes, now: o.Now},
 	}, nil
+}
+
+// NewEpoch returns a new epoch token: 32 lowercase hex characters from
+// crypto/rand. New gives every bus one; a backplane makes one per session
+// log and hands it to NewFed. It is safe for concurrent use.
+func NewEpoch() string {
+	var e [16]byte
+	_, _ = rand.Read(e[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(e[:])
 }
 
 // Epoch returns the bus's epoch token: 32 lowercase hex characters from
@@ -241,7 +249,23 @@ func (b *EventBus) SubscriberCount() int { return int(b.subscribed.Load()) }
 // receives what was queued, then the end), including subscriptions never
 // iterated; afterwards Publish returns ErrClosed and Subscribe returns an
 // ended subscription. Close is idempotent, does not block, and returns nil.
-func (b *EventBus) Close() error {
+func (b *EventBus) Close() error { return b.close(nil) }
+
+// CloseWithError is Close for a bus that ends because something failed,
+// such as a backplane whose engine stayed unreachable: every subscription
+// receives what was queued, then a terminal stream_error frame
+// {"error":message,"errorKind":kind} (ErrorKindUnavailable, say), so a
+// client learns why its stream ended and resumes when it reconnects; its
+// Err wraps ErrClosed and names kind and message. Like Close it is
+// idempotent (only the first Close or CloseWithError counts), does not
+// block, and returns nil.
+func (b *EventBus) CloseWithError(kind, message string) error {
+	f := streamErrorFrame(message, kind, b.now())
+	return b.close(&f)
+}
+
+// close is Close, with an optional terminal frame for every subscription.
+func (b *EventBus) close(terminal *Frame) error {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -269,9 +293,16 @@ func (b *EventBus) Close() error {
 	b.stats.ringLen.Store(0)
 	b.stats.ringBytes.Store(0)
 	b.mu.Unlock()
+	if b.feed != nil {
+		b.feed.wake() // a Subscribe waiting for the feed gives up
+	}
+	var why error
+	if terminal != nil {
+		why = fmt.Errorf("%w: %s", ErrClosed, terminal.JSON())
+	}
 	now := int64(0)
 	for i, s := range subs {
-		s.end(nil)
+		s.end(why)
 		if missed != nil && missed[i] != 0 && missed[i] < next {
 			if now == 0 {
 				now = b.now()
@@ -279,6 +310,9 @@ func (b *EventBus) Close() error {
 			if s.q.forcePush(resyncFrame(ReasonRingEvicted, "", missed[i]-1, next, b.epoch, now).ref()) {
 				b.stats.resync(ReasonRingEvicted)
 			}
+		}
+		if terminal != nil {
+			s.q.forcePush(terminal.ref())
 		}
 		s.q.close(true)
 		// The context stays watched while the consumer drains: a later
@@ -301,12 +335,7 @@ func (b *EventBus) logger() *slog.Logger {
 
 // now returns the current Unix milliseconds for stamps and the overflow
 // window: Options.Now when set, else the bus's wall clock.
-func (b *EventBus) now() int64 {
-	if b.opts.Now != nil {
-		return b.opts.Now().UnixMilli()
-	}
-	return b.clock.millis()
-}
+func (b *EventBus) now() int64 { return b.enc.millis() }
 
 // wallClock reads the wall clock in Unix milliseconds from one monotonic
 // reading instead of time.Now's wall and monotonic pair: on virtual
@@ -395,10 +424,10 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 		b.stats.rejClosed.Add(1)
 		return Frame{}, ErrClosed
 	}
-	if b.mirror {
-		return Frame{}, errMirror
+	if b.feed != nil {
+		return Frame{}, ErrFed
 	}
-	p, err := b.encode(e)
+	p, err := b.enc.encode(e, b.lastID.Load()+1)
 	if err != nil {
 		b.rejected(e.Type, err)
 		return Frame{}, err
@@ -450,18 +479,12 @@ func (b *EventBus) Signal(typ, about string) error {
 		b.stats.rejClosed.Add(1)
 		return ErrClosed
 	}
-	if err := validType(typ); err != nil {
+	f, err := b.enc.signal(typ, about)
+	if err != nil {
 		b.rejected(typ, err)
 		return err
 	}
-	now := b.now()
-	f := signalFrame(typ, about, now).ref()
-	if f.size() > b.opts.MaxEventBytes {
-		err := fmt.Errorf("%w: signal of %d bytes, MaxEventBytes is %d", ErrEventTooLarge, f.size(), b.opts.MaxEventBytes)
-		b.rejected(typ, err)
-		return err
-	}
-	out := fanout{now: now}
+	var out fanout // the fan-out reads the clock if a subscriber is behind
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()

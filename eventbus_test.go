@@ -1866,6 +1866,30 @@ func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
 	})
 }
 
+func TestBusCloseWithErrorEndsEverySubscriptionWithATerminalFrame(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newCoreBus(t, Options{})
+		never := coreSubscribe(t, b, SubscribeOptions{})
+		polled := coreSubscribe(t, b, SubscribeOptions{})
+		corePublishN(t, b, 2)
+		require.NoError(t, b.CloseWithError(ErrorKindUnavailable, "backplane unreachable"))
+		require.NoError(t, b.CloseWithError(ErrorKindInternal, "again"), "idempotent")
+		require.NoError(t, b.Close(), "a later Close changes nothing")
+		for _, s := range []*Subscription{never, polled} {
+			fs := coreCollect(s)
+			require.Len(t, fs, 3, "what was queued, then the terminal frame")
+			last := fs[2]
+			assert.True(t, last.Terminal())
+			assert.Equal(t, TypeStreamError, last.Type())
+			assert.Contains(t, string(last.JSON()), `"data":{"error":"backplane unreachable","errorKind":"unavailable"}`)
+			assert.ErrorIs(t, s.Err(), ErrClosed)
+			assert.Contains(t, s.Err().Error(), "unavailable")
+		}
+		_, err := b.Publish(Event{Type: "x"})
+		assert.ErrorIs(t, err, ErrClosed)
+	})
+}
+
 func TestBusCloseIsIdempotent(t *testing.T) {
 	b := newCoreBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{})

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 	"unicode/utf8"
 )
 
@@ -38,6 +39,21 @@ const (
 	ReasonReplayBudgetExceeded = "replay_budget_exceeded"
 	ReasonQueueOverflow        = "queue_overflow"
 	ReasonQueueBytesOverflow   = "queue_bytes_overflow"
+)
+
+// errorKind values of stream_error frames: what a client does next.
+const (
+	// ErrorKindInternal: the server failed; reconnect with backoff.
+	ErrorKindInternal = "internal"
+	// ErrorKindUnavailable: a backplane could not reach its engine past its
+	// bound; reconnect with backoff and resume from the cursor.
+	ErrorKindUnavailable = "unavailable"
+	// ErrorKindReauthenticate: the stream's lifetime ended (a token
+	// expired); get fresh credentials, reconnect at once and resume.
+	ErrorKindReauthenticate = "reauthenticate"
+	// ErrorKindRevoked: access was revoked; reconnect once with fresh
+	// credentials, and take a 401 or 403 then as final.
+	ErrorKindRevoked = "revoked"
 )
 
 type frameKind uint8
@@ -164,14 +180,17 @@ func (f Frame) String() string {
 // {"error":msg,"errorKind":kind}, stamped with the current time. The HTTP
 // handler writes it when a stream must end for a reason other than eviction,
 // close or disconnect.
-func StreamErrorFrame(msg, kind string) Frame {
+func StreamErrorFrame(msg, kind string) Frame { return streamErrorFrame(msg, kind, nowMillis(nil)) }
+
+// streamErrorFrame is StreamErrorFrame stamped with ts.
+func streamErrorFrame(msg, kind string, ts int64) Frame {
 	d := make([]byte, 0, 48+len(msg)+len(kind))
 	d = append(d, `{"error":`...)
 	d = appendJSONString(d, msg)
 	d = append(d, `,"errorKind":`...)
 	d = appendJSONString(d, kind)
 	d = append(d, '}')
-	return syntheticFrame(TypeStreamError, kindTerminal, d, nowMillis(nil))
+	return syntheticFrame(TypeStreamError, kindTerminal, d, ts)
 }
 
 // syntheticFrame builds an id-less frame around pre-encoded data.
@@ -373,6 +392,90 @@ type Event struct {
 	OriginatorClientID string
 }
 
+// Encoder validates and encodes events exactly as Publish does, without
+// assigning an id: the seam for a backplane, which numbers events in its
+// shared log (see NewFed). Make one with NewEncoder.
+//
+// An Encoder is safe for concurrent use. Its zero value is not usable.
+type Encoder struct {
+	maxEventBytes int
+	now           func() time.Time
+	clock         wallClock
+}
+
+// NewEncoder returns an encoder that applies opts' MaxEventBytes and stamps
+// serverTimestamp with opts.Now (nil: the wall clock). It returns an error
+// wrapping ErrInvalidOption when opts are invalid (as New would).
+func NewEncoder(opts Options) (*Encoder, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Encoder{maxEventBytes: o.MaxEventBytes, now: o.Now}, nil
+}
+
+// millis returns the current Unix milliseconds for stamps: the encoder's
+// Now when set, else its wall clock.
+func (enc *Encoder) millis() int64 {
+	if enc.now != nil {
+		return enc.now().UnixMilli()
+	}
+	return enc.clock.millis()
+}
+
+// EncodedEvent is an event encoded by an Encoder, everything but its id.
+type EncodedEvent struct {
+	// Type is the event's type (the SSE event: field).
+	Type string
+	// Tail is the JSON envelope after its leading `{"id":N`: the envelope
+	// of the event numbered N is `{"id":` + N + Tail. It is the caller's.
+	Tail []byte
+}
+
+// Envelope returns the complete JSON envelope of the event numbered id, as
+// a LogEntry's JSON holds it.
+func (e EncodedEvent) Envelope(id uint64) []byte {
+	b := make([]byte, 0, len(headJSON)+maxDigits+len(e.Tail))
+	b = strconv.AppendUint(append(b, headJSON...), id, 10)
+	return append(b, e.Tail...)
+}
+
+// Encode validates e and encodes it as Publish would. It returns an error
+// wrapping ErrInvalidEvent for an event Publish refuses as invalid, and one
+// wrapping ErrEventTooLarge when its envelope, with the shortest id, is
+// above MaxEventBytes (the envelope grows by the id's digits: a backplane
+// that must be exact checks again once it has the id). Encode never
+// panics, also when a MarshalJSON does.
+func (enc *Encoder) Encode(e Event) (EncodedEvent, error) {
+	p, err := enc.encode(e, 1)
+	if err != nil {
+		return EncodedEvent{}, err
+	}
+	end := len(p.buf) - 2 // without the frame's "\n\n"
+	return EncodedEvent{Type: p.typ, Tail: p.buf[p.head:end:end]}, nil
+}
+
+// CheckSignal validates a signal as Signal would, without delivering it: a
+// backplane checks a signal before it spreads it to every replica. It
+// returns an error wrapping ErrInvalidEvent for an invalid type and one
+// wrapping ErrEventTooLarge above MaxEventBytes.
+func (enc *Encoder) CheckSignal(typ, about string) error {
+	_, err := enc.signal(typ, about)
+	return err
+}
+
+// signal builds the frame of a signal, or the error Signal returns.
+func (enc *Encoder) signal(typ, about string) (*frame, error) {
+	if err := validType(typ); err != nil {
+		return nil, err
+	}
+	f := signalFrame(typ, about, enc.millis()).ref()
+	if f.size() > enc.maxEventBytes {
+		return nil, fmt.Errorf("%w: signal of %d bytes, MaxEventBytes is %d", ErrEventTooLarge, f.size(), enc.maxEventBytes)
+	}
+	return f, nil
+}
+
 // encoded is an event encoded outside the bus lock: buf holds the envelope's
 // tail (everything after the id) from offset head, with room before it for
 // the id-dependent head, which frame writes under the lock.
@@ -514,8 +617,9 @@ func validType(t string) error {
 }
 
 // encode validates e and encodes everything of its envelope but the id,
-// outside the bus lock. The result needs one allocation.
-func (b *EventBus) encode(e Event) (encoded, error) {
+// outside the bus lock, sized for an id of next's digits. The result needs
+// one allocation.
+func (enc *Encoder) encode(e Event, next uint64) (encoded, error) {
 	if err := validType(e.Type); err != nil {
 		return encoded{}, err
 	}
@@ -527,9 +631,9 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 	// validates the data anyway.
 	if raw, ok := e.Data.(json.RawMessage); len(e.Meta) == 0 && (e.Data == nil || ok && compactValid(raw)) {
 		var mb [len(kTimestamp) + maxDigits + 1]byte
-		now := b.now()
+		now := enc.millis()
 		meta := strconv.AppendInt(append(mb[:0], kTimestamp...), now, 10)
-		p, err := b.assemble(e, raw, len(raw) > 0, meta)
+		p, err := enc.assemble(e, raw, len(raw) > 0, meta, next)
 		p.now = now
 		return p, err
 	}
@@ -563,7 +667,7 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 			return encoded{}, err
 		}
 	} else {
-		now = b.now()
+		now = enc.millis()
 		s.data = strconv.AppendInt(s.data, now, 10)
 	}
 	if len(e.Meta) > 0 {
@@ -579,7 +683,7 @@ func (b *EventBus) encode(e Event) (encoded, error) {
 			}
 		}
 	}
-	p, err := b.assemble(e, s.data[:dataEnd], hasData, s.data[dataEnd:])
+	p, err := enc.assemble(e, s.data[:dataEnd], hasData, s.data[dataEnd:], next)
 	p.now = now
 	return p, err
 }
@@ -588,8 +692,8 @@ const kTimestamp = `"serverTimestamp":`
 
 // assemble lays e's envelope out in the event's own buffer, given its
 // encoded data (written only with hasData) and the members of its "_meta".
-// It returns ErrEventTooLarge above MaxEventBytes.
-func (b *EventBus) assemble(e Event, data []byte, hasData bool, meta []byte) (encoded, error) {
+// It returns ErrEventTooLarge above MaxEventBytes for an id of next's digits.
+func (enc *Encoder) assemble(e Event, data []byte, hasData bool, meta []byte, next uint64) (encoded, error) {
 	const (
 		vType  = `,"v":1,"type":`
 		kData  = `,"data":`
@@ -613,11 +717,11 @@ func (b *EventBus) assemble(e Event, data []byte, hasData bool, meta []byte) (en
 		tail += len(kOrig) - 1 + len(orig)
 	}
 	// The envelope is {"id":N followed by the tail without its "\n\n". The
-	// id is not known yet; take the digits of the next one, which is exact
-	// for a single publisher and off by at most one byte under a race.
-	size := len(headJSON) + digits(b.lastID.Load()+1) + tail - 2
-	if size > b.opts.MaxEventBytes {
-		return encoded{}, fmt.Errorf("%w: %d bytes encoded, MaxEventBytes is %d", ErrEventTooLarge, size, b.opts.MaxEventBytes)
+	// id is not known yet; Publish passes the next one, which is exact for a
+	// single publisher and off by at most one byte under a race.
+	size := len(headJSON) + digits(next) + tail - 2
+	if size > enc.maxEventBytes {
+		return encoded{}, fmt.Errorf("%w: %d bytes encoded, MaxEventBytes is %d", ErrEventTooLarge, size, enc.maxEventBytes)
 	}
 
 	head := len(headID) + maxDigits + len(headEvent) + len(e.Type) + len(headData) + len(headJSON) + maxDigits

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -21,46 +22,107 @@ var ErrSessionNotFound = errors.New("eventbus: session not found")
 // stream (SPEC section 10), typically on a route such as
 // "GET /session/{id}/events" of an [http.ServeMux].
 //
-// Request rules, checked in this order before subscribing: the writer must
+// Request rules, checked in this order before subscribing: with CORS set, a
+// preflight is answered and an origin it refuses gets 403; the writer must
 // support flushing (else 500); Last-Event-ID comes from the header, or when
 // that is absent or empty from the lastEventId query parameter, and is
-// ASCII digits up to 2^53-1 (anything else is logged and means live only);
-// the epoch comes from the Event-Epoch header or the epoch parameter;
+// either "N" (ASCII digits up to 2^53-1) or "<epoch>:<N>" (see
+// ParseEventID; anything else is logged and means live only); the epoch
+// comes from the Event-Epoch header or the epoch parameter, else from the
+// id (when both are given and differ, that is logged and means live only);
 // types, when present, is a comma-separated list of type filters (see
 // SubscribeOptions.Types; an invalid one is 400 invalid_filter);
 // maxQueued, when present, is one decimal in [16, 2048] (else 400
 // invalid_max_queued); Lookup's ErrSessionNotFound is 404
-// session_not_found; a full bus is 429 subscriber_limit_exceeded with
-// Retry-After: 5. Error bodies are JSON {"error":...,"code":...}.
+// session_not_found and its StatusError the answer that names; then
+// Authorize, when set, decides (its StatusError is the answer: 401, 403,
+// 503...); a full bus is 429 subscriber_limit_exceeded with Retry-After: 5.
+// Error bodies are JSON {"error":...,"code":...}. A HEAD goes through the
+// same checks, Authorize included, and gets the stream's headers without
+// subscribing. A CORS preflight is answered before all of them, without
+// Lookup or Authorize: browsers send a preflight without credentials.
 //
-// The stream starts with the headers and "retry:", then writes every frame
-// that is ready as one batch with one flush, a ": heartbeat" comment after
+// The stream starts with the headers and a "retry:" line, then writes every
+// frame that is ready as one batch with one flush, a heartbeat line after
 // Heartbeat without a write, and sets a write deadline before every write
-// (when the connection supports one): a write that fails or blocks past it
-// cancels the subscription at once. A client disconnect cancels it promptly.
-// The handler starts no goroutine of its own.
+// and clears it after the flush (when the connection supports one): a
+// write that fails or blocks past it cancels the subscription at once, and
+// an idle stream has no deadline, on HTTP/1.1 and HTTP/2 alike. A client
+// disconnect cancels it promptly. The handler starts no goroutine of its
+// own.
+//
+// The retry: line and the heartbeats are never followed by a blank line of
+// their own: a blank line ends an event, and several common clients (r3labs,
+// go-sse, httpx-sse) turn a block without data into an empty event. A
+// conforming parser applies retry: at once and ignores comments; a lenient
+// one reads them as part of the next event's block. The first heartbeat
+// after an event repeats the connection's retry: line, later ones are a
+// bare ":" comment: go-sse (v0.12) ends its connection for good, without
+// reconnecting, when a response ends after a block that holds nothing but
+// comments, so the text after the last event always holds a field.
+//
+// A stream ends by itself when its Grant's lifetime ends (stream_error
+// reauthenticate, after what was queued) and when Revoke names its subject
+// (stream_error revoked); both are checked by the serve loop between
+// batches, with no goroutine and no lock per frame.
 //
 // A Handler is safe for concurrent use once its fields are set; they must
-// not change while it serves. Its zero value answers 404 to everything
-// because it has no Lookup.
+// not change while it serves. It must not be copied after first use. Its
+// zero value answers 404 to everything because it has no Lookup.
 type Handler struct {
 	// Lookup finds the bus of a request, typically by r.PathValue("id").
 	// It returns an error wrapping ErrSessionNotFound (or a nil bus) for an
-	// unknown session; any other error is a 500.
+	// unknown session, and an error that is or wraps a *StatusError for
+	// another answer of its choice (503 with Retry-After when its store is
+	// unreachable, 401 when it checks credentials itself); any other error
+	// is a 500 whose cause is logged, not sent. Lookup runs before
+	// Authorize: a Lookup that creates sessions (or reads a remote store)
+	// should check credentials itself first, or an anonymous client makes
+	// it do that work before Authorize refuses it.
 	Lookup func(r *http.Request) (*EventBus, error)
+	// Authorize, when set, decides whether the request may open the stream
+	// of bus, after the request checks and Lookup and before subscribing
+	// (for a HEAD too; never for a CORS preflight). It is called on the
+	// request's goroutine, once per request, and may block (the client
+	// waits; its context is r.Context()). It returns what the stream may
+	// do: its subject, for Revoke, and when its lifetime ends (see Grant).
+	// An error that is or wraps a *StatusError is answered as that says
+	// (Unauthorized, Forbidden, Unavailable); another error is a 500 whose
+	// cause is logged. nil: every request that passes Lookup is served,
+	// without subject or lifetime.
+	Authorize func(r *http.Request, bus *EventBus) (Grant, error)
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 	// Retry is the SSE reconnection delay sent first; 0 means DefaultRetry.
 	Retry time.Duration
-	// Heartbeat is the idle time before a comment line; 0 means
-	// DefaultHeartbeat.
+	// Heartbeat is the idle time before a heartbeat line (the retry: line
+	// again, or a ":" comment; see above); 0 means DefaultHeartbeat.
 	Heartbeat time.Duration
 	// WriteTimeout bounds each write and flush; 0 means DefaultWriteTimeout.
 	WriteTimeout time.Duration
-	// Subscribe subscribes a request to the bus Lookup returned; nil means
-	// bus.Subscribe. A backplane sets it, to answer resumes from its shared
-	// log. It must return a subscription or an error.
-	Subscribe func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error)
+	// RetryJitter spreads reconnections: each connection's retry: is Retry
+	// plus a random delay in [0, RetryJitter], drawn per connection, so that
+	// the clients of a daemon that restarts do not all come back at once.
+	// 0 means Retry/2 (DefaultRetryJitterRatio); a negative value means
+	// none, every connection gets exactly Retry.
+	RetryJitter time.Duration
+	// EpochIDs makes the SSE id: line of every event "<epoch>:<N>" (the
+	// bus epoch, a colon, the decimal id) instead of "N". A browser's
+	// EventSource sends the last id back by itself on reconnect, but it
+	// cannot send an Event-Epoch header; with EpochIDs its Last-Event-ID
+	// names the epoch, so a cursor from before a daemon restart (or a
+	// DELETE and re-creation of the session) is answered with epoch_reset
+	// instead of being taken for a cursor of the new epoch. The envelope's
+	// "id" stays the number. Off by default: the wire is then SPEC 10's
+	// "id: N", which every SSE client reads as an opaque string either way.
+	// The handler accepts both forms whatever this setting is.
+	EpochIDs bool
+	// CORS, when set, lets pages of other origins open the stream (see
+	// CORS). nil: no CORS headers but Access-Control-Expose-Headers, no
+	// preflight (OPTIONS is 405), no origin check.
+	CORS *CORS
+
+	reg registry // the authorized streams, by subject, for Revoke
 }
 
 func (h *Handler) logger() *slog.Logger {
@@ -77,10 +139,35 @@ func orDefault(d, def time.Duration) time.Duration {
 	return def
 }
 
+// DefaultRetryJitterRatio is the Handler's default RetryJitter as a
+// fraction of its Retry.
+const DefaultRetryJitterRatio = 0.5
+
+// retryMillis is the retry: value of one connection, in milliseconds.
+func (h *Handler) retryMillis() int64 {
+	retry := orDefault(h.Retry, DefaultRetry)
+	jitter := h.RetryJitter
+	if jitter == 0 {
+		jitter = time.Duration(float64(retry) * DefaultRetryJitterRatio)
+	}
+	ms := retry.Milliseconds()
+	if j := jitter.Milliseconds(); j > 0 {
+		ms += rand.Int64N(j + 1)
+	}
+	return ms
+}
+
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.CORS != nil && !h.CORS.handle(w, r) {
+		return // a preflight, or an origin it refuses: answered
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
+		allow := "GET, HEAD"
+		if h.CORS != nil {
+			allow = "GET, HEAD, OPTIONS"
+		}
+		w.Header().Set("Allow", allow)
 		writeJSONError(w, http.StatusMethodNotAllowed, "method not allowed", "method_not_allowed", 0)
 		return
 	}
@@ -97,9 +184,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			raw = v[0]
 		}
 	}
+	idEpoch := ""
 	if raw != "" {
-		if id, ok := ParseLastEventID(raw); ok {
-			opts.Resume, opts.LastEventID = true, id
+		if epoch, id, ok := ParseEventID(raw); ok {
+			opts.Resume, opts.LastEventID, idEpoch = true, id, epoch
 		} else {
 			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed Last-Event-ID, serving live only",
 				slog.String("value", strconv.Quote(truncate(raw, 64))))
@@ -108,6 +196,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	opts.Epoch = r.Header.Get("Event-Epoch")
 	if opts.Epoch == "" {
 		opts.Epoch = query.Get("epoch")
+	}
+	if idEpoch != "" {
+		switch {
+		case opts.Epoch == "" || len(opts.Epoch) > 64: // an epoch the bus would ignore
+			opts.Epoch = idEpoch
+		case opts.Epoch != idEpoch:
+			// Two epochs for one cursor: neither can be trusted to resume.
+			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: Event-Epoch and the epoch in Last-Event-ID disagree, serving live only",
+				slog.String("value", strconv.Quote(truncate(raw, 64))), slog.String("epoch", strconv.Quote(truncate(opts.Epoch, 64))))
+			opts.Resume, opts.LastEventID, opts.Epoch = false, 0, ""
+		}
 	}
 	if v := query["types"]; len(v) > 0 {
 		for _, list := range v {
@@ -143,7 +242,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.Lookup != nil {
 		bus, err = h.Lookup(r)
 	}
+	var se *StatusError
 	switch {
+	case errors.As(err, &se):
+		h.refused(w, r, "eventbus: session lookup refused", se)
+		return
 	case errors.Is(err, ErrSessionNotFound) || (err == nil && bus == nil):
 		writeJSONError(w, http.StatusNotFound, "session not found", "session_not_found", 0)
 		return
@@ -153,6 +256,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	var grant Grant
+	var ls *liveStream
+	if h.Authorize != nil {
+		if r.Method != http.MethodHead {
+			// Filed before Authorize runs, so that a Revoke while it runs
+			// reaches this stream too (see Revoke).
+			ls = h.reg.begin()
+			defer h.reg.remove(ls)
+		}
+		if grant, err = h.Authorize(r, bus); err != nil {
+			if errors.As(err, &se) {
+				h.refused(w, r, "eventbus: authorization refused", se)
+			} else {
+				h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: authorization failed", slog.String("error", err.Error()))
+				writeJSONError(w, http.StatusInternalServerError, "authorization failed", "internal", 0)
+			}
+			return
+		}
+		if !grant.Expires.IsZero() && !time.Now().Before(grant.Expires) {
+			// A stream that would end at once would have its client
+			// reconnect at once, in a loop.
+			writeJSONError(w, http.StatusUnauthorized, "credentials expired", "credentials_expired", 0)
+			return
+		}
+		if ls != nil {
+			h.reg.commit(ls, grant.Subject)
+		}
+	}
+
 	if r.Method == http.MethodHead {
 		// The headers a GET would get, without subscribing: a HEAD takes
 		// no slot of the bus (and is never refused for a full one).
@@ -160,14 +292,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	subscribe := h.Subscribe
-	if subscribe == nil {
-		subscribe = func(ctx context.Context, bus *EventBus, opts SubscribeOptions) (*Subscription, error) {
-			return bus.Subscribe(ctx, opts)
-		}
-	}
 	// The subscription watches the request context only while subscribing
-	// (a backplane's remote read must stop when the client leaves). After
+	// (a fed bus's read of its log must stop when the client leaves). After
 	// that the handler ends it itself: it waits on r.Context() in serve,
 	// and on a failed write decides between cancelled and blocked. Left to
 	// the context, the net/http cancellation that follows every failed
@@ -179,12 +305,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
 		cancelSub() // at once: AfterFunc calls it on another goroutine
 	}
-	sub, err := subscribe(subCtx, bus, opts)
+	sub, err := bus.Subscribe(subCtx, opts)
 	unwatch()
 	if err != nil {
 		var limit *SubscriberLimitError
 		if errors.As(err, &limit) {
 			w.Header().Set("Retry-After", "5")
+			w.Header().Set("Access-Control-Expose-Headers", "Retry-After")
 			writeJSONError(w, http.StatusTooManyRequests, "subscriber limit exceeded", "subscriber_limit_exceeded", limit.Limit)
 			return
 		}
@@ -200,31 +327,91 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rc:      http.NewResponseController(w),
 		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
 	}
-	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), orDefault(h.Retry, DefaultRetry).Milliseconds(), 10)
-	s.buf = append(s.buf, "\n\n"...)
+	if h.EpochIDs {
+		s.idPrefix = make([]byte, 0, len(headID)+len(bus.Epoch())+1)
+		s.idPrefix = append(append(append(s.idPrefix, headID...), bus.Epoch()...), ':')
+	}
+	// No blank line after it: a block of its own would be an empty event
+	// in lenient clients (see the type's doc).
+	s.retry = h.retryMillis()
+	s.appendRetry()
 	if err := s.flushBatch(); err != nil {
 		h.dropBlocked(r.Context(), sub, &s, err)
 		return
 	}
-	h.serve(r.Context(), sub, &s)
+	var ends streamEnds
+	if ls != nil {
+		ends.revoked = ls.revoked
+	}
+	if !grant.Expires.IsZero() {
+		lifetime := time.NewTimer(time.Until(grant.Expires))
+		defer lifetime.Stop()
+		ends.lifetime = lifetime.C
+	}
+	h.serve(r.Context(), sub, &s, ends)
+}
+
+// refused answers a request that Lookup or Authorize refused with se, and
+// logs it: at Warn for a 5xx (something the daemon depends on failed), at
+// Debug otherwise (a client without access is no event of the daemon's).
+func (h *Handler) refused(w http.ResponseWriter, r *http.Request, msg string, se *StatusError) {
+	level := slog.LevelDebug
+	if se.Status >= 500 || se.Status < 400 {
+		level = slog.LevelWarn
+	}
+	h.logger().LogAttrs(r.Context(), level, msg, slog.Int("status", se.Status), slog.String("error", se.Error()))
+	se.ServeHTTP(w, r)
+}
+
+// streamEnds are the ways a stream ends by itself; a nil channel never
+// fires.
+type streamEnds struct {
+	lifetime <-chan time.Time // the Grant's Expires
+	revoked  <-chan struct{}  // closed by Revoke
+}
+
+// endCause is why a stream ends by itself.
+type endCause uint8
+
+const (
+	endNone endCause = iota
+	endLifetime
+	endRevoked
+)
+
+// poll reports whether an end has come, without waiting.
+func (e streamEnds) poll() endCause {
+	if e.lifetime == nil && e.revoked == nil {
+		return endNone
+	}
+	select {
+	case <-e.revoked:
+		return endRevoked
+	case <-e.lifetime:
+		return endLifetime
+	default:
+		return endNone
+	}
 }
 
 // serve is the stream loop: write what is ready as one batch, else wait for
-// frames, the heartbeat or the client going away.
-func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
+// frames, the heartbeat, the end of the stream's lifetime, a revocation or
+// the client going away.
+func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream, ends streamEnds) {
 	defer func() {
 		// A bug must not take the daemon down with a half-written stream:
 		// tell the client, log it, and end this stream only.
 		if p := recover(); p != nil {
 			h.logger().LogAttrs(ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-			s.buf = StreamErrorFrame("internal error", "internal").AppendSSE(s.buf[:0])
+			s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
 			_ = s.flushBatch()
 		}
 	}()
-	heartbeat := orDefault(h.Heartbeat, DefaultHeartbeat)
-	timer := time.NewTimer(heartbeat)
+	idle := orDefault(h.Heartbeat, DefaultHeartbeat)
+	timer := time.NewTimer(idle)
 	defer timer.Stop()
 	var frames []Frame
+	end := endNone
 	for {
 		var open bool
 		// No yield before waiting: between batches the handler writes and
@@ -232,6 +419,19 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		// peer harness's tight-publisher runs the yield gave 10x slower
 		// outliers (BENCHMARKS.md).
 		frames, open = sub.takeReady(frames[:0], false)
+		if end == endNone {
+			// After the take: a batch taken after Revoke returned is never
+			// written.
+			end = ends.poll()
+		}
+		if end == endRevoked {
+			// Access is gone: what was queued is not written. The client's
+			// cursor stays before it, so nothing is lost should it get
+			// access again.
+			sub.bus.stats.dropCancel.Add(uint64(len(frames)))
+			clear(frames)
+			frames = frames[:0]
+		}
 		s.reserve(frames)
 		terminal := false
 		for _, f := range frames {
@@ -240,10 +440,20 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		}
 		taken := len(frames)
 		clear(frames) // do not pin delivered frames while idle
-		if !open && !terminal && ctx.Err() == nil {
-			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) {
-				// Ended for a reason the client would not otherwise learn.
-				s.add(StreamErrorFrame(err.Error(), "internal"))
+		switch {
+		case end == endRevoked && ctx.Err() == nil:
+			s.add(streamErrorFrame(revokedMessage, ErrorKindRevoked, sub.bus.now()))
+			open = false
+		case end == endLifetime && open:
+			// After what was queued: the client resumes after its last id.
+			s.add(streamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate, sub.bus.now()))
+			open = false
+		case !open && !terminal && ctx.Err() == nil:
+			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
+				// Ended for a reason the client would not otherwise learn
+				// (an eviction and CloseWithError queue their own terminal
+				// frame).
+				s.add(StreamErrorFrame(err.Error(), ErrorKindInternal))
 			}
 		}
 		if len(s.buf) > 0 || s.pending {
@@ -251,16 +461,19 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 				h.dropBlocked(ctx, sub, s, err)
 				return
 			}
-			timer.Reset(heartbeat)
+			s.tailField = false // every frame ends with a blank line
+			timer.Reset(idle)
 		}
 		// Delivered only once written and flushed: the frames of a failed
 		// batch are counted as dropped (blocked) instead, never as both.
 		sub.bus.stats.delivered.Add(uint64(taken))
-		if !open {
+		if !open || end != endNone {
 			// net/http still writes the end of the response after we
 			// return (the last chunk); give it a deadline of its own, or
 			// one that expired while the last batch went out would cut the
 			// connection right after a terminal frame the client has read.
+			// (A stream ended by itself returns with its subscription
+			// open: the deferred Close ends it, dropping what came after.)
 			s.armed = false
 			s.arm()
 			return
@@ -271,12 +484,20 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream) {
 		select {
 		case <-sub.Ready():
 		case <-timer.C:
-			s.buf = append(s.buf, ": heartbeat\n\n"...)
+			if s.tailField {
+				s.buf = append(s.buf, heartbeat...)
+			} else {
+				s.appendRetry()
+			}
 			if err := s.flushBatch(); err != nil {
 				h.dropBlocked(ctx, sub, s, err)
 				return
 			}
-			timer.Reset(heartbeat)
+			timer.Reset(idle)
+		case <-ends.lifetime:
+			end = endLifetime
+		case <-ends.revoked:
+			end = endRevoked
 		case <-ctx.Done():
 			return // the deferred Close cancels without drain
 		}
@@ -299,18 +520,33 @@ func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream,
 	sub.cancelBlocked(s.frames, err)
 }
 
+// heartbeat is the idle keep-alive once the stream's tail holds a field:
+// one comment line, without a blank line after it (see Handler), as short
+// as a comment can be, because lenient clients keep such lines until the
+// next event's blank line.
+const heartbeat = ":\n"
+
 // stream batches frames for one response. Every batch is written with one
 // Write when it fits maxBatchBuffer (frames of directWriteSize or more go
-// out from their shared bytes) and flushed once, under one write deadline.
+// out from their shared bytes) and flushed once, under one write deadline,
+// which is cleared after the flush.
 type stream struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	timeout time.Duration
 	buf     []byte
-	err     error // the first write error; later writes are skipped
-	pending bool  // written since the last flush
-	armed   bool  // the deadline of this batch is set
-	frames  int   // frames in this batch
+	// idPrefix is "id: <epoch>:" with Handler.EpochIDs, else nil. An
+	// event's shared bytes start with "id: N"; the writer puts idPrefix
+	// in front of the bytes after "id: ", so the frames stay encoded once.
+	idPrefix []byte
+	retry    int64 // this connection's retry:, in milliseconds
+	// tailField: since the last blank line the stream has carried a field
+	// (the retry: line), not only comments (see Handler).
+	tailField bool
+	err       error // the first write error; later writes are skipped
+	pending   bool  // written since the last flush
+	armed     bool  // the deadline of this batch is set
+	frames    int   // frames in this batch
 }
 
 const (
@@ -322,6 +558,13 @@ const (
 	maxBatchBuffer = 1 << 20
 )
 
+// appendRetry adds the connection's retry: line, without a blank line.
+func (s *stream) appendRetry() {
+	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), s.retry, 10)
+	s.buf = append(s.buf, '\n')
+	s.tailField = true
+}
+
 // reserve makes room in the batch buffer for the frames add will copy,
 // in one allocation: growing by doubling while a large batch is copied
 // moved each byte several times and took a fifth of the handler's CPU with
@@ -331,6 +574,9 @@ func (s *stream) reserve(frames []Frame) {
 	for _, f := range frames {
 		if f.Size() < directWriteSize { // larger ones are written directly
 			need += len(f.wire)
+		}
+		if s.idPrefix != nil && f.kind == kindEvent {
+			need += len(s.idPrefix) - len(headID)
 		}
 	}
 	if len(s.buf)+need <= maxBatchBuffer {
@@ -343,15 +589,24 @@ func (s *stream) add(f Frame) {
 	if s.err != nil {
 		return
 	}
+	wire := f.wire
+	prefix := s.idPrefix != nil && f.kind == kindEvent // only events have an id line
+	if prefix {
+		wire = wire[len(headID):]
+	}
 	big := f.Size() >= directWriteSize
-	if big || len(s.buf)+len(f.wire) > maxBatchBuffer {
+	if big || len(s.buf)+len(s.idPrefix)+len(wire) > maxBatchBuffer {
 		s.write(nil)
 	}
+	if prefix {
+		s.buf = append(s.buf, s.idPrefix...)
+	}
 	if big {
-		s.write(f.wire)
+		s.write(nil) // the prefix, if any
+		s.write(wire)
 		return
 	}
-	s.buf = f.AppendSSE(s.buf)
+	s.buf = append(s.buf, wire...)
 }
 
 // write sends p, or the batch buffer when p is nil, under the batch's
@@ -385,12 +640,20 @@ func (s *stream) arm() {
 	}
 }
 
-// flushBatch writes what is buffered, flushes once, and returns the first
-// error of the batch.
+// flushBatch writes what is buffered, flushes once, clears the write
+// deadline, and returns the first error of the batch.
 func (s *stream) flushBatch() error {
 	s.write(nil)
 	if s.err == nil && s.pending {
 		s.err = s.rc.Flush()
+	}
+	if s.err == nil && s.armed {
+		// Go's HTTP/2 server resets a stream when its write deadline passes
+		// even while nothing is being written; an idle stream must have none,
+		// whatever Heartbeat and WriteTimeout are.
+		if err := s.rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			s.err = err
+		}
 	}
 	s.pending, s.armed = false, false
 	if s.err == nil {
@@ -451,6 +714,31 @@ func ParseLastEventID(s string) (uint64, bool) {
 		}
 	}
 	return n, true
+}
+
+// ParseEventID parses a Last-Event-ID value in either form a Handler
+// accepts: "N", as ParseLastEventID, or "<epoch>:<N>", an epoch of exactly
+// 32 lowercase hex digits (what EventBus.Epoch returns), a colon and N as
+// before, which is what the id: lines carry with Handler.EpochIDs. It
+// returns the epoch ("" for the plain form, else a substring of s), the id,
+// and whether s is valid. Anything else reports false: another epoch
+// length, upper-case hex, a space, a sign, an empty id, a second colon. It
+// never allocates. Clients that keep their own cursor apply the same rule.
+func ParseEventID(s string) (epoch string, id uint64, ok bool) {
+	const epochLen = 32
+	if len(s) > epochLen && s[epochLen] == ':' {
+		for i := 0; i < epochLen; i++ {
+			if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return "", 0, false
+			}
+		}
+		epoch, s = s[:epochLen], s[epochLen+1:]
+	}
+	id, ok = ParseLastEventID(s)
+	if !ok {
+		return "", 0, false
+	}
+	return epoch, id, true
 }
 
 // parseMaxQueued applies SPEC 10's rules to the maxQueued values of a query.

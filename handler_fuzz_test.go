@@ -240,14 +240,18 @@ func FuzzSSEParserSplit(f *testing.F) {
 
 // FuzzHandlerRequest drives the request rules with fuzzed Last-Event-ID,
 // lastEventId, epoch and maxQueued values: never a panic, never a 5xx, 400
-// exactly when maxQueued is invalid, and a malformed cursor is logged with
-// at most 64 bytes of it.
+// exactly when maxQueued is invalid, a malformed cursor (either id form,
+// ParseEventID) is logged with at most 64 bytes of it, and an epoch that
+// disagrees with the id's is logged once.
 func FuzzHandlerRequest(f *testing.F) {
 	f.Add("3", "", "", "16")
 	f.Add("", "abc", "x", "")
 	f.Add("9007199254740992", "1", strings.Repeat("e", 65), "2049")
 	f.Add(strings.Repeat("7", 200), "", "", "0016")
 	f.Add("\xff", "\x00", "\n", "+16")
+	f.Add("0123456789abcdef0123456789abcdef:1", "", "0123456789abcdef0123456789abcdef", "")
+	f.Add("", "0123456789abcdef0123456789abcdef:1", "fedcba9876543210fedcba9876543210", "")
+	f.Add("0123456789abcdef0123456789ABCDEF:1", "", "", "")
 	f.Fuzz(func(t *testing.T, header, query, epoch, maxQueued string) {
 		logs := &logCapture{}
 		b, err := New(Options{Now: testClock, Logger: logs.logger(), OnDiagnostic: logs.diag})
@@ -288,7 +292,7 @@ func FuzzHandlerRequest(f *testing.F) {
 			return
 		}
 		require.Equal(t, http.StatusOK, st.status, "body %q", st.body)
-		require.Equal(t, "retry: 3000\n\n", st.body)
+		require.Equal(t, "retry: 3000\n", st.body)
 		require.Zero(t, b.SubscriberCount())
 
 		raw := header
@@ -296,8 +300,16 @@ func FuzzHandlerRequest(f *testing.F) {
 			raw = query
 		}
 		malformed := logs.find("malformed Last-Event-ID")
-		if _, ok := refParseLastEventID(raw); ok || raw == "" {
+		disagree := logs.find("disagree")
+		idEpoch, _, ok := refParseEventID(raw)
+		if ok || raw == "" {
 			require.Empty(t, malformed)
+			// An epoch given beside one in the id must be the same.
+			given := epoch
+			if len(given) > 64 {
+				given = ""
+			}
+			require.Equal(t, idEpoch != "" && given != "" && given != idEpoch, len(disagree) == 1, "epoch %q, id %q: %v", epoch, raw, disagree)
 			return
 		}
 		require.Len(t, malformed, 1)

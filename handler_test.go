@@ -149,6 +149,16 @@ func wantSynth(typ, data, lastID string) sseEvent {
 	}
 }
 
+// wantReplayComplete is b's replay_complete after count replayed events up
+// to last; lastID is the SSE id the client holds when it arrives.
+func wantReplayComplete(b *EventBus, count int, last uint64, lastID string) sseEvent {
+	if count == 0 {
+		return wantSynth(TypeReplayComplete, `{"replayedCount":0,"epoch":"`+b.Epoch()+`"}`, lastID)
+	}
+	return wantSynth(TypeReplayComplete, fmt.Sprintf(`{"replayedCount":%d,"lastReplayedEventId":%d,"lastEventId":%d,"epoch":"%s"}`,
+		count, last, last, b.Epoch()), lastID)
+}
+
 // testEnv is a loopback HTTP server with the Handler on
 // "GET /session/{id}/events" and a Lookup over a map of buses.
 type testEnv struct {
@@ -160,8 +170,17 @@ type testEnv struct {
 	buses map[string]*EventBus
 }
 
+// testJitter is the RetryJitter of the test handlers: none unless a test
+// asks for it, so that "retry:" is exact.
+func testJitter(j time.Duration) time.Duration {
+	if j == 0 {
+		return -1
+	}
+	return j
+}
+
 type envOptions struct {
-	handler        Handler // Retry, Heartbeat and WriteTimeout are used
+	handler        *Handler // Retry, RetryJitter, Heartbeat, WriteTimeout, EpochIDs, CORS and Authorize are used; nil: none
 	wrap           func(http.Handler) http.Handler
 	maxHeaderBytes int
 	http2          bool
@@ -171,12 +190,19 @@ type envOptions struct {
 func newEnv(t *testing.T, o envOptions) *testEnv {
 	t.Helper()
 	e := &testEnv{logs: &logCapture{}, buses: map[string]*EventBus{}}
+	if o.handler == nil {
+		o.handler = &Handler{}
+	}
 	e.h = &Handler{
 		Lookup:       e.lookup,
 		Logger:       e.logs.logger(),
 		Retry:        o.handler.Retry,
+		RetryJitter:  testJitter(o.handler.RetryJitter),
 		Heartbeat:    o.handler.Heartbeat,
 		WriteTimeout: o.handler.WriteTimeout,
+		EpochIDs:     o.handler.EpochIDs,
+		CORS:         o.handler.CORS,
+		Authorize:    o.handler.Authorize,
 	}
 	var h http.Handler = e.h
 	if o.wrap != nil {
@@ -211,6 +237,17 @@ func (e *testEnv) lookup(r *http.Request) (*EventBus, error) {
 		return nil, fmt.Errorf("%w: %q", ErrSessionNotFound, id)
 	}
 	return b, nil
+}
+
+// sessionWithEvents adds a session of its own with n events published
+// (by publishN) and returns its stream path and bus.
+func (e *testEnv) sessionWithEvents(t *testing.T, n int) (string, *EventBus) {
+	e.mu.Lock()
+	id := "s" + strconv.Itoa(len(e.buses)+1)
+	e.mu.Unlock()
+	b := e.bus(t, id, Options{})
+	publishN(t, b, n)
+	return "/session/" + id + "/events", b
 }
 
 // bus adds a session.
@@ -578,8 +615,9 @@ func serveMem(h *Handler, w http.ResponseWriter, target string, hdr http.Header)
 
 func busHandler(b *EventBus, logs *logCapture) *Handler {
 	return &Handler{
-		Lookup: func(*http.Request) (*EventBus, error) { return b, nil },
-		Logger: logs.logger(),
+		Lookup:      func(*http.Request) (*EventBus, error) { return b, nil },
+		Logger:      logs.logger(),
+		RetryJitter: testJitter(0),
 	}
 }
 
@@ -914,7 +952,7 @@ func TestHandlerResponseHeaders(t *testing.T) {
 		require.Equal(t, 1, c.resp.ProtoMinor)
 		check(t, c.resp, b)
 		require.Equal(t, []string{"keep-alive"}, c.resp.Header.Values("Connection"))
-		require.Equal(t, "retry: 3000\n\n", string(c.raw), "the retry directive comes first, alone, flushed at once")
+		require.Equal(t, "retry: 3000\n", string(c.raw), "the retry directive comes first, alone, flushed at once")
 	})
 	t.Run("HTTP/2", func(t *testing.T) {
 		e := newEnv(t, envOptions{http2: true})
@@ -940,10 +978,10 @@ func TestHandlerResponseHeaders(t *testing.T) {
 		defer resp.Body.Close()
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		require.NotEqual(t, "keep-alive", resp.Header.Get("Connection"), "keep-alive is for HTTP/1.1 only")
-		buf := make([]byte, len("retry: 3000\n\n"))
+		buf := make([]byte, len("retry: 3000\n"))
 		_, err = io.ReadFull(resp.Body, buf)
 		require.NoError(t, err)
-		require.Equal(t, "retry: 3000\n\n", string(buf))
+		require.Equal(t, "retry: 3000\n", string(buf))
 	})
 }
 
@@ -957,11 +995,11 @@ func TestHandlerRetryDirective(t *testing.T) {
 		{time.Minute, 60000},
 	} {
 		t.Run(tc.retry.String(), func(t *testing.T) {
-			e := newEnv(t, envOptions{handler: Handler{Retry: tc.retry}})
+			e := newEnv(t, envOptions{handler: &Handler{Retry: tc.retry}})
 			e.bus(t, "s", Options{})
 			c := e.open(t, "/session/s/events", nil)
 			require.Equal(t, sseRecord{Kind: sseRetryRecord, Retry: tc.want}, c.next())
-			require.Equal(t, fmt.Sprintf("retry: %d\n\n", tc.want), string(c.raw))
+			require.Equal(t, fmt.Sprintf("retry: %d\n", tc.want), string(c.raw))
 		})
 	}
 }
@@ -988,17 +1026,27 @@ func TestHandlerHeartbeat(t *testing.T) {
 				w := newMemWriter() // no SetWriteDeadline: ErrNotSupported is fine
 				cancel, done := serveMem(h, w, "/session/s/events", nil)
 				synctest.Wait()
-				require.Equal(t, "retry: 3000\n\n", w.state().body)
+				require.Equal(t, "retry: 3000\n", w.state().body)
 				require.Equal(t, 1, w.state().flushes)
 
-				const hb = ": heartbeat\n\n"
+				// A heartbeat is a ":" line, or the retry: line again when
+				// the stream has had an event since its last one.
+				beats := func() int {
+					n := -1 // the retry: line that opens the stream
+					for line := range strings.SplitSeq(w.state().body, "\n") {
+						if line == ":" || line == "retry: 3000" {
+							n++
+						}
+					}
+					return n
+				}
 				time.Sleep(every - time.Nanosecond)
 				synctest.Wait()
-				require.Equal(t, 0, strings.Count(w.state().body, hb), "no heartbeat before the idle time")
+				require.Equal(t, 0, beats(), "no heartbeat before the idle time")
 				time.Sleep(time.Nanosecond)
 				synctest.Wait()
-				require.Equal(t, 1, strings.Count(w.state().body, hb))
-				require.True(t, strings.HasSuffix(w.state().body, hb))
+				require.Equal(t, 1, beats())
+				require.Equal(t, "retry: 3000\n:\n", w.state().body, "the retry: line already gave the tail a field")
 				require.Equal(t, 2, w.state().flushes, "a heartbeat is flushed")
 
 				// A write postpones the next heartbeat to a full idle time after it.
@@ -1008,23 +1056,25 @@ func TestHandlerHeartbeat(t *testing.T) {
 				require.Equal(t, 3, w.state().flushes)
 				time.Sleep(every - time.Nanosecond)
 				synctest.Wait()
-				require.Equal(t, 1, strings.Count(w.state().body, hb))
+				require.Equal(t, 1, beats())
 				time.Sleep(time.Nanosecond)
 				synctest.Wait()
-				require.Equal(t, 2, strings.Count(w.state().body, hb))
+				require.Equal(t, 2, beats())
+				require.True(t, strings.HasSuffix(w.state().body, "\n\nretry: 3000\n"), "the first heartbeat after an event is the retry: line")
 
 				// And it keeps beating while idle.
 				time.Sleep(3 * every)
 				synctest.Wait()
-				require.Equal(t, 5, strings.Count(w.state().body, hb))
+				require.Equal(t, 5, beats())
 
 				cancel()
 				<-done
 				recs := parseBody(t, w.state().body)
-				comment := sseRecord{Kind: sseCommentRecord, Comment: " heartbeat"}
+				comment := sseRecord{Kind: sseCommentRecord, Comment: ""}
+				retry := sseRecord{Kind: sseRetryRecord, Retry: 3000}
 				require.Equal(t, []sseRecord{
-					{Kind: sseRetryRecord, Retry: 3000}, comment,
-					{Kind: sseEventRecord, Event: wantEvent(1)}, comment, comment, comment, comment,
+					retry, comment,
+					{Kind: sseEventRecord, Event: wantEvent(1)}, retry, comment, comment, comment,
 				}, recs, "a heartbeat is a comment: it never goes through the queue or dispatches an event")
 				require.Zero(t, b.SubscriberCount())
 			})
@@ -1033,7 +1083,7 @@ func TestHandlerHeartbeat(t *testing.T) {
 }
 
 func TestHandlerWriteDeadline(t *testing.T) {
-	t.Run("every write has a deadline", func(t *testing.T) {
+	t.Run("every write has a deadline, cleared after its flush", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
 			b := newTestBus(t, Options{}, logs)
@@ -1051,8 +1101,11 @@ func TestHandlerWriteDeadline(t *testing.T) {
 			at := func(d time.Duration) time.Time { return start.Add(d) }
 			require.Equal(t, []deadlineSet{
 				{at(0), at(DefaultWriteTimeout)},                                 // retry:
+				{at(0), time.Time{}},                                             // cleared
 				{at(5 * time.Second), at(5*time.Second + DefaultWriteTimeout)},   // the batch
+				{at(5 * time.Second), time.Time{}},                               // cleared
 				{at(20 * time.Second), at(20*time.Second + DefaultWriteTimeout)}, // the heartbeat
+				{at(20 * time.Second), time.Time{}},                              // cleared
 			}, w.deadlineSets())
 			require.Equal(t, 3, w.state().writes)
 		})
@@ -1109,7 +1162,7 @@ func TestHandlerWriteDeadline(t *testing.T) {
 				if tc.blockFrom == 1 {
 					require.Empty(t, st.body)
 				} else {
-					require.Equal(t, "retry: 3000\n\n", st.body, "no frame after a failed write")
+					require.Equal(t, "retry: 3000\n", st.body, "no frame after a failed write")
 				}
 				require.Len(t, logs.kind(DiagWriteFailed), 1)
 				require.Equal(t, uint64(3*boolInt(tc.name == "batch blocks")), b.Stats().Dropped.Blocked,
@@ -1135,20 +1188,13 @@ func boolInt(b bool) int {
 
 func TestHandlerResume(t *testing.T) {
 	e := newEnv(t, envOptions{})
-	n := 0
-	setup := func(t *testing.T) (string, *EventBus) {
-		n++
-		id := "s" + strconv.Itoa(n)
-		b := e.bus(t, id, Options{})
-		publishN(t, b, 5)
-		return "/session/" + id + "/events", b
-	}
+	setup := func(t *testing.T) (string, *EventBus) { return e.sessionWithEvents(t, 5) }
 	rc := func(b *EventBus, count int, last uint64) sseEvent {
-		if count == 0 {
-			return wantSynth(TypeReplayComplete, `{"replayedCount":0,"epoch":"`+b.Epoch()+`"}`, "")
+		lastID := ""
+		if count > 0 {
+			lastID = strconv.FormatUint(last, 10)
 		}
-		return wantSynth(TypeReplayComplete, fmt.Sprintf(`{"replayedCount":%d,"lastReplayedEventId":%d,"lastEventId":%d,"epoch":"%s"}`,
-			count, last, last, b.Epoch()), strconv.FormatUint(last, 10))
+		return wantReplayComplete(b, count, last, lastID)
 	}
 	events := func(from, to uint64) []sseEvent {
 		var evs []sseEvent
@@ -1464,7 +1510,7 @@ func TestHandlerSlowReaderDropped(t *testing.T) {
 	const writeTimeout = 200 * time.Millisecond
 	setup := func(t *testing.T, http2 bool) (*testEnv, *countingMiddleware, *EventBus) {
 		mw := &countingMiddleware{}
-		e := newEnv(t, envOptions{handler: Handler{WriteTimeout: writeTimeout}, wrap: mw.wrap, http2: http2})
+		e := newEnv(t, envOptions{handler: &Handler{WriteTimeout: writeTimeout}, wrap: mw.wrap, http2: http2})
 		// Caps high enough that the queue never evicts: only the write
 		// deadline may drop this subscriber.
 		b := e.bus(t, "s", Options{MaxQueued: 1 << 20, MaxQueuedBytes: 1 << 30})
@@ -1526,7 +1572,7 @@ func TestHandlerSlowReaderDropped(t *testing.T) {
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
-		buf := make([]byte, len("retry: 3000\n\n"))
+		buf := make([]byte, len("retry: 3000\n"))
 		_, err = io.ReadFull(resp.Body, buf)
 		require.NoError(t, err)
 		// From now on the client never reads.
@@ -1586,6 +1632,27 @@ func TestHandlerBusCloseEndsStream(t *testing.T) {
 		c := e.stream(t, "/session/s/events", nil)
 		require.Empty(t, c.rest())
 	})
+}
+
+func TestHandlerCloseWithErrorWritesOneTerminalFrame(t *testing.T) {
+	logs := &logCapture{}
+	b := newTestBus(t, Options{}, logs)
+	w := newMemWriter()
+	reached, release := gateFirstFlush(w)
+	defer release()
+	_, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
+	waitClosed(t, reached, "handler did not reach its first flush")
+	publishN(t, b, 2)
+	require.NoError(t, b.CloseWithError(ErrorKindUnavailable, "backplane unreachable"))
+	release()
+	waitClosed(t, done, "the stream ends after its terminal frame")
+	recs := parseBody(t, w.state().body)
+	require.Equal(t, []sseRecord{
+		{Kind: sseRetryRecord, Retry: 3000},
+		{Kind: sseEventRecord, Event: wantEvent(1)},
+		{Kind: sseEventRecord, Event: wantEvent(2)},
+		{Kind: sseEventRecord, Event: wantSynth(TypeStreamError, `{"error":"backplane unreachable","errorKind":"unavailable"}`, "2")},
+	}, recs, "exactly one stream_error, after what was queued")
 }
 
 func TestHandlerEviction(t *testing.T) {
@@ -1786,4 +1853,399 @@ func TestHandlerRejectsInjectedTypes(t *testing.T) {
 	}
 	c.expect(want...)
 	require.NotContains(t, string(c.raw), "evil")
+}
+
+// ---------------------------------------------------------------------------
+// Epoch ids on the wire (Handler.EpochIDs) and ParseEventID.
+
+// epochEvent is wantEvent(id) as a stream with EpochIDs carries it: the
+// SSE id is "<epoch>:<id>", the envelope's "id" stays the number.
+func epochEvent(epoch string, id uint64) sseEvent {
+	ev := wantEvent(id)
+	ev.ID = epoch + ":" + ev.ID
+	return ev
+}
+
+func TestHandlerEpochIDs(t *testing.T) {
+	e := newEnv(t, envOptions{handler: &Handler{EpochIDs: true}})
+	setup := func(t *testing.T) (string, *EventBus) { return e.sessionWithEvents(t, 5) }
+	const other = "0123456789abcdef0123456789abcdef"
+	rc := wantReplayComplete
+	events := func(b *EventBus, from, to uint64) []sseEvent {
+		var evs []sseEvent
+		for i := from; i <= to; i++ {
+			evs = append(evs, epochEvent(b.Epoch(), i))
+		}
+		return evs
+	}
+	reset := func(b *EventBus, last uint64, detail string) sseEvent {
+		if detail != "" {
+			detail = `"detail":"` + detail + `",`
+		}
+		return wantSynth(TypeStateResyncRequired, fmt.Sprintf(`{"reason":"epoch_reset",%s"lastDeliveredId":%d,"earliestAvailableId":1,"epoch":"%s"}`,
+			detail, last, b.Epoch()), "")
+	}
+	for _, tc := range []struct {
+		name   string
+		query  string
+		header http.Header
+		want   func(b *EventBus) []sseEvent
+	}{
+		{"live", "", nil, func(b *EventBus) []sseEvent { return nil }},
+		{"the epoch form in the header", "", hdr("Last-Event-ID", "<epoch>:3"), func(b *EventBus) []sseEvent {
+			return append(events(b, 4, 5), rc(b, 2, 5, b.Epoch()+":5"))
+		}},
+		{"the epoch form in the query", "?lastEventId=<epoch>:2", nil, func(b *EventBus) []sseEvent {
+			return append(events(b, 3, 5), rc(b, 3, 5, b.Epoch()+":5"))
+		}},
+		{"leading zeros after the epoch", "", hdr("Last-Event-ID", "<epoch>:0004"), func(b *EventBus) []sseEvent {
+			return append(events(b, 5, 5), rc(b, 1, 5, b.Epoch()+":5"))
+		}},
+		{"zero after the epoch: from the start", "", hdr("Last-Event-ID", "<epoch>:0"), func(b *EventBus) []sseEvent {
+			return append(events(b, 1, 5), rc(b, 5, 5, b.Epoch()+":5"))
+		}},
+		{"up to date", "", hdr("Last-Event-ID", "<epoch>:5"), func(b *EventBus) []sseEvent {
+			return []sseEvent{rc(b, 0, 0, "")}
+		}},
+		{"the plain form still resumes", "", hdr("Last-Event-ID", "3"), func(b *EventBus) []sseEvent {
+			return append(events(b, 4, 5), rc(b, 2, 5, b.Epoch()+":5"))
+		}},
+		{"another epoch: epoch_reset, the whole ring", "", hdr("Last-Event-ID", other+":3"), func(b *EventBus) []sseEvent {
+			return append(append([]sseEvent{reset(b, 3, "epoch_mismatch")}, events(b, 1, 5)...), rc(b, 5, 5, b.Epoch()+":5"))
+		}},
+		{"another epoch with a cursor beyond the bus", "?lastEventId=" + other + ":9007199254740991", nil, func(b *EventBus) []sseEvent {
+			return append(append([]sseEvent{reset(b, 9007199254740991, "epoch_mismatch")}, events(b, 1, 5)...), rc(b, 5, 5, b.Epoch()+":5"))
+		}},
+		{"Event-Epoch that agrees", "", hdr("Last-Event-ID", "<epoch>:4", "Event-Epoch", "<epoch>"), func(b *EventBus) []sseEvent {
+			return append(events(b, 5, 5), rc(b, 1, 5, b.Epoch()+":5"))
+		}},
+		{"?epoch= that agrees", "?epoch=<epoch>", hdr("Last-Event-ID", "<epoch>:4"), func(b *EventBus) []sseEvent {
+			return append(events(b, 5, 5), rc(b, 1, 5, b.Epoch()+":5"))
+		}},
+		{"an over-long Event-Epoch is ignored, the id's counts", "", hdr("Last-Event-ID", other+":4", "Event-Epoch", strings.Repeat("e", 65)), func(b *EventBus) []sseEvent {
+			return append(append([]sseEvent{reset(b, 4, "epoch_mismatch")}, events(b, 1, 5)...), rc(b, 5, 5, b.Epoch()+":5"))
+		}},
+		{"Event-Epoch that disagrees: live only", "", hdr("Last-Event-ID", "<epoch>:3", "Event-Epoch", other), func(b *EventBus) []sseEvent {
+			return nil
+		}},
+		{"?epoch= that disagrees: live only", "?epoch=" + other + "&lastEventId=<epoch>:3", nil, func(b *EventBus) []sseEvent {
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path, b := setup(t)
+			for _, vs := range tc.header {
+				for i, v := range vs {
+					vs[i] = strings.ReplaceAll(v, "<epoch>", b.Epoch())
+				}
+			}
+			before := len(e.logs.find("disagree"))
+			c := e.stream(t, path+strings.ReplaceAll(tc.query, "<epoch>", b.Epoch()), tc.header)
+			want := tc.want(b)
+			c.expect(want...)
+			publishN(t, b, 1)
+			c.expect(epochEvent(b.Epoch(), 6))
+			require.Contains(t, string(c.raw), "\nid: "+b.Epoch()+":6\nevent: e\ndata: {\"id\":6,", "the envelope's id stays the number")
+			disagree := e.logs.find("disagree")[before:]
+			if strings.Contains(tc.name, "disagrees") {
+				require.Len(t, disagree, 1)
+				require.Empty(t, e.logs.find("malformed"))
+			} else {
+				require.Empty(t, disagree)
+			}
+		})
+	}
+
+	t.Run("off: the SPEC wire, both forms still accepted", func(t *testing.T) {
+		e := newEnv(t, envOptions{})
+		b := e.bus(t, "s", Options{})
+		publishN(t, b, 3)
+		c := e.stream(t, "/session/s/events", hdr("Last-Event-ID", b.Epoch()+":1"))
+		c.expect(wantEvent(2), wantEvent(3), wantSynth(TypeReplayComplete, `{"replayedCount":2,"lastReplayedEventId":3,"lastEventId":3,"epoch":"`+b.Epoch()+`"}`, "3"))
+		require.NotContains(t, string(c.raw), b.Epoch()+":", "no epoch on the id lines")
+	})
+
+	t.Run("frames written from their shared bytes and signals", func(t *testing.T) {
+		b := e.bus(t, "big", Options{})
+		c := e.stream(t, "/session/big/events", nil)
+		big := strings.Repeat("x", directWriteSize)
+		_, err := b.Publish(Event{Type: "big", Data: big})
+		require.NoError(t, err)
+		require.NoError(t, b.Signal("sig", "doc/1"))
+		publishN(t, b, 1)
+		ev := c.nextEvent()
+		require.Equal(t, b.Epoch()+":1", ev.ID)
+		require.Equal(t, "big", ev.Type)
+		require.Contains(t, ev.Data, `{"id":1,"v":1,"type":"big","data":"`+big+`"`)
+		ev = c.nextEvent()
+		require.Equal(t, "sig", ev.Type)
+		require.Equal(t, b.Epoch()+":1", ev.ID, "a signal carries no id line")
+		c.expect(epochEvent(b.Epoch(), 2))
+	})
+}
+
+// A browser across a daemon restart: the plain EventSource sends back the
+// id it last saw, and the new bus (a new epoch, already past that id) must
+// answer epoch_reset instead of resuming in the middle of its own sequence.
+func TestHandlerEpochIDsAcrossARestart(t *testing.T) {
+	e := newEnv(t, envOptions{handler: &Handler{EpochIDs: true}})
+	old := e.bus(t, "s", Options{})
+	publishN(t, old, 3)
+	c := e.stream(t, "/session/s/events", hdr("Last-Event-ID", "0"))
+	c.expect(epochEvent(old.Epoch(), 1), epochEvent(old.Epoch(), 2), epochEvent(old.Epoch(), 3))
+	c.nextEvent() // replay_complete
+	last := c.p.lastID
+
+	restarted := e.bus(t, "s", Options{}) // replaces the session
+	publishN(t, restarted, 22)
+	c = e.stream(t, "/session/s/events", hdr("Last-Event-ID", last))
+	resync := c.nextEvent()
+	require.Equal(t, TypeStateResyncRequired, resync.Type)
+	require.Contains(t, resync.Data, `"reason":"epoch_reset","detail":"epoch_mismatch","lastDeliveredId":3,"earliestAvailableId":1`)
+	for i := uint64(1); i <= 22; i++ {
+		require.Equal(t, epochEvent(restarted.Epoch(), i), c.nextEvent())
+	}
+
+	// The same cursor as a plain id would have joined the two epochs.
+	c = e.stream(t, "/session/s/events", hdr("Last-Event-ID", "3"))
+	require.Equal(t, epochEvent(restarted.Epoch(), 4), c.nextEvent(), "what EpochIDs prevents")
+}
+
+// refParseEventID is the reference: the plain form, or 32 characters of
+// [0-9a-f], a colon and the plain form.
+var refEventIDPattern = regexp.MustCompile(`^(?:([0-9a-f]{32}):)?([0-9]+)$`)
+
+func refParseEventID(s string) (string, uint64, bool) {
+	m := refEventIDPattern.FindStringSubmatch(s)
+	if m == nil {
+		return "", 0, false
+	}
+	id, ok := refParseLastEventID(m[2])
+	if !ok {
+		return "", 0, false
+	}
+	return m[1], id, true
+}
+
+func TestParseEventID(t *testing.T) {
+	const ep = "0123456789abcdef0123456789abcdef"
+	for _, tc := range []struct {
+		in    string
+		epoch string
+		id    uint64
+		ok    bool
+	}{
+		{"7", "", 7, true},
+		{"0", "", 0, true},
+		{ep + ":7", ep, 7, true},
+		{ep + ":0", ep, 0, true},
+		{ep + ":007", ep, 7, true},
+		{ep + ":9007199254740991", ep, 1<<53 - 1, true},
+		{ep + ":9007199254740992", "", 0, false},
+		{ep + ":18446744073709551616", "", 0, false},
+		{"9007199254740992", "", 0, false},
+		{ep + ":", "", 0, false},
+		{ep, "", 0, false},
+		{":7", "", 0, false},
+		{ep[:31] + ":7", "", 0, false},
+		{ep + "0:7", "", 0, false},
+		{strings.ToUpper(ep) + ":7", "", 0, false},
+		{"0123456789ABCDEF0123456789abcdef:7", "", 0, false},
+		{"g123456789abcdef0123456789abcdef:7", "", 0, false},
+		{ep + ": 7", "", 0, false},
+		{ep + ":7 ", "", 0, false},
+		{ep + ":+7", "", 0, false},
+		{ep + ":-7", "", 0, false},
+		{ep + ":7:8", "", 0, false},
+		{ep + "::7", "", 0, false},
+		{" " + ep + ":7", "", 0, false},
+		{ep + ":\u0667", "", 0, false},
+		{ep + ":7\x00", "", 0, false},
+		{"", "", 0, false},
+	} {
+		epoch, id, ok := ParseEventID(tc.in)
+		require.Equal(t, tc.ok, ok, "%q", tc.in)
+		require.Equal(t, tc.epoch, epoch, "%q", tc.in)
+		require.Equal(t, tc.id, id, "%q", tc.in)
+	}
+	huge := ep + ":" + strings.Repeat("9", 10<<20)
+	ok := true
+	require.Zero(t, testing.AllocsPerRun(10, func() { _, _, ok = ParseEventID(huge) }), "a hostile value allocates nothing")
+	require.False(t, ok)
+}
+
+func FuzzParseEventID(f *testing.F) {
+	const ep = "0123456789abcdef0123456789abcdef"
+	for _, s := range []string{"", "1", ep + ":1", ep + ":", ep + ":9007199254740992", strings.ToUpper(ep) + ":1", ep[:31] + "::1", ep + ":1:2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		epoch, id, ok := ParseEventID(s)
+		wantEpoch, wantID, wantOK := refParseEventID(s)
+		require.Equal(t, wantOK, ok, "%q", s)
+		require.Equal(t, wantEpoch, epoch, "%q", s)
+		require.Equal(t, wantID, id, "%q", s)
+	})
+}
+
+// With EpochIDs the writer puts "id: <epoch>:" before each event's shared
+// bytes: framing a batch allocates nothing, as without it.
+func TestEpochIDsFramingDoesNotAllocate(t *testing.T) {
+	b := newCoreBus(t, Options{RingSize: 64})
+	frames := publishN(t, b, 16)
+	frames = append(frames, replayCompleteFrame(1, 16, b.Epoch(), 0))
+	for _, epochIDs := range []bool{false, true} {
+		s := stream{w: newMemWriter()}
+		if epochIDs {
+			s.idPrefix = []byte("id: " + b.Epoch() + ":")
+		}
+		s.reserve(frames)
+		allocs := testing.AllocsPerRun(100, func() {
+			s.buf = s.buf[:0]
+			s.reserve(frames)
+			for _, f := range frames {
+				s.add(f)
+			}
+		})
+		require.Zero(t, allocs, "epochIDs=%v", epochIDs)
+		recs, err := parseSSE(s.buf)
+		require.NoError(t, err)
+		require.Len(t, recs, 17)
+		for i, r := range recs[:16] {
+			want := strconv.Itoa(i + 1)
+			if epochIDs {
+				want = b.Epoch() + ":" + want
+			}
+			require.Equal(t, want, r.Event.ID)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Framing for lenient clients, and the retry jitter.
+
+// requireEveryBlockHasData fails when a blank line of body ends a block
+// without a data: line. Several common clients dispatch such a block as an
+// empty event: r3labs/sse and sseclient-py split the stream at blank
+// lines, go-sse dispatches a block with a retry: field, httpx-sse every
+// blank line once it has seen an id (it keeps the last id, as the standard
+// says, and dispatches whenever that is set).
+func requireEveryBlockHasData(t *testing.T, body string) {
+	t.Helper()
+	hasData, lines := false, 0
+	// Every line ends with LF; the text after the last one is no line.
+	for line := range strings.SplitSeq(strings.TrimSuffix(body, "\n"), "\n") {
+		lines++
+		switch {
+		case line == "":
+			require.True(t, hasData, "line %d: a blank line ends a block without data in %q", lines, body[:min(len(body), 2048)])
+			hasData = false
+		case strings.HasPrefix(line, "data:"):
+			hasData = true
+		}
+	}
+}
+
+func TestHandlerFramingForLenientClients(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &logCapture{}
+		b := newTestBus(t, Options{MaxQueued: 16}, logs)
+		publishN(t, b, 3)
+		h := busHandler(b, logs)
+		h.Heartbeat = time.Second
+		h.EpochIDs = true
+		w := newMemWriter()
+		_, done := serveMem(h, w, "/session/s/events", hdr("Last-Event-ID", "1"))
+		synctest.Wait()
+		require.Equal(t, "retry: 3000\nid: "+b.Epoch()+":2\n", w.state().body[:len("retry: 3000\nid: ")+len(b.Epoch())+3],
+			"retry: and the replay share a block")
+		time.Sleep(3 * time.Second) // three heartbeats
+		synctest.Wait()
+		publishN(t, b, 2)
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		b.Close() // the stream ends after a heartbeat
+		<-done
+		body := w.state().body
+		// Heartbeats: the retry: line and two ":" after the replay, the
+		// retry: line after the live events. The tail after the last event
+		// always holds a field (go-sse stops for good on a tail of comments).
+		require.Equal(t, 2, strings.Count(body, "\n:"), "lines that start with a colon")
+		require.Equal(t, 3, strings.Count(body, "retry: 3000\n"))
+		require.True(t, strings.HasSuffix(body, "}\n\nretry: 3000\n"), "%q", body[max(0, len(body)-64):])
+		requireEveryBlockHasData(t, body)
+		recs := parseBody(t, body)
+		require.Equal(t, sseRecord{Kind: sseRetryRecord, Retry: 3000}, recs[0], "a conforming parser applies retry: at once")
+		require.Len(t, sseEvents(recs), 5, "events 2..5 and replay_complete")
+	})
+
+	t.Run("a live stream that gets nothing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			logs := &logCapture{}
+			b := newTestBus(t, Options{}, logs)
+			h := busHandler(b, logs)
+			w := newMemWriter()
+			cancel, done := serveMem(h, w, "/session/s/events", nil)
+			synctest.Wait()
+			time.Sleep(2 * DefaultHeartbeat)
+			synctest.Wait()
+			cancel()
+			<-done
+			require.Equal(t, "retry: 3000\n:\n:\n", w.state().body, "no blank line at all: nothing a client could dispatch, and a field in the tail")
+		})
+	})
+
+	t.Run("terminal frames", func(t *testing.T) {
+		e := newEnv(t, envOptions{})
+		b := e.bus(t, "s", Options{MaxQueued: 16})
+		c := e.stream(t, "/session/s/events?maxQueued=16", nil)
+		publishN(t, b, 1)
+		c.expect(wantEvent(1))
+		sub := b.SubscriberCount()
+		require.Equal(t, 1, sub)
+		b.Close()
+		c.rest()
+		requireEveryBlockHasData(t, string(c.raw))
+	})
+}
+
+func TestHandlerRetryJitter(t *testing.T) {
+	retries := func(t *testing.T, h *Handler, n int) map[int64]int {
+		e := newEnv(t, envOptions{handler: h})
+		e.h.RetryJitter = h.RetryJitter // 0 too: the default
+		e.bus(t, "s", Options{})
+		seen := map[int64]int{}
+		for range n {
+			c := e.open(t, "/session/s/events", nil)
+			r := c.next()
+			require.Equal(t, sseRetryRecord, r.Kind)
+			seen[r.Retry]++
+			require.NoError(t, c.resp.Body.Close())
+		}
+		return seen
+	}
+	t.Run("default: up to half of Retry more, per connection", func(t *testing.T) {
+		seen := retries(t, &Handler{RetryJitter: 0}, 100)
+		for ms := range seen {
+			require.GreaterOrEqual(t, ms, int64(3000))
+			require.LessOrEqual(t, ms, int64(4500))
+		}
+		require.Greater(t, len(seen), 50, "100 connections spread over 1501 values: %v", seen)
+	})
+	t.Run("custom", func(t *testing.T) {
+		seen := retries(t, &Handler{Retry: time.Second, RetryJitter: 3 * time.Millisecond}, 60)
+		for ms := range seen {
+			require.GreaterOrEqual(t, ms, int64(1000))
+			require.LessOrEqual(t, ms, int64(1003))
+		}
+		require.Len(t, seen, 4, "each of 1000..1003 in 60 draws: %v", seen)
+	})
+	t.Run("negative: none", func(t *testing.T) {
+		require.Equal(t, map[int64]int{1500: 20}, retries(t, &Handler{Retry: 1500 * time.Millisecond, RetryJitter: -1}, 20))
+	})
+	t.Run("jitter is drawn without allocating", func(t *testing.T) {
+		h := &Handler{}
+		require.Zero(t, testing.AllocsPerRun(100, func() { h.retryMillis() }))
+	})
 }

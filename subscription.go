@@ -10,8 +10,6 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
-
-	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // SubscribeOptions configures one subscription. The zero value subscribes
@@ -106,14 +104,14 @@ type Subscription struct {
 // unknown OverflowPolicy, one wrapping ErrInvalidFilter for an invalid
 // Types entry, and a *SubscriberLimitError when the bus is full. Subscribe does not block on
 // other subscribers.
+//
+// On a bus fed by a shared log (NewFed), a resume the ring cannot answer
+// is answered from the log: Subscribe reads it (FeedOptions.Log) outside
+// the bus lock, and queues it ahead of the live frames that arrived
+// meanwhile; a resume from an id the log holds but the bus has not been fed
+// yet first waits for the feed, at most FeedOptions.LagTimeout. Both block
+// on the log's I/O, bounded by ctx.
 func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subscription, error) {
-	return b.subscribe(ctx, opts, nil)
-}
-
-// subscribe is Subscribe with an optional history for resumes the ring
-// cannot answer (the backplane seam): then the replay is read outside the
-// lock and queued ahead of the live frames that arrived meanwhile.
-func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.History) (*Subscription, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -165,6 +163,8 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 		s.stop = context.AfterFunc(ctx, func() { s.cancel(ctx.Err(), true) })
 	}
 
+	b.awaitFeed(ctx, opts)
+
 	if b.SubscriberCount() >= b.opts.MaxSubscribers {
 		// On a quiet bus no publish comes to evict a stalled subscriber
 		// catching up: the slot it holds is freed here.
@@ -190,7 +190,7 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 		return nil, &SubscriberLimitError{Limit: b.opts.MaxSubscribers}
 	}
 	b.addLocked(s)
-	remote := opts.Resume && h != nil && !b.ringCoversLocked(opts)
+	remote := opts.Resume && b.feed != nil && b.feed.log != nil && !b.ringCoversLocked(opts)
 	upto := b.nextID - 1
 	switch {
 	case remote:
@@ -209,7 +209,7 @@ func (b *EventBus) subscribe(ctx context.Context, opts SubscribeOptions, h seam.
 	}
 	b.mu.Unlock()
 	if remote {
-		b.replayRemote(ctx, s, opts, h, upto)
+		b.replayRemote(ctx, s, opts, upto)
 	}
 	return s, nil
 }
@@ -758,7 +758,8 @@ func (s *Subscription) Close() { s.cancel(context.Canceled, false) }
 
 // Err returns why the subscription ended: an error wrapping ErrEvicted after
 // an eviction, the context's error (or context.Canceled after Close) after a
-// cancellation, and nil while it is open or when the bus was closed.
+// cancellation, one wrapping ErrClosed after EventBus.CloseWithError, and
+// nil while it is open or when the bus was closed by Close.
 func (s *Subscription) Err() error {
 	if p := s.endErr.Load(); p != nil {
 		return *p

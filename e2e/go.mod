@@ -6,6 +6,7 @@ replace github.com/ssebus/eventbus => ../
 
 require (
 	github.com/chromedp/chromedp v0.23.0
+	github.com/ssebus/eventbus v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 )
 

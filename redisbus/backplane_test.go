@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,7 +15,6 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/seam"
 )
 
 const wait = 10 * time.Second // bound of every wait for frames
@@ -276,11 +277,11 @@ func TestTrimByBytes(t *testing.T) {
 	}
 	// The bound is tight: the newest entry the trim dropped would not fit.
 	dropped := in.FirstEventID - 1
-	_, tail, err := seam.EncodeTail(a.bp.encoder, eventbus.Event{Type: "e", Data: strings.Repeat("x", int(dropped-1)*3), Meta: ts})
+	ev, err := a.bp.encoder.Encode(eventbus.Event{Type: "e", Data: strings.Repeat("x", int(dropped-1)*3), Meta: ts})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if size := len(`{"id":`) + len(strconv.FormatUint(dropped, 10)) + len(tail); sum+uint64(size) <= 1000 {
+	if size := len(ev.Envelope(dropped)); sum+uint64(size) <= 1000 {
 		t.Fatalf("id %d (%d bytes) was dropped although %d+%d fits 1000", dropped, size, sum, size)
 	}
 	// A single event above the byte bound still stays, alone.
@@ -448,14 +449,16 @@ func TestRedisDownPublishFails(t *testing.T) {
 	})
 	r.stop()
 	check("stopped redis")
-	// The HTTP route answers 500 when it cannot open a session.
+	// The HTTP route answers 503 with Retry-After when it cannot open a
+	// session (the Handler's Lookup returns an eventbus.StatusError).
 	resp, err := a.srv.Client().Get(a.srv.URL + "/session/other/events")
 	if err != nil {
 		t.Fatal(err)
 	}
+	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 500 {
-		t.Fatalf("GET with redis down: %s", resp.Status)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || !strings.Contains(string(body), `"code":"unavailable"`) {
+		t.Fatalf("GET with redis down: %s %v %s", resp.Status, resp.Header, body)
 	}
 }
 
@@ -646,10 +649,7 @@ func TestIdleRelease(t *testing.T) {
 	r := startRedis(t)
 	opts := testOptions(t)
 	opts.IdleTimeout = 100 * time.Millisecond
-	a := newReplica(t, r, "A", opts)
-	s := openSSE(t, a, "s", nil, "")
-	a.publish(t, "s", "e", nil)
-	wantIDs(t, s.events(1, wait), 1, 1)
+	a, s := liveReplica(t, r, opts)
 	time.Sleep(300 * time.Millisecond)
 	if n := a.bp.Sessions(); n != 1 {
 		t.Fatalf("a session with a subscriber was released (%d)", n)
@@ -729,14 +729,14 @@ func TestPublishValidation(t *testing.T) {
 		}
 	}
 	// An event that fits with a one-digit id but not with id 10.
-	_, tail, err := seam.EncodeTail(a.bp.encoder, eventbus.Event{Type: "e", Data: "", Meta: ts})
+	enc, err := a.bp.encoder.Encode(eventbus.Event{Type: "e", Data: "", Meta: ts})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pad := 200 - (len(`{"id":1`) + len(tail))
+	pad := 200 - len(enc.Envelope(1))
 	ev := eventbus.Event{Type: "e", Data: strings.Repeat("p", pad), Meta: ts}
-	_, tail, _ = seam.EncodeTail(a.bp.encoder, ev)
-	if n := len(`{"id":1`) + len(tail); n != 200 {
+	enc, _ = a.bp.encoder.Encode(ev)
+	if n := len(enc.Envelope(1)); n != 200 {
 		t.Fatalf("crafted envelope of %d bytes", n)
 	}
 	if _, _, err := a.bp.Publish(ctx, "s", ev); !errors.Is(err, eventbus.ErrEventTooLarge) {
@@ -829,23 +829,45 @@ func TestPublishReleasesStaleMirror(t *testing.T) {
 	sa.ended(wait)
 }
 
-// A resume from the stream when the stream is gone (Redis lost it and this
-// replica has not noticed yet): the client is told what it missed cannot
-// be read, and the stream ends once the reader notices the new epoch.
+// A resume on a replica whose mirror is of a lost stream (Redis restarted
+// and this replica's reader has not noticed): the stream's open checks the
+// epoch with Redis, so the client gets epoch_reset on the new epoch at once,
+// and the stale mirror's streams end without waiting for the reader.
+func TestResumeOfALostEpoch(t *testing.T) {
+	r := startRedis(t)
+	a, _, c := threeReplicas(t, r, testOptions(t))
+	live := lateMirror(t, a, c) // C's ring starts at 11
+	g := installGate(c.bp)
+	defer g.open()
+	g.close(t)
+	r.restart()
+	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
+	if sc.Epoch == live.Epoch || len(sc.Epoch) != 32 {
+		t.Fatalf("Event-Epoch %q after the restart, before %q", sc.Epoch, live.Epoch)
+	}
+	rs := sc.next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "epoch_reset" ||
+		rs.str(t, "data", "detail") != "epoch_mismatch" || rs.num(t, "data", "lastDeliveredId") != 5 ||
+		rs.num(t, "data", "earliestAvailableId") != 1 {
+		t.Fatalf("want epoch_reset (epoch_mismatch) 5 -> 1, got %+v", rs)
+	}
+	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 0 {
+		t.Fatalf("want an empty replay_complete, got %+v", rc)
+	}
+	live.ended(wait) // before the gate opens
+}
+
+// A resume whose history read fails (Redis answers XRANGE with an error;
+// here the stream key holds a string): the client is told what it missed
+// cannot be read, then gets the live events.
 func TestResumeHistoryUnavailable(t *testing.T) {
 	r := startRedis(t)
 	a, _, c := threeReplicas(t, r, testOptions(t))
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	live := openSSE(t, c, "s", nil, "") // C's ring starts at 11
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	wantIDs(t, live.events(10, wait), 11, 20)
+	live := lateMirror(t, a, c) // C's ring starts at 11
 	g := installGate(c.bp)
+	defer g.open()
 	g.close(t)
-	r.restart()
+	r.do(t, "SET", "t:"+t.Name()+":{s}:s:"+live.Epoch, "not a stream")
 	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
 	rs := sc.next(wait)
 	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "ring_evicted" ||
@@ -856,9 +878,6 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 0 {
 		t.Fatalf("want an empty replay_complete, got %+v", rc)
 	}
-	g.open()
-	sc.ended(wait)
-	live.ended(wait)
 }
 
 // A signal sent on one replica reaches the session's subscribers on every

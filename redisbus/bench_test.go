@@ -187,3 +187,92 @@ func sentAt(env []byte) (time.Time, bool) {
 	}
 	return time.Unix(0, ns), true
 }
+
+// BenchmarkPublish measures one Publish round trip (no subscribers, one
+// publisher): plain, with a new idempotency key each time (the lookup, the
+// record and the pruning in the script, and the fingerprint's second
+// encoding on the replica), and a retry of one key (a duplicate: nothing
+// appended).
+func BenchmarkPublish(b *testing.B) {
+	bp := benchBackplane(b)
+	ctx := context.Background()
+	ev := eventbus.Event{Type: "bench", Data: json.RawMessage(`{"order":42,"sku":"ab-123","qty":1}`), OriginatorClientID: "c1"}
+	b.Run("key=none", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := bp.Publish(ctx, "plain", ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	keys := make([]string, 0, 1<<16)
+	for i := range cap(keys) {
+		keys = append(keys, "550e8400-e29b-41d4-a716-"+strconv.Itoa(100000000000+i))
+	}
+	runs := 0
+	b.Run("key=new", func(b *testing.B) {
+		b.ReportAllocs()
+		runs++
+		session := "keyed" + strconv.Itoa(runs) // -count runs this again on the same Redis
+		i := 0
+		for b.Loop() {
+			if _, _, dup, err := bp.PublishIdempotent(ctx, session, keys[i%len(keys)], ev); err != nil || dup && i < len(keys) {
+				b.Fatal(dup, err)
+			}
+			i++
+		}
+	})
+	b.Run("key=duplicate", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, _, err := bp.PublishIdempotent(ctx, "dup", "550e8400-e29b-41d4-a716-446655440000", ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkStreamOpen measures opening (and closing) a live subscription to
+// a session this replica already mirrors: through the backplane, which
+// checks the epoch with Redis first (one round trip), and on the mirror bus
+// directly, without the check.
+func BenchmarkStreamOpen(b *testing.B) {
+	bp := benchBackplane(b)
+	ctx := context.Background()
+	bus, err := bp.Bus(ctx, "s")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("check=epoch", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			sub, err := bp.Subscribe(ctx, "s", eventbus.SubscribeOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			sub.Close()
+		}
+	})
+	b.Run("check=none", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			sub, err := bus.Subscribe(ctx, eventbus.SubscribeOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			sub.Close()
+		}
+	})
+}
+
+// benchBackplane is one backplane on a Redis of its own, closed when b
+// ends.
+func benchBackplane(b *testing.B) *Backplane {
+	r := startRedis(b)
+	bp, err := New(r.client(b), Options{KeyPrefix: "bench:", ReadBlock: 100 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { bp.Close() })
+	return bp
+}

@@ -256,3 +256,40 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// liveReplica starts a replica with opts and one live stream of session
+// "s" that has received the event with id 1.
+func liveReplica(t testing.TB, r *redisServer, opts Options) (*replica, *sse) {
+	t.Helper()
+	a := newReplica(t, r, "A", opts)
+	s := openSSE(t, a, "s", nil, "")
+	a.publish(t, "s", "e", nil)
+	wantIDs(t, s.events(1, wait), 1, 1)
+	return a, s
+}
+
+// lateMirror publishes 20 events of session "s" on a while c's only live
+// stream of it opens after the 10th, so that c's ring starts at 11; it
+// returns that stream, which has read 11 to 20.
+func lateMirror(t testing.TB, a, c *replica) *sse {
+	t.Helper()
+	for range 10 {
+		a.publish(t, "s", "e", nil)
+	}
+	live := openSSE(t, c, "s", nil, "")
+	for range 10 {
+		a.publish(t, "s", "e", nil)
+	}
+	wantIDs(t, live.events(10, wait), 11, 20)
+	return live
+}
+
+// endedUnavailable checks that s ends with exactly one frame, a
+// stream_error of kind unavailable.
+func (s *sse) endedUnavailable() {
+	s.t.Helper()
+	rest := s.ended(wait)
+	if len(rest) != 1 || rest[0].Event != eventbus.TypeStreamError || rest[0].str(s.t, "data", "errorKind") != eventbus.ErrorKindUnavailable {
+		s.t.Fatalf("frames at the end of the outage: %+v; want one stream_error unavailable", rest)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -149,9 +150,12 @@ func (r *redisServer) signal(sig syscall.Signal) {
 
 // client returns a go-redis client for the server, closed when t ends
 // (after everything registered later, such as the backplanes using it).
-func (r *redisServer) client(t testing.TB) *redis.Client {
+func (r *redisServer) client(t testing.TB) *redis.Client { return testClient(t, r.Addr) }
+
+// testClient returns a go-redis client for addr, closed when t ends.
+func testClient(t testing.TB, addr string) *redis.Client {
 	c := redis.NewClient(&redis.Options{
-		Addr:                  r.Addr,
+		Addr:                  addr,
 		ContextTimeoutEnabled: true,
 		PoolSize:              64,
 		DialTimeout:           time.Second,
@@ -174,4 +178,120 @@ func (r *redisServer) do(t testing.TB, args ...any) any {
 		t.Fatalf("redis %v: %v", args, err)
 	}
 	return v
+}
+
+// cutProxy forwards TCP connections to a Redis. While cutting, the reply to
+// a connection that has sent an EVALSHA is not forwarded: the connection
+// is closed instead, after Redis has read (and run) the script. That is a
+// connection that breaks between a command's write and its answer. (Other
+// replies, such as a new connection's handshake, pass.)
+type cutProxy struct {
+	Addr    string
+	target  string
+	ln      net.Listener
+	cutting atomic.Bool
+	cuts    atomic.Int64 // replies swallowed
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+func startCutProxy(t testing.TB, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{Addr: ln.Addr().String(), target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *cutProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil {
+		c.Close()
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *cutProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		if !p.track(c) || !p.track(s) {
+			c.Close()
+			s.Close()
+			continue
+		}
+		var sawEval atomic.Bool
+		p.wg.Add(2)
+		go func() { // client -> redis
+			defer p.wg.Done()
+			defer s.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if bytes.Contains(bytes.ToLower(buf[:n]), []byte("evalsha")) {
+						sawEval.Store(true) // before Redis can answer it
+					}
+					if _, werr := s.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+		go func() { // redis -> client, unless cutting
+			defer p.wg.Done()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := s.Read(buf)
+				if n > 0 {
+					if p.cutting.Load() && sawEval.Load() {
+						p.cuts.Add(1)
+						c.Close()
+						s.Close()
+						return
+					}
+					if _, werr := c.Write(buf[:n]); werr != nil {
+						s.Close()
+						return
+					}
+				}
+				if err != nil {
+					c.Close()
+					return
+				}
+			}
+		}()
+	}
+}
+
+func (p *cutProxy) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
 }

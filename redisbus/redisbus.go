@@ -23,11 +23,18 @@
 // stream (Redis restarted without persistence, a key evicted or expired, or
 // Delete) means a new epoch with ids from 1: every replica closes its
 // mirror (its streams end; clients reconnect with the old epoch and get
-// epoch_reset on the new one). While Redis is unreachable Publish fails
-// within Options.PublishTimeout, and readers retry with backoff and go on
-// from their last id: nothing is lost while the stream still holds it, and
-// subscribers get state_resync_required (ring_evicted) for what it no
-// longer holds. Signal spreads change signals to every replica through
+// epoch_reset on the new one). A new stream checks the epoch with Redis
+// when it opens, so it never joins an epoch Redis no longer has.
+//
+// While Redis is unreachable Publish fails within Options.PublishTimeout
+// (ErrOutcomeUnknown when the event may have been appended all the same:
+// PublishIdempotent retries that at most once), and readers retry with
+// backoff and go on from their last id: nothing is lost while the stream
+// still holds it, and subscribers get state_resync_required (ring_evicted)
+// for what it no longer holds. A reader that cannot reach Redis for
+// Options.OutageTimeout ends its mirror with a terminal stream_error
+// (errorKind "unavailable"): clients reconnect with backoff and resume from
+// their cursor. Signal spreads change signals to every replica through
 // Redis Pub/Sub.
 //
 // Give the client ContextTimeoutEnabled: true, so that a Redis that hangs
@@ -39,8 +46,6 @@ package redisbus
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,7 +58,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // Defaults of Options.
@@ -63,13 +67,21 @@ const (
 	DefaultKeyPrefix      = "eventbus:"
 	DefaultReadBlock      = time.Second
 	DefaultReadCount      = 512
+	// DefaultIdempotencyWindow is how long PublishIdempotent remembers a
+	// key.
+	DefaultIdempotencyWindow = 10 * time.Minute
+	// DefaultOutageTimeout is how long a reader may fail to reach Redis
+	// before it ends its mirror's streams.
+	DefaultOutageTimeout = 30 * time.Second
 	// MaxSessionIDBytes bounds a session id (it is part of Redis keys).
 	MaxSessionIDBytes = 256
 )
 
 var (
-	// ErrUnavailable is wrapped by the errors of Publish, Delete and session
-	// creation when Redis did not answer in time or failed.
+	// ErrUnavailable is wrapped by the errors of Publish, Delete, Info and
+	// of opening a stream when Redis did not answer in time or failed. A
+	// publish error that wraps it without ErrOutcomeUnknown appended
+	// nothing.
 	ErrUnavailable = errors.New("redisbus: redis unavailable")
 	// ErrInvalidSession is wrapped by the error for an empty session id or
 	// one longer than MaxSessionIDBytes.
@@ -105,6 +117,16 @@ type Options struct {
 	// ReadCount is the most entries one XREAD returns; 0 means
 	// DefaultReadCount.
 	ReadCount int
+	// IdempotencyWindow is how long PublishIdempotent remembers a key
+	// after its first publish; 0 means DefaultIdempotencyWindow. Redis
+	// holds one record per keyed publish for this long (about 300 bytes
+	// with a 36-byte key). Give every replica the same window.
+	IdempotencyWindow time.Duration
+	// OutageTimeout is how long a session's reader may go without
+	// reaching Redis before it ends the mirror with a terminal
+	// stream_error (errorKind "unavailable") and releases the session;
+	// 0 means DefaultOutageTimeout. It must not be below ReadBlock.
+	OutageTimeout time.Duration
 	// Logger receives the backplane's own log lines; nil means
 	// Bus.Logger, then slog.Default().
 	Logger *slog.Logger
@@ -119,7 +141,7 @@ type Backplane struct {
 	maxLen   int
 	maxBytes int
 	maxEvent int
-	encoder  *eventbus.EventBus // encodes events for Publish; never fed
+	encoder  *eventbus.Encoder
 	log      *slog.Logger
 
 	ctx    context.Context // ends every reader
@@ -155,6 +177,8 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 		{"PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout},
 		{"IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout},
 		{"ReadBlock", &opts.ReadBlock, DefaultReadBlock},
+		{"IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow},
+		{"OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout},
 	} {
 		if *d.v < 0 {
 			return nil, fmt.Errorf("%w: %s is %v, must not be negative", eventbus.ErrInvalidOption, d.name, *d.v)
@@ -165,6 +189,12 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	}
 	if opts.ReadBlock < time.Millisecond {
 		return nil, fmt.Errorf("%w: ReadBlock is %v, below 1ms", eventbus.ErrInvalidOption, opts.ReadBlock)
+	}
+	if opts.IdempotencyWindow < time.Millisecond {
+		return nil, fmt.Errorf("%w: IdempotencyWindow is %v, below 1ms", eventbus.ErrInvalidOption, opts.IdempotencyWindow)
+	}
+	if opts.OutageTimeout < opts.ReadBlock {
+		return nil, fmt.Errorf("%w: OutageTimeout %v is below ReadBlock %v", eventbus.ErrInvalidOption, opts.OutageTimeout, opts.ReadBlock)
 	}
 	if opts.KeyTTL < 0 || opts.ReadCount < 0 {
 		return nil, fmt.Errorf("%w: KeyTTL and ReadCount must not be negative", eventbus.ErrInvalidOption)
@@ -188,7 +218,7 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	if opts.Bus.Logger == nil {
 		opts.Bus.Logger = log
 	}
-	enc, err := seam.NewMirror(opts.Bus, "", 1) // validates opts.Bus
+	enc, err := eventbus.NewEncoder(opts.Bus) // validates opts.Bus
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +229,7 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 		maxLen:   orInt(opts.Bus.RingSize, eventbus.DefaultRingSize),
 		maxBytes: orInt(opts.Bus.RingMaxBytes, eventbus.DefaultRingMaxBytes),
 		maxEvent: orInt(opts.Bus.MaxEventBytes, eventbus.DefaultMaxEventBytes),
-		encoder:  enc.(*eventbus.EventBus),
+		encoder:  enc,
 		log:      log,
 		sessions: make(map[string]*session),
 		byBus:    make(map[*eventbus.EventBus]*session),
@@ -259,7 +289,6 @@ func (b *Backplane) Close() error {
 		s.stop()
 	}
 	b.wg.Wait()
-	b.encoder.Close()
 	return nil
 }
 
@@ -270,84 +299,17 @@ func validSession(id string) error {
 	return nil
 }
 
-// keys returns the meta key and the stream key prefix (the stream is the
-// prefix followed by the epoch) of session id.
-func (b *Backplane) keys(id string) (meta, stream string) {
+// keys returns the KEYS of every script for session id (scripts.go): the
+// meta key, then the prefixes (followed by the epoch) of the stream, the
+// idempotency hash and the idempotency set.
+func (b *Backplane) keys(id string) []string {
 	base := b.opts.KeyPrefix + "{" + id + "}:"
-	return base + "m", base + "s:"
-}
-
-func newEpoch() string {
-	var e [16]byte
-	_, _ = rand.Read(e[:]) // never fails (Go 1.24+)
-	return hex.EncodeToString(e[:])
+	return []string{base + "m", base + "s:", base + "i:", base + "x:"}
 }
 
 // unavailable wraps a Redis failure.
 func unavailable(op, session string, err error) error {
 	return fmt.Errorf("%w: %s session %q: %v", ErrUnavailable, op, session, err)
-}
-
-// Publish appends e to session's log and returns its id and the session's
-// epoch. The event reaches the subscribers of every replica through their
-// readers (this replica's too), in id order.
-//
-// Publish never panics and returns within PublishTimeout (see the package
-// documentation for the client setting this needs): an error wrapping
-// ErrUnavailable when Redis fails or is too slow (the event may or may not
-// have been appended then), eventbus.ErrInvalidEvent or
-// eventbus.ErrEventTooLarge for an event the bus would refuse (no id is
-// used), ErrInvalidSession, and eventbus.ErrClosed after Close.
-func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Event) (id uint64, epoch string, err error) {
-	if err := validSession(session); err != nil {
-		return 0, "", err
-	}
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
-		return 0, "", eventbus.ErrClosed
-	}
-	typ, tail, err := seam.EncodeTail(b.encoder, e)
-	if err != nil {
-		return 0, "", err
-	}
-	// This replica's mirror, as it was before the script ran: its epoch was
-	// read from Redis earlier, so if the script reports another one, the
-	// mirror's is the stale one.
-	b.mu.Lock()
-	local := b.sessions[session]
-	b.mu.Unlock()
-	if local != nil && !local.isReady() {
-		local = nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
-	defer cancel()
-	meta, prefix := b.keys(session)
-	res, err := publishScript.Run(ctx, b.client, []string{meta, prefix},
-		newEpoch(), typ, tail, b.maxLen, b.maxBytes, b.maxEvent, b.opts.KeyTTL.Milliseconds()).StringSlice()
-	if err != nil {
-		var rerr redis.Error
-		if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "TOOLARGE ") {
-			return 0, "", fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d",
-				eventbus.ErrEventTooLarge, strings.TrimPrefix(rerr.Error(), "TOOLARGE "), b.maxEvent)
-		}
-		return 0, "", unavailable("publish to", session, err)
-	}
-	if len(res) != 2 {
-		return 0, "", unavailable("publish to", session, fmt.Errorf("unexpected reply %q", res))
-	}
-	id, err = strconv.ParseUint(res[0], 10, 64)
-	if err != nil {
-		return 0, "", unavailable("publish to", session, fmt.Errorf("unexpected id %q", res[0]))
-	}
-	epoch = res[1]
-	if local != nil && local.epoch != epoch {
-		// The mirror is of a lost stream: release it now rather than when
-		// its reader notices.
-		b.expire(local, "publish found a new epoch")
-	}
-	return id, epoch, nil
 }
 
 // Delete forgets session in Redis (its stream and epoch) and releases this
@@ -359,8 +321,7 @@ func (b *Backplane) Delete(ctx context.Context, session string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
-	meta, prefix := b.keys(session)
-	if err := deleteScript.Run(ctx, b.client, []string{meta, prefix}).Err(); err != nil {
+	if err := deleteScript.Run(ctx, b.client, b.keys(session)).Err(); err != nil {
 		return unavailable("delete", session, err)
 	}
 	b.mu.Lock()
@@ -399,8 +360,7 @@ func (b *Backplane) Info(ctx context.Context, session string) (Info, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
-	meta, _ := b.keys(session)
-	v, err := b.client.HMGet(ctx, meta, "epoch", "last", "first", "bytes").Result()
+	v, err := b.client.HMGet(ctx, b.keys(session)[0], "epoch", "last", "first", "bytes").Result()
 	if err != nil {
 		return Info{}, unavailable("read", session, err)
 	}
@@ -436,57 +396,65 @@ func (b *Backplane) Sessions() int {
 }
 
 // Bus returns this replica's mirror bus of session, creating it (and its
-// reader) when needed. Subscribe through the backplane (Subscribe, or the
-// Handler), not on the bus directly: a resume its ring cannot answer needs
-// the backplane's history. Its Publish returns an error; Signal delivers to
-// this replica's subscribers only.
+// reader) when needed, after checking with Redis that the mirror's epoch
+// is the session's (see Subscribe). The mirror is a fed bus: its Subscribe
+// answers resumes from the stream, so subscribing on it directly is the
+// same as Subscribe. Its Publish returns an error; Signal delivers to this
+// replica's subscribers only. It returns an error wrapping ErrUnavailable
+// when Redis cannot be reached.
 func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
-	return b.busFor(ctx, session, "")
-}
-
-// busFor is Bus for a client that presents epoch. When this replica's
-// mirror is of another epoch than the client's, and Redis says the
-// client's is the current one, the mirror is of a lost stream its reader
-// has not noticed yet: it is released and a new one made, so the client
-// does not get an epoch_reset it would get again a moment later.
-func (b *Backplane) busFor(ctx context.Context, session, epoch string) (*eventbus.EventBus, error) {
-	s, err := b.session(ctx, session)
-	if err != nil {
-		return nil, err
-	}
-	if epochMismatch(epoch, s.epoch) {
-		if cur, err := s.currentEpoch(ctx); err == nil && cur == epoch {
-			b.expire(s, "a client presented the newer epoch")
-			if s, err = b.session(ctx, session); err != nil {
-				return nil, err
-			}
+	start := time.Now()
+	for attempt := 0; attempt < 3; attempt++ {
+		s, err := b.session(ctx, session)
+		if err != nil {
+			return nil, err
 		}
+		if !s.opened.Before(start) {
+			return s.bus, nil // opened by this call or after it: its epoch is fresh
+		}
+		// The mirror may be of an epoch Redis no longer has (a Delete or a
+		// lost stream its reader has not noticed yet, for up to ReadBlock):
+		// a stream that joined it would miss the new epoch's events.
+		cur, err := s.currentEpoch(ctx, b.opts.PublishTimeout)
+		if err != nil {
+			return nil, unavailable("check the epoch of", session, err)
+		}
+		if cur == s.epoch {
+			return s.bus, nil
+		}
+		// The next session opens after start, so this runs once unless
+		// another lookup's older session got in between.
+		b.expire(s, "a new stream found another epoch in Redis")
 	}
-	return s.bus, nil
+	return nil, unavailable("open", session, errors.New("its epoch kept changing while the stream opened"))
 }
 
 // Subscribe subscribes to session on this replica, as
-// eventbus.EventBus.Subscribe does, answering a resume its mirror cannot
-// from the stream.
+// eventbus.EventBus.Subscribe does: a resume its mirror cannot answer is
+// answered from the stream. It first checks the session's epoch with
+// Redis (one round trip, none when it creates the mirror): a mirror of an
+// epoch Redis no longer has is released and a new one made, so a new
+// subscription never joins a dead epoch. It returns an error wrapping
+// ErrUnavailable when Redis cannot be reached.
 func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
-	bus, err := b.busFor(ctx, session, opts.Epoch)
+	bus, err := b.Bus(ctx, session)
 	if err != nil {
 		return nil, err
 	}
-	return b.subscribeBus(ctx, bus, opts)
+	return bus.Subscribe(ctx, opts)
 }
 
 // Handler returns an SSE handler for a route such as
-// "GET /session/{id}/events": its Lookup gets or creates the session named
-// by r.PathValue("id") (an invalid id is 404, Redis unavailable 500) and
-// its Subscribe answers resumes from the stream. Set Retry, Heartbeat,
-// WriteTimeout or Logger on it before serving; keep Lookup and Subscribe
-// (wrap them to add to them).
+// "GET /session/{id}/events": its Lookup is Bus for r.PathValue("id") (an
+// invalid id is 404; Redis unavailable is 503 unavailable and a closed
+// Backplane 503 shutting_down, both with Retry-After: 1, as
+// eventbus.StatusError wrapping the cause). Set Retry, Heartbeat,
+// WriteTimeout, Logger, CORS or Authorize on it before serving; keep
+// Lookup (wrap it to add to it).
 func (b *Backplane) Handler() *eventbus.Handler {
 	return &eventbus.Handler{
-		Lookup:    b.lookup,
-		Subscribe: b.subscribeBus,
-		Logger:    b.log,
+		Lookup: b.lookup,
+		Logger: b.log,
 	}
 }
 
@@ -495,40 +463,17 @@ func (b *Backplane) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	if validSession(id) != nil {
 		return nil, eventbus.ErrSessionNotFound
 	}
-	epoch := r.Header.Get("Event-Epoch") // as eventbus.Handler reads it
-	if epoch == "" {
-		epoch = r.URL.Query().Get("epoch")
+	bus, err := b.Bus(r.Context(), id)
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		se := eventbus.Unavailable(time.Second, "Redis unavailable; retry after Retry-After")
+		se.Err = err
+		return nil, se
+	case errors.Is(err, eventbus.ErrClosed):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down",
+			Message: "the daemon is shutting down", RetryAfter: time.Second, Err: err}
 	}
-	return b.busFor(r.Context(), id, epoch)
-}
-
-// subscribeBus is the handler's Subscribe.
-func (b *Backplane) subscribeBus(ctx context.Context, bus *eventbus.EventBus, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
-	b.mu.Lock()
-	s := b.byBus[bus]
-	b.mu.Unlock()
-	if s == nil {
-		// Released meanwhile (closed bus: an ended subscription), or not
-		// one of ours.
-		return bus.Subscribe(ctx, opts)
-	}
-	if opts.Resume && opts.LastEventID > bus.LastEventID() && !epochMismatch(opts.Epoch, s.epoch) {
-		// The cursor is ahead of this mirror: either from an older epoch
-		// (epoch_reset), or this replica's reader lags the stream, which
-		// must not look like an epoch reset.
-		s.catchUp(ctx, opts.LastEventID)
-	}
-	sub, err := seam.Subscribe(bus, ctx, opts, s.history(opts))
-	if err != nil {
-		return nil, err
-	}
-	return sub.(*eventbus.Subscription), nil
-}
-
-// epochMismatch is SPEC 5.2's rule: an epoch that is set, at most 64
-// bytes, and different.
-func epochMismatch(presented, epoch string) bool {
-	return presented != "" && len(presented) <= 64 && presented != epoch
+	return bus, err
 }
 
 // janitor releases sessions without local subscribers for IdleTimeout.

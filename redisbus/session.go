@@ -7,12 +7,10 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // session is this replica's mirror of one session: a mirror bus fed by one
@@ -21,12 +19,14 @@ import (
 type session struct {
 	b      *Backplane
 	id     string
-	meta   string // meta hash key
-	prefix string // stream key without the epoch
+	keys   []string // the scripts' KEYS (Backplane.keys)
+	meta   string   // meta hash key
+	prefix string   // stream key without the epoch
 
 	ready chan struct{} // closed when open has finished
 	// Set by open before ready is closed (bus and cancel under b.mu).
 	err    error
+	opened time.Time // when open asked Redis for the epoch
 	bus    *eventbus.EventBus
 	epoch  string
 	stream string
@@ -34,9 +34,6 @@ type session struct {
 	cancel context.CancelFunc
 
 	lastActive time.Time // guarded by b.mu
-
-	pmu sync.Mutex
-	pch chan struct{} // closed when the reader delivers; nil when nobody waits
 }
 
 // errReleased is the error of a session released (Delete, a new epoch)
@@ -65,8 +62,8 @@ func (b *Backplane) session(ctx context.Context, id string) (*session, error) {
 		}
 		s := b.sessions[id]
 		if s == nil {
-			meta, prefix := b.keys(id)
-			s = &session{b: b, id: id, meta: meta, prefix: prefix, ready: make(chan struct{})}
+			keys := b.keys(id)
+			s = &session{b: b, id: id, keys: keys, meta: keys[0], prefix: keys[1], ready: make(chan struct{})}
 			b.sessions[id] = s
 			s.lastActive = time.Now()
 			b.mu.Unlock()
@@ -110,9 +107,10 @@ func (s *session) open() {
 		}
 		b.mu.Unlock()
 	}
+	s.opened = time.Now()
 	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
-	res, err := ensureScript.Run(ctx, b.client, []string{s.meta, s.prefix},
-		newEpoch(), b.opts.KeyTTL.Milliseconds()).StringSlice()
+	res, err := ensureScript.Run(ctx, b.client, s.keys,
+		eventbus.NewEpoch(), b.opts.KeyTTL.Milliseconds()).StringSlice()
 	cancel()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %q", res)
@@ -126,12 +124,12 @@ func (s *session) open() {
 		fail(unavailable("open", s.id, fmt.Errorf("unexpected last id %q", res[1])))
 		return
 	}
-	mb, err := seam.NewMirror(b.busOpts, res[0], last+1)
+	bus, err := eventbus.NewFed(b.busOpts, eventbus.FeedOptions{
+		Epoch: res[0], NextID: last + 1, Log: s, LagTimeout: b.opts.PublishTimeout})
 	if err != nil {
-		fail(err) // cannot happen: New validated the options
+		fail(unavailable("open", s.id, err)) // a corrupt epoch; the options were validated by New
 		return
 	}
-	bus := mb.(*eventbus.EventBus)
 	rctx, rcancel := context.WithCancel(b.ctx)
 	b.mu.Lock()
 	if b.closed || b.sessions[s.id] != s {
@@ -154,20 +152,36 @@ func (s *session) open() {
 
 // stop ends the reader and closes the mirror (its streams drain, then end).
 // The session must already be out of the backplane's maps. Idempotent.
-func (s *session) stop() {
+func (s *session) stop() { s.stopWith("", "") }
+
+// stopWith is stop; with a kind, the mirror's streams end with a terminal
+// stream_error of that kind and message (EventBus.CloseWithError).
+func (s *session) stopWith(kind, message string) {
 	s.b.mu.Lock()
 	cancel, bus := s.cancel, s.bus
 	s.b.mu.Unlock()
 	if cancel != nil {
 		cancel()
 	}
-	if bus != nil {
+	switch {
+	case bus == nil:
+	case kind != "":
+		bus.CloseWithError(kind, message)
+	default:
 		bus.Close()
 	}
 }
 
 // expire removes s from the backplane and stops it.
 func (b *Backplane) expire(s *session, why string) {
+	b.remove(s)
+	b.log.Info("redisbus: session released", "session", s.id, "epoch", s.epoch, "reason", why)
+	s.stop()
+}
+
+// remove takes s out of the backplane's maps, so that the next lookup of
+// its session makes a new one.
+func (b *Backplane) remove(s *session) {
 	b.mu.Lock()
 	if b.sessions[s.id] == s {
 		delete(b.sessions, s.id)
@@ -175,10 +189,20 @@ func (b *Backplane) expire(s *session, why string) {
 	if s.bus != nil && b.byBus[s.bus] == s {
 		delete(b.byBus, s.bus)
 	}
-	epoch := s.epoch
 	b.mu.Unlock()
-	b.log.Info("redisbus: session released", "session", s.id, "epoch", epoch, "reason", why)
-	s.stop()
+}
+
+// outage ends s after its reader could not reach Redis for OutageTimeout:
+// out of the maps first (a new stream then asks Redis again, and fails
+// while it is down), then every stream of the mirror gets what it had
+// queued and a terminal stream_error "unavailable", so that its client
+// reconnects with backoff and resumes from its cursor.
+func (b *Backplane) outage(s *session, err error) {
+	b.remove(s)
+	b.log.Warn("redisbus: redis unreachable past OutageTimeout; the session's streams end",
+		"session", s.id, "epoch", s.epoch, "outageTimeout", b.opts.OutageTimeout, "error", err)
+	s.stopWith(eventbus.ErrorKindUnavailable, fmt.Sprintf(
+		"redisbus: Redis unreachable for %v; reconnect with backoff and resume from the last event id", b.opts.OutageTimeout))
 }
 
 // Reader backoff after a Redis error.
@@ -192,26 +216,39 @@ const (
 // run is the session's reader: XREAD BLOCK from the last id it fed, into
 // the mirror, until ctx ends or the epoch changes. After a timeout or an
 // error it checks the session's epoch in Redis: a different or missing one
-// means the stream is lost, and the mirror is released.
+// means the stream is lost, and the mirror is released. When no call has
+// reached Redis for OutageTimeout, the mirror ends with a terminal
+// stream_error (outage).
 func (s *session) run(ctx context.Context, last uint64) {
 	b := s.b
 	defer b.wg.Done()
 	var delay time.Duration
 	failing := false
 	check := false
+	lastOK := time.Now() // the last answer from Redis
+	var lastErr error
 	for ctx.Err() == nil {
+		// Every call is bounded by what is left of the outage bound, so a
+		// hung Redis ends the streams at OutageTimeout, not one call later.
+		left := time.Until(lastOK.Add(b.opts.OutageTimeout))
+		if left <= 0 {
+			b.outage(s, lastErr)
+			return
+		}
 		if check {
-			lost, err := s.epochLost(ctx)
-			if err == nil {
-				check = false
-				if lost {
-					b.expire(s, "epoch changed: the stream was lost or deleted")
+			e, err := s.currentEpoch(ctx, min(b.opts.PublishTimeout, left))
+			if err != nil {
+				if ctx.Err() != nil {
 					return
 				}
-			}
-			if err != nil {
-				delay = s.failed(ctx, &failing, delay, err)
+				lastErr = err
+				delay = s.failed(ctx, &failing, delay, left, err)
 				continue
+			}
+			lastOK, check = time.Now(), false
+			if e != s.epoch {
+				b.expire(s, "epoch changed: the stream was lost or deleted")
+				return
 			}
 		}
 		if h := b.readHook.Load(); h != nil {
@@ -220,25 +257,31 @@ func (s *session) run(ctx context.Context, last uint64) {
 				return
 			}
 		}
-		rctx, cancel := context.WithTimeout(ctx, b.opts.ReadBlock+readSlack)
+		// A healthy XREAD answers after block; block is at most half of
+		// what is left, so that its answer comes before the bound.
+		block := min(b.opts.ReadBlock, max(left/2, time.Millisecond))
+		rctx, cancel := context.WithTimeout(ctx, min(block+readSlack, left))
 		streams, err := b.client.XRead(rctx, &redis.XReadArgs{
 			Streams: []string{s.stream, strconv.FormatUint(last, 10) + "-0"},
 			Count:   int64(b.opts.ReadCount),
-			Block:   b.opts.ReadBlock,
+			Block:   block,
 		}).Result()
 		cancel()
 		switch {
 		case errors.Is(err, redis.Nil):
+			lastOK = time.Now()
 			check = true // quiet: is the stream still ours?
 			continue
 		case err != nil:
 			if ctx.Err() != nil {
 				return
 			}
-			delay = s.failed(ctx, &failing, delay, err)
+			lastErr = err
+			delay = s.failed(ctx, &failing, delay, left, err)
 			check = true
 			continue
 		}
+		lastOK = time.Now()
 		if failing {
 			failing = false
 			b.log.Info("redisbus: reader reconnected", "session", s.id, "lastEventId", last)
@@ -252,7 +295,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 					b.log.Error("redisbus: malformed stream entry", "session", s.id, "entry", m.ID, "error", err)
 					continue
 				}
-				if err := seam.Append(s.bus, e); err != nil {
+				if err := s.bus.Append(e); err != nil {
 					if errors.Is(err, eventbus.ErrClosed) {
 						return
 					}
@@ -261,20 +304,19 @@ func (s *session) run(ctx context.Context, last uint64) {
 				last = e.ID
 			}
 		}
-		s.progress()
 	}
 }
 
 // failed logs a Redis error (the first of a streak as a warning) and
-// sleeps the next backoff; it returns that backoff.
-func (s *session) failed(ctx context.Context, failing *bool, delay time.Duration, err error) time.Duration {
+// sleeps the next backoff, at most left; it returns that backoff.
+func (s *session) failed(ctx context.Context, failing *bool, delay, left time.Duration, err error) time.Duration {
 	if !*failing {
 		*failing = true
 		s.b.log.Warn("redisbus: reader lost redis; retrying with backoff", "session", s.id, "error", err)
 	}
 	delay = min(max(2*delay, minBackoff), maxBackoff)
 	d := delay/2 + rand.N(delay/2+1) // jitter, so replicas do not retry in step
-	t := time.NewTimer(d)
+	t := time.NewTimer(min(d, left))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -283,87 +325,45 @@ func (s *session) failed(ctx context.Context, failing *bool, delay time.Duration
 	return delay
 }
 
-// epochLost reports whether the session's epoch in Redis is no longer the
-// mirror's (missing included).
-func (s *session) epochLost(ctx context.Context) (bool, error) {
-	e, err := s.currentEpoch(ctx)
-	if err != nil {
-		return false, err
-	}
-	return e != s.epoch, nil
-}
-
-// currentEpoch returns the session's epoch in Redis, "" when it has none.
-func (s *session) currentEpoch(ctx context.Context) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
+// currentEpoch returns the session's epoch in Redis, "" when it has none
+// or its stream is lost (epochScript), waiting at most timeout.
+func (s *session) currentEpoch(ctx context.Context, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	e, err := s.b.client.HGet(ctx, s.meta, "epoch").Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
-	return e, err
+	return epochScript.Run(ctx, s.b.client, s.keys[:2]).Text()
 }
 
-// progress wakes resumes waiting for the reader (catchUp).
-func (s *session) progress() {
-	s.pmu.Lock()
-	if s.pch != nil {
-		close(s.pch)
-		s.pch = nil
-	}
-	s.pmu.Unlock()
-}
-
-// catchUp waits, at most PublishTimeout, until the mirror has delivered id
-// n when the stream holds n in the mirror's epoch: a client that read n
-// through another replica resumes here before this reader has seen it.
-func (s *session) catchUp(ctx context.Context, n uint64) {
+// Head implements eventbus.Log: the stream's epoch and last id in Redis.
+func (s *session) Head(ctx context.Context) (epoch string, last uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
 	defer cancel()
 	v, err := s.b.client.HMGet(ctx, s.meta, "epoch", "last").Result()
-	if err != nil || len(v) != 2 {
-		return
+	if err != nil {
+		return "", 0, err
 	}
-	if e, _ := v[0].(string); e != s.epoch || parseUint(v[1]) < n {
-		return // a cursor of another epoch: epoch_reset is right
+	if len(v) != 2 {
+		return "", 0, fmt.Errorf("redisbus: unexpected reply %q", v)
 	}
-	for s.bus.LastEventID() < n {
-		s.pmu.Lock()
-		if s.pch == nil {
-			s.pch = make(chan struct{})
-		}
-		ch := s.pch
-		s.pmu.Unlock()
-		if s.bus.LastEventID() >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return
-		case <-s.rctx.Done():
-			return
-		}
-	}
+	epoch, _ = v[0].(string)
+	return epoch, parseUint(v[1]), nil
 }
 
 // historyBatch is the most entries one XRANGE of a resume reads.
 const historyBatch = 1000
 
-// history returns the seam.History of one resume: the stream's entries
-// after < id <= upto, and the first id it holds. Without a type filter it
-// stops after the first entry past the replay budget (the replay stops
-// there anyway), so a resume from far back does not read the whole ring.
-func (s *session) history(opts eventbus.SubscribeOptions) seam.History {
-	cut := len(opts.Types) == 0
-	budget := orInt(s.b.busOpts.ReplayBudgetBytes, eventbus.DefaultReplayBudgetBytes)
-	return func(ctx context.Context, after, upto uint64) ([]seam.Entry, uint64, error) {
+// ReadHistory implements eventbus.Log: the stream's entries in req's
+// range, and the first id it holds. With req.MaxBytes it stops after the
+// first entry past it (the replay stops there anyway), so a resume from far
+// back does not read the whole ring.
+func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+	after, upto := req.After, req.Upto
+	{
 		if upto <= after {
 			return nil, 0, nil
 		}
 		ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
 		defer cancel()
-		var out []seam.Entry
+		var out []eventbus.LogEntry
 		spent := 0
 		for from := after + 1; from <= upto; {
 			msgs, err := s.b.client.XRangeN(ctx, s.stream, strconv.FormatUint(from, 10)+"-0",
@@ -378,7 +378,7 @@ func (s *session) history(opts eventbus.SubscribeOptions) seam.History {
 				}
 				out = append(out, e)
 				spent += len(e.JSON)
-				if cut && len(out) > 1 && spent > budget {
+				if req.MaxBytes > 0 && len(out) > 1 && spent > req.MaxBytes {
 					return out, out[0].ID, nil
 				}
 				from = e.ID + 1
@@ -407,16 +407,16 @@ func (s *session) history(opts eventbus.SubscribeOptions) seam.History {
 }
 
 // parseEntry reads a stream entry "<id>-0" {t: type, j: envelope}.
-func parseEntry(m redis.XMessage) (seam.Entry, error) {
+func parseEntry(m redis.XMessage) (eventbus.LogEntry, error) {
 	ms, seq, _ := strings.Cut(m.ID, "-")
 	id, err := strconv.ParseUint(ms, 10, 64)
 	if err != nil || seq != "0" || id == 0 {
-		return seam.Entry{}, fmt.Errorf("redisbus: entry id %q is not <id>-0", m.ID)
+		return eventbus.LogEntry{}, fmt.Errorf("redisbus: entry id %q is not <id>-0", m.ID)
 	}
 	t, ok1 := m.Values["t"].(string)
 	j, ok2 := m.Values["j"].(string)
 	if !ok1 || !ok2 {
-		return seam.Entry{}, fmt.Errorf("redisbus: entry %q lacks t or j", m.ID)
+		return eventbus.LogEntry{}, fmt.Errorf("redisbus: entry %q lacks t or j", m.ID)
 	}
-	return seam.Entry{ID: id, Type: t, JSON: []byte(j)}, nil
+	return eventbus.LogEntry{ID: id, Type: t, JSON: []byte(j)}, nil
 }

@@ -44,8 +44,7 @@ func (b *Backplane) Signal(ctx context.Context, session, typ, about string) erro
 	if closed {
 		return eventbus.ErrClosed
 	}
-	// The encoder bus has no subscribers: Signal there only validates.
-	if err := b.encoder.Signal(typ, about); err != nil {
+	if err := b.encoder.CheckSignal(typ, about); err != nil {
 		return err
 	}
 	payload, err := json.Marshal(signalMsg{session, typ, about})

@@ -12,13 +12,24 @@
 //	POST   /session/{id}/events           publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...}
 //	GET    /session/{id}                  status of a session as JSON (404 if it does not exist)
 //	DELETE /session/{id}                  close the session's bus and forget it (its streams drain and end) -> 204
-//	POST   /session/{id}/disconnect       cut every open stream of the session, as a load balancer would;
-//	                                      clients reconnect by themselves and resume with Last-Event-ID
+//	POST   /session/{id}/disconnect       cut every open stream of the session, as a load balancer would:
+//	                                      ?mode=clean (default) ends the responses, ?mode=abort resets
+//	                                      their TCP connections; clients reconnect by themselves and
+//	                                      resume with Last-Event-ID
+//
+// With -auth-token every /session route needs "Authorization: Bearer <token>"
+// or the cookie of POST /login (the viewer shows a login form), and
+// -token-lifetime bounds each stream and login; POST /logout and POST
+// /revoke end a subject's streams (README "Access control").
 //
 // A GET or POST after DELETE starts a new session with a new epoch. With -demo
-// the daemon publishes "tick" events to session "demo". On SIGINT or SIGTERM it
-// closes every bus (open streams drain and end), then shuts the HTTP server
-// down.
+// the daemon publishes "tick" events to session "demo". The SSE ids carry the
+// epoch (-epoch-ids, on by default: the viewer is a plain EventSource); other
+// origins may open the stream with -cors-origin. It serves HTTP/1.1 and h2c,
+// or HTTPS with HTTP/2 with -tls-cert and -tls-key. A route answers a wrong
+// method with a JSON 405 and an unknown path with a JSON 404. On SIGINT or
+// SIGTERM it closes every bus (open streams drain and end), then shuts the
+// HTTP server down.
 package main
 
 import (
@@ -40,14 +51,23 @@ Routes:
   GET    /session/{id}/events       SSE stream; creates the session on first use
                                     (Last-Event-ID or ?lastEventId= resumes; ?maxQueued=16..2048)
   POST   /session/{id}/events       publish {"type":"...","data":...,"originatorClientId":"..."}
-                                    -> {"id":N,"epoch":"..."}; 400 bad body or type, 413 too large
+                                    -> {"id":N,"epoch":"..."}; 400 bad body or type, 413 too large.
+                                    With an Idempotency-Key header a retry of the same event within
+                                    -idempotency-window (up to 256 keys per session) appends nothing
+                                    -> {"id":<first>,"epoch":"...","duplicate":true}; the key with
+                                    another event: 422 idempotency_key_reused
   GET    /session/{id}              session status as JSON; 404 if the session does not exist
   DELETE /session/{id}              close the session's bus and forget it -> 204; the next
                                     GET or POST starts a new session with a new epoch
   POST   /session/{id}/disconnect   demo feature: cut every open stream of the session, as a
                                     load balancer would; clients reconnect and resume with
-                                    Last-Event-ID -> {"disconnected":N}
+                                    Last-Event-ID -> {"disconnected":N,"mode":...}
+                                    ?mode=clean (default): end the responses; ?mode=abort:
+                                    reset their TCP connections (on HTTP/2, every request on them)
 
+HTTP/1.1 and h2c (HTTP/2 with prior knowledge); HTTPS with HTTP/2 with -tls-cert/-tls-key.
+
+` + daemon.AuthUsage + `
 Flags:
 `
 
@@ -65,14 +85,23 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 		return err
 	}
 	logger := f.Logger(logOut)
+	tlsConfig, err := f.TLSConfig()
+	if err != nil {
+		return err
+	}
+	auth, err := f.Auth("sessiond", tlsConfig != nil)
+	if err != nil {
+		return err
+	}
 
 	srv, err := newServer(config{
-		Options:      f.BusOptions(logger),
-		MaxSessions:  *maxSessions,
-		Heartbeat:    f.Heartbeat,
-		Retry:        f.Retry,
-		WriteTimeout: f.WriteTimeout,
-		Logger:       logger,
+		Options:     f.BusOptions(logger),
+		MaxSessions: *maxSessions,
+		Stream:      f.Handler,
+		Logger:      logger,
+		Auth:        auth,
+
+		IdempotencyWindow: f.IdempotencyWindow,
 	})
 	if err != nil {
 		return err
@@ -81,12 +110,17 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	scheme := "http://"
+	if tlsConfig != nil {
+		scheme = "https://"
+	}
 	d := &daemon.Server{
 		Name:            "sessiond",
 		Listener:        ln,
 		Handler:         srv.routes(),
+		TLS:             tlsConfig,
 		Logger:          logger,
-		ListenAttrs:     []any{"url", "http://" + ln.Addr().String() + "/"},
+		ListenAttrs:     []any{"url", scheme + ln.Addr().String() + "/"},
 		Close:           srv.closeAll,
 		ShutdownTimeout: f.ShutdownTimeout,
 	}

@@ -15,12 +15,14 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/daemon"
 )
 
 func TestMain(m *testing.M) {
@@ -38,7 +40,9 @@ func newTestServer(t *testing.T, opts eventbus.Options) (*server, *httptest.Serv
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(s.routes())
+	ts := httptest.NewUnstartedServer(s.routes())
+	ts.Config.ConnContext = daemon.ConnContext // as daemon.Server, for /disconnect?mode=abort
+	ts.Start()
 	t.Cleanup(func() {
 		s.closeAll()
 		ts.Close()
@@ -64,6 +68,12 @@ func (r response) json(t *testing.T) map[string]any {
 
 func do(t *testing.T, method, url, body string) response {
 	t.Helper()
+	return call(t, method, url, nil, body)
+}
+
+// call sends a request with header and body and returns the answer.
+func call(t *testing.T, method, url string, header http.Header, body string) response {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var rd io.Reader
@@ -73,6 +83,9 @@ func do(t *testing.T, method, url, body string) response {
 	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -347,10 +360,12 @@ func TestMaxSessionsAndShutdownAreRefusedClearly(t *testing.T) {
 	if r := publish(t, ts, "two", `{"type":"a"}`); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" {
 		t.Fatalf("POST to a second session: %d %s", r.status, r.body)
 	}
-	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" {
-		t.Fatalf("GET of a second session: %d %s", r.status, r.body)
+	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" ||
+		r.header.Get("Retry-After") != "1" {
+		t.Fatalf("GET of a second session: %d %v %s", r.status, r.header, r.body)
 	}
-	if r := do(t, http.MethodGet, ts.URL+"/session/"+strings.Repeat("x", maxSessionIDBytes+1)+"/events", ""); r.status != http.StatusBadRequest {
+	if r := do(t, http.MethodGet, ts.URL+"/session/"+strings.Repeat("x", maxSessionIDBytes+1)+"/events", ""); r.status != http.StatusBadRequest ||
+		r.json(t)["code"] != "invalid_session_id" {
 		t.Fatalf("GET of a too long id: %d %s", r.status, r.body)
 	}
 	// The existing session still streams; a DELETE makes room.
@@ -364,8 +379,9 @@ func TestMaxSessionsAndShutdownAreRefusedClearly(t *testing.T) {
 	if r := publish(t, ts, "two", `{"type":"a"}`); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "shutting_down" {
 		t.Fatalf("POST while shutting down: %d %s", r.status, r.body)
 	}
-	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "shutting_down" {
-		t.Fatalf("GET while shutting down: %d %s", r.status, r.body)
+	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "shutting_down" ||
+		r.header.Get("Retry-After") != "1" {
+		t.Fatalf("GET while shutting down: %d %v %s", r.status, r.header, r.body)
 	}
 }
 
@@ -447,6 +463,24 @@ func TestDisconnectCutsStreamsAndTheClientResumes(t *testing.T) {
 		t.Fatalf("disconnect of an unknown session: %d %s", r.status, r.body)
 	}
 
+	// An abort resets the connections: the clients see an error, not an end.
+	a = openStream(t, url, nil)
+	b = openStream(t, url, nil)
+	waitFor(t, "two subscribers", func() bool { return status(t, ts, "cut")["subscribers"] == float64(2) })
+	r = do(t, http.MethodPost, ts.URL+"/session/cut/disconnect?mode=abort", "")
+	if v := r.json(t); r.status != http.StatusOK || v["disconnected"] != float64(2) || v["mode"] != "abort" {
+		t.Fatalf("disconnect?mode=abort: %d %s", r.status, r.body)
+	}
+	for _, s := range []*sseStream{a, b} {
+		if _, err := s.next(); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("an aborted stream: %v, want a connection reset", err)
+		}
+	}
+	waitFor(t, "no subscribers", func() bool { return status(t, ts, "cut")["subscribers"] == float64(0) })
+	if r := do(t, http.MethodPost, ts.URL+"/session/cut/disconnect?mode=rst", ""); r.status != http.StatusBadRequest || r.json(t)["code"] != "invalid_mode" {
+		t.Fatalf("an unknown mode: %d %s", r.status, r.body)
+	}
+
 	// The session and its ring survive: a client resumes where it was cut.
 	publish(t, ts, "cut", `{"type":"a","data":3}`)
 	c := openStream(t, url, http.Header{"Last-Event-Id": {"2"}})
@@ -457,7 +491,7 @@ func TestDisconnectCutsStreamsAndTheClientResumes(t *testing.T) {
 		t.Fatalf("resumed stream: %+v", f)
 	}
 	st := status(t, ts, "cut")
-	if st["epoch"] != epoch || st["streamsOpened"] != float64(3) || st["streamsResumed"] != float64(1) || st["lastResumeFrom"] != "2" {
+	if st["epoch"] != epoch || st["streamsOpened"] != float64(5) || st["streamsResumed"] != float64(1) || st["lastResumeFrom"] != "2" {
 		t.Fatalf("status after the resume: %v", st)
 	}
 }
@@ -473,11 +507,23 @@ func TestIndexPage(t *testing.T) {
 			t.Errorf("index page lacks %q", want)
 		}
 	}
-	if r := do(t, http.MethodGet, ts.URL+"/nope", ""); r.status != http.StatusNotFound {
-		t.Fatalf("GET /nope: %d", r.status)
+	if r := do(t, http.MethodGet, ts.URL+"/nope", ""); r.status != http.StatusNotFound || r.json(t)["code"] != "not_found" {
+		t.Fatalf("GET /nope: %d %s", r.status, r.body)
 	}
-	if r := do(t, http.MethodPut, ts.URL+"/session/x/events", `{"type":"a"}`); r.status != http.StatusMethodNotAllowed {
-		t.Fatalf("PUT: %d", r.status)
+	for _, c := range []struct{ method, path, allow string }{
+		{http.MethodPut, "/session/x/events", "GET, HEAD, OPTIONS, POST"},
+		{http.MethodGet, "/session/x/disconnect", "POST"},
+		{http.MethodPatch, "/session/x", "DELETE, GET, HEAD"},
+	} {
+		r := do(t, c.method, ts.URL+c.path, `{"type":"a"}`)
+		if r.status != http.StatusMethodNotAllowed || r.json(t)["code"] != "method_not_allowed" ||
+			r.header.Get("Content-Type") != "application/json" || r.header.Get("Allow") != c.allow {
+			t.Fatalf("%s %s: %d %v %s", c.method, c.path, r.status, r.header, r.body)
+		}
+	}
+	// Through the eventbus handler itself: its JSON 405 (OPTIONS without CORS).
+	if r := do(t, http.MethodOptions, ts.URL+"/session/x/events", ""); r.status != http.StatusMethodNotAllowed || r.json(t)["code"] != "method_not_allowed" {
+		t.Fatalf("OPTIONS: %d %s", r.status, r.body)
 	}
 }
 
@@ -519,8 +565,8 @@ func TestRunServesTheDemoAndShutsDownOnCancel(t *testing.T) {
 
 	s := openStream(t, "http://"+addr+"/session/demo/events", nil)
 	f, env := s.mustNext(t)
-	if f.event != "tick" || f.id == "" {
-		t.Fatalf("demo frame: %+v", f)
+	if f.event != "tick" || !regexp.MustCompile(`^[0-9a-f]{32}:[1-9][0-9]*$`).MatchString(f.id) {
+		t.Fatalf("demo frame: %+v, want an epoch id (-epoch-ids is on by default)", f)
 	}
 	if d, _ := env["data"].(map[string]any); d["n"] == nil {
 		t.Fatalf("demo frame without a counter: %s", f.data)
@@ -559,5 +605,57 @@ func TestRunFlags(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"-overflow", "drop", "-addr", "127.0.0.1:0"}, io.Discard); err == nil {
 		t.Fatal("-overflow drop was accepted")
+	}
+}
+
+// postKeyed is POST /session/{id}/events with an Idempotency-Key.
+func postKeyed(t *testing.T, ts *httptest.Server, session, key, body string) response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, ts.URL+"/session/"+session+"/events", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return response{resp.StatusCode, resp.Header, b}
+}
+
+// A POST retried with its Idempotency-Key (its answer was lost) appends
+// once; the key with another body is 422; an invalid key is 400; DELETE
+// forgets the keys with the session.
+func TestPublishIdempotencyKey(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+	body := `{"type":"order","data":{"n":1},"originatorClientId":"c1"}`
+	r := postKeyed(t, ts, "s", "order-1", body)
+	first := r.json(t)
+	if r.status != http.StatusOK || first["id"] != float64(1) || first["duplicate"] != nil {
+		t.Fatalf("first POST: %d %s", r.status, r.body)
+	}
+	r = postKeyed(t, ts, "s", "order-1", `{"type":"order", "data":{ "n": 1 },"originatorClientId":"c1"}`)
+	if got := r.json(t); r.status != http.StatusOK || got["id"] != float64(1) || got["duplicate"] != true || got["epoch"] != first["epoch"] {
+		t.Fatalf("retry: %d %s", r.status, r.body)
+	}
+	r = postKeyed(t, ts, "s", "order-1", `{"type":"order","data":{"n":2},"originatorClientId":"c1"}`)
+	if r.status != http.StatusUnprocessableEntity || r.json(t)["code"] != "idempotency_key_reused" {
+		t.Fatalf("same key, other data: %d %s", r.status, r.body)
+	}
+	for _, key := range []string{"", strings.Repeat("k", 256), "caf\u00e9"} {
+		r = postKeyed(t, ts, "s", key, body)
+		if r.status != http.StatusBadRequest || r.json(t)["code"] != "invalid_idempotency_key" {
+			t.Fatalf("key %q: %d %s", key, r.status, r.body)
+		}
+	}
+	if st := status(t, ts, "s"); st["lastEventId"] != float64(1) {
+		t.Fatalf("after the retries: %v", st)
+	}
+	do(t, http.MethodDelete, ts.URL+"/session/s", "")
+	r = postKeyed(t, ts, "s", "order-1", body)
+	if got := r.json(t); r.status != http.StatusOK || got["id"] != float64(1) || got["duplicate"] != nil || got["epoch"] == first["epoch"] {
+		t.Fatalf("after DELETE: %d %s", r.status, r.body)
 	}
 }

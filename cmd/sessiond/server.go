@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"errors"
@@ -25,6 +26,14 @@ const maxSessionIDBytes = 128
 // MaxEventBytes+bodySlack is refused (413) before it is read to the end.
 const bodySlack = daemon.BodySlack
 
+// publishErrors maps the idempotency errors (and the bus's own) to HTTP
+// answers, as the backplane daemons do; this daemon never answers
+// publish_outcome_unknown: its publishes are definite.
+var publishErrors = daemon.PublishErrors{
+	InvalidKey: eventbus.ErrInvalidIdempotencyKey,
+	KeyReused:  eventbus.ErrIdempotencyKeyReused,
+}
+
 var (
 	errShuttingDown    = errors.New("sessiond: shutting down")
 	errTooManySessions = errors.New("sessiond: too many sessions")
@@ -32,12 +41,20 @@ var (
 )
 
 type config struct {
-	Options      eventbus.Options // used for every session's bus
-	MaxSessions  int              // <= 0: unlimited
-	Heartbeat    time.Duration    // 0: handler default
-	Retry        time.Duration    // 0: handler default
-	WriteTimeout time.Duration    // 0: handler default
-	Logger       *slog.Logger     // nil: slog.Default()
+	Options     eventbus.Options // used for every session's bus
+	MaxSessions int              // <= 0: unlimited
+	// Stream, when set, sets the SSE handler's stream settings (Heartbeat,
+	// Retry, EpochIDs, CORS...); nil keeps the handler's defaults.
+	Stream func(*eventbus.Handler) error
+	Logger *slog.Logger // nil: slog.Default()
+	// IdempotencyWindow is how long a session remembers an
+	// Idempotency-Key (at most daemon.DefaultIdempotencyKeys of them);
+	// 0: daemon.DefaultIdempotencyWindow.
+	IdempotencyWindow time.Duration
+	// Auth, when set, is the access control of -auth-token: every
+	// /session route needs credentials, POST /login, /logout and /revoke
+	// exist, and the viewer shows its login form. nil: none.
+	Auth *daemon.Auth
 }
 
 // server owns the sessions. It is safe for concurrent use.
@@ -45,7 +62,9 @@ type server struct {
 	cfg     config
 	logger  *slog.Logger
 	maxBody int64
-	events  http.Handler // the eventbus SSE handler; its Lookup is s.lookup
+	events  http.Handler      // the eventbus SSE handler; its Lookup is s.lookup
+	enc     *eventbus.Encoder // for the fingerprints of idempotent publishes
+	index   []byte            // the viewer page, told whether to show its login form
 
 	mu       sync.Mutex
 	closed   bool
@@ -59,6 +78,7 @@ type session struct {
 	bus     *eventbus.EventBus
 	created time.Time
 
+	idem    daemon.Idempotency   // the session's Idempotency-Keys (own lock)
 	streams map[*stream]struct{} // open GET streams, for /disconnect
 	// GET requests that reached the bus (after the handler's own checks; a
 	// 429 for the subscriber limit still counts), and those of them that
@@ -68,15 +88,20 @@ type session struct {
 	lastResumeFrom string // that value, as the client sent it (truncated)
 }
 
-// stream is one GET /session/{id}/events request. cancel cancels the request
-// context the eventbus handler sees, which ends the subscription without
-// draining, exactly like a client disconnect.
+// stream is one GET /session/{id}/events request; /disconnect cuts it.
 type stream struct {
-	cancel context.CancelFunc
-	sess   *session // set by lookup; guarded by server.mu
+	cut  *daemon.Stream
+	sess *session // set by lookup; guarded by server.mu
 }
 
 type streamKey struct{}
+
+func (sess *session) busOrNil() *eventbus.EventBus {
+	if sess == nil {
+		return nil
+	}
+	return sess.bus
+}
 
 func newServer(cfg config) (*server, error) {
 	if cfg.Logger == nil {
@@ -91,25 +116,35 @@ func newServer(cfg config) (*server, error) {
 		return nil, err
 	}
 	probe.Close()
+	enc, err := eventbus.NewEncoder(cfg.Options)
+	if err != nil {
+		return nil, err
+	}
 
 	s := &server{
+		enc:      enc,
 		cfg:      cfg,
 		logger:   cfg.Logger,
 		maxBody:  daemon.MaxBody(cfg.Options.MaxEventBytes),
 		sessions: make(map[string]*session),
 	}
-	s.events = &eventbus.Handler{
-		Lookup:       s.lookup,
-		Logger:       cfg.Logger,
-		Retry:        cfg.Retry,
-		Heartbeat:    cfg.Heartbeat,
-		WriteTimeout: cfg.WriteTimeout,
+	h := &eventbus.Handler{Lookup: s.lookup, Logger: cfg.Logger}
+	if cfg.Stream != nil {
+		if err := cfg.Stream(h); err != nil {
+			return nil, err
+		}
+	}
+	cfg.Auth.Install(h)
+	s.events = h
+	s.index = indexHTML
+	if cfg.Auth != nil {
+		s.index = bytes.Replace(indexHTML, []byte(`data-auth="off"`), []byte(`data-auth="on"`), 1)
 	}
 	return s, nil
 }
 
 func (s *server) routes() http.Handler {
-	return daemon.Mux(s)
+	return s.cfg.Auth.Protect(daemon.Mux(s))
 }
 
 // getSession returns the live session id, creating it when create is set.
@@ -136,43 +171,49 @@ func (s *server) getSession(id string, create bool) (*session, error) {
 		return nil, err
 	}
 	sess := &session{id: id, bus: bus, created: time.Now(), streams: make(map[*stream]struct{})}
+	sess.idem.Window = s.cfg.IdempotencyWindow
 	s.sessions[id] = sess
 	return sess, nil
-}
-
-// admit reports the error getSession(id, true) would return, without
-// creating the session.
-func (s *server) admit(id string) error {
-	if len(id) > maxSessionIDBytes {
-		return errInvalidSession
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return errShuttingDown
-	case s.sessions[id] != nil:
-		return nil
-	case s.cfg.MaxSessions > 0 && len(s.sessions) >= s.cfg.MaxSessions:
-		return errTooManySessions
-	}
-	return nil
 }
 
 // publish publishes ev to session id, creating the session if needed. A bus
 // closed by a concurrent DELETE is replaced by a new session, as a POST after
 // the DELETE would be.
 func (s *server) publish(id string, ev eventbus.Event) (eventbus.Frame, *session, error) {
+	var f eventbus.Frame
+	sess, err := s.withSession(id, func(sess *session) (err error) {
+		f, err = sess.bus.Publish(ev)
+		return err
+	})
+	return f, sess, err
+}
+
+// publishIdempotent is publish with an Idempotency-Key whose event has
+// fingerprint fp (daemon.Idempotency.Publish).
+func (s *server) publishIdempotent(id, key, fp string, ev eventbus.Event) (eventID uint64, sess *session, duplicate bool, err error) {
+	sess, err = s.withSession(id, func(sess *session) (err error) {
+		eventID, duplicate, err = sess.idem.Publish(key, fp, func() (uint64, error) {
+			f, err := sess.bus.Publish(ev)
+			return f.ID(), err
+		})
+		return err
+	})
+	return eventID, sess, duplicate, err
+}
+
+// withSession runs publish on session id, created if needed, again on a new
+// session when a concurrent DELETE closed the bus.
+func (s *server) withSession(id string, publish func(*session) error) (*session, error) {
 	for attempt := 0; ; attempt++ {
 		sess, err := s.getSession(id, true)
 		if err != nil {
-			return eventbus.Frame{}, nil, err
+			return nil, err
 		}
-		f, err := sess.bus.Publish(ev)
+		err = publish(sess)
 		if errors.Is(err, eventbus.ErrClosed) && attempt < 3 {
 			continue
 		}
-		return f, sess, err
+		return sess, err
 	}
 }
 
@@ -191,20 +232,21 @@ func (s *server) deleteSession(id string) bool {
 	return true
 }
 
-// disconnect cancels every open stream of session id and returns how many.
-func (s *server) disconnect(id string) int {
+// disconnect cuts every open stream of session id as mode says and
+// returns how many.
+func (s *server) disconnect(id string, mode daemon.CutMode) int {
 	s.mu.Lock()
-	var cancels []context.CancelFunc
+	var cuts []*daemon.Stream
 	if sess := s.sessions[id]; sess != nil {
 		for st := range sess.streams {
-			cancels = append(cancels, st.cancel)
+			cuts = append(cuts, st.cut)
 		}
 	}
 	s.mu.Unlock()
-	for _, cancel := range cancels {
-		cancel()
+	for _, c := range cuts {
+		c.Cut(mode)
 	}
-	return len(cancels)
+	return len(cuts)
 }
 
 // closeAll refuses new sessions and closes every bus. Idempotent.
@@ -225,29 +267,15 @@ func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:")
-	w.Write(indexHTML)
+	w.Write(s.index)
 }
 
 // ServeEvents wraps the eventbus handler: the request context it sees can be
 // cancelled by /disconnect. lookup registers the stream with its session.
 func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
-	// The handler turns any Lookup error but ErrSessionNotFound into a 500,
-	// so refuse what lookup would refuse with a clearer status first. (A
-	// race with shutdown or another new session can still end in that 500.)
-	if err := s.admit(r.PathValue("id")); err != nil {
-		switch {
-		case errors.Is(err, errInvalidSession):
-			daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
-		case errors.Is(err, errShuttingDown):
-			daemon.WriteError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
-		default:
-			daemon.WriteError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
-		}
-		return
-	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	st := &stream{cancel: cancel}
+	cut, r := daemon.Track(r)
+	defer cut.Done()
+	st := &stream{cut: cut}
 	defer func() {
 		s.mu.Lock()
 		if st.sess != nil {
@@ -255,16 +283,26 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		}
 		s.mu.Unlock()
 	}()
-	s.events.ServeHTTP(w, r.WithContext(context.WithValue(ctx, streamKey{}, st)))
+	s.events.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), streamKey{}, st)))
 }
 
 // lookup is the eventbus handler's Lookup: it creates the session on first
-// use and records the stream.
+// use and records the stream. What it refuses it answers as the other
+// routes do (a StatusError): 400 invalid_session_id, 503 shutting_down or
+// too_many_sessions with Retry-After.
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	id := r.PathValue("id")
 	sess, err := s.getSession(id, true)
-	if err != nil {
-		return nil, err
+	switch {
+	case errors.Is(err, errInvalidSession):
+		return nil, &eventbus.StatusError{Status: http.StatusBadRequest, Code: "invalid_session_id", Message: err.Error()}
+	case errors.Is(err, errShuttingDown):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: err.Error(), RetryAfter: time.Second}
+	case errors.Is(err, errTooManySessions):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "too_many_sessions", Message: err.Error(), RetryAfter: time.Second}
+	}
+	if err != nil || r.Method == http.MethodHead {
+		return sess.busOrNil(), err // a HEAD opens no stream
 	}
 	resume := r.Header.Get("Last-Event-ID")
 	if resume == "" {
@@ -294,26 +332,47 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 		daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", errInvalidSession.Error())
 		return
 	}
+	key, keyed := daemon.IdempotencyKey(r)
+	if keyed {
+		if err := eventbus.CheckIdempotencyKey(key); err != nil {
+			daemon.WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", err.Error())
+			return
+		}
+	}
 	req, ok := daemon.DecodePublish(w, r, s.maxBody)
 	if !ok {
 		return
 	}
 
-	f, sess, err := s.publish(id, req.Event())
+	var (
+		eventID uint64
+		sess    *session
+		dup     bool
+		err     error
+	)
+	ev := req.Event()
+	if keyed {
+		var fp string
+		if fp, err = s.enc.Fingerprint(ev); err == nil {
+			eventID, sess, dup, err = s.publishIdempotent(id, key, fp, ev)
+		}
+	} else {
+		var f eventbus.Frame
+		f, sess, err = s.publish(id, ev)
+		eventID = f.ID()
+	}
 	switch {
 	case err == nil:
-		daemon.WritePublished(w, f.ID(), sess.bus.Epoch())
-	case errors.Is(err, eventbus.ErrEventTooLarge):
-		daemon.WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
-	case errors.Is(err, eventbus.ErrInvalidEvent):
-		daemon.WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
+		daemon.WritePublished(w, eventID, sess.bus.Epoch(), dup)
 	case errors.Is(err, errShuttingDown):
-		daemon.WriteError(w, http.StatusServiceUnavailable, "shutting_down", err.Error())
+		daemon.WriteUnavailable(w, "shutting_down", err.Error())
 	case errors.Is(err, errTooManySessions):
-		daemon.WriteError(w, http.StatusServiceUnavailable, "too_many_sessions", err.Error())
+		daemon.WriteUnavailable(w, "too_many_sessions", err.Error())
 	default:
-		s.logger.Error("publish failed", "session", id, "err", err)
-		daemon.WriteError(w, http.StatusInternalServerError, "internal", "publish failed")
+		if !publishErrors.Write(w, err) {
+			s.logger.Error("publish failed", "session", id, "err", err)
+			daemon.WriteError(w, http.StatusInternalServerError, "internal", "publish failed")
+		}
 	}
 }
 
@@ -347,9 +406,14 @@ func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	n := s.disconnect(id)
-	if n > 0 {
-		s.logger.Info("streams cut on request", "session", id, "streams", n)
+	mode, err := daemon.ParseCutMode(r)
+	if err != nil {
+		daemon.WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())
+		return
 	}
-	daemon.WriteJSON(w, http.StatusOK, map[string]int{"disconnected": n})
+	n := s.disconnect(id, mode)
+	if n > 0 {
+		s.logger.Info("streams cut on request", "session", id, "streams", n, "mode", mode)
+	}
+	daemon.WriteJSON(w, http.StatusOK, map[string]any{"disconnected": n, "mode": mode.String()})
 }

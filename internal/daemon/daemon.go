@@ -2,15 +2,18 @@
 // buses) and redisbus/cmd/sessiond-redis (buses mirrored from Redis), do
 // alike: the process entry point, the shared flags, the listen, serve and
 // graceful-shutdown sequence, the demo publisher, the route table and the
-// JSON responses. What is specific to a daemon (how sessions are found,
-// created, published to and deleted) stays in the daemon.
+// JSON responses, and the routes of a backplane daemon over any engine
+// (Replica, which pgbus/cmd/sessiond-pg serves). What is specific to a
+// daemon (how sessions are found, created, published to and deleted)
+// stays in the daemon.
 //
-// It is internal to github.com/ssebus/eventbus; the redisbus module may
-// import it because its import path lies under that prefix.
+// It is internal to github.com/ssebus/eventbus; the redisbus and pgbus
+// modules may import it because their import paths lie under that prefix.
 package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -45,6 +48,12 @@ func Main(name string, run func(ctx context.Context, args []string, logOut io.Wr
 
 // Server is one daemon's HTTP server and what its shutdown closes. Fill it
 // in and call Run once; a Server must not be copied or reused after Run.
+//
+// It serves HTTP/1.1 and HTTP/2: over TLS (with TLS set) HTTP/2 is
+// negotiated as browsers do; without TLS a client may speak HTTP/2 with
+// prior knowledge (h2c, as curl --http2-prior-knowledge), which browsers
+// never do. Every request's context carries the connection it came on,
+// for Stream.Cut.
 type Server struct {
 	// Name starts the log lines "<Name> listening" and "<Name> shutting
 	// down", e.g. "sessiond".
@@ -54,6 +63,8 @@ type Server struct {
 	Listener net.Listener
 	// Handler serves every request.
 	Handler http.Handler
+	// TLS, when set, makes Run serve HTTPS with it on Listener.
+	TLS *tls.Config
 	// Logger receives the lifecycle lines and, at Warn, the HTTP server's
 	// own errors. Required.
 	Logger *slog.Logger
@@ -94,19 +105,36 @@ type Server struct {
 // server; a daemon's other resources (a Redis client) are its own to close.
 func (s *Server) Run(ctx context.Context) error {
 	logger := s.Logger
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	if s.TLS != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
 	hs := &http.Server{
 		Handler:           s.Handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		// No WriteTimeout: streams are long-lived; the SSE handler puts a
-		// deadline on each write instead.
-		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		// deadline on each write instead (and clears it after the flush, as
+		// HTTP/2 needs).
+		ErrorLog:    slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		Protocols:   &protocols,
+		TLSConfig:   s.TLS,
+		ConnContext: ConnContext,
 	}
 	addr := s.Listener.Addr().String()
 	logger.Info(s.Name+" listening", append([]any{"addr", addr}, s.ListenAttrs...)...)
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(s.Listener) }()
+	go func() {
+		if s.TLS != nil {
+			serveErr <- hs.ServeTLS(s.Listener, "", "")
+		} else {
+			serveErr <- hs.Serve(s.Listener)
+		}
+	}()
 	if s.Ready != nil {
 		s.Ready(addr)
 	}

@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -302,20 +306,22 @@ func TestFlags(t *testing.T) {
 
 	fs, f := NewFlags("testd", "", io.Discard, docs)
 	own := fs.String("own", "", "a daemon's own flag")
-	if f.Addr != "127.0.0.1:1" || f.DemoInterval != 500*time.Millisecond || f.ShutdownTimeout != 10*time.Second || f.Demo || f.Verbose {
+	if f.Addr != "127.0.0.1:1" || f.DemoInterval != 500*time.Millisecond || f.ShutdownTimeout != 10*time.Second || f.Demo || f.Verbose || !f.EpochIDs {
 		t.Fatalf("defaults: %+v", f)
 	}
 	if o := f.BusOptions(nil); o.OverflowPolicy != 0 {
 		t.Fatalf("default -overflow: policy %d, want 0 (the bus's default, OverflowEvict)", o.OverflowPolicy)
 	}
 	err := Parse(fs, []string{"-addr", ":0", "-ring", "5", "-max-subscribers", "6", "-max-queued", "7", "-max-event-bytes", "8",
-		"-heartbeat", "1s", "-retry", "2s", "-write-timeout", "3s", "-demo", "-demo-interval", "4s", "-shutdown-timeout", "5s", "-v", "-own", "x",
-		"-overflow", "catchup"})
+		"-heartbeat", "1s", "-retry", "2s", "-retry-jitter", "-1ns", "-write-timeout", "3s", "-epoch-ids=false",
+		"-cors-origin", "https://a.example, http://b.example:8080", "-cors-credentials", "-tls-cert", "c.pem", "-tls-key", "k.pem",
+		"-demo", "-demo-interval", "4s", "-shutdown-timeout", "5s", "-v", "-own", "x", "-overflow", "catchup"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Flags{Addr: ":0", RingSize: 5, MaxSubscribers: 6, MaxQueued: 7, MaxEventBytes: 8, Heartbeat: time.Second, Retry: 2 * time.Second,
-		WriteTimeout: 3 * time.Second, Demo: true, DemoInterval: 4 * time.Second, ShutdownTimeout: 5 * time.Second, Verbose: true,
+		RetryJitter: -1, WriteTimeout: 3 * time.Second, CORSOrigin: "https://a.example, http://b.example:8080", CORSCredentials: true,
+		TLSCert: "c.pem", TLSKey: "k.pem", Demo: true, DemoInterval: 4 * time.Second, ShutdownTimeout: 5 * time.Second, Verbose: true,
 		Overflow: eventbus.OverflowCatchUp}
 	if *f != want || *own != "x" {
 		t.Fatalf("parsed %+v, own %q", *f, *own)
@@ -344,6 +350,39 @@ func TestFlags(t *testing.T) {
 			t.Errorf("-overflow %q: %v; output %q", bad, err, out.String())
 		}
 	}
+	h := &eventbus.Handler{}
+	if err := f.Handler(h); err != nil {
+		t.Fatal(err)
+	}
+	wantH := &eventbus.Handler{Heartbeat: time.Second, Retry: 2 * time.Second, RetryJitter: -1, WriteTimeout: 3 * time.Second,
+		CORS: &eventbus.CORS{Origins: []string{"https://a.example", "http://b.example:8080"}, Credentials: true}}
+	if !reflect.DeepEqual(h, wantH) {
+		t.Fatalf("Handler: %+v, CORS %+v", h, h.CORS)
+	}
+	if _, err := f.TLSConfig(); err == nil || !strings.Contains(err.Error(), "c.pem") {
+		t.Fatalf("TLSConfig of missing files: %v", err)
+	}
+}
+
+func TestFlagsHandlerAndTLSErrors(t *testing.T) {
+	h := &eventbus.Handler{CORS: &eventbus.CORS{}}
+	if err := (&Flags{EpochIDs: true}).Handler(h); err != nil || h.CORS != nil || !h.EpochIDs {
+		t.Fatalf("no -cors-origin: %v %+v", err, h)
+	}
+	if err := (&Flags{CORSCredentials: true}).Handler(h); err == nil {
+		t.Fatal("-cors-credentials without -cors-origin")
+	}
+	if c, err := (&Flags{}).TLSConfig(); c != nil || err != nil {
+		t.Fatalf("no TLS: %v %v", c, err)
+	}
+	if _, err := (&Flags{TLSCert: "c.pem"}).TLSConfig(); err == nil || !strings.Contains(err.Error(), "go together") {
+		t.Fatalf("-tls-cert alone: %v", err)
+	}
+	certFile, keyFile := writeTestCert(t)
+	c, err := (&Flags{TLSCert: certFile, TLSKey: keyFile}).TLSConfig()
+	if err != nil || len(c.Certificates) != 1 {
+		t.Fatalf("TLSConfig: %v %v", c, err)
+	}
 }
 
 // routeRecorder is a Routes that answers with the name of the method called.
@@ -365,25 +404,34 @@ func (routeRecorder) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
 func TestMux(t *testing.T) {
 	mux := Mux(routeRecorder{})
 	mux.HandleFunc("POST /session/{id}/extra", answer("extra"))
+	h := JSONErrors(mux)
 	for _, c := range []struct {
 		method, path string
 		status       int
-		body         string
+		body, allow  string
 	}{
-		{"GET", "/", 200, "index "},
-		{"GET", "/session/a/events", 200, "events a"},
-		{"POST", "/session/a/events", 200, "publish a"},
-		{"GET", "/session/a", 200, "status a"},
-		{"DELETE", "/session/a", 200, "delete a"},
-		{"POST", "/session/a/disconnect", 200, "disconnect a"},
-		{"POST", "/session/a/extra", 200, "extra a"},
-		{"GET", "/nope", 404, ""},
-		{"PUT", "/session/a/events", 405, ""},
+		{"GET", "/", 200, "index ", ""},
+		{"GET", "/session/a/events", 200, "events a", ""},
+		{"HEAD", "/session/a/events", 200, "", ""},
+		{"OPTIONS", "/session/a/events", 200, "events a", ""},
+		{"POST", "/session/a/events", 200, "publish a", ""},
+		{"GET", "/session/a", 200, "status a", ""},
+		{"DELETE", "/session/a", 200, "delete a", ""},
+		{"POST", "/session/a/disconnect", 200, "disconnect a", ""},
+		{"POST", "/session/a/extra", 200, "extra a", ""},
+		{"GET", "/nope", 404, `{"code":"not_found","error":"no such route"}` + "\n", ""},
+		{"PUT", "/session/a/events", 405, `{"code":"method_not_allowed","error":"method PUT not allowed here"}` + "\n", "GET, HEAD, OPTIONS, POST"},
+		{"GET", "/session/a/disconnect", 405, `{"code":"method_not_allowed","error":"method GET not allowed here"}` + "\n", "POST"},
+		{"POST", "/session/a", 405, `{"code":"method_not_allowed","error":"method POST not allowed here"}` + "\n", "DELETE, GET, HEAD"},
+		{"GET", "/session/a/../a", 307, "", ""}, // the ServeMux's redirect to the clean path
 	} {
 		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, httptest.NewRequest(c.method, c.path, nil))
+		h.ServeHTTP(w, httptest.NewRequest(c.method, c.path, nil))
 		if w.Code != c.status || (c.body != "" && w.Body.String() != c.body) {
 			t.Errorf("%s %s: %d %q", c.method, c.path, w.Code, w.Body.String())
+		}
+		if c.status >= 400 && (w.Header().Get("Content-Type") != "application/json" || w.Header().Get("Allow") != c.allow) {
+			t.Errorf("%s %s: headers %v", c.method, c.path, w.Header())
 		}
 	}
 }
@@ -409,8 +457,12 @@ func TestWriteJSON(t *testing.T) {
 	check(w, http.StatusBadRequest, "{\"code\":\"bad_thing\",\"error\":\"it is bad\"}\n")
 
 	w = httptest.NewRecorder()
-	WritePublished(w, 7, "e1")
+	WritePublished(w, 7, "e1", false)
 	check(w, http.StatusOK, "{\"epoch\":\"e1\",\"id\":7}\n")
+
+	w = httptest.NewRecorder()
+	WritePublished(w, 7, "e1", true)
+	check(w, http.StatusOK, "{\"duplicate\":true,\"epoch\":\"e1\",\"id\":7}\n")
 }
 
 func TestPublishRequestEvent(t *testing.T) {
@@ -482,6 +534,141 @@ func TestDecodePublishOneObjectExactly(t *testing.T) {
 		}
 		if ok || w.Code != c.status || !strings.Contains(w.Body.String(), c.msg) {
 			t.Fatalf("%q: ok=%v status %d body %s, want %d with %q", c.body, ok, w.Code, w.Body, c.status, c.msg)
+		}
+	}
+}
+
+func writeTestCert(t *testing.T) (certFile, keyFile string) {
+	t.Helper()
+	certFile, keyFile, _, err := WriteSelfSignedCert(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+// The server speaks HTTP/1.1 and h2c without TLS, HTTP/1.1 and HTTP/2 with
+// it, and every request's context carries its connection.
+func TestServerProtocols(t *testing.T) {
+	certFile, keyFile, cert, err := WriteSelfSignedCert(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsConfig, err := (&Flags{TLSCert: certFile, TLSKey: keyFile}).TLSConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(cert)
+	proto := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, hasConn := r.Context().Value(connKey{}).(net.Conn)
+		fmt.Fprintf(w, "%s conn=%v", r.Proto, hasConn)
+	})
+	for _, c := range []struct {
+		name   string
+		tls    *tls.Config
+		client func(p *http.Protocols)
+		scheme string
+		want   string
+	}{
+		{"HTTP/1.1", nil, func(p *http.Protocols) { p.SetHTTP1(true) }, "http", "HTTP/1.1 conn=true"},
+		{"h2c", nil, func(p *http.Protocols) { p.SetUnencryptedHTTP2(true) }, "http", "HTTP/2.0 conn=true"},
+		{"TLS HTTP/1.1", tlsConfig, func(p *http.Protocols) { p.SetHTTP1(true) }, "https", "HTTP/1.1 conn=true"},
+		{"TLS HTTP/2", tlsConfig, func(p *http.Protocols) { p.SetHTTP2(true) }, "https", "HTTP/2.0 conn=true"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := &Server{Name: "testd", Listener: listen(t), Handler: proto, TLS: c.tls,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func() {}, ShutdownTimeout: time.Second}
+			addr := s.Listener.Addr().String()
+			ctx, cancel := context.WithCancel(context.Background())
+			done := runServer(ctx, s)
+			var p http.Protocols
+			c.client(&p)
+			tr := &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{RootCAs: roots}}
+			resp, err := (&http.Client{Transport: tr}).Get(c.scheme + "://" + addr + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			tr.CloseIdleConnections()
+			cancel()
+			if err := waitRun(t, done); err != nil {
+				t.Fatal(err)
+			}
+			if string(body) != c.want {
+				t.Fatalf("got %q, want %q", body, c.want)
+			}
+		})
+	}
+}
+
+// A clean cut ends the response and keeps the connection; an abort resets
+// the TCP connection, and the client sees ECONNRESET.
+func TestStreamCut(t *testing.T) {
+	streams := make(chan *Stream, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st, r := Track(r)
+		defer st.Done()
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "open\n")
+		w.(http.Flusher).Flush()
+		streams <- st
+		<-r.Context().Done()
+	})
+	s := &Server{Name: "testd", Listener: listen(t), Handler: h,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func() {}, ShutdownTimeout: time.Second}
+	addr := s.Listener.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := runServer(ctx, s)
+	defer func() {
+		cancel()
+		if err := waitRun(t, done); err != nil {
+			t.Error(err)
+		}
+	}()
+
+	for _, mode := range []CutMode{CutClean, CutAbort} {
+		t.Run(mode.String(), func(t *testing.T) {
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(conn)
+			for range 2 { // the same connection twice: kept after a clean cut
+				io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if line, _ := bufio.NewReader(resp.Body).ReadString('\n'); line != "open\n" {
+					t.Fatalf("first line %q", line)
+				}
+				(<-streams).Cut(mode)
+				rest, err := io.ReadAll(resp.Body)
+				if mode == CutClean {
+					if err != nil || len(rest) != 0 {
+						t.Fatalf("clean cut: %q %v, want the end of the body", rest, err)
+					}
+					continue
+				}
+				if !errors.Is(err, syscall.ECONNRESET) {
+					t.Fatalf("abort: %v, want a connection reset", err)
+				}
+				return
+			}
+		})
+	}
+	for _, c := range []struct {
+		q    string
+		mode CutMode
+		ok   bool
+	}{{"", CutClean, true}, {"?mode=clean", CutClean, true}, {"?mode=abort", CutAbort, true}, {"?mode=rst", CutClean, false}} {
+		m, err := ParseCutMode(httptest.NewRequest("POST", "/x"+c.q, nil))
+		if m != c.mode || (err == nil) != c.ok {
+			t.Errorf("%q: %v %v", c.q, m, err)
 		}
 	}
 }

@@ -1,10 +1,13 @@
 package daemon
 
 import (
+	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ssebus/eventbus"
@@ -54,11 +57,25 @@ type Flags struct {
 	MaxEventBytes   int           // -max-event-bytes: largest encoded event a POST may publish
 	Heartbeat       time.Duration // -heartbeat: SSE heartbeat interval
 	Retry           time.Duration // -retry: SSE retry: directive
+	RetryJitter     time.Duration // -retry-jitter: random extra retry: per connection
 	WriteTimeout    time.Duration // -write-timeout: deadline of one SSE write+flush
+	EpochIDs        bool          // -epoch-ids: SSE ids "<epoch>:<N>" (on by default)
+	CORSOrigin      string        // -cors-origin: comma-separated origins allowed to open the stream, or "*"
+	CORSCredentials bool          // -cors-credentials: allow credentialed cross-origin streams
+	TLSCert, TLSKey string        // -tls-cert, -tls-key: serve HTTPS (HTTP/2 and HTTP/1.1) with this pair
 	Demo            bool          // -demo: publish "tick" events to session DemoSession
 	DemoInterval    time.Duration // -demo-interval: interval between demo ticks
 	ShutdownTimeout time.Duration // -shutdown-timeout: how long shutdown waits for open requests
-	Verbose         bool          // -v: debug logging
+	// -idempotency-window: how long an Idempotency-Key of a POST is
+	// remembered (0: DefaultIdempotencyWindow)
+	IdempotencyWindow time.Duration
+	// -auth-token: the static bearer token every /session route needs
+	// (Authorization: Bearer, or the cookie of POST /login); empty: none
+	AuthToken string
+	// -token-lifetime: how long a stream (and a login) lasts before it must
+	// reauthenticate; 0: no bound. Needs -auth-token.
+	TokenLifetime time.Duration
+	Verbose       bool // -v: debug logging
 	// -overflow: what a stream whose queue overflows gets (evict, resync
 	// or catchup); the zero value is evict.
 	Overflow eventbus.OverflowPolicy
@@ -112,14 +129,37 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	fs.IntVar(&f.MaxEventBytes, "max-event-bytes", 0, "largest encoded event a POST may publish (0: eventbus default 16 MiB)")
 	fs.DurationVar(&f.Heartbeat, "heartbeat", 0, "SSE heartbeat after this long without a write (0: handler default 15s)")
 	fs.DurationVar(&f.Retry, "retry", 0, "SSE retry: directive sent to clients (0: handler default 3s)")
+	fs.DurationVar(&f.RetryJitter, "retry-jitter", 0, "each connection's retry: is -retry plus a random delay up to this (0: handler default, half of -retry; negative: none)")
 	fs.DurationVar(&f.WriteTimeout, "write-timeout", 0, docs.WriteTimeout)
+	fs.BoolVar(&f.EpochIDs, "epoch-ids", true, `SSE id lines "<epoch>:<N>", so that a browser's own Last-Event-ID names the epoch (-epoch-ids=false: "N", the SPEC wire)`)
+	fs.StringVar(&f.CORSOrigin, "cors-origin", "", `origins allowed to open the SSE stream from other pages, comma-separated (e.g. "https://app.example,http://localhost:5173"), or "*" for any; empty: no CORS`)
+	fs.BoolVar(&f.CORSCredentials, "cors-credentials", false, "allow cross-origin streams with credentials (cookies, withCredentials); needs -cors-origin")
+	fs.StringVar(&f.TLSCert, "tls-cert", "", "PEM certificate file: serve HTTPS, with HTTP/2 (needs -tls-key); without it the daemon serves HTTP/1.1 and h2c (HTTP/2 with prior knowledge)")
+	fs.StringVar(&f.TLSKey, "tls-key", "", "PEM private key file of -tls-cert")
 	fs.BoolVar(&f.Demo, "demo", false, `publish "tick" events to session "`+DemoSession+`"`)
 	fs.DurationVar(&f.DemoInterval, "demo-interval", 500*time.Millisecond, "interval between demo ticks")
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests")
+	fs.DurationVar(&f.IdempotencyWindow, "idempotency-window", 0, "how long a POST's Idempotency-Key is remembered (0: 10m)")
+	fs.StringVar(&f.AuthToken, "auth-token", "", "require this static bearer token on every /session route (Authorization: Bearer <token>, or the cookie POST /login sets for it); empty: no access control")
+	fs.DurationVar(&f.TokenLifetime, "token-lifetime", 0, "with -auth-token: a stream (and a login) lasts this long, then ends with stream_error reauthenticate and the client resumes with fresh credentials (0: no bound)")
 	fs.BoolVar(&f.Verbose, "v", false, "debug logging")
 	fs.Var(overflowFlag{&f.Overflow}, "overflow", "`policy` for a stream whose queue overflows: evict (client_evicted; it reconnects and resumes), "+
 		"resync (its queue is dropped for a state_resync_required; evicted on the third overflow within 60s) or "+
 		"catchup (it reads what it missed from the session's ring, nothing lost while the ring holds it)")
+}
+
+// Auth returns the access control of -auth-token and -token-lifetime, nil
+// without -auth-token; realm names the daemon in WWW-Authenticate, secure
+// marks its cookie Secure (the daemon serves HTTPS). It returns an error
+// for an invalid token, or -token-lifetime without -auth-token.
+func (f *Flags) Auth(realm string, secure bool) (*Auth, error) {
+	if f.AuthToken == "" {
+		if f.TokenLifetime != 0 {
+			return nil, errors.New("-token-lifetime needs -auth-token")
+		}
+		return nil, nil
+	}
+	return NewAuth(AuthOptions{Token: f.AuthToken, Lifetime: f.TokenLifetime, Realm: realm, Secure: secure})
 }
 
 // Logger returns a text logger writing to out: at Debug level with -v,
@@ -130,6 +170,44 @@ func (f *Flags) Logger(out io.Writer) *slog.Logger {
 		level = slog.LevelDebug
 	}
 	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
+}
+
+// Handler sets the stream settings the flags give on h: Heartbeat, Retry,
+// RetryJitter, WriteTimeout, EpochIDs and CORS. It returns an error for
+// -cors-credentials without -cors-origin.
+func (f *Flags) Handler(h *eventbus.Handler) error {
+	h.Heartbeat, h.Retry, h.RetryJitter, h.WriteTimeout = f.Heartbeat, f.Retry, f.RetryJitter, f.WriteTimeout
+	h.EpochIDs = f.EpochIDs
+	h.CORS = nil
+	var origins []string
+	for o := range strings.SplitSeq(f.CORSOrigin, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			origins = append(origins, o)
+		}
+	}
+	switch {
+	case len(origins) > 0:
+		h.CORS = &eventbus.CORS{Origins: origins, Credentials: f.CORSCredentials}
+	case f.CORSCredentials:
+		return errors.New("-cors-credentials needs -cors-origin")
+	}
+	return nil
+}
+
+// TLSConfig returns the TLS configuration of -tls-cert and -tls-key, or nil
+// without them; an error when only one is given or the pair does not load.
+func (f *Flags) TLSConfig() (*tls.Config, error) {
+	if f.TLSCert == "" && f.TLSKey == "" {
+		return nil, nil
+	}
+	if f.TLSCert == "" || f.TLSKey == "" {
+		return nil, errors.New("-tls-cert and -tls-key go together")
+	}
+	cert, err := tls.LoadX509KeyPair(f.TLSCert, f.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("-tls-cert/-tls-key: %w", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // BusOptions returns the bus options the flags set (ring size, subscriber

@@ -18,23 +18,57 @@ type Routes interface {
 	ServePublish(w http.ResponseWriter, r *http.Request)    // POST /session/{id}/events
 	ServeStatus(w http.ResponseWriter, r *http.Request)     // GET /session/{id}
 	ServeDelete(w http.ResponseWriter, r *http.Request)     // DELETE /session/{id}
-	ServeDisconnect(w http.ResponseWriter, r *http.Request) // POST /session/{id}/disconnect
+	ServeDisconnect(w http.ResponseWriter, r *http.Request) // POST /session/{id}/disconnect[?mode=clean|abort]
 }
 
 // Mux returns a new ServeMux (Go 1.22 patterns) that serves the routes
-// with rt; a daemon may add routes of its own to it before it serves. A
-// request no route matches gets the ServeMux's 404, or 405 for a known
-// path with another method.
+// with rt; a daemon may add routes of its own to it before it serves, then
+// serves it through JSONErrors. OPTIONS of the stream goes to ServeEvents
+// too (the eventbus handler answers CORS preflights, or 405).
 func Mux(rt Routes) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", rt.ServeIndex)
 	mux.HandleFunc("GET /session/{id}/events", rt.ServeEvents)
+	mux.HandleFunc("OPTIONS /session/{id}/events", rt.ServeEvents)
 	mux.HandleFunc("POST /session/{id}/events", rt.ServePublish)
 	mux.HandleFunc("GET /session/{id}", rt.ServeStatus)
 	mux.HandleFunc("DELETE /session/{id}", rt.ServeDelete)
 	mux.HandleFunc("POST /session/{id}/disconnect", rt.ServeDisconnect)
 	return mux
 }
+
+// JSONErrors serves mux, answering what no route matches as the eventbus
+// handler answers errors: 405 {"error":...,"code":"method_not_allowed"}
+// with the ServeMux's Allow header for a known path with another method,
+// 404 {"error":...,"code":"not_found"} for an unknown path. Its redirects
+// (a path to clean) are kept.
+func JSONErrors(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r) // sets r's path values, which Handler does not
+			return
+		}
+		rec := &headerRecorder{header: http.Header{}}
+		mux.ServeHTTP(rec, r)
+		switch rec.status {
+		case http.StatusMethodNotAllowed:
+			w.Header().Set("Allow", rec.header.Get("Allow"))
+			WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "method "+r.Method+" not allowed here")
+		default:
+			WriteError(w, http.StatusNotFound, "not_found", "no such route")
+		}
+	})
+}
+
+// headerRecorder keeps what the ServeMux's own 404 or 405 handler sets.
+type headerRecorder struct {
+	header http.Header
+	status int
+}
+
+func (h *headerRecorder) Header() http.Header         { return h.header }
+func (h *headerRecorder) WriteHeader(code int)        { h.status = code }
+func (h *headerRecorder) Write(p []byte) (int, error) { return len(p), nil }
 
 // BodySlack is what a POST body may carry beyond the largest event: the
 // request's own field names and whitespace that compaction removes.
@@ -104,12 +138,6 @@ func (p PublishRequest) Event() eventbus.Event {
 		ev.Data = p.Data
 	}
 	return ev
-}
-
-// WritePublished writes the 200 response of a successful publish:
-// {"epoch":"...","id":N}.
-func WritePublished(w http.ResponseWriter, id uint64, epoch string) {
-	WriteJSON(w, http.StatusOK, map[string]any{"id": id, "epoch": epoch})
 }
 
 // WriteJSON writes v as a JSON response with status, uncacheable, followed

@@ -11,13 +11,18 @@
 //
 //	GET    /session/{id}/events       the SSE stream (eventbus.Handler, resumes from Redis)
 //	POST   /session/{id}/events       publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...}
+//	                                  (an Idempotency-Key header makes a retry safe: see redisbus/README.md)
 //	GET    /session/{id}              the session as Redis and this replica see it (404 if Redis has none)
 //	DELETE /session/{id}              forget the session in Redis; every replica's streams of it end -> 204
-//	POST   /session/{id}/disconnect   cut this replica's open streams of the session -> {"disconnected":N}
+//	POST   /session/{id}/disconnect   cut this replica's open streams of the session -> {"disconnected":N,"mode":...}
+//	                                  (?mode=clean ends the responses, ?mode=abort resets the connections)
 //	POST   /session/{id}/signal       send {"type":..., "about":...} to the session's streams on every replica -> 204
 //
-// On SIGINT or SIGTERM it closes the backplane (open streams drain and
-// end), then shuts the HTTP server down. The Redis keys stay.
+// The flags of cmd/sessiond apply (epoch ids on by default, -cors-origin,
+// h2c, -tls-cert/-tls-key, -auth-token and -token-lifetime with POST /login,
+// /logout and /revoke; a revocation ends the streams of this replica). On SIGINT or SIGTERM it closes the backplane
+// (open streams drain and end), then shuts the HTTP server down. The Redis
+// keys stay.
 package main
 
 import (
@@ -50,13 +55,22 @@ Routes:
   GET    /session/{id}/events       SSE stream (Last-Event-ID or ?lastEventId= resumes,
                                     Event-Epoch or ?epoch= names the epoch seen; ?maxQueued=16..2048)
   POST   /session/{id}/events       publish {"type":"...","data":...,"originatorClientId":"..."}
-                                    -> {"id":N,"epoch":"..."}; 400 bad body, 413 too large, 503 Redis down
+                                    -> {"id":N,"epoch":"..."}; 400 bad body, 413 too large,
+                                    503 unavailable (Redis down: not appended, retry after Retry-After),
+                                    503 publish_outcome_unknown (Redis did not answer in time: the
+                                    event may or may not be appended; retry with the same key).
+                                    Idempotency-Key: <1..255 printable ASCII> makes a retry of the
+                                    same event within -idempotency-window append nothing
+                                    -> {"id":<first>,"epoch":"...","duplicate":true};
+                                    the key with another event: 422 idempotency_key_reused
   GET    /session/{id}              the session in Redis and on this replica; 404 if Redis has none
   DELETE /session/{id}              forget the session in Redis -> 204; the next use starts a new epoch
-  POST   /session/{id}/disconnect   cut this replica's streams of the session -> {"disconnected":N}
+  POST   /session/{id}/disconnect   cut this replica's streams of the session -> {"disconnected":N,"mode":...}
+                                    (?mode=clean: end the responses; ?mode=abort: reset the connections)
   POST   /session/{id}/signal       change signal {"type":"...","about":"..."} to the session's
                                     streams on every replica (no id, not stored) -> 204
 
+` + shared.AuthUsage + `
 Flags:
 `
 
@@ -77,6 +91,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		idleTimeout    = fs.Duration("idle-timeout", 0, "release a session's mirror after this long without streams here (0: redisbus default 1m)")
 		keyTTL         = fs.Duration("key-ttl", 0, "expire a session's Redis keys after this long without a publish (0: never)")
 		poolSize       = fs.Int("redis-pool", 256, "Redis connections; every session with streams here holds one in XREAD")
+		outageTimeout  = fs.Duration("outage-timeout", 0, "end a session's streams (stream_error unavailable) after Redis is unreachable this long (0: redisbus default 30s)")
 	)
 	if err := shared.Parse(fs, args); err != nil {
 		return err
@@ -96,6 +111,14 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	client := redis.NewClient(ropts)
 	defer client.Close()
 
+	tlsConfig, err := f.TLSConfig()
+	if err != nil {
+		return err
+	}
+	auth, err := f.Auth("sessiond-redis", tlsConfig != nil)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", f.Addr)
 	if err != nil {
 		return err
@@ -110,20 +133,30 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		KeyPrefix:      *prefix,
 		KeyTTL:         *keyTTL,
 		Logger:         logger,
+
+		IdempotencyWindow: f.IdempotencyWindow,
+		OutageTimeout:     *outageTimeout,
 	})
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	srv := &server{bp: bp, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*context.CancelFunc]struct{}{}}
+	srv := &server{bp: bp, auth: auth, name: *name, logger: logger, maxBody: shared.MaxBody(f.MaxEventBytes), streams: map[string]map[*shared.Stream]struct{}{}}
 	h := bp.Handler()
-	h.Logger, h.Heartbeat, h.Retry, h.WriteTimeout = logger, f.Heartbeat, f.Retry, f.WriteTimeout
+	h.Logger = logger
+	if err := f.Handler(h); err != nil {
+		bp.Close()
+		ln.Close()
+		return err
+	}
+	auth.Install(h)
 	srv.events = h
 
 	d := &shared.Server{
 		Name:     "sessiond-redis",
 		Listener: ln,
 		Handler:  srv.routes(),
+		TLS:      tlsConfig,
 		Logger:   logger,
 		// Close the mirrors first: each stream gets what it has queued,
 		// then its handler returns, so Shutdown finds idle connections.
@@ -138,21 +171,31 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	return d.Run(ctx)
 }
 
+// publishErrors maps redisbus's publish errors to HTTP answers.
+var publishErrors = shared.PublishErrors{
+	OutcomeUnknown: redisbus.ErrOutcomeUnknown,
+	KeyReused:      eventbus.ErrIdempotencyKeyReused,
+	InvalidKey:     eventbus.ErrInvalidIdempotencyKey,
+	InvalidSession: redisbus.ErrInvalidSession,
+	Unavailable:    redisbus.ErrUnavailable,
+}
+
 type server struct {
 	bp      *redisbus.Backplane
+	auth    *shared.Auth // nil without -auth-token
 	events  *eventbus.Handler
 	name    string
 	logger  *slog.Logger
 	maxBody int64
 
 	mu      sync.Mutex
-	streams map[string]map[*context.CancelFunc]struct{} // open streams by session, for /disconnect
+	streams map[string]map[*shared.Stream]struct{} // open streams by session, for /disconnect
 }
 
 func (s *server) routes() http.Handler {
 	mux := shared.Mux(s)
 	mux.HandleFunc("POST /session/{id}/signal", s.ServeSignal)
-	return mux
+	return s.auth.Protect(mux)
 }
 
 func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
@@ -161,16 +204,20 @@ func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, strings.TrimSuffix(usageText, "Flags:\n"))
 }
 
-// ServeEvents runs the backplane's SSE handler under a context that
-// /disconnect can cancel, as a client disconnect would.
+// ServeEvents runs the backplane's SSE handler (whose Lookup checks the
+// session's epoch with Redis and answers Redis down with 503 and
+// Retry-After) on a request that /disconnect can cut.
 func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	key := &cancel
+	if r.Method == http.MethodOptions {
+		s.events.ServeHTTP(w, r)
+		return
+	}
+	key, r := shared.Track(r)
+	defer key.Done()
 	s.mu.Lock()
 	if s.streams[id] == nil {
-		s.streams[id] = map[*context.CancelFunc]struct{}{}
+		s.streams[id] = map[*shared.Stream]struct{}{}
 	}
 	s.streams[id][key] = struct{}{}
 	s.mu.Unlock()
@@ -183,26 +230,34 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 	}()
 	s.logger.Debug("stream opened", "session", id, "lastEventId", r.Header.Get("Last-Event-ID"), "remote", r.RemoteAddr)
-	s.events.ServeHTTP(w, r.WithContext(ctx))
+	s.events.ServeHTTP(w, r)
 }
 
 func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
+	key, keyed := shared.IdempotencyKey(r)
 	req, ok := shared.DecodePublish(w, r, s.maxBody)
 	if !ok {
 		return
 	}
-	id, epoch, err := s.bp.Publish(r.Context(), r.PathValue("id"), req.Event())
-	switch {
-	case err == nil:
-		shared.WritePublished(w, id, epoch)
-	case errors.Is(err, eventbus.ErrEventTooLarge):
-		shared.WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
-	case errors.Is(err, eventbus.ErrInvalidEvent), errors.Is(err, redisbus.ErrInvalidSession):
-		shared.WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
-	case errors.Is(err, redisbus.ErrUnavailable), errors.Is(err, eventbus.ErrClosed):
-		s.logger.Warn("publish failed", "session", r.PathValue("id"), "err", err)
-		shared.WriteError(w, http.StatusServiceUnavailable, "unavailable", "publish failed: Redis unavailable")
-	default:
+	var (
+		id    uint64
+		epoch string
+		dup   bool
+		err   error
+	)
+	if keyed {
+		id, epoch, dup, err = s.bp.PublishIdempotent(r.Context(), r.PathValue("id"), key, req.Event())
+	} else {
+		id, epoch, err = s.bp.Publish(r.Context(), r.PathValue("id"), req.Event())
+	}
+	if err == nil {
+		shared.WritePublished(w, id, epoch, dup)
+		return
+	}
+	if errors.Is(err, redisbus.ErrUnavailable) {
+		s.logger.Warn("publish failed", "session", r.PathValue("id"), "keyed", keyed, "err", err)
+	}
+	if !publishErrors.Write(w, err) {
 		shared.WriteError(w, http.StatusInternalServerError, "internal", err.Error())
 	}
 }
@@ -225,7 +280,7 @@ func (s *server) ServeSignal(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, eventbus.ErrInvalidEvent), errors.Is(err, redisbus.ErrInvalidSession):
 		shared.WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
 	default:
-		shared.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		shared.WriteUnavailable(w, "unavailable", err.Error())
 	}
 }
 
@@ -236,7 +291,7 @@ func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
 		return
 	case err != nil:
-		shared.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		shared.WriteUnavailable(w, "unavailable", err.Error())
 		return
 	case !in.Exists:
 		shared.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
@@ -258,23 +313,28 @@ func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
-		shared.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		shared.WriteUnavailable(w, "unavailable", err.Error())
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
+	mode, err := shared.ParseCutMode(r)
+	if err != nil {
+		shared.WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())
+		return
+	}
 	s.mu.Lock()
-	var cancels []context.CancelFunc
+	var cuts []*shared.Stream
 	for c := range s.streams[r.PathValue("id")] {
-		cancels = append(cancels, *c)
+		cuts = append(cuts, c)
 	}
 	s.mu.Unlock()
-	for _, c := range cancels {
-		c()
+	for _, c := range cuts {
+		c.Cut(mode)
 	}
-	shared.WriteJSON(w, http.StatusOK, map[string]int{"disconnected": len(cancels)})
+	shared.WriteJSON(w, http.StatusOK, map[string]any{"disconnected": len(cuts), "mode": mode.String()})
 }
 
 // publishDemo is the demo's Publish; an error after the demo was stopped

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Tests of the JavaScript client (clients/js) under Node: the parser, scripted
+# servers, the demo daemon (cmd/sessiond, built here), and headless Chromium.
+# Installs Debian's nodejs (and chromium) when missing; CI=true makes a
+# missing browser a failure instead of a skip. The Go client (sseclient) is
+# tested by the root module's go test ./... already.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$HOME/go/bin:$PATH"
+
+need=()
+command -v node >/dev/null || need+=(nodejs npm)
+if [ ! -x /usr/bin/chromium ] && [ -z "${CHROMIUM:-}" ]; then need+=(chromium); fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "clients: installing ${need[*]}" >&2
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+node --version
+
+# One build of the demo daemon for every test file.
+bin="$(mktemp -d)"
+trap 'rm -rf "$bin"' EXIT
+go build -o "$bin/sessiond" ./cmd/sessiond
+
+export CI="${CI:-true}" SESSIOND="$bin/sessiond"
+cd clients/js
+node --test test/

@@ -1,0 +1,785 @@
+// EventBusClient: a resumable client of an eventbus SSE stream (the Go
+// library github.com/ssebus/eventbus and its demo daemons). See README.md
+// for the rules it follows and index.d.ts for the API.
+
+import { DEFAULT_MAX_EVENT_BYTES, SSEParseError, SSEParser } from "./parser.js";
+
+/** The frames the server synthesises; they carry no id. */
+export const SYNTHETIC_TYPES = Object.freeze([
+  "replay_complete",
+  "state_resync_required",
+  "slow_client_warning",
+  "client_evicted",
+  "stream_error",
+]);
+
+const MAX_ID = Number.MAX_SAFE_INTEGER; // 2^53-1, the server's MaxEventID
+const EPOCH = /^[0-9a-f]{32}$/;
+const DIGITS = /^[0-9]+$/;
+// A connection that stayed open this long, or that delivered something
+// before a plain cut, resets the backoff.
+const STABLE_MS = 10_000;
+// An immediate reconnect (re-authentication, a replay cut by the server's
+// budget) after a connection shorter than this, right after another
+// immediate one, waits for the backoff instead: a server that keeps asking
+// must not get a tight loop.
+const QUICK_MS = 1_000;
+const MAX_ERROR_BODY = 64 * 1024;
+
+/** What an EventBusClient reports through onError and resolves done with. */
+export class EventBusError extends Error {
+  constructor(kind, message, fields = {}) {
+    super(message, fields.cause === undefined ? undefined : { cause: fields.cause });
+    this.name = "EventBusError";
+    this.kind = kind;
+    this.status = fields.status;
+    this.code = fields.code;
+    this.errorKind = fields.errorKind;
+    this.retryAfter = fields.retryAfter;
+    this.final = false;
+  }
+}
+
+/**
+ * Parses a cursor as the server accepts it: "N" or "<epoch>:<N>" (epoch 32
+ * lowercase hex, N ASCII digits up to 2^53-1). Returns {epoch, id} (epoch
+ * null for the plain form) or null when s is malformed.
+ * @param {string} s
+ */
+export function parseEventId(s) {
+  if (typeof s !== "string") return null;
+  let epoch = null;
+  let n = s;
+  const colon = s.indexOf(":");
+  if (colon >= 0) {
+    epoch = s.slice(0, colon);
+    n = s.slice(colon + 1);
+    if (!EPOCH.test(epoch)) return null;
+  }
+  if (!DIGITS.test(n)) return null;
+  const id = Number(n);
+  if (id > MAX_ID) return null;
+  return { epoch, id };
+}
+
+/** Retry-After as milliseconds (delta-seconds or an HTTP date), or undefined. */
+export function parseRetryAfter(v, now = Date.now()) {
+  if (v == null) return undefined;
+  v = v.trim();
+  if (DIGITS.test(v)) return Number(v) * 1000;
+  const t = Date.parse(v);
+  if (Number.isNaN(t)) return undefined;
+  return Math.max(0, t - now);
+}
+
+function positive(name, v, def) {
+  if (v === undefined) return def;
+  if (typeof v !== "number" || !(v > 0) || !Number.isFinite(v)) {
+    throw new RangeError("eventbus: " + name + " must be a positive number of milliseconds, got " + v);
+  }
+  return v;
+}
+
+export class EventBusClient {
+  #opts;
+  #base; // the stream URL, without the cursor parameters
+  #fetch;
+  #maxEventBytes;
+  #initialDelay;
+  #maxDelay;
+  #idleTimeout;
+
+  #epoch = null; // the epoch of #cursor, or of the stream when there is no cursor
+  #cursor = null; // the last event id delivered, null: none (live only)
+  #idForm = "plain"; // the id form the server last used
+  #serverRetry = null;
+  #failures = 0;
+  #lastImmediate = false;
+  #authFinal = false; // fresh credentials were just fetched: a 401/403 now is final
+  #credentials = null; // the last credentials result
+  #state = "idle";
+  #closed = false;
+  #abort = null; // ends the current connection
+  #timer = null;
+  #wake = null;
+  #stats = { connects: 0, events: 0, duplicates: 0, resyncs: 0 };
+  #resolveDone;
+
+  /**
+   * @param {string | URL} url the stream, e.g. "/session/demo/events"
+   * @param {object} [options] see index.d.ts
+   */
+  constructor(url, options = {}) {
+    const o = { ...options };
+    this.#opts = o;
+    const where = globalThis.location?.href;
+    this.#base = new URL(String(url), where);
+    for (const k of ["lastEventId", "epoch"]) this.#base.searchParams.delete(k);
+    if (o.maxQueued !== undefined) {
+      if (!Number.isInteger(o.maxQueued) || o.maxQueued < 16 || o.maxQueued > 2048) {
+        throw new RangeError("eventbus: maxQueued must be an integer in [16, 2048], got " + o.maxQueued);
+      }
+      this.#base.searchParams.set("maxQueued", String(o.maxQueued));
+    }
+    if (o.filter !== undefined) {
+      if (!Array.isArray(o.filter) || o.filter.some((t) => typeof t !== "string" || t === "" || t.includes(","))) {
+        throw new TypeError("eventbus: filter must be an array of non-empty types without commas");
+      }
+      if (o.filter.length > 0) this.#base.searchParams.set("types", o.filter.join(","));
+    }
+    this.#fetch = o.fetch ?? globalThis.fetch?.bind(globalThis);
+    this.#maxEventBytes = o.maxEventBytes ?? DEFAULT_MAX_EVENT_BYTES;
+    if (!Number.isSafeInteger(this.#maxEventBytes) || this.#maxEventBytes < 1) {
+      throw new RangeError("eventbus: maxEventBytes must be a positive integer, got " + o.maxEventBytes);
+    }
+    this.#initialDelay = positive("initialDelay", o.initialDelay, 1000);
+    this.#maxDelay = positive("maxDelay", o.maxDelay, 30_000);
+    if (o.idleTimeout === 0) this.#idleTimeout = 0;
+    else this.#idleTimeout = positive("idleTimeout", o.idleTimeout, 45_000);
+    if (o.lastEventId !== undefined && o.lastEventId !== null) {
+      const c = typeof o.lastEventId === "number" ? parseEventId(String(o.lastEventId)) : parseEventId(o.lastEventId);
+      if (!c) throw new RangeError("eventbus: lastEventId must be N or <epoch>:<N>, got " + o.lastEventId);
+      this.#cursor = c.id;
+      if (c.epoch) {
+        this.#epoch = c.epoch;
+        this.#idForm = "epoch";
+      }
+    }
+    if (o.epoch !== undefined && o.epoch !== null) {
+      if (!EPOCH.test(o.epoch)) throw new RangeError("eventbus: epoch must be 32 lowercase hex digits");
+      if (this.#epoch && this.#epoch !== o.epoch) throw new RangeError("eventbus: epoch and the epoch in lastEventId differ");
+      this.#epoch = o.epoch;
+    }
+    const t = o.transport ?? "auto";
+    if (!["auto", "fetch", "eventsource"].includes(t)) throw new RangeError("eventbus: transport must be auto, fetch or eventsource");
+    if (t === "eventsource" && !(o.EventSource ?? globalThis.EventSource)) throw new TypeError("eventbus: no EventSource here");
+    if (!this.#fetch && t !== "eventsource") throw new TypeError("eventbus: no fetch here; pass options.fetch");
+    if (o.credentials !== undefined && typeof o.credentials !== "function") throw new TypeError("eventbus: credentials must be a function");
+    this.done = new Promise((resolve) => {
+      this.#resolveDone = resolve;
+    });
+    // Started after the constructor returns, so callbacks may use the client.
+    queueMicrotask(() => this.#run());
+  }
+
+  /** "idle" | "connecting" | "open" | "reconnecting" | "closed" */
+  get state() {
+    return this.#state;
+  }
+  /** The id of the last event delivered (the resume cursor), or null. */
+  get lastEventId() {
+    return this.#cursor;
+  }
+  /** The epoch lastEventId belongs to (or of the stream), or null while unknown. */
+  get epoch() {
+    return this.#epoch;
+  }
+  /** Counters: connections opened, events delivered, duplicates dropped, resyncs reported. */
+  get stats() {
+    return { ...this.#stats };
+  }
+
+  /** Stops for good: ends the connection and any wait. Idempotent. */
+  close() {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#abort?.();
+    clearTimeout(this.#timer);
+    this.#wake?.();
+    this.#finish(null);
+  }
+
+  #finish(err) {
+    this.#closed = true;
+    if (err) {
+      err.final = true;
+      this.#report(err);
+    }
+    this.#setState("closed", err ? { error: err } : {});
+    this.#resolveDone(err);
+  }
+
+  #setState(state, detail = {}) {
+    if (this.#state === state && detail.delay === undefined) return;
+    if (this.#state === "closed") return;
+    this.#state = state;
+    this.#call("onState", state, detail);
+  }
+
+  // #call runs a user callback. What it throws (or rejects with) is
+  // reported through onError and never stops the client; a returned
+  // promise is handed back so the fetch transport can wait for it.
+  #call(name, ...args) {
+    const cb = this.#opts[name];
+    if (typeof cb !== "function") return undefined;
+    try {
+      const v = cb.apply(undefined, args);
+      if (v && typeof v.then === "function") {
+        return Promise.resolve(v).catch((e) => this.#callbackFailed(name, e));
+      }
+    } catch (e) {
+      this.#callbackFailed(name, e);
+    }
+    return undefined;
+  }
+
+  #callbackFailed(name, e) {
+    if (name === "onError") {
+      console.error("eventbus: onError threw", e);
+      return;
+    }
+    this.#report(new EventBusError("callback", "eventbus: " + name + " threw: " + (e?.message ?? e), { cause: e }));
+  }
+
+  #report(err) {
+    this.#call("onError", err);
+  }
+
+  async #run() {
+    if (this.#closed) return; // closed before it started
+    try {
+      if (this.#opts.credentials && !(await this.#refreshCredentials("initial"))) return;
+      let forceFetch = false;
+      let attempt = 0;
+      while (!this.#closed) {
+        this.#setState(this.#stats.connects === 0 && attempt === 0 ? "connecting" : "reconnecting");
+        attempt++;
+        const useES = !forceFetch && this.#useEventSource();
+        const r = useES ? await this.#viaEventSource() : await this.#viaFetch();
+        if (this.#closed) return;
+        // An EventSource that failed before opening cannot tell why (a 429
+        // with Retry-After, a 404): the next attempt asks with fetch.
+        forceFetch = useES && !r.opened;
+        const next = this.#decide(r);
+        if (next.final) {
+          this.#finish(next.final);
+          return;
+        }
+        if (r.error) this.#report(r.error);
+        if (next.refresh && !(await this.#refreshCredentials(next.refresh, next.status))) return;
+        if (this.#closed) return;
+        if (next.delay > 0) {
+          this.#setState("reconnecting", { delay: next.delay, attempt, error: r.error });
+          await this.#sleep(next.delay);
+        }
+      }
+    } catch (e) {
+      // A bug of ours: stop instead of looping on it.
+      if (!this.#closed) this.#finish(new EventBusError("internal", "eventbus: client failed: " + (e?.message ?? e), { cause: e }));
+    }
+  }
+
+  #sleep(ms) {
+    return new Promise((resolve) => {
+      this.#wake = resolve;
+      this.#timer = setTimeout(resolve, ms);
+    }).then(() => {
+      this.#wake = null;
+    });
+  }
+
+  async #refreshCredentials(reason, status) {
+    try {
+      const c = await this.#opts.credentials({ reason, status });
+      if (c != null && typeof c !== "object") throw new TypeError("credentials must return an object, null or undefined");
+      if (c?.token !== undefined && typeof c.token !== "string") throw new TypeError("credentials token must be a string");
+      this.#credentials = c ?? null;
+      return true;
+    } catch (e) {
+      if (!this.#closed) {
+        this.#finish(new EventBusError("credentials", "eventbus: credentials failed: " + (e?.message ?? e), { cause: e }));
+      }
+      return false;
+    }
+  }
+
+  // #decide turns how a connection ended into the next step: a final
+  // error, or credentials to fetch (refresh) and a delay before the next
+  // attempt.
+  #decide(r) {
+    const immediate = (reason) => {
+      const quick = Date.now() - r.openedAt < QUICK_MS;
+      const wasImmediate = this.#lastImmediate;
+      this.#lastImmediate = true;
+      // Without a credentials callback the application refreshes a cookie
+      // itself; the reconnect is still immediate.
+      const refresh = this.#opts.credentials ? reason : null;
+      return { refresh, delay: quick && wasImmediate ? this.#backoff(false) : 0 };
+    };
+    if (r.end === "fatal") return { final: r.error };
+    if (r.end === "http") {
+      this.#lastImmediate = false;
+      const s = r.status;
+      if (s === 401 || s === 403) {
+        if (!this.#opts.credentials || this.#authFinal) return { final: r.error };
+        this.#authFinal = true;
+        return { refresh: s === 401 ? "unauthorized" : "forbidden", status: s, delay: 0 };
+      }
+      if ((s === 429 || s === 503) && r.retryAfter !== undefined) {
+        this.#backoff(false);
+        return { delay: r.retryAfter * (1 + 0.25 * Math.random()) };
+      }
+      if (s >= 500 || s === 408 || s === 425 || s === 429) return { delay: this.#backoff(false) };
+      return { final: r.error };
+    }
+    if (!r.opened) {
+      this.#lastImmediate = false;
+      return { delay: this.#backoff(false) };
+    }
+    if (r.end === "budget") return immediate(null);
+    if (r.end === "stream_error" && r.errorKind === "reauthenticate") return immediate("reauthenticate");
+    if (r.end === "stream_error" && r.errorKind === "revoked") {
+      const next = immediate("revoked");
+      this.#authFinal = true;
+      return next;
+    }
+    this.#lastImmediate = false;
+    const stable = Date.now() - r.openedAt >= STABLE_MS || (r.end === "cut" && r.delivered);
+    return { delay: this.#backoff(stable) };
+  }
+
+  // Full-jitter exponential backoff: a uniform delay in [0, cap), cap
+  // doubling with each failure since the last stable connection, from the
+  // server's retry: (or initialDelay) up to maxDelay (or the server's retry
+  // when that is larger).
+  #backoff(stable) {
+    this.#failures = (stable ? 0 : this.#failures) + 1;
+    const base = this.#serverRetry ?? this.#initialDelay;
+    const cap = Math.min(Math.max(this.#maxDelay, base), base * 2 ** Math.min(this.#failures - 1, 30));
+    return Math.random() * cap;
+  }
+
+  #useEventSource() {
+    const o = this.#opts;
+    const t = o.transport ?? "auto";
+    if (t === "fetch") return false;
+    if (t === "eventsource") return true;
+    if (!(o.EventSource ?? globalThis.EventSource)) return false;
+    if (o.credentials || o.headers) return false;
+    // An EventSource delivers only the event types it listens for by name.
+    const exactFilter = Array.isArray(o.filter) && o.filter.length > 0 && o.filter.every((f) => !f.endsWith("*"));
+    return (Array.isArray(o.eventTypes) && o.eventTypes.length > 0) || exactFilter;
+  }
+
+  #url() {
+    const u = new URL(this.#base);
+    if (this.#cursor !== null) {
+      const form = this.#idForm === "epoch" && this.#epoch;
+      u.searchParams.set("lastEventId", form ? this.#epoch + ":" + this.#cursor : String(this.#cursor));
+      if (this.#epoch) u.searchParams.set("epoch", this.#epoch);
+    }
+    return u.toString();
+  }
+
+  #headers() {
+    const h = { Accept: "text/event-stream" };
+    Object.assign(h, this.#opts.headers ?? {});
+    const c = this.#credentials;
+    if (c?.headers) Object.assign(h, c.headers);
+    if (c?.token) h.Authorization = "Bearer " + c.token;
+    return h;
+  }
+
+  #newConn() {
+    return {
+      opened: false,
+      openedAt: 0,
+      delivered: false,
+      streamEpoch: null,
+      replaying: this.#cursor !== null,
+      budgetCut: false,
+      stop: null, // "budget" | "evicted" | "stream_error"
+      errorKind: undefined,
+      error: undefined,
+    };
+  }
+
+  #opened(conn, headerEpoch) {
+    conn.opened = true;
+    conn.openedAt = Date.now();
+    this.#stats.connects++;
+    this.#authFinal = false;
+    if (headerEpoch && EPOCH.test(headerEpoch)) {
+      conn.streamEpoch = headerEpoch;
+      // Only a client without a position adopts the header's epoch at once;
+      // with a cursor, the first frame says whether the server accepted it
+      // (an epoch_reset says it did not).
+      if (this.#cursor === null) this.#epoch = headerEpoch;
+    }
+    this.#setState("open");
+  }
+
+  #result(conn, end, error) {
+    if (conn.stop === "budget") end = "budget";
+    else if (conn.stop) end = conn.stop;
+    return {
+      end,
+      opened: conn.opened,
+      openedAt: conn.openedAt,
+      delivered: conn.delivered,
+      errorKind: conn.errorKind,
+      error: error ?? conn.error,
+    };
+  }
+
+  async #viaFetch() {
+    const ac = new AbortController();
+    this.#abort = () => ac.abort();
+    const conn = this.#newConn();
+    let res;
+    try {
+      res = await this.#fetch(this.#url(), {
+        headers: this.#headers(),
+        signal: ac.signal,
+        cache: "no-store",
+        credentials: this.#opts.withCredentials ? "include" : "same-origin",
+      });
+    } catch (e) {
+      return this.#result(conn, "network", new EventBusError("network", "eventbus: connecting failed: " + (e?.cause?.message ?? e?.message ?? e), { cause: e }));
+    }
+    if (res.status !== 200) return this.#httpFailure(res, conn);
+    const ct = res.headers.get("content-type") ?? "";
+    if (!/^text\/event-stream(\s*;|\s*$)/i.test(ct) || !res.body) {
+      ac.abort();
+      return this.#result(conn, "fatal", new EventBusError("content_type", "eventbus: the server answered 200 with Content-Type " + JSON.stringify(ct) + ", not text/event-stream", { status: 200 }));
+    }
+    this.#opened(conn, res.headers.get("event-epoch"));
+    const parser = new SSEParser({ maxEventBytes: this.#maxEventBytes });
+    const reader = res.body.getReader();
+    let idleFired = false;
+    let idle = null;
+    const arm = () => {
+      clearTimeout(idle);
+      if (this.#idleTimeout > 0) {
+        idle = setTimeout(() => {
+          idleFired = true;
+          ac.abort();
+        }, this.#idleTimeout);
+      }
+    };
+    arm();
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) return this.#result(conn, "cut");
+        arm();
+        let recs;
+        try {
+          recs = parser.feed(value);
+        } catch (e) {
+          if (!(e instanceof SSEParseError)) throw e;
+          return this.#result(conn, "fatal", new EventBusError("event_too_large", e.message + "; raise maxEventBytes", { cause: e }));
+        }
+        for (const rec of recs) {
+          const p = this.#record(rec, conn);
+          if (p) {
+            // Backpressure: nothing is read while the application works.
+            clearTimeout(idle);
+            await p;
+            if (this.#closed) return this.#result(conn, "closed");
+            arm();
+          }
+          if (conn.stop) return this.#result(conn, conn.stop);
+        }
+      }
+    } catch (e) {
+      if (this.#closed) return this.#result(conn, "closed");
+      if (idleFired) {
+        return this.#result(conn, "idle", new EventBusError("idle_timeout", "eventbus: nothing received for " + this.#idleTimeout + " ms (not even a heartbeat); reconnecting"));
+      }
+      return this.#result(conn, "cut", new EventBusError("network", "eventbus: the stream was cut: " + (e?.cause?.message ?? e?.message ?? e), { cause: e }));
+    } finally {
+      clearTimeout(idle);
+      this.#abort = null;
+      ac.abort();
+    }
+  }
+
+  async #httpFailure(res, conn) {
+    let body = "";
+    try {
+      body = await readLimited(res, MAX_ERROR_BODY);
+    } catch {
+      // The status says enough.
+    }
+    let code;
+    let message;
+    try {
+      const j = JSON.parse(body);
+      if (typeof j?.code === "string") code = j.code;
+      if (typeof j?.error === "string") message = j.error;
+    } catch {
+      // Not a JSON error body (a proxy's page).
+    }
+    const retryAfter = parseRetryAfter(res.headers.get("retry-after"));
+    const s = res.status;
+    const err = new EventBusError("http", "eventbus: HTTP " + s + (code ? " " + code : "") + ": " + (message ?? res.statusText ?? ""), { status: s, code, retryAfter });
+    const r = this.#result(conn, "http", err);
+    r.status = s;
+    r.retryAfter = retryAfter;
+    return r;
+  }
+
+  async #viaEventSource() {
+    const ES = this.#opts.EventSource ?? globalThis.EventSource;
+    const conn = this.#newConn();
+    const url = this.#url();
+    if (this.#epoch === null && this.#cursor === null) await this.#probeEpoch(url);
+    if (this.#closed) return this.#result(conn, "closed");
+    return new Promise((resolve) => {
+      let es;
+      let done = false;
+      const finish = (end, error) => {
+        if (done) return;
+        done = true;
+        this.#abort = null;
+        es?.close();
+        resolve(this.#result(conn, end, error));
+      };
+      this.#abort = () => finish("closed");
+      try {
+        es = new ES(url, { withCredentials: !!this.#opts.withCredentials });
+      } catch (e) {
+        finish("network", new EventBusError("network", "eventbus: EventSource failed: " + (e?.message ?? e), { cause: e }));
+        return;
+      }
+      es.onopen = () => {
+        if (done) return;
+        this.#opened(conn, null);
+      };
+      es.onerror = () => {
+        // Whatever the browser would do next, the loop decides: close it.
+        if (conn.opened) finish("cut", new EventBusError("network", "eventbus: the stream was cut"));
+        else finish("network", new EventBusError("network", "eventbus: the EventSource could not connect (it does not say why); the next attempt uses fetch"));
+      };
+      const onMessage = (ev) => {
+        if (done) return;
+        // No backpressure here: an EventSource reads on by itself.
+        this.#frame(ev.data, ev.lastEventId, conn);
+        if (conn.stop) finish(conn.stop);
+      };
+      const types = new Set(["message", ...SYNTHETIC_TYPES, ...(this.#opts.eventTypes ?? [])]);
+      for (const f of this.#opts.filter ?? []) if (!f.endsWith("*")) types.add(f);
+      for (const t of types) es.addEventListener(t, onMessage);
+    });
+  }
+
+  // #probeEpoch learns the epoch of a live-only stream an EventSource is
+  // about to open (it cannot read the Event-Epoch header) from a HEAD of the
+  // same URL, which the handler answers with the stream's headers without
+  // taking a subscriber slot. Without it, a stream with plain ids would
+  // never learn its epoch, and its resume after a daemon restart could join
+  // two epochs. Were the session recreated between the HEAD and the GET, the
+  // next resume would name the older epoch and get an epoch_reset: a
+  // needless resync, never a silent join. A HEAD that fails or takes more
+  // than 5 s is given up; the EventSource opens all the same.
+  async #probeEpoch(url) {
+    if (!this.#fetch) return;
+    const ac = new AbortController();
+    this.#abort = () => ac.abort();
+    const timer = setTimeout(() => ac.abort(), 5000);
+    try {
+      const res = await this.#fetch(url, {
+        method: "HEAD",
+        cache: "no-store",
+        credentials: this.#opts.withCredentials ? "include" : "same-origin",
+        signal: ac.signal,
+      });
+      const e = res.headers.get("event-epoch");
+      if (res.ok && e && EPOCH.test(e) && this.#epoch === null) this.#epoch = e;
+    } catch {
+      // The stream itself will say what is wrong.
+    } finally {
+      clearTimeout(timer);
+      this.#abort = null;
+    }
+  }
+
+  #record(rec, conn) {
+    if (rec.kind === "retry") {
+      this.#serverRetry = rec.retry;
+      return undefined;
+    }
+    if (rec.kind !== "event") return undefined;
+    return this.#frame(rec.data, rec.id, conn);
+  }
+
+  #protocol(msg) {
+    this.#report(new EventBusError("protocol", "eventbus: " + msg));
+  }
+
+  // #frame handles one SSE event by its JSON envelope: an id makes it an
+  // application event, an "about" a signal, anything else a synthetic
+  // frame. The SSE event name is never trusted: a publisher may use any
+  // type, "replay_complete" included.
+  #frame(text, idField, conn) {
+    let env;
+    try {
+      env = JSON.parse(text);
+    } catch {
+      this.#protocol("a frame whose data is not JSON: " + String(text).slice(0, 64));
+      return undefined;
+    }
+    if (env === null || typeof env !== "object" || typeof env.type !== "string") {
+      this.#protocol("a frame that is not an event envelope");
+      return undefined;
+    }
+    if (env.id !== undefined) return this.#appEvent(env, idField, conn);
+    if (typeof env.about === "string") {
+      if (conn.budgetCut) return undefined;
+      conn.delivered = true;
+      return this.#call("onSignal", { type: env.type, about: env.about, meta: env._meta, serverTimestamp: env._meta?.serverTimestamp });
+    }
+    const d = env.data !== null && typeof env.data === "object" ? env.data : {};
+    switch (env.type) {
+      case "replay_complete":
+        this.#observeEpoch(d.epoch, conn, null);
+        conn.replaying = false;
+        if (conn.budgetCut) {
+          conn.stop = "budget";
+          return undefined;
+        }
+        conn.delivered = true;
+        return this.#call("onCaughtUp", {
+          replayedCount: d.replayedCount ?? 0,
+          lastReplayedEventId: d.lastReplayedEventId ?? null,
+          lastEventId: d.lastEventId ?? null,
+          epoch: this.#epoch,
+        });
+      case "state_resync_required":
+        return this.#resync(d, conn);
+      case "slow_client_warning":
+        return this.#call("onSlow", d);
+      case "client_evicted":
+        conn.stop = "evicted";
+        return this.#call("onEvicted", d);
+      case "stream_error":
+        conn.stop = "stream_error";
+        conn.errorKind = typeof d.errorKind === "string" ? d.errorKind : "internal";
+        conn.error = new EventBusError("stream_error", "eventbus: the server ended the stream (" + conn.errorKind + "): " + (d.error ?? ""), { errorKind: conn.errorKind });
+        return undefined;
+      default:
+        return undefined; // a synthetic frame of a newer server
+    }
+  }
+
+  #appEvent(env, idField, conn) {
+    const id = env.id;
+    if (!Number.isSafeInteger(id) || id < 0) {
+      this.#protocol("an event id that is not an integer in [0, 2^53-1]: " + id);
+      return undefined;
+    }
+    const line = parseEventId(idField ?? "");
+    if (line && line.id === id) {
+      // The id line agrees with the envelope: its form (and epoch) count.
+      this.#idForm = line.epoch ? "epoch" : "plain";
+      if (line.epoch) conn.streamEpoch = line.epoch;
+    }
+    this.#observeEpoch(conn.streamEpoch, conn, id);
+    if (conn.budgetCut) return undefined;
+    if (this.#cursor !== null && id <= this.#cursor) {
+      this.#stats.duplicates++;
+      return undefined;
+    }
+    this.#cursor = id;
+    conn.delivered = true;
+    this.#stats.events++;
+    return this.#call("onEvent", {
+      id,
+      epoch: this.#epoch,
+      type: env.type,
+      data: env.data,
+      meta: env._meta,
+      serverTimestamp: env._meta?.serverTimestamp,
+      originatorClientId: env.originatorClientId,
+      replayed: conn.replaying,
+    });
+  }
+
+  // #observeEpoch takes in the epoch a frame shows (from the Event-Epoch
+  // header, the id line, or replay_complete and state_resync_required; never
+  // from application data). An epoch that differs from the cursor's without
+  // an epoch_reset first means the server did not see (or ignored) our
+  // epoch: the client resets itself and says so.
+  #observeEpoch(e, conn, firstId) {
+    if (typeof e !== "string" || !EPOCH.test(e) || e === this.#epoch) return;
+    if (this.#epoch === null || this.#cursor === null) {
+      this.#epoch = e;
+      return;
+    }
+    const previous = this.#epoch;
+    const last = this.#cursor;
+    this.#epoch = e;
+    // From the start of the new epoch: what this connection delivers next
+    // moves the cursor on; a drop before that replays the whole new epoch.
+    this.#cursor = 0;
+    this.#reportResync("epoch_reset", "epoch_changed", last, firstId, previous, firstId > 1 ? { from: 1, to: firstId - 1 } : null);
+  }
+
+  #resync(d, conn) {
+    const reason = typeof d.reason === "string" ? d.reason : "unknown";
+    const last = Number.isSafeInteger(d.lastDeliveredId) ? d.lastDeliveredId : 0;
+    const earliest = Number.isSafeInteger(d.earliestAvailableId) ? d.earliestAvailableId : 0;
+    if (reason === "replay_budget_exceeded") {
+      // Nothing is lost: the rest is still in the ring. The client takes
+      // replay_complete, drops what follows and resumes from its cursor.
+      this.#observeEpoch(d.epoch, conn, null);
+      conn.budgetCut = true;
+      return undefined;
+    }
+    if (reason === "epoch_reset") {
+      const previous = this.#epoch;
+      if (typeof d.epoch === "string" && EPOCH.test(d.epoch)) this.#epoch = d.epoch;
+      else if (conn.streamEpoch) this.#epoch = conn.streamEpoch;
+      this.#cursor = 0; // the whole ring of the new epoch follows
+      return this.#reportResync(reason, d.detail, last, earliest, previous, earliest > 1 ? { from: 1, to: earliest - 1 } : null);
+    }
+    this.#observeEpoch(d.epoch, conn, null);
+    // The server's lastDeliveredId can be behind what this client holds
+    // (under the resync overflow policy it is the last id the server
+    // dequeued); what is missing starts after the later of the two.
+    const from = Math.max(last, this.#cursor ?? 0) + 1;
+    const to = earliest - 1;
+    if (from > to) return undefined;
+    return this.#reportResync(reason, d.detail, last, earliest, null, { from, to });
+  }
+
+  #reportResync(reason, detail, lastDeliveredId, earliestAvailableId, previousEpoch, missing) {
+    this.#stats.resyncs++;
+    return this.#call("onResync", { reason, detail, lastDeliveredId, earliestAvailableId, epoch: this.#epoch, previousEpoch, missing });
+  }
+}
+
+async function readLimited(res, limit) {
+  if (!res.body) return "";
+  const reader = res.body.getReader();
+  const parts = [];
+  let n = 0;
+  try {
+    while (n < limit) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      parts.push(value);
+      n += value.length;
+    }
+  } finally {
+    reader.cancel().catch(() => {});
+  }
+  const all = new Uint8Array(Math.min(n, limit));
+  let off = 0;
+  for (const p of parts) {
+    const take = Math.min(p.length, all.length - off);
+    all.set(p.subarray(0, take), off);
+    off += take;
+  }
+  return new TextDecoder().decode(all);
+}
+
+/**
+ * Opens a client (same as new EventBusClient(url, options)).
+ * @param {string | URL} url
+ * @param {object} [options]
+ */
+export function connect(url, options) {
+  return new EventBusClient(url, options);
+}

@@ -1,0 +1,290 @@
+// Type declarations of @ssebus/eventbus-client (hand-written; the package
+// has no build step).
+
+/** The synthetic frame types the server sends; they carry no id. */
+export declare const SYNTHETIC_TYPES: readonly [
+  "replay_complete",
+  "state_resync_required",
+  "slow_client_warning",
+  "client_evicted",
+  "stream_error",
+];
+
+/** 16 MiB (the server's default MaxEventBytes) plus 64 KiB for the framing. */
+export declare const DEFAULT_MAX_EVENT_BYTES: number;
+
+/** A published event, as delivered once (duplicates are dropped by id). */
+export interface BusEvent<T = unknown> {
+  /** The per-session id, 1, 2, 3 ... within its epoch. */
+  id: number;
+  /** The epoch the id belongs to; null while the client does not know it yet. */
+  epoch: string | null;
+  type: string;
+  /** The event's data; undefined when it was published without any. */
+  data: T | undefined;
+  /** The envelope's "_meta" (serverTimestamp and any keys the publisher set). */
+  meta: Record<string, unknown> | undefined;
+  /** _meta.serverTimestamp: Unix milliseconds. */
+  serverTimestamp: number | undefined;
+  originatorClientId: string | undefined;
+  /** True for events replayed after a reconnect, before onCaughtUp. */
+  replayed: boolean;
+}
+
+/** A change notification (eventbus Signal): no id, no data, never replayed. */
+export interface BusSignal {
+  type: string;
+  /** The resource it is about. */
+  about: string;
+  meta: Record<string, unknown> | undefined;
+  serverTimestamp: number | undefined;
+}
+
+/** replay_complete: everything the server could replay has been delivered. */
+export interface CaughtUp {
+  replayedCount: number;
+  lastReplayedEventId: number | null;
+  lastEventId: number | null;
+  epoch: string | null;
+}
+
+/** An inclusive range of ids that were not and will not be delivered. */
+export interface IdRange {
+  from: number;
+  to: number;
+}
+
+/**
+ * state_resync_required: events were lost (the server's ring no longer held
+ * them, the daemon restarted, the subscriber overflowed under the resync
+ * policy). The application should refetch its state. A
+ * replay_budget_exceeded resync is not reported: the client resumes on its
+ * own and loses nothing.
+ */
+export interface Resync {
+  /** "epoch_reset" | "ring_evicted" | "queue_overflow" | "queue_bytes_overflow" | a newer server's reason */
+  reason: string;
+  /** "epoch_mismatch" from the server, "epoch_changed" when the client saw a new epoch without an epoch_reset. */
+  detail: string | undefined;
+  lastDeliveredId: number;
+  earliestAvailableId: number | null;
+  /** The epoch the stream continues in. */
+  epoch: string | null;
+  /** For epoch_reset: the epoch of the cursor that is no longer valid (null when unknown). */
+  previousEpoch: string | null;
+  /**
+   * The ids of the current epoch this client lacks and will not receive, or
+   * null when none are (or, for a client-detected epoch change, when that
+   * is unknown). For epoch_reset the remainder of the previous epoch is lost
+   * as well, however long it was.
+   */
+  missing: IdRange | null;
+}
+
+/** slow_client_warning: the server's queue for this client is 75% full. */
+export interface SlowWarning {
+  queueSize: number;
+  maxQueued: number;
+  lastEventId: number;
+  queuedBytes: number;
+  maxQueuedBytes: number;
+  threshold: "frames" | "bytes" | "frames_and_bytes";
+}
+
+/** client_evicted: the server dropped this client; it reconnects with backoff and resumes. */
+export interface Eviction {
+  reason: "queue_overflow" | "queue_bytes_overflow" | "repeated_overflow" | string;
+  /** The first id not delivered on that connection. */
+  droppedAfter: number;
+  queueSize: number;
+  maxQueued: number;
+  queuedBytes: number;
+  maxQueuedBytes: number;
+  eventBytes?: number;
+}
+
+export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
+
+export interface StateDetail {
+  /** While reconnecting: how long the client waits before the next attempt, in ms. */
+  delay?: number;
+  /** The attempt that just failed (1 for the first). */
+  attempt?: number;
+  /** What ended the previous connection or attempt. */
+  error?: EventBusError;
+}
+
+export type ErrorKind =
+  | "http" // a non-200 answer; see status, code, retryAfter
+  | "network" // could not connect, or the stream was cut
+  | "idle_timeout" // nothing arrived for idleTimeout, not even a heartbeat
+  | "stream_error" // the server ended the stream; see errorKind
+  | "protocol" // a frame that is not an eventbus envelope (skipped)
+  | "event_too_large" // an event above maxEventBytes (final)
+  | "content_type" // a 200 that is not text/event-stream (final)
+  | "credentials" // the credentials callback failed (final)
+  | "callback" // an application callback threw (reported, the client goes on)
+  | "internal";
+
+export declare class EventBusError extends Error {
+  readonly kind: ErrorKind;
+  /** The HTTP status, for kind "http". */
+  readonly status: number | undefined;
+  /** The JSON error body's "code" (session_not_found, subscriber_limit_exceeded, ...). */
+  readonly code: string | undefined;
+  /** For kind "stream_error": internal | reauthenticate | revoked | unavailable | ... */
+  readonly errorKind: string | undefined;
+  /** Retry-After, in milliseconds, when the answer had one. */
+  readonly retryAfter: number | undefined;
+  /** True when the client stopped because of this error. */
+  final: boolean;
+}
+
+/** Why the credentials callback is called. */
+export type CredentialsReason =
+  | "initial" // before the first connection
+  | "reauthenticate" // stream_error reauthenticate: the stream's lifetime ended (e.g. token expiry)
+  | "revoked" // stream_error revoked: a 401/403 after these credentials is final
+  | "unauthorized" // a 401 answer (asked once; another 401/403 right after is final)
+  | "forbidden"; // a 403 answer (likewise)
+
+export interface Credentials {
+  /** Request headers to send (fetch transport). */
+  headers?: Record<string, string>;
+  /** Sent as "Authorization: Bearer <token>". */
+  token?: string;
+}
+
+export interface ClientOptions {
+  /** A published event, once, in id order. A returned promise is awaited before the next frame is read (fetch transport only). */
+  onEvent?: (event: BusEvent) => void | Promise<void>;
+  /** A signal (change notification). */
+  onSignal?: (signal: BusSignal) => void | Promise<void>;
+  /** replay_complete after a resume. */
+  onCaughtUp?: (info: CaughtUp) => void | Promise<void>;
+  /** Events were lost; refetch. */
+  onResync?: (info: Resync) => void | Promise<void>;
+  onSlow?: (info: SlowWarning) => void | Promise<void>;
+  onEvicted?: (info: Eviction) => void | Promise<void>;
+  onState?: (state: ConnectionState, detail: StateDetail) => void;
+  /** Every failure; error.final says whether the client stopped. */
+  onError?: (error: EventBusError) => void;
+
+  /**
+   * Called before the first connection, on stream_error reauthenticate or
+   * revoked, and on a 401/403 (once). Its result is kept for every
+   * reconnect until the next call. A rejection stops the client.
+   */
+  credentials?: (request: { reason: CredentialsReason; status?: number }) =>
+    | Credentials
+    | null
+    | undefined
+    | Promise<Credentials | null | undefined>;
+  /** Extra request headers (forces the fetch transport). */
+  headers?: Record<string, string>;
+  /** Send cookies cross-origin (fetch credentials "include", EventSource withCredentials). */
+  withCredentials?: boolean;
+
+  /** Resume after this id: N or "<epoch>:<N>". 0 replays from the start. Absent: live only. */
+  lastEventId?: number | string | null;
+  /** The epoch lastEventId belongs to. */
+  epoch?: string | null;
+  /** ?maxQueued=, 16..2048. */
+  maxQueued?: number;
+  /** ?types=: exact types or trailing wildcards ("plugin.*"). */
+  filter?: string[];
+  /**
+   * The event types the application handles. The EventSource transport
+   * delivers only types it listens for by name; "auto" uses it only when
+   * this (or an exact filter) is given.
+   */
+  eventTypes?: string[];
+
+  /**
+   * "auto" (default): EventSource in a browser when no headers or
+   * credentials are needed and the event types are known, else fetch.
+   */
+  transport?: "auto" | "fetch" | "eventsource";
+  /** Backoff base in ms until the server sends retry: (which replaces it). Default 1000. */
+  initialDelay?: number;
+  /** Backoff cap in ms (the server's retry: when that is larger). Default 30000. */
+  maxDelay?: number;
+  /** Reconnect when nothing (not even a heartbeat) arrives for this long, in ms; 0 disables. Default 45000. fetch transport only. */
+  idleTimeout?: number;
+  /** The most bytes one event may hold. Default DEFAULT_MAX_EVENT_BYTES. */
+  maxEventBytes?: number;
+
+  /** A fetch to use instead of globalThis.fetch. */
+  fetch?: typeof fetch;
+  /** An EventSource constructor to use instead of globalThis.EventSource. */
+  EventSource?: new (url: string, init?: { withCredentials?: boolean }) => EventSourceLike;
+}
+
+/** What the client needs of an EventSource. */
+export interface EventSourceLike {
+  onopen: ((ev: unknown) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+  addEventListener(type: string, listener: (ev: { data: string; lastEventId: string }) => void): void;
+  close(): void;
+}
+
+/**
+ * A resumable client of one eventbus stream. It connects as soon as it is
+ * constructed (after the constructor returns) and reconnects until close()
+ * or a final error: 404, 400 and other 4xx but 408/425/429, a second
+ * 401/403, a 200 that is not an event stream, an event above maxEventBytes,
+ * a failing credentials callback.
+ */
+export declare class EventBusClient {
+  constructor(url: string | URL, options?: ClientOptions);
+  readonly state: ConnectionState;
+  /** The id of the last event delivered (the resume cursor), or null for none. */
+  readonly lastEventId: number | null;
+  /** The epoch of lastEventId (or of the stream), or null while unknown. */
+  readonly epoch: string | null;
+  readonly stats: { connects: number; events: number; duplicates: number; resyncs: number };
+  /** Resolves once the client has stopped: null after close(), else the final error. Never rejects. */
+  readonly done: Promise<EventBusError | null>;
+  /** Stops for good. Idempotent. */
+  close(): void;
+}
+
+export declare function connect(url: string | URL, options?: ClientOptions): EventBusClient;
+
+/** Parses "N" or "<epoch>:<N>" strictly, as the server does; null when malformed. */
+export declare function parseEventId(s: string): { epoch: string | null; id: number } | null;
+
+/** Retry-After (delta-seconds or HTTP date) as milliseconds, or undefined. */
+export declare function parseRetryAfter(value: string | null | undefined, now?: number): number | undefined;
+
+export type SSERecord =
+  | {
+      kind: "event";
+      /** "message" when the stream set none. */
+      type: string;
+      data: string;
+      /** The id field of this event's block, or null when it had none. */
+      id: string | null;
+      /** The standard's last event ID string at dispatch (persists across events). */
+      lastEventId: string;
+    }
+  | { kind: "retry"; retry: number }
+  | { kind: "comment"; comment: string };
+
+/**
+ * A strict, incremental text/event-stream parser (WHATWG rules: CR, LF and
+ * CRLF line ends, a leading BOM, comments, retry digits only, id without
+ * NUL). No line limit below maxEventBytes.
+ */
+export declare class SSEParser {
+  constructor(options?: { maxEventBytes?: number });
+  readonly lastEventId: string;
+  /** Parses a chunk; returns what it completed, in order. Throws SSEParseError past maxEventBytes. */
+  feed(chunk: Uint8Array | string): SSERecord[];
+  /** Ends the stream: an unterminated event is discarded. The parser can then take a new stream. */
+  end(): void;
+}
+
+export declare class SSEParseError extends Error {
+  readonly code: "event_too_large";
+}

@@ -1,0 +1,146 @@
+package eventbus
+
+import (
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultCORSMaxAge is how long a browser may cache the answer to a
+// preflight when CORS.MaxAge is 0.
+const DefaultCORSMaxAge = 10 * time.Minute
+
+// corsHeaders are the request headers a preflight may always name: the
+// resume cursor, the epoch, and what fetch-based SSE clients add.
+var corsHeaders = []string{"Last-Event-ID", "Event-Epoch", "Cache-Control", "Accept"}
+
+// CORS lets pages of other origins read a Handler's stream (the CORS
+// protocol of the Fetch standard). Set it as Handler.CORS; it must not
+// change while the handler serves.
+//
+// A request without an Origin header (curl, server-side clients) and one
+// whose Origin names the request's own host are served as without CORS. An
+// allowed origin gets Access-Control-Allow-Origin with that origin (never
+// "*", so the answer is the same with and without Credentials) and, with
+// Credentials, Access-Control-Allow-Credentials: true, on the stream and on
+// every error answer, so a page can read the JSON error too. Another origin
+// gets 403 {"code":"origin_not_allowed"} before the bus is looked up or
+// subscribed to: a refused page takes no subscriber slot and learns nothing
+// about the session. Every answer carries Vary: Origin.
+//
+// A preflight (OPTIONS with Origin and Access-Control-Request-Method) from
+// an allowed origin for GET or HEAD whose Access-Control-Request-Headers
+// are all among Last-Event-ID, Event-Epoch, Cache-Control, Accept and
+// AllowHeaders gets 204 with the Access-Control-Allow-* headers; anything
+// else gets 403 (origin_not_allowed or preflight_refused). An EventSource
+// sends no custom header and needs no preflight; a fetch-based client that
+// sends Last-Event-ID or Event-Epoch as headers does. An OPTIONS that is not
+// a preflight gets 204 with Allow.
+//
+// The zero CORS allows no other origin (only same-host pages and clients
+// without an Origin).
+type CORS struct {
+	// Origins are the allowed origins, each compared exactly with the
+	// request's Origin header: scheme, host and port as a browser sends
+	// them, such as "https://app.example.com" or "http://localhost:5173"
+	// (no path, no trailing slash). "*" allows every origin, "null"
+	// included (sandboxed frames, file: pages).
+	Origins []string
+	// AllowOrigin, when set, decides about an origin that Origins does not
+	// list. It is called on the request's goroutine, must be safe for
+	// concurrent use, and should not block.
+	AllowOrigin func(origin string) bool
+	// Credentials allows credentialed requests (cookies, HTTP auth, an
+	// EventSource opened withCredentials: true): allowed origins also get
+	// Access-Control-Allow-Credentials: true.
+	Credentials bool
+	// AllowHeaders are request headers a preflight may name besides
+	// Last-Event-ID, Event-Epoch, Cache-Control and Accept, such as
+	// "Authorization". Compared case-insensitively.
+	AllowHeaders []string
+	// MaxAge is how long a browser may cache a preflight's answer; 0 means
+	// DefaultCORSMaxAge, a negative value sends none (the browser's default,
+	// 5 seconds in Chromium).
+	MaxAge time.Duration
+}
+
+func (c *CORS) allowed(origin string) bool {
+	if slices.Contains(c.Origins, origin) || slices.Contains(c.Origins, "*") {
+		return true
+	}
+	return c.AllowOrigin != nil && c.AllowOrigin(origin)
+}
+
+// sameHost reports whether origin names the host the request was sent to:
+// a browser sends Origin on some same-origin requests too, and those must
+// never need a CORS entry. The scheme is not compared: behind a proxy that
+// terminates TLS the handler cannot know its own.
+func sameHost(origin string, r *http.Request) bool {
+	u, err := url.Parse(origin)
+	return err == nil && u.Host != "" && strings.EqualFold(u.Host, r.Host)
+}
+
+// handle applies CORS to a request. It reports whether the handler goes on;
+// false means it has answered (a preflight, a plain OPTIONS, or a refused
+// origin).
+func (c *CORS) handle(w http.ResponseWriter, r *http.Request) bool {
+	hd := w.Header()
+	origin := r.Header.Get("Origin")
+	preflight := r.Method == http.MethodOptions && origin != "" && r.Header.Get("Access-Control-Request-Method") != ""
+	if preflight {
+		hd.Add("Vary", "Origin, Access-Control-Request-Method, Access-Control-Request-Headers")
+	} else {
+		hd.Add("Vary", "Origin")
+	}
+	if r.Method == http.MethodOptions && !preflight {
+		hd.Set("Allow", "GET, HEAD, OPTIONS")
+		w.WriteHeader(http.StatusNoContent)
+		return false
+	}
+	if origin == "" || (!preflight && sameHost(origin, r)) {
+		return true
+	}
+	if !c.allowed(origin) {
+		writeJSONError(w, http.StatusForbidden, "origin "+strconv.Quote(truncate(origin, 256))+" is not allowed", "origin_not_allowed", 0)
+		return false
+	}
+	hd.Set("Access-Control-Allow-Origin", origin)
+	if c.Credentials {
+		hd.Set("Access-Control-Allow-Credentials", "true")
+	}
+	if !preflight {
+		return true
+	}
+	if m := r.Header.Get("Access-Control-Request-Method"); m != http.MethodGet && m != http.MethodHead {
+		writeJSONError(w, http.StatusForbidden, "method "+strconv.Quote(truncate(m, 64))+" is not allowed", "preflight_refused", 0)
+		return false
+	}
+	for _, list := range r.Header.Values("Access-Control-Request-Headers") {
+		for name := range strings.SplitSeq(list, ",") {
+			name = strings.TrimSpace(name)
+			if name != "" && !c.allowedHeader(name) {
+				writeJSONError(w, http.StatusForbidden, "request header "+strconv.Quote(truncate(name, 64))+" is not allowed", "preflight_refused", 0)
+				return false
+			}
+		}
+	}
+	hd.Set("Access-Control-Allow-Methods", "GET, HEAD")
+	hd.Set("Access-Control-Allow-Headers", strings.Join(append(slices.Clip(corsHeaders), c.AllowHeaders...), ", "))
+	maxAge := c.MaxAge
+	if maxAge == 0 {
+		maxAge = DefaultCORSMaxAge
+	}
+	if maxAge > 0 {
+		hd.Set("Access-Control-Max-Age", strconv.FormatInt(int64(maxAge/time.Second), 10))
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return false
+}
+
+func (c *CORS) allowedHeader(name string) bool {
+	eq := func(h string) bool { return strings.EqualFold(h, name) }
+	return slices.ContainsFunc(corsHeaders, eq) || slices.ContainsFunc(c.AllowHeaders, eq)
+}

@@ -1,0 +1,150 @@
+package eventbus
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCORSStream(t *testing.T) {
+	const page = "https://app.example"
+	cors := &CORS{
+		Origins:     []string{page, "null"},
+		AllowOrigin: func(o string) bool { return o == "http://dev.example:5173" },
+	}
+	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: cors}})
+	b := e.bus(t, "s", Options{})
+
+	t.Run("allowed origins", func(t *testing.T) {
+		for _, origin := range []string{page, "null", "http://dev.example:5173"} {
+			c := e.stream(t, "/session/s/events", hdr("Origin", origin))
+			h := c.resp.Header
+			require.Equal(t, []string{origin}, h.Values("Access-Control-Allow-Origin"), origin)
+			require.Empty(t, h.Values("Access-Control-Allow-Credentials"))
+			require.Equal(t, []string{"Origin"}, h.Values("Vary"))
+			require.Equal(t, []string{"Event-Epoch"}, h.Values("Access-Control-Expose-Headers"))
+			publishN(t, b, 1)
+			c.nextEvent()
+			require.NoError(t, c.resp.Body.Close())
+		}
+	})
+	t.Run("refused origins: 403 before the bus is looked up", func(t *testing.T) {
+		peak := b.Stats().PeakSubscribers
+		for _, origin := range []string{"https://evil.example", "https://app.example.evil", "https://APP.example", page + "/", "http://app.example"} {
+			resp := e.do(t, http.MethodGet, "/session/s/events", hdr("Origin", origin))
+			requireHTTPError(t, resp, http.StatusForbidden, "origin_not_allowed")
+			require.Empty(t, resp.Header.Values("Access-Control-Allow-Origin"), origin)
+			require.Equal(t, []string{"Origin"}, resp.Header.Values("Vary"))
+		}
+		resp := e.do(t, http.MethodGet, "/session/unknown/events", hdr("Origin", "https://evil.example"))
+		requireHTTPError(t, resp, http.StatusForbidden, "origin_not_allowed") // not 404: it learns nothing
+		require.Equal(t, peak, b.Stats().PeakSubscribers, "nothing subscribed")
+	})
+	t.Run("error answers to an allowed origin are readable", func(t *testing.T) {
+		resp := e.do(t, http.MethodGet, "/session/unknown/events", hdr("Origin", page))
+		requireHTTPError(t, resp, http.StatusNotFound, "session_not_found")
+		require.Equal(t, page, resp.Header.Get("Access-Control-Allow-Origin"))
+	})
+	t.Run("no Origin, or the request's own host: served as without CORS", func(t *testing.T) {
+		c := e.stream(t, "/session/s/events", nil)
+		require.Empty(t, c.resp.Header.Values("Access-Control-Allow-Origin"))
+		require.Equal(t, []string{"Origin"}, c.resp.Header.Values("Vary"), "the answer still depends on Origin")
+		require.NoError(t, c.resp.Body.Close())
+		c = e.stream(t, "/session/s/events", hdr("Origin", e.srv.URL))
+		require.Empty(t, c.resp.Header.Values("Access-Control-Allow-Origin"))
+	})
+	t.Run("methods", func(t *testing.T) {
+		resp := e.do(t, http.MethodOptions, "/session/s/events", nil)
+		require.Equal(t, http.StatusNoContent, resp.StatusCode, "an OPTIONS that is no preflight")
+		require.Equal(t, "GET, HEAD, OPTIONS", resp.Header.Get("Allow"))
+	})
+}
+
+func TestCORSCredentials(t *testing.T) {
+	const page = "https://app.example"
+	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: &CORS{Origins: []string{"*"}, Credentials: true}}})
+	e.bus(t, "s", Options{})
+	for _, origin := range []string{page, "https://other.example"} {
+		c := e.stream(t, "/session/s/events", hdr("Origin", origin, "Cookie", "session=1"))
+		require.Equal(t, []string{origin}, c.resp.Header.Values("Access-Control-Allow-Origin"), "never * with credentials")
+		require.Equal(t, []string{"true"}, c.resp.Header.Values("Access-Control-Allow-Credentials"))
+		require.NoError(t, c.resp.Body.Close())
+	}
+	resp := e.do(t, http.MethodOptions, "/session/s/events", hdr("Origin", page, "Access-Control-Request-Method", "GET"))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	require.Equal(t, page, resp.Header.Get("Access-Control-Allow-Origin"))
+	require.Equal(t, "true", resp.Header.Get("Access-Control-Allow-Credentials"))
+}
+
+func TestCORSPreflight(t *testing.T) {
+	const page = "https://app.example"
+	cors := &CORS{Origins: []string{page}, AllowHeaders: []string{"Authorization"}}
+	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: cors}})
+	b := e.bus(t, "s", Options{})
+	preflight := func(origin, method, headers string) *http.Response {
+		h := hdr("Origin", origin, "Access-Control-Request-Method", method)
+		if headers != "" {
+			h.Set("Access-Control-Request-Headers", headers)
+		}
+		return e.do(t, http.MethodOptions, "/session/s/events", h)
+	}
+	for _, tc := range []struct{ method, headers string }{
+		{"GET", "last-event-id"},
+		{"GET", "Last-Event-ID, Event-Epoch"},
+		{"GET", "event-epoch,last-event-id,cache-control,accept"},
+		{"GET", "authorization"},
+		{"HEAD", ""},
+	} {
+		resp := preflight(page, tc.method, tc.headers)
+		require.Equal(t, http.StatusNoContent, resp.StatusCode, "%+v", tc)
+		h := resp.Header
+		require.Equal(t, page, h.Get("Access-Control-Allow-Origin"))
+		require.Equal(t, "GET, HEAD", h.Get("Access-Control-Allow-Methods"))
+		require.Equal(t, "Last-Event-ID, Event-Epoch, Cache-Control, Accept, Authorization", h.Get("Access-Control-Allow-Headers"))
+		require.Equal(t, "600", h.Get("Access-Control-Max-Age"))
+		require.Empty(t, h.Get("Access-Control-Allow-Credentials"))
+		require.Equal(t, []string{"Origin, Access-Control-Request-Method, Access-Control-Request-Headers"}, h.Values("Vary"))
+	}
+	for _, tc := range []struct{ origin, method, headers, code string }{
+		{"https://evil.example", "GET", "last-event-id", "origin_not_allowed"},
+		{page, "POST", "", "preflight_refused"},
+		{page, "DELETE", "", "preflight_refused"},
+		{page, "GET", "last-event-id, x-evil", "preflight_refused"},
+		{page, "GET", "cookie", "preflight_refused"},
+	} {
+		resp := preflight(tc.origin, tc.method, tc.headers)
+		requireHTTPError(t, resp, http.StatusForbidden, tc.code)
+		require.Empty(t, resp.Header.Get("Access-Control-Allow-Methods"), "%+v", tc)
+	}
+	require.Zero(t, b.Stats().PeakSubscribers, "a preflight never subscribes")
+
+	t.Run("MaxAge", func(t *testing.T) {
+		for _, tc := range []struct {
+			maxAge time.Duration
+			want   string
+		}{{30 * time.Second, "30"}, {-1, ""}} {
+			e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: &CORS{Origins: []string{page}, MaxAge: tc.maxAge}}})
+			e.bus(t, "s", Options{})
+			resp := e.do(t, http.MethodOptions, "/session/s/events", hdr("Origin", page, "Access-Control-Request-Method", "GET"))
+			require.Equal(t, http.StatusNoContent, resp.StatusCode)
+			require.Equal(t, tc.want, resp.Header.Get("Access-Control-Max-Age"))
+		}
+	})
+}
+
+// Without CORS nothing changes: no Allow-Origin, OPTIONS is 405, any Origin
+// is served (the browser is the one that refuses the page).
+func TestCORSUnset(t *testing.T) {
+	e := newEnv(t, envOptions{anyMethod: true})
+	e.bus(t, "s", Options{})
+	c := e.stream(t, "/session/s/events", hdr("Origin", "https://app.example"))
+	require.Empty(t, c.resp.Header.Values("Access-Control-Allow-Origin"))
+	require.Empty(t, c.resp.Header.Values("Vary"))
+	require.Equal(t, []string{"Event-Epoch"}, c.resp.Header.Values("Access-Control-Expose-Headers"))
+	resp := e.do(t, http.MethodOptions, "/session/s/events", hdr("Origin", "https://app.example", "Access-Control-Request-Method", "GET"))
+	requireHTTPError(t, resp, http.StatusMethodNotAllowed, "method_not_allowed")
+	require.Equal(t, "GET, HEAD", resp.Header.Get("Allow"))
+	require.Empty(t, resp.Header.Values("Access-Control-Allow-Origin"))
+}

@@ -1,0 +1,222 @@
+// Package backplanetest is what the tests and benchmarks of the backplane
+// modules share: an SSE client (a test opens a stream on a replica's HTTP
+// server, reads its frames from a channel, and checks ids and synthetic
+// frames by their envelope fields) and the publish-to-delivery benchmark
+// harness (Delivery).
+//
+// It is internal to github.com/ssebus/eventbus; the backplane modules
+// (redisbus, pgbus) may import it because their import paths lie under
+// that prefix. It is for tests only.
+package backplanetest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Frame is one SSE frame as a client sees it.
+type Frame struct {
+	ID    uint64 // 0: no id line
+	Event string
+	Data  string
+}
+
+// Field returns the value at path in the frame's JSON data (nil when
+// absent); it fails the test when the data is not JSON.
+func (f Frame) Field(t testing.TB, path ...string) any {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal([]byte(f.Data), &v); err != nil {
+		t.Fatalf("frame data %q: %v", f.Data, err)
+	}
+	for _, k := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = m[k]
+	}
+	return v
+}
+
+// Num returns a numeric field of the frame's envelope, -1 when absent.
+func (f Frame) Num(t testing.TB, path ...string) int64 {
+	t.Helper()
+	v, ok := f.Field(t, path...).(float64)
+	if !ok {
+		return -1
+	}
+	return int64(v)
+}
+
+// Str returns a string field of the frame's envelope, "" when absent.
+func (f Frame) Str(t testing.TB, path ...string) string {
+	t.Helper()
+	s, _ := f.Field(t, path...).(string)
+	return s
+}
+
+// Stream is an open SSE stream read by one goroutine, which ends when the
+// stream ends or Close is called (Open registers Close as a cleanup).
+type Stream struct {
+	t testing.TB
+	// Epoch is the response's Event-Epoch header.
+	Epoch  string
+	frames chan Frame
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Open sends GET url with the given headers (Last-Event-ID, Event-Epoch)
+// through client and returns once the response headers are in, which is
+// after the subscription is registered. A status other than 200 fails the
+// test.
+func Open(t testing.TB, client *http.Client, url string, header map[string]string) *Stream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	s := &Stream{t: t, Epoch: resp.Header.Get("Event-Epoch"), frames: make(chan Frame, 1<<16), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		defer close(s.frames)
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 32<<20)
+		var f Frame
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				if f.Event != "" || f.Data != "" {
+					select {
+					case s.frames <- f:
+					case <-ctx.Done():
+						return
+					}
+				}
+				f = Frame{}
+			case strings.HasPrefix(line, "id: "):
+				f.ID, _ = strconv.ParseUint(line[4:], 10, 64)
+			case strings.HasPrefix(line, "event: "):
+				f.Event = line[7:]
+			case strings.HasPrefix(line, "data: "):
+				f.Data = line[6:]
+			}
+		}
+	}()
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Next returns the next frame; it fails the test after d, or when the
+// stream ends.
+func (s *Stream) Next(d time.Duration) Frame {
+	s.t.Helper()
+	select {
+	case f, ok := <-s.frames:
+		if !ok {
+			s.t.Fatalf("stream ended, want a frame")
+		}
+		return f
+	case <-time.After(d):
+		s.t.Fatalf("no frame within %v", d)
+	}
+	return Frame{}
+}
+
+// Events returns the next n frames, all of which must carry an id, within
+// d.
+func (s *Stream) Events(n int, d time.Duration) []Frame {
+	s.t.Helper()
+	var out []Frame
+	deadline := time.Now().Add(d)
+	for len(out) < n {
+		f := s.Next(time.Until(deadline))
+		if f.ID == 0 {
+			s.t.Fatalf("unexpected %s frame %s after %d events", f.Event, f.Data, len(out))
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// Ended waits until the stream ends, returning the frames it still got.
+func (s *Stream) Ended(d time.Duration) []Frame {
+	s.t.Helper()
+	var out []Frame
+	deadline := time.After(d)
+	for {
+		select {
+		case f, ok := <-s.frames:
+			if !ok {
+				return out
+			}
+			out = append(out, f)
+		case <-deadline:
+			s.t.Fatalf("stream did not end within %v (got %d frames)", d, len(out))
+			return nil
+		}
+	}
+}
+
+// Quiet checks that nothing arrives for d.
+func (s *Stream) Quiet(d time.Duration) {
+	s.t.Helper()
+	select {
+	case f, ok := <-s.frames:
+		if ok {
+			s.t.Fatalf("unexpected frame %+v", f)
+		}
+	case <-time.After(d):
+	}
+}
+
+// Close ends the stream and waits for its reader. Idempotent.
+func (s *Stream) Close() {
+	s.cancel()
+	<-s.done
+}
+
+// WantIDs checks that frames carry exactly the ids from..to, in order.
+func WantIDs(t testing.TB, frames []Frame, from, to uint64) {
+	t.Helper()
+	if uint64(len(frames)) != to-from+1 {
+		t.Fatalf("got %d events, want ids %d..%d", len(frames), from, to)
+	}
+	for i, f := range frames {
+		if want := from + uint64(i); f.ID != want {
+			t.Fatalf("event %d has id %d, want %d", i, f.ID, want)
+		}
+	}
+}
+
+// WaitFor polls cond every 5ms until it holds, failing the test after d.
+func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

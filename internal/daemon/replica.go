@@ -1,0 +1,260 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ssebus/eventbus"
+)
+
+// Backplane is what a backplane daemon serves: the methods that
+// redisbus.Backplane and pgbus.Backplane share. Info is adapted by the
+// daemon (the engines' Info structs convert to SessionInfo).
+type Backplane interface {
+	Bus(ctx context.Context, session string) (*eventbus.EventBus, error)
+	Publish(ctx context.Context, session string, e eventbus.Event) (id uint64, epoch string, err error)
+	PublishIdempotent(ctx context.Context, session, key string, e eventbus.Event) (id uint64, epoch string, duplicate bool, err error)
+	Signal(ctx context.Context, session, typ, about string) error
+	Delete(ctx context.Context, session string) error
+	Info(ctx context.Context, session string) (SessionInfo, error)
+}
+
+// SessionInfo describes a session as the engine and this replica see it;
+// its fields are those of redisbus.Info and pgbus.Info, which convert to
+// it.
+type SessionInfo struct {
+	Exists           bool
+	Epoch            string
+	LastEventID      uint64
+	FirstEventID     uint64
+	Bytes            uint64
+	Local            bool
+	LocalLastEventID uint64
+	Subscribers      int
+}
+
+// Replica serves the routes of one replica of a backplane daemon
+// (sessiond-pg; sessiond-redis has the same routes), so that every engine
+// answers alike: a client cannot tell which is behind a daemon. Fill it in,
+// pass it to NewReplica with its SSE handler and serve Routes. It is safe
+// for concurrent use once serving.
+type Replica struct {
+	Daemon    string // e.g. "sessiond-pg": the index page's title
+	Usage     string // the index page, after the title (the -h text without "Flags:")
+	Name      string // the replica's name, in the index and GET /session/{id}
+	Engine    string // e.g. "PostgreSQL": in log lines and 503 messages
+	Backplane Backplane
+	// Errors maps publish errors; its InvalidSession and Unavailable also
+	// serve the other routes.
+	Errors  PublishErrors
+	Logger  *slog.Logger
+	MaxBody int64 // the largest POST body (MaxBody)
+	// Auth, when set (-auth-token), protects the routes (Auth.Protect) and
+	// the stream (Auth.Install, by NewReplica).
+	Auth *Auth
+
+	events *eventbus.Handler
+
+	mu      sync.Mutex
+	streams map[string]map[*context.CancelFunc]struct{} // open streams by session, for /disconnect
+}
+
+// NewReplica returns r ready to serve with events as its SSE handler:
+// events' Lookup becomes the backplane's Bus (which checks the session's
+// epoch with the engine), its errors answered as eventbus.StatusError: an
+// invalid session 404, the engine unreachable 503 unavailable and a closed
+// backplane 503 shutting_down, both with Retry-After. With r.Auth set, it
+// then installs the access control on events. Its other fields stay as
+// set.
+func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
+	events.Lookup = r.lookup
+	r.Auth.Install(events)
+	r.events = events
+	r.streams = map[string]map[*context.CancelFunc]struct{}{}
+	return r
+}
+
+func (r *Replica) lookup(req *http.Request) (*eventbus.EventBus, error) {
+	bus, err := r.Backplane.Bus(req.Context(), req.PathValue("id"))
+	switch {
+	case r.isInvalidSession(err):
+		return nil, fmt.Errorf("%w: %w", eventbus.ErrSessionNotFound, err)
+	case r.isUnavailable(err):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "unavailable",
+			Message: r.Engine + " unavailable; retry after Retry-After", RetryAfter: time.Second, Err: err}
+	case errors.Is(err, eventbus.ErrClosed):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down",
+			Message: "the daemon is shutting down", RetryAfter: time.Second, Err: err}
+	}
+	return bus, err // another error: the client left while the session opened (500)
+}
+
+// Routes returns the daemon's routes: Mux's and POST /session/{id}/signal,
+// behind r.Auth.Protect when r.Auth is set.
+func (r *Replica) Routes() http.Handler {
+	mux := Mux(r)
+	mux.HandleFunc("POST /session/{id}/signal", r.ServeSignal)
+	if r.Auth != nil {
+		return r.Auth.Protect(mux)
+	}
+	return mux
+}
+
+// ServeIndex writes the usage text.
+func (r *Replica) ServeIndex(w http.ResponseWriter, req *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintf(w, "%s replica %s\n\n", r.Daemon, r.Name)
+	io.WriteString(w, strings.TrimSuffix(r.Usage, "Flags:\n"))
+}
+
+func (r *Replica) isInvalidSession(err error) bool {
+	return r.Errors.InvalidSession != nil && errors.Is(err, r.Errors.InvalidSession)
+}
+
+func (r *Replica) isUnavailable(err error) bool {
+	return r.Errors.Unavailable != nil && errors.Is(err, r.Errors.Unavailable)
+}
+
+// ServeEvents runs the SSE handler (whose Lookup finds the session's
+// mirror) under a context that /disconnect can cancel, as a client
+// disconnect would.
+func (r *Replica) ServeEvents(w http.ResponseWriter, req *http.Request) {
+	id := req.PathValue("id")
+	ctx, cancel := context.WithCancel(req.Context())
+	defer cancel()
+	key := &cancel
+	r.mu.Lock()
+	if r.streams[id] == nil {
+		r.streams[id] = map[*context.CancelFunc]struct{}{}
+	}
+	r.streams[id][key] = struct{}{}
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.streams[id], key)
+		if len(r.streams[id]) == 0 {
+			delete(r.streams, id)
+		}
+		r.mu.Unlock()
+	}()
+	r.Logger.Debug("stream opened", "session", id, "lastEventId", req.Header.Get("Last-Event-ID"), "remote", req.RemoteAddr)
+	r.events.ServeHTTP(w, req.WithContext(ctx))
+}
+
+// ServePublish publishes the body's event, idempotently with an
+// Idempotency-Key header.
+func (r *Replica) ServePublish(w http.ResponseWriter, req *http.Request) {
+	key, keyed := IdempotencyKey(req)
+	body, ok := DecodePublish(w, req, r.MaxBody)
+	if !ok {
+		return
+	}
+	var (
+		id    uint64
+		epoch string
+		dup   bool
+		err   error
+	)
+	if keyed {
+		id, epoch, dup, err = r.Backplane.PublishIdempotent(req.Context(), req.PathValue("id"), key, body.Event())
+	} else {
+		id, epoch, err = r.Backplane.Publish(req.Context(), req.PathValue("id"), body.Event())
+	}
+	if err == nil {
+		WritePublished(w, id, epoch, dup)
+		return
+	}
+	if r.isUnavailable(err) {
+		r.Logger.Warn("publish failed", "session", req.PathValue("id"), "keyed", keyed, "err", err)
+	}
+	if !r.Errors.Write(w, err) {
+		WriteError(w, http.StatusInternalServerError, "internal", err.Error())
+	}
+}
+
+// ServeSignal sends the body's change signal to every replica.
+func (r *Replica) ServeSignal(w http.ResponseWriter, req *http.Request) {
+	var body struct {
+		Type  string `json:"type"`
+		About string `json:"about"`
+	}
+	if err := NewBodyDecoder(w, req, 1<<20).Decode(&body); err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+		return
+	}
+	err := r.Backplane.Signal(req.Context(), req.PathValue("id"), body.Type, body.About)
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, eventbus.ErrEventTooLarge):
+		WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
+	case errors.Is(err, eventbus.ErrInvalidEvent), r.isInvalidSession(err):
+		WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
+	default:
+		WriteUnavailable(w, "unavailable", err.Error())
+	}
+}
+
+// ServeStatus describes the session as the engine and this replica see
+// it; 404 when the engine has none.
+func (r *Replica) ServeStatus(w http.ResponseWriter, req *http.Request) {
+	in, err := r.Backplane.Info(req.Context(), req.PathValue("id"))
+	switch {
+	case r.isInvalidSession(err):
+		WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
+		return
+	case err != nil:
+		WriteUnavailable(w, "unavailable", err.Error())
+		return
+	case !in.Exists:
+		WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
+		return
+	}
+	r.mu.Lock()
+	open := len(r.streams[req.PathValue("id")])
+	r.mu.Unlock()
+	WriteJSON(w, http.StatusOK, map[string]any{
+		"id": req.PathValue("id"), "replica": r.Name,
+		"epoch": in.Epoch, "lastEventId": in.LastEventID, "firstEventId": in.FirstEventID, "bytes": in.Bytes,
+		"local": in.Local, "localLastEventId": in.LocalLastEventID, "subscribers": in.Subscribers, "streams": open,
+	})
+}
+
+// ServeDelete forgets the session in the engine; an invalid id is 204.
+func (r *Replica) ServeDelete(w http.ResponseWriter, req *http.Request) {
+	if err := r.Backplane.Delete(req.Context(), req.PathValue("id")); err != nil && !r.isInvalidSession(err) {
+		WriteUnavailable(w, "unavailable", err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// ServeDisconnect cuts this replica's open streams of the session.
+func (r *Replica) ServeDisconnect(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	var cancels []context.CancelFunc
+	for c := range r.streams[req.PathValue("id")] {
+		cancels = append(cancels, *c)
+	}
+	r.mu.Unlock()
+	for _, c := range cancels {
+		c()
+	}
+	WriteJSON(w, http.StatusOK, map[string]int{"disconnected": len(cancels)})
+}
+
+// PublishDemo is a Demo's Publish; an error after the demo was stopped is
+// not worth a log line.
+func (r *Replica) PublishDemo(ctx context.Context, id string, ev eventbus.Event) error {
+	if _, _, err := r.Backplane.Publish(ctx, id, ev); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,282 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/backplanetest"
+)
+
+// fakeBackplane is a one-process Backplane: a plain bus per session, and
+// an error to answer with instead when err is set.
+type fakeBackplane struct {
+	mu    sync.Mutex
+	buses map[string]*eventbus.EventBus
+	keys  map[string]uint64
+	err   error
+}
+
+var (
+	errFakeUnavailable = errors.New("fake: unavailable")
+	errFakeUnknown     = fmt.Errorf("%w: fake: outcome unknown", errFakeUnavailable)
+	errFakeSession     = errors.New("fake: invalid session")
+)
+
+func (f *fakeBackplane) Bus(_ context.Context, s string) (*eventbus.EventBus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	if s == "bad" {
+		return nil, errFakeSession
+	}
+	if f.buses[s] == nil {
+		f.buses[s], _ = eventbus.New(eventbus.Options{})
+	}
+	return f.buses[s], nil
+}
+
+func (f *fakeBackplane) Publish(ctx context.Context, s string, e eventbus.Event) (uint64, string, error) {
+	bus, err := f.Bus(ctx, s)
+	if err != nil {
+		return 0, "", err
+	}
+	fr, err := bus.Publish(e)
+	return fr.ID(), bus.Epoch(), err
+}
+
+func (f *fakeBackplane) PublishIdempotent(ctx context.Context, s, key string, e eventbus.Event) (uint64, string, bool, error) {
+	if err := eventbus.CheckIdempotencyKey(key); err != nil {
+		return 0, "", false, err
+	}
+	f.mu.Lock()
+	id, ok := f.keys[s+"\x00"+key]
+	f.mu.Unlock()
+	if ok {
+		bus, _ := f.Bus(ctx, s)
+		return id, bus.Epoch(), true, nil
+	}
+	id, epoch, err := f.Publish(ctx, s, e)
+	if err == nil {
+		f.mu.Lock()
+		f.keys[s+"\x00"+key] = id
+		f.mu.Unlock()
+	}
+	return id, epoch, false, err
+}
+
+func (f *fakeBackplane) Signal(ctx context.Context, s, typ, about string) error {
+	bus, err := f.Bus(ctx, s)
+	if err != nil {
+		return err
+	}
+	return bus.Signal(typ, about)
+}
+
+func (f *fakeBackplane) Delete(ctx context.Context, s string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return f.err
+	}
+	if b := f.buses[s]; b != nil {
+		b.Close()
+		delete(f.buses, s)
+	}
+	return nil
+}
+
+func (f *fakeBackplane) Info(ctx context.Context, s string) (SessionInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return SessionInfo{}, f.err
+	}
+	b := f.buses[s]
+	if b == nil {
+		return SessionInfo{}, nil
+	}
+	return SessionInfo{Exists: true, Epoch: b.Epoch(), LastEventID: b.LastEventID(), Local: true, Subscribers: b.SubscriberCount()}, nil
+}
+
+func (f *fakeBackplane) set(err error) {
+	f.mu.Lock()
+	f.err = err
+	f.mu.Unlock()
+}
+
+func (f *fakeBackplane) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range f.buses {
+		b.Close()
+	}
+}
+
+// The shared replica's routes on a fake engine: publish (plain and keyed),
+// the stream, a signal, the status, /disconnect, DELETE, and the answers
+// when the engine is unreachable, the outcome unknown, or the session id
+// invalid.
+func TestReplicaRoutes(t *testing.T) {
+	fb := &fakeBackplane{buses: map[string]*eventbus.EventBus{}, keys: map[string]uint64{}}
+	defer fb.close()
+	r := NewReplica(&Replica{
+		Daemon: "sessiond-test", Usage: "usage text\n\nFlags:\n", Name: "R1", Engine: "Fake",
+		Backplane: fb,
+		Errors: PublishErrors{OutcomeUnknown: errFakeUnknown, KeyReused: eventbus.ErrIdempotencyKeyReused,
+			InvalidKey: eventbus.ErrInvalidIdempotencyKey, InvalidSession: errFakeSession, Unavailable: errFakeUnavailable},
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MaxBody: MaxBody(0),
+	}, &eventbus.Handler{Heartbeat: time.Hour})
+	srv := httptest.NewServer(r.Routes())
+	defer srv.Close()
+	client := srv.Client()
+	defer client.CloseIdleConnections()
+	do := func(method, path, body string, header map[string]string) (int, map[string]any, http.Header) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]any
+		json.NewDecoder(resp.Body).Decode(&v)
+		return resp.StatusCode, v, resp.Header
+	}
+
+	s := backplanetest.Open(t, client, srv.URL+"/session/s/events", nil)
+	if code, v, _ := do("POST", "/session/s/events", `{"type":"e"}`, nil); code != 200 || v["id"] != float64(1) {
+		t.Fatalf("publish: %d %v", code, v)
+	}
+	key := map[string]string{"Idempotency-Key": "k"}
+	do("POST", "/session/s/events", `{"type":"e"}`, key)
+	if code, v, _ := do("POST", "/session/s/events", `{"type":"e"}`, key); code != 200 || v["id"] != float64(2) || v["duplicate"] != true {
+		t.Fatalf("keyed retry: %d %v", code, v)
+	}
+	if code, v, _ := do("POST", "/session/s/events", `{"type":"e"}`, map[string]string{"Idempotency-Key": ""}); code != 400 || v["code"] != "invalid_idempotency_key" {
+		t.Fatalf("empty key: %d %v", code, v)
+	}
+	backplanetest.WantIDs(t, s.Events(2, 5*time.Second), 1, 2)
+	if code, _, _ := do("POST", "/session/s/signal", `{"type":"doc.changed","about":"d"}`, nil); code != 204 {
+		t.Fatalf("signal: %d", code)
+	}
+	if f := s.Next(5 * time.Second); f.Event != "doc.changed" {
+		t.Fatalf("want the signal, got %+v", f)
+	}
+	if code, v, _ := do("GET", "/session/s", "", nil); code != 200 || v["lastEventId"] != float64(2) || v["streams"] != float64(1) || v["replica"] != "R1" {
+		t.Fatalf("status: %d %v", code, v)
+	}
+	if code, _, _ := do("GET", "/session/none", "", nil); code != 404 {
+		t.Fatalf("status of an unknown session: %d", code)
+	}
+	if code, v, _ := do("POST", "/session/s/disconnect", "", nil); code != 200 || v["disconnected"] != float64(1) {
+		t.Fatalf("disconnect: %d %v", code, v)
+	}
+	s.Ended(5 * time.Second)
+	if code, _, _ := do("GET", "/session/bad/events", "", nil); code != 404 {
+		t.Fatalf("stream of an invalid session: %d", code)
+	}
+	if code, _, _ := do("DELETE", "/session/s", "", nil); code != 204 {
+		t.Fatalf("delete: %d", code)
+	}
+
+	fb.set(errFakeUnavailable)
+	for _, c := range []struct{ method, path, body, code string }{
+		{"GET", "/session/s/events", "", "unavailable"},
+		{"POST", "/session/s/events", `{"type":"e"}`, "unavailable"},
+		{"GET", "/session/s", "", "unavailable"},
+		{"DELETE", "/session/s", "", "unavailable"},
+	} {
+		if code, v, h := do(c.method, c.path, c.body, nil); code != 503 || v["code"] != c.code || h.Get("Retry-After") == "" {
+			t.Fatalf("%s %s with the engine down: %d %v %v", c.method, c.path, code, v, h)
+		}
+	}
+	fb.set(errFakeUnknown)
+	if code, v, _ := do("POST", "/session/s/events", `{"type":"e"}`, nil); code != 503 || v["code"] != "publish_outcome_unknown" {
+		t.Fatalf("outcome unknown: %d %v", code, v)
+	}
+	resp, err := client.Get(srv.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(idx) != "sessiond-test replica R1\n\nusage text\n\n" {
+		t.Fatalf("index %q", idx)
+	}
+}
+
+// A replica with -auth-token: the stream and the other routes need
+// credentials, an anonymous stream does not reach the engine, and a logout
+// ends the replica's streams of the subject.
+func TestReplicaAuth(t *testing.T) {
+	fb := &fakeBackplane{buses: map[string]*eventbus.EventBus{}, keys: map[string]uint64{}}
+	defer fb.close()
+	auth, err := NewAuth(AuthOptions{Token: "tok", Realm: "sessiond-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewReplica(&Replica{
+		Daemon: "sessiond-test", Name: "R1", Engine: "Fake", Backplane: fb,
+		Errors: PublishErrors{InvalidSession: errFakeSession, Unavailable: errFakeUnavailable},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBody: MaxBody(0), Auth: auth,
+	}, &eventbus.Handler{Heartbeat: time.Hour})
+	srv := httptest.NewServer(r.Routes())
+	defer srv.Close()
+	client := srv.Client()
+	defer client.CloseIdleConnections()
+	send := func(method, path, body string, header http.Header) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		for k, v := range header {
+			req.Header[k] = v
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	for _, c := range []struct{ method, path string }{{"GET", "/session/s/events"}, {"POST", "/session/s/events"}, {"GET", "/session/s"}} {
+		if resp := send(c.method, c.path, `{"type":"e"}`, nil); resp.StatusCode != 401 || resp.Header.Get("WWW-Authenticate") != `Bearer realm="sessiond-test"` {
+			t.Fatalf("anonymous %s %s: %s %v", c.method, c.path, resp.Status, resp.Header)
+		}
+	}
+	fb.mu.Lock()
+	reached := len(fb.buses)
+	fb.mu.Unlock()
+	if reached != 0 {
+		t.Fatal("an anonymous request reached the engine")
+	}
+	bearer := http.Header{"Authorization": {"Bearer tok"}}
+	s := backplanetest.Open(t, client, srv.URL+"/session/s/events", map[string]string{"Authorization": "Bearer tok"})
+	if resp := send("POST", "/session/s/events", `{"type":"e"}`, bearer); resp.StatusCode != 200 {
+		t.Fatalf("publish with the token: %s", resp.Status)
+	}
+	backplanetest.WantIDs(t, s.Events(1, 5*time.Second), 1, 1)
+	if resp := send("POST", "/revoke", `{"subject":"bearer"}`, bearer); resp.StatusCode != 200 {
+		t.Fatalf("revoke: %s", resp.Status)
+	}
+	rest := s.Ended(5 * time.Second)
+	if len(rest) != 1 || rest[0].Event != eventbus.TypeStreamError || rest[0].Str(t, "data", "errorKind") != eventbus.ErrorKindRevoked {
+		t.Fatalf("the stream ended with %+v, want stream_error revoked", rest)
+	}
+}

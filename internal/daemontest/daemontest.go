@@ -1,0 +1,237 @@
+// Package daemontest runs the demo daemon cmd/sessiond as a process for the
+// end-to-end tests of other modules (e2e/, interop/), which may import it
+// because their paths lie under github.com/ssebus/eventbus: it builds the
+// binary, starts it on a loopback port, stops it with SIGTERM, and talks to
+// its JSON routes. Every helper fails the test on an unexpected answer.
+package daemontest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Daemon is a running cmd/sessiond, started by Start. Its methods are for
+// the test's goroutine (they call t.Fatal).
+type Daemon struct {
+	t   testing.TB
+	cmd *exec.Cmd
+	// Base is the daemon's URL without a trailing slash: http://host:port,
+	// or https:// with -tls-cert.
+	Base string
+	// HTTP is the client Call uses; a test may set its Transport (to trust
+	// a test certificate).
+	HTTP *http.Client
+	// Header is sent with every Call (and so with Status and Publish),
+	// such as the Authorization of a daemon started with -auth-token.
+	Header http.Header
+
+	mu   sync.Mutex
+	logs bytes.Buffer
+	done chan struct{} // closed when stderr hits EOF
+}
+
+// LogText returns what the daemon has logged so far.
+func (d *Daemon) LogText() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.logs.String()
+}
+
+// Build compiles cmd/sessiond of the root module in rootDir into a temp
+// dir, with -race when race is set, and returns the binary.
+func Build(ctx context.Context, t testing.TB, rootDir string, race bool) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to build the daemon: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "sessiond")
+	args := []string{"build", "-o", bin}
+	if race {
+		args = append(args, "-race")
+	}
+	args = append(args, "./cmd/sessiond")
+	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Dir = rootDir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return bin
+}
+
+// Start runs bin on a free loopback port and waits for its listening
+// log line. Cleanup kills it if the test did not stop it.
+func Start(ctx context.Context, t testing.TB, bin string, args ...string) *Daemon {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &Daemon{t: t, cmd: cmd, done: make(chan struct{}), HTTP: &http.Client{Timeout: 10 * time.Second}}
+	addrCh := make(chan string, 1)
+	go func() {
+		defer close(d.done)
+		addrRE := regexp.MustCompile(`msg="sessiond listening" addr=\S+ url=(\S+)/`)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			d.mu.Lock()
+			d.logs.WriteString(line + "\n")
+			d.mu.Unlock()
+			if m := addrRE.FindStringSubmatch(line); m != nil {
+				select {
+				case addrCh <- m[1]:
+				default:
+				}
+			}
+		}
+		io.Copy(io.Discard, stderr) // after a scanner error
+	}()
+	t.Cleanup(func() {
+		d.HTTP.CloseIdleConnections()
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-d.done
+			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.LogText())
+		}
+	})
+	select {
+	case url := <-addrCh:
+		d.Base = url
+	case <-d.done:
+		t.Fatalf("the daemon exited before listening:\n%s", d.LogText())
+	case <-ctx.Done():
+		t.Fatalf("the daemon did not start listening: %v\n%s", ctx.Err(), d.LogText())
+	}
+	return d
+}
+
+// Stop sends SIGTERM and expects a clean exit: every bus closed, then the
+// HTTP server shut down while the browser still holds its stream open.
+func (d *Daemon) Stop(timeout time.Duration) {
+	d.t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		d.t.Fatal(err)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(timeout):
+		d.t.Fatalf("the daemon did not exit within %v of SIGTERM", timeout)
+	}
+	if err := d.cmd.Wait(); err != nil {
+		d.t.Fatalf("the daemon exited with %v after SIGTERM", err)
+	}
+}
+
+// Call sends a request and decodes a JSON answer into out (when non-nil).
+func (d *Daemon) Call(method, path, body string, wantStatus int, out any) {
+	d.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, d.Base+path, rd)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	for k, v := range d.Header {
+		req.Header[k] = v
+	}
+	resp, err := d.HTTP.Do(req)
+	if err != nil {
+		d.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if resp.StatusCode != wantStatus {
+		d.t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, b, wantStatus)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			d.t.Fatalf("%s %s: %q: %v", method, path, b, err)
+		}
+	}
+}
+
+// Status is the daemon's GET /session/{id} answer.
+type Status struct {
+	Epoch          string `json:"epoch"`
+	LastEventID    uint64 `json:"lastEventId"`
+	Subscribers    int    `json:"subscribers"`
+	Streams        int    `json:"streams"`
+	StreamsOpened  int    `json:"streamsOpened"`
+	StreamsResumed int    `json:"streamsResumed"`
+	LastResumeFrom string `json:"lastResumeFrom"`
+}
+
+// Status returns the status of session, which must exist.
+func (d *Daemon) Status(session string) Status {
+	d.t.Helper()
+	var st Status
+	d.Call(http.MethodGet, "/session/"+session, "", http.StatusOK, &st)
+	return st
+}
+
+// Publish posts one "note" event (a type the viewer listens for) and
+// returns its id.
+func (d *Daemon) Publish(session string, n int) uint64 {
+	d.t.Helper()
+	var res struct {
+		ID uint64 `json:"id"`
+	}
+	body := fmt.Sprintf(`{"type":"note","data":{"n":%d},"originatorClientId":"e2e"}`, n)
+	d.Call(http.MethodPost, "/session/"+session+"/events", body, http.StatusOK, &res)
+	return res.ID
+}
+
+// FreeAddr returns a loopback address nothing listens on, for a daemon
+// that must come back on the same one after a restart.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// WaitUntil polls cond every 20 ms until it is true or timeout passes.
+func WaitUntil(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s; last state: %s", timeout, what, state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

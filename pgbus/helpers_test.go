@@ -1,0 +1,274 @@
+package pgbus
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/backplanetest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const wait = 10 * time.Second // bound of every wait for frames
+
+// pgURL returns the test server's URL (.ci/pg.sh starts one and sets
+// PGBUS_TEST_URL); without it the test is skipped, unless CI=true.
+func pgURL(t testing.TB) string {
+	t.Helper()
+	return backplanetest.Env(t, "PGBUS_TEST_URL",
+		"run bash .ci/pg.sh (or bash .ci/pg.sh shell, then go test) to test against a real PostgreSQL")
+}
+
+// control returns the controls of the test server (.ci/pg.sh's helper,
+// PGBUS_TEST_PGCTL): restart, and pause and resume (SIGSTOP and SIGCONT
+// of every server process: a hung database).
+func control(t testing.TB) *backplanetest.Control {
+	t.Helper()
+	pgURL(t)
+	return backplanetest.NewControl(t, backplanetest.Env(t, "PGBUS_TEST_PGCTL",
+		"this test restarts or pauses the server; .ci/pg.sh sets it"))
+}
+
+// testSchema returns a schema of its own for t (dropped when t ends) and
+// the test server's URL.
+func testSchema(t testing.TB) (url, schema string) {
+	t.Helper()
+	url = pgURL(t)
+	var b [6]byte
+	rand.Read(b[:])
+	schema = "t_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	return url, schema
+}
+
+// withConn runs f on a throwaway connection to url.
+func withConn(t testing.TB, url string, f func(ctx context.Context, conn *pgx.Conn) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := f(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// execSQL runs one statement on a throwaway connection.
+func execSQL(t testing.TB, url, sql string, args ...any) {
+	t.Helper()
+	withConn(t, url, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, sql, args...)
+		return err
+	})
+}
+
+// queryInt runs a query returning one integer on a throwaway connection.
+func queryInt(t testing.TB, url, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	withConn(t, url, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, sql, args...).Scan(&n)
+	})
+	return n
+}
+
+// testOptions are quick to notice changes and to close; every replica of
+// a test shares its schema. PublishTimeout is the default: a loaded
+// machine can hold a query for more than a second, and only the failure
+// tests, which set a shorter one, wait for it to pass.
+//
+// Streams keep up to 4096 frames (instead of 256): the tests' SSE clients
+// run on the same two cores as three replicas and the database, and are
+// not the slow subscribers some tests are about.
+func testOptions(schema string) Options {
+	return Options{
+		Bus:            eventbus.Options{MaxQueued: 4096},
+		Schema:         schema,
+		PublishTimeout: DefaultPublishTimeout,
+		IdleTimeout:    time.Hour,
+		PollInterval:   100 * time.Millisecond,
+	}
+}
+
+// replica is one daemon replica in-process: its own pool, backplane and
+// HTTP server.
+type replica struct {
+	name string
+	pool *pgxpool.Pool
+	bp   *Backplane
+	srv  *httptest.Server
+}
+
+// newPool returns a pool for url, closed when t ends (after everything
+// registered later, such as the backplane using it).
+func newPool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 16
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func newReplica(t testing.TB, url, name string, opts Options) *replica {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("replica", name)
+	}
+	pool := newPool(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bp, err := New(ctx, pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bp.Close() })
+	mux := http.NewServeMux()
+	h := bp.Handler()
+	h.Heartbeat = time.Hour
+	mux.Handle("GET /session/{id}/events", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return &replica{name: name, pool: pool, bp: bp, srv: srv}
+}
+
+func threeReplicas(t testing.TB, url string, opts Options) (a, b, c *replica) {
+	return newReplica(t, url, "A", opts), newReplica(t, url, "B", opts), newReplica(t, url, "C", opts)
+}
+
+func (rp *replica) publish(t testing.TB, session, typ string, data any) uint64 {
+	t.Helper()
+	id, _, err := rp.bp.Publish(context.Background(), session, eventbus.Event{Type: typ, Data: data})
+	if err != nil {
+		t.Fatalf("%s: publish: %v", rp.name, err)
+	}
+	return id
+}
+
+// open opens GET /session/{session}/events on rp with the given headers
+// and query.
+func (rp *replica) open(t testing.TB, session string, header map[string]string, query string) *backplanetest.Stream {
+	t.Helper()
+	url := rp.srv.URL + "/session/" + session + "/events"
+	if query != "" {
+		url += "?" + query
+	}
+	return backplanetest.Open(t, rp.srv.Client(), url, header)
+}
+
+// testWriter writes a backplane's log lines to its test's log (every
+// goroutine that logs ends in a cleanup, before the test completes).
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+// Short names for the shared checks.
+var (
+	wantIDs = backplanetest.WantIDs
+	waitFor = backplanetest.WaitFor
+)
+
+type frame = backplanetest.Frame
+
+// gate pauses a backplane's readers: while closed, a reader waits before
+// its next query. parked reports readers waiting.
+type gate struct {
+	mu     sync.Mutex
+	ch     chan struct{} // nil: open
+	parked chan string
+}
+
+func installGate(bp *Backplane) *gate {
+	g := &gate{parked: make(chan string, 16)}
+	hook := func(ctx context.Context, session string) {
+		g.mu.Lock()
+		ch := g.ch
+		g.mu.Unlock()
+		if ch == nil {
+			return
+		}
+		select {
+		case g.parked <- session:
+		default:
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}
+	bp.readHook.Store(&hook)
+	return g
+}
+
+// close makes the readers of bp wait before their next query and returns
+// once the reader of session has parked (woken, it finishes a query in
+// flight first): from then on it reads nothing until open.
+func (g *gate) close(t testing.TB, bp *Backplane, session string) {
+	t.Helper()
+	g.mu.Lock()
+	g.ch = make(chan struct{})
+	g.mu.Unlock()
+	s := bp.readySession(session)
+	if s == nil {
+		t.Fatalf("no mirror of %q to park", session)
+	}
+	s.poke()
+	for {
+		select {
+		case p := <-g.parked:
+			if p == session {
+				return
+			}
+		case <-time.After(wait):
+			t.Fatal("reader did not park")
+		}
+	}
+}
+
+func (g *gate) open() {
+	g.mu.Lock()
+	if g.ch != nil {
+		close(g.ch)
+		g.ch = nil
+	}
+	g.mu.Unlock()
+}
+
+type streamT = backplanetest.Stream

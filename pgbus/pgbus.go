@@ -1,0 +1,672 @@
+// Package pgbus is a PostgreSQL backplane for package eventbus: a
+// session's events get their ids from one shared log in a table, so a
+// client may resume with Last-Event-ID on any replica of a daemon behind a
+// load balancer. It is the redisbus backplane's twin for daemons that
+// already run PostgreSQL and would rather not add Redis, built on the
+// public backplane seam of package eventbus alone (NewFed, Append, Log,
+// Encoder).
+//
+// Per session, rows of a table are the log. Publish (on any replica)
+// encodes the event locally and calls one PL/pgSQL function that takes
+// the session's transaction-scoped advisory lock (pg_advisory_xact_lock),
+// assigns the next contiguous id (1, 2, 3 ...), inserts the envelope,
+// trims the session's rows to the ring's bounds (events and bytes), and
+// sends a NOTIFY with the session and the id. The lock is held until the
+// commit, so commit order is id order across replicas (ADR-0197): no
+// replica can see id n+1 before n. Each replica keeps one LISTEN
+// connection; a notification wakes the reader of the local mirror
+// eventbus.EventBus of that session, which reads the new rows in id order
+// and feeds the mirror: every replica delivers the same ids in the same
+// order, and per-subscriber queues, warnings and evictions stay local.
+//
+// NOTIFY is not durable: a listener that reconnects (or a mirror made
+// while it was away) reads what it missed from the table, and while the
+// listener is down readers poll the table. What the table no longer holds
+// is announced to subscribers as state_resync_required (ring_evicted). A
+// resume the mirror's ring cannot answer is answered from the table
+// (eventbus.Log), outside the bus lock, ahead of the live frames.
+//
+// The epoch (32 hex characters) lives in the sessions table. Delete
+// forgets a session; its next use starts a new epoch with ids from 1, and
+// every replica closes its mirror of the old one (its streams end; clients
+// reconnect with the old epoch and get epoch_reset). A new stream checks
+// the session's epoch in the table first, so it never joins an epoch the
+// table no longer has (and fails while PostgreSQL is down).
+//
+// Failures are bounded and announced: Publish returns within
+// Options.PublishTimeout, with an error wrapping ErrOutcomeUnknown when
+// the request may have been applied (PublishIdempotent with the same key
+// applies a retry at most once), and a mirror whose reader cannot reach
+// PostgreSQL for Options.OutageTimeout ends its streams with a
+// stream_error of errorKind "unavailable" (clients reconnect with backoff
+// and resume).
+package pgbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ssebus/eventbus"
+)
+
+// Defaults of Options.
+const (
+	DefaultPublishTimeout    = 2 * time.Second
+	DefaultOutageTimeout     = 30 * time.Second
+	DefaultIdempotencyWindow = 10 * time.Minute
+	DefaultIdleTimeout       = time.Minute
+	DefaultSchema            = "eventbus"
+	DefaultPollInterval      = time.Second
+	DefaultReadCount         = 512
+	// MaxSessionIDBytes bounds a session id.
+	MaxSessionIDBytes = 256
+)
+
+var (
+	// ErrUnavailable is wrapped by the errors of Publish, Delete, Info,
+	// Signal and session creation when PostgreSQL did not answer in time
+	// or failed.
+	ErrUnavailable = errors.New("pgbus: postgresql unavailable")
+	// ErrOutcomeUnknown is wrapped (with ErrUnavailable) by the error of a
+	// publish whose request reached PostgreSQL but whose answer did not
+	// come back: the event may or may not have been appended. A retry with
+	// PublishIdempotent and the same key applies it at most once.
+	ErrOutcomeUnknown = errors.New("pgbus: publish outcome unknown")
+	// ErrInvalidSession is wrapped by the error for an empty session id or
+	// one longer than MaxSessionIDBytes.
+	ErrInvalidSession = errors.New("pgbus: invalid session id")
+)
+
+// Options configures a Backplane. The zero value is valid.
+type Options struct {
+	// Bus configures every local mirror bus (and the encoding of
+	// published events: MaxEventBytes, Now). Its RingSize and RingMaxBytes
+	// also bound the rows each session keeps in the table.
+	Bus eventbus.Options
+	// RingSize, when set, overrides Bus.RingSize: the events a session's
+	// rows and mirrors keep for resuming clients.
+	RingSize int
+	// PublishTimeout bounds each Publish, Delete, Info, Signal, session
+	// creation and reader query (and the wait of a resume for a lagging
+	// reader); 0 means DefaultPublishTimeout.
+	PublishTimeout time.Duration
+	// OutageTimeout is how long a mirror's reader may fail to reach
+	// PostgreSQL before the mirror ends every stream with a stream_error
+	// of errorKind "unavailable" and is released; 0 means
+	// DefaultOutageTimeout.
+	OutageTimeout time.Duration
+	// IdempotencyWindow is how long PublishIdempotent remembers a key,
+	// from its first publish; 0 means DefaultIdempotencyWindow.
+	IdempotencyWindow time.Duration
+	// IdleTimeout is how long a session may have no local subscriber
+	// before its mirror and reader are released; 0 means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// Schema is the PostgreSQL schema of the backplane's tables and
+	// functions (New creates what is missing) and the prefix of its
+	// notification channels: 1 to 48 bytes of [a-z0-9_], not starting
+	// with a digit; "" means DefaultSchema.
+	Schema string
+	// SessionTTL, when positive, deletes a session (as Delete does) once
+	// it has had no publish and no new mirror for this long; the next use
+	// starts a new epoch. 0 keeps sessions until Delete.
+	SessionTTL time.Duration
+	// PollInterval is how often a reader reads the table while the
+	// listener is disconnected (notifications are lost then); 0 means
+	// DefaultPollInterval.
+	PollInterval time.Duration
+	// ReadCount is the most rows one reader query returns; 0 means
+	// DefaultReadCount.
+	ReadCount int
+	// Logger receives the backplane's own log lines; nil means
+	// Bus.Logger, then slog.Default().
+	Logger *slog.Logger
+}
+
+// Backplane feeds local mirror buses from PostgreSQL. Create it with New;
+// it is safe for concurrent use. Close ends every reader and mirror.
+type Backplane struct {
+	pool     *pgxpool.Pool
+	opts     Options
+	q        queries
+	maxLen   int
+	maxBytes int
+	maxEvent int
+	encoder  *eventbus.Encoder
+	log      *slog.Logger
+
+	ctx    context.Context // ends every goroutine of the backplane
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // readers, the listener and the janitors
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[string]*session
+
+	// The listener's state: whether it is LISTENing now, and when it last
+	// heard from PostgreSQL (Unix nanoseconds).
+	listening  atomic.Bool
+	listenedAt atomic.Int64
+
+	// readHook, when set (tests), runs before every query of a reader.
+	readHook atomic.Pointer[func(ctx context.Context, session string)]
+}
+
+// New returns a backplane publishing to and reading from pool. It creates
+// the schema's tables and functions when they are missing (the pool's
+// role needs CREATE on the database, or an existing schema), bounded by
+// ctx, and starts the listener in the background: a PostgreSQL that is
+// down later is retried. It fails with an error wrapping
+// eventbus.ErrInvalidOption for invalid options, and with one wrapping
+// ErrUnavailable when the schema cannot be created. The pool stays the
+// caller's: close it after Close.
+func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", eventbus.ErrInvalidOption)
+	}
+	if opts.RingSize != 0 {
+		opts.Bus.RingSize = opts.RingSize
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout},
+		{"OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout},
+		{"IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow},
+		{"IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout},
+		{"PollInterval", &opts.PollInterval, DefaultPollInterval},
+	} {
+		if *d.v < 0 {
+			return nil, fmt.Errorf("%w: %s is %v, must not be negative", eventbus.ErrInvalidOption, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+		if *d.v < time.Millisecond {
+			return nil, fmt.Errorf("%w: %s is %v, below 1ms", eventbus.ErrInvalidOption, d.name, *d.v)
+		}
+	}
+	if opts.SessionTTL < 0 || opts.ReadCount < 0 {
+		return nil, fmt.Errorf("%w: SessionTTL and ReadCount must not be negative", eventbus.ErrInvalidOption)
+	}
+	if opts.ReadCount == 0 {
+		opts.ReadCount = DefaultReadCount
+	}
+	if opts.Schema == "" {
+		opts.Schema = DefaultSchema
+	}
+	if !validSchema(opts.Schema) {
+		return nil, fmt.Errorf("%w: Schema %q is not 1 to %d bytes of [a-z0-9_] starting with a letter or '_'",
+			eventbus.ErrInvalidOption, opts.Schema, maxSchemaBytes)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = opts.Bus.Logger
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	if opts.Bus.Logger == nil {
+		opts.Bus.Logger = log
+	}
+	enc, err := eventbus.NewEncoder(opts.Bus) // validates opts.Bus
+	if err != nil {
+		return nil, err
+	}
+	if err := migrate(ctx, pool, opts.Schema); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	b := &Backplane{
+		pool:     pool,
+		opts:     opts,
+		q:        newQueries(opts.Schema),
+		maxLen:   orInt(opts.Bus.RingSize, eventbus.DefaultRingSize),
+		maxBytes: orInt(opts.Bus.RingMaxBytes, eventbus.DefaultRingMaxBytes),
+		maxEvent: orInt(opts.Bus.MaxEventBytes, eventbus.DefaultMaxEventBytes),
+		encoder:  enc,
+		log:      log,
+		sessions: make(map[string]*session),
+	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.wg.Add(3)
+	go b.listen()
+	go b.releaseIdle()
+	go b.maintain()
+	return b, nil
+}
+
+func orInt(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// Close releases every session of this replica: readers and the listener
+// stop, mirrors close (their streams drain what is queued, then end), and
+// Close returns when every goroutine of the backplane has ended.
+// Afterwards Publish returns eventbus.ErrClosed. Idempotent. The rows
+// stay: other replicas go on.
+func (b *Backplane) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		b.wg.Wait()
+		return nil
+	}
+	b.closed = true
+	all := b.sessions
+	b.sessions = nil
+	b.mu.Unlock()
+	b.cancel()
+	for _, s := range all {
+		s.stop()
+	}
+	b.wg.Wait()
+	return nil
+}
+
+func (b *Backplane) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+func validSession(id string) error {
+	if id == "" || len(id) > MaxSessionIDBytes {
+		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidSession, len(id), MaxSessionIDBytes)
+	}
+	return nil
+}
+
+// unavailable wraps a PostgreSQL failure of an operation that did not
+// apply anything.
+func unavailable(op, session string, err error) error {
+	return fmt.Errorf("%w: %s session %q: %v", ErrUnavailable, op, session, err)
+}
+
+// Publish appends e to session's log and returns its id and the session's
+// epoch. The event reaches the subscribers of every replica through their
+// readers (this replica's too), in id order.
+//
+// Publish never panics and returns within PublishTimeout: an error
+// wrapping ErrUnavailable when PostgreSQL fails or is too slow, which also
+// wraps ErrOutcomeUnknown when the request was sent and its answer lost
+// (the event may or may not have been appended: use PublishIdempotent to
+// retry safely); eventbus.ErrInvalidEvent or eventbus.ErrEventTooLarge
+// for an event the bus would refuse (no id is used); ErrInvalidSession;
+// eventbus.ErrClosed after Close.
+func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Event) (id uint64, epoch string, err error) {
+	id, epoch, _, err = b.publish(ctx, session, "", false, e)
+	return id, epoch, err
+}
+
+// PublishIdempotent is Publish with an idempotency key, so that a publish
+// whose outcome is unknown can be retried safely: within
+// IdempotencyWindow of the first publish with key in session, a publish
+// with the same key and the same event (the same
+// eventbus.Encoder.Fingerprint: type, data, _meta but serverTimestamp,
+// originatorClientId) appends nothing and returns the first publish's id
+// with duplicate true; the same key with a different event is an error
+// wrapping eventbus.ErrIdempotencyKeyReused. The check and the append
+// happen under the session's lock: concurrent publishes with one key, on
+// any replicas, append once. The window counts from the first publish on
+// PostgreSQL's clock; a duplicate does not extend it. Delete forgets a
+// session's keys. A key is checked by eventbus.CheckIdempotencyKey (1 to
+// eventbus.MaxIdempotencyKeyBytes bytes of printable ASCII, else an error
+// wrapping eventbus.ErrInvalidIdempotencyKey; nothing is sent). Otherwise
+// as Publish: after an error wrapping ErrOutcomeUnknown, retry with the
+// same key.
+func (b *Backplane) PublishIdempotent(ctx context.Context, session, key string, e eventbus.Event) (id uint64, epoch string, duplicate bool, err error) {
+	if err := eventbus.CheckIdempotencyKey(key); err != nil {
+		return 0, "", false, err
+	}
+	return b.publish(ctx, session, key, true, e)
+}
+
+func (b *Backplane) publish(ctx context.Context, session, key string, idem bool, e eventbus.Event) (uint64, string, bool, error) {
+	if err := validSession(session); err != nil {
+		return 0, "", false, err
+	}
+	if b.isClosed() {
+		return 0, "", false, eventbus.ErrClosed
+	}
+	ev, err := b.encoder.Encode(e)
+	if err != nil {
+		return 0, "", false, err
+	}
+	var keyArg, fp any // nil: SQL NULL, no key
+	if idem {
+		f, err := b.encoder.Fingerprint(e)
+		if err != nil {
+			return 0, "", false, err
+		}
+		keyArg, fp = key, f
+	}
+	// This replica's mirror, as it was before the publish: its epoch was
+	// read earlier, so if the publish reports another one, the mirror's is
+	// the stale one.
+	local := b.readySession(session)
+	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	defer cancel()
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return 0, "", false, unavailable("publish to", session, err) // nothing was sent
+	}
+	defer conn.Release()
+	var id int64
+	var epoch string
+	var dup bool
+	err = conn.QueryRow(ctx, b.q.publish, []byte(session), eventbus.NewEpoch(), []byte(ev.Type), ev.Tail,
+		b.maxLen, b.maxBytes, b.maxEvent, keyArg, fp,
+		b.opts.IdempotencyWindow.Milliseconds(), b.opts.PublishTimeout.Milliseconds()).Scan(&id, &epoch, &dup)
+	if err != nil {
+		return 0, "", false, b.publishError(session, err)
+	}
+	if local != nil && local.epoch != epoch {
+		// The mirror is of a deleted session: release it now rather than
+		// when its reader notices.
+		b.expire(local, "publish found a new epoch")
+	}
+	return uint64(id), epoch, dup, nil
+}
+
+// publishError classifies the error of the publish function's call.
+func (b *Backplane) publishError(session string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "EB001":
+			return fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d", eventbus.ErrEventTooLarge, pe.Message, b.maxEvent)
+		case "EB002":
+			return fmt.Errorf("%w: session %q: %s", eventbus.ErrIdempotencyKeyReused, session, pe.Message)
+		}
+		// An ERROR aborted the transaction: nothing was appended. A FATAL
+		// (the backend terminated: a restart, pg_terminate_backend) may
+		// come after the commit.
+		if pe.Severity == "ERROR" {
+			return unavailable("publish to", session, err)
+		}
+	} else if pgconn.SafeToRetry(err) {
+		return unavailable("publish to", session, err) // nothing was sent
+	}
+	return fmt.Errorf("%w: %w: session %q: %v", ErrUnavailable, ErrOutcomeUnknown, session, err)
+}
+
+// Delete forgets session in PostgreSQL (its epoch, events and idempotency
+// keys) and releases this replica's mirror; other replicas release theirs
+// when their listener hears of it (at once, or when it reconnects), and a
+// new stream on any replica checks the epoch first. The next use of the
+// session starts a new epoch with ids from 1. Deleting an unknown session
+// is not an error.
+func (b *Backplane) Delete(ctx context.Context, session string) error {
+	if err := validSession(session); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	defer cancel()
+	var deleted bool
+	if err := b.pool.QueryRow(ctx, b.q.del, []byte(session), 0).Scan(&deleted); err != nil {
+		return unavailable("delete", session, err)
+	}
+	if s := b.readySession(session); s != nil {
+		b.expire(s, "deleted")
+	}
+	return nil
+}
+
+// Info describes a session as PostgreSQL and this replica see it.
+type Info struct {
+	// Exists reports whether PostgreSQL holds the session (an epoch).
+	Exists bool
+	// Epoch, LastEventID, FirstEventID and Bytes are the log's: its epoch,
+	// the last id assigned, the oldest id it holds (0: none), and the
+	// envelope bytes it holds.
+	Epoch        string
+	LastEventID  uint64
+	FirstEventID uint64
+	Bytes        uint64
+	// Local reports whether this replica holds a mirror of the session;
+	// then LocalLastEventID is the last id it delivered and Subscribers
+	// its subscriber count.
+	Local            bool
+	LocalLastEventID uint64
+	Subscribers      int
+}
+
+// Info returns what PostgreSQL and this replica hold of session. It does
+// not create the session.
+func (b *Backplane) Info(ctx context.Context, session string) (Info, error) {
+	if err := validSession(session); err != nil {
+		return Info{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	defer cancel()
+	var in Info
+	var last, first, bytes int64
+	err := b.pool.QueryRow(ctx, b.q.info, []byte(session)).Scan(&in.Epoch, &last, &first, &bytes)
+	switch {
+	case err == nil:
+		in.Exists = true
+		in.LastEventID, in.FirstEventID, in.Bytes = uint64(last), uint64(first), uint64(bytes)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return Info{}, unavailable("read", session, err)
+	}
+	if s := b.readySession(session); s != nil {
+		in.Local = true
+		in.LocalLastEventID = s.bus.LastEventID()
+		in.Subscribers = s.bus.SubscriberCount()
+	}
+	return in, nil
+}
+
+// Sessions returns how many sessions this replica holds a mirror of.
+func (b *Backplane) Sessions() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.sessions)
+}
+
+// Bus returns this replica's mirror bus of session, creating it (and its
+// reader) when needed. A mirror this call did not create is first checked
+// against the session's epoch in the table (one query): a mirror of an
+// epoch the table no longer has (a Delete this replica has not heard of
+// yet) is released and a new one made, so a stream never joins a dead
+// epoch. It returns an error wrapping ErrUnavailable when PostgreSQL
+// cannot be reached for that. Subscribe through the backplane (Subscribe,
+// or the Handler) or on this bus: its Subscribe answers resumes from the
+// table. Its Publish returns eventbus.ErrFed; Signal delivers to this
+// replica's subscribers only.
+func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
+	for attempt := 0; attempt < 3; attempt++ {
+		s, created, err := b.session(ctx, session)
+		if err != nil {
+			return nil, err
+		}
+		if created {
+			return s.bus, nil // its epoch was read just now
+		}
+		epoch, _, err := s.Head(ctx)
+		if err != nil {
+			return nil, unavailable("check the epoch of", session, err)
+		}
+		if epoch == s.epoch {
+			return s.bus, nil
+		}
+		b.expire(s, "a new stream found another epoch in the table")
+	}
+	return nil, unavailable("open", session, errors.New("its epoch kept changing while the stream opened"))
+}
+
+// Subscribe subscribes to session on this replica, as
+// eventbus.EventBus.Subscribe does, on the mirror Bus returns (so a new
+// subscription never joins a dead epoch): a resume its mirror cannot
+// answer is answered from the table. It returns an error wrapping
+// ErrUnavailable when PostgreSQL cannot be reached.
+func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
+	bus, err := b.Bus(ctx, session)
+	if err != nil {
+		return nil, err
+	}
+	return bus.Subscribe(ctx, opts)
+}
+
+// Handler returns an SSE handler for a route such as
+// "GET /session/{id}/events": its Lookup gets or creates the session named
+// by r.PathValue("id") (an invalid id is 404; PostgreSQL unavailable is
+// 503 unavailable and a closed Backplane 503 shutting_down, both with
+// Retry-After: 1, as eventbus.StatusError wrapping the cause); the mirror
+// it returns answers resumes from the table. Set Retry, Heartbeat,
+// WriteTimeout, Logger, CORS or Authorize on it before serving; keep
+// Lookup (wrap it to add to it).
+func (b *Backplane) Handler() *eventbus.Handler {
+	return &eventbus.Handler{
+		Lookup: b.lookup,
+		Logger: b.log,
+	}
+}
+
+func (b *Backplane) lookup(r *http.Request) (*eventbus.EventBus, error) {
+	id := r.PathValue("id")
+	if validSession(id) != nil {
+		return nil, eventbus.ErrSessionNotFound
+	}
+	bus, err := b.Bus(r.Context(), id)
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		se := eventbus.Unavailable(time.Second, "PostgreSQL unavailable; retry after Retry-After")
+		se.Err = err
+		return nil, se
+	case errors.Is(err, eventbus.ErrClosed):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down",
+			Message: "the daemon is shutting down", RetryAfter: time.Second, Err: err}
+	}
+	return bus, err
+}
+
+// releaseIdle releases sessions without local subscribers for
+// IdleTimeout.
+func (b *Backplane) releaseIdle() {
+	defer b.wg.Done()
+	t := time.NewTicker(max(b.opts.IdleTimeout/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case now := <-t.C:
+			// Idle sessions leave the map under the lock that lookups take
+			// (a lookup refreshes lastActive), so a lookup either keeps a
+			// session or creates a new one.
+			var idle []*session
+			b.mu.Lock()
+			for id, s := range b.sessions {
+				if !s.isReady() {
+					continue
+				}
+				if s.bus.SubscriberCount() > 0 {
+					s.lastActive = now
+				} else if now.Sub(s.lastActive) >= b.opts.IdleTimeout {
+					delete(b.sessions, id)
+					idle = append(idle, s)
+				}
+			}
+			b.mu.Unlock()
+			for _, s := range idle {
+				b.log.Debug("pgbus: idle session released", "session", s.id, "epoch", s.epoch)
+				s.stop()
+			}
+		}
+	}
+}
+
+// maintain deletes expired idempotency keys (their rows are ignored once
+// expired, and overwritten by a new use of the key; this keeps the table
+// small) and, with SessionTTL, sessions untouched for that long. Every
+// replica runs it; the deletes are idempotent.
+func (b *Backplane) maintain() {
+	defer b.wg.Done()
+	every := max(min(b.opts.IdempotencyWindow/10, time.Minute), time.Second)
+	if ttl := b.opts.SessionTTL; ttl > 0 {
+		every = min(every, max(ttl/4, 10*time.Millisecond))
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	lastPurge := time.Now()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case now := <-t.C:
+			if now.Sub(lastPurge) >= b.opts.IdempotencyWindow/10 {
+				lastPurge = now
+				b.purgeKeys()
+			}
+			if b.opts.SessionTTL > 0 {
+				b.expireSessions()
+			}
+		}
+	}
+}
+
+func (b *Backplane) purgeKeys() {
+	for b.ctx.Err() == nil {
+		ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+		tag, err := b.pool.Exec(ctx, b.q.purge)
+		cancel()
+		if err != nil {
+			if b.ctx.Err() == nil {
+				b.log.Debug("pgbus: purging expired idempotency keys failed", "error", err)
+			}
+			return
+		}
+		if tag.RowsAffected() < 5000 {
+			return
+		}
+	}
+}
+
+func (b *Backplane) expireSessions() {
+	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+	defer cancel()
+	ttl := b.opts.SessionTTL.Milliseconds()
+	rows, err := b.pool.Query(ctx, b.q.idle, ttl)
+	var idle [][]byte
+	if err == nil {
+		for rows.Next() {
+			var id []byte
+			if err = rows.Scan(&id); err != nil {
+				break
+			}
+			idle = append(idle, id)
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	for _, id := range idle {
+		if err != nil {
+			break
+		}
+		// Under the session's lock, and only if still untouched.
+		var deleted bool
+		if err = b.pool.QueryRow(ctx, b.q.del, id, ttl).Scan(&deleted); err == nil && deleted {
+			b.log.Info("pgbus: session expired", "session", string(id), "ttl", b.opts.SessionTTL)
+		}
+	}
+	if err != nil && b.ctx.Err() == nil {
+		b.log.Debug("pgbus: expiring sessions failed", "error", err)
+	}
+}

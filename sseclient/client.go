@@ -1,0 +1,912 @@
+package sseclient
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+const (
+	// DefaultInitialDelay is the backoff base until the server sends retry:.
+	DefaultInitialDelay = time.Second
+	// DefaultMaxDelay caps the backoff (the server's retry: when larger).
+	DefaultMaxDelay = 30 * time.Second
+	// DefaultIdleTimeout is how long a connection may stay silent (three of
+	// the server's default 15 s heartbeats) before the client reconnects.
+	DefaultIdleTimeout = 45 * time.Second
+
+	// A connection that stayed open this long, or that delivered something
+	// before a plain cut, resets the backoff.
+	stableAfter = 10 * time.Second
+	// An immediate reconnect (re-authentication, a replay cut by the
+	// server's budget) after a connection shorter than this, right after
+	// another immediate one, waits for the backoff instead: a server that
+	// keeps asking must not get a tight loop.
+	quickConn = time.Second
+	// maxErrorBody bounds what is read of a non-200 answer.
+	maxErrorBody = 64 << 10
+	// Bounds of ?maxQueued= (eventbus.MinClientMaxQueued, MaxClientMaxQueued).
+	minMaxQueued, maxMaxQueued = 16, 2048
+)
+
+// CredentialsReason says why Client.Credentials is called.
+type CredentialsReason string
+
+const (
+	// ReasonInitial: before the first connection of a Run.
+	ReasonInitial CredentialsReason = "initial"
+	// ReasonReauthenticate: a stream_error reauthenticate ended the stream
+	// (its lifetime ended, e.g. a token expired).
+	ReasonReauthenticate CredentialsReason = "reauthenticate"
+	// ReasonRevoked: a stream_error revoked ended the stream; a 401 or 403
+	// with the new credentials is final.
+	ReasonRevoked CredentialsReason = "revoked"
+	// ReasonUnauthorized: a 401 answer. Asked once: another 401 or 403
+	// right after is final.
+	ReasonUnauthorized CredentialsReason = "unauthorized"
+	// ReasonForbidden: a 403 answer, likewise.
+	ReasonForbidden CredentialsReason = "forbidden"
+)
+
+// Credentials are what Client.Credentials returns: headers to send, and a
+// token sent as "Authorization: Bearer <token>" when not empty.
+type Credentials struct {
+	Header http.Header
+	Token  string
+}
+
+// State is a Client's connection state.
+type State int
+
+const (
+	// StateConnecting: the first attempt of a Run is under way.
+	StateConnecting State = iota + 1
+	// StateOpen: a stream is open (the server answered 200).
+	StateOpen
+	// StateReconnecting: the stream was lost or refused; the client waits
+	// (Delay) or tries again.
+	StateReconnecting
+	// StateClosed: Run is returning (Err is its result).
+	StateClosed
+)
+
+// String returns the state's name: connecting, open, reconnecting, closed.
+func (s State) String() string {
+	switch s {
+	case StateConnecting:
+		return "connecting"
+	case StateOpen:
+		return "open"
+	case StateReconnecting:
+		return "reconnecting"
+	case StateClosed:
+		return "closed"
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
+
+// StateChange is what OnState receives.
+type StateChange struct {
+	State State
+	// Attempt counts the attempts of this Run, 1 for the first.
+	Attempt int
+	// Delay is, for StateReconnecting, how long the client waits before
+	// the next attempt (0: at once).
+	Delay time.Duration
+	// Err is what ended the previous connection or attempt, or for
+	// StateClosed what Run returns.
+	Err error
+}
+
+// Client is a resumable client of one eventbus SSE stream (SPEC sections
+// 5, 9, 10). Run connects and reconnects until its context ends or a final
+// error: it keeps the last delivered id and its epoch across reconnects
+// (both id forms: "N" and "<epoch>:<N>"), resumes with them, drops
+// duplicates by id, follows the server's retry:, backs off with full
+// jitter, honours Retry-After on 429 and 503, and turns the synthetic
+// frames into typed callbacks. The epoch comes from the Event-Epoch header,
+// the id line, or the epoch of replay_complete and state_resync_required,
+// never from application data; a frame is classified by its envelope (an
+// id is an event, "about" a signal), never by its SSE event name.
+//
+// Set the fields, then call Run. The fields must not change while Run
+// runs. Callbacks run on Run's goroutine, one at a time, in stream order; a
+// callback that blocks holds the stream (the server then warns, and evicts
+// or resyncs the client, which resumes). Callbacks may call Cursor but not
+// Run. The zero Client has no URL: Run returns an error.
+type Client struct {
+	// URL is the stream, e.g. "http://127.0.0.1:8080/session/demo/events".
+	// Its lastEventId and epoch parameters are replaced by the client's.
+	URL string
+	// HTTPClient makes the requests; nil means a client of Run's own,
+	// whose idle connections Run closes before it returns. Its Timeout
+	// must be 0 (it would end every stream).
+	HTTPClient *http.Client
+	// Header is sent with every request.
+	Header http.Header
+	// Credentials, when set, is called before the first connection, when a
+	// stream ends with stream_error reauthenticate or revoked, and on a 401
+	// or 403 (once); its result is sent with every request until the next
+	// call. It runs on Run's goroutine with Run's context. An error from it
+	// is Run's final error.
+	Credentials func(ctx context.Context, reason CredentialsReason) (Credentials, error)
+
+	// Resume, LastEventID and Epoch are the cursor the first Run starts
+	// from: with Resume, the stream resumes after LastEventID (0 replays
+	// from the start) of Epoch (empty: unknown); without it, live only.
+	// Later Runs continue from where the previous one stopped.
+	Resume      bool
+	LastEventID uint64
+	Epoch       string
+
+	// MaxQueued is sent as ?maxQueued= (16 to 2048); 0 sends none.
+	MaxQueued int
+	// Types is sent as ?types= (exact types or trailing wildcards).
+	Types []string
+
+	// MaxEventBytes bounds one event; 0 means DefaultMaxEventBytes. An
+	// event above it is Run's final error (ErrEventTooLarge): a reconnect
+	// would meet it again.
+	MaxEventBytes int
+	// InitialDelay is the backoff base until the server sends retry:
+	// (which replaces it); 0 means DefaultInitialDelay.
+	InitialDelay time.Duration
+	// MaxDelay caps the backoff (the server's retry: when that is larger);
+	// 0 means DefaultMaxDelay.
+	MaxDelay time.Duration
+	// IdleTimeout: a connection on which nothing (not even a heartbeat)
+	// arrives for this long is dropped and resumed; 0 means
+	// DefaultIdleTimeout. Time spent in callbacks does not count.
+	IdleTimeout time.Duration
+
+	// OnEvent receives each published event once, in id order.
+	OnEvent func(Event)
+	// OnSignal receives signals (change notifications).
+	OnSignal func(Signal)
+	// OnCaughtUp receives replay_complete after a resume.
+	OnCaughtUp func(CaughtUp)
+	// OnResync is told that events were lost; refetch.
+	OnResync func(Resync)
+	// OnSlow receives slow_client_warning.
+	OnSlow func(SlowWarning)
+	// OnEvicted receives client_evicted; the client then reconnects with
+	// backoff and resumes.
+	OnEvicted func(Eviction)
+	// OnState receives every state change, and each new wait.
+	OnState func(StateChange)
+	// OnError receives every error Run recovers from: *HTTPError,
+	// *StreamError, connection failures, ErrStreamCut, ErrIdleTimeout,
+	// ErrProtocol. Run's final error is its result (and StateClosed's Err).
+	OnError func(error)
+
+	running atomic.Bool
+
+	mu        sync.Mutex // guards the cursor below, for Cursor
+	started   bool       // the cursor fields have been read
+	epoch     string     // the epoch of cursor, or of the stream without one
+	cursor    uint64
+	hasCursor bool
+	epochForm bool // the server last sent ids as <epoch>:<N>
+}
+
+// Cursor returns where the client stands: the epoch of the last delivered
+// event and its id, with ok false when it has none (a live-only start).
+// It is safe to call from any goroutine, also while Run runs.
+func (c *Client) Cursor() (epoch string, lastEventID uint64, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch, c.cursor, c.hasCursor
+}
+
+func (c *Client) setCursor(epoch string, id uint64, has bool) {
+	c.mu.Lock()
+	c.epoch, c.cursor, c.hasCursor = epoch, id, has
+	c.mu.Unlock()
+}
+
+func (c *Client) setEpoch(epoch string) {
+	c.mu.Lock()
+	c.epoch = epoch
+	c.mu.Unlock()
+}
+
+// Run streams until ctx is done (it then returns ctx.Err()) or a final
+// error: a 400, 404, or other 4xx than 408, 425 and 429 (*HTTPError); a
+// 401 or 403 without Credentials, or right after fresh ones; a response
+// that is not an event stream (ErrNotEventStream); an event above
+// MaxEventBytes (ErrEventTooLarge); an error from Credentials; an invalid
+// field (ErrInvalidOption). Everything else it recovers from, reporting it
+// through OnError. Run blocks; when it returns, every goroutine and
+// connection it started has ended (with a caller's HTTPClient, its idle
+// connections stay in its pool). Run must not be called again while it
+// runs (it returns ErrRunning).
+func (c *Client) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer c.running.Store(false)
+	base, err := c.validate()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if !c.started {
+		c.started = true
+		c.epoch, c.cursor, c.hasCursor = c.Epoch, c.LastEventID, c.Resume
+	}
+	c.mu.Unlock()
+	hc := c.HTTPClient
+	if hc == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		hc = &http.Client{Transport: tr}
+		defer tr.CloseIdleConnections()
+	}
+	r := &run{
+		c:         c,
+		ctx:       ctx,
+		hc:        hc,
+		base:      base,
+		initial:   orDefault(c.InitialDelay, DefaultInitialDelay),
+		maxDelay:  orDefault(c.MaxDelay, DefaultMaxDelay),
+		idle:      orDefault(c.IdleTimeout, DefaultIdleTimeout),
+		maxEvent:  c.MaxEventBytes,
+		lastRetry: -1,
+	}
+	return r.loop()
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func (c *Client) validate() (*url.URL, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return nil, bad("URL: %v", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, bad("URL %q is not http or https", c.URL)
+	}
+	switch {
+	case c.MaxQueued != 0 && (c.MaxQueued < minMaxQueued || c.MaxQueued > maxMaxQueued):
+		return nil, bad("MaxQueued %d outside [%d, %d]", c.MaxQueued, minMaxQueued, maxMaxQueued)
+	case c.MaxEventBytes < 0:
+		return nil, bad("negative MaxEventBytes %d", c.MaxEventBytes)
+	case c.InitialDelay < 0 || c.MaxDelay < 0 || c.IdleTimeout < 0:
+		return nil, bad("negative InitialDelay, MaxDelay or IdleTimeout")
+	case c.Resume && c.LastEventID > maxEventID:
+		return nil, bad("LastEventID %d above 2^53-1", c.LastEventID)
+	case c.Epoch != "" && !validEpoch(c.Epoch):
+		return nil, bad("Epoch %q is not 32 lowercase hex digits", c.Epoch)
+	case c.HTTPClient != nil && c.HTTPClient.Timeout != 0:
+		return nil, bad("HTTPClient.Timeout %v would end every stream", c.HTTPClient.Timeout)
+	}
+	for _, t := range c.Types {
+		if t == "" || strings.Contains(t, ",") {
+			return nil, bad("type filter %q is empty or holds a comma", t)
+		}
+	}
+	q := u.Query()
+	q.Del("lastEventId")
+	q.Del("epoch")
+	if c.MaxQueued != 0 {
+		q.Set("maxQueued", strconv.Itoa(c.MaxQueued))
+	}
+	if len(c.Types) > 0 {
+		q.Set("types", strings.Join(c.Types, ","))
+	}
+	u.RawQuery = q.Encode()
+	return u, nil
+}
+
+// run is the state of one Run.
+type run struct {
+	c        *Client
+	ctx      context.Context
+	hc       *http.Client
+	base     *url.URL
+	initial  time.Duration
+	maxDelay time.Duration
+	idle     time.Duration
+	maxEvent int
+
+	lastRetry     time.Duration // the server's retry:, -1 before any
+	failures      int
+	lastImmediate bool
+	authFinal     bool // fresh credentials were just fetched: a 401/403 now is final
+	creds         Credentials
+	attempt       int
+}
+
+// how a connection ended
+type end int
+
+const (
+	endNetwork end = iota + 1 // could not connect
+	endHTTP                   // a non-200 answer
+	endFatal                  // stop
+	endCut                    // an open stream ended without a terminal frame
+	endIdle                   // an open stream was silent for IdleTimeout
+	endBudget                 // the replay was cut by the server's budget: resume at once
+	endEvicted
+	endStreamError
+	endCancelled
+)
+
+type result struct {
+	end       end
+	err       error
+	opened    bool
+	openedAt  time.Time
+	delivered bool
+	kind      string // errorKind of a stream_error
+	status    int
+	httpErr   *HTTPError
+}
+
+func (r *run) state(s State, delay time.Duration, err error) {
+	if f := r.c.OnState; f != nil {
+		f(StateChange{State: s, Attempt: r.attempt, Delay: delay, Err: err})
+	}
+}
+
+func (r *run) report(err error) {
+	if f := r.c.OnError; f != nil {
+		f(err)
+	}
+}
+
+func (r *run) stop(err error) error {
+	r.state(StateClosed, 0, err)
+	return err
+}
+
+func (r *run) loop() error {
+	if r.c.Credentials != nil {
+		if err := r.refresh(ReasonInitial); err != nil {
+			return r.stop(err)
+		}
+	}
+	for {
+		r.attempt++
+		if r.attempt == 1 {
+			r.state(StateConnecting, 0, nil)
+		}
+		res := r.connect()
+		if err := r.ctx.Err(); err != nil {
+			return r.stop(err)
+		}
+		next := r.decide(res)
+		if next.final != nil {
+			return r.stop(next.final)
+		}
+		if res.err != nil {
+			r.report(res.err)
+		}
+		if next.refresh != "" {
+			if err := r.refresh(next.refresh); err != nil {
+				return r.stop(err)
+			}
+		}
+		r.state(StateReconnecting, next.delay, res.err)
+		if delay := next.delay; delay > 0 {
+			t := time.NewTimer(delay)
+			select {
+			case <-r.ctx.Done():
+				t.Stop()
+				return r.stop(r.ctx.Err())
+			case <-t.C:
+			}
+		}
+	}
+}
+
+func (r *run) refresh(reason CredentialsReason) error {
+	cr, err := r.c.Credentials(r.ctx, reason)
+	if err != nil {
+		if r.ctx.Err() != nil {
+			return r.ctx.Err()
+		}
+		return fmt.Errorf("sseclient: credentials (%s): %w", reason, err)
+	}
+	r.creds = cr
+	return nil
+}
+
+// step is what follows a connection: a final error, or credentials to
+// fetch (when refresh is set) and a delay before the next attempt.
+type step struct {
+	final   error
+	refresh CredentialsReason
+	delay   time.Duration
+}
+
+// decide turns how a connection ended into the next step.
+func (r *run) decide(res result) step {
+	immediate := func(reason CredentialsReason) step {
+		quick := time.Since(res.openedAt) < quickConn
+		was := r.lastImmediate
+		r.lastImmediate = true
+		if r.c.Credentials == nil {
+			reason = "" // the application refreshes a cookie itself
+		}
+		if quick && was {
+			return step{refresh: reason, delay: r.backoff(false)}
+		}
+		return step{refresh: reason}
+	}
+	switch res.end {
+	case endFatal:
+		return step{final: res.err}
+	case endHTTP:
+		r.lastImmediate = false
+		s := res.status
+		switch {
+		case s == http.StatusUnauthorized || s == http.StatusForbidden:
+			if r.c.Credentials == nil || r.authFinal {
+				return step{final: res.err}
+			}
+			r.authFinal = true
+			if s == http.StatusForbidden {
+				return step{refresh: ReasonForbidden}
+			}
+			return step{refresh: ReasonUnauthorized}
+		case (s == http.StatusTooManyRequests || s == http.StatusServiceUnavailable) && res.httpErr.HasRetryAfter:
+			r.backoff(false)
+			ra := res.httpErr.RetryAfter
+			return step{delay: ra + rand.N(ra/4+1)}
+		case s >= 500 || s == http.StatusRequestTimeout || s == http.StatusTooEarly || s == http.StatusTooManyRequests:
+			return step{delay: r.backoff(false)}
+		}
+		return step{final: res.err}
+	}
+	if !res.opened {
+		r.lastImmediate = false
+		return step{delay: r.backoff(false)}
+	}
+	switch {
+	case res.end == endBudget:
+		return immediate("")
+	case res.end == endStreamError && res.kind == "reauthenticate":
+		return immediate(ReasonReauthenticate)
+	case res.end == endStreamError && res.kind == "revoked":
+		st := immediate(ReasonRevoked)
+		r.authFinal = true
+		return st
+	}
+	r.lastImmediate = false
+	stable := time.Since(res.openedAt) >= stableAfter || (res.end == endCut && res.delivered)
+	return step{delay: r.backoff(stable)}
+}
+
+// backoff is full-jitter exponential backoff: a uniform delay in [0, cap),
+// cap doubling with each failure since the last stable connection, from the
+// server's retry: (or InitialDelay) up to MaxDelay (or the server's retry:
+// when that is larger).
+func (r *run) backoff(stable bool) time.Duration {
+	if stable {
+		r.failures = 0
+	}
+	r.failures++
+	base := r.initial
+	if r.lastRetry >= 0 {
+		base = r.lastRetry
+	}
+	limit := max(r.maxDelay, base)
+	capd := base
+	for i := 1; i < r.failures && capd < limit; i++ {
+		capd *= 2
+	}
+	capd = min(capd, limit)
+	if capd <= 0 {
+		return 0
+	}
+	return rand.N(capd)
+}
+
+func (r *run) url() string {
+	u := *r.base
+	r.c.mu.Lock()
+	epoch, cursor, has, form := r.c.epoch, r.c.cursor, r.c.hasCursor, r.c.epochForm
+	r.c.mu.Unlock()
+	if has {
+		q := u.Query()
+		id := strconv.FormatUint(cursor, 10)
+		if form && epoch != "" {
+			id = epoch + ":" + id
+		}
+		q.Set("lastEventId", id)
+		if epoch != "" {
+			q.Set("epoch", epoch)
+		}
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// conn is the state of one open stream.
+type conn struct {
+	res         *result
+	streamEpoch string
+	replaying   bool
+	budgetCut   bool
+	stop        end
+}
+
+// connect makes one attempt and, when the server answers 200, reads the
+// stream to its end.
+func (r *run) connect() (res result) {
+	ctx, cancel := context.WithCancelCause(r.ctx)
+	defer cancel(nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.url(), nil)
+	if err != nil {
+		return result{end: endFatal, err: fmt.Errorf("sseclient: %w", err)}
+	}
+	for k, v := range r.c.Header {
+		req.Header[k] = v
+	}
+	for k, v := range r.creds.Header {
+		req.Header[k] = v
+	}
+	if r.creds.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.creds.Token)
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Cache-Control", "no-cache")
+	resp, err := r.hc.Do(req)
+	if err != nil {
+		return result{end: endNetwork, err: fmt.Errorf("sseclient: connect: %w", err)}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		if resp.StatusCode == http.StatusNoContent {
+			return result{end: endFatal, err: fmt.Errorf("%w: 204 No Content", ErrNotEventStream)}
+		}
+		he := httpError(resp)
+		return result{end: endHTTP, err: he, status: resp.StatusCode, httpErr: he}
+	}
+	if mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || mt != "text/event-stream" {
+		return result{end: endFatal, err: fmt.Errorf("%w: Content-Type %q", ErrNotEventStream, resp.Header.Get("Content-Type"))}
+	}
+
+	r.authFinal = false
+	res = result{opened: true, openedAt: time.Now()}
+	cn := &conn{res: &res}
+	r.c.mu.Lock()
+	cn.replaying = r.c.hasCursor
+	if e := resp.Header.Get("Event-Epoch"); validEpoch(e) {
+		cn.streamEpoch = e
+		// Only a client without a position adopts the header's epoch at
+		// once; with a cursor, the first frame says whether the server
+		// accepted it (an epoch_reset says it did not).
+		if !r.c.hasCursor {
+			r.c.epoch = e
+		}
+	}
+	r.c.mu.Unlock()
+	r.state(StateOpen, 0, nil)
+
+	body := &idleReader{rd: resp.Body, d: r.idle, fire: func() { cancel(ErrIdleTimeout) }}
+	defer body.stop()
+	p := NewParser(body)
+	p.MaxEventBytes = r.maxEvent
+	for {
+		m, err := p.Next()
+		if err != nil {
+			switch {
+			case errors.Is(err, ErrEventTooLarge):
+				res.end, res.err = endFatal, fmt.Errorf("%w; raise MaxEventBytes", err)
+			case r.ctx.Err() != nil:
+				res.end = endCancelled
+			case context.Cause(ctx) == ErrIdleTimeout:
+				res.end, res.err = endIdle, ErrIdleTimeout
+			case err == io.EOF:
+				res.end, res.err = endCut, fmt.Errorf("%w: the response ended", ErrStreamCut)
+			default:
+				res.end, res.err = endCut, fmt.Errorf("%w: %w", ErrStreamCut, err)
+			}
+			return res
+		}
+		switch m.Kind {
+		case KindRetry:
+			r.lastRetry = m.Retry
+		case KindEvent:
+			r.frame(m, cn)
+		}
+		if cn.stop != 0 {
+			res.end = cn.stop
+			return res
+		}
+	}
+}
+
+func httpError(resp *http.Response) *HTTPError {
+	he := &HTTPError{StatusCode: resp.StatusCode}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	var j struct {
+		Error string `json:"error"`
+		Code  string `json:"code"`
+	}
+	if json.Unmarshal(body, &j) == nil {
+		he.Code, he.Message = j.Code, j.Error
+	}
+	if he.Message == "" {
+		he.Message = http.StatusText(resp.StatusCode)
+	}
+	he.RetryAfter, he.HasRetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	return he
+}
+
+// parseRetryAfter reads Retry-After: delta-seconds or an HTTP date.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseUint(v, 10, 32); err == nil {
+		return time.Duration(s) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(0, t.Sub(now)), true
+	}
+	return 0, false
+}
+
+// idleReader cancels the request when one Read waits longer than d: time
+// between Reads (spent in callbacks) does not count.
+type idleReader struct {
+	rd   io.Reader
+	d    time.Duration
+	fire func()
+	t    *time.Timer
+}
+
+func (ir *idleReader) Read(b []byte) (int, error) {
+	if ir.t == nil {
+		ir.t = time.AfterFunc(ir.d, ir.fire)
+	} else {
+		ir.t.Reset(ir.d)
+	}
+	n, err := ir.rd.Read(b)
+	ir.t.Stop()
+	return n, err
+}
+
+func (ir *idleReader) stop() {
+	if ir.t != nil {
+		ir.t.Stop()
+	}
+}
+
+func (r *run) protocol(format string, args ...any) {
+	r.report(fmt.Errorf("%w: "+format, append([]any{ErrProtocol}, args...)...))
+}
+
+// frame handles one SSE event by its JSON envelope: an id makes it an
+// application event, "about" a signal, anything else a synthetic frame.
+// The SSE event name is never trusted: a publisher may use any type,
+// "replay_complete" included.
+func (r *run) frame(m Message, cn *conn) {
+	var env envelope
+	if err := json.Unmarshal(m.Data, &env); err != nil || env.Type == "" {
+		r.protocol("a frame that is not an event envelope: %.64q", m.Data)
+		return
+	}
+	if env.ID != nil {
+		r.event(&env, m, cn)
+		return
+	}
+	if env.About != nil {
+		if cn.budgetCut {
+			return
+		}
+		cn.res.delivered = true
+		if f := r.c.OnSignal; f != nil {
+			f(Signal{Type: env.Type, About: *env.About, Meta: env.Meta, ServerTimestamp: serverTimestamp(env.Meta)})
+		}
+		return
+	}
+	switch env.Type {
+	case TypeReplayComplete:
+		var d CaughtUp
+		if !r.decode(env, &d) {
+			return
+		}
+		r.observeEpoch(d.Epoch, 0, false)
+		cn.replaying = false
+		if cn.budgetCut {
+			cn.stop = endBudget
+			return
+		}
+		cn.res.delivered = true
+		d.Epoch, _, _ = r.c.Cursor()
+		if f := r.c.OnCaughtUp; f != nil {
+			f(d)
+		}
+	case TypeStateResyncRequired:
+		var d resyncData
+		if r.decode(env, &d) {
+			r.resync(d, cn)
+		}
+	case TypeSlowClientWarning:
+		var d SlowWarning
+		if r.decode(env, &d) && r.c.OnSlow != nil {
+			r.c.OnSlow(d)
+		}
+	case TypeClientEvicted:
+		var d Eviction
+		r.decode(env, &d)
+		cn.stop = endEvicted
+		if f := r.c.OnEvicted; f != nil {
+			f(d)
+		}
+	case TypeStreamError:
+		var d streamErrorData
+		r.decode(env, &d)
+		if d.ErrorKind == "" {
+			d.ErrorKind = "internal"
+		}
+		cn.stop = endStreamError
+		cn.res.kind = d.ErrorKind
+		cn.res.err = &StreamError{Kind: d.ErrorKind, Message: d.Error}
+	}
+	// Any other id-less type: a synthetic frame of a newer server, skipped.
+}
+
+func (r *run) decode(env envelope, v any) bool {
+	if env.Data == nil {
+		return true
+	}
+	if err := json.Unmarshal(env.Data, v); err != nil {
+		r.protocol("%s data: %v", env.Type, err)
+		return false
+	}
+	return true
+}
+
+func (r *run) event(env *envelope, m Message, cn *conn) {
+	id, err := env.id()
+	if err != nil {
+		r.report(err)
+		return
+	}
+	if m.HasID {
+		// The id line agrees with the envelope: its form (and epoch) count.
+		if e, n, ok := ParseEventID(m.ID); ok && n == id {
+			r.c.mu.Lock()
+			r.c.epochForm = e != ""
+			r.c.mu.Unlock()
+			if e != "" {
+				cn.streamEpoch = e
+			}
+		}
+	}
+	r.observeEpoch(cn.streamEpoch, id, true)
+	if cn.budgetCut {
+		return
+	}
+	epoch, cursor, has := r.c.Cursor()
+	if has && id <= cursor {
+		return // a duplicate
+	}
+	r.c.setCursor(epoch, id, true)
+	cn.res.delivered = true
+	if f := r.c.OnEvent; f != nil {
+		f(Event{
+			ID:                 id,
+			Epoch:              epoch,
+			Type:               env.Type,
+			Data:               env.Data,
+			Meta:               env.Meta,
+			ServerTimestamp:    serverTimestamp(env.Meta),
+			OriginatorClientID: env.OriginatorClientID,
+			Replayed:           cn.replaying,
+		})
+	}
+}
+
+// observeEpoch takes in the epoch a frame shows. An epoch that differs from
+// the cursor's without an epoch_reset first means the server did not see
+// (or ignored) the client's epoch: the client resets itself and says so.
+// firstID is the id of the event that showed it, when isEvent.
+func (r *run) observeEpoch(e string, firstID uint64, isEvent bool) {
+	if !validEpoch(e) {
+		return
+	}
+	epoch, cursor, has := r.c.Cursor()
+	if e == epoch {
+		return
+	}
+	if epoch == "" || !has {
+		r.c.setEpoch(e)
+		return
+	}
+	// From the start of the new epoch: what this connection delivers next
+	// moves the cursor on; a drop before that replays the whole new epoch.
+	r.c.setCursor(e, 0, true)
+	rs := Resync{
+		Reason:          "epoch_reset",
+		Detail:          "epoch_changed",
+		LastDeliveredID: cursor,
+		Epoch:           e,
+		PreviousEpoch:   epoch,
+	}
+	if isEvent {
+		rs.EarliestAvailableID = firstID
+		if firstID > 1 {
+			rs.Missing = IDRange{From: 1, To: firstID - 1}
+		}
+	}
+	if f := r.c.OnResync; f != nil {
+		f(rs)
+	}
+}
+
+func (r *run) resync(d resyncData, cn *conn) {
+	switch d.Reason {
+	case "replay_budget_exceeded":
+		// Nothing is lost: the rest is still in the ring. The client takes
+		// replay_complete, drops what follows and resumes from its cursor.
+		r.observeEpoch(d.Epoch, 0, false)
+		cn.budgetCut = true
+		return
+	case "epoch_reset":
+		previous, _, _ := r.c.Cursor()
+		e := d.Epoch
+		if !validEpoch(e) {
+			e = cn.streamEpoch
+		}
+		r.c.setCursor(e, 0, true) // the whole ring of the new epoch follows
+		rs := Resync{
+			Reason:              d.Reason,
+			Detail:              d.Detail,
+			LastDeliveredID:     d.LastDeliveredID,
+			EarliestAvailableID: d.EarliestAvailableID,
+			Epoch:               e,
+			PreviousEpoch:       previous,
+		}
+		if d.EarliestAvailableID > 1 {
+			rs.Missing = IDRange{From: 1, To: d.EarliestAvailableID - 1}
+		}
+		if f := r.c.OnResync; f != nil {
+			f(rs)
+		}
+		return
+	}
+	r.observeEpoch(d.Epoch, 0, false)
+	// The server's lastDeliveredId can be behind what this client holds
+	// (under the resync overflow policy it is the last id the server
+	// dequeued); what is missing starts after the later of the two.
+	epoch, cursor, _ := r.c.Cursor()
+	from := max(d.LastDeliveredID, cursor) + 1
+	if d.EarliestAvailableID == 0 || from > d.EarliestAvailableID-1 {
+		return
+	}
+	if f := r.c.OnResync; f != nil {
+		f(Resync{
+			Reason:              d.Reason,
+			Detail:              d.Detail,
+			LastDeliveredID:     d.LastDeliveredID,
+			EarliestAvailableID: d.EarliestAvailableID,
+			Epoch:               epoch,
+			Missing:             IDRange{From: from, To: d.EarliestAvailableID - 1},
+		})
+	}
+}

@@ -1,0 +1,18 @@
+// Package sseclient is a client of eventbus Server-Sent Events streams
+// (github.com/ssebus/eventbus, SPEC sections 5, 9 and 10), and the strict
+// SSE parser it is built on. It imports only the standard library and not
+// package eventbus, so eventbus's own tests can use it.
+//
+// A [Client] connects, turns frames into typed callbacks (events, signals,
+// caught-up, resync with the missing id range, slow warning, eviction,
+// connection state, errors) and reconnects until its context ends: it
+// resumes from the last delivered id and its epoch (both id forms, "N" and
+// "<epoch>:<N>"), drops duplicates by id, follows the server's retry: with
+// full-jitter exponential backoff, honours Retry-After on 429 and 503, stops
+// on answers that retrying cannot fix (400, 404), and asks a credentials
+// callback again when the server says to re-authenticate.
+//
+// A [Parser] reads any text/event-stream by the WHATWG rules, with no line
+// length limit below its MaxEventBytes: a test helper for handlers as much
+// as the client's reader.
+package sseclient

@@ -1,0 +1,70 @@
+package sseclient
+
+import (
+	"errors"
+	"strconv"
+	"time"
+)
+
+var (
+	// ErrInvalidOption is wrapped by the error Run returns at once for a
+	// Client field out of range.
+	ErrInvalidOption = errors.New("sseclient: invalid option")
+	// ErrRunning is returned by Run when the Client is already running.
+	ErrRunning = errors.New("sseclient: Run called while the client runs")
+	// ErrNotEventStream is Run's final error when the server answers 200
+	// (or 204) with something that is not a text/event-stream.
+	ErrNotEventStream = errors.New("sseclient: the response is not a text/event-stream")
+	// ErrIdleTimeout is reported through OnError when nothing, not even a
+	// heartbeat, arrived for IdleTimeout; the client reconnects.
+	ErrIdleTimeout = errors.New("sseclient: nothing received for IdleTimeout")
+	// ErrProtocol is wrapped by the errors reported through OnError for a
+	// frame that is not an eventbus envelope; the frame is skipped.
+	ErrProtocol = errors.New("sseclient: protocol error")
+	// ErrStreamCut is wrapped by the errors reported through OnError when
+	// an open stream ends without a terminal frame (a clean end of the
+	// response, or the connection failing); the client resumes.
+	ErrStreamCut = errors.New("sseclient: the stream was cut")
+)
+
+// HTTPError is a non-200 answer. Run returns it as its final error for
+// 400, 404, another 4xx than 408, 425 and 429, and a 401 or 403 it cannot
+// recover from; it reports the others through OnError and retries.
+type HTTPError struct {
+	StatusCode int
+	// Code and Message are the JSON error body's "code" and "error" (for
+	// example session_not_found, subscriber_limit_exceeded), empty when the
+	// body was not one.
+	Code    string
+	Message string
+	// RetryAfter is the Retry-After header's delay, when HasRetryAfter.
+	RetryAfter    time.Duration
+	HasRetryAfter bool
+}
+
+// Error returns "sseclient: HTTP <status> <code>: <message>".
+func (e *HTTPError) Error() string {
+	s := "sseclient: HTTP " + strconv.Itoa(e.StatusCode)
+	if e.Code != "" {
+		s += " " + e.Code
+	}
+	if e.Message != "" {
+		s += ": " + e.Message
+	}
+	return s
+}
+
+// StreamError is a stream_error frame: the server ended the stream. Kind is
+// its errorKind: internal, reauthenticate, revoked, unavailable, or a newer
+// server's kind. It is reported through OnError; the client reconnects (at
+// once with fresh credentials for reauthenticate and revoked, with backoff
+// for the others).
+type StreamError struct {
+	Kind    string
+	Message string
+}
+
+// Error returns "sseclient: the server ended the stream (<kind>): <message>".
+func (e *StreamError) Error() string {
+	return "sseclient: the server ended the stream (" + e.Kind + "): " + e.Message
+}
