@@ -30,12 +30,14 @@ func init() {
 var benchData any = json.RawMessage(benchPayload)
 
 // busOptions: room for every subscriber of the largest run, per-subscription
-// frame cap from -queue (eventbus allows up to 2048), everything else default,
+// frame cap from -queue (eventbus allows up to 2048), the ring from -ring,
+// everything else default,
 // diagnostics discarded (evictions and warnings are counted from the frames).
 func busOptions(cfg config, policy eventbus.OverflowPolicy) eventbus.Options {
 	return eventbus.Options{
 		MaxSubscribers: 1 << 16,
 		MaxQueued:      cfg.queue,
+		RingSize:       cfg.ring,
 		OverflowPolicy: policy,
 		Logger:         slog.New(slog.DiscardHandler),
 	}

@@ -133,6 +133,7 @@ type library struct {
 
 type config struct {
 	queue int // per-subscriber buffering where the library lets us choose it
+	ring  int // eventbus's RingSize (0: its default, 8000)
 }
 
 type status string

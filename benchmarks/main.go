@@ -68,6 +68,7 @@ type flags struct {
 	pacedCount  int
 	pacedDur    time.Duration
 	pacedModes  []string
+	ring        int
 }
 
 func parseInts(s string) ([]int, error) {
@@ -94,6 +95,7 @@ func main() {
 	flag.IntVar(&fl.count, "count", 3, "repetitions of each measured run (median reported)")
 	flag.DurationVar(&fl.timeout, "timeout", 30*time.Second, "hard deadline of one run (watchdog)")
 	flag.DurationVar(&fl.stall, "stall", 3*time.Second, "no progress at all for this long = blocked (watchdog)")
+	flag.IntVar(&fl.ring, "ring", 0, "eventbus's RingSize (0: its default, 8000): under catch-up, how far behind a subscriber may fall (RingSize / rate is the time it covers)")
 	flag.IntVar(&fl.queue, "queue", 1024, "per-subscriber buffer for the libraries that let us choose it (naive chan cap, pubsub cap, eventbus MaxQueued; max 2048)")
 	flag.IntVar(&fl.stallSubs, "stall-subs", 64, "subscribers in the stalled-subscriber scenario (one of them never reads)")
 	flag.IntVar(&fl.stallEvents, "stall-events", 5000, "events published in the stalled-subscriber scenario")
@@ -174,13 +176,13 @@ func selected(name, filter string) bool {
 
 func run(w io.Writer, fl flags) {
 	start := time.Now()
-	cfg := config{queue: fl.queue}
+	cfg := config{queue: fl.queue, ring: fl.ring}
 	o := runOpts{timeout: fl.timeout, stall: fl.stall, stopMax: 5 * time.Second}
 	fmt.Fprintf(w, "# eventbus peer comparison\n\n")
 	fmt.Fprintf(w, "%s, GOOS/GOARCH %s/%s, NumCPU %d, GOMAXPROCS %d, CPU %q\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel())
 	fmt.Fprintf(w, "load average at start: %s\n\n", loadAvg())
-	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -window %d -stall-subs %d -stall-events %d -max-deliveries %d -http-events %d -http-count %d -http-window %d -http-clients %s -paced-rates %s -paced-subs %s -paced-http-clients %s -paced-count %d -paced-duration %s -paced-modes %s -scenarios %s\n\n",
-		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.window, fl.stallSubs, fl.stallEvents, fl.maxDeliv, fl.httpEvents, fl.httpCount, fl.httpWindow, joinInts(fl.httpClients),
+	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -ring %d -window %d -stall-subs %d -stall-events %d -max-deliveries %d -http-events %d -http-count %d -http-window %d -http-clients %s -paced-rates %s -paced-subs %s -paced-http-clients %s -paced-count %d -paced-duration %s -paced-modes %s -scenarios %s\n\n",
+		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.ring, fl.window, fl.stallSubs, fl.stallEvents, fl.maxDeliv, fl.httpEvents, fl.httpCount, fl.httpWindow, joinInts(fl.httpClients),
 		joinInts(fl.pacedRates), joinInts(fl.pacedSubs), joinInts(fl.pacedHTTP), fl.pacedCount, fl.pacedDur, strings.Join(fl.pacedModes, ","), strings.Join(fl.scenarios, ","))
 
 	if slices.Contains(fl.scenarios, "fanout") {
