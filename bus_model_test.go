@@ -1019,10 +1019,13 @@ func runBusModel(t *testing.T, data []byte) {
 			// it to finish its work before comparing.
 			deadline := time.Now().Add(30 * time.Second)
 			for {
+				// discarded, not only closed: after a bus Close the queue
+				// is closed already, and the cancellation is not done
+				// until it has dropped the buffer (an iterator stops there).
 				s.s.q.mu.Lock()
-				closed := s.s.q.closed.Load()
+				discarded := s.s.q.discarded.Load()
 				s.s.q.mu.Unlock()
-				if closed && b.Stats().Dropped.Cancelled == m.stats.Dropped.Cancelled && b.SubscriberCount() == len(m.subs) {
+				if discarded && b.Stats().Dropped.Cancelled == m.stats.Dropped.Cancelled && b.SubscriberCount() == len(m.subs) {
 					break
 				}
 				if time.Now().After(deadline) {
