@@ -693,8 +693,11 @@ func TestCatchUpConsumerWaitingAtTheNewestIsWokenByTheNextPublish(t *testing.T) 
 	// waiting consumers: one must see the other); and a hand-over whose
 	// push the caps reject because the consumer had reserved them for a
 	// read the hand-over cut short: the subscriber falls behind again, and
-	// its consumer, waiting, must be woken. Many rounds of a burst that puts
-	// it behind, each of whose last event it must get.
+	// its consumer, waiting, must be woken; and a take that found the queue
+	// empty while the caps were full of a batch the consumer held, the
+	// subscriber falling behind meanwhile: after declaring itself waiting
+	// the take must look whether it is behind. Many rounds of a burst that
+	// puts it behind, each of whose last event it must get.
 	b := bus11(t, Options{MaxQueued: 1, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	var got atomic.Uint64

@@ -825,8 +825,15 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 		runtime.Gosched()
 		frames, open = s.q.take(dst, true, math.MaxInt, sizes)
 	}
-	// Fallen behind meanwhile, the queue held its caps: the next take goes
-	// on from the ring.
+	if open && len(frames) == len(dst) && s.lagging.Load() {
+		// It fell behind while this take found its queue empty (a batch
+		// it held filled the caps): it declared itself waiting, then looks
+		// here; the fan-out that put it behind set lagging, then looked for
+		// a waiting consumer to wake. One of the two sees the other.
+		frames = s.catchUp(frames, sizes, queueCounts{})
+	}
+	// Fallen behind meanwhile with frames taken: the next take goes on
+	// from the ring.
 	if !open {
 		s.release()
 	}
