@@ -1117,10 +1117,13 @@ func busModelSeeds(n int) [][]byte { return randomSeeds(n, 0xb05, 2, 100, 700) }
 // gauge); no sweep of stalled subscribers at the subscriber limit; a take
 // that records no progress; events still pushed to a behind subscriber;
 // ring frames in the iterator's batch not counted; the ring read admitting
-// one frame past the cap. A concurrent one, releasing the bus lock between
-// reaching the newest id and rejoining the live fan-out, is for the
-// race-detector test TestCatchUpHandOverUnderConcurrentPublishers, which
-// kills it too.
+// one frame past the cap; the hand-over claiming the wrong id; the stall
+// check evicting a subscriber that has read everything. The concurrent
+// ones are for the race-detector tests of catchup_test.go, which kill
+// them: a lost claim still delivered; a waiting consumer behind not woken
+// by the next publish; the bus's last id stored after the fan-out; a
+// rejected hand-over that does not wake its consumer; a take that finds its
+// queue empty and does not look whether it fell behind.
 
 func FuzzBusModel(f *testing.F) {
 	// Hand-written: a subscriber that overflows and is evicted; a resume
