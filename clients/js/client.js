@@ -355,7 +355,12 @@ export class EventBusClient {
     if (t === "fetch") return false;
     if (t === "eventsource") return true;
     if (!(o.EventSource ?? globalThis.EventSource)) return false;
-    if (o.credentials || o.headers) return false;
+    if (o.headers) return false;
+    // Decided per connection, from the credentials in hand: a token or
+    // headers need fetch; a callback that returned none (a cookie session
+    // whose callback renewed the cookie) leaves the EventSource usable.
+    const c = this.#credentials;
+    if (c?.token || (c?.headers && Object.keys(c.headers).length > 0)) return false;
     // An EventSource delivers only the event types it listens for by name.
     const exactFilter = Array.isArray(o.filter) && o.filter.length > 0 && o.filter.every((f) => !f.endsWith("*"));
     return (Array.isArray(o.eventTypes) && o.eventTypes.length > 0) || exactFilter;

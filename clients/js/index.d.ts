@@ -173,7 +173,9 @@ export interface ClientOptions {
   /**
    * Called before the first connection, on stream_error reauthenticate or
    * revoked, and on a 401/403 (once). Its result is kept for every
-   * reconnect until the next call. A rejection stops the client.
+   * reconnect until the next call. A rejection stops the client. A result
+   * with a token or headers needs the fetch transport; null (a cookie
+   * session whose callback renewed the cookie) leaves EventSource usable.
    */
   credentials?: (request: { reason: CredentialsReason; status?: number }) =>
     | Credentials
@@ -201,8 +203,9 @@ export interface ClientOptions {
   eventTypes?: string[];
 
   /**
-   * "auto" (default): EventSource in a browser when no headers or
-   * credentials are needed and the event types are known, else fetch.
+   * "auto" (default): EventSource in a browser when no headers are to be
+   * sent (none in options.headers, no token or headers from credentials:
+   * decided per connection) and the event types are known, else fetch.
    */
   transport?: "auto" | "fetch" | "eventsource";
   /** Backoff base in ms until the server sends retry: (which replaces it). Default 1000. */
