@@ -334,7 +334,7 @@ func TestViewerEpoch(t *testing.T) {
 	})
 	next := d.Status("ep").Epoch
 	if *v.Epoch != next || next == first || v.SilentJoins != 0 || v.Resyncs != 1 ||
-		!strings.HasPrefix(v.Banner, "changed: Epoch changed: "+first+" → "+next) {
+		!strings.HasPrefix(v.Banner, "banner changed: Epoch changed: "+first+" → "+next) {
 		t.Fatalf("after the DELETE: %+v (daemon epoch %s)", v, next)
 	}
 	screenshot(br.ctx, t, "viewer-epoch-change.png")
