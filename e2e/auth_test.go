@@ -142,6 +142,17 @@ func TestViewerLoginLifetimeAndLogout(t *testing.T) {
 	if !strings.Contains(d.LogText(), `msg="stream opened" session=auth`) {
 		t.Fatalf("no stream in the daemon log:\n%s", d.LogText())
 	}
+	// The client asked the page for credentials at each lifetime's end (the
+	// page logged in again), and kept the EventSource: the cookie needs no
+	// header.
+	if r := credentialReasons(br.ctx, t); !slices.Equal(r, []string{"initial", "reauthenticate", "reauthenticate"}) {
+		t.Fatalf("credentials asked for %v", r)
+	}
+	v := readViewer(br.ctx, t)
+	if len(v.Attempts) != 3 || slices.ContainsFunc(v.Attempts, func(a viewerAttempt) bool { return a.Transport != "EventSource" }) ||
+		v.Attempts[0].LastEventID != "" || !strings.HasPrefix(v.Attempts[2].LastEventID, epoch+":") {
+		t.Fatalf("attempts %+v, want three EventSources, the last two resuming", v.Attempts)
+	}
 	screenshot(br.ctx, t, "viewer-reauthenticated.png")
 
 	// Log out: revoked, one refused reconnection, then the page stops.
@@ -160,5 +171,22 @@ func TestViewerLoginLifetimeAndLogout(t *testing.T) {
 	if !strings.Contains(readAuthPage(br.ctx, t).AuthStatus, "401") && !strings.Contains(readAuthPage(br.ctx, t).AuthStatus, "logged out") {
 		t.Fatalf("auth status %q", readAuthPage(br.ctx, t).AuthStatus)
 	}
+	// One reconnection after the revocation, refused: final.
+	if r := credentialReasons(br.ctx, t); !slices.Equal(r, []string{"initial", "reauthenticate", "reauthenticate", "revoked"}) {
+		t.Fatalf("credentials asked for %v", r)
+	}
+	v = readViewer(br.ctx, t)
+	if last := v.Errors[len(v.Errors)-1]; !last.Final || last.Status != http.StatusUnauthorized || last.Code != "unauthorized" {
+		t.Fatalf("errors %+v, want a final 401 last", v.Errors)
+	}
 	screenshot(br.ctx, t, "viewer-logged-out.png")
+}
+
+func credentialReasons(ctx context.Context, t *testing.T) []string {
+	t.Helper()
+	r, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.credentialReasons`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -342,14 +343,26 @@ func TestViewerEpoch(t *testing.T) {
 
 // TestViewerBothCuts: the viewer's two cut buttons. "Cut streams" ends the
 // response, "Abort connections" resets the TCP connection; after each the
-// browser reconnects by itself and the page has every id once.
+// viewer's client reconnects by itself and the page has every id once. With
+// both of its transports: the browser's EventSource (what it uses when it
+// can) and fetch streaming (?transport=fetch).
 func TestViewerBothCuts(t *testing.T) {
+	for _, transport := range []string{"EventSource", "fetch"} {
+		t.Run(transport, func(t *testing.T) { testViewerBothCuts(t, transport) })
+	}
+}
+
+func testViewerBothCuts(t *testing.T, transport string) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	d := daemontest.Start(ctx, t, daemontest.Build(ctx, t, "..", raceEnabled), "-retry", "300ms")
 	br := newBrowser(ctx, t, chromium)
-	if err := chromedp.Do(br.ctx, chromedp.Navigate(d.Base+"/?session=cuts")); err != nil {
+	query := "?session=cuts"
+	if transport == "fetch" {
+		query += "&transport=fetch"
+	}
+	if err := chromedp.Do(br.ctx, chromedp.Navigate(d.Base+"/"+query)); err != nil {
 		t.Fatal(err)
 	}
 	daemontest.WaitUntil(t, 20*time.Second, "the viewer to subscribe", func() (bool, string) {
@@ -390,5 +403,13 @@ func TestViewerBothCuts(t *testing.T) {
 	if p.Resyncs != 0 {
 		t.Fatalf("%d resyncs", p.Resyncs)
 	}
-	screenshot(br.ctx, t, "viewer-both-cuts.png")
+	// Three streams, each with the transport asked for; the two resumes
+	// with the cursor in the epoch form.
+	v := readViewer(br.ctx, t)
+	epoch := d.Status("cuts").Epoch
+	if len(v.Attempts) != 3 || v.Attempts[1].LastEventID != epoch+":5" || v.Attempts[2].LastEventID != epoch+":10" ||
+		slices.ContainsFunc(v.Attempts, func(a viewerAttempt) bool { return a.Transport != transport }) {
+		t.Fatalf("attempts %+v, want three over %s resuming after %s:5 and :10", v.Attempts, transport, epoch)
+	}
+	screenshot(br.ctx, t, "viewer-both-cuts-"+transport+".png")
 }
