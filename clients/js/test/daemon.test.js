@@ -73,7 +73,7 @@ test("429 with Retry-After: the client waits that long, then connects", async ()
   }
 });
 
-test("503 without Retry-After (too many sessions): backoff, then success", async () => {
+test("503 with Retry-After (too many sessions): the client waits it, then success", async () => {
   const dd = await startDaemon(["-retry", "100ms", "-max-sessions", "1"]);
   try {
     await dd.publish("first", "note", {});
@@ -83,8 +83,14 @@ test("503 without Retry-After (too many sessions): backoff, then success", async
       for (const e of r.of("error")) {
         assert.equal(e.status, 503);
         assert.equal(e.code, "too_many_sessions");
-        assert.equal(e.retryAfter, undefined);
+        assert.equal(e.retryAfter, 1000);
+        assert.equal(e.final, false);
       }
+      // Retry-After: 1, not the 50 ms backoff: at least a second apart.
+      const [a, b] = r.log.filter((x) => x.kind === "error").map((x) => x.at);
+      assert.ok(b - a >= 950, "the second attempt came " + (b - a) + " ms after the first 503");
+      const waits = r.of("state").filter((s) => s.delay !== undefined).map((s) => s.delay);
+      assert.ok(waits.every((w) => w >= 1000 && w <= 1250), "waits of Retry-After plus at most 25%: " + waits);
       assert.equal(await dd.del("first"), 204);
       await r.until(() => r.client.state === "open", "open once a session is free");
       await dd.publish("second", "note", { n: 1 });
