@@ -36,6 +36,7 @@ export class EventBusError extends Error {
     this.code = fields.code;
     this.errorKind = fields.errorKind;
     this.retryAfter = fields.retryAfter;
+    this.challenge = fields.challenge;
     this.final = false;
   }
 }
@@ -518,7 +519,8 @@ export class EventBusClient {
     }
     const retryAfter = parseRetryAfter(res.headers.get("retry-after"));
     const s = res.status;
-    const err = new EventBusError("http", "eventbus: HTTP " + s + (code ? " " + code : "") + ": " + (message ?? res.statusText ?? ""), { status: s, code, retryAfter });
+    const challenge = res.headers.get("www-authenticate") ?? undefined;
+    const err = new EventBusError("http", "eventbus: HTTP " + s + (code ? " " + code : "") + ": " + (message ?? res.statusText ?? ""), { status: s, code, retryAfter, challenge });
     const r = this.#result(conn, "http", err);
     r.status = s;
     r.retryAfter = retryAfter;

@@ -136,6 +136,12 @@ export declare class EventBusError extends Error {
   readonly errorKind: string | undefined;
   /** Retry-After, in milliseconds, when the answer had one. */
   readonly retryAfter: number | undefined;
+  /**
+   * The WWW-Authenticate header a 401 carries (what the credentials lacked,
+   * e.g. `Bearer realm="app", error="invalid_token"`), when the answer had
+   * one and, cross-origin, the server exposed it.
+   */
+  readonly challenge: string | undefined;
   /** True when the client stopped because of this error. */
   final: boolean;
 }

@@ -129,14 +129,14 @@ test("401 before any stream: without credentials final at once; with a callback 
     const url = d.base + "/session/nobody/events";
     const anon = record(url);
     let err = await anon.client.done;
-    assert.deepEqual([err.status, err.code, err.final], [401, "unauthorized", true]);
+    assert.deepEqual([err.status, err.code, err.final, err.challenge], [401, "unauthorized", true, 'Bearer realm="sessiond"']);
     assert.equal(anon.of("error").length, 1);
 
     const gate = gatedFetch();
     const reasons = [];
     const wrong = record(url, { fetch: gate.fetch, credentials: ({ reason }) => (reasons.push(reason), { token: "wrong" }) });
     err = await wrong.client.done;
-    assert.deepEqual([err.status, err.code, err.final], [401, "unauthorized", true]);
+    assert.deepEqual([err.status, err.code, err.final, err.challenge], [401, "unauthorized", true, 'Bearer realm="sessiond", error="invalid_token"']);
     assert.deepEqual(reasons, ["initial", "unauthorized"]);
     assert.equal(gate.requests.length, 2);
     assert.equal((await d.status("nobody")).status, 404, "refused before the session was created");
