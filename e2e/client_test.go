@@ -31,6 +31,11 @@ type viewerState struct {
 	Attempts    []viewerAttempt `json:"attempts"`
 	Banner      string          `json:"banner"`
 	Epochs      string          `json:"epochBanner"`
+	// Access control (-auth-token).
+	AuthState   string `json:"authState"`
+	Reauths     int    `json:"reauths"`
+	Revocations int    `json:"revocations"`
+	AuthStatus  string `json:"authStatus"`
 }
 
 // viewerError is an EventBusError the client reported.
@@ -55,6 +60,8 @@ func readViewer(ctx context.Context, t *testing.T) viewerState {
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[viewerState](`({connState: window.connState, seenIds: window.seenIds,
 		reconnects: window.reconnects, resyncs: window.resyncs, frames: window.frames, epoch: window.epoch,
 		silentJoins: window.silentJoins, errors: window.errors, attempts: window.attempts,
+		authState: window.authState, reauths: window.reauths, revocations: window.revocations,
+		authStatus: document.getElementById("authStatus").textContent,
 		banner: document.getElementById("streamBanner").className + ": " + document.getElementById("streamBanner").textContent,
 		epochBanner: document.getElementById("epochBanner").className + ": " + document.getElementById("epochBanner").textContent})`))
 	if err != nil {
@@ -64,7 +71,8 @@ func readViewer(ctx context.Context, t *testing.T) viewerState {
 }
 
 func (v viewerState) summary() string {
-	return fmt.Sprintf("%s errors %+v attempts %+v banner %q", v.pageState.summary(), v.Errors, v.Attempts, v.Banner)
+	return fmt.Sprintf("%s errors %+v attempts %+v banner %q auth=%s reauths=%d revocations=%d status=%q",
+		v.pageState.summary(), v.Errors, v.Attempts, v.Banner, v.AuthState, v.Reauths, v.Revocations, v.AuthStatus)
 }
 
 func (v viewerState) framesOf(typ string) []pageFrame {
@@ -111,6 +119,23 @@ func openViewer(t *testing.T, br *browser, base, query string) context.Context {
 	if err := chromedp.Do(tab, chromedp.Navigate(base+"/?"+query)); err != nil {
 		t.Fatal(err)
 	}
+	return tab
+}
+
+// openWithThree opens the viewer on session, waits for its stream, publishes
+// ids 1..3 and waits for the page to have them.
+func openWithThree(t *testing.T, br *browser, d *daemontest.Daemon, session string) context.Context {
+	t.Helper()
+	tab := openViewer(t, br, d.Base, "session="+session)
+	daemontest.WaitUntil(t, 20*time.Second, "the viewer to subscribe", func() (bool, string) {
+		return readViewer(tab, t).ConnState == "open" && d.Status(session).Subscribers == 1, readViewer(tab, t).summary()
+	})
+	for n := 1; n <= 3; n++ {
+		d.Publish(session, n)
+	}
+	daemontest.WaitUntil(t, 20*time.Second, "3 events", func() (bool, string) {
+		return len(readViewer(tab, t).SeenIDs) == 3, readViewer(tab, t).summary()
+	})
 	return tab
 }
 
@@ -228,17 +253,7 @@ func TestViewerAcrossARestart(t *testing.T) {
 	bin := daemontest.Build(ctx, t, "..", raceEnabled)
 	args := []string{"-addr", daemontest.FreeAddr(t), "-retry", "300ms"}
 	d := daemontest.Start(ctx, t, bin, args...)
-	br := newBrowser(ctx, t, chromium)
-	tab := openViewer(t, br, d.Base, "session=rs")
-	daemontest.WaitUntil(t, 20*time.Second, "the viewer to subscribe", func() (bool, string) {
-		return readViewer(tab, t).ConnState == "open" && d.Status("rs").Subscribers == 1, readViewer(tab, t).summary()
-	})
-	for n := 1; n <= 3; n++ {
-		d.Publish("rs", n)
-	}
-	daemontest.WaitUntil(t, 20*time.Second, "3 events", func() (bool, string) {
-		return len(readViewer(tab, t).SeenIDs) == 3, readViewer(tab, t).summary()
-	})
+	tab := openWithThree(t, newBrowser(ctx, t, chromium), d, "rs")
 	old := d.Status("rs").Epoch
 
 	unblock := blockStream(tab, t, "rs")
@@ -286,16 +301,7 @@ func TestViewerLossEvictionAndABigEvent(t *testing.T) {
 
 	// Loss: 3 events, then the viewer cannot reconnect while 150 more are
 	// published into a ring of 100.
-	tab := openViewer(t, br, d.Base, "session=ring")
-	daemontest.WaitUntil(t, 20*time.Second, "the viewer to subscribe", func() (bool, string) {
-		return readViewer(tab, t).ConnState == "open" && d.Status("ring").Subscribers == 1, readViewer(tab, t).summary()
-	})
-	for n := 1; n <= 3; n++ {
-		d.Publish("ring", n)
-	}
-	daemontest.WaitUntil(t, 20*time.Second, "3 events", func() (bool, string) {
-		return len(readViewer(tab, t).SeenIDs) == 3, readViewer(tab, t).summary()
-	})
+	tab := openWithThree(t, br, d, "ring")
 	unblock := blockStream(tab, t, "ring")
 	d.Call(http.MethodPost, "/session/ring/disconnect", "", http.StatusOK, nil)
 	daemontest.WaitUntil(t, 20*time.Second, "the cut", func() (bool, string) {
@@ -314,7 +320,7 @@ func TestViewerLossEvictionAndABigEvent(t *testing.T) {
 	rs := v.framesOf("state_resync_required")
 	missing, _ := rs[0].Data["missing"].(map[string]any)
 	if len(rs) != 1 || rs[0].Data["reason"] != "ring_evicted" || missing["from"] != float64(4) || missing["to"] != float64(53) ||
-		!slices.Equal(v.SeenIDs, append(idsUpTo(3), idsFrom(54, 153)...)) ||
+		!slices.Equal(v.SeenIDs, append(idsUpTo(3), daemontest.IDs(54, 153)...)) ||
 		!strings.HasPrefix(v.Banner, "banner lost: Events lost (ring_evicted): ids 4–53 ") {
 		t.Fatalf("after the loss: resyncs %+v; %s", rs, v.summary())
 	}
@@ -361,13 +367,4 @@ func TestViewerLossEvictionAndABigEvent(t *testing.T) {
 	if err != nil || !same {
 		t.Fatalf("the 1 MiB event arrived altered: %v", err)
 	}
-}
-
-// idsFrom returns a..b.
-func idsFrom(a, b int) []uint64 {
-	var ids []uint64
-	for i := a; i <= b; i++ {
-		ids = append(ids, uint64(i))
-	}
-	return ids
 }

@@ -69,13 +69,7 @@ func readPage(ctx context.Context, t *testing.T) pageState {
 }
 
 // idsUpTo returns 1..n.
-func idsUpTo(n int) []uint64 {
-	ids := make([]uint64, n)
-	for i := range ids {
-		ids[i] = uint64(i + 1)
-	}
-	return ids
-}
+func idsUpTo(n int) []uint64 { return daemontest.IDs(1, uint64(n)) }
 
 func (p pageState) summary() string {
 	return fmt.Sprintf("conn=%s reconnects=%d resyncs=%d seen=%d ids (last %v)",

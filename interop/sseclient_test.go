@@ -127,14 +127,6 @@ func (g *goClient) httpErrors() []*sseclient.HTTPError {
 	return out
 }
 
-func seqIDs(a, b uint64) []uint64 {
-	var ids []uint64
-	for i := a; i <= b; i++ {
-		ids = append(ids, i)
-	}
-	return ids
-}
-
 func TestGoClientAgainstTheDaemon(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -216,7 +208,7 @@ func TestGoClientAgainstTheDaemon(t *testing.T) {
 		// Resumed twice at least: the replay of more than the 8 MiB budget
 		// is cut, and continued at once (its replay_complete is not
 		// reported: nothing was lost).
-		if !slices.Equal(idsOfEvents(g.events), seqIDs(1, n)) || len(g.evicted) == 0 || len(g.resyncs) != 0 || opens < 3 || len(g.caught) != 1 {
+		if !slices.Equal(idsOfEvents(g.events), daemontest.IDs(1, n)) || len(g.evicted) == 0 || len(g.resyncs) != 0 || opens < 3 || len(g.caught) != 1 {
 			t.Fatalf("ids %v, evicted %+v, resyncs %+v, %d streams, %d replay_complete: want 1..%d once, evicted, resumed twice or more, no loss",
 				idsOfEvents(g.events), g.evicted, g.resyncs, opens, len(g.caught), n)
 		}
@@ -266,7 +258,7 @@ func TestGoClientAgainstTheDaemon(t *testing.T) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		if len(g.resyncs) != 1 || g.resyncs[0].Reason != "ring_evicted" || g.resyncs[0].Missing != (sseclient.IDRange{From: 4, To: 43}) ||
-			!slices.Equal(idsOfEvents(g.events), append(seqIDs(1, 3), seqIDs(44, 53)...)) {
+			!slices.Equal(idsOfEvents(g.events), append(daemontest.IDs(1, 3), daemontest.IDs(44, 53)...)) {
 			t.Fatalf("resyncs %+v, ids %v", g.resyncs, idsOfEvents(g.events))
 		}
 	})
@@ -345,7 +337,7 @@ func TestGoClientAgainstTheDaemon(t *testing.T) {
 		mu.Lock()
 		r := fmt.Sprint(reasons)
 		mu.Unlock()
-		if !slices.Equal(g.ids(), seqIDs(1, uint64(total))) || r != "[initial reauthenticate reauthenticate]" {
+		if !slices.Equal(g.ids(), daemontest.IDs(1, uint64(total))) || r != "[initial reauthenticate reauthenticate]" {
 			t.Fatalf("ids %v (want 1..%d), reasons %s", g.ids(), total, r)
 		}
 		stopLifetimes()
