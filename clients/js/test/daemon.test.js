@@ -73,7 +73,7 @@ test("429 with Retry-After: the client waits that long, then connects", async ()
   }
 });
 
-test("503 with Retry-After (too many sessions): the client waits it, then success", async () => {
+test("503 with Retry-After (too many sessions): the client waits it out, then succeeds", async () => {
   const dd = await startDaemon(["-retry", "100ms", "-max-sessions", "1"]);
   try {
     await dd.publish("first", "note", {});
@@ -83,7 +83,7 @@ test("503 with Retry-After (too many sessions): the client waits it, then succes
       for (const e of r.of("error")) {
         assert.equal(e.status, 503);
         assert.equal(e.code, "too_many_sessions");
-        assert.equal(e.retryAfter, 1000);
+        assert.equal(e.retryAfter, 1000, "the daemon says when to come back");
         assert.equal(e.final, false);
       }
       // Retry-After: 1, not the 50 ms backoff: at least a second apart.
