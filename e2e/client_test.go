@@ -7,11 +7,13 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/debugger"
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
@@ -109,6 +111,51 @@ func blockStream(ctx context.Context, t *testing.T, session string) (unblock fun
 		t.Helper()
 		call(ctx, t, network.SetBlockedURLs, network.SetBlockedURLsParams{URLPatterns: []*network.BlockPattern{}})
 	}
+}
+
+// holdStream holds the tab's requests for session's stream (a reconnect
+// waits, as behind a slow network, instead of failing) until release lets
+// them through. held reports how many it holds.
+func holdStream(ctx context.Context, t *testing.T, session string) (held func() int, release func()) {
+	t.Helper()
+	ectx, stop := context.WithCancel(ctx)
+	paused := chromedp.Events(ectx, fetch.RequestPaused)
+	call(ctx, t, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{
+		{URLPattern: "*/session/" + url.PathEscape(session) + "/events*"},
+	}})
+	var mu sync.Mutex
+	var ids []fetch.RequestID
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev, err := range paused {
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			ids = append(ids, ev.RequestID)
+			mu.Unlock()
+		}
+	}()
+	held = func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ids)
+	}
+	release = func() {
+		t.Helper()
+		mu.Lock()
+		heldIDs := ids
+		ids = nil
+		mu.Unlock()
+		for _, id := range heldIDs {
+			call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: id})
+		}
+		call(ctx, t, fetch.Disable, cdp.Empty{})
+		stop()
+		<-done
+	}
+	return held, release
 }
 
 // openViewer opens the viewer on session in a new tab of br.
