@@ -227,7 +227,8 @@ func TestCancelWhileWaitingReturnsAtOnce(t *testing.T) {
 		}})
 		c, rc := pipeClient(s, "a")
 		stop := start(t, c)
-		rc.wait(t, "the 503", time.Minute, func() bool { return len(rc.errs) == 1 })
+		// OnError comes first, then the wait (OnState with its Delay).
+		rc.wait(t, "the 503 and the wait", time.Minute, func() bool { return len(rc.errs) == 1 && len(rc.delays()) == 1 })
 		var he *sseclient.HTTPError
 		if !errors.As(rc.snap().errs[0], &he) || he.RetryAfter != time.Hour || rc.snap().delays()[0] < time.Hour {
 			t.Fatalf("errors %v, delays %v", rc.snap().errs, rc.snap().delays())
