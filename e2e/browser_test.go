@@ -339,6 +339,38 @@ func TestViewerEpoch(t *testing.T) {
 		t.Fatalf("after the DELETE: %+v (daemon epoch %s)", v, next)
 	}
 	screenshot(br.ctx, t, "viewer-epoch-change.png")
+
+	// "Also listen for type": an event of a type the page's EventSource does
+	// not listen for passes it by; once the type is added, the new client
+	// resumes from the old one's cursor and gets it, replayed, then live.
+	d.Publish("ep", 1)
+	daemontest.WaitUntil(t, 20*time.Second, "a note of the new epoch", func() (bool, string) {
+		p := readPage(br.ctx, t)
+		return slices.Equal(p.SeenIDs, []uint64{1}), p.summary()
+	})
+	d.Call(http.MethodPost, "/session/ep/events", `{"type":"custom","data":{"n":2}}`, http.StatusOK, nil)
+	time.Sleep(300 * time.Millisecond)
+	if p := readPage(br.ctx, t); len(p.SeenIDs) != 1 {
+		t.Fatalf("the page got a type it does not listen for: %s", p.summary())
+	}
+	if err := chromedp.Do(br.ctx, chromedp.SendKeys("#extraType", "custom"), chromedp.Click("#addType")); err != nil {
+		t.Fatal(err)
+	}
+	d.Call(http.MethodPost, "/session/ep/events", `{"type":"custom","data":{"n":3}}`, http.StatusOK, nil)
+	var p pageState
+	daemontest.WaitUntil(t, 20*time.Second, "the custom events", func() (bool, string) {
+		p = readPage(br.ctx, t)
+		return len(p.SeenIDs) == 3, p.summary()
+	})
+	var custom []uint64
+	for _, f := range p.Frames {
+		if f.Type == "custom" && !f.Synthetic {
+			custom = append(custom, *f.ID)
+		}
+	}
+	if !slices.Equal(p.SeenIDs, []uint64{1, 2, 3}) || !slices.Equal(custom, []uint64{2, 3}) {
+		t.Fatalf("after listening for custom: %s, custom events %v", p.summary(), custom)
+	}
 }
 
 // TestViewerBothCuts: the viewer's two cut buttons. "Cut streams" ends the
