@@ -279,8 +279,9 @@ func TestTenViewerTabsOverHTTP2(t *testing.T) {
 
 // TestViewerEpoch: the viewer takes the epoch from the stream's own word,
 // never from application data (an event whose data has an "epoch", or a
-// published event that calls itself replay_complete), and shows a change of
-// epoch plainly after a DELETE of the session.
+// published event that calls itself replay_complete), shows a change of
+// epoch plainly after a DELETE of the session, and takes over from its
+// cursor when it is told to listen for another type.
 func TestViewerEpoch(t *testing.T) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
