@@ -147,6 +147,11 @@ func TestStatusErrorAnswers(t *testing.T) {
 		})
 		st := serveOne(h, http.MethodGet, "/session/s/events", nil)
 		requireMemError(t, st, http.StatusUnauthorized, "credentials_expired")
+		require.Equal(t, `Bearer error="invalid_token", error_description="credentials expired"`, st.header.Get("WWW-Authenticate"),
+			"every 401 carries a challenge")
+		st = serveOne(h, http.MethodGet, "/session/s/events", http.Header{"Authorization": {"Token abc"}})
+		require.Equal(t, `Token error="invalid_token", error_description="credentials expired"`, st.header.Get("WWW-Authenticate"),
+			"in the scheme the client used")
 		require.Zero(t, b.Stats().PeakSubscribers, "no stream that would end at once")
 		requireRegistryEmpty(t, h)
 	})

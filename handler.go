@@ -276,8 +276,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if !grant.Expires.IsZero() && !time.Now().Before(grant.Expires) {
 			// A stream that would end at once would have its client
-			// reconnect at once, in a loop.
-			writeJSONError(w, http.StatusUnauthorized, "credentials expired", "credentials_expired", 0)
+			// reconnect at once, in a loop. A 401 must carry a challenge
+			// (RFC 9110 11.6.1): the scheme the client used, else Bearer.
+			scheme, _, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+			if scheme == "" {
+				scheme = "Bearer"
+			}
+			(&StatusError{Status: http.StatusUnauthorized, Code: "credentials_expired", Message: "credentials expired",
+				Challenge: scheme + ` error="invalid_token", error_description="credentials expired"`}).ServeHTTP(w, r)
 			return
 		}
 		if ls != nil {

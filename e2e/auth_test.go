@@ -14,31 +14,6 @@ import (
 	"github.com/ssebus/eventbus/internal/daemontest"
 )
 
-// authPage is the viewer's access-control state.
-type authPage struct {
-	pageState
-	AuthState   string `json:"authState"`
-	Reauths     int    `json:"reauths"`
-	Revocations int    `json:"revocations"`
-	AuthStatus  string `json:"authStatus"`
-}
-
-func readAuthPage(ctx context.Context, t *testing.T) authPage {
-	t.Helper()
-	p, err := chromedp.Run(ctx, chromedp.Evaluate[authPage](`({connState: window.connState, seenIds: window.seenIds,
-		reconnects: window.reconnects, resyncs: window.resyncs, frames: window.frames, authState: window.authState,
-		reauths: window.reauths, revocations: window.revocations,
-		authStatus: document.getElementById("authStatus").textContent})`))
-	if err != nil {
-		t.Fatalf("reading the page state: %v", err)
-	}
-	return p
-}
-
-func (p authPage) summary() string {
-	return fmt.Sprintf("%s auth=%s reauths=%d revocations=%d status=%q", p.pageState.summary(), p.AuthState, p.Reauths, p.Revocations, p.AuthStatus)
-}
-
 // TestViewerLoginLifetimeAndLogout runs the daemon with -auth-token and a
 // short -token-lifetime. The viewer shows its login form and opens no
 // stream until the user logs in through it; then each login (and its
@@ -63,7 +38,7 @@ func TestViewerLoginLifetimeAndLogout(t *testing.T) {
 		t.Fatal(err)
 	}
 	daemontest.WaitUntil(t, 20*time.Second, "the viewer to ask for a login", func() (bool, string) {
-		p := readAuthPage(br.ctx, t)
+		p := readViewer(br.ctx, t)
 		return p.AuthState == "needed" && strings.Contains(p.AuthStatus, "log in"), p.summary()
 	})
 	d.Call(http.MethodGet, "/session/"+session, "", http.StatusNotFound, nil) // no stream was tried: no session
@@ -77,7 +52,7 @@ func TestViewerLoginLifetimeAndLogout(t *testing.T) {
 		t.Fatal(err)
 	}
 	daemontest.WaitUntil(t, 20*time.Second, "the stream to open after the login", func() (bool, string) {
-		p := readAuthPage(br.ctx, t)
+		p := readViewer(br.ctx, t)
 		return p.ConnState == "open" && p.AuthState == "in" && d.Status(session).Subscribers == 1, p.summary()
 	})
 	epoch := d.Status(session).Epoch
@@ -109,19 +84,19 @@ func TestViewerLoginLifetimeAndLogout(t *testing.T) {
 			n++
 		}
 	}()
-	var p authPage
+	var p viewerState
 	daemontest.WaitUntil(t, 40*time.Second, "two lifetimes to end and the page to resume after each", func() (bool, string) {
-		p = readAuthPage(br.ctx, t)
+		p = readViewer(br.ctx, t)
 		return p.Reauths == 2 && p.ConnState == "open", p.summary()
 	})
 	close(stop)
 	total := <-lastID
 	daemontest.WaitUntil(t, 20*time.Second, fmt.Sprintf("the page to see every id up to %d", total), func() (bool, string) {
-		p = readAuthPage(br.ctx, t)
+		p = readViewer(br.ctx, t)
 		return len(p.SeenIDs) >= total, p.summary()
 	})
 	time.Sleep(300 * time.Millisecond) // let a duplicate, if any, arrive
-	p = readAuthPage(br.ctx, t)
+	p = readViewer(br.ctx, t)
 	if !slices.Equal(p.SeenIDs, idsUpTo(total)) {
 		t.Fatalf("the page saw ids %v, want exactly 1..%d once each", p.SeenIDs, total)
 	}
@@ -142,6 +117,17 @@ func TestViewerLoginLifetimeAndLogout(t *testing.T) {
 	if !strings.Contains(d.LogText(), `msg="stream opened" session=auth`) {
 		t.Fatalf("no stream in the daemon log:\n%s", d.LogText())
 	}
+	// The client asked the page for credentials at each lifetime's end (the
+	// page logged in again), and kept the EventSource: the cookie needs no
+	// header.
+	if r := credentialReasons(br.ctx, t); !slices.Equal(r, []string{"initial", "reauthenticate", "reauthenticate"}) {
+		t.Fatalf("credentials asked for %v", r)
+	}
+	v := readViewer(br.ctx, t)
+	if len(v.Attempts) != 3 || slices.ContainsFunc(v.Attempts, func(a viewerAttempt) bool { return a.Transport != "EventSource" }) ||
+		v.Attempts[0].LastEventID != "" || !strings.HasPrefix(v.Attempts[2].LastEventID, epoch+":") {
+		t.Fatalf("attempts %+v, want three EventSources, the last two resuming", v.Attempts)
+	}
 	screenshot(br.ctx, t, "viewer-reauthenticated.png")
 
 	// Log out: revoked, one refused reconnection, then the page stops.
@@ -149,7 +135,7 @@ func TestViewerLoginLifetimeAndLogout(t *testing.T) {
 		t.Fatal(err)
 	}
 	daemontest.WaitUntil(t, 20*time.Second, "the page to stop after the logout", func() (bool, string) {
-		p = readAuthPage(br.ctx, t)
+		p = readViewer(br.ctx, t)
 		return p.Revocations == 1 && p.ConnState == "closed" && p.AuthState == "needed", p.summary()
 	})
 	opened := d.Status(session).StreamsOpened
@@ -157,8 +143,25 @@ func TestViewerLoginLifetimeAndLogout(t *testing.T) {
 	if st := d.Status(session); st.Subscribers != 0 || st.StreamsOpened != opened {
 		t.Fatalf("after the logout: %+v (streams opened before the pause: %d); want no stream and no retry loop", st, opened)
 	}
-	if !strings.Contains(readAuthPage(br.ctx, t).AuthStatus, "401") && !strings.Contains(readAuthPage(br.ctx, t).AuthStatus, "logged out") {
-		t.Fatalf("auth status %q", readAuthPage(br.ctx, t).AuthStatus)
+	if !strings.Contains(readViewer(br.ctx, t).AuthStatus, "401") && !strings.Contains(readViewer(br.ctx, t).AuthStatus, "logged out") {
+		t.Fatalf("auth status %q", readViewer(br.ctx, t).AuthStatus)
+	}
+	// One reconnection after the revocation, refused: final.
+	if r := credentialReasons(br.ctx, t); !slices.Equal(r, []string{"initial", "reauthenticate", "reauthenticate", "revoked"}) {
+		t.Fatalf("credentials asked for %v", r)
+	}
+	v = readViewer(br.ctx, t)
+	if last := v.Errors[len(v.Errors)-1]; !last.Final || last.Status != http.StatusUnauthorized || last.Code != "unauthorized" {
+		t.Fatalf("errors %+v, want a final 401 last", v.Errors)
 	}
 	screenshot(br.ctx, t, "viewer-logged-out.png")
+}
+
+func credentialReasons(ctx context.Context, t *testing.T) []string {
+	t.Helper()
+	r, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.credentialReasons`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

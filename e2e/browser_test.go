@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -278,8 +279,9 @@ func TestTenViewerTabsOverHTTP2(t *testing.T) {
 
 // TestViewerEpoch: the viewer takes the epoch from the stream's own word,
 // never from application data (an event whose data has an "epoch", or a
-// published event that calls itself replay_complete), and shows a change of
-// epoch plainly after a DELETE of the session.
+// published event that calls itself replay_complete), shows a change of
+// epoch plainly after a DELETE of the session, and takes over from its
+// cursor when it is told to listen for another type.
 func TestViewerEpoch(t *testing.T) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -334,22 +336,66 @@ func TestViewerEpoch(t *testing.T) {
 	})
 	next := d.Status("ep").Epoch
 	if *v.Epoch != next || next == first || v.SilentJoins != 0 || v.Resyncs != 1 ||
-		!strings.HasPrefix(v.Banner, "changed: Epoch changed: "+first+" → "+next) {
+		!strings.HasPrefix(v.Banner, "banner changed: Epoch changed: "+first+" → "+next) {
 		t.Fatalf("after the DELETE: %+v (daemon epoch %s)", v, next)
 	}
 	screenshot(br.ctx, t, "viewer-epoch-change.png")
+
+	// "Also listen for type": an event of a type the page's EventSource does
+	// not listen for passes it by; once the type is added, the new client
+	// resumes from the old one's cursor and gets it, replayed, then live.
+	d.Publish("ep", 1)
+	daemontest.WaitUntil(t, 20*time.Second, "a note of the new epoch", func() (bool, string) {
+		p := readPage(br.ctx, t)
+		return slices.Equal(p.SeenIDs, []uint64{1}), p.summary()
+	})
+	d.Call(http.MethodPost, "/session/ep/events", `{"type":"custom","data":{"n":2}}`, http.StatusOK, nil)
+	time.Sleep(300 * time.Millisecond)
+	if p := readPage(br.ctx, t); len(p.SeenIDs) != 1 {
+		t.Fatalf("the page got a type it does not listen for: %s", p.summary())
+	}
+	if err := chromedp.Do(br.ctx, chromedp.SendKeys("#extraType", "custom"), chromedp.Click("#addType")); err != nil {
+		t.Fatal(err)
+	}
+	d.Call(http.MethodPost, "/session/ep/events", `{"type":"custom","data":{"n":3}}`, http.StatusOK, nil)
+	var p pageState
+	daemontest.WaitUntil(t, 20*time.Second, "the custom events", func() (bool, string) {
+		p = readPage(br.ctx, t)
+		return len(p.SeenIDs) == 3, p.summary()
+	})
+	var custom []uint64
+	for _, f := range p.Frames {
+		if f.Type == "custom" && !f.Synthetic {
+			custom = append(custom, *f.ID)
+		}
+	}
+	if !slices.Equal(p.SeenIDs, []uint64{1, 2, 3}) || !slices.Equal(custom, []uint64{2, 3}) {
+		t.Fatalf("after listening for custom: %s, custom events %v", p.summary(), custom)
+	}
 }
 
 // TestViewerBothCuts: the viewer's two cut buttons. "Cut streams" ends the
 // response, "Abort connections" resets the TCP connection; after each the
-// browser reconnects by itself and the page has every id once.
+// viewer's client reconnects by itself and the page has every id once. With
+// both of its transports: the browser's EventSource (what it uses when it
+// can) and fetch streaming (?transport=fetch).
 func TestViewerBothCuts(t *testing.T) {
+	for _, transport := range []string{"EventSource", "fetch"} {
+		t.Run(transport, func(t *testing.T) { testViewerBothCuts(t, transport) })
+	}
+}
+
+func testViewerBothCuts(t *testing.T, transport string) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	d := daemontest.Start(ctx, t, daemontest.Build(ctx, t, "..", raceEnabled), "-retry", "300ms")
 	br := newBrowser(ctx, t, chromium)
-	if err := chromedp.Do(br.ctx, chromedp.Navigate(d.Base+"/?session=cuts")); err != nil {
+	query := "?session=cuts"
+	if transport == "fetch" {
+		query += "&transport=fetch"
+	}
+	if err := chromedp.Do(br.ctx, chromedp.Navigate(d.Base+"/"+query)); err != nil {
 		t.Fatal(err)
 	}
 	daemontest.WaitUntil(t, 20*time.Second, "the viewer to subscribe", func() (bool, string) {
@@ -390,5 +436,13 @@ func TestViewerBothCuts(t *testing.T) {
 	if p.Resyncs != 0 {
 		t.Fatalf("%d resyncs", p.Resyncs)
 	}
-	screenshot(br.ctx, t, "viewer-both-cuts.png")
+	// Three streams, each with the transport asked for; the two resumes
+	// with the cursor in the epoch form.
+	v := readViewer(br.ctx, t)
+	epoch := d.Status("cuts").Epoch
+	if len(v.Attempts) != 3 || v.Attempts[1].LastEventID != epoch+":5" || v.Attempts[2].LastEventID != epoch+":10" ||
+		slices.ContainsFunc(v.Attempts, func(a viewerAttempt) bool { return a.Transport != transport }) {
+		t.Fatalf("attempts %+v, want three over %s resuming after %s:5 and :10", v.Attempts, transport, epoch)
+	}
+	screenshot(br.ctx, t, "viewer-both-cuts-"+transport+".png")
 }

@@ -69,13 +69,7 @@ func readPage(ctx context.Context, t *testing.T) pageState {
 }
 
 // idsUpTo returns 1..n.
-func idsUpTo(n int) []uint64 {
-	ids := make([]uint64, n)
-	for i := range ids {
-		ids[i] = uint64(i + 1)
-	}
-	return ids
-}
+func idsUpTo(n int) []uint64 { return daemontest.IDs(1, uint64(n)) }
 
 func (p pageState) summary() string {
 	return fmt.Sprintf("conn=%s reconnects=%d resyncs=%d seen=%d ids (last %v)",
@@ -85,9 +79,10 @@ func (p pageState) summary() string {
 // TestViewerResumesAfterTheServerCutsTheStream opens the viewer page in
 // headless chromium, publishes events, makes the daemon cut the page's stream
 // (POST /session/{id}/disconnect, as a load balancer would), publishes while
-// the page is disconnected, and checks that the browser's own EventSource
-// reconnected, sent Last-Event-ID, and saw every id exactly once, in order.
-// A second phase cuts the stream twice while events are being published.
+// the page is disconnected (its reconnect held back meanwhile), and checks
+// that the viewer's client reconnected, resumed from its last id, and saw
+// every id exactly once, in order. A second phase cuts the stream twice
+// while events are being published.
 func TestViewerResumesAfterTheServerCutsTheStream(t *testing.T) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -139,12 +134,17 @@ func TestViewerResumesAfterTheServerCutsTheStream(t *testing.T) {
 		t.Fatalf("the disconnect route cut %d streams, want the page's 1", cut.Disconnected)
 	}
 	// Publish only once the old stream is gone, so that ids 21..40 can only
-	// reach the page through the resume.
+	// reach the page through the resume, and hold the reconnect until they
+	// are published (the client's backoff may be as short as it likes), so
+	// that the resume replays all of them.
+	held, release := holdStream(bctx, t, session)
 	daemontest.WaitUntil(t, 10*time.Second, "the cut stream to unsubscribe", func() (bool, string) {
 		st := d.Status(session)
 		return st.Subscribers == 0 && st.Streams == 0, fmt.Sprintf("%+v", st)
 	})
 	publishUpTo(40)
+	daemontest.WaitUntil(t, 10*time.Second, "the page's reconnect", func() (bool, string) { return held() == 1, "" })
+	release()
 	p := waitSeen(40, "the page to reconnect and replay ids 21..40")
 	if p.Reconnects != 1 {
 		t.Errorf("page counted %d reconnects, want 1", p.Reconnects)

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,8 @@ import (
 	r3 "github.com/r3labs/sse/v2"
 	gosse "github.com/tmaxmax/go-sse"
 	"gopkg.in/cenkalti/backoff.v1"
+
+	"github.com/ssebus/eventbus/sseclient"
 )
 
 // record is one thing a client reported, in the order it reported it.
@@ -120,6 +124,53 @@ func startR3labs(t *testing.T, ctx context.Context, c *client, url string) func(
 			case <-ctx.Done():
 			case <-time.After(100 * time.Millisecond):
 			}
+		}
+	}()
+	return func() { <-done; tr.CloseIdleConnections() }
+}
+
+// startSSEClient runs our own client, sseclient, as the harness's
+// reference: it must see what the third-party clients see, with no
+// exception. It reports typed callbacks, not raw frames; each becomes the
+// record the wire would have given a client that reads it right: events
+// with their envelope and "<epoch>:<id>" SSE id, replay_complete and
+// state_resync_required as the frames that carried them.
+func startSSEClient(t *testing.T, ctx context.Context, c *client, url string) func() {
+	tr := &http.Transport{}
+	add := func(typ string, v any, id string) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Error(err)
+		}
+		c.add(record{Kind: "event", Type: typ, ID: id, Data: string(b)})
+	}
+	cl := &sseclient.Client{
+		URL:        url,
+		HTTPClient: &http.Client{Transport: tr},
+		OnEvent: func(e sseclient.Event) {
+			add(e.Type, map[string]any{"id": e.ID, "type": e.Type, "data": e.Data}, e.Epoch+":"+strconv.FormatUint(e.ID, 10))
+		},
+		OnCaughtUp: func(cu sseclient.CaughtUp) {
+			add("replay_complete", map[string]any{"type": "replay_complete", "data": cu}, "")
+		},
+		OnResync: func(r sseclient.Resync) {
+			add("state_resync_required", map[string]any{"type": "state_resync_required", "data": map[string]any{
+				"reason": r.Reason, "detail": r.Detail, "epoch": r.Epoch, "lastDeliveredId": r.LastDeliveredID}}, "")
+		},
+		OnState: func(s sseclient.StateChange) {
+			switch s.State {
+			case sseclient.StateOpen:
+				c.add(record{Kind: "open"})
+			case sseclient.StateReconnecting:
+				c.add(record{Kind: "end", Data: fmt.Sprint(s.Err)})
+			}
+		},
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := cl.Run(ctx); !errors.Is(err, context.Canceled) {
+			t.Errorf("sseclient: Run returned %v", err)
 		}
 	}()
 	return func() { <-done; tr.CloseIdleConnections() }

@@ -45,6 +45,7 @@ func TestThirdPartyClients(t *testing.T) {
 		start starter
 		node  bool
 	}{
+		{&client{name: "sseclient (ours, the reference)", session: "sseclient"}, startSSEClient, false},
 		{&client{name: "tmaxmax/go-sse", session: "gosse"}, startGoSSE, false},
 		{&client{name: "r3labs/sse", session: "r3labs"}, startR3labs, false},
 		{&client{name: "npm eventsource", session: "npmes"}, startNode("eventsource-client.mjs"), true},

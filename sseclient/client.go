@@ -651,6 +651,7 @@ func httpError(resp *http.Response) *HTTPError {
 		he.Message = http.StatusText(resp.StatusCode)
 	}
 	he.RetryAfter, he.HasRetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	he.Challenge = resp.Header.Get("WWW-Authenticate")
 	return he
 }
 

@@ -40,6 +40,10 @@ type HTTPError struct {
 	// RetryAfter is the Retry-After header's delay, when HasRetryAfter.
 	RetryAfter    time.Duration
 	HasRetryAfter bool
+	// Challenge is the WWW-Authenticate header, which a 401 carries: what
+	// the credentials lacked, such as `Bearer realm="app",
+	// error="invalid_token"`. Empty when the answer had none.
+	Challenge string
 }
 
 // Error returns "sseclient: HTTP <status> <code>: <message>".

@@ -21,7 +21,9 @@ import (
 // session's streams (what sessiond's /disconnect does), an abrupt cut of
 // every connection, a restart (new buses, so new epochs, on the same
 // address), and an epilogue written after a cut stream's handler returned
-// (to play a terminal frame the handler cannot send by itself yet).
+// (a terminal frame nothing in the handler writes on demand: stream_error
+// internal; the lifetime's reauthenticate and Revoke's revoked come from the
+// Handler's own hooks, auth_test.go).
 type server struct {
 	t       testing.TB
 	opts    eventbus.Options

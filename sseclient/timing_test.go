@@ -80,24 +80,40 @@ func TestRetryAfterOn429IsHonoured(t *testing.T) {
 
 func Test503WithRetryAfterAnd5xxBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) { h.Retry = 3 * time.Second }})
+		// The Handler's own answers to what Authorize returns: a 503 with
+		// Retry-After (Unavailable), a 500 for a plain error, and other 5xx
+		// from StatusErrors.
 		n := 0
-		s.before = func(w http.ResponseWriter, r *http.Request) bool {
-			n++
-			switch n {
-			case 1:
-				w.Header().Set("Retry-After", "2")
-				http.Error(w, `{"error":"shutting down","code":"shutting_down"}`, http.StatusServiceUnavailable)
-			case 2, 3, 4:
-				http.Error(w, `{"error":"x","code":"internal"}`, 500+n)
-			default:
-				return true
+		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) {
+			h.Retry = 3 * time.Second
+			h.Authorize = func(r *http.Request, _ *eventbus.EventBus) (eventbus.Grant, error) {
+				n++
+				switch n {
+				case 1:
+					return eventbus.Grant{}, eventbus.Unavailable(2*time.Second, "the identity provider is down")
+				case 2:
+					return eventbus.Grant{}, errors.New("boom")
+				case 3:
+					return eventbus.Grant{}, &eventbus.StatusError{Status: http.StatusBadGateway, Code: "bad_gateway"}
+				case 4:
+					return eventbus.Grant{}, &eventbus.StatusError{Status: http.StatusGatewayTimeout}
+				}
+				return eventbus.Grant{}, nil
 			}
-			return false
-		}
+		}})
 		c, rc := pipeClient(s, "a")
 		start(t, c)
 		rc.wait(t, "open", time.Minute, func() bool { return len(rc.openedAt()) == 1 })
+		var codes []string
+		for _, err := range rc.snap().errs {
+			var he *sseclient.HTTPError
+			if errors.As(err, &he) {
+				codes = append(codes, fmt.Sprint(he.StatusCode, " ", he.Code, " ", he.RetryAfter))
+			}
+		}
+		if fmt.Sprint(codes) != "[503 unavailable 2s 500 internal 0s 502 bad_gateway 0s 504 gateway_timeout 0s]" {
+			t.Fatalf("answers %v", codes)
+		}
 		d := rc.snap().delays()
 		if len(d) != 4 || d[0] < 2*time.Second || d[0] > 2500*time.Millisecond {
 			t.Fatalf("delays %v", d)
@@ -152,135 +168,6 @@ func TestIdleTimeoutAndHeartbeats(t *testing.T) {
 	})
 }
 
-// endWith ends session id's streams with a stream_error frame of kind.
-func endWith(s *server, id, kind string) {
-	s.cut(id, eventbus.StreamErrorFrame("the stream ends ("+kind+")", kind).AppendSSE(nil))
-}
-
-func TestReauthenticateGetsFreshCredentialsAndResumesAtOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) { h.Retry = 10 * time.Second }})
-		var tokens []string
-		s.before = func(w http.ResponseWriter, r *http.Request) bool {
-			tokens = append(tokens, r.Header.Get("Authorization")+" "+r.URL.Query().Get("lastEventId"))
-			return true
-		}
-		c, rc := pipeClient(s, "a")
-		var reasons []sseclient.CredentialsReason
-		c.Credentials = func(_ context.Context, reason sseclient.CredentialsReason) (sseclient.Credentials, error) {
-			reasons = append(reasons, reason)
-			return sseclient.Credentials{Token: fmt.Sprint("t", len(reasons)), Header: http.Header{"X-Tenant": {"acme"}}}, nil
-		}
-		start(t, c)
-		rc.wait(t, "open", time.Minute, func() bool { return len(rc.openedAt()) == 1 })
-		s.publish("a", "note", nil)
-		s.publish("a", "note", nil)
-		rc.wait(t, "2 events", time.Minute, func() bool { return len(rc.events) == 2 })
-		time.Sleep(2 * time.Second) // a stream lifetime, not a server asking in a loop
-		endWith(s, "a", "reauthenticate")
-		rc.wait(t, "reopened", time.Minute, func() bool { return len(rc.openedAt()) == 2 })
-		if d := rc.snap().delays(); len(d) != 1 || d[0] != 0 {
-			t.Fatalf("delays %v, want one immediate reconnect", d)
-		}
-		var se *sseclient.StreamError
-		if !errors.As(rc.snap().errs[0], &se) || se.Kind != "reauthenticate" {
-			t.Fatalf("errors %v", rc.snap().errs)
-		}
-		if fmt.Sprint(reasons) != "[initial reauthenticate]" || fmt.Sprint(tokens) != "[Bearer t1  Bearer t2 2]" {
-			t.Fatalf("reasons %v, requests %q", reasons, tokens)
-		}
-		// A server that asks again right away gets the backoff, not a loop.
-		endWith(s, "a", "reauthenticate")
-		rc.wait(t, "third", time.Minute, func() bool { return len(rc.openedAt()) == 3 })
-		v := rc.snap()
-		if d := v.delays(); len(d) != 2 || d[1] == 0 || !v.openedAt()[2].Equal(v.openedAt()[1].Add(d[1])) {
-			t.Fatalf("delays %v: a quick second re-authentication must back off", d)
-		}
-	})
-}
-
-func TestRevokedThenForbiddenIsFinal(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newServer(t, serverConfig{pipe: true})
-		revoked := false
-		s.before = func(w http.ResponseWriter, r *http.Request) bool {
-			if revoked {
-				http.Error(w, `{"error":"no","code":"forbidden"}`, http.StatusForbidden)
-				return false
-			}
-			return true
-		}
-		c, rc := pipeClient(s, "a")
-		var reasons []sseclient.CredentialsReason
-		c.Credentials = func(_ context.Context, reason sseclient.CredentialsReason) (sseclient.Credentials, error) {
-			reasons = append(reasons, reason)
-			return sseclient.Credentials{Token: string(reason)}, nil
-		}
-		done := make(chan error, 1)
-		go func() { done <- c.Run(context.Background()) }()
-		rc.wait(t, "open", time.Minute, func() bool { return len(rc.openedAt()) == 1 })
-		revoked = true
-		endWith(s, "a", "revoked")
-		err := <-done
-		var he *sseclient.HTTPError
-		if !errors.As(err, &he) || he.StatusCode != 403 {
-			t.Fatalf("Run returned %v", err)
-		}
-		if fmt.Sprint(reasons) != "[initial revoked]" {
-			t.Fatalf("reasons %v", reasons)
-		}
-	})
-}
-
-func TestUnauthorizedAsksOnceAndForbiddenRecovers(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newServer(t, serverConfig{pipe: true})
-		s.before = func(w http.ResponseWriter, r *http.Request) bool {
-			if r.Header.Get("Authorization") != "Bearer good" {
-				http.Error(w, `{"error":"no","code":"unauthorized"}`, http.StatusUnauthorized)
-				return false
-			}
-			return true
-		}
-		var reasons []sseclient.CredentialsReason
-		creds := func(token string) func(context.Context, sseclient.CredentialsReason) (sseclient.Credentials, error) {
-			return func(_ context.Context, reason sseclient.CredentialsReason) (sseclient.Credentials, error) {
-				reasons = append(reasons, reason)
-				return sseclient.Credentials{Token: token}, nil
-			}
-		}
-		c, _ := pipeClient(s, "a")
-		c.Credentials = creds("bad")
-		var he *sseclient.HTTPError
-		if err := c.Run(context.Background()); !errors.As(err, &he) || he.StatusCode != 401 {
-			t.Fatalf("Run returned %v", err)
-		}
-		if fmt.Sprint(reasons) != "[initial unauthorized]" {
-			t.Fatalf("reasons %v", reasons)
-		}
-
-		reasons = nil
-		c2, rc := pipeClient(s, "a")
-		c2.Credentials = func(_ context.Context, reason sseclient.CredentialsReason) (sseclient.Credentials, error) {
-			reasons = append(reasons, reason)
-			if reason == sseclient.ReasonInitial {
-				return sseclient.Credentials{Token: "stale"}, nil
-			}
-			return sseclient.Credentials{Token: "good"}, nil
-		}
-		start(t, c2)
-		rc.wait(t, "open", time.Minute, func() bool { return len(rc.openedAt()) == 1 })
-
-		c3, _ := pipeClient(s, "a")
-		c3.Credentials = func(context.Context, sseclient.CredentialsReason) (sseclient.Credentials, error) {
-			return sseclient.Credentials{}, errors.New("logged out")
-		}
-		if err := c3.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "logged out") {
-			t.Fatalf("a failing Credentials: %v", err)
-		}
-	})
-}
-
 func TestUnavailableAndInternalBackOffAndResume(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) { h.Retry = time.Second }})
@@ -289,27 +176,42 @@ func TestUnavailableAndInternalBackOffAndResume(t *testing.T) {
 		rc.wait(t, "open", time.Minute, func() bool { return len(rc.openedAt()) == 1 })
 		s.publish("a", "note", nil)
 		rc.wait(t, "1", time.Minute, func() bool { return len(rc.events) == 1 })
-		endWith(s, "a", "unavailable")
+		// What a backplane's bus does when its engine stayed unreachable:
+		// its streams end with stream_error unavailable. The session comes
+		// back as a new bus, so a new epoch (an in-memory bus keeps none).
+		old := s.bus("a")
+		s.mu.Lock()
+		delete(s.buses, "a")
+		s.mu.Unlock()
+		old.CloseWithError(eventbus.ErrorKindUnavailable, "the backplane is unreachable")
+		rc.wait(t, "reopened", time.Minute, func() bool { return len(rc.openedAt()) == 2 && len(rc.resyncs) == 1 })
 		s.publish("a", "note", nil)
-		rc.wait(t, "2", time.Minute, func() bool { return len(rc.events) == 2 && len(rc.openedAt()) == 2 })
-		endWith(s, "a", "internal")
-		rc.wait(t, "reopened", time.Minute, func() bool { return len(rc.openedAt()) == 3 })
+		rc.wait(t, "the new bus's first event", time.Minute, func() bool { return len(rc.events) == 2 })
+		// Nothing the Handler does on demand ends a stream with "internal"
+		// (a panic, a subscription failing for a reason of its own): the
+		// frame is written after the handler returns.
+		s.cut("a", eventbus.StreamErrorFrame("boom", eventbus.ErrorKindInternal).AppendSSE(nil))
+		rc.wait(t, "reopened again", time.Minute, func() bool { return len(rc.openedAt()) == 3 })
 		s.publish("a", "note", nil)
 		rc.wait(t, "3", time.Minute, func() bool { return len(rc.events) == 3 })
-		wantIDs(t, rc.snap().ids(), seq(1, 3))
+		v := rc.snap()
+		wantIDs(t, v.ids(), []uint64{1, 1, 2})
+		if rs := v.resyncs[0]; rs.Reason != "epoch_reset" || rs.PreviousEpoch != old.Epoch() || rs.Epoch != s.bus("a").Epoch() {
+			t.Fatalf("resync %+v", rs)
+		}
 		var kinds []string
-		for _, err := range rc.snap().errs {
+		for _, err := range v.errs {
 			var se *sseclient.StreamError
 			if errors.As(err, &se) {
 				kinds = append(kinds, se.Kind)
 			}
 		}
 		if fmt.Sprint(kinds) != "[unavailable internal]" {
-			t.Fatalf("errors %v", rc.snap().errs)
+			t.Fatalf("errors %v", v.errs)
 		}
 		// Two short connections in a row that ended in errors: the caps are
 		// retry: (1 s), then 2 s.
-		d := rc.snap().delays()
+		d := v.delays()
 		if len(d) != 2 || d[0] >= time.Second || d[1] >= 2*time.Second {
 			t.Fatalf("delays %v", d)
 		}
@@ -318,15 +220,19 @@ func TestUnavailableAndInternalBackOffAndResume(t *testing.T) {
 
 func TestCancelWhileWaitingReturnsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := newServer(t, serverConfig{pipe: true})
-		s.before = func(w http.ResponseWriter, r *http.Request) bool {
-			w.Header().Set("Retry-After", "3600")
-			http.Error(w, "{}", http.StatusServiceUnavailable)
-			return false
-		}
+		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) {
+			h.Authorize = func(*http.Request, *eventbus.EventBus) (eventbus.Grant, error) {
+				return eventbus.Grant{}, eventbus.Unavailable(time.Hour, "down for maintenance")
+			}
+		}})
 		c, rc := pipeClient(s, "a")
 		stop := start(t, c)
-		rc.wait(t, "the 503", time.Minute, func() bool { return len(rc.errs) == 1 })
+		// OnError comes first, then the wait (OnState with its Delay).
+		rc.wait(t, "the 503 and the wait", time.Minute, func() bool { return len(rc.errs) == 1 && len(rc.delays()) == 1 })
+		var he *sseclient.HTTPError
+		if !errors.As(rc.snap().errs[0], &he) || he.RetryAfter != time.Hour || rc.snap().delays()[0] < time.Hour {
+			t.Fatalf("errors %v, delays %v", rc.snap().errs, rc.snap().delays())
+		}
 		t0 := time.Now()
 		if err := stop(); !errors.Is(err, context.Canceled) {
 			t.Fatalf("Run returned %v", err)

@@ -36,6 +36,7 @@ export class EventBusError extends Error {
     this.code = fields.code;
     this.errorKind = fields.errorKind;
     this.retryAfter = fields.retryAfter;
+    this.challenge = fields.challenge;
     this.final = false;
   }
 }
@@ -355,7 +356,12 @@ export class EventBusClient {
     if (t === "fetch") return false;
     if (t === "eventsource") return true;
     if (!(o.EventSource ?? globalThis.EventSource)) return false;
-    if (o.credentials || o.headers) return false;
+    if (o.headers) return false;
+    // Decided per connection, from the credentials in hand: a token or
+    // headers need fetch; a callback that returned none (a cookie session
+    // whose callback renewed the cookie) leaves the EventSource usable.
+    const c = this.#credentials;
+    if (c?.token || (c?.headers && Object.keys(c.headers).length > 0)) return false;
     // An EventSource delivers only the event types it listens for by name.
     const exactFilter = Array.isArray(o.filter) && o.filter.length > 0 && o.filter.every((f) => !f.endsWith("*"));
     return (Array.isArray(o.eventTypes) && o.eventTypes.length > 0) || exactFilter;
@@ -513,7 +519,8 @@ export class EventBusClient {
     }
     const retryAfter = parseRetryAfter(res.headers.get("retry-after"));
     const s = res.status;
-    const err = new EventBusError("http", "eventbus: HTTP " + s + (code ? " " + code : "") + ": " + (message ?? res.statusText ?? ""), { status: s, code, retryAfter });
+    const challenge = res.headers.get("www-authenticate") ?? undefined;
+    const err = new EventBusError("http", "eventbus: HTTP " + s + (code ? " " + code : "") + ": " + (message ?? res.statusText ?? ""), { status: s, code, retryAfter, challenge });
     const r = this.#result(conn, "http", err);
     r.status = s;
     r.retryAfter = retryAfter;

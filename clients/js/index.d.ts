@@ -136,6 +136,12 @@ export declare class EventBusError extends Error {
   readonly errorKind: string | undefined;
   /** Retry-After, in milliseconds, when the answer had one. */
   readonly retryAfter: number | undefined;
+  /**
+   * The WWW-Authenticate header a 401 carries (what the credentials lacked,
+   * e.g. `Bearer realm="app", error="invalid_token"`), when the answer had
+   * one and, cross-origin, the server exposed it.
+   */
+  readonly challenge: string | undefined;
   /** True when the client stopped because of this error. */
   final: boolean;
 }
@@ -173,7 +179,9 @@ export interface ClientOptions {
   /**
    * Called before the first connection, on stream_error reauthenticate or
    * revoked, and on a 401/403 (once). Its result is kept for every
-   * reconnect until the next call. A rejection stops the client.
+   * reconnect until the next call. A rejection stops the client. A result
+   * with a token or headers needs the fetch transport; null (a cookie
+   * session whose callback renewed the cookie) leaves EventSource usable.
    */
   credentials?: (request: { reason: CredentialsReason; status?: number }) =>
     | Credentials
@@ -201,8 +209,9 @@ export interface ClientOptions {
   eventTypes?: string[];
 
   /**
-   * "auto" (default): EventSource in a browser when no headers or
-   * credentials are needed and the event types are known, else fetch.
+   * "auto" (default): EventSource in a browser when no headers are to be
+   * sent (none in options.headers, no token or headers from credentials:
+   * decided per connection) and the event types are known, else fetch.
    */
   transport?: "auto" | "fetch" | "eventsource";
   /** Backoff base in ms until the server sends retry: (which replaces it). Default 1000. */

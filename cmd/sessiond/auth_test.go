@@ -144,6 +144,10 @@ func TestAuthTokenAndCookie(t *testing.T) {
 	if r := call(t, http.MethodGet, ts.URL+"/", nil, ""); r.status != http.StatusOK || !bytes.Contains(r.body, []byte(`<body data-auth="on">`)) {
 		t.Fatalf("index with -auth-token: %d", r.status)
 	}
+	// It loads the client's modules before any login.
+	if r := call(t, http.MethodGet, ts.URL+daemon.ClientPrefix+"/index.js", nil, ""); r.status != http.StatusOK {
+		t.Fatalf("the client's modules with -auth-token and no credentials: %d %s", r.status, r.body)
+	}
 }
 
 func TestAuthWithoutFlagsChangesNothing(t *testing.T) {

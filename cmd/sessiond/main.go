@@ -8,6 +8,8 @@
 // Routes (Go 1.22 ServeMux patterns):
 //
 //	GET    /                              a viewer page that watches one session live
+//	GET    /static/eventbus-client/{file} the JavaScript client's modules the viewer imports
+//	                                      (the files of clients/js, embedded)
 //	GET    /session/{id}/events           the SSE stream (eventbus.Handler); creates the session on first use
 //	POST   /session/{id}/events           publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...}
 //	GET    /session/{id}                  status of a session as JSON (404 if it does not exist)
@@ -24,8 +26,8 @@
 //
 // A GET or POST after DELETE starts a new session with a new epoch. With -demo
 // the daemon publishes "tick" events to session "demo". The SSE ids carry the
-// epoch (-epoch-ids, on by default: the viewer is a plain EventSource); other
-// origins may open the stream with -cors-origin. It serves HTTP/1.1 and h2c,
+// epoch (-epoch-ids, on by default, so that a browser's own Last-Event-ID
+// names it); other origins may open the stream with -cors-origin. It serves HTTP/1.1 and h2c,
 // or HTTPS with HTTP/2 with -tls-cert and -tls-key. A route answers a wrong
 // method with a JSON 405 and an unknown path with a JSON 404. On SIGINT or
 // SIGTERM it closes every bus (open streams drain and end), then shuts the
@@ -47,7 +49,9 @@ func main() { daemon.Main("sessiond", run) }
 const usageText = `sessiond: a demo daemon for github.com/ssebus/eventbus.
 
 Routes:
-  GET    /                          viewer page (?session=ID, default "demo")
+  GET    /                          viewer page (?session=ID, default "demo"; ?transport=fetch,
+                                    ?maxQueued=N, ?types=a,b), read with the JavaScript client
+  GET    /static/eventbus-client/F  the JavaScript client's modules (index.js, client.js, parser.js)
   GET    /session/{id}/events       SSE stream; creates the session on first use
                                     (Last-Event-ID or ?lastEventId= resumes; ?maxQueued=16..2048)
   POST   /session/{id}/events       publish {"type":"...","data":...,"originatorClientId":"..."}

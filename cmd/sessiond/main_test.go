@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -502,9 +503,21 @@ func TestIndexPage(t *testing.T) {
 	if r.status != http.StatusOK || !strings.HasPrefix(r.header.Get("Content-Type"), "text/html") {
 		t.Fatalf("GET /: %d %q", r.status, r.header.Get("Content-Type"))
 	}
-	for _, want := range []string{"<!doctype html>", "new EventSource(", "window.seenIds", "window.reconnects", "/disconnect", "replay_complete"} {
+	for _, want := range []string{"<!doctype html>", `import { EventBusClient } from "` + daemon.ClientPrefix + `/index.js"`, "new EventBusClient(",
+		"window.seenIds", "window.reconnects", "/disconnect", "replay_complete"} {
 		if !bytes.Contains(r.body, []byte(want)) {
 			t.Errorf("index page lacks %q", want)
+		}
+	}
+	// The client's modules the page imports, from the files of clients/js.
+	for _, name := range []string{"index.js", "client.js", "parser.js"} {
+		want, err := os.ReadFile("../../clients/js/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := do(t, http.MethodGet, ts.URL+daemon.ClientPrefix+"/"+name, "")
+		if r.status != http.StatusOK || r.header.Get("Content-Type") != "text/javascript; charset=utf-8" || !bytes.Equal(r.body, want) {
+			t.Fatalf("GET %s: %d %q, %d bytes", name, r.status, r.header.Get("Content-Type"), len(r.body))
 		}
 	}
 	if r := do(t, http.MethodGet, ts.URL+"/nope", ""); r.status != http.StatusNotFound || r.json(t)["code"] != "not_found" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	jsclient "github.com/ssebus/eventbus/clients/js"
 	"github.com/ssebus/eventbus/internal/daemon"
 )
 
@@ -143,8 +144,14 @@ func newServer(cfg config) (*server, error) {
 	return s, nil
 }
 
+// routes is the daemon's HTTP handler: the daemon.Mux routes, the
+// JavaScript client's modules the viewer loads (served from the files of
+// clients/js, embedded there: one copy), and with -auth-token the login
+// routes and the credential checks.
 func (s *server) routes() http.Handler {
-	return s.cfg.Auth.Protect(daemon.Mux(s))
+	mux := daemon.Mux(s)
+	mux.Handle(daemon.ClientPattern, http.StripPrefix(daemon.ClientPrefix, jsclient.Handler()))
+	return s.cfg.Auth.Protect(mux)
 }
 
 // getSession returns the live session id, creating it when create is set.

@@ -42,6 +42,15 @@ const (
 	revokePattern    = "POST /revoke"
 )
 
+// ClientPattern is the route of the JavaScript client's modules that the
+// viewer page loads (GET /static/eventbus-client/index.js ...): public, as
+// the page itself is, since the page loads them before any login.
+const ClientPattern = "GET " + ClientPrefix + "/"
+
+// ClientPrefix is the path under which a daemon serves the JavaScript
+// client's modules (package github.com/ssebus/eventbus/clients/js).
+const ClientPrefix = "/static/eventbus-client"
+
 // AuthUsage is the part of the daemons' usage text about -auth-token.
 const AuthUsage = `With -auth-token T every /session route needs "Authorization: Bearer T" or the
 login cookie (a browser's EventSource cannot send headers); the stream answers 401
@@ -274,9 +283,10 @@ func validSubject(s string) bool {
 }
 
 // Protect registers POST /login, POST /logout and POST /revoke on mux and
-// returns mux behind JSONErrors, with every route but the index page, the
-// login and the stream (which Install's Authorize checks, a CORS preflight
-// included, which needs none) refusing a request without valid credentials
+// returns mux behind JSONErrors, with every route but the index page and
+// the client's modules (ClientPattern), the login and the stream (which
+// Install's Authorize checks, a CORS preflight included, which needs none)
+// refusing a request without valid credentials
 // with 401. A nil a returns JSONErrors(mux) and registers nothing.
 func (a *Auth) Protect(mux *http.ServeMux) http.Handler {
 	next := JSONErrors(mux)
@@ -288,7 +298,7 @@ func (a *Auth) Protect(mux *http.ServeMux) http.Handler {
 	mux.HandleFunc(revokePattern, a.ServeRevoke)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch _, pattern := mux.Handler(r); pattern {
-		case "", indexPattern, loginPattern, logoutPattern, revokePattern, streamPattern, preflightPattern:
+		case "", indexPattern, ClientPattern, loginPattern, logoutPattern, revokePattern, streamPattern, preflightPattern:
 		default:
 			if _, err := a.Check(r); err != nil {
 				writeStatusError(w, r, err)

@@ -235,3 +235,12 @@ func WaitUntil(t testing.TB, timeout time.Duration, what string, cond func() (bo
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// IDs returns from, from+1, ..., to: the ids a client must have seen.
+func IDs(from, to uint64) []uint64 {
+	var ids []uint64
+	for i := from; i <= to; i++ {
+		ids = append(ids, i)
+	}
+	return ids
+}

@@ -475,7 +475,7 @@ test("EventSource transport: a refusal it cannot explain is retried with fetch, 
   }
 });
 
-test("auto transport: fetch when credentials or headers are needed or the event types are unknown", async () => {
+test("auto transport: fetch when headers are needed (options or credentials) or the event types are unknown", async () => {
   globalThis.EventSource = FakeEventSource;
   FakeEventSource.instances = [];
   const srv = await scripted((req, res) => {
@@ -483,7 +483,8 @@ test("auto transport: fetch when credentials or headers are needed or the event 
     res.write(ev(1));
   });
   try {
-    for (const opts of [{}, { headers: { "X-A": "1" } }, { credentials: () => null, eventTypes: ["note"] }, { filter: ["plugin.*"] }]) {
+    const types = { eventTypes: ["note"] };
+    for (const opts of [{}, { headers: { "X-A": "1" } }, { credentials: () => ({ token: "t" }), ...types }, { credentials: () => ({ headers: { "X-A": "1" } }), ...types }, { filter: ["plugin.*"] }]) {
       const r = record(srv.base + "/s/events", opts);
       await r.until(() => r.ids().length === 1, "event");
       r.client.close();
@@ -493,6 +494,14 @@ test("auto transport: fetch when credentials or headers are needed or the event 
     await r.until(() => r.ids().length === 1, "event");
     r.client.close();
     assert.equal(FakeEventSource.instances.length, 1, "an exact filter names the types");
+    // A credentials callback that returns no headers (a cookie session that
+    // renews its cookie in it) keeps the EventSource.
+    const asked = [];
+    const c = record(srv.base + "/s/events", { credentials: ({ reason }) => (asked.push(reason), null), ...types });
+    await c.until(() => c.ids().length === 1, "event");
+    c.client.close();
+    assert.equal(FakeEventSource.instances.length, 2, "the cookie session's callback returned no headers: EventSource");
+    assert.deepEqual(asked, ["initial"]);
   } finally {
     delete globalThis.EventSource;
     await srv.close();

@@ -84,7 +84,13 @@ test("503 with Retry-After (too many sessions): the client waits it out, then su
         assert.equal(e.status, 503);
         assert.equal(e.code, "too_many_sessions");
         assert.equal(e.retryAfter, 1000, "the daemon says when to come back");
+        assert.equal(e.final, false);
       }
+      // Retry-After: 1, not the 50 ms backoff: at least a second apart.
+      const [a, b] = r.log.filter((x) => x.kind === "error").map((x) => x.at);
+      assert.ok(b - a >= 950, "the second attempt came " + (b - a) + " ms after the first 503");
+      const waits = r.of("state").filter((s) => s.delay !== undefined).map((s) => s.delay);
+      assert.ok(waits.every((w) => w >= 1000 && w <= 1250), "waits of Retry-After plus at most 25%: " + waits);
       assert.equal(await dd.del("first"), 204);
       await r.until(() => r.client.state === "open", "open once a session is free");
       await dd.publish("second", "note", { n: 1 });

@@ -47,7 +47,10 @@ process.on("exit", () => {
 
 // startDaemon runs sessiond on port (a free one by default) with args and
 // resolves once it listens. stop() sends SIGTERM and waits for the exit.
+// With -auth-token in args, its helpers send that token.
 export async function startDaemon(args = [], port) {
+  const t = args.indexOf("-auth-token");
+  const auth = t >= 0 ? { Authorization: "Bearer " + args[t + 1] } : {};
   port ??= await freePort();
   const proc = spawn(sessiondPath(), ["-addr", "127.0.0.1:" + port, ...args], { stdio: ["ignore", "ignore", "pipe"] });
   running.add(proc);
@@ -80,24 +83,30 @@ export async function startDaemon(args = [], port) {
     async publish(session, type, data) {
       const res = await fetch(base + "/session/" + session + "/events", {
         method: "POST",
-        headers: { "Content-Type": "application/json" },
+        headers: { "Content-Type": "application/json", ...auth },
         body: JSON.stringify(data === undefined ? { type } : { type, data }),
       });
       const body = await res.json();
       if (res.status !== 200) throw new Error("publish: " + res.status + " " + JSON.stringify(body));
       return body;
     },
-    async post(p) {
-      const res = await fetch(base + p, { method: "POST" });
+    // post sends a POST (with body as JSON, and headers instead of the
+    // token's when given) and resolves with the answer's JSON.
+    async post(p, body, headers = auth) {
+      const res = await fetch(base + p, {
+        method: "POST",
+        headers: body === undefined ? headers : { "Content-Type": "application/json", ...headers },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
       return res.json();
     },
     async del(session) {
-      const res = await fetch(base + "/session/" + session, { method: "DELETE" });
+      const res = await fetch(base + "/session/" + session, { method: "DELETE", headers: auth });
       await res.arrayBuffer();
       return res.status;
     },
     async status(session) {
-      const res = await fetch(base + "/session/" + session);
+      const res = await fetch(base + "/session/" + session, { headers: auth });
       return { status: res.status, body: await res.json() };
     },
   };
