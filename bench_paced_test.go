@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssebus/eventbus/internal/lathist"
+	"github.com/ssebus/eventbus/internal/benchkit"
 )
 
 // Paced benchmarks (issue 13): a publisher at a fixed rate in events/s,
@@ -47,7 +47,7 @@ type pacedResult struct {
 	lost, evicted int64 // events some subscriber never got; subscribers evicted
 	dup           int64 // deliveries out of order or twice (must be 0)
 	achieved      float64
-	lat           lathist.Hist
+	lat           benchkit.Hist
 	catchUps      uint64
 }
 
@@ -57,7 +57,7 @@ type pacedConsumer struct {
 	lost    int64
 	dup     int64
 	evicted bool
-	lat     lathist.Hist
+	lat     benchkit.Hist
 	rng     *rand.Rand
 	pauseAt time.Duration
 	got     atomic.Uint64 // events seen, for the end of the run
@@ -169,17 +169,7 @@ func runPaced(tb testing.TB, r pacedRun) pacedResult {
 	interval := time.Second / time.Duration(r.rate)
 	start := time.Since(base)
 	for seq := uint64(1); seq <= uint64(r.events); seq++ {
-		due := start + time.Duration(seq-1)*interval
-		if r.burst {
-			if now := time.Since(base); now < due {
-				// Sleep to the next millisecond, then publish every event
-				// due by then: about rate/1000 at a time.
-				time.Sleep(due - now + time.Millisecond - (due-now)%time.Millisecond)
-			}
-		} else {
-			for time.Since(base) < due {
-			}
-		}
+		benchkit.Pace(base, start+time.Duration(seq-1)*interval, r.burst)
 		sent[seq].Store(int64(time.Since(base)))
 		publish(seq)
 	}
@@ -257,7 +247,7 @@ func BenchmarkPaced(b *testing.B) {
 func benchPaced(b *testing.B, r pacedRun) {
 	var lost, evicted, dup int64
 	var achieved float64
-	var lat lathist.Hist
+	var lat benchkit.Hist
 	var catchUps uint64
 	runs := 0
 	for b.Loop() {

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ssebus/eventbus/internal/lathist"
+	"github.com/ssebus/eventbus/internal/benchkit"
 )
 
 // The paced scenario (issue 13): the publisher holds a rate in events/s
@@ -37,7 +37,7 @@ type pacedOpts struct {
 type pacing struct {
 	sent    []atomic.Int64 // ns since base, by seq
 	base    time.Time
-	lat     lathist.Hist
+	lat     benchkit.Hist
 	pause   bool
 	rng     *rand.Rand
 	pauseAt time.Duration
@@ -65,7 +65,7 @@ type pacedResult struct {
 	missing  uint64
 	dup      uint64
 	ended    int // subscriber streams that ended early (evicted, errors)
-	lat      lathist.Hist
+	lat      benchkit.Hist
 	err      string
 }
 
@@ -115,15 +115,7 @@ func runPacedOnce(lib library, cfg config, subs int, o pacedOpts) pacedResult {
 	var published atomic.Uint64
 	go func() {
 		for seq := uint64(1); seq <= uint64(events); seq++ {
-			due := start + time.Duration(seq-1)*interval
-			if o.burst {
-				if now := time.Since(base); now < due {
-					time.Sleep(due - now + time.Millisecond - (due-now)%time.Millisecond)
-				}
-			} else {
-				for time.Since(base) < due {
-				}
-			}
+			benchkit.Pace(base, start+time.Duration(seq-1)*interval, o.burst)
 			sent[seq].Store(int64(time.Since(base)))
 			if err := f.publish(seq); err != nil {
 				pubDone <- err

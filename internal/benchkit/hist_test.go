@@ -1,4 +1,4 @@
-package lathist
+package benchkit
 
 import (
 	"testing"
@@ -31,5 +31,18 @@ func TestQuantiles(t *testing.T) {
 	o.Merge(&h)
 	if o.Quantile(0.0001) != 1 {
 		t.Errorf("the smallest bucket: %v", o.Quantile(0.0001))
+	}
+}
+
+func TestPace(t *testing.T) {
+	base := time.Now()
+	Pace(base, 2*time.Millisecond, false)
+	if time.Since(base) < 2*time.Millisecond {
+		t.Fatal("spin returned early")
+	}
+	base = time.Now()
+	Pace(base, 1500*time.Microsecond, true)
+	if time.Since(base) < 2*time.Millisecond {
+		t.Fatal("a burst pace sleeps to the next millisecond after due")
 	}
 }
