@@ -264,6 +264,14 @@ func (b *EventBus) CloseWithError(kind, message string) error {
 	return b.close(&f)
 }
 
+// StreamErrorFrame is the package's StreamErrorFrame stamped with the
+// bus's clock (Options.Now), for a transport that ends a stream of this
+// bus by itself (a lifetime that ended, a revocation). It does not touch
+// the bus and is safe for concurrent use.
+func (b *EventBus) StreamErrorFrame(msg, kind string) Frame {
+	return streamErrorFrame(msg, kind, b.now())
+}
+
 // close is Close, with an optional terminal frame for every subscription.
 func (b *EventBus) close(terminal *Frame) error {
 	b.mu.Lock()

@@ -147,6 +147,20 @@ func (f Frame) AppendSSE(dst []byte) []byte {
 	return append(dst, f.wire...)
 }
 
+// SSE returns the frame's Server-Sent Events encoding, the bytes AppendSSE
+// copies: for an event (ID not 0) it starts with its id line, "id: " and
+// the decimal id, then come "event: <type>", one "data: <envelope>" line
+// and a blank line. It is the encoding built once, at publish, shared by
+// every subscriber and by the ring: a transport writes it as it is (or
+// from after "id: ", to write another id form), and must never modify it.
+// The zero Frame returns nil.
+func (f Frame) SSE() []byte {
+	if f.frame == nil {
+		return nil
+	}
+	return f.wire
+}
+
 // Synthetic reports whether the frame was made by the bus for one
 // subscriber (replay_complete, state_resync_required, slow_client_warning,
 // client_evicted, stream_error). Synthetic frames have no id.

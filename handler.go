@@ -1,7 +1,9 @@
 package eventbus
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
@@ -190,7 +192,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			opts.Resume, opts.LastEventID, idEpoch = true, id, epoch
 		} else {
 			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed Last-Event-ID, serving live only",
-				slog.String("value", strconv.Quote(truncate(raw, 64))))
+				slog.String("value", quoteHead(raw, 64)))
 		}
 	}
 	opts.Epoch = r.Header.Get("Event-Epoch")
@@ -204,7 +206,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case opts.Epoch != idEpoch:
 			// Two epochs for one cursor: neither can be trusted to resume.
 			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: Event-Epoch and the epoch in Last-Event-ID disagree, serving live only",
-				slog.String("value", strconv.Quote(truncate(raw, 64))), slog.String("epoch", strconv.Quote(truncate(opts.Epoch, 64))))
+				slog.String("value", quoteHead(raw, 64)), slog.String("epoch", quoteHead(opts.Epoch, 64)))
 			opts.Resume, opts.LastEventID, opts.Epoch = false, 0, ""
 		}
 	}
@@ -216,7 +218,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		}
-		if _, err := compileFilters(opts.Types); err != nil {
+		if err := CheckTypeFilters(opts.Types); err != nil {
 			writeJSONError(w, http.StatusBadRequest, err.Error(), "invalid_filter", 0)
 			return
 		}
@@ -334,8 +336,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
 	}
 	if h.EpochIDs {
-		s.idPrefix = make([]byte, 0, len(headID)+len(bus.Epoch())+1)
-		s.idPrefix = append(append(append(s.idPrefix, headID...), bus.Epoch()...), ':')
+		s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
+		s.idPrefix = append(append(append(s.idPrefix, idField...), bus.Epoch()...), ':')
 	}
 	// No blank line after it: a block of its own would be an empty event
 	// in lenient clients (see the type's doc).
@@ -354,7 +356,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer lifetime.Stop()
 		ends.lifetime = lifetime.C
 	}
-	h.serve(r.Context(), sub, &s, ends)
+	h.serve(r.Context(), bus, sub, &s, ends)
 }
 
 // refused answers a request that Lookup or Authorize refused with se, and
@@ -403,7 +405,7 @@ func (e streamEnds) poll() endCause {
 // serve is the stream loop: write what is ready as one batch, else wait for
 // frames, the heartbeat, the end of the stream's lifetime, a revocation or
 // the client going away.
-func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream, ends streamEnds) {
+func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s *stream, ends streamEnds) {
 	defer func() {
 		// A bug must not take the daemon down with a half-written stream:
 		// tell the client, log it, and end this stream only.
@@ -424,7 +426,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream, ends 
 		// flushes, which gives the publisher time to queue more, and in the
 		// peer harness's tight-publisher runs the yield gave 10x slower
 		// outliers (BENCHMARKS.md).
-		frames, open = sub.takeReady(frames[:0], false)
+		frames, open = sub.TakeReady(frames[:0])
 		if end == endNone {
 			// After the take: a batch taken after Revoke returned is never
 			// written.
@@ -434,7 +436,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream, ends 
 			// Access is gone: what was queued is not written. The client's
 			// cursor stays before it, so nothing is lost should it get
 			// access again.
-			sub.bus.stats.dropCancel.Add(uint64(len(frames)))
+			sub.MarkDiscarded(len(frames))
 			clear(frames)
 			frames = frames[:0]
 		}
@@ -448,11 +450,11 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream, ends 
 		clear(frames) // do not pin delivered frames while idle
 		switch {
 		case end == endRevoked && ctx.Err() == nil:
-			s.add(streamErrorFrame(revokedMessage, ErrorKindRevoked, sub.bus.now()))
+			s.add(bus.StreamErrorFrame(revokedMessage, ErrorKindRevoked))
 			open = false
 		case end == endLifetime && open:
 			// After what was queued: the client resumes after its last id.
-			s.add(streamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate, sub.bus.now()))
+			s.add(bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
 			open = false
 		case !open && !terminal && ctx.Err() == nil:
 			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
@@ -472,7 +474,7 @@ func (h *Handler) serve(ctx context.Context, sub *Subscription, s *stream, ends 
 		}
 		// Delivered only once written and flushed: the frames of a failed
 		// batch are counted as dropped (blocked) instead, never as both.
-		sub.bus.stats.delivered.Add(uint64(taken))
+		sub.MarkWritten(taken)
 		if !open || end != endNone {
 			// net/http still writes the end of the response after we
 			// return (the last chunk); give it a deadline of its own, or
@@ -523,8 +525,11 @@ func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream,
 		sub.Close()
 		return
 	}
-	sub.cancelBlocked(s.frames, err)
+	sub.CloseBlocked(s.frames, err)
 }
+
+// idField starts an event's SSE encoding (see Frame.SSE).
+const idField = "id: "
 
 // heartbeat is the idle keep-alive once the stream's tail holds a field:
 // one comment line, without a blank line after it (see Handler), as short
@@ -579,10 +584,10 @@ func (s *stream) reserve(frames []Frame) {
 	need := 0
 	for _, f := range frames {
 		if f.Size() < directWriteSize { // larger ones are written directly
-			need += len(f.wire)
+			need += len(f.SSE())
 		}
-		if s.idPrefix != nil && f.kind == kindEvent {
-			need += len(s.idPrefix) - len(headID)
+		if s.idPrefix != nil && f.ID() != 0 {
+			need += len(s.idPrefix) - len(idField)
 		}
 	}
 	if len(s.buf)+need <= maxBatchBuffer {
@@ -595,10 +600,10 @@ func (s *stream) add(f Frame) {
 	if s.err != nil {
 		return
 	}
-	wire := f.wire
-	prefix := s.idPrefix != nil && f.kind == kindEvent // only events have an id line
+	wire := f.SSE()
+	prefix := s.idPrefix != nil && f.ID() != 0 // only events have an id line
 	if prefix {
-		wire = wire[len(headID):]
+		wire = wire[len(idField):]
 	}
 	big := f.Size() >= directWriteSize
 	if big || len(s.buf)+len(s.idPrefix)+len(wire) > maxBatchBuffer {
@@ -747,6 +752,10 @@ func ParseEventID(s string) (epoch string, id uint64, ok bool) {
 	return epoch, id, true
 }
 
+// quoteHead quotes the first n bytes of s, for a log line or an answer
+// that names a client's value of any length.
+func quoteHead(s string, n int) string { return strconv.Quote(s[:min(len(s), n)]) }
+
 // parseMaxQueued applies SPEC 10's rules to the maxQueued values of a query.
 func parseMaxQueued(v []string) (int, error) {
 	if len(v) != 1 {
@@ -774,18 +783,17 @@ func parseMaxQueued(v []string) (int, error) {
 }
 
 // writeJSONError answers an error with {"error":msg,"code":code} and, for a
-// positive limit, "limit".
+// positive limit, "limit", on one line.
 func writeJSONError(w http.ResponseWriter, status int, msg, code string, limit int) {
-	b := make([]byte, 0, 64+len(msg))
-	b = append(b, `{"error":`...)
-	b = appendJSONString(b, msg)
-	b = append(b, `,"code":`...)
-	b = appendJSONString(b, code)
-	if limit > 0 {
-		b = append(b, `,"limit":`...)
-		b = strconv.AppendInt(b, int64(limit), 10)
-	}
-	b = append(b, "}\n"...)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // as the frames' JSON strings
+	_ = enc.Encode(struct {
+		Error string `json:"error"`
+		Code  string `json:"code"`
+		Limit int    `json:"limit,omitempty"`
+	}{msg, code, limit}) // cannot fail: strings and an int
+	b := buf.Bytes()
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))

@@ -794,19 +794,43 @@ func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
 	return frames, open
 }
 
-// takeReady is AppendReady without counting the frames as delivered: the
-// HTTP handler counts them only once they are written and flushed, so the
-// frames of a failed batch are counted once, as dropped (blocked).
+// TakeReady is AppendReady for a transport, which writes the frames it
+// takes to a connection and reports each batch's fate itself: it appends
+// every frame that is ready to dst, without waiting, and returns the
+// extended slice and open as AppendReady does, but it counts nothing. The
+// caller reports every frame it took exactly once: MarkWritten once the
+// frames are written and flushed (Stats.FramesDelivered), MarkDiscarded for
+// frames it decided not to write (Stats.Dropped.Cancelled), or
+// CloseBlocked when the write failed or blocked (Stats.Dropped.Blocked).
+// The Handler is written this way.
 //
-// With yield set, a look that finds nothing yields the processor once and
-// looks again before declaring the consumer waiting (see AppendReady).
-func (s *Subscription) takeReady(dst []Frame, yield bool) (frames []Frame, open bool) {
-	return s.take(dst, yield, nil)
+// TakeReady never blocks, and unlike AppendReady it does not yield the
+// processor when nothing is ready: a transport that writes and flushes
+// between takes gives publishers time to queue more anyway. Only the
+// subscription's one consumer may call it. dst is the caller's, before and
+// after: TakeReady only appends to it, and keeps no reference to it; reuse
+// it (dst[:0]) to take batches without allocating. The frames taken count
+// no longer toward the subscription's caps, as with AppendReady. Under
+// OverflowCatchUp a subscriber that is behind gets the next events from
+// the ring once its queue is drained, as with AppendReady.
+func (s *Subscription) TakeReady(dst []Frame) (frames []Frame, open bool) {
+	return s.take(dst, false, nil)
 }
 
-// take is takeReady, and with sizes set the Events iterator's take, whose
-// frames stay counted toward the caps until yielded (see
-// boundedAsyncQueue.take).
+// MarkWritten reports n frames taken with TakeReady as delivered: written
+// and flushed to the client (Stats.FramesDelivered). It never blocks and
+// is safe for concurrent use.
+func (s *Subscription) MarkWritten(n int) { s.bus.stats.delivered.Add(uint64(n)) }
+
+// MarkDiscarded reports n frames taken with TakeReady that the transport
+// chose not to write, such as what was queued for a stream whose access was
+// revoked: they count as dropped (Stats.Dropped.Cancelled). It never
+// blocks and is safe for concurrent use.
+func (s *Subscription) MarkDiscarded(n int) { s.bus.stats.dropCancel.Add(uint64(n)) }
+
+// take is TakeReady and AppendReady (with yield), and with sizes set the
+// Events iterator's take, whose frames stay counted toward the caps until
+// yielded (see boundedAsyncQueue.take).
 func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Frame, open bool) {
 	if s.lagging.Load() {
 		return s.takeBehind(dst, sizes)
@@ -968,16 +992,30 @@ func (it *iterBatch) drop(s *Subscription) {
 	s.q.unyielded.Store(0)
 }
 
-// errWriteBlocked ends a subscription whose HTTP write failed or blocked.
+// errWriteBlocked ends a subscription whose transport's write failed or
+// blocked (CloseBlocked).
 var errWriteBlocked = errors.New("eventbus: stream write failed or blocked")
 
-// cancelBlocked cancels s because its writer could not deliver: no drain,
-// no terminal frame. lost is the number of frames of the failed batch; they
-// and the buffered ones are counted as dropped, reason blocked.
-func (s *Subscription) cancelBlocked(lost int, cause error) {
+// CloseBlocked is Close for a transport that could not deliver: its write
+// failed or blocked past its deadline, so the connection is unusable. The
+// subscription is cancelled without drain and without a terminal frame;
+// unwritten, the number of frames taken with TakeReady that did not reach
+// the client, and every frame still queued are counted as dropped
+// (Stats.Dropped.Blocked, never also as delivered or cancelled); a
+// DiagWriteFailed diagnostic names cause (nil: none given). Err then
+// returns an error saying the write failed or blocked, unless the
+// subscription had ended before. A client that simply went away is a
+// plain Close instead. Call it once, in place of Close; a Close after it
+// is harmless. CloseBlocked does not block (it logs, through
+// Options.Logger unless OnDiagnostic suppresses it) and is safe to call
+// from any goroutine.
+func (s *Subscription) CloseBlocked(unwritten int, cause error) {
+	if cause == nil {
+		cause = errWriteBlocked
+	}
 	dropped := s.cancel(errWriteBlocked, false)
 	b := s.bus
-	b.stats.dropBlock.Add(uint64(lost + dropped))
+	b.stats.dropBlock.Add(uint64(unwritten + dropped))
 	b.emit(Diagnostic{DiagWriteFailed, "eventbus: stream write failed, subscriber dropped", []slog.Attr{
-		slog.String("error", cause.Error()), slog.Int("dropped", lost+dropped)}})
+		slog.String("error", cause.Error()), slog.Int("dropped", unwritten+dropped)}})
 }
