@@ -16,7 +16,7 @@ import (
 // handlerFiles are the files of the Handler, the package's SSE transport.
 // They may use only what any transport outside the package could: the
 // package's exported API, plus their own unexported declarations.
-var handlerFiles = []string{"handler.go", "auth.go", "cors.go"}
+var handlerFiles = []string{"handler.go", "stream.go", "auth.go", "cors.go"}
 
 // TestHandlerUsesOnlyExportedAPI type-checks the package (its non-test
 // files, with the standard library's source importer) and fails for every
