@@ -97,7 +97,7 @@ func nonEvents(fs []Frame) []string {
 }
 
 func TestCatchUpConsumerThatStopsThenResumesGetsEverything(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 1000) // the consumer is not reading: 16 fill its queue
 	assert.Equal(t, queueCounts{16, 16, 16 * pub11Size(b, 1), DefaultMaxQueuedBytes}.liveCount, s.q.counts().liveCount,
@@ -127,11 +127,11 @@ func TestCatchUpConsumerThatStopsThenResumesGetsEverything(t *testing.T) {
 // pub11Size is the envelope size of an event of type "e" without data
 // published as id on a bus11 bus.
 func pub11Size(b *EventBus, id uint64) int {
-	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, now11Millis))
+	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, testStamp))
 }
 
 func TestCatchUpRingMovedPastCursorGetsOneExactRingEvicted(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, RingSize: 100, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 16, RingSize: 100, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 500) // the ring now holds #401..#500; the subscriber needs #17
 
@@ -151,7 +151,7 @@ func TestCatchUpRingMovedPastCursorGetsOneExactRingEvicted(t *testing.T) {
 func TestCatchUpRingEvictedWhileReading(t *testing.T) {
 	// The consumer reads a batch from the ring, then stops while the ring
 	// moves on: the next batch starts with the resync at its own cursor.
-	b := bus11(t, Options{MaxQueued: 8, RingSize: 40, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 8, RingSize: 40, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 30)
 	first := take11(s) // #1..#8 queued, then #9..#16 from the ring... within 8 for the batch
@@ -167,7 +167,7 @@ func TestCatchUpRingEvictedWhileReading(t *testing.T) {
 }
 
 func TestCatchUpBytesCapEntersCatchUpAndBatchesStayWithinIt(t *testing.T) {
-	b := bus11(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	for range 50 {
 		pubSized11(t, b, "e", 100)
@@ -181,7 +181,7 @@ func TestCatchUpBytesCapEntersCatchUpAndBatchesStayWithinIt(t *testing.T) {
 func TestCatchUpOversizedEventReachesAConsumerThatHoldsNothing(t *testing.T) {
 	// As for a live push, the first frame of a batch is admitted whatever
 	// its size when nothing is held.
-	b := bus11(t, Options{MaxQueuedBytes: 1000, MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueuedBytes: 1000, MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 5) // #5 is rejected: behind at #5
 	pubSized11(t, b, "e", 3000)
@@ -196,7 +196,7 @@ func TestCatchUpOversizedEventReachesAConsumerThatHoldsNothing(t *testing.T) {
 }
 
 func TestCatchUpFilterDuringCatchUp(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{Types: []string{"a.*"}})
 	var want []uint64
 	for i := range 2000 {
@@ -223,7 +223,7 @@ func TestCatchUpFilterDuringCatchUp(t *testing.T) {
 }
 
 func TestCatchUpFilterMatchingNothingInTheRingCatchesUp(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{Types: []string{"a"}})
 	pubN11(t, b, "a", 5) // behind at #5
 	pubN11(t, b, "b", 3000)
@@ -235,7 +235,7 @@ func TestCatchUpFilterMatchingNothingInTheRingCatchesUp(t *testing.T) {
 }
 
 func TestCatchUpSignalsWhileBehind(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 5) // #1..#4 queued, behind at #5
 	require.NoError(t, b.Signal("doc.changed", "7"))
@@ -256,7 +256,7 @@ func TestCatchUpSignalsWhileBehind(t *testing.T) {
 }
 
 func TestCatchUpRejectedSignalPutsSubscriberBehindAtTheNextID(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 2)
 	require.NoError(t, b.Signal("s", "x")) // rejected: behind at #3, nothing missed yet
@@ -272,7 +272,7 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 	// every id exactly once, in increasing order: the hand-over from the
 	// ring to the live fan-out has no gap and no duplicate.
 	const publishers, perPublisher, consumers = 4, 3000, 4
-	b := bus11(t, Options{MaxQueued: 8, RingSize: publishers * perPublisher, MaxSubscribers: 16, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 8, RingSize: publishers * perPublisher, MaxSubscribers: 16, OverflowPolicy: OverflowCatchUp})
 	var wg sync.WaitGroup
 	results := make([][]uint64, consumers)
 	got := make([]atomic.Uint64, consumers) // events seen, for the end
@@ -347,7 +347,7 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 
 func TestCatchUpStalledConsumerIsEvictedAfterTheBoundAndHeldNoMoreThanItsCaps(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096, OverflowPolicy: OverflowCatchUp,
+		b := newBus(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096, OverflowPolicy: OverflowCatchUp,
 			CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
 		s := sub11(t, b, SubscribeOptions{})
 		healthy := sub11(t, b, SubscribeOptions{})
@@ -390,7 +390,7 @@ func TestCatchUpSlowButReadingConsumerIsNotEvicted(t *testing.T) {
 	// Progress is a take: a consumer that takes a batch every 5 s with a 10
 	// s bound stays, however far behind it is.
 	synctest.Test(t, func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp, CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
+		b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp, CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
 		s := sub11(t, b, SubscribeOptions{})
 		var got []uint64
 		for range 12 {
@@ -406,7 +406,7 @@ func TestCatchUpSlowButReadingConsumerIsNotEvicted(t *testing.T) {
 
 func TestCatchUpSubscribeAtTheLimitSweepsAStalledSubscriber(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 4, MaxSubscribers: 1, OverflowPolicy: OverflowCatchUp,
+		b := newBus(t, Options{MaxQueued: 4, MaxSubscribers: 1, OverflowPolicy: OverflowCatchUp,
 			CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
 		stalled := sub11(t, b, SubscribeOptions{})
 		pubN11(t, b, "e", 10) // behind; then the bus is quiet
@@ -428,19 +428,19 @@ func TestCatchUpStallTimeoutOptions(t *testing.T) {
 	for _, d := range []time.Duration{-time.Second, time.Microsecond} {
 		_, err := New(Options{CatchUpStallTimeout: d})
 		assert.ErrorIs(t, err, ErrInvalidOption, "%s", d)
-		b := bus11(t, Options{})
+		b := newBus(t, Options{})
 		_, err = b.Subscribe(context.Background(), SubscribeOptions{CatchUpStallTimeout: d})
 		assert.ErrorIs(t, err, ErrInvalidOption, "%s", d)
 	}
 	synctest.Test(t, func(t *testing.T) {
 		// The subscription's bound overrides the bus's.
-		b := bus11(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
+		b := newBus(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
 		s := sub11(t, b, SubscribeOptions{CatchUpStallTimeout: time.Second})
 		pubN11(t, b, "e", 3)
 		time.Sleep(time.Second + time.Millisecond)
 		pub11(t, b, "e")
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
-		b2 := bus11(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
+		b2 := newBus(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
 		s2 := sub11(t, b2, SubscribeOptions{})
 		pubN11(t, b2, "e", 3)
 		time.Sleep(DefaultCatchUpStallTimeout)
@@ -453,7 +453,7 @@ func TestCatchUpStallTimeoutOptions(t *testing.T) {
 }
 
 func TestCatchUpPerSubscriptionPolicy(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4}) // the bus evicts
+	b := newBus(t, Options{MaxQueued: 4}) // the bus evicts
 	evict := sub11(t, b, SubscribeOptions{})
 	catchUp := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowCatchUp})
 	pubN11(t, b, "e", 10)
@@ -463,7 +463,7 @@ func TestCatchUpPerSubscriptionPolicy(t *testing.T) {
 }
 
 func TestCatchUpBusCloseWhileBehindAnnouncesWhatItDidNotGet(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 10) // behind at #5
 	require.NoError(t, b.Close())
@@ -480,7 +480,7 @@ func TestCatchUpBusCloseWhileBehindAnnouncesWhatItDidNotGet(t *testing.T) {
 }
 
 func TestCatchUpCancelWhileBehind(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 10)
 	s.Close()
@@ -525,7 +525,7 @@ func TestCatchUpOverHTTPSlowClientGetsEverything(t *testing.T) {
 // The Events iterator's caps are exact, and cancellation is prompt.
 
 func TestEventsBatchCountsTowardTheCapsUntilYielded(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
+	b := newBus(t, Options{MaxQueued: 16})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 10)
 	inBody := make(chan uint64)
@@ -565,7 +565,7 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 	// under OverflowCatchUp: at no point do the frames it has not consumed
 	// (queued, or taken and not yielded) exceed either cap.
 	const maxQueued, maxBytes = 32, 3000
-	b := bus11(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	var maxSeen atomic.Int64
 	var got []uint64
@@ -599,7 +599,7 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 func TestEventsCancelMidBatchYieldsNothingMore(t *testing.T) {
 	for _, how := range []string{"Close", "context"} {
 		t.Run(how, func(t *testing.T) {
-			b := bus11(t, Options{})
+			b := newBus(t, Options{})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			s, err := b.Subscribe(ctx, SubscribeOptions{})
@@ -628,7 +628,7 @@ func TestEventsCancelMidBatchYieldsNothingMore(t *testing.T) {
 }
 
 func TestEventsCancelRightAfterTheFirstReplayedFrame(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	pubN11(t, b, "e", DefaultRingSize)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -648,7 +648,7 @@ func TestEventsCancelRightAfterTheFirstReplayedFrame(t *testing.T) {
 
 func TestEventsBusCloseMidBatchStillDrains(t *testing.T) {
 	// Close with drain is not a cancellation: the batch is yielded in full.
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 50)
 	var ids []uint64
@@ -663,7 +663,7 @@ func TestEventsBusCloseMidBatchStillDrains(t *testing.T) {
 }
 
 func TestEventsCatchUpCountsRingFramesUntilYielded(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 100) // #1..#8 queued, behind at #9
 	var it iterBatch
@@ -698,7 +698,7 @@ func TestCatchUpConsumerWaitingAtTheNewestIsWokenByTheNextPublish(t *testing.T) 
 	// subscriber falling behind meanwhile: after declaring itself waiting
 	// the take must look whether it is behind. Many rounds of a burst that
 	// puts it behind, each of whose last event it must get.
-	b := bus11(t, Options{MaxQueued: 1, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 1, OverflowPolicy: OverflowCatchUp})
 	s := sub11(t, b, SubscribeOptions{})
 	var got atomic.Uint64
 	done := make(chan struct{})

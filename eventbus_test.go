@@ -24,52 +24,6 @@ import (
 // ---------------------------------------------------------------------------
 // Helpers shared by the package's tests.
 
-// coreNowMillis is the fixed clock of newCoreBus: every serverTimestamp stamped
-// by a test bus is this value.
-const coreNowMillis = 1719000000000
-
-func coreNow() time.Time { return time.UnixMilli(coreNowMillis) }
-
-// coreLogBuf is a goroutine-safe log sink.
-type coreLogBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *coreLogBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *coreLogBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// coreLogger returns a logger writing JSON records to the returned buffer.
-func coreLogger() (*slog.Logger, *coreLogBuf) {
-	buf := &coreLogBuf{}
-	return slog.New(slog.NewJSONHandler(buf, nil)), buf
-}
-
-// newCoreBus returns a bus with the fixed clock and a discarding logger unless
-// opts says otherwise; it is closed when the test ends.
-func newCoreBus(t testing.TB, opts Options) *EventBus {
-	t.Helper()
-	if opts.Now == nil {
-		opts.Now = coreNow
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	b, err := New(opts)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
-	return b
-}
-
 func coreSubscribe(t testing.TB, b *EventBus, opts SubscribeOptions) *Subscription {
 	t.Helper()
 	s, err := b.Subscribe(context.Background(), opts)
@@ -98,7 +52,7 @@ func corePublishN(t testing.TB, b *EventBus, n int) []Frame {
 // coreEnvelopeBase is the size of the envelope of an event of type "t" with
 // data "" published as id by a newCoreBus bus.
 func coreEnvelopeBase(id uint64) int {
-	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"t","data":"","_meta":{"serverTimestamp":%d}}`, id, coreNowMillis))
+	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"t","data":"","_meta":{"serverTimestamp":%d}}`, id, testStamp))
 }
 
 // coreSizedEvent returns an event whose envelope is exactly size bytes when it
@@ -339,14 +293,14 @@ func TestNewRejectsRingSizeAboveMaxRingSize(t *testing.T) {
 }
 
 func TestNewRingSizeBoundsTheRing(t *testing.T) {
-	b := newCoreBus(t, Options{RingSize: 3})
+	b := newBus(t, Options{RingSize: 3})
 	corePublishN(t, b, 10)
 	assert.Equal(t, 3, b.ring.Len())
 	assert.Equal(t, uint64(8), b.ring.firstID())
 }
 
 func TestNewRingMaxBytesBoundsTheRing(t *testing.T) {
-	b := newCoreBus(t, Options{RingMaxBytes: 1000})
+	b := newBus(t, Options{RingMaxBytes: 1000})
 	for range 10 {
 		corePublishSized(t, b, 300)
 	}
@@ -356,14 +310,14 @@ func TestNewRingMaxBytesBoundsTheRing(t *testing.T) {
 }
 
 func TestNewMaxEventBytesLimitsPublish(t *testing.T) {
-	b := newCoreBus(t, Options{MaxEventBytes: 200})
+	b := newBus(t, Options{MaxEventBytes: 200})
 	corePublishSized(t, b, 200)
 	_, err := b.Publish(coreSizedEvent(t, 2, 201))
 	assert.ErrorIs(t, err, ErrEventTooLarge)
 }
 
 func TestNewMaxSubscribersLimitsSubscribe(t *testing.T) {
-	b := newCoreBus(t, Options{MaxSubscribers: 2})
+	b := newBus(t, Options{MaxSubscribers: 2})
 	coreSubscribe(t, b, SubscribeOptions{})
 	coreSubscribe(t, b, SubscribeOptions{})
 	_, err := b.Subscribe(context.Background(), SubscribeOptions{})
@@ -371,7 +325,7 @@ func TestNewMaxSubscribersLimitsSubscribe(t *testing.T) {
 }
 
 func TestNewMaxQueuedIsTheSubscriptionDefault(t *testing.T) {
-	b := newCoreBus(t, Options{MaxQueued: 20})
+	b := newBus(t, Options{MaxQueued: 20})
 	def := coreSubscribe(t, b, SubscribeOptions{})
 	own := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 30})
 	assert.Equal(t, 20, def.q.counts().maxQueued)
@@ -386,7 +340,7 @@ func TestNewMaxQueuedIsTheSubscriptionDefault(t *testing.T) {
 }
 
 func TestNewMaxQueuedBytesCapsEverySubscription(t *testing.T) {
-	b := newCoreBus(t, Options{MaxQueuedBytes: 1000})
+	b := newBus(t, Options{MaxQueuedBytes: 1000})
 	s1 := coreSubscribe(t, b, SubscribeOptions{})
 	s2 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 2048})
 	corePublishSized(t, b, 600)
@@ -400,7 +354,7 @@ func TestNewMaxQueuedBytesCapsEverySubscription(t *testing.T) {
 }
 
 func TestNewReplayBudgetBytesLimitsResume(t *testing.T) {
-	b := newCoreBus(t, Options{ReplayBudgetBytes: 1000})
+	b := newBus(t, Options{ReplayBudgetBytes: 1000})
 	for range 5 {
 		corePublishSized(t, b, 300)
 	}
@@ -410,8 +364,9 @@ func TestNewReplayBudgetBytesLimitsResume(t *testing.T) {
 }
 
 func TestNewLoggerReceivesDiagnostics(t *testing.T) {
-	logger, buf := coreLogger()
-	b := newCoreBus(t, Options{Logger: logger})
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{Logger: logger})
 	_, err := b.Publish(Event{Type: ""})
 	require.Error(t, err)
 	assert.Contains(t, buf.String(), "publish rejected")
@@ -419,12 +374,13 @@ func TestNewLoggerReceivesDiagnostics(t *testing.T) {
 }
 
 func TestNewNilLoggerUsesSlogDefault(t *testing.T) {
-	logger, buf := coreLogger()
+	buf := &logCapture{}
+	logger := buf.logger()
 	old := slog.Default()
 	slog.SetDefault(logger)
 	defer slog.SetDefault(old)
 
-	b, err := New(Options{Now: coreNow})
+	b, err := New(Options{Now: testNow})
 	require.NoError(t, err)
 	defer b.Close()
 	_, err = b.Publish(Event{Type: "a\nb"})
@@ -433,7 +389,7 @@ func TestNewNilLoggerUsesSlogDefault(t *testing.T) {
 }
 
 func TestSubscribeRejectsNegativeMaxQueued(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s, err := b.Subscribe(context.Background(), SubscribeOptions{MaxQueued: -1})
 	assert.ErrorIs(t, err, ErrInvalidOption)
 	assert.Nil(t, s)
@@ -444,7 +400,7 @@ func TestSubscribeRejectsNegativeMaxQueued(t *testing.T) {
 // Publish (SPEC 3, 4).
 
 func TestPublishAssignsContiguousIDsFromOne(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{})
 	fs := corePublishN(t, b, 3)
 	assert.Equal(t, []string{"#1", "#2", "#3"}, coreDescribe(fs))
@@ -456,7 +412,7 @@ func TestPublishAssignsContiguousIDsFromOne(t *testing.T) {
 }
 
 func TestPublishStampsSchemaVersion(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	f := corePublish(t, b, Event{Type: "t"})
 	var env map[string]any
 	require.NoError(t, json.Unmarshal(f.JSON(), &env))
@@ -465,7 +421,7 @@ func TestPublishStampsSchemaVersion(t *testing.T) {
 }
 
 func TestPublishEnvelopeFieldOrder(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	f := corePublish(t, b, Event{
 		Type:               "session_update",
 		Data:               map[string]any{"b": 2, "a": 1},
@@ -488,7 +444,7 @@ func TestPublishEnvelopeFieldOrder(t *testing.T) {
 }
 
 func TestPublishReturnsTheStampedFrame(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{})
 	f := corePublish(t, b, Event{Type: "t", Data: 1})
 	assert.Equal(t, uint64(1), f.ID())
@@ -501,7 +457,7 @@ func TestPublishReturnsTheStampedFrame(t *testing.T) {
 }
 
 func TestPublishStampsServerTimestamp(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	f := corePublish(t, b, Event{Type: "t"})
 	assert.Contains(t, string(f.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
 
@@ -539,7 +495,7 @@ func TestPublishKeepsFiniteCallerTimestamp(t *testing.T) {
 		{"json.Number exponent", json.Number("1.7e12"), "1.7e12"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newCoreBus(t, Options{})
+			b := newBus(t, Options{})
 			f := corePublish(t, b, Event{Type: "t", Meta: map[string]any{"serverTimestamp": tc.ts}})
 			assert.Equal(t, `{"id":1,"v":1,"type":"t","_meta":{"serverTimestamp":`+tc.want+`}}`, string(f.JSON()))
 		})
@@ -566,7 +522,7 @@ func TestPublishReplacesNonFiniteOrNonNumberTimestamp(t *testing.T) {
 		{"json.Number hex", json.Number("0x1p4")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newCoreBus(t, Options{})
+			b := newBus(t, Options{})
 			f, err := b.Publish(Event{Type: "t", Meta: map[string]any{"serverTimestamp": tc.ts, "k": 1}})
 			require.NoError(t, err)
 			assert.Equal(t, `{"id":1,"v":1,"type":"t","_meta":{"serverTimestamp":1719000000000,"k":1}}`, string(f.JSON()))
@@ -575,7 +531,7 @@ func TestPublishReplacesNonFiniteOrNonNumberTimestamp(t *testing.T) {
 }
 
 func TestPublishKeepsOtherMetaKeys(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	f := corePublish(t, b, Event{Type: "t", Meta: map[string]any{
 		"z":      []int{1, 2},
 		"a":      "x",
@@ -588,7 +544,7 @@ func TestPublishKeepsOtherMetaKeys(t *testing.T) {
 }
 
 func TestPublishCallerCannotSetIDOrVersion(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 4)
 	f := corePublish(t, b, Event{
 		Type: "t",
@@ -617,8 +573,9 @@ func TestPublishCallerCannotSetIDOrVersion(t *testing.T) {
 }
 
 func TestPublishRejectsEmptyType(t *testing.T) {
-	logger, buf := coreLogger()
-	b := newCoreBus(t, Options{Logger: logger})
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{Logger: logger})
 	s := coreSubscribe(t, b, SubscribeOptions{})
 	_, err := b.Publish(Event{Type: "", Data: 1})
 	assert.ErrorIs(t, err, ErrInvalidEvent)
@@ -629,7 +586,7 @@ func TestPublishRejectsEmptyType(t *testing.T) {
 }
 
 func TestPublishRejectsTypeWithCROrLF(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	for _, typ := range []string{"a\nb", "a\rb", "\r\n", "trailing\n"} {
 		_, err := b.Publish(Event{Type: typ})
 		assert.ErrorIs(t, err, ErrInvalidEvent, "%q", typ)
@@ -671,8 +628,9 @@ func TestPublishRejectsUnserializableData(t *testing.T) {
 		{"panic in _meta", Event{Type: "t", Meta: map[string]any{"p": corePanicMarshaler{}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			logger, buf := coreLogger()
-			b := newCoreBus(t, Options{Logger: logger})
+			buf := &logCapture{}
+			logger := buf.logger()
+			b := newBus(t, Options{Logger: logger})
 			s := coreSubscribe(t, b, SubscribeOptions{})
 			corePublish(t, b, Event{Type: "before"})
 
@@ -693,8 +651,9 @@ func TestPublishRejectsUnserializableData(t *testing.T) {
 }
 
 func TestPublishRejectsEventAboveMaxEventBytes(t *testing.T) {
-	logger, buf := coreLogger()
-	b := newCoreBus(t, Options{MaxEventBytes: 500, Logger: logger})
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{MaxEventBytes: 500, Logger: logger})
 	s := coreSubscribe(t, b, SubscribeOptions{})
 
 	_, err := b.Publish(coreSizedEvent(t, 1, 501))
@@ -720,7 +679,7 @@ func TestPublishRejectsEventAboveMaxEventBytes(t *testing.T) {
 }
 
 func TestPublishCompactsRawMessage(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	raw := json.RawMessage("{\n  \"a\" : 1,\r\n\t\"b\": [ 1, 2 ],\n  \"s\": \"x <y> \\n\"\n}\n")
 	f := corePublish(t, b, Event{Type: "t", Data: raw})
 	assert.Equal(t, `{"a":1,"b":[1,2],"s":"x <y> \n"}`, coreData(t, f))
@@ -733,7 +692,7 @@ func TestPublishCompactsRawMessage(t *testing.T) {
 }
 
 func TestPublishRejectsInvalidRawMessage(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	for _, raw := range []string{`{"a":`, `nope`, `{"a":1} {"b":2}`, "\"line\nbreak\""} {
 		_, err := b.Publish(Event{Type: "t", Data: json.RawMessage(raw)})
 		assert.ErrorIs(t, err, ErrInvalidEvent, "%q", raw)
@@ -742,8 +701,9 @@ func TestPublishRejectsInvalidRawMessage(t *testing.T) {
 }
 
 func TestPublishOnClosedBusReturnsErrClosed(t *testing.T) {
-	logger, buf := coreLogger()
-	b := newCoreBus(t, Options{Logger: logger})
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{Logger: logger})
 	corePublishN(t, b, 2)
 	require.NoError(t, b.Close())
 
@@ -759,7 +719,7 @@ func TestPublishOnClosedBusReturnsErrClosed(t *testing.T) {
 
 func TestPublishNeverBlocksOnSubscriberThatNeverReads(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{MaxQueued: 16})
+		b := newBus(t, Options{MaxQueued: 16})
 		stuck := coreSubscribe(t, b, SubscribeOptions{})
 		done := make(chan struct{})
 		go func() {
@@ -783,7 +743,7 @@ func TestPublishNeverBlocksOnSubscriberThatNeverReads(t *testing.T) {
 }
 
 func TestPublishEnvelopeNeverContainsCROrLF(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{})
 	nasty := "a\r\nb\rc\nd\u2028e\u2029f\x00"
 	f := corePublish(t, b, Event{
@@ -826,7 +786,7 @@ func (c coreCountingMarshaler) MarshalJSON() ([]byte, error) {
 }
 
 func TestPublishEncodesOnceForAllSubscribersAndReplay(t *testing.T) {
-	b := newCoreBus(t, Options{MaxSubscribers: 64})
+	b := newBus(t, Options{MaxSubscribers: 64})
 	subs := make([]*Subscription, 64)
 	for i := range subs {
 		subs[i] = coreSubscribe(t, b, SubscribeOptions{})
@@ -854,7 +814,7 @@ func TestPublishEncodesOnceForAllSubscribersAndReplay(t *testing.T) {
 // Accessors.
 
 func TestLastEventIDIsZeroBeforeFirstPublish(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	assert.Equal(t, uint64(0), b.LastEventID())
 	corePublishN(t, b, 3)
 	assert.Equal(t, uint64(3), b.LastEventID())
@@ -866,7 +826,7 @@ func TestEpochIs32LowercaseHexAndDiffersBetweenBuses(t *testing.T) {
 	hex32 := regexp.MustCompile(`^[0-9a-f]{32}$`)
 	seen := map[string]bool{}
 	for range 20 {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		assert.Regexp(t, hex32, b.Epoch())
 		assert.Equal(t, b.Epoch(), b.Epoch(), "stable for the bus")
 		assert.False(t, seen[b.Epoch()], "epoch repeated")
@@ -875,7 +835,7 @@ func TestEpochIs32LowercaseHexAndDiffersBetweenBuses(t *testing.T) {
 }
 
 func TestSubscriberCountTracksSubscriptions(t *testing.T) {
-	b := newCoreBus(t, Options{MaxQueued: 16})
+	b := newBus(t, Options{MaxQueued: 16})
 	assert.Equal(t, 0, b.SubscriberCount())
 	s1 := coreSubscribe(t, b, SubscribeOptions{})
 	s2 := coreSubscribe(t, b, SubscribeOptions{})
@@ -895,7 +855,7 @@ func TestSubscriberCountTracksSubscriptions(t *testing.T) {
 // Subscribe (SPEC 5).
 
 func TestSubscribeRegistersSynchronously(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{})
 	corePublish(t, b, Event{Type: "t"})
 	fs, open := corePending(s)
@@ -939,7 +899,7 @@ func TestSubscribeRegistersSynchronously(t *testing.T) {
 }
 
 func TestSubscribeLimitReturnsSubscriberLimitError(t *testing.T) {
-	b := newCoreBus(t, Options{MaxSubscribers: 3})
+	b := newBus(t, Options{MaxSubscribers: 3})
 	for range 3 {
 		coreSubscribe(t, b, SubscribeOptions{})
 	}
@@ -954,7 +914,7 @@ func TestSubscribeLimitReturnsSubscriberLimitError(t *testing.T) {
 }
 
 func TestSubscribeLimitReleasesTheContextWatch(t *testing.T) {
-	b := newCoreBus(t, Options{MaxSubscribers: 1})
+	b := newBus(t, Options{MaxSubscribers: 1})
 	coreSubscribe(t, b, SubscribeOptions{})
 	ctx := newCoreWatchCtx()
 	_, err := b.Subscribe(ctx, SubscribeOptions{})
@@ -963,7 +923,7 @@ func TestSubscribeLimitReleasesTheContextWatch(t *testing.T) {
 }
 
 func TestSubscribeOnClosedBusReturnsEndedSubscription(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 3)
 	require.NoError(t, b.Close())
 	ctx := newCoreWatchCtx()
@@ -981,7 +941,7 @@ func TestSubscribeOnClosedBusReturnsEndedSubscription(t *testing.T) {
 
 func TestSubscribeWithDoneContextReturnsEndedSubscription(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		coreSubscribe(t, b, SubscribeOptions{})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
@@ -1011,7 +971,7 @@ func TestSubscribeChecksInSpecOrder(t *testing.T) {
 	cancel()
 
 	// Options come before a closed bus.
-	closed := newCoreBus(t, Options{})
+	closed := newBus(t, Options{})
 	require.NoError(t, closed.Close())
 	_, err := closed.Subscribe(context.Background(), SubscribeOptions{MaxQueued: -1})
 	assert.ErrorIs(t, err, ErrInvalidOption)
@@ -1022,7 +982,7 @@ func TestSubscribeChecksInSpecOrder(t *testing.T) {
 	assert.NoError(t, s.Err(), "ended by the closed bus, not by the context")
 
 	// A done context comes before the subscriber limit.
-	full := newCoreBus(t, Options{MaxSubscribers: 1})
+	full := newBus(t, Options{MaxSubscribers: 1})
 	coreSubscribe(t, full, SubscribeOptions{})
 	s, err = full.Subscribe(done, SubscribeOptions{})
 	require.NoError(t, err)
@@ -1030,7 +990,7 @@ func TestSubscribeChecksInSpecOrder(t *testing.T) {
 }
 
 func TestSubscribeResumeFalseDiffersFromResumeFromZero(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 3)
 	live := coreSubscribe(t, b, SubscribeOptions{LastEventID: 0})
 	fromStart := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
@@ -1050,7 +1010,7 @@ func TestSubscribeResumeFalseDiffersFromResumeFromZero(t *testing.T) {
 // Resume (SPEC 5.1 - 5.4).
 
 func TestResumeWithoutLastIDIsLiveOnly(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 3)
 	s := coreSubscribe(t, b, SubscribeOptions{})
 	fs, open := corePending(s)
@@ -1062,7 +1022,7 @@ func TestResumeWithoutLastIDIsLiveOnly(t *testing.T) {
 }
 
 func TestResumeReplaysContiguousEventsThenReplayComplete(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	published := corePublishN(t, b, 5)
 	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
 	corePublishN(t, b, 1)
@@ -1081,7 +1041,7 @@ func TestResumeReplaysContiguousEventsThenReplayComplete(t *testing.T) {
 }
 
 func TestResumeAtLatestSendsReplayedCountZero(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 5)
 	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
 	fs, _ := corePending(s)
@@ -1089,7 +1049,7 @@ func TestResumeAtLatestSendsReplayedCountZero(t *testing.T) {
 	assert.Equal(t, coreWithEpoch(b, `{"replayedCount":0,"epoch":"EPOCH"}`), coreData(t, fs[0]))
 
 	// From the start on a bus that has published nothing: the same.
-	empty := newCoreBus(t, Options{})
+	empty := newBus(t, Options{})
 	s = coreSubscribe(t, empty, SubscribeOptions{Resume: true, LastEventID: 0})
 	fs, _ = corePending(s)
 	require.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
@@ -1097,7 +1057,7 @@ func TestResumeAtLatestSendsReplayedCountZero(t *testing.T) {
 }
 
 func TestResumeAfterRingEvictionSendsRingEvictedResync(t *testing.T) {
-	b := newCoreBus(t, Options{RingSize: 3})
+	b := newBus(t, Options{RingSize: 3})
 	corePublishN(t, b, 10) // the ring holds 8..10
 	for _, n := range []uint64{0, 5, 6} {
 		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n})
@@ -1112,7 +1072,7 @@ func TestResumeAfterRingEvictionSendsRingEvictedResync(t *testing.T) {
 }
 
 func TestResumeAtRingBoundaryDoesNotResync(t *testing.T) {
-	b := newCoreBus(t, Options{RingSize: 3})
+	b := newBus(t, Options{RingSize: 3})
 	corePublishN(t, b, 10)
 	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 7}) // N == ring[0].id-1
 	fs, _ := corePending(s)
@@ -1120,7 +1080,7 @@ func TestResumeAtRingBoundaryDoesNotResync(t *testing.T) {
 }
 
 func TestResumeAfterRingMaxBytesEvictionSendsRingEvictedResync(t *testing.T) {
-	b := newCoreBus(t, Options{RingMaxBytes: 1000})
+	b := newBus(t, Options{RingMaxBytes: 1000})
 	for range 10 {
 		corePublishSized(t, b, 300)
 	}
@@ -1135,7 +1095,7 @@ func TestResumeAfterRingMaxBytesEvictionSendsRingEvictedResync(t *testing.T) {
 }
 
 func TestResumeFromLaterEpochSendsEpochReset(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 5)
 	for _, n := range []uint64{6, 7, 1000, math.MaxUint64} { // N >= nextID
 		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n})
@@ -1150,7 +1110,7 @@ func TestResumeFromLaterEpochSendsEpochReset(t *testing.T) {
 
 	// With an evicting ring, earliestAvailableId is the ring's first id and
 	// the whole ring is replayed.
-	small := newCoreBus(t, Options{RingSize: 3})
+	small := newBus(t, Options{RingSize: 3})
 	corePublishN(t, small, 10)
 	s := coreSubscribe(t, small, SubscribeOptions{Resume: true, LastEventID: 50})
 	fs, _ := corePending(s)
@@ -1159,7 +1119,7 @@ func TestResumeFromLaterEpochSendsEpochReset(t *testing.T) {
 }
 
 func TestResumeAtLastEventIDIsNotEpochReset(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 5)
 	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5}) // N == nextID-1
 	corePublishN(t, b, 1)
@@ -1168,7 +1128,7 @@ func TestResumeAtLastEventIDIsNotEpochReset(t *testing.T) {
 }
 
 func TestResumeEpochResetOnEmptyRingUsesNextID(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
 	corePublishN(t, b, 1)
 	fs, _ := corePending(s)
@@ -1178,8 +1138,8 @@ func TestResumeEpochResetOnEmptyRingUsesNextID(t *testing.T) {
 }
 
 func TestResumeWithDifferentEpochSendsEpochMismatch(t *testing.T) {
-	b := newCoreBus(t, Options{})
-	other := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
+	other := newBus(t, Options{})
 	corePublishN(t, b, 5)
 	for _, n := range []uint64{0, 3, 5} { // all below nextID
 		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n, Epoch: other.Epoch()})
@@ -1198,7 +1158,7 @@ func TestResumeWithDifferentEpochSendsEpochMismatch(t *testing.T) {
 }
 
 func TestResumeIgnoresEmptyOrOversizedEpoch(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 5)
 	for _, epoch := range []string{"", strings.Repeat("a", 65), strings.Repeat("z", 1000)} {
 		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: epoch})
@@ -1215,7 +1175,7 @@ func TestResumeIgnoresEmptyOrOversizedEpoch(t *testing.T) {
 }
 
 func TestEpochIgnoredWithoutResume(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 3)
 	s := coreSubscribe(t, b, SubscribeOptions{Epoch: "different", LastEventID: 1})
 	corePublishN(t, b, 1)
@@ -1224,7 +1184,7 @@ func TestEpochIgnoredWithoutResume(t *testing.T) {
 }
 
 func TestResumeReplayBudgetExceeded(t *testing.T) {
-	b := newCoreBus(t, Options{ReplayBudgetBytes: 900})
+	b := newBus(t, Options{ReplayBudgetBytes: 900})
 	for range 6 {
 		corePublishSized(t, b, 300)
 	}
@@ -1243,7 +1203,7 @@ func TestResumeReplayBudgetExceeded(t *testing.T) {
 }
 
 func TestResumeReplayBudgetAfterRingEvictedResync(t *testing.T) {
-	b := newCoreBus(t, Options{RingSize: 4, ReplayBudgetBytes: 600})
+	b := newBus(t, Options{RingSize: 4, ReplayBudgetBytes: 600})
 	for range 10 {
 		corePublishSized(t, b, 300)
 	}
@@ -1255,7 +1215,7 @@ func TestResumeReplayBudgetAfterRingEvictedResync(t *testing.T) {
 }
 
 func TestResumeReplaysFirstFrameEvenAboveBudget(t *testing.T) {
-	b := newCoreBus(t, Options{ReplayBudgetBytes: 100})
+	b := newBus(t, Options{ReplayBudgetBytes: 100})
 	corePublishSized(t, b, 300)
 	corePublishSized(t, b, 300)
 	s := coreSubscribe(t, b, SubscribeOptions{Resume: true})
@@ -1270,7 +1230,7 @@ func TestResumeReplaysFirstFrameEvenAboveBudget(t *testing.T) {
 }
 
 func TestReplayFramesDoNotCountTowardLiveCaps(t *testing.T) {
-	b := newCoreBus(t, Options{MaxQueuedBytes: 4096})
+	b := newBus(t, Options{MaxQueuedBytes: 4096})
 	published := corePublishN(t, b, 1000)
 	require.Greater(t, coreSumSizes(published), 4096)
 	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
@@ -1285,7 +1245,7 @@ func TestReplayFramesDoNotCountTowardLiveCaps(t *testing.T) {
 }
 
 func TestLivePublishAfterLargeReplayDoesNotEvict(t *testing.T) {
-	b := newCoreBus(t, Options{MaxQueuedBytes: 4096})
+	b := newBus(t, Options{MaxQueuedBytes: 4096})
 	corePublishN(t, b, 1000)
 	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
 	live := corePublishN(t, b, 12) // nothing consumed: 1001 forced frames still queued
@@ -1301,7 +1261,7 @@ func TestLivePublishAfterLargeReplayDoesNotEvict(t *testing.T) {
 }
 
 func TestResumeUnderConcurrentPublishHasNoGapOrDuplicate(t *testing.T) {
-	b := newCoreBus(t, Options{MaxSubscribers: 1000})
+	b := newBus(t, Options{MaxSubscribers: 1000})
 	const total = 2000
 	done := make(chan struct{})
 	go func() {
@@ -1343,8 +1303,9 @@ func TestResumeUnderConcurrentPublishHasNoGapOrDuplicate(t *testing.T) {
 // The warning (SPEC 6).
 
 func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
-	logger, buf := coreLogger()
-	b := newCoreBus(t, Options{Logger: logger})
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{Logger: logger})
 	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	live := corePublishN(t, b, 11)
 	assert.Equal(t, 11, s.q.len(), "no warning below 12")
@@ -1370,7 +1331,7 @@ func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
 }
 
 func TestWarningOncePerEpisode(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishN(t, b, 16)
 	fs, open := corePending(s)
@@ -1382,7 +1343,7 @@ func TestWarningRearmsOnlyWhenFramesAndBytesAtOrBelowResetRatio(t *testing.T) {
 	// MaxQueued 16: warn at 12, re-arm at <= 6 frames. MaxQueuedBytes 8000:
 	// warn at 6000, re-arm at <= 3000 bytes. Small events are ~80 bytes.
 	setup := func(t *testing.T) (*EventBus, *Subscription) {
-		b := newCoreBus(t, Options{MaxQueuedBytes: 8000})
+		b := newBus(t, Options{MaxQueuedBytes: 8000})
 		s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 		corePublishN(t, b, 12)
 		require.Equal(t, 13, s.q.len(), "12 live frames and the first warning")
@@ -1443,7 +1404,7 @@ func warnedLocked(b *EventBus, s *Subscription) bool {
 }
 
 func TestWarningRearmIsEvaluatedOnlyOnPublish(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishN(t, b, 12)
 	fs, _ := corePending(s) // drained to empty
@@ -1459,7 +1420,7 @@ func TestWarningRearmIsEvaluatedOnlyOnPublish(t *testing.T) {
 }
 
 func TestWarningThresholdFrames(t *testing.T) {
-	b := newCoreBus(t, Options{MaxQueuedBytes: 1 << 20})
+	b := newBus(t, Options{MaxQueuedBytes: 1 << 20})
 	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishN(t, b, 12)
 	fs, _ := corePending(s)
@@ -1469,7 +1430,7 @@ func TestWarningThresholdFrames(t *testing.T) {
 
 func TestWarningThresholdBytes(t *testing.T) {
 	// MaxQueuedBytes 4000: warn at 3000 bytes.
-	b := newCoreBus(t, Options{MaxQueuedBytes: 4000})
+	b := newBus(t, Options{MaxQueuedBytes: 4000})
 	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishSized(t, b, 1000)
 	corePublishSized(t, b, 1000)
@@ -1486,7 +1447,7 @@ func TestWarningThresholdBytes(t *testing.T) {
 }
 
 func TestWarningThresholdFramesAndBytes(t *testing.T) {
-	b := newCoreBus(t, Options{MaxQueuedBytes: 4000})
+	b := newBus(t, Options{MaxQueuedBytes: 4000})
 	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	for range 11 {
 		corePublishSized(t, b, 250)
@@ -1499,7 +1460,7 @@ func TestWarningThresholdFramesAndBytes(t *testing.T) {
 }
 
 func TestForcedFramesDoNotSkewLiveCount(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 10)
 	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
 	require.Equal(t, 11, s.q.len(), "10 replayed + replay_complete, all forced")
@@ -1527,8 +1488,9 @@ func TestForcedFramesDoNotSkewLiveCount(t *testing.T) {
 // Eviction (SPEC 7).
 
 func TestEvictionOnFrameCap(t *testing.T) {
-	logger, buf := coreLogger()
-	b := newCoreBus(t, Options{Logger: logger})
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{Logger: logger})
 	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	live := corePublishN(t, b, 16)
 	assert.NoError(t, s.Err())
@@ -1548,7 +1510,7 @@ func TestEvictionOnFrameCap(t *testing.T) {
 }
 
 func TestEvictionOnByteCap(t *testing.T) {
-	b := newCoreBus(t, Options{MaxQueuedBytes: 4000})
+	b := newBus(t, Options{MaxQueuedBytes: 4000})
 	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishSized(t, b, 1000)
 	corePublishSized(t, b, 1000)
@@ -1565,7 +1527,7 @@ func TestEvictionOnByteCap(t *testing.T) {
 
 func TestEvictedConsumerGetsQueuedFramesThenTerminalThenEnd(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 		gate := make(chan struct{})
 		var got []Frame
@@ -1590,7 +1552,7 @@ func TestEvictedConsumerGetsQueuedFramesThenTerminalThenEnd(t *testing.T) {
 }
 
 func TestEvictedErrWrapsErrEvicted(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	assert.NoError(t, s.Err())
 	corePublishN(t, b, 17)
@@ -1602,7 +1564,7 @@ func TestEvictedErrWrapsErrEvicted(t *testing.T) {
 }
 
 func TestEvictionDecrementsSubscriberCount(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	coreSubscribe(t, b, SubscribeOptions{MaxQueued: 100})
 	assert.Equal(t, 2, b.SubscriberCount())
@@ -1615,7 +1577,7 @@ func TestEvictionDecrementsSubscriberCount(t *testing.T) {
 
 func TestEvictionStopsWatchingContext(t *testing.T) {
 	ctx := newCoreWatchCtx()
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
 	require.NoError(t, err)
 	assert.Equal(t, 1, ctx.watchers())
@@ -1626,7 +1588,7 @@ func TestEvictionStopsWatchingContext(t *testing.T) {
 	// With a real context: cancelling it after the eviction changes nothing,
 	// the consumer still gets the queued frames and the terminal one.
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
 		require.NoError(t, err)
@@ -1641,7 +1603,7 @@ func TestEvictionStopsWatchingContext(t *testing.T) {
 }
 
 func TestEvictionDoesNotAffectSiblings(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	before := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 2048})
 	slow := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	slow2 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
@@ -1672,7 +1634,7 @@ func TestEvictionDoesNotAffectSiblings(t *testing.T) {
 
 func TestContextCancelDropsBufferAndEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := b.Subscribe(ctx, SubscribeOptions{})
 		require.NoError(t, err)
@@ -1702,7 +1664,7 @@ func TestContextCancelDropsBufferAndEnds(t *testing.T) {
 
 func TestSubscriptionCloseDropsBufferAndEnds(t *testing.T) {
 	ctx := newCoreWatchCtx()
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s, err := b.Subscribe(ctx, SubscribeOptions{})
 	require.NoError(t, err)
 	corePublishN(t, b, 5)
@@ -1718,7 +1680,7 @@ func TestSubscriptionCloseDropsBufferAndEnds(t *testing.T) {
 
 func TestCancellationIsIdempotent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		other := coreSubscribe(t, b, SubscribeOptions{})
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := b.Subscribe(ctx, SubscribeOptions{})
@@ -1739,7 +1701,7 @@ func TestCancellationIsIdempotent(t *testing.T) {
 
 func TestBreakingOutOfEventsClosesSubscription(t *testing.T) {
 	ctx := newCoreWatchCtx()
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s, err := b.Subscribe(ctx, SubscribeOptions{})
 	require.NoError(t, err)
 	corePublishN(t, b, 3)
@@ -1759,7 +1721,7 @@ func TestBreakingOutOfEventsClosesSubscription(t *testing.T) {
 
 func TestEventsIsSingleUse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		s := coreSubscribe(t, b, SubscribeOptions{})
 		first := make(chan []Frame)
 		go func() { first <- coreCollect(s) }()
@@ -1786,7 +1748,7 @@ func TestEventsIsSingleUse(t *testing.T) {
 
 func TestEventsDeliversToABlockedConsumer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		s := coreSubscribe(t, b, SubscribeOptions{})
 		got := make(chan Frame, 100)
 		go func() {
@@ -1808,7 +1770,7 @@ func TestEventsDeliversToABlockedConsumer(t *testing.T) {
 }
 
 func TestReadyAndAppendReady(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{})
 	select {
 	case <-s.Ready():
@@ -1842,7 +1804,7 @@ func TestReadyAndAppendReady(t *testing.T) {
 
 func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		never := coreSubscribe(t, b, SubscribeOptions{}) // never iterated
 		polled := coreSubscribe(t, b, SubscribeOptions{})
 		ranged := coreSubscribe(t, b, SubscribeOptions{})
@@ -1868,7 +1830,7 @@ func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
 
 func TestBusCloseWithErrorEndsEverySubscriptionWithATerminalFrame(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		never := coreSubscribe(t, b, SubscribeOptions{})
 		polled := coreSubscribe(t, b, SubscribeOptions{})
 		corePublishN(t, b, 2)
@@ -1891,7 +1853,7 @@ func TestBusCloseWithErrorEndsEverySubscriptionWithATerminalFrame(t *testing.T) 
 }
 
 func TestBusCloseIsIdempotent(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	s := coreSubscribe(t, b, SubscribeOptions{})
 	corePublishN(t, b, 1)
 	var wg sync.WaitGroup
@@ -1904,7 +1866,7 @@ func TestBusCloseIsIdempotent(t *testing.T) {
 }
 
 func TestAfterClosePublishErrClosedAndSubscribeEnded(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	corePublishN(t, b, 2)
 	require.NoError(t, b.Close())
 	_, err := b.Publish(Event{Type: "t"})
@@ -1918,7 +1880,7 @@ func TestAfterClosePublishErrClosedAndSubscribeEnded(t *testing.T) {
 
 func TestCancellationAfterCloseDropsDrainingBuffer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := newCoreBus(t, Options{})
+		b := newBus(t, Options{})
 		ctx, cancel := context.WithCancel(context.Background())
 		viaCtx, err := b.Subscribe(ctx, SubscribeOptions{})
 		require.NoError(t, err)
@@ -1938,7 +1900,7 @@ func TestCancellationAfterCloseDropsDrainingBuffer(t *testing.T) {
 }
 
 func TestBusCloseReleasesContextWatchWhenDrained(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	polled, ranged := newCoreWatchCtx(), newCoreWatchCtx()
 	s1, err := b.Subscribe(polled, SubscribeOptions{})
 	require.NoError(t, err)
@@ -1959,7 +1921,7 @@ func TestBusCloseReleasesContextWatchWhenDrained(t *testing.T) {
 }
 
 func TestConcurrentPublishersDeliverIncreasingIDs(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	const publishers, each = 8, 500
 	subs := []*Subscription{
 		coreSubscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),

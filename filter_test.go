@@ -1,7 +1,6 @@
 package eventbus
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ssebus/eventbus/sseclient"
 )
 
 // Type filters (SPEC 11).
@@ -31,7 +32,7 @@ func TestFilterGrammarValid(t *testing.T) {
 	} {
 		_, err := compileFilters([]string{f})
 		assert.NoError(t, err, "filter %q", f)
-		b := bus11(t, Options{})
+		b := newBus(t, Options{})
 		_, err = b.Subscribe(t.Context(), SubscribeOptions{Types: []string{f}})
 		assert.NoError(t, err, "filter %q", f)
 	}
@@ -49,7 +50,7 @@ func TestFilterGrammarInvalid(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidFilter, "filter %q", f)
 		assert.Contains(t, err.Error(), strconv.Quote(truncate(f, 64)), "the message names the bad filter")
 
-		b := bus11(t, Options{})
+		b := newBus(t, Options{})
 		s, err := b.Subscribe(t.Context(), SubscribeOptions{Types: []string{f}})
 		assert.ErrorIs(t, err, ErrInvalidFilter, "filter %q", f)
 		assert.Nil(t, s)
@@ -62,7 +63,7 @@ func TestFilterCountLimit(t *testing.T) {
 	for i := range filters {
 		filters[i] = fmt.Sprintf("t%d.*", i)
 	}
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	_, err := b.Subscribe(t.Context(), SubscribeOptions{Types: filters[:MaxTypeFilters]})
 	assert.NoError(t, err, "32 filters are accepted")
 	_, err = b.Subscribe(t.Context(), SubscribeOptions{Types: filters})
@@ -106,7 +107,7 @@ func TestFilterEmptyMatchesEverything(t *testing.T) {
 		f, err := compileFilters(types)
 		require.NoError(t, err)
 		assert.True(t, f.match("anything"))
-		b := bus11(t, Options{})
+		b := newBus(t, Options{})
 		s := sub11(t, b, SubscribeOptions{Types: types})
 		pub11(t, b, "x")
 		pub11(t, b, "y.z")
@@ -133,7 +134,7 @@ func TestFilterMatchDoesNotAllocate(t *testing.T) {
 }
 
 func TestFilterSyntheticFramesAlwaysPass(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
+	b := newBus(t, Options{MaxQueued: 16})
 	pubN11(t, b, "other", 3)
 	// Epoch mismatch: state_resync_required, then replay_complete; none of
 	// the ring's events match.
@@ -147,7 +148,7 @@ func TestFilterSyntheticFramesAlwaysPass(t *testing.T) {
 }
 
 func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096})
+	b := newBus(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096})
 	s := sub11(t, b, SubscribeOptions{Types: []string{"wanted.*"}})
 	for range 10_000 {
 		_, err := b.Publish(Event{Type: "unwanted", Data: strings.Repeat("x", 500)})
@@ -165,7 +166,7 @@ func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
 }
 
 func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	for _, typ := range []string{"a", "b", "a.x", "b", "c", "a.y", "b"} { // #1..#7
 		pub11(t, b, typ)
 	}
@@ -183,7 +184,7 @@ func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
 }
 
 func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
-	b := bus11(t, Options{ReplayBudgetBytes: 250})
+	b := newBus(t, Options{ReplayBudgetBytes: 250})
 	pubSized11(t, b, "a", 100)  // #1
 	pubSized11(t, b, "b", 1000) // #2: filtered out, does not spend the budget
 	pubSized11(t, b, "a", 100)  // #3: 200
@@ -203,7 +204,7 @@ func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
 	assert.Equal(t, uint64(1), st.Resyncs.ReplayBudgetExceeded)
 
 	// The first matching frame is replayed whatever its size.
-	b2 := bus11(t, Options{ReplayBudgetBytes: 250})
+	b2 := newBus(t, Options{ReplayBudgetBytes: 250})
 	pubSized11(t, b2, "b", 100)
 	pubSized11(t, b2, "a", 1000)
 	s2 := sub11(t, b2, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
@@ -211,7 +212,7 @@ func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
 }
 
 func TestFilterResyncRulesGoByIDs(t *testing.T) {
-	b := bus11(t, Options{RingSize: 3})
+	b := newBus(t, Options{RingSize: 3})
 	for _, typ := range []string{"a", "b", "b", "b", "a"} { // the ring holds #3..#5
 		pub11(t, b, typ)
 	}
@@ -241,7 +242,7 @@ func TestFilterResyncRulesGoByIDs(t *testing.T) {
 }
 
 func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	s := sub11(t, b, SubscribeOptions{Types: []string{"keep.*"}})
 	for i := range 100 {
 		if i%3 == 0 {
@@ -258,7 +259,7 @@ func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
 }
 
 func TestFilterOverHTTP(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	srv := server11(t, b)
 	resp := get11(t, srv, srv.URL+"/?types="+url.QueryEscape("a,b.*"))
 	defer resp.Body.Close()
@@ -273,16 +274,16 @@ func TestFilterOverHTTP(t *testing.T) {
 	pub11(t, b, "b.x.y") // #7
 	pub11(t, b, "a")     // #8
 
-	evs := readSSE11(t, bufio.NewReader(resp.Body), func(e sseEvent11) bool { return e.id == "8" })
+	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.ID == "8" })
 	var got []string
 	for _, e := range evs {
-		got = append(got, e.id+":"+e.event)
+		got = append(got, e.ID+":"+e.Type)
 	}
 	assert.Equal(t, []string{"1:a", "3:b.x", ":b.sig", "7:b.x.y", "8:a"}, got)
 }
 
 func TestFilterOverHTTPRepeatedParameter(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	srv := server11(t, b)
 	resp := get11(t, srv, srv.URL+"/?types=a&types=b.*")
 	defer resp.Body.Close()
@@ -290,14 +291,14 @@ func TestFilterOverHTTPRepeatedParameter(t *testing.T) {
 	for _, typ := range []string{"a", "c", "b.x"} {
 		pub11(t, b, typ)
 	}
-	evs := readSSE11(t, bufio.NewReader(resp.Body), func(e sseEvent11) bool { return e.id == "3" })
+	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.ID == "3" })
 	require.Len(t, evs, 2)
-	assert.Equal(t, "1", evs[0].id)
-	assert.Equal(t, "3", evs[1].id)
+	assert.Equal(t, "1", evs[0].ID)
+	assert.Equal(t, "3", evs[1].ID)
 }
 
 func TestFilterOverHTTPInvalidIs400(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	srv := server11(t, b)
 	for _, types := range []string{"A.*", "a,b..*", "a*", "*", "a.*.b", strings.Repeat("a", 257)} {
 		resp := get11(t, srv, srv.URL+"/?types="+url.QueryEscape(types))

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -28,94 +27,6 @@ import (
 // ---------------------------------------------------------------------------
 // Test harness: buses with a fixed clock, captured logs, a real loopback
 // server, an SSE client on top of the strict parser, and in-memory writers.
-
-// testStamp is the fixed serverTimestamp of every frame the test buses make.
-const testStamp = 1719000000000
-
-func testClock() time.Time { return time.UnixMilli(testStamp) }
-
-// logCapture records the handler's slog records and the bus diagnostics.
-type logCapture struct {
-	mu   sync.Mutex
-	recs []capturedLog
-}
-
-type capturedLog struct {
-	Kind  string // the Diagnostic kind; "" for a handler log record
-	Msg   string
-	Attrs map[string]string
-}
-
-func (c *logCapture) Enabled(context.Context, slog.Level) bool { return true }
-
-func (c *logCapture) Handle(_ context.Context, r slog.Record) error {
-	l := capturedLog{Msg: r.Message, Attrs: map[string]string{}}
-	r.Attrs(func(a slog.Attr) bool {
-		l.Attrs[a.Key] = a.Value.String()
-		return true
-	})
-	c.mu.Lock()
-	c.recs = append(c.recs, l)
-	c.mu.Unlock()
-	return nil
-}
-
-func (c *logCapture) WithAttrs([]slog.Attr) slog.Handler { return c }
-func (c *logCapture) WithGroup(string) slog.Handler      { return c }
-func (c *logCapture) logger() *slog.Logger               { return slog.New(c) }
-
-// diag is an Options.OnDiagnostic that records and suppresses the log line.
-func (c *logCapture) diag(d Diagnostic) bool {
-	l := capturedLog{Kind: d.Kind, Msg: d.Message, Attrs: map[string]string{}}
-	for _, a := range d.Attrs {
-		l.Attrs[a.Key] = a.Value.String()
-	}
-	c.mu.Lock()
-	c.recs = append(c.recs, l)
-	c.mu.Unlock()
-	return true
-}
-
-// find returns the records whose message contains substr.
-func (c *logCapture) find(substr string) []capturedLog {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []capturedLog
-	for _, l := range c.recs {
-		if strings.Contains(l.Msg, substr) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-func (c *logCapture) kind(kind string) []capturedLog {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []capturedLog
-	for _, l := range c.recs {
-		if l.Kind == kind {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-// newTestBus returns a bus with the fixed clock whose diagnostics go to logs.
-func newTestBus(t *testing.T, opts Options, logs *logCapture) *EventBus {
-	t.Helper()
-	if opts.Now == nil {
-		opts.Now = testClock
-	}
-	if logs != nil {
-		opts.Logger = logs.logger()
-		opts.OnDiagnostic = logs.diag
-	}
-	b, err := New(opts)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
-	return b
-}
 
 // publishN publishes n events of type "e" whose data is their own id.
 func publishN(t *testing.T, b *EventBus, n int) []Frame {
@@ -252,7 +163,7 @@ func (e *testEnv) sessionWithEvents(t *testing.T, n int) (string, *EventBus) {
 
 // bus adds a session.
 func (e *testEnv) bus(t *testing.T, id string, opts Options) *EventBus {
-	b := newTestBus(t, opts, e.logs)
+	b := newBus(t, e.logs.capture(opts))
 	e.mu.Lock()
 	e.buses[id] = b
 	e.mu.Unlock()
@@ -276,7 +187,7 @@ func (e *testEnv) do(t *testing.T, method, path string, hdr http.Header) *http.R
 }
 
 // open starts a stream and requires a 200 text/event-stream answer.
-func (e *testEnv) open(t *testing.T, path string, hdr http.Header) *sseClient {
+func (e *testEnv) open(t *testing.T, path string, hdr http.Header) *sseStream {
 	t.Helper()
 	resp := e.do(t, http.MethodGet, path, hdr)
 	if resp.StatusCode != http.StatusOK {
@@ -284,81 +195,17 @@ func (e *testEnv) open(t *testing.T, path string, hdr http.Header) *sseClient {
 		require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", body)
 	}
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
-	return &sseClient{t: t, resp: resp, p: newSSEParser(), buf: make([]byte, 32<<10)}
+	return newSSEStream(t, resp)
 }
 
 // stream opens a stream and requires "retry: 3000" as its first record.
 // When it returns, the subscription is registered (the handler subscribes
 // before it sends the headers).
-func (e *testEnv) stream(t *testing.T, path string, hdr http.Header) *sseClient {
+func (e *testEnv) stream(t *testing.T, path string, hdr http.Header) *sseStream {
 	t.Helper()
 	c := e.open(t, path, hdr)
 	require.Equal(t, sseRecord{Kind: sseRetryRecord, Retry: 3000}, c.next())
 	return c
-}
-
-// sseClient reads a response body through the strict parser.
-type sseClient struct {
-	t     *testing.T
-	resp  *http.Response
-	p     *sseParser
-	queue []sseRecord
-	buf   []byte
-	raw   []byte
-}
-
-func (c *sseClient) fill() error {
-	n, err := c.resp.Body.Read(c.buf)
-	c.raw = append(c.raw, c.buf[:n]...)
-	c.queue = append(c.queue, c.p.Feed(c.buf[:n])...)
-	return err
-}
-
-// next returns the next record; the stream must not end before it.
-func (c *sseClient) next() sseRecord {
-	c.t.Helper()
-	for len(c.queue) == 0 {
-		if err := c.fill(); err != nil && len(c.queue) == 0 {
-			tail := c.raw[max(0, len(c.raw)-512):]
-			require.FailNow(c.t, "stream ended early", "%v; last bytes %q", err, tail)
-		}
-	}
-	r := c.queue[0]
-	c.queue = c.queue[1:]
-	return r
-}
-
-// nextEvent returns the next record, which must be an event.
-func (c *sseClient) nextEvent() sseEvent {
-	c.t.Helper()
-	r := c.next()
-	require.Equal(c.t, sseEventRecord, r.Kind, "want an event, got %+v", r)
-	return r.Event
-}
-
-// expect requires the next records to be exactly these events.
-func (c *sseClient) expect(want ...sseEvent) {
-	c.t.Helper()
-	for i, w := range want {
-		require.Equal(c.t, w, c.nextEvent(), "frame %d", i)
-	}
-}
-
-// rest reads to the end of the stream, which must end on an event
-// boundary, and returns the records not read yet.
-func (c *sseClient) rest() []sseRecord {
-	c.t.Helper()
-	for {
-		err := c.fill()
-		if err == io.EOF {
-			break
-		}
-		require.NoError(c.t, err)
-	}
-	require.NoError(c.t, c.p.Close(), "the stream must end on an event boundary")
-	out := c.queue
-	c.queue = nil
-	return out
 }
 
 // requireJSONError checks an error answer of SPEC 10 and returns its body.
@@ -726,7 +573,7 @@ func TestHandlerMaxQueuedAccepted(t *testing.T) {
 	} {
 		t.Run("applied "+tc.name, func(t *testing.T) {
 			logs := &logCapture{}
-			b := newTestBus(t, Options{MaxQueued: tc.busMax}, logs)
+			b := newBus(t, logs.capture(Options{MaxQueued: tc.busMax}))
 			w := newMemWriter()
 			reached, release := gateFirstFlush(w)
 			defer release()
@@ -811,7 +658,7 @@ func TestHandlerSubscriberLimit(t *testing.T) {
 
 func TestHandlerCheckOrder(t *testing.T) {
 	logs := &logCapture{}
-	full := newTestBus(t, Options{MaxSubscribers: 1}, logs)
+	full := newBus(t, logs.capture(Options{MaxSubscribers: 1}))
 	_, err := full.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	lookup := func(r *http.Request) (*EventBus, error) {
@@ -862,7 +709,7 @@ func TestHandlerCheckOrder(t *testing.T) {
 
 func TestHandlerCannotFlush(t *testing.T) {
 	logs := &logCapture{}
-	b := newTestBus(t, Options{}, logs)
+	b := newBus(t, logs.capture(Options{}))
 	mw := newMemWriter()
 	busHandler(b, logs).ServeHTTP(noFlushWriter{mw}, httptest.NewRequest(http.MethodGet, "/session/s/events", nil))
 	st := mw.state()
@@ -874,7 +721,7 @@ func TestHandlerCannotFlush(t *testing.T) {
 
 func TestHandlerFlushThroughUnwrap(t *testing.T) {
 	logs := &logCapture{}
-	b := newTestBus(t, Options{}, logs)
+	b := newBus(t, logs.capture(Options{}))
 	mw := newMemWriter()
 	cancel, done := serveMem(busHandler(b, logs), unwrapOnlyWriter{mw}, "/session/s/events", nil)
 	require.Eventually(t, func() bool { return mw.state().flushes == 1 }, 5*time.Second, time.Millisecond)
@@ -952,7 +799,7 @@ func TestHandlerResponseHeaders(t *testing.T) {
 		require.Equal(t, 1, c.resp.ProtoMinor)
 		check(t, c.resp, b)
 		require.Equal(t, []string{"keep-alive"}, c.resp.Header.Values("Connection"))
-		require.Equal(t, "retry: 3000\n", string(c.raw), "the retry directive comes first, alone, flushed at once")
+		require.Equal(t, "retry: 3000\n", string(c.raw()), "the retry directive comes first, alone, flushed at once")
 	})
 	t.Run("HTTP/2", func(t *testing.T) {
 		e := newEnv(t, envOptions{http2: true})
@@ -999,7 +846,7 @@ func TestHandlerRetryDirective(t *testing.T) {
 			e.bus(t, "s", Options{})
 			c := e.open(t, "/session/s/events", nil)
 			require.Equal(t, sseRecord{Kind: sseRetryRecord, Retry: tc.want}, c.next())
-			require.Equal(t, fmt.Sprintf("retry: %d\n", tc.want), string(c.raw))
+			require.Equal(t, fmt.Sprintf("retry: %d\n", tc.want), string(c.raw()))
 		})
 	}
 }
@@ -1020,7 +867,7 @@ func TestHandlerHeartbeat(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				every := orDefault(tc.every, DefaultHeartbeat)
 				logs := &logCapture{}
-				b := newTestBus(t, Options{}, logs)
+				b := newBus(t, logs.capture(Options{}))
 				h := busHandler(b, logs)
 				h.Heartbeat = tc.every
 				w := newMemWriter() // no SetWriteDeadline: ErrNotSupported is fine
@@ -1086,7 +933,7 @@ func TestHandlerWriteDeadline(t *testing.T) {
 	t.Run("every write has a deadline, cleared after its flush", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
-			b := newTestBus(t, Options{}, logs)
+			b := newBus(t, logs.capture(Options{}))
 			w := newDeadlineWriter(0)
 			start := time.Now()
 			cancel, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
@@ -1129,7 +976,7 @@ func TestHandlerWriteDeadline(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				timeout := orDefault(tc.timeout, DefaultWriteTimeout)
 				logs := &logCapture{}
-				b := newTestBus(t, Options{}, logs)
+				b := newBus(t, logs.capture(Options{}))
 				h := busHandler(b, logs)
 				h.WriteTimeout = tc.timeout
 				w := newDeadlineWriter(tc.blockFrom)
@@ -1327,7 +1174,7 @@ func TestHandlerMalformedLastEventID(t *testing.T) {
 	} {
 		t.Run("in memory "+tc.name, func(t *testing.T) {
 			logs := &logCapture{}
-			b := newTestBus(t, Options{}, logs)
+			b := newBus(t, logs.capture(Options{}))
 			publishN(t, b, 3)
 			w := newMemWriter()
 			target, raw := "/session/s/events", tc.header
@@ -1609,7 +1456,7 @@ func TestHandlerBusCloseEndsStream(t *testing.T) {
 	})
 	t.Run("frames buffered at Close", func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		w := newMemWriter()
 		reached, release := gateFirstFlush(w)
 		_, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
@@ -1636,7 +1483,7 @@ func TestHandlerBusCloseEndsStream(t *testing.T) {
 
 func TestHandlerCloseWithErrorWritesOneTerminalFrame(t *testing.T) {
 	logs := &logCapture{}
-	b := newTestBus(t, Options{}, logs)
+	b := newBus(t, logs.capture(Options{}))
 	w := newMemWriter()
 	reached, release := gateFirstFlush(w)
 	defer release()
@@ -1657,7 +1504,7 @@ func TestHandlerCloseWithErrorWritesOneTerminalFrame(t *testing.T) {
 
 func TestHandlerEviction(t *testing.T) {
 	logs := &logCapture{}
-	b := newTestBus(t, Options{}, logs)
+	b := newBus(t, logs.capture(Options{}))
 	w := newMemWriter()
 	reached, release := gateFirstFlush(w)
 	defer release()
@@ -1694,7 +1541,7 @@ func TestHandlerEviction(t *testing.T) {
 func TestHandlerStreamError(t *testing.T) {
 	t.Run("the subscription ends with an unexpected error", func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		w := newMemWriter()
 		_, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
 		require.Eventually(t, func() bool { return w.state().flushes == 1 }, 5*time.Second, time.Millisecond)
@@ -1740,7 +1587,7 @@ func TestHandlerStreamError(t *testing.T) {
 
 	t.Run("a panic while writing", func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		w := newMemWriter()
 		w.beforeWrite = func(n int, p []byte) error {
 			if n == 2 {
@@ -1767,7 +1614,7 @@ func TestHandlerStreamError(t *testing.T) {
 func TestHandlerBatchOneFlush(t *testing.T) {
 	t.Run("live frames ready together", func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		w := newMemWriter()
 		reached, release := gateFirstFlush(w)
 		defer release()
@@ -1803,7 +1650,7 @@ func TestHandlerBatchOneFlush(t *testing.T) {
 
 	t.Run("large frames are written directly, still one flush", func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		big := strings.Repeat("y", directWriteSize)
 		var want []sseEvent
 		for i := range 6 {
@@ -1852,7 +1699,7 @@ func TestHandlerRejectsInjectedTypes(t *testing.T) {
 		want = append(want, sseEvent{Type: typ, Data: string(f.JSON()), ID: strconv.FormatUint(f.ID(), 10)})
 	}
 	c.expect(want...)
-	require.NotContains(t, string(c.raw), "evil")
+	require.NotContains(t, string(c.raw()), "evil")
 }
 
 // ---------------------------------------------------------------------------
@@ -1945,7 +1792,7 @@ func TestHandlerEpochIDs(t *testing.T) {
 			c.expect(want...)
 			publishN(t, b, 1)
 			c.expect(epochEvent(b.Epoch(), 6))
-			require.Contains(t, string(c.raw), "\nid: "+b.Epoch()+":6\nevent: e\ndata: {\"id\":6,", "the envelope's id stays the number")
+			require.Contains(t, string(c.raw()), "\nid: "+b.Epoch()+":6\nevent: e\ndata: {\"id\":6,", "the envelope's id stays the number")
 			disagree := e.logs.find("disagree")[before:]
 			if strings.Contains(tc.name, "disagrees") {
 				require.Len(t, disagree, 1)
@@ -1962,7 +1809,7 @@ func TestHandlerEpochIDs(t *testing.T) {
 		publishN(t, b, 3)
 		c := e.stream(t, "/session/s/events", hdr("Last-Event-ID", b.Epoch()+":1"))
 		c.expect(wantEvent(2), wantEvent(3), wantSynth(TypeReplayComplete, `{"replayedCount":2,"lastReplayedEventId":3,"lastEventId":3,"epoch":"`+b.Epoch()+`"}`, "3"))
-		require.NotContains(t, string(c.raw), b.Epoch()+":", "no epoch on the id lines")
+		require.NotContains(t, string(c.raw()), b.Epoch()+":", "no epoch on the id lines")
 	})
 
 	t.Run("frames written from their shared bytes and signals", func(t *testing.T) {
@@ -1994,7 +1841,7 @@ func TestHandlerEpochIDsAcrossARestart(t *testing.T) {
 	c := e.stream(t, "/session/s/events", hdr("Last-Event-ID", "0"))
 	c.expect(epochEvent(old.Epoch(), 1), epochEvent(old.Epoch(), 2), epochEvent(old.Epoch(), 3))
 	c.nextEvent() // replay_complete
-	last := c.p.lastID
+	last := c.r.lastEventID()
 
 	restarted := e.bus(t, "s", Options{}) // replaces the session
 	publishN(t, restarted, 22)
@@ -2091,7 +1938,7 @@ func FuzzParseEventID(f *testing.F) {
 // With EpochIDs the writer puts "id: <epoch>:" before each event's shared
 // bytes: framing a batch allocates nothing, as without it.
 func TestEpochIDsFramingDoesNotAllocate(t *testing.T) {
-	b := newCoreBus(t, Options{RingSize: 64})
+	b := newBus(t, Options{RingSize: 64})
 	frames := publishN(t, b, 16)
 	frames = append(frames, replayCompleteFrame(1, 16, b.Epoch(), 0))
 	for _, epochIDs := range []bool{false, true} {
@@ -2149,7 +1996,7 @@ func requireEveryBlockHasData(t *testing.T, body string) {
 func TestHandlerFramingForLenientClients(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{MaxQueued: 16}, logs)
+		b := newBus(t, logs.capture(Options{MaxQueued: 16}))
 		publishN(t, b, 3)
 		h := busHandler(b, logs)
 		h.Heartbeat = time.Second
@@ -2183,7 +2030,7 @@ func TestHandlerFramingForLenientClients(t *testing.T) {
 	t.Run("a live stream that gets nothing", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
-			b := newTestBus(t, Options{}, logs)
+			b := newBus(t, logs.capture(Options{}))
 			h := busHandler(b, logs)
 			w := newMemWriter()
 			cancel, done := serveMem(h, w, "/session/s/events", nil)
@@ -2206,7 +2053,7 @@ func TestHandlerFramingForLenientClients(t *testing.T) {
 		require.Equal(t, 1, sub)
 		b.Close()
 		c.rest()
-		requireEveryBlockHasData(t, string(c.raw))
+		requireEveryBlockHasData(t, string(c.raw()))
 	})
 }
 

@@ -17,7 +17,7 @@ import (
 // Overflow policy (SPEC 11).
 
 func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 3)
 	require.Equal(t, coreIDs(1, 3), coreDescribe(take11(s))) // the consumer dequeued up to #3
@@ -51,7 +51,7 @@ func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 }
 
 func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 	pubN11(t, b, "e", 3)
 	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
 	pubN11(t, b, "e", 17) // #4..#19 live, #20 rejected
@@ -67,7 +67,7 @@ func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
 }
 
 func TestOverflowResyncBytesVariantReason(t *testing.T) {
-	b := bus11(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowResync})
+	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowResync})
 	s := sub11(t, b, SubscribeOptions{})
 	pubSized11(t, b, "e", 100)
 	pubSized11(t, b, "e", 100)
@@ -90,7 +90,7 @@ func TestOverflowResyncBytesVariantReason(t *testing.T) {
 }
 
 func TestOverflowResyncOfARejectedSignal(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 16)
 	sig11(t, b, "x", "a") // rejected: a signal has no id, what is available starts at the next one
@@ -107,8 +107,8 @@ func TestOverflowResyncOfARejectedSignal(t *testing.T) {
 }
 
 func TestOverflowResyncRearmsTheWarning(t *testing.T) {
-	clk := newClock11(now11Millis)
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
+	clk := newFakeClock(testStamp)
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 17) // warning after #12, resync at #17
 	clk.advance(time.Minute)
@@ -124,8 +124,8 @@ func TestOverflowResyncRearmsTheWarning(t *testing.T) {
 
 func TestOverflowResyncMemoryStaysWithinCapsUnderLongRun(t *testing.T) {
 	const maxQueued, maxBytes = 16, 3500
-	clk := newClock11(now11Millis)
-	b := bus11(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowResync, Now: clk.now})
+	clk := newFakeClock(testStamp)
+	b := newBus(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowResync, Now: clk.now})
 	s := sub11(t, b, SubscribeOptions{}) // stalled: never reads
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 20_000 {
@@ -232,8 +232,8 @@ func s11SumLive(fs []Frame) int {
 func TestOverflowResyncWindowWithFakeClockAtUnixEpoch(t *testing.T) {
 	// A fake clock may well start at Unix time 0: an overflow at 0 ms must
 	// count like any other.
-	clk := newClock11(0)
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
+	clk := newFakeClock(0)
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
 	s := sub11(t, b, SubscribeOptions{})
 	overflow11(t, b, s)
 	clk.advance(10 * time.Second)
@@ -266,8 +266,8 @@ func TestOverflowResyncSpreadOverMoreThanWindowDoesNotEvict(t *testing.T) {
 }
 
 func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
-	clk := newClock11(now11Millis)
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
+	clk := newFakeClock(testStamp)
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
 	s := sub11(t, b, SubscribeOptions{})
 	rng := rand.New(rand.NewPCG(3, 4))
 	received := map[uint64]bool{}
@@ -302,7 +302,7 @@ func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
 
 func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 	t.Run("bus resync, subscription evict", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+		b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 		evict := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowEvict})
 		inherit := sub11(t, b, SubscribeOptions{})
 		pubN11(t, b, "e", 17)
@@ -314,7 +314,7 @@ func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 		assert.Equal(t, uint64(1), st.Resyncs.QueueOverflow)
 	})
 	t.Run("bus evict, subscription resync", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16})
+		b := newBus(t, Options{MaxQueued: 16})
 		resync := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 		inherit := sub11(t, b, SubscribeOptions{})
 		pubN11(t, b, "e", 17)
@@ -331,7 +331,7 @@ func TestOverflowPolicyInvalidValueIsAnError(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidOption, "policy %d", p)
 		assert.Nil(t, b)
 	}
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	for _, p := range []OverflowPolicy{OverflowCatchUp + 1, 255} {
 		s, err := b.Subscribe(t.Context(), SubscribeOptions{OverflowPolicy: p})
 		assert.ErrorIs(t, err, ErrInvalidOption, "policy %d", p)
@@ -347,7 +347,7 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 	assert.Equal(t, OverflowEvict, b.opts.OverflowPolicy)
 	require.NoError(t, b.Close())
 
-	b = bus11(t, Options{MaxQueued: 16})
+	b = newBus(t, Options{MaxQueued: 16})
 	s := sub11(t, b, SubscribeOptions{})
 	assert.Equal(t, OverflowEvict, s.policy)
 	pubN11(t, b, "e", 17)
@@ -364,7 +364,7 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 // not be running at all, and yielding for it on every publish until its
 // eviction would make its peers' publish latency depend on it.
 func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 64})
+	b := newBus(t, Options{MaxQueued: 64})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	defer s.Close()
@@ -402,7 +402,7 @@ func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
 // Past 90% the publisher yields until the consumer is back under 90%, or
 // maxUrgentYields more times for one that does not drain; below 90% once.
 func TestPublishYieldsPastNinetyPercentUntilTheConsumerDrains(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 100})
+	b := newBus(t, Options{MaxQueued: 100})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	defer s.Close()

@@ -65,7 +65,7 @@ func serveFailing11(t testing.TB, b *EventBus, ok int, lastEventID string) {
 }
 
 func TestStatsPublishedAndRejectedByReason(t *testing.T) {
-	b := bus11(t, Options{MaxEventBytes: 200})
+	b := newBus(t, Options{MaxEventBytes: 200})
 	pubN11(t, b, "e", 3)
 	for _, e := range []Event{
 		{Type: ""},
@@ -96,7 +96,7 @@ func TestStatsPublishedAndRejectedByReason(t *testing.T) {
 }
 
 func TestStatsSignalsCountsAcceptedSignals(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	sig11(t, b, "x", "a")
 	sig11(t, b, "x", "a") // no subscriber: still accepted
 	s := sub11(t, b, SubscribeOptions{})
@@ -110,7 +110,7 @@ func TestStatsSignalsCountsAcceptedSignals(t *testing.T) {
 }
 
 func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
+	b := newBus(t, Options{MaxQueued: 16})
 	pubN11(t, b, "e", 2)
 	reader := sub11(t, b, SubscribeOptions{})
 	resumed := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0}) // replay + replay_complete
@@ -142,7 +142,7 @@ func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
 }
 
 func TestStatsFramesDeliveredWhenBreakingOutOfEvents(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 5)
 	n := 0
@@ -158,7 +158,7 @@ func TestStatsFramesDeliveredWhenBreakingOutOfEvents(t *testing.T) {
 }
 
 func TestStatsSubscribersAndPeak(t *testing.T) {
-	b := bus11(t, Options{MaxSubscribers: 3, MaxQueued: 16})
+	b := newBus(t, Options{MaxSubscribers: 3, MaxQueued: 16})
 	assert.Equal(t, 0, b.Stats().Subscribers)
 	s1 := sub11(t, b, SubscribeOptions{})
 	sub11(t, b, SubscribeOptions{Types: []string{"never"}})
@@ -193,14 +193,14 @@ func TestStatsSubscribersAndPeak(t *testing.T) {
 
 func TestStatsEvictionsByReason(t *testing.T) {
 	t.Run("queue_overflow", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16})
+		b := newBus(t, Options{MaxQueued: 16})
 		s := sub11(t, b, SubscribeOptions{})
 		pubN11(t, b, "e", 17)
 		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"queue_overflow"`)
 		assert.Equal(t, EvictionStats{QueueOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("queue_bytes_overflow", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueuedBytes: 1000})
+		b := newBus(t, Options{MaxQueuedBytes: 1000})
 		s := sub11(t, b, SubscribeOptions{})
 		for range 11 {
 			pubSized11(t, b, "e", 100)
@@ -209,7 +209,7 @@ func TestStatsEvictionsByReason(t *testing.T) {
 		assert.Equal(t, EvictionStats{QueueBytesOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("repeated_overflow", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync}) // fixed clock: all within the window
+		b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync}) // fixed clock: all within the window
 		s := sub11(t, b, SubscribeOptions{})
 		for range 3 {
 			overflow11(t, b, s)
@@ -220,7 +220,7 @@ func TestStatsEvictionsByReason(t *testing.T) {
 }
 
 func TestStatsWarningsCountsWarningFramesSent(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
+	b := newBus(t, Options{MaxQueued: 16})
 	s1 := sub11(t, b, SubscribeOptions{})
 	s2 := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 12) // both warned
@@ -237,8 +237,8 @@ func TestStatsWarningsCountsWarningFramesSent(t *testing.T) {
 }
 
 func TestStatsResyncsByReason(t *testing.T) {
-	clk := newClock11(now11Millis)
-	b := bus11(t, Options{RingSize: 4, ReplayBudgetBytes: 250, MaxQueuedBytes: 2000, OverflowPolicy: OverflowResync, Now: clk.now})
+	clk := newFakeClock(testStamp)
+	b := newBus(t, Options{RingSize: 4, ReplayBudgetBytes: 250, MaxQueuedBytes: 2000, OverflowPolicy: OverflowResync, Now: clk.now})
 	var subs []*Subscription
 	q := sub11(t, b, SubscribeOptions{MaxQueued: 16})
 	subs = append(subs, q)
@@ -280,7 +280,7 @@ func TestStatsResyncsByReason(t *testing.T) {
 }
 
 func TestStatsDroppedCoalesced(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	s := sub11(t, b, SubscribeOptions{})
 	sig11(t, b, "x", "a")
 	sig11(t, b, "x", "b")
@@ -291,7 +291,7 @@ func TestStatsDroppedCoalesced(t *testing.T) {
 }
 
 func TestStatsDroppedOverflow(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 	s := sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 5)
 	assert.Len(t, take11(s), 5)
@@ -300,7 +300,7 @@ func TestStatsDroppedOverflow(t *testing.T) {
 }
 
 func TestStatsDroppedReplayBudget(t *testing.T) {
-	b := bus11(t, Options{ReplayBudgetBytes: 250})
+	b := newBus(t, Options{ReplayBudgetBytes: 250})
 	for range 5 {
 		pubSized11(t, b, "e", 100)
 	}
@@ -311,7 +311,7 @@ func TestStatsDroppedReplayBudget(t *testing.T) {
 }
 
 func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	closed := sub11(t, b, SubscribeOptions{})
 	ctx, cancel := context.WithCancel(t.Context())
 	ctxSub, err := b.Subscribe(ctx, SubscribeOptions{})
@@ -330,7 +330,7 @@ func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
 
 	// A draining subscription of a closed bus that is then cancelled still
 	// drops its buffer.
-	b2 := bus11(t, Options{})
+	b2 := newBus(t, Options{})
 	s := sub11(t, b2, SubscribeOptions{})
 	pubN11(t, b2, "e", 4)
 	require.NoError(t, b2.Close())
@@ -340,7 +340,7 @@ func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
 }
 
 func TestStatsDroppedBlockedWhenFirstWriteFails(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	pubN11(t, b, "e", 3)
 	serveFailing11(t, b, 0, "0") // the retry: line fails; 3 events + replay_complete are buffered
 	st := b.Stats()
@@ -350,7 +350,7 @@ func TestStatsDroppedBlockedWhenFirstWriteFails(t *testing.T) {
 }
 
 func TestStatsDroppedBlockedCountsTheFailedBatch(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	pubN11(t, b, "e", 3)
 	serveFailing11(t, b, 1, "0") // the retry: line goes out, the first batch of 4 frames fails
 	st := b.Stats()
@@ -360,7 +360,7 @@ func TestStatsDroppedBlockedCountsTheFailedBatch(t *testing.T) {
 }
 
 func TestStatsRingLenAndBytes(t *testing.T) {
-	b := bus11(t, Options{RingSize: 5})
+	b := newBus(t, Options{RingSize: 5})
 	for range 3 {
 		pubSized11(t, b, "e", 100)
 	}
@@ -375,7 +375,7 @@ func TestStatsRingLenAndBytes(t *testing.T) {
 	assert.Equal(t, 5, st.RingLen)
 	assert.Equal(t, 100+4*120, st.RingBytes)
 
-	b2 := bus11(t, Options{RingMaxBytes: 350})
+	b2 := newBus(t, Options{RingMaxBytes: 350})
 	for range 5 {
 		pubSized11(t, b2, "e", 100)
 	}
@@ -393,14 +393,14 @@ func TestStatsRingLenAndBytes(t *testing.T) {
 var statsSink11 Stats
 
 func TestStatsDoesNotAllocate(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	sub11(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 3)
 	assert.Zero(t, testing.AllocsPerRun(100, func() { statsSink11 = b.Stats() }))
 }
 
 func TestStatsTakesNoLock(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	pubN11(t, b, "e", 2)
 	b.mu.Lock()
 	got := make(chan Stats, 1)
@@ -418,7 +418,7 @@ func TestStatsTakesNoLock(t *testing.T) {
 
 func TestStatsConcurrentWithPublishers(t *testing.T) {
 	const publishers, perPublisher = 4, 500
-	b := bus11(t, Options{RingSize: 100, MaxQueued: 2048})
+	b := newBus(t, Options{RingSize: 100, MaxQueued: 2048})
 	s := sub11(t, b, SubscribeOptions{})
 	consumed := make(chan int)
 	go func() {
@@ -515,7 +515,7 @@ func (r *diagRecorder11) take() []Diagnostic {
 
 func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 	rec := &diagRecorder11{}
-	b := bus11(t, Options{MaxQueued: 16, OnDiagnostic: rec.on})
+	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on})
 
 	_, err := b.Publish(Event{Type: ""})
 	require.Error(t, err)
@@ -565,9 +565,9 @@ func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 }
 
 func TestOnDiagnosticTrueSuppressesTheLogLine(t *testing.T) {
-	logs := &logBuf11{}
+	logs := &logCapture{}
 	rec := &diagRecorder11{suppress: func(d Diagnostic) bool { return d.Kind == DiagPublishRejected }}
-	b := bus11(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: logs.logger()})
 	sub11(t, b, SubscribeOptions{})
 	_, _ = b.Publish(Event{Type: "bad\n"})
 	pubN11(t, b, "e", 12) // slow_client, not suppressed
@@ -575,14 +575,14 @@ func TestOnDiagnosticTrueSuppressesTheLogLine(t *testing.T) {
 	out := logs.String()
 	assert.NotContains(t, out, "publish rejected", "true suppresses the log line")
 	assert.Contains(t, out, "eventbus: slow client", "false lets it through")
-	assert.Contains(t, out, "threshold=frames", "with its attrs")
+	assert.Contains(t, out, `"threshold":"frames"`, "with its attrs")
 	assert.Equal(t, 1, strings.Count(out, "\n"))
 }
 
 func TestOnDiagnosticFalseLetsEveryLogLineThrough(t *testing.T) {
-	logs := &logBuf11{}
+	logs := &logCapture{}
 	rec := &diagRecorder11{}
-	b := bus11(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: logs.logger()})
 	sub11(t, b, SubscribeOptions{})
 	sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 	_, _ = b.Publish(Event{Type: ""})
@@ -618,7 +618,7 @@ func TestOnDiagnosticNeverCalledWithTheBusLockHeld(t *testing.T) {
 	}
 	for kind, trigger := range triggers {
 		t.Run(kind, func(t *testing.T) {
-			other := bus11(t, Options{})
+			other := newBus(t, Options{})
 			var b *EventBus
 			var mu sync.Mutex
 			var checked []string
@@ -651,7 +651,7 @@ func TestOnDiagnosticNeverCalledWithTheBusLockHeld(t *testing.T) {
 				mu.Unlock()
 				return true
 			}
-			b = bus11(t, Options{MaxQueued: 16, OnDiagnostic: on})
+			b = newBus(t, Options{MaxQueued: 16, OnDiagnostic: on})
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
