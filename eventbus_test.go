@@ -24,14 +24,6 @@ import (
 // ---------------------------------------------------------------------------
 // Helpers shared by the package's tests.
 
-func coreSubscribe(t testing.TB, b *EventBus, opts SubscribeOptions) *Subscription {
-	t.Helper()
-	s, err := b.Subscribe(context.Background(), opts)
-	require.NoError(t, err)
-	require.NotNil(t, s)
-	return s
-}
-
 func corePublish(t testing.TB, b *EventBus, e Event) Frame {
 	t.Helper()
 	f, err := b.Publish(e)
@@ -243,7 +235,7 @@ func TestNewZeroOptionsMeanDefaults(t *testing.T) {
 	assert.Equal(t, DefaultReplayBudgetBytes, o.ReplayBudgetBytes)
 
 	// The defaults reach a subscription too.
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	c := s.q.counts()
 	assert.Equal(t, DefaultMaxQueued, c.maxQueued)
 	assert.Equal(t, DefaultMaxQueuedBytes, c.maxBytes)
@@ -318,16 +310,16 @@ func TestNewMaxEventBytesLimitsPublish(t *testing.T) {
 
 func TestNewMaxSubscribersLimitsSubscribe(t *testing.T) {
 	b := newBus(t, Options{MaxSubscribers: 2})
-	coreSubscribe(t, b, SubscribeOptions{})
-	coreSubscribe(t, b, SubscribeOptions{})
+	subscribe(t, b, SubscribeOptions{})
+	subscribe(t, b, SubscribeOptions{})
 	_, err := b.Subscribe(context.Background(), SubscribeOptions{})
 	assert.ErrorIs(t, err, ErrSubscriberLimitExceeded)
 }
 
 func TestNewMaxQueuedIsTheSubscriptionDefault(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 20})
-	def := coreSubscribe(t, b, SubscribeOptions{})
-	own := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 30})
+	def := subscribe(t, b, SubscribeOptions{})
+	own := subscribe(t, b, SubscribeOptions{MaxQueued: 30})
 	assert.Equal(t, 20, def.q.counts().maxQueued)
 	assert.Equal(t, 30, own.q.counts().maxQueued)
 
@@ -341,8 +333,8 @@ func TestNewMaxQueuedIsTheSubscriptionDefault(t *testing.T) {
 
 func TestNewMaxQueuedBytesCapsEverySubscription(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 1000})
-	s1 := coreSubscribe(t, b, SubscribeOptions{})
-	s2 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+	s1 := subscribe(t, b, SubscribeOptions{})
+	s2 := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
 	corePublishSized(t, b, 600)
 	corePublishSized(t, b, 600)
 	for _, s := range []*Subscription{s1, s2} {
@@ -358,7 +350,7 @@ func TestNewReplayBudgetBytesLimitsResume(t *testing.T) {
 	for range 5 {
 		corePublishSized(t, b, 300)
 	}
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true})
+	s := subscribe(t, b, SubscribeOptions{Resume: true})
 	fs, _ := corePending(s)
 	assert.Equal(t, coreSeq(coreIDs(1, 3), TypeStateResyncRequired, TypeReplayComplete), coreDescribe(fs))
 }
@@ -401,7 +393,7 @@ func TestSubscribeRejectsNegativeMaxQueued(t *testing.T) {
 
 func TestPublishAssignsContiguousIDsFromOne(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	fs := corePublishN(t, b, 3)
 	assert.Equal(t, []string{"#1", "#2", "#3"}, coreDescribe(fs))
 	got, _ := corePending(s)
@@ -445,7 +437,7 @@ func TestPublishEnvelopeFieldOrder(t *testing.T) {
 
 func TestPublishReturnsTheStampedFrame(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	f := corePublish(t, b, Event{Type: "t", Data: 1})
 	assert.Equal(t, uint64(1), f.ID())
 	assert.Equal(t, "t", f.Type())
@@ -576,7 +568,7 @@ func TestPublishRejectsEmptyType(t *testing.T) {
 	buf := &logCapture{}
 	logger := buf.logger()
 	b := newBus(t, Options{Logger: logger})
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	_, err := b.Publish(Event{Type: "", Data: 1})
 	assert.ErrorIs(t, err, ErrInvalidEvent)
 	assert.Contains(t, buf.String(), "publish rejected")
@@ -631,7 +623,7 @@ func TestPublishRejectsUnserializableData(t *testing.T) {
 			buf := &logCapture{}
 			logger := buf.logger()
 			b := newBus(t, Options{Logger: logger})
-			s := coreSubscribe(t, b, SubscribeOptions{})
+			s := subscribe(t, b, SubscribeOptions{})
 			corePublish(t, b, Event{Type: "before"})
 
 			var err error
@@ -654,7 +646,7 @@ func TestPublishRejectsEventAboveMaxEventBytes(t *testing.T) {
 	buf := &logCapture{}
 	logger := buf.logger()
 	b := newBus(t, Options{MaxEventBytes: 500, Logger: logger})
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 
 	_, err := b.Publish(coreSizedEvent(t, 1, 501))
 	require.ErrorIs(t, err, ErrEventTooLarge)
@@ -720,7 +712,7 @@ func TestPublishOnClosedBusReturnsErrClosed(t *testing.T) {
 func TestPublishNeverBlocksOnSubscriberThatNeverReads(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{MaxQueued: 16})
-		stuck := coreSubscribe(t, b, SubscribeOptions{})
+		stuck := subscribe(t, b, SubscribeOptions{})
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -744,7 +736,7 @@ func TestPublishNeverBlocksOnSubscriberThatNeverReads(t *testing.T) {
 
 func TestPublishEnvelopeNeverContainsCROrLF(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	nasty := "a\r\nb\rc\nd\u2028e\u2029f\x00"
 	f := corePublish(t, b, Event{
 		Type:               "t",
@@ -789,7 +781,7 @@ func TestPublishEncodesOnceForAllSubscribersAndReplay(t *testing.T) {
 	b := newBus(t, Options{MaxSubscribers: 64})
 	subs := make([]*Subscription, 64)
 	for i := range subs {
-		subs[i] = coreSubscribe(t, b, SubscribeOptions{})
+		subs[i] = subscribe(t, b, SubscribeOptions{})
 	}
 	var calls atomic.Int32
 	f := corePublish(t, b, Event{Type: "t", Data: coreCountingMarshaler{&calls}})
@@ -803,7 +795,7 @@ func TestPublishEncodesOnceForAllSubscribersAndReplay(t *testing.T) {
 
 	// A resuming subscriber gets the very same bytes from the ring.
 	subs[0].Close()
-	r := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	r := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
 	fs, _ := corePending(r)
 	require.Equal(t, []string{"#1", TypeReplayComplete}, coreDescribe(fs))
 	assert.Same(t, first, &fs[0].JSON()[0])
@@ -837,9 +829,9 @@ func TestEpochIs32LowercaseHexAndDiffersBetweenBuses(t *testing.T) {
 func TestSubscriberCountTracksSubscriptions(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16})
 	assert.Equal(t, 0, b.SubscriberCount())
-	s1 := coreSubscribe(t, b, SubscribeOptions{})
-	s2 := coreSubscribe(t, b, SubscribeOptions{})
-	s3 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 100})
+	s1 := subscribe(t, b, SubscribeOptions{})
+	s2 := subscribe(t, b, SubscribeOptions{})
+	s3 := subscribe(t, b, SubscribeOptions{MaxQueued: 100})
 	assert.Equal(t, 3, b.SubscriberCount())
 	s1.Close()
 	assert.Equal(t, 2, b.SubscriberCount())
@@ -856,7 +848,7 @@ func TestSubscriberCountTracksSubscriptions(t *testing.T) {
 
 func TestSubscribeRegistersSynchronously(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	corePublish(t, b, Event{Type: "t"})
 	fs, open := corePending(s)
 	assert.True(t, open)
@@ -877,7 +869,7 @@ func TestSubscribeRegistersSynchronously(t *testing.T) {
 		}
 	})
 	for range 50 {
-		s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+		s := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
 		after := b.LastEventID()
 		f := corePublish(t, b, Event{Type: "mine"})
 		fs, _ := corePending(s)
@@ -901,7 +893,7 @@ func TestSubscribeRegistersSynchronously(t *testing.T) {
 func TestSubscribeLimitReturnsSubscriberLimitError(t *testing.T) {
 	b := newBus(t, Options{MaxSubscribers: 3})
 	for range 3 {
-		coreSubscribe(t, b, SubscribeOptions{})
+		subscribe(t, b, SubscribeOptions{})
 	}
 	s, err := b.Subscribe(context.Background(), SubscribeOptions{})
 	assert.Nil(t, s)
@@ -915,7 +907,7 @@ func TestSubscribeLimitReturnsSubscriberLimitError(t *testing.T) {
 
 func TestSubscribeLimitReleasesTheContextWatch(t *testing.T) {
 	b := newBus(t, Options{MaxSubscribers: 1})
-	coreSubscribe(t, b, SubscribeOptions{})
+	subscribe(t, b, SubscribeOptions{})
 	ctx := newCoreWatchCtx()
 	_, err := b.Subscribe(ctx, SubscribeOptions{})
 	require.ErrorIs(t, err, ErrSubscriberLimitExceeded)
@@ -942,7 +934,7 @@ func TestSubscribeOnClosedBusReturnsEndedSubscription(t *testing.T) {
 func TestSubscribeWithDoneContextReturnsEndedSubscription(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{})
-		coreSubscribe(t, b, SubscribeOptions{})
+		subscribe(t, b, SubscribeOptions{})
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		s, err := b.Subscribe(ctx, SubscribeOptions{Resume: true})
@@ -983,7 +975,7 @@ func TestSubscribeChecksInSpecOrder(t *testing.T) {
 
 	// A done context comes before the subscriber limit.
 	full := newBus(t, Options{MaxSubscribers: 1})
-	coreSubscribe(t, full, SubscribeOptions{})
+	subscribe(t, full, SubscribeOptions{})
 	s, err = full.Subscribe(done, SubscribeOptions{})
 	require.NoError(t, err)
 	assert.Empty(t, coreCollect(s))
@@ -992,10 +984,10 @@ func TestSubscribeChecksInSpecOrder(t *testing.T) {
 func TestSubscribeResumeFalseDiffersFromResumeFromZero(t *testing.T) {
 	b := newBus(t, Options{})
 	corePublishN(t, b, 3)
-	live := coreSubscribe(t, b, SubscribeOptions{LastEventID: 0})
-	fromStart := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	live := subscribe(t, b, SubscribeOptions{LastEventID: 0})
+	fromStart := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
 	// LastEventID without Resume is ignored.
-	ignored := coreSubscribe(t, b, SubscribeOptions{LastEventID: 1})
+	ignored := subscribe(t, b, SubscribeOptions{LastEventID: 1})
 	corePublish(t, b, Event{Type: "t"})
 
 	fs, _ := corePending(live)
@@ -1012,7 +1004,7 @@ func TestSubscribeResumeFalseDiffersFromResumeFromZero(t *testing.T) {
 func TestResumeWithoutLastIDIsLiveOnly(t *testing.T) {
 	b := newBus(t, Options{})
 	corePublishN(t, b, 3)
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	fs, open := corePending(s)
 	assert.True(t, open)
 	assert.Empty(t, fs, "no replay, no replay_complete")
@@ -1024,7 +1016,7 @@ func TestResumeWithoutLastIDIsLiveOnly(t *testing.T) {
 func TestResumeReplaysContiguousEventsThenReplayComplete(t *testing.T) {
 	b := newBus(t, Options{})
 	published := corePublishN(t, b, 5)
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
 	corePublishN(t, b, 1)
 	fs, _ := corePending(s)
 	require.Equal(t, coreSeq(coreIDs(3, 5), TypeReplayComplete, "#6"), coreDescribe(fs))
@@ -1043,14 +1035,14 @@ func TestResumeReplaysContiguousEventsThenReplayComplete(t *testing.T) {
 func TestResumeAtLatestSendsReplayedCountZero(t *testing.T) {
 	b := newBus(t, Options{})
 	corePublishN(t, b, 5)
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
 	fs, _ := corePending(s)
 	require.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
 	assert.Equal(t, coreWithEpoch(b, `{"replayedCount":0,"epoch":"EPOCH"}`), coreData(t, fs[0]))
 
 	// From the start on a bus that has published nothing: the same.
 	empty := newBus(t, Options{})
-	s = coreSubscribe(t, empty, SubscribeOptions{Resume: true, LastEventID: 0})
+	s = subscribe(t, empty, SubscribeOptions{Resume: true, LastEventID: 0})
 	fs, _ = corePending(s)
 	require.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
 	assert.Equal(t, coreWithEpoch(empty, `{"replayedCount":0,"epoch":"EPOCH"}`), coreData(t, fs[0]))
@@ -1060,7 +1052,7 @@ func TestResumeAfterRingEvictionSendsRingEvictedResync(t *testing.T) {
 	b := newBus(t, Options{RingSize: 3})
 	corePublishN(t, b, 10) // the ring holds 8..10
 	for _, n := range []uint64{0, 5, 6} {
-		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n})
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n})
 		fs, _ := corePending(s)
 		require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs), "N=%d", n)
 		assert.Equal(t,
@@ -1074,7 +1066,7 @@ func TestResumeAfterRingEvictionSendsRingEvictedResync(t *testing.T) {
 func TestResumeAtRingBoundaryDoesNotResync(t *testing.T) {
 	b := newBus(t, Options{RingSize: 3})
 	corePublishN(t, b, 10)
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 7}) // N == ring[0].id-1
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 7}) // N == ring[0].id-1
 	fs, _ := corePending(s)
 	assert.Equal(t, coreSeq(coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs))
 }
@@ -1084,12 +1076,12 @@ func TestResumeAfterRingMaxBytesEvictionSendsRingEvictedResync(t *testing.T) {
 	for range 10 {
 		corePublishSized(t, b, 300)
 	}
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3})
 	fs, _ := corePending(s)
 	require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs))
 	assert.Equal(t, coreWithEpoch(b, `{"reason":"ring_evicted","lastDeliveredId":3,"earliestAvailableId":8,"epoch":"EPOCH"}`), coreData(t, fs[0]))
 
-	s = coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 7})
+	s = subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 7})
 	fs, _ = corePending(s)
 	assert.Equal(t, coreSeq(coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs))
 }
@@ -1098,7 +1090,7 @@ func TestResumeFromLaterEpochSendsEpochReset(t *testing.T) {
 	b := newBus(t, Options{})
 	corePublishN(t, b, 5)
 	for _, n := range []uint64{6, 7, 1000, math.MaxUint64} { // N >= nextID
-		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n})
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n})
 		fs, _ := corePending(s)
 		require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(1, 5), TypeReplayComplete), coreDescribe(fs), "N=%d", n)
 		assert.Equal(t,
@@ -1112,7 +1104,7 @@ func TestResumeFromLaterEpochSendsEpochReset(t *testing.T) {
 	// the whole ring is replayed.
 	small := newBus(t, Options{RingSize: 3})
 	corePublishN(t, small, 10)
-	s := coreSubscribe(t, small, SubscribeOptions{Resume: true, LastEventID: 50})
+	s := subscribe(t, small, SubscribeOptions{Resume: true, LastEventID: 50})
 	fs, _ := corePending(s)
 	require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(8, 10), TypeReplayComplete), coreDescribe(fs))
 	assert.Equal(t, coreWithEpoch(small, `{"reason":"epoch_reset","lastDeliveredId":50,"earliestAvailableId":8,"epoch":"EPOCH"}`), coreData(t, fs[0]))
@@ -1121,7 +1113,7 @@ func TestResumeFromLaterEpochSendsEpochReset(t *testing.T) {
 func TestResumeAtLastEventIDIsNotEpochReset(t *testing.T) {
 	b := newBus(t, Options{})
 	corePublishN(t, b, 5)
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5}) // N == nextID-1
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5}) // N == nextID-1
 	corePublishN(t, b, 1)
 	fs, _ := corePending(s)
 	assert.Equal(t, []string{TypeReplayComplete, "#6"}, coreDescribe(fs))
@@ -1129,7 +1121,7 @@ func TestResumeAtLastEventIDIsNotEpochReset(t *testing.T) {
 
 func TestResumeEpochResetOnEmptyRingUsesNextID(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
 	corePublishN(t, b, 1)
 	fs, _ := corePending(s)
 	require.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete, "#1"}, coreDescribe(fs))
@@ -1142,7 +1134,7 @@ func TestResumeWithDifferentEpochSendsEpochMismatch(t *testing.T) {
 	other := newBus(t, Options{})
 	corePublishN(t, b, 5)
 	for _, n := range []uint64{0, 3, 5} { // all below nextID
-		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n, Epoch: other.Epoch()})
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n, Epoch: other.Epoch()})
 		fs, _ := corePending(s)
 		require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(1, 5), TypeReplayComplete), coreDescribe(fs), "N=%d", n)
 		assert.Equal(t,
@@ -1152,7 +1144,7 @@ func TestResumeWithDifferentEpochSendsEpochMismatch(t *testing.T) {
 	}
 
 	// The bus's own epoch is no mismatch.
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: b.Epoch()})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: b.Epoch()})
 	fs, _ := corePending(s)
 	assert.Equal(t, coreSeq(coreIDs(4, 5), TypeReplayComplete), coreDescribe(fs))
 }
@@ -1161,13 +1153,13 @@ func TestResumeIgnoresEmptyOrOversizedEpoch(t *testing.T) {
 	b := newBus(t, Options{})
 	corePublishN(t, b, 5)
 	for _, epoch := range []string{"", strings.Repeat("a", 65), strings.Repeat("z", 1000)} {
-		s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: epoch})
+		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: epoch})
 		fs, _ := corePending(s)
 		assert.Equal(t, coreSeq(coreIDs(4, 5), TypeReplayComplete), coreDescribe(fs), "epoch of %d bytes", len(epoch))
 		s.Close()
 	}
 	// 64 bytes is still a presented epoch.
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: strings.Repeat("a", 64)})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Epoch: strings.Repeat("a", 64)})
 	fs, _ := corePending(s)
 	require.NotEmpty(t, fs)
 	assert.Equal(t, TypeStateResyncRequired, fs[0].Type())
@@ -1177,7 +1169,7 @@ func TestResumeIgnoresEmptyOrOversizedEpoch(t *testing.T) {
 func TestEpochIgnoredWithoutResume(t *testing.T) {
 	b := newBus(t, Options{})
 	corePublishN(t, b, 3)
-	s := coreSubscribe(t, b, SubscribeOptions{Epoch: "different", LastEventID: 1})
+	s := subscribe(t, b, SubscribeOptions{Epoch: "different", LastEventID: 1})
 	corePublishN(t, b, 1)
 	fs, _ := corePending(s)
 	assert.Equal(t, []string{"#4"}, coreDescribe(fs))
@@ -1188,7 +1180,7 @@ func TestResumeReplayBudgetExceeded(t *testing.T) {
 	for range 6 {
 		corePublishSized(t, b, 300)
 	}
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})
 	corePublishN(t, b, 1)
 	fs, _ := corePending(s)
 	// 2, 3, 4 are exactly the budget; 5 would exceed it.
@@ -1197,7 +1189,7 @@ func TestResumeReplayBudgetExceeded(t *testing.T) {
 	assert.Equal(t, coreWithEpoch(b, `{"replayedCount":3,"lastReplayedEventId":4,"lastEventId":4,"epoch":"EPOCH"}`), coreData(t, fs[4]))
 
 	// Within the budget: no resync.
-	s = coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 4})
+	s = subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 4})
 	fs, _ = corePending(s)
 	assert.Equal(t, coreSeq(coreIDs(5, 7), TypeReplayComplete), coreDescribe(fs), "2*300 + the small #7 fit in 900")
 }
@@ -1207,7 +1199,7 @@ func TestResumeReplayBudgetAfterRingEvictedResync(t *testing.T) {
 	for range 10 {
 		corePublishSized(t, b, 300)
 	}
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
 	fs, _ := corePending(s)
 	require.Equal(t, coreSeq(TypeStateResyncRequired, coreIDs(7, 8), TypeStateResyncRequired, TypeReplayComplete), coreDescribe(fs))
 	assert.Contains(t, coreData(t, fs[0]), `"reason":"ring_evicted","lastDeliveredId":2,"earliestAvailableId":7`)
@@ -1218,13 +1210,13 @@ func TestResumeReplaysFirstFrameEvenAboveBudget(t *testing.T) {
 	b := newBus(t, Options{ReplayBudgetBytes: 100})
 	corePublishSized(t, b, 300)
 	corePublishSized(t, b, 300)
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true})
+	s := subscribe(t, b, SubscribeOptions{Resume: true})
 	fs, _ := corePending(s)
 	require.Equal(t, []string{"#1", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
 	assert.Equal(t, coreWithEpoch(b, `{"reason":"replay_budget_exceeded","lastDeliveredId":1,"earliestAvailableId":2,"epoch":"EPOCH"}`), coreData(t, fs[1]))
 	assert.Equal(t, coreWithEpoch(b, `{"replayedCount":1,"lastReplayedEventId":1,"lastEventId":1,"epoch":"EPOCH"}`), coreData(t, fs[2]))
 
-	s = coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})
+	s = subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})
 	fs, _ = corePending(s)
 	assert.Equal(t, []string{"#2", TypeReplayComplete}, coreDescribe(fs), "a single oversized frame needs no resync")
 }
@@ -1233,7 +1225,7 @@ func TestReplayFramesDoNotCountTowardLiveCaps(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 4096})
 	published := corePublishN(t, b, 1000)
 	require.Greater(t, coreSumSizes(published), 4096)
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
 	assert.Equal(t, 1001, s.q.len())
 	assert.Equal(t, 0, s.q.counts().liveCount)
 	assert.Equal(t, 0, s.q.counts().liveBytes)
@@ -1247,7 +1239,7 @@ func TestReplayFramesDoNotCountTowardLiveCaps(t *testing.T) {
 func TestLivePublishAfterLargeReplayDoesNotEvict(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 4096})
 	corePublishN(t, b, 1000)
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
 	live := corePublishN(t, b, 12) // nothing consumed: 1001 forced frames still queued
 	assert.NoError(t, s.Err())
 	assert.Equal(t, 1, b.SubscriberCount())
@@ -1277,7 +1269,7 @@ func TestResumeUnderConcurrentPublishHasNoGapOrDuplicate(t *testing.T) {
 	for range 40 {
 		n := b.LastEventID()
 		n -= min(n, uint64(len(subs)%7))
-		subs = append(subs, coreSubscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n, MaxQueued: 2 * total}))
+		subs = append(subs, subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: n, MaxQueued: 2 * total}))
 		cursors = append(cursors, n)
 	}
 	<-done
@@ -1306,7 +1298,7 @@ func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
 	buf := &logCapture{}
 	logger := buf.logger()
 	b := newBus(t, Options{Logger: logger})
-	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	live := corePublishN(t, b, 11)
 	assert.Equal(t, 11, s.q.len(), "no warning below 12")
 	live = append(live, corePublishN(t, b, 1)...)
@@ -1323,7 +1315,7 @@ func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
 	assert.Contains(t, buf.String(), "slow client")
 
 	// Ratios are floats, not rounded: 0.75*10 = 7.5, so the warning comes at 8.
-	s10 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 10})
+	s10 := subscribe(t, b, SubscribeOptions{MaxQueued: 10})
 	corePublishN(t, b, 7)
 	assert.Equal(t, 7, s10.q.len())
 	corePublishN(t, b, 1)
@@ -1332,7 +1324,7 @@ func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
 
 func TestWarningOncePerEpisode(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishN(t, b, 16)
 	fs, open := corePending(s)
 	assert.True(t, open)
@@ -1344,7 +1336,7 @@ func TestWarningRearmsOnlyWhenFramesAndBytesAtOrBelowResetRatio(t *testing.T) {
 	// warn at 6000, re-arm at <= 3000 bytes. Small events are ~80 bytes.
 	setup := func(t *testing.T) (*EventBus, *Subscription) {
 		b := newBus(t, Options{MaxQueuedBytes: 8000})
-		s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+		s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 		corePublishN(t, b, 12)
 		require.Equal(t, 13, s.q.len(), "12 live frames and the first warning")
 		return b, s
@@ -1405,7 +1397,7 @@ func warnedLocked(b *EventBus, s *Subscription) bool {
 
 func TestWarningRearmIsEvaluatedOnlyOnPublish(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishN(t, b, 12)
 	fs, _ := corePending(s) // drained to empty
 	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
@@ -1421,7 +1413,7 @@ func TestWarningRearmIsEvaluatedOnlyOnPublish(t *testing.T) {
 
 func TestWarningThresholdFrames(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 1 << 20})
-	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishN(t, b, 12)
 	fs, _ := corePending(s)
 	require.Len(t, fs, 13)
@@ -1431,13 +1423,13 @@ func TestWarningThresholdFrames(t *testing.T) {
 func TestWarningThresholdBytes(t *testing.T) {
 	// MaxQueuedBytes 4000: warn at 3000 bytes.
 	b := newBus(t, Options{MaxQueuedBytes: 4000})
-	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishSized(t, b, 1000)
 	corePublishSized(t, b, 1000)
 	corePublishSized(t, b, 999)
 	assert.Equal(t, 3, s.q.len(), "2999 bytes: no warning")
 
-	s2 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s2 := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishSized(t, b, 1000)
 	corePublishSized(t, b, 1000)
 	corePublishSized(t, b, 1000)
@@ -1448,7 +1440,7 @@ func TestWarningThresholdBytes(t *testing.T) {
 
 func TestWarningThresholdFramesAndBytes(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 4000})
-	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	for range 11 {
 		corePublishSized(t, b, 250)
 	}
@@ -1462,7 +1454,7 @@ func TestWarningThresholdFramesAndBytes(t *testing.T) {
 func TestForcedFramesDoNotSkewLiveCount(t *testing.T) {
 	b := newBus(t, Options{})
 	corePublishN(t, b, 10)
-	s := coreSubscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
 	require.Equal(t, 11, s.q.len(), "10 replayed + replay_complete, all forced")
 	corePublishN(t, b, 11)
 	assert.Equal(t, 11, s.q.counts().liveCount)
@@ -1491,7 +1483,7 @@ func TestEvictionOnFrameCap(t *testing.T) {
 	buf := &logCapture{}
 	logger := buf.logger()
 	b := newBus(t, Options{Logger: logger})
-	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	live := corePublishN(t, b, 16)
 	assert.NoError(t, s.Err())
 	corePublishN(t, b, 1)
@@ -1511,7 +1503,7 @@ func TestEvictionOnFrameCap(t *testing.T) {
 
 func TestEvictionOnByteCap(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 4000})
-	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	corePublishSized(t, b, 1000)
 	corePublishSized(t, b, 1000)
 	corePublishSized(t, b, 2500)
@@ -1528,7 +1520,7 @@ func TestEvictionOnByteCap(t *testing.T) {
 func TestEvictedConsumerGetsQueuedFramesThenTerminalThenEnd(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{})
-		s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+		s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 		gate := make(chan struct{})
 		var got []Frame
 		ended := make(chan struct{})
@@ -1553,7 +1545,7 @@ func TestEvictedConsumerGetsQueuedFramesThenTerminalThenEnd(t *testing.T) {
 
 func TestEvictedErrWrapsErrEvicted(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	assert.NoError(t, s.Err())
 	corePublishN(t, b, 17)
 	err := s.Err()
@@ -1565,8 +1557,8 @@ func TestEvictedErrWrapsErrEvicted(t *testing.T) {
 
 func TestEvictionDecrementsSubscriberCount(t *testing.T) {
 	b := newBus(t, Options{})
-	coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	coreSubscribe(t, b, SubscribeOptions{MaxQueued: 100})
+	subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	subscribe(t, b, SubscribeOptions{MaxQueued: 100})
 	assert.Equal(t, 2, b.SubscriberCount())
 	corePublishN(t, b, 17)
 	assert.Equal(t, 1, b.SubscriberCount())
@@ -1604,11 +1596,11 @@ func TestEvictionStopsWatchingContext(t *testing.T) {
 
 func TestEvictionDoesNotAffectSiblings(t *testing.T) {
 	b := newBus(t, Options{})
-	before := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 2048})
-	slow := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	slow2 := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	fast := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	after := coreSubscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+	before := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+	slow := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	slow2 := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	fast := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	after := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
 	var fastGot []Frame
 	for range 100 {
 		corePublishN(t, b, 1)
@@ -1681,7 +1673,7 @@ func TestSubscriptionCloseDropsBufferAndEnds(t *testing.T) {
 func TestCancellationIsIdempotent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{})
-		other := coreSubscribe(t, b, SubscribeOptions{})
+		other := subscribe(t, b, SubscribeOptions{})
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := b.Subscribe(ctx, SubscribeOptions{})
 		require.NoError(t, err)
@@ -1722,7 +1714,7 @@ func TestBreakingOutOfEventsClosesSubscription(t *testing.T) {
 func TestEventsIsSingleUse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{})
-		s := coreSubscribe(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
 		first := make(chan []Frame)
 		go func() { first <- coreCollect(s) }()
 		corePublishN(t, b, 2)
@@ -1749,7 +1741,7 @@ func TestEventsIsSingleUse(t *testing.T) {
 func TestEventsDeliversToABlockedConsumer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{})
-		s := coreSubscribe(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
 		got := make(chan Frame, 100)
 		go func() {
 			for f := range s.Events() {
@@ -1771,7 +1763,7 @@ func TestEventsDeliversToABlockedConsumer(t *testing.T) {
 
 func TestReadyAndAppendReady(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	select {
 	case <-s.Ready():
 		t.Fatal("token before any frame")
@@ -1805,9 +1797,9 @@ func TestReadyAndAppendReady(t *testing.T) {
 func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{})
-		never := coreSubscribe(t, b, SubscribeOptions{}) // never iterated
-		polled := coreSubscribe(t, b, SubscribeOptions{})
-		ranged := coreSubscribe(t, b, SubscribeOptions{})
+		never := subscribe(t, b, SubscribeOptions{}) // never iterated
+		polled := subscribe(t, b, SubscribeOptions{})
+		ranged := subscribe(t, b, SubscribeOptions{})
 		got := make(chan []Frame)
 		go func() { got <- coreCollect(ranged) }()
 		corePublishN(t, b, 3)
@@ -1831,8 +1823,8 @@ func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
 func TestBusCloseWithErrorEndsEverySubscriptionWithATerminalFrame(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{})
-		never := coreSubscribe(t, b, SubscribeOptions{})
-		polled := coreSubscribe(t, b, SubscribeOptions{})
+		never := subscribe(t, b, SubscribeOptions{})
+		polled := subscribe(t, b, SubscribeOptions{})
 		corePublishN(t, b, 2)
 		require.NoError(t, b.CloseWithError(ErrorKindUnavailable, "backplane unreachable"))
 		require.NoError(t, b.CloseWithError(ErrorKindInternal, "again"), "idempotent")
@@ -1854,7 +1846,7 @@ func TestBusCloseWithErrorEndsEverySubscriptionWithATerminalFrame(t *testing.T) 
 
 func TestBusCloseIsIdempotent(t *testing.T) {
 	b := newBus(t, Options{})
-	s := coreSubscribe(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	corePublishN(t, b, 1)
 	var wg sync.WaitGroup
 	for range 8 {
@@ -1884,7 +1876,7 @@ func TestCancellationAfterCloseDropsDrainingBuffer(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		viaCtx, err := b.Subscribe(ctx, SubscribeOptions{})
 		require.NoError(t, err)
-		viaClose := coreSubscribe(t, b, SubscribeOptions{})
+		viaClose := subscribe(t, b, SubscribeOptions{})
 		corePublishN(t, b, 3)
 		require.NoError(t, b.Close())
 
@@ -1924,9 +1916,9 @@ func TestConcurrentPublishersDeliverIncreasingIDs(t *testing.T) {
 	b := newBus(t, Options{})
 	const publishers, each = 8, 500
 	subs := []*Subscription{
-		coreSubscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
-		coreSubscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
-		coreSubscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
+		subscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
+		subscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
+		subscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
 	}
 	var wg sync.WaitGroup
 	for range publishers {

@@ -108,10 +108,10 @@ func TestFilterEmptyMatchesEverything(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, f.match("anything"))
 		b := newBus(t, Options{})
-		s := sub11(t, b, SubscribeOptions{Types: types})
+		s := subscribe(t, b, SubscribeOptions{Types: types})
 		pub11(t, b, "x")
 		pub11(t, b, "y.z")
-		assert.Equal(t, []string{"#1", "#2"}, coreDescribe(take11(s)))
+		assert.Equal(t, []string{"#1", "#2"}, coreDescribe(readyNow(s)))
 	}
 }
 
@@ -138,7 +138,7 @@ func TestFilterSyntheticFramesAlwaysPass(t *testing.T) {
 	pubN11(t, b, "other", 3)
 	// Epoch mismatch: state_resync_required, then replay_complete; none of
 	// the ring's events match.
-	s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 1, Epoch: "not-this-bus"})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 1, Epoch: "not-this-bus"})
 	pubN11(t, b, "zzz", 17) // warning at 12, eviction at 17
 	fs := coreCollect(s)
 	assert.Equal(t, coreSeq(TypeStateResyncRequired, TypeReplayComplete, coreIDs(4, 15), TypeSlowClientWarning, coreIDs(16, 19), TypeClientEvicted),
@@ -149,7 +149,7 @@ func TestFilterSyntheticFramesAlwaysPass(t *testing.T) {
 
 func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"wanted.*"}})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"wanted.*"}})
 	for range 10_000 {
 		_, err := b.Publish(Event{Type: "unwanted", Data: strings.Repeat("x", 500)})
 		require.NoError(t, err)
@@ -162,7 +162,7 @@ func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
 	assert.Equal(t, EvictionStats{}, st.Evictions)
 
 	pub11(t, b, "wanted.x")
-	assert.Equal(t, []string{"#10001"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"#10001"}, coreDescribe(readyNow(s)))
 }
 
 func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
@@ -170,15 +170,15 @@ func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
 	for _, typ := range []string{"a", "b", "a.x", "b", "c", "a.y", "b"} { // #1..#7
 		pub11(t, b, typ)
 	}
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a", "a.*"}, Resume: true, LastEventID: 0})
-	fs := take11(s)
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a", "a.*"}, Resume: true, LastEventID: 0})
+	fs := readyNow(s)
 	assert.Equal(t, []string{"#1", "#3", "#6", TypeReplayComplete}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":3,"lastReplayedEventId":6,"lastEventId":6,"epoch":%q}`, b.Epoch()),
 		coreData(t, fs[3]))
 
 	// Nothing after the cursor matches: replayedCount 0.
-	s2 := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
-	fs = take11(s2)
+	s2 := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
+	fs = readyNow(s2)
 	assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), coreData(t, fs[0]))
 }
@@ -192,8 +192,8 @@ func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
 	pubSized11(t, b, "b", 100)  // #5: filtered out, not counted as dropped
 	pubSized11(t, b, "a", 100)  // #6: not replayed
 
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
-	fs := take11(s)
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
+	fs := readyNow(s)
 	assert.Equal(t, []string{"#1", "#3", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"replay_budget_exceeded","lastDeliveredId":3,"earliestAvailableId":4,"epoch":%q}`, b.Epoch()),
 		coreData(t, fs[2]))
@@ -207,8 +207,8 @@ func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
 	b2 := newBus(t, Options{ReplayBudgetBytes: 250})
 	pubSized11(t, b2, "b", 100)
 	pubSized11(t, b2, "a", 1000)
-	s2 := sub11(t, b2, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
-	assert.Equal(t, []string{"#2", TypeReplayComplete}, coreDescribe(take11(s2)))
+	s2 := subscribe(t, b2, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
+	assert.Equal(t, []string{"#2", TypeReplayComplete}, coreDescribe(readyNow(s2)))
 }
 
 func TestFilterResyncRulesGoByIDs(t *testing.T) {
@@ -219,19 +219,19 @@ func TestFilterResyncRulesGoByIDs(t *testing.T) {
 	t.Run("ring_evicted although the evicted ids were filtered out", func(t *testing.T) {
 		// #2, gone from the ring, is a "b" the subscriber would not have
 		// received: the rule still goes by ids.
-		s := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
-		fs := take11(s)
+		s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
+		fs := readyNow(s)
 		assert.Equal(t, []string{TypeStateResyncRequired, "#5", TypeReplayComplete}, coreDescribe(fs))
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"ring_evicted","lastDeliveredId":1,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
 			coreData(t, fs[0]))
 	})
 	t.Run("no resync at the ring start although nothing there matches", func(t *testing.T) {
-		s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 2})
-		assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(take11(s)))
+		s := subscribe(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 2})
+		assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(readyNow(s)))
 	})
 	t.Run("epoch_reset by ids", func(t *testing.T) {
-		s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 9})
-		fs := take11(s)
+		s := subscribe(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 9})
+		fs := readyNow(s)
 		assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"epoch_reset","lastDeliveredId":9,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
 			coreData(t, fs[0]))
@@ -243,7 +243,7 @@ func TestFilterResyncRulesGoByIDs(t *testing.T) {
 
 func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
 	b := newBus(t, Options{})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"keep.*"}})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"keep.*"}})
 	for i := range 100 {
 		if i%3 == 0 {
 			pub11(t, b, "keep.x")
@@ -251,7 +251,7 @@ func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
 			pub11(t, b, "drop")
 		}
 	}
-	fs := take11(s)
+	fs := readyNow(s)
 	require.Len(t, fs, 34)
 	for i, f := range fs {
 		assert.Equal(t, uint64(3*i+1), f.ID())

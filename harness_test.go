@@ -97,6 +97,23 @@ func newBus(t testing.TB, opts Options) *EventBus {
 	return b
 }
 
+// subscribe subscribes with a background context; the subscription is
+// closed when the test ends.
+func subscribe(t testing.TB, b *EventBus, opts SubscribeOptions) *Subscription {
+	t.Helper()
+	s, err := b.Subscribe(context.Background(), opts)
+	require.NoError(t, err)
+	require.NotNil(t, s)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// readyNow returns every frame ready now, without waiting.
+func readyNow(s *Subscription) []Frame {
+	fs, _ := s.AppendReady(nil)
+	return fs
+}
+
 // ---------------------------------------------------------------------------
 // Logs.
 

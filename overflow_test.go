@@ -18,9 +18,9 @@ import (
 
 func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 3)
-	require.Equal(t, coreIDs(1, 3), coreDescribe(take11(s))) // the consumer dequeued up to #3
+	require.Equal(t, coreIDs(1, 3), coreDescribe(readyNow(s))) // the consumer dequeued up to #3
 
 	pubN11(t, b, "e", 16) // #4..#19: the queue is full, a warning sits after #15
 	require.Equal(t, 16, s.q.counts().liveCount)
@@ -32,7 +32,7 @@ func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	assert.Equal(t, queueCounts{1, 16, f.Size(), DefaultMaxQueuedBytes}, s.q.counts(),
 		"only the rejected event is live now")
 
-	fs := take11(s)
+	fs := readyNow(s)
 	assert.Equal(t, []string{TypeStateResyncRequired, "#20"}, coreDescribe(fs),
 		"the live frames #4..#19 are dropped, and so is the warning the resync supersedes")
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":3,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
@@ -47,16 +47,16 @@ func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	assert.Equal(t, EvictionStats{}, st.Evictions)
 
 	pub11(t, b, "e")
-	assert.Equal(t, []string{"#21"}, coreDescribe(take11(s)), "and keeps receiving")
+	assert.Equal(t, []string{"#21"}, coreDescribe(readyNow(s)), "and keeps receiving")
 }
 
 func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 	pubN11(t, b, "e", 3)
-	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
 	pubN11(t, b, "e", 17) // #4..#19 live, #20 rejected
 
-	fs := take11(s)
+	fs := readyNow(s)
 	assert.Equal(t, coreSeq(coreIDs(1, 3), TypeReplayComplete, TypeStateResyncRequired, "#20"), coreDescribe(fs),
 		"replayed (forced) frames survive the drop")
 	// lastDeliveredId is the last id the consumer dequeued (SPEC 11): none
@@ -68,17 +68,17 @@ func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
 
 func TestOverflowResyncBytesVariantReason(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowResync})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubSized11(t, b, "e", 100)
 	pubSized11(t, b, "e", 100)
-	require.Equal(t, coreIDs(1, 2), coreDescribe(take11(s)))
+	require.Equal(t, coreIDs(1, 2), coreDescribe(readyNow(s)))
 	for range 10 { // #3..#12: 1000 live bytes, the warning after #10 (800 >= 750)
 		pubSized11(t, b, "e", 100)
 	}
 	pubSized11(t, b, "e", 100) // #13: 1000+100 > 1000, rejected
 
 	assert.Equal(t, 1, b.SubscriberCount())
-	fs := take11(s)
+	fs := readyNow(s)
 	assert.Equal(t, []string{TypeStateResyncRequired, "#13"}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_bytes_overflow","lastDeliveredId":2,"earliestAvailableId":13,"epoch":%q}`, b.Epoch()),
 		coreData(t, fs[0]))
@@ -91,13 +91,13 @@ func TestOverflowResyncBytesVariantReason(t *testing.T) {
 
 func TestOverflowResyncOfARejectedSignal(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 16)
 	sig11(t, b, "x", "a") // rejected: a signal has no id, what is available starts at the next one
 	pub11(t, b, "e")      // #17
 	sig11(t, b, "x", "a") // coalesced with the queued one
 
-	fs := take11(s)
+	fs := readyNow(s)
 	assert.Equal(t, []string{TypeStateResyncRequired, "sig:x/a", "#17"}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":17,"epoch":%q}`, b.Epoch()),
 		coreData(t, fs[0]))
@@ -109,11 +109,11 @@ func TestOverflowResyncOfARejectedSignal(t *testing.T) {
 func TestOverflowResyncRearmsTheWarning(t *testing.T) {
 	clk := newFakeClock(testStamp)
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 17) // warning after #12, resync at #17
 	clk.advance(time.Minute)
 	pubN11(t, b, "e", 11) // #18..#28: live count 1+11 = 12 -> a new warning
-	fs := take11(s)
+	fs := readyNow(s)
 	// The first warning was superseded by the resync; the second episode
 	// warns again.
 	assert.Len(t, coreOfType(fs, TypeSlowClientWarning), 1)
@@ -126,7 +126,7 @@ func TestOverflowResyncMemoryStaysWithinCapsUnderLongRun(t *testing.T) {
 	const maxQueued, maxBytes = 16, 3500
 	clk := newFakeClock(testStamp)
 	b := newBus(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowResync, Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{}) // stalled: never reads
+	s := subscribe(t, b, SubscribeOptions{}) // stalled: never reads
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 20_000 {
 		// More than half the window between publishes: at most two
@@ -180,7 +180,7 @@ func TestOverflowResyncThirdOverflowWithinWindowEvicts(t *testing.T) {
 		b, err := New(Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		defer b.Close()
-		s := sub11(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
 
 		assert.Equal(t, uint64(17), overflow11(t, b, s))
 		time.Sleep(30 * time.Second)
@@ -234,7 +234,7 @@ func TestOverflowResyncWindowWithFakeClockAtUnixEpoch(t *testing.T) {
 	// count like any other.
 	clk := newFakeClock(0)
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	overflow11(t, b, s)
 	clk.advance(10 * time.Second)
 	overflow11(t, b, s)
@@ -250,7 +250,7 @@ func TestOverflowResyncSpreadOverMoreThanWindowDoesNotEvict(t *testing.T) {
 		b, err := New(Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		defer b.Close()
-		s := sub11(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
 		for i := range 6 {
 			if i > 0 {
 				time.Sleep(31 * time.Second) // any three overflows span 62 s
@@ -268,7 +268,7 @@ func TestOverflowResyncSpreadOverMoreThanWindowDoesNotEvict(t *testing.T) {
 func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
 	clk := newFakeClock(testStamp)
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	rng := rand.New(rand.NewPCG(3, 4))
 	received := map[uint64]bool{}
 	var published uint64
@@ -280,7 +280,7 @@ func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
 			published = pub11(t, b, "e").ID()
 		}
 		if rng.IntN(4) == 0 {
-			for _, f := range take11(s) {
+			for _, f := range readyNow(s) {
 				if f.ID() != 0 {
 					require.False(t, received[f.ID()], "duplicate #%d", f.ID())
 					received[f.ID()] = true
@@ -288,7 +288,7 @@ func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
 			}
 		}
 	}
-	for _, f := range take11(s) {
+	for _, f := range readyNow(s) {
 		if f.ID() != 0 {
 			received[f.ID()] = true
 		}
@@ -303,8 +303,8 @@ func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
 func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 	t.Run("bus resync, subscription evict", func(t *testing.T) {
 		b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-		evict := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowEvict})
-		inherit := sub11(t, b, SubscribeOptions{})
+		evict := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowEvict})
+		inherit := subscribe(t, b, SubscribeOptions{})
 		pubN11(t, b, "e", 17)
 		assert.ErrorIs(t, evict.Err(), ErrEvicted)
 		assert.NoError(t, inherit.Err())
@@ -315,13 +315,13 @@ func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 	})
 	t.Run("bus evict, subscription resync", func(t *testing.T) {
 		b := newBus(t, Options{MaxQueued: 16})
-		resync := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
-		inherit := sub11(t, b, SubscribeOptions{})
+		resync := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
+		inherit := subscribe(t, b, SubscribeOptions{})
 		pubN11(t, b, "e", 17)
 		assert.NoError(t, resync.Err())
 		assert.ErrorIs(t, inherit.Err(), ErrEvicted)
 		assert.Equal(t, 1, b.SubscriberCount())
-		assert.Equal(t, []string{TypeStateResyncRequired, "#17"}, coreDescribe(take11(resync)))
+		assert.Equal(t, []string{TypeStateResyncRequired, "#17"}, coreDescribe(readyNow(resync)))
 	})
 }
 
@@ -348,7 +348,7 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 	require.NoError(t, b.Close())
 
 	b = newBus(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	assert.Equal(t, OverflowEvict, s.policy)
 	pubN11(t, b, "e", 17)
 	assert.Equal(t, 0, b.SubscriberCount())

@@ -24,15 +24,6 @@ import (
 // filter_test.go, stats_test.go). They carry an "11" suffix so they never
 // collide with the helpers of the other test files.
 
-func sub11(t testing.TB, b *EventBus, o SubscribeOptions) *Subscription {
-	t.Helper()
-	s, err := b.Subscribe(context.Background(), o)
-	require.NoError(t, err)
-	require.NotNil(t, s)
-	t.Cleanup(s.Close)
-	return s
-}
-
 // pub11 publishes an event of type typ without data.
 func pub11(t testing.TB, b *EventBus, typ string) Frame {
 	t.Helper()
@@ -69,12 +60,6 @@ func pubSized11(t testing.TB, b *EventBus, typ string, size int) Frame {
 	require.NoError(t, err)
 	require.Equal(t, size, f.Size())
 	return f
-}
-
-// take11 returns every frame ready now, without waiting.
-func take11(s *Subscription) []Frame {
-	fs, _ := s.AppendReady(nil)
-	return fs
 }
 
 // ts11 returns a frame's _meta.serverTimestamp.
@@ -118,10 +103,10 @@ func get11(t testing.TB, srv *httptest.Server, url string) *http.Response {
 
 func TestSignalHasNoIDAndExactEnvelope(t *testing.T) {
 	b := newBus(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	sig11(t, b, "doc.changed", "doc/42")
 
-	fs := take11(s)
+	fs := readyNow(s)
 	require.Len(t, fs, 1)
 	f := fs[0]
 	assert.Zero(t, f.ID())
@@ -140,10 +125,10 @@ func TestSignalHasNoIDAndExactEnvelope(t *testing.T) {
 
 func TestSignalAboutIsEscapedJSON(t *testing.T) {
 	b := newBus(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	about := "a\"b\\c\nd\re\u2028</script>"
 	sig11(t, b, "x", about)
-	f := take11(s)[0]
+	f := readyNow(s)[0]
 	assert.NotContains(t, string(f.JSON()), "\n")
 	assert.NotContains(t, string(f.JSON()), "\r")
 	var env map[string]any
@@ -154,9 +139,9 @@ func TestSignalAboutIsEscapedJSON(t *testing.T) {
 
 func TestSignalSSEWireHasNoIDLine(t *testing.T) {
 	b := newBus(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	sig11(t, b, "doc.changed", "doc/42")
-	f := take11(s)[0]
+	f := readyNow(s)[0]
 	want := "event: doc.changed\ndata: {\"v\":1,\"type\":\"doc.changed\",\"about\":\"doc/42\",\"_meta\":{\"serverTimestamp\":1719000000000}}\n\n"
 	assert.Equal(t, want, f.String())
 	assert.Equal(t, "pre:"+want, string(f.AppendSSE([]byte("pre:"))))
@@ -205,20 +190,20 @@ func TestSignalNeverReplayed(t *testing.T) {
 	pub11(t, b, "e")
 	sig11(t, b, "x", "c")
 
-	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
-	fs := take11(s)
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	fs := readyNow(s)
 	assert.Equal(t, []string{"#1", "#2", TypeReplayComplete}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":2,"lastReplayedEventId":2,"lastEventId":2,"epoch":%q}`, b.Epoch()), coreData(t, fs[2]))
 
-	s2 := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
-	fs = take11(s2)
+	s2 := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
+	fs = readyNow(s2)
 	assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), coreData(t, fs[0]))
 }
 
 func TestSignalsAloneEvictNonReaderAtFrameCap(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	for i := range 17 {
 		sig11(t, b, "x", fmt.Sprintf("r%02d", i)) // distinct (type, about): no coalescing
 	}
@@ -245,7 +230,7 @@ func TestSignalsAloneEvictNonReaderAtFrameCap(t *testing.T) {
 func TestSignalsAloneEvictNonReaderAtByteCap(t *testing.T) {
 	size := signalFrame("x", "r00", testStamp).Size()
 	b := newBus(t, Options{MaxQueuedBytes: 4*size - 1})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	for i := range 4 {
 		sig11(t, b, "x", fmt.Sprintf("r%02d", i))
 	}
@@ -263,7 +248,7 @@ func TestSignalsAloneEvictNonReaderAtByteCap(t *testing.T) {
 func TestSignalCoalescesInPlaceKeepingPositionAndOrder(t *testing.T) {
 	clk := newFakeClock(1000)
 	b := newBus(t, Options{Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 
 	sig11(t, b, "x", "a") // ts 1000
 	pub11(t, b, "e")      // #1
@@ -272,7 +257,7 @@ func TestSignalCoalescesInPlaceKeepingPositionAndOrder(t *testing.T) {
 	clk.advance(5 * time.Second)
 	sig11(t, b, "x", "a") // ts 6000: replaces the first one in place
 
-	fs := take11(s)
+	fs := readyNow(s)
 	assert.Equal(t, []string{"sig:x/a", "#1", "sig:x/b", "#2"}, coreDescribe(fs))
 	assert.Equal(t, `{"v":1,"type":"x","about":"a","_meta":{"serverTimestamp":6000}}`, string(fs[0].JSON()),
 		"the consumer sees the newer signal at the older one's position")
@@ -283,48 +268,48 @@ func TestSignalCoalescesInPlaceKeepingPositionAndOrder(t *testing.T) {
 
 func TestSignalDifferentAboutOrTypeNotCoalesced(t *testing.T) {
 	b := newBus(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	sig11(t, b, "x", "a")
 	sig11(t, b, "x", "b") // other about
 	sig11(t, b, "y", "a") // other type
 	sig11(t, b, "x", "")  // empty about is a key of its own
 	sig11(t, b, "x", "a") // coalesced with the first
 	sig11(t, b, "y", "a") // coalesced with the third
-	assert.Equal(t, []string{"sig:x/a", "sig:x/b", "sig:y/a", "sig:x/"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"sig:x/a", "sig:x/b", "sig:y/a", "sig:x/"}, coreDescribe(readyNow(s)))
 	assert.Equal(t, uint64(2), b.Stats().Dropped.Coalesced)
 }
 
 func TestSignalDeliveredIsNotCoalescedWithLaterOne(t *testing.T) {
 	b := newBus(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	sig11(t, b, "x", "a")
-	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(readyNow(s)))
 	sig11(t, b, "x", "a")
 	pub11(t, b, "e")
 	sig11(t, b, "x", "a") // the second one is still queued: coalesced
-	assert.Equal(t, []string{"sig:x/a", "#1"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"sig:x/a", "#1"}, coreDescribe(readyNow(s)))
 	sig11(t, b, "x", "a")
-	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(readyNow(s)))
 	assert.Equal(t, uint64(1), b.Stats().Dropped.Coalesced)
 	assert.Equal(t, uint64(4), b.Stats().FramesDelivered)
 }
 
 func TestSignalCoalescedCountsEachReplacementPerSubscriber(t *testing.T) {
 	b := newBus(t, Options{})
-	s1 := sub11(t, b, SubscribeOptions{})
-	s2 := sub11(t, b, SubscribeOptions{})
+	s1 := subscribe(t, b, SubscribeOptions{})
+	s2 := subscribe(t, b, SubscribeOptions{})
 	for range 5 {
 		sig11(t, b, "x", "a")
 	}
 	assert.Equal(t, uint64(8), b.Stats().Dropped.Coalesced, "4 replacements in each of 2 queues")
-	assert.Len(t, take11(s1), 1)
-	assert.Len(t, take11(s2), 1)
+	assert.Len(t, readyNow(s1), 1)
+	assert.Len(t, readyNow(s2), 1)
 	assert.Equal(t, uint64(5), b.Stats().Signals)
 }
 
 func TestSignalCoalescingDoesNotGrowTheQueue(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	for range 10_000 {
 		sig11(t, b, "x", "a")
 	}
@@ -332,39 +317,39 @@ func TestSignalCoalescingDoesNotGrowTheQueue(t *testing.T) {
 	c := s.q.counts()
 	assert.Equal(t, 1, c.liveCount)
 	assert.Equal(t, signalFrame("x", "a", testStamp).Size(), c.liveBytes)
-	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(readyNow(s)))
 }
 
 func TestSignalHonoursTypeFilters(t *testing.T) {
 	b := newBus(t, Options{})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"doc.*", "user"}})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"doc.*", "user"}})
 	sig11(t, b, "doc.changed", "1")
 	sig11(t, b, "other", "1")
 	sig11(t, b, "user", "2")
 	sig11(t, b, "doc", "3")
 	sig11(t, b, "users", "4")
-	assert.Equal(t, []string{"sig:doc.changed/1", "sig:user/2"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"sig:doc.changed/1", "sig:user/2"}, coreDescribe(readyNow(s)))
 }
 
 func TestSignalFilteredOutNeverCountsTowardCaps(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a"}})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}})
 	for i := range 1000 {
 		sig11(t, b, "b", strconv.Itoa(i))
 	}
 	assert.Equal(t, 1, b.SubscriberCount())
-	assert.Empty(t, take11(s))
+	assert.Empty(t, readyNow(s))
 }
 
 func TestSignalRejectsInvalidType(t *testing.T) {
 	var diags []Diagnostic
 	b := newBus(t, Options{OnDiagnostic: func(d Diagnostic) bool { diags = append(diags, d); return true }})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	for _, typ := range []string{"", "a\nb", "a\rb", "\n"} {
 		err := b.Signal(typ, "x")
 		assert.ErrorIs(t, err, ErrInvalidEvent, "type %q", typ)
 	}
-	assert.Empty(t, take11(s))
+	assert.Empty(t, readyNow(s))
 	st := b.Stats()
 	assert.Equal(t, uint64(4), st.Rejected.Invalid)
 	assert.Zero(t, st.Signals)
@@ -377,10 +362,10 @@ func TestSignalRejectsInvalidType(t *testing.T) {
 func TestSignalRejectsTooLarge(t *testing.T) {
 	size := signalFrame("x", "abc", testStamp).Size()
 	b := newBus(t, Options{MaxEventBytes: size})
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	require.NoError(t, b.Signal("x", "abc"))
 	assert.ErrorIs(t, b.Signal("x", "abcd"), ErrEventTooLarge)
-	assert.Equal(t, []string{"sig:x/abc"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"sig:x/abc"}, coreDescribe(readyNow(s)))
 	assert.Equal(t, uint64(1), b.Stats().Rejected.TooLarge)
 }
 
