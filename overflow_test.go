@@ -1,6 +1,7 @@
 package eventbus
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -449,4 +450,334 @@ func TestNearlyFullAtNinetyPercentOfEitherCap(t *testing.T) {
 	assert.False(t, nearlyFull(c(89, 899)))
 	assert.True(t, nearlyFull(c(90, 0)), "frames")
 	assert.True(t, nearlyFull(c(1, 900)), "bytes")
+}
+
+// ---------------------------------------------------------------------------
+// The warning (SPEC 6).
+
+func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{Logger: logger})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	live := corePublishN(t, b, 11)
+	assert.Equal(t, 11, s.q.len(), "no warning below 12")
+	live = append(live, corePublishN(t, b, 1)...)
+	assert.Equal(t, 13, s.q.len(), "the warning is queued right after #12")
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
+	w := fs[12]
+	assert.False(t, w.Terminal())
+	assert.Equal(t, uint64(0), w.ID())
+	assert.Equal(t,
+		fmt.Sprintf(`{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":%d,"maxQueuedBytes":2097152,"threshold":"frames"}`, coreSumSizes(live)),
+		coreData(t, w))
+	assert.Contains(t, string(w.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
+	assert.Contains(t, buf.String(), "slow client")
+
+	// Ratios are floats, not rounded: 0.75*10 = 7.5, so the warning comes at 8.
+	s10 := subscribe(t, b, SubscribeOptions{MaxQueued: 10})
+	corePublishN(t, b, 7)
+	assert.Equal(t, 7, s10.q.len())
+	corePublishN(t, b, 1)
+	assert.Equal(t, 9, s10.q.len())
+}
+
+func TestWarningOncePerEpisode(t *testing.T) {
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishN(t, b, 16)
+	fs, open := corePending(s)
+	assert.True(t, open)
+	assert.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning, coreIDs(13, 16)), coreDescribe(fs))
+}
+
+func TestWarningRearmsOnlyWhenFramesAndBytesAtOrBelowResetRatio(t *testing.T) {
+	// MaxQueued 16: warn at 12, re-arm at <= 6 frames. MaxQueuedBytes 8000:
+	// warn at 6000, re-arm at <= 3000 bytes. Small events are ~80 bytes.
+	setup := func(t *testing.T) (*EventBus, *Subscription) {
+		b := newBus(t, Options{MaxQueuedBytes: 8000})
+		s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+		corePublishN(t, b, 12)
+		require.Equal(t, 13, s.q.len(), "12 live frames and the first warning")
+		return b, s
+	}
+	warnings := func(s *Subscription) int {
+		fs, _ := corePending(s)
+		return len(coreOfType(fs, TypeSlowClientWarning))
+	}
+
+	t.Run("frames above reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 6) // 6 left
+		corePublishN(t, b, 1)
+		assert.Equal(t, 7, s.q.counts().liveCount)
+		corePublishN(t, b, 5) // back at 12
+		assert.Equal(t, 1, warnings(s), "7 > 6 frames: still the same episode")
+	})
+	t.Run("frames at reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 7) // 5 left
+		corePublishN(t, b, 1)
+		assert.Equal(t, 6, s.q.counts().liveCount)
+		corePublishN(t, b, 6) // back at 12
+		assert.Equal(t, 2, warnings(s), "6 <= 6 frames and few bytes: re-armed")
+	})
+	t.Run("bytes above reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 12)
+		corePublishSized(t, b, 3001) // 1 frame, 3001 bytes: frames low, bytes high
+		corePublishN(t, b, 11)       // 12 frames, well under 6000 bytes
+		assert.Equal(t, 12, s.q.counts().liveCount)
+		assert.Less(t, s.q.counts().liveBytes, 6000)
+		assert.Equal(t, 1, warnings(s), "3001 > 3000 bytes: not re-armed")
+	})
+	t.Run("bytes at reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 12)
+		corePublishSized(t, b, 3000)
+		corePublishN(t, b, 11)
+		assert.Equal(t, 2, warnings(s), "3000 <= 3000 bytes and 1 frame: re-armed")
+	})
+}
+
+// popN pops n entries, whatever they are, one by one.
+func popN(t *testing.T, s *Subscription, n int) {
+	t.Helper()
+	for range n {
+		_, st := s.q.pop()
+		require.Equal(t, popOK, st)
+	}
+}
+
+func warnedLocked(b *EventBus, s *Subscription) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return s.warned
+}
+
+func TestWarningRearmIsEvaluatedOnlyOnPublish(t *testing.T) {
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishN(t, b, 12)
+	fs, _ := corePending(s) // drained to empty
+	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
+	assert.True(t, warnedLocked(b, s), "a dequeue never re-arms by itself")
+
+	corePublishN(t, b, 1)
+	assert.False(t, warnedLocked(b, s), "the next publish re-arms")
+	live := corePublishN(t, b, 11)
+	fs, _ = corePending(s)
+	require.Equal(t, coreSeq(coreIDs(13, 24), TypeSlowClientWarning), coreDescribe(fs))
+	assert.Contains(t, coreData(t, fs[12]), fmt.Sprintf(`"queueSize":12,"maxQueued":16,"lastEventId":24,"queuedBytes":%d,`, fs[0].Size()+coreSumSizes(live)))
+}
+
+func TestWarningThresholdFrames(t *testing.T) {
+	b := newBus(t, Options{MaxQueuedBytes: 1 << 20})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishN(t, b, 12)
+	fs, _ := corePending(s)
+	require.Len(t, fs, 13)
+	assert.Contains(t, coreData(t, fs[12]), `"threshold":"frames"`)
+}
+
+func TestWarningThresholdBytes(t *testing.T) {
+	// MaxQueuedBytes 4000: warn at 3000 bytes.
+	b := newBus(t, Options{MaxQueuedBytes: 4000})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 999)
+	assert.Equal(t, 3, s.q.len(), "2999 bytes: no warning")
+
+	s2 := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 1000)
+	fs, _ := corePending(s2)
+	require.Equal(t, coreSeq(coreIDs(4, 6), TypeSlowClientWarning), coreDescribe(fs))
+	assert.Equal(t, `{"queueSize":3,"maxQueued":16,"lastEventId":6,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"bytes"}`, coreData(t, fs[3]))
+}
+
+func TestWarningThresholdFramesAndBytes(t *testing.T) {
+	b := newBus(t, Options{MaxQueuedBytes: 4000})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	for range 11 {
+		corePublishSized(t, b, 250)
+	}
+	assert.Equal(t, 11, s.q.len(), "11 frames, 2750 bytes: no warning")
+	corePublishSized(t, b, 250)
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
+	assert.Equal(t, `{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"frames_and_bytes"}`, coreData(t, fs[12]))
+}
+
+func TestForcedFramesDoNotSkewLiveCount(t *testing.T) {
+	b := newBus(t, Options{})
+	corePublishN(t, b, 10)
+	s := subscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
+	require.Equal(t, 11, s.q.len(), "10 replayed + replay_complete, all forced")
+	corePublishN(t, b, 11)
+	assert.Equal(t, 11, s.q.counts().liveCount)
+	assert.Equal(t, 22, s.q.len(), "no warning at 11 live frames")
+	live := corePublishN(t, b, 1)
+	c := s.q.counts()
+	assert.Equal(t, 12, c.liveCount)
+	assert.Equal(t, 24, s.q.len(), "warning at 12 live frames")
+	// The warning at the tail is forced too: 4 more fit, the 5th evicts.
+	corePublishN(t, b, 4)
+	assert.Equal(t, 16, s.q.counts().liveCount)
+	assert.NoError(t, s.Err())
+	corePublishN(t, b, 1)
+	require.ErrorIs(t, s.Err(), ErrEvicted)
+	fs, _ := corePending(s)
+	require.Equal(t, coreSeq(coreIDs(1, 10), TypeReplayComplete, coreIDs(11, 22), TypeSlowClientWarning, coreIDs(23, 26), TypeClientEvicted), coreDescribe(fs))
+	assert.Contains(t, coreData(t, fs[23]), `"queueSize":12,"maxQueued":16,"lastEventId":22,`)
+	assert.Contains(t, coreData(t, fs[len(fs)-1]), `"droppedAfter":27,"queueSize":16,"maxQueued":16,`)
+	_ = live
+}
+
+// ---------------------------------------------------------------------------
+// Eviction (SPEC 7).
+
+func TestEvictionOnFrameCap(t *testing.T) {
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{Logger: logger})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	live := corePublishN(t, b, 16)
+	assert.NoError(t, s.Err())
+	corePublishN(t, b, 1)
+	fs, open := corePending(s)
+	assert.False(t, open)
+	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning, coreIDs(13, 16), TypeClientEvicted), coreDescribe(fs))
+	ev := fs[len(fs)-1]
+	assert.True(t, ev.Terminal())
+	assert.Equal(t, uint64(0), ev.ID())
+	assert.Equal(t,
+		fmt.Sprintf(`{"reason":"queue_overflow","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":2097152}`, coreSumSizes(live)),
+		coreData(t, ev))
+	assert.Contains(t, string(ev.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
+	assert.Contains(t, buf.String(), "subscriber evicted")
+	assert.Contains(t, buf.String(), `"reason":"queue_overflow"`)
+}
+
+func TestEvictionOnByteCap(t *testing.T) {
+	b := newBus(t, Options{MaxQueuedBytes: 4000})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 1000)
+	corePublishSized(t, b, 2500)
+	fs, open := corePending(s)
+	assert.False(t, open)
+	require.Equal(t, []string{"#1", "#2", TypeClientEvicted}, coreDescribe(fs))
+	assert.Equal(t,
+		`{"reason":"queue_bytes_overflow","droppedAfter":3,"queueSize":2,"maxQueued":16,"queuedBytes":2000,"maxQueuedBytes":4000,"eventBytes":2500}`,
+		coreData(t, fs[2]))
+	assert.ErrorIs(t, s.Err(), ErrEvicted)
+	assert.Contains(t, s.Err().Error(), ReasonQueueBytesOverflow)
+}
+
+func TestEvictedConsumerGetsQueuedFramesThenTerminalThenEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBus(t, Options{})
+		s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+		gate := make(chan struct{})
+		var got []Frame
+		ended := make(chan struct{})
+		go func() {
+			defer close(ended)
+			for f := range s.Events() {
+				got = append(got, f)
+				if len(got) == 1 {
+					<-gate // a slow consumer
+				}
+			}
+		}()
+		corePublishN(t, b, 1)
+		synctest.Wait() // the consumer holds #1 and stalls
+		corePublishN(t, b, 17)
+		require.ErrorIs(t, s.Err(), ErrEvicted)
+		close(gate)
+		<-ended
+		assert.Equal(t, coreSeq(coreIDs(1, 13), TypeSlowClientWarning, coreIDs(14, 17), TypeClientEvicted), coreDescribe(got))
+	})
+}
+
+func TestEvictedErrWrapsErrEvicted(t *testing.T) {
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	assert.NoError(t, s.Err())
+	corePublishN(t, b, 17)
+	err := s.Err()
+	require.ErrorIs(t, err, ErrEvicted)
+	assert.Contains(t, err.Error(), ReasonQueueOverflow)
+	s.Close() // a later Close does not change why it ended
+	assert.ErrorIs(t, s.Err(), ErrEvicted)
+}
+
+func TestEvictionDecrementsSubscriberCount(t *testing.T) {
+	b := newBus(t, Options{})
+	subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	subscribe(t, b, SubscribeOptions{MaxQueued: 100})
+	assert.Equal(t, 2, b.SubscriberCount())
+	corePublishN(t, b, 17)
+	assert.Equal(t, 1, b.SubscriberCount())
+	b.mu.Lock()
+	assert.Len(t, b.subs, 1)
+	b.mu.Unlock()
+}
+
+func TestEvictionStopsWatchingContext(t *testing.T) {
+	ctx := newCoreWatchCtx()
+	b := newBus(t, Options{})
+	s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
+	require.NoError(t, err)
+	assert.Equal(t, 1, ctx.watchers())
+	corePublishN(t, b, 17)
+	require.ErrorIs(t, s.Err(), ErrEvicted)
+	assert.Equal(t, 0, ctx.watchers(), "the evicted subscriber's context is no longer watched")
+
+	// With a real context: cancelling it after the eviction changes nothing,
+	// the consumer still gets the queued frames and the terminal one.
+	synctest.Test(t, func(t *testing.T) {
+		b := newBus(t, Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
+		require.NoError(t, err)
+		corePublishN(t, b, 17)
+		cancel()
+		synctest.Wait()
+		assert.ErrorIs(t, s.Err(), ErrEvicted)
+		fs, open := corePending(s)
+		assert.False(t, open)
+		assert.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning, coreIDs(13, 16), TypeClientEvicted), coreDescribe(fs))
+	})
+}
+
+func TestEvictionDoesNotAffectSiblings(t *testing.T) {
+	b := newBus(t, Options{})
+	before := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+	slow := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	slow2 := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	fast := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	after := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+	var fastGot []Frame
+	for range 100 {
+		corePublishN(t, b, 1)
+		fs, _ := corePending(fast)
+		fastGot = append(fastGot, fs...)
+	}
+	assert.ErrorIs(t, slow.Err(), ErrEvicted)
+	assert.ErrorIs(t, slow2.Err(), ErrEvicted, "two evictions in one publish")
+	assert.Equal(t, 3, b.SubscriberCount())
+	assert.Equal(t, coreIDs(1, 100), coreDescribe(fastGot))
+	for _, s := range []*Subscription{before, after} {
+		fs, open := corePending(s)
+		assert.True(t, open)
+		assert.Equal(t, coreIDs(1, 100), coreDescribe(fs))
+	}
+	b.mu.Lock()
+	assert.Equal(t, []*Subscription{before, fast, after}, b.subs, "subscription order kept")
+	b.mu.Unlock()
 }
