@@ -23,10 +23,10 @@ import (
 func TestPublishAssignsContiguousIDsFromOne(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{})
-	fs := corePublishN(t, b, 3)
-	assert.Equal(t, []string{"#1", "#2", "#3"}, coreDescribe(fs))
-	got, _ := corePending(s)
-	assert.Equal(t, []string{"#1", "#2", "#3"}, coreDescribe(got))
+	fs := publishNumbered(t, b, 3)
+	assert.Equal(t, []string{"#1", "#2", "#3"}, describe(fs))
+	got, _ := s.AppendReady(nil)
+	assert.Equal(t, []string{"#1", "#2", "#3"}, describe(got))
 	for i, f := range fs {
 		assert.True(t, bytes.HasPrefix(f.JSON(), fmt.Appendf(nil, `{"id":%d,`, i+1)), "%s", f.JSON())
 	}
@@ -34,7 +34,7 @@ func TestPublishAssignsContiguousIDsFromOne(t *testing.T) {
 
 func TestPublishStampsSchemaVersion(t *testing.T) {
 	b := newBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "t"})
+	f := publishEvent(t, b, Event{Type: "t"})
 	var env map[string]any
 	require.NoError(t, json.Unmarshal(f.JSON(), &env))
 	assert.Equal(t, float64(SchemaVersion), env["v"])
@@ -43,7 +43,7 @@ func TestPublishStampsSchemaVersion(t *testing.T) {
 
 func TestPublishEnvelopeFieldOrder(t *testing.T) {
 	b := newBus(t, Options{})
-	f := corePublish(t, b, Event{
+	f := publishEvent(t, b, Event{
 		Type:               "session_update",
 		Data:               map[string]any{"b": 2, "a": 1},
 		Meta:               map[string]any{"trace": "x", "region": "eu"},
@@ -54,32 +54,32 @@ func TestPublishEnvelopeFieldOrder(t *testing.T) {
 		string(f.JSON()))
 
 	// Without data and originator both are left out.
-	f = corePublish(t, b, Event{Type: "ping"})
+	f = publishEvent(t, b, Event{Type: "ping"})
 	assert.Equal(t, `{"id":2,"v":1,"type":"ping","_meta":{"serverTimestamp":1719000000000}}`, string(f.JSON()))
 
 	// An empty RawMessage is "absent" too; JSON null is a value.
-	f = corePublish(t, b, Event{Type: "ping", Data: json.RawMessage{}})
+	f = publishEvent(t, b, Event{Type: "ping", Data: json.RawMessage{}})
 	assert.Equal(t, `{"id":3,"v":1,"type":"ping","_meta":{"serverTimestamp":1719000000000}}`, string(f.JSON()))
-	f = corePublish(t, b, Event{Type: "ping", Data: json.RawMessage("null")})
+	f = publishEvent(t, b, Event{Type: "ping", Data: json.RawMessage("null")})
 	assert.Equal(t, `{"id":4,"v":1,"type":"ping","data":null,"_meta":{"serverTimestamp":1719000000000}}`, string(f.JSON()))
 }
 
 func TestPublishReturnsTheStampedFrame(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{})
-	f := corePublish(t, b, Event{Type: "t", Data: 1})
+	f := publishEvent(t, b, Event{Type: "t", Data: 1})
 	assert.Equal(t, uint64(1), f.ID())
 	assert.Equal(t, "t", f.Type())
 	assert.False(t, f.Synthetic())
 	assert.False(t, f.Terminal())
-	got, _ := corePending(s)
+	got, _ := s.AppendReady(nil)
 	require.Len(t, got, 1)
 	assert.Equal(t, f.String(), got[0].String())
 }
 
 func TestPublishStampsServerTimestamp(t *testing.T) {
 	b := newBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "t"})
+	f := publishEvent(t, b, Event{Type: "t"})
 	assert.Contains(t, string(f.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
 
 	// Without Options.Now the wall clock is used.
@@ -117,7 +117,7 @@ func TestPublishKeepsFiniteCallerTimestamp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBus(t, Options{})
-			f := corePublish(t, b, Event{Type: "t", Meta: map[string]any{"serverTimestamp": tc.ts}})
+			f := publishEvent(t, b, Event{Type: "t", Meta: map[string]any{"serverTimestamp": tc.ts}})
 			assert.Equal(t, `{"id":1,"v":1,"type":"t","_meta":{"serverTimestamp":`+tc.want+`}}`, string(f.JSON()))
 		})
 	}
@@ -153,7 +153,7 @@ func TestPublishReplacesNonFiniteOrNonNumberTimestamp(t *testing.T) {
 
 func TestPublishKeepsOtherMetaKeys(t *testing.T) {
 	b := newBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "t", Meta: map[string]any{
+	f := publishEvent(t, b, Event{Type: "t", Meta: map[string]any{
 		"z":      []int{1, 2},
 		"a":      "x",
 		"nested": map[string]any{"k": true},
@@ -166,8 +166,8 @@ func TestPublishKeepsOtherMetaKeys(t *testing.T) {
 
 func TestPublishCallerCannotSetIDOrVersion(t *testing.T) {
 	b := newBus(t, Options{})
-	corePublishN(t, b, 4)
-	f := corePublish(t, b, Event{
+	publishNumbered(t, b, 4)
+	f := publishEvent(t, b, Event{
 		Type: "t",
 		Data: map[string]any{"id": 999, "v": 7},
 		Meta: map[string]any{"id": 999, "v": 7},
@@ -202,7 +202,7 @@ func TestPublishRejectsEmptyType(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidEvent)
 	assert.Contains(t, buf.String(), "publish rejected")
 	assert.Equal(t, uint64(0), b.LastEventID())
-	fs, _ := corePending(s)
+	fs, _ := s.AppendReady(nil)
 	assert.Empty(t, fs)
 }
 
@@ -253,7 +253,7 @@ func TestPublishRejectsUnserializableData(t *testing.T) {
 			logger := buf.logger()
 			b := newBus(t, Options{Logger: logger})
 			s := subscribe(t, b, SubscribeOptions{})
-			corePublish(t, b, Event{Type: "before"})
+			publishEvent(t, b, Event{Type: "before"})
 
 			var err error
 			require.NotPanics(t, func() { _, err = b.Publish(tc.e) })
@@ -262,10 +262,10 @@ func TestPublishRejectsUnserializableData(t *testing.T) {
 			assert.Contains(t, buf.String(), `"type":"t"`)
 			assert.Equal(t, uint64(1), b.LastEventID())
 
-			after := corePublish(t, b, Event{Type: "after"})
+			after := publishEvent(t, b, Event{Type: "after"})
 			assert.Equal(t, uint64(2), after.ID(), "the rejected event used no id")
-			fs, _ := corePending(s)
-			assert.Equal(t, []string{"#1", "#2"}, coreDescribe(fs))
+			fs, _ := s.AppendReady(nil)
+			assert.Equal(t, []string{"#1", "#2"}, describe(fs))
 			assert.Equal(t, 2, b.ring.Len())
 		})
 	}
@@ -277,38 +277,38 @@ func TestPublishRejectsEventAboveMaxEventBytes(t *testing.T) {
 	b := newBus(t, Options{MaxEventBytes: 500, Logger: logger})
 	s := subscribe(t, b, SubscribeOptions{})
 
-	_, err := b.Publish(coreSizedEvent(t, 1, 501))
+	_, err := b.Publish(sizedEvent(t, 1, 501))
 	require.ErrorIs(t, err, ErrEventTooLarge)
 	assert.NotErrorIs(t, err, ErrInvalidEvent)
 	assert.Contains(t, buf.String(), "publish rejected")
 	assert.Equal(t, uint64(0), b.LastEventID())
 
-	f := corePublishSized(t, b, 500) // exactly MaxEventBytes passes
+	f := publishSized(t, b, "t", 500) // exactly MaxEventBytes passes
 	assert.Equal(t, uint64(1), f.ID())
 
 	// The boundary holds across an id digit change too.
 	for b.LastEventID() < 9 {
-		corePublishSized(t, b, 200)
+		publishSized(t, b, "t", 200)
 	}
-	_, err = b.Publish(coreSizedEvent(t, 10, 501))
+	_, err = b.Publish(sizedEvent(t, 10, 501))
 	require.ErrorIs(t, err, ErrEventTooLarge)
-	f = corePublishSized(t, b, 500)
+	f = publishSized(t, b, "t", 500)
 	assert.Equal(t, uint64(10), f.ID())
 
-	fs, _ := corePending(s)
-	assert.Equal(t, coreIDs(1, 10), coreDescribe(fs))
+	fs, _ := s.AppendReady(nil)
+	assert.Equal(t, idRange(1, 10), describe(fs))
 }
 
 func TestPublishCompactsRawMessage(t *testing.T) {
 	b := newBus(t, Options{})
 	raw := json.RawMessage("{\n  \"a\" : 1,\r\n\t\"b\": [ 1, 2 ],\n  \"s\": \"x <y> \\n\"\n}\n")
-	f := corePublish(t, b, Event{Type: "t", Data: raw})
-	assert.Equal(t, `{"a":1,"b":[1,2],"s":"x <y> \n"}`, coreData(t, f))
+	f := publishEvent(t, b, Event{Type: "t", Data: raw})
+	assert.Equal(t, `{"a":1,"b":[1,2],"s":"x <y> \n"}`, dataOf(t, f))
 	assert.False(t, bytes.ContainsAny(f.JSON(), "\r\n"))
 	assert.NotContains(t, strings.ReplaceAll(string(f.JSON()), "x <y> ", ""), " ", "whitespace outside strings is removed")
 
 	// A RawMessage in _meta is compacted as well.
-	f = corePublish(t, b, Event{Type: "t", Meta: map[string]any{"m": json.RawMessage("[ 1,\n 2 ]")}})
+	f = publishEvent(t, b, Event{Type: "t", Meta: map[string]any{"m": json.RawMessage("[ 1,\n 2 ]")}})
 	assert.Contains(t, string(f.JSON()), `"m":[1,2]`)
 }
 
@@ -325,7 +325,7 @@ func TestPublishOnClosedBusReturnsErrClosed(t *testing.T) {
 	buf := &logCapture{}
 	logger := buf.logger()
 	b := newBus(t, Options{Logger: logger})
-	corePublishN(t, b, 2)
+	publishNumbered(t, b, 2)
 	require.NoError(t, b.Close())
 
 	f, err := b.Publish(Event{Type: "t"})
@@ -367,7 +367,7 @@ func TestPublishEnvelopeNeverContainsCROrLF(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{})
 	nasty := "a\r\nb\rc\nd\u2028e\u2029f\x00"
-	f := corePublish(t, b, Event{
+	f := publishEvent(t, b, Event{
 		Type:               "t",
 		Data:               map[string]any{"s": nasty, nasty: []string{nasty}},
 		Meta:               map[string]any{nasty: nasty},
@@ -393,7 +393,7 @@ func TestPublishEnvelopeNeverContainsCROrLF(t *testing.T) {
 
 func coreOne(t testing.TB, s *Subscription) Frame {
 	t.Helper()
-	fs, _ := corePending(s)
+	fs, _ := s.AppendReady(nil)
 	require.Len(t, fs, 1)
 	return fs[0]
 }
@@ -413,7 +413,7 @@ func TestPublishEncodesOnceForAllSubscribersAndReplay(t *testing.T) {
 		subs[i] = subscribe(t, b, SubscribeOptions{})
 	}
 	var calls atomic.Int32
-	f := corePublish(t, b, Event{Type: "t", Data: coreCountingMarshaler{&calls}})
+	f := publishEvent(t, b, Event{Type: "t", Data: coreCountingMarshaler{&calls}})
 	assert.Equal(t, int32(1), calls.Load())
 
 	first := &f.JSON()[0]
@@ -425,8 +425,8 @@ func TestPublishEncodesOnceForAllSubscribersAndReplay(t *testing.T) {
 	// A resuming subscriber gets the very same bytes from the ring.
 	subs[0].Close()
 	r := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
-	fs, _ := corePending(r)
-	require.Equal(t, []string{"#1", TypeReplayComplete}, coreDescribe(fs))
+	fs, _ := r.AppendReady(nil)
+	require.Equal(t, []string{"#1", TypeReplayComplete}, describe(fs))
 	assert.Same(t, first, &fs[0].JSON()[0])
 	assert.Equal(t, int32(1), calls.Load())
 }
@@ -437,7 +437,7 @@ func TestPublishEncodesOnceForAllSubscribersAndReplay(t *testing.T) {
 func TestLastEventIDIsZeroBeforeFirstPublish(t *testing.T) {
 	b := newBus(t, Options{})
 	assert.Equal(t, uint64(0), b.LastEventID())
-	corePublishN(t, b, 3)
+	publishNumbered(t, b, 3)
 	assert.Equal(t, uint64(3), b.LastEventID())
 	_, _ = b.Publish(Event{}) // rejected: no change
 	assert.Equal(t, uint64(3), b.LastEventID())
@@ -464,7 +464,7 @@ func TestSubscriberCountTracksSubscriptions(t *testing.T) {
 	assert.Equal(t, 3, b.SubscriberCount())
 	s1.Close()
 	assert.Equal(t, 2, b.SubscriberCount())
-	corePublishN(t, b, 17) // evicts s2
+	publishNumbered(t, b, 17) // evicts s2
 	assert.ErrorIs(t, s2.Err(), ErrEvicted)
 	assert.Equal(t, 1, b.SubscriberCount())
 	require.NoError(t, b.Close())

@@ -17,7 +17,7 @@ import (
 
 func TestAppendSSEEventFrameFormat(t *testing.T) {
 	b := newBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "session_update", Data: map[string]int{"a": 1}})
+	f := publishEvent(t, b, Event{Type: "session_update", Data: map[string]int{"a": 1}})
 	want := "id: 1\nevent: session_update\ndata: " +
 		`{"id":1,"v":1,"type":"session_update","data":{"a":1},"_meta":{"serverTimestamp":1719000000000}}` + "\n\n"
 	assert.Equal(t, want, string(f.AppendSSE(nil)))
@@ -61,7 +61,7 @@ func TestTerminalFrames(t *testing.T) {
 	assert.False(t, warningFrame(c, 1, "frames", 1).Terminal())
 
 	b := newBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "client_evicted"}) // a published event is never terminal
+	f := publishEvent(t, b, Event{Type: "client_evicted"}) // a published event is never terminal
 	assert.False(t, f.Terminal())
 	assert.False(t, f.Synthetic())
 }
@@ -71,7 +71,7 @@ func TestStreamErrorFrameData(t *testing.T) {
 	f := StreamErrorFrame("write \"failed\"\n<now>", "internal")
 	after := time.Now().UnixMilli()
 	assert.Equal(t, TypeStreamError, f.Type())
-	assert.Equal(t, `{"error":"write \"failed\"\n<now>","errorKind":"internal"}`, coreData(t, f))
+	assert.Equal(t, `{"error":"write \"failed\"\n<now>","errorKind":"internal"}`, dataOf(t, f))
 	var env struct {
 		Meta struct {
 			ServerTimestamp int64 `json:"serverTimestamp"`
@@ -112,7 +112,7 @@ func TestSyntheticFrameEnvelope(t *testing.T) {
 
 func TestFrameSizeIsJSONLength(t *testing.T) {
 	b := newBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "t", Data: "abc"})
+	f := publishEvent(t, b, Event{Type: "t", Data: "abc"})
 	assert.Equal(t, len(f.JSON()), f.Size())
 	w := replayCompleteFrame(1, 1, "E", 1)
 	assert.Equal(t, len(w.JSON()), w.Size())
@@ -120,7 +120,7 @@ func TestFrameSizeIsJSONLength(t *testing.T) {
 
 func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {
 	b := newBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "t"})
+	f := publishEvent(t, b, Event{Type: "t"})
 	wire := f.String()
 	j := f.JSON()
 	assert.Equal(t, len(j), cap(j))
