@@ -569,6 +569,7 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 	s := subscribe(t, b, SubscribeOptions{})
 	var maxSeen atomic.Int64
 	var got []uint64
+	n := pick(500, 2000, 2000)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -576,13 +577,13 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 			if f.ID() != 0 {
 				got = append(got, f.ID())
 			}
-			if len(got) == 2000 {
+			if len(got) == n {
 				return
 			}
 			time.Sleep(20 * time.Microsecond)
 		}
 	}()
-	for range 2000 {
+	for range n {
 		publishSized(t, b, "e", 90)
 		c := s.q.counts()
 		if int64(c.liveCount) > maxSeen.Load() {
@@ -592,7 +593,7 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 		require.LessOrEqual(t, c.liveBytes, maxBytes)
 	}
 	<-done
-	requireIDs(t, seqIDs(1, 2000), got)
+	requireIDs(t, seqIDs(1, uint64(n)), got)
 	t.Logf("most frames unconsumed at once: %d (cap %d); catch-ups %d", maxSeen.Load(), maxQueued, b.Stats().CatchUp.Entered)
 }
 
@@ -710,10 +711,7 @@ func TestCatchUpConsumerWaitingAtTheNewestIsWokenByTheNextPublish(t *testing.T) 
 			}
 		}
 	}()
-	rounds := 3000
-	if testing.Short() {
-		rounds = 500
-	}
+	rounds := pick(500, 3000, 3000)
 	for range rounds {
 		last := publishTypeN(t, b, "e", 1+rand.IntN(3))
 		deadline := time.Now().Add(10 * time.Second)

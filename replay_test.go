@@ -266,7 +266,7 @@ func TestLivePublishAfterLargeReplayDoesNotEvict(t *testing.T) {
 
 func TestResumeUnderConcurrentPublishHasNoGapOrDuplicate(t *testing.T) {
 	b := newBus(t, Options{MaxSubscribers: 1000})
-	const total = 2000
+	total := pick(500, 2000, 2000)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
