@@ -40,7 +40,7 @@ func newHubClock() *hubClock {
 	c.ms.Store(1_700_000_000_000)
 	return c
 }
-func (c *hubClock) now() time.Time           { return time.UnixMilli(c.ms.Load()) }
+func (c *hubClock) now() time.Time          { return time.UnixMilli(c.ms.Load()) }
 func (c *hubClock) advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
 
 func hubEvent(i int) Event {
@@ -472,6 +472,8 @@ func TestHubResumeAcrossExpiryIsEpochReset(t *testing.T) {
 	require.Len(t, fs, 3)
 	assert.Equal(t, oldEpoch+":3", fs[1].id)
 
+	// The handler ends its subscription once it sees the client gone.
+	require.Eventually(t, func() bool { return old.SubscriberCount() == 0 }, 10*time.Second, time.Millisecond)
 	clock.advance(time.Minute)
 	h.sweep()
 	require.Zero(t, h.Len())
