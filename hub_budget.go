@@ -7,8 +7,8 @@ import (
 )
 
 // budget is a Hub's one byte budget over every ring of its buses
-// (HubOptions.MaxTotalBytes), in the unit of the ring's byte bound
-// (Frame.Size).
+// (HubOptions.MaxTotalBytes). It counts every byte a frame holds
+// (frame.held: its SSE encoding and its type), not only its envelope.
 //
 // used counts the bytes every ring holds plus the bytes publishes have
 // reserved and not yet appended: a publish reserves its frame's bytes
@@ -85,7 +85,7 @@ func (bg *budget) reclaim() {
 	}
 	rings := bg.rings[:0]
 	for _, e := range bg.hub.snapshot() {
-		if n := e.bus.stats.ringBytes.Load(); n > 0 {
+		if n := e.bus.ring.heldNow.Load(); n > 0 {
 			rings = append(rings, ringSize{e.bus, n})
 		}
 	}
@@ -127,7 +127,7 @@ func (bg *budget) reclaim() {
 func (b *EventBus) trimTo(level int64) {
 	n := 0
 	b.mu.Lock()
-	for b.ring.n > 0 && int64(b.ring.bytes) > level {
+	for b.ring.n > 0 && int64(b.ring.held) > level {
 		b.ring.dropOldest()
 		n++
 	}
@@ -145,7 +145,7 @@ func (b *EventBus) trimTo(level int64) {
 // delivered live only) and the budget holds.
 func (r *ring) appendCharged(f *frame, reserved int64) {
 	bg := r.budget
-	size := int64(f.size())
+	size := int64(f.held())
 	trimmed := uint64(0)
 	used := bg.used.Add(size - reserved) // exact now
 	for used > bg.max && r.n > 0 {
@@ -165,8 +165,13 @@ func (r *ring) appendCharged(f *frame, reserved int64) {
 }
 
 // maxSize is the largest Size the frame of p can have, whatever its id:
-// what a publish reserves before it knows its id.
-func (p *encoded) maxSize() int64 {
-	// The envelope is {"id":N + the tail without its "\n\n"; see build.
-	return int64(len(headJSON) + maxDigits + len(p.buf) - p.head - 2)
+// what a publish reserves before it knows its id. p.buf has room for the
+// id lines of the longest id (see assemble), and the frame keeps its type.
+func (p *encoded) maxSize() int64 { return int64(len(p.buf) + len(p.typ)) }
+
+// maxFrameSize is the largest Size of an event whose envelope has
+// maxEventBytes bytes: the envelope, the id and event lines of the longest
+// id and type, the data line and the type again.
+func maxFrameSize(maxEventBytes int) int {
+	return len(headID) + maxDigits + len(headEvent) + 2*MaxTypeLen + len(headData) + maxEventBytes + 2
 }
