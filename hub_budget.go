@@ -20,8 +20,9 @@ import (
 //
 // The rule that keeps it. A reservation that takes used over max makes
 // room before its publish takes its own lock: the largest rings lose their
-// oldest events first, every ring above a common level down to it, the
-// level chosen so that used falls to max minus a sixteenth (so that the
+// oldest events first, rings above a common level down towards it, the
+// largest first and no more than needed, so that used falls to max minus
+// a sixteenth (so that the
 // scan over the sessions is paid once per sixteenth of the budget, not per
 // publish). Each ring is trimmed under its own bus lock, one at a time,
 // never two at once, and no publish waits for another's trimming: one
@@ -115,19 +116,26 @@ func (bg *budget) reclaim() {
 			break
 		}
 	}
+	// Largest first, and no more than needed: rings of the same size do
+	// not all go down at once.
 	for _, r := range rings[:k] {
-		r.b.trimTo(level)
+		if over <= 0 {
+			break
+		}
+		over -= r.b.trimTo(level, over)
 	}
 	clear(rings)
 	bg.rings = rings[:0]
 }
 
 // trimTo drops b's oldest events while its ring holds more than level
-// bytes (the newest too, for level 0), under b's lock only.
-func (b *EventBus) trimTo(level int64) {
+// bytes (the newest too, for level 0) and it has freed less than limit,
+// under b's lock only. It returns the bytes freed.
+func (b *EventBus) trimTo(level, limit int64) (freed int64) {
 	n := 0
 	b.mu.Lock()
-	for b.ring.n > 0 && int64(b.ring.held) > level {
+	for b.ring.n > 0 && int64(b.ring.held) > level && freed < limit {
+		freed += int64(b.ring.at(0).held())
 		b.ring.dropOldest()
 		n++
 	}
@@ -136,6 +144,7 @@ func (b *EventBus) trimTo(level int64) {
 	}
 	b.mu.Unlock()
 	b.ring.budget.trimmed.Add(uint64(n))
+	return freed
 }
 
 // appendCharged is append for a ring under a budget, under the bus lock:
