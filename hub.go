@@ -249,28 +249,29 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 	if b, ok := h.Lookup(id); ok {
 		return b, nil
 	}
-	var fresh *EventBus
+	if h.closed.Load() {
+		return nil, ErrClosed
+	}
+	// Made before the shard lock (New draws an epoch from crypto/rand),
+	// dropped if another GetOrCreate of id wins.
+	fresh := h.newBus()
+	sh := h.shard(id)
 	for swept := false; ; swept = true {
+		sh.mu.Lock()
+		// Under the shard lock: end, which takes every shard lock after
+		// setting closed, either sees the new bus or is seen here.
 		if h.closed.Load() {
+			sh.mu.Unlock()
 			return nil, ErrClosed
 		}
-		sh := h.shard(id)
-		sh.mu.Lock()
 		old := sh.m[id]
 		if old != nil && !old.isClosed.Load() {
 			sh.mu.Unlock()
-			if fresh != nil {
-				fresh.ring.budget = nil
-				_ = fresh.Close()
-			}
-			return old, nil
+			return old, nil // fresh holds nothing: the collector takes it
 		}
 		if old != nil || h.n.Add(1) <= h.maxSessions {
 			// A closed bus still in the map (closed by its owner, or
 			// expired and not yet forgotten) gives its place to the new one.
-			if fresh == nil {
-				fresh = h.newBus()
-			}
 			sh.m[id] = fresh
 			sh.mu.Unlock()
 			h.created.Add(1)

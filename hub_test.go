@@ -520,3 +520,35 @@ func TestHubPublishRetriesOnAnExpiredBus(t *testing.T) {
 	assert.Equal(t, uint64(1), nb.LastEventID())
 	require.True(t, errors.Is(b.Signal("x", "y"), ErrClosed))
 }
+
+// A GetOrCreate racing Close either fails with ErrClosed or returns a bus
+// that Close closed: nothing is left open behind a closed hub.
+func TestHubCloseRacesGetOrCreate(t *testing.T) {
+	for range 20 {
+		h, err := NewHub(HubOptions{})
+		require.NoError(t, err)
+		var mu sync.Mutex
+		var got []*EventBus
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for i := range 200 {
+					b, err := h.GetOrCreate("g" + strconv.Itoa(g) + "-" + strconv.Itoa(i))
+					if err != nil {
+						assert.ErrorIs(t, err, ErrClosed)
+						return
+					}
+					mu.Lock()
+					got = append(got, b)
+					mu.Unlock()
+				}
+			})
+		}
+		require.NoError(t, h.Close())
+		wg.Wait()
+		for _, b := range got {
+			assert.True(t, b.closedOrZero())
+		}
+		assert.Zero(t, h.Len())
+	}
+}
