@@ -97,8 +97,8 @@ func nonEvents(fs []Frame) []string {
 }
 
 func TestCatchUpConsumerThatStopsThenResumesGetsEverything(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 1000) // the consumer is not reading: 16 fill its queue
 	assert.Equal(t, queueCounts{16, 16, 16 * pub11Size(b, 1), DefaultMaxQueuedBytes}.liveCount, s.q.counts().liveCount,
 		"it holds its cap, no more")
@@ -121,18 +121,18 @@ func TestCatchUpConsumerThatStopsThenResumesGetsEverything(t *testing.T) {
 	pub11(t, b, "e")
 	assert.Equal(t, 0, b.Stats().CatchUp.Behind)
 	assert.Equal(t, 1, s.q.counts().liveCount, "caught up, it is pushed to live again")
-	assert.Equal(t, []string{"#1001"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"#1001"}, coreDescribe(readyNow(s)))
 }
 
 // pub11Size is the envelope size of an event of type "e" without data
 // published as id on a bus11 bus.
 func pub11Size(b *EventBus, id uint64) int {
-	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, now11Millis))
+	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, testStamp))
 }
 
 func TestCatchUpRingMovedPastCursorGetsOneExactRingEvicted(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, RingSize: 100, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 16, RingSize: 100, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 500) // the ring now holds #401..#500; the subscriber needs #17
 
 	fs := drainReady(t, s)
@@ -151,12 +151,12 @@ func TestCatchUpRingMovedPastCursorGetsOneExactRingEvicted(t *testing.T) {
 func TestCatchUpRingEvictedWhileReading(t *testing.T) {
 	// The consumer reads a batch from the ring, then stops while the ring
 	// moves on: the next batch starts with the resync at its own cursor.
-	b := bus11(t, Options{MaxQueued: 8, RingSize: 40, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 8, RingSize: 40, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 30)
-	first := take11(s) // #1..#8 queued, then #9..#16 from the ring... within 8 for the batch
+	first := readyNow(s) // #1..#8 queued, then #9..#16 from the ring... within 8 for the batch
 	assert.Equal(t, seqIDs(1, 8), eventIDs(first), "one batch, within the frame cap")
-	second := take11(s)
+	second := readyNow(s)
 	assert.Equal(t, seqIDs(9, 16), eventIDs(second))
 	pubN11(t, b, "e", 100) // the ring holds #91..#130
 	fs := drainReady(t, s)
@@ -167,8 +167,8 @@ func TestCatchUpRingEvictedWhileReading(t *testing.T) {
 }
 
 func TestCatchUpBytesCapEntersCatchUpAndBatchesStayWithinIt(t *testing.T) {
-	b := bus11(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	for range 50 {
 		pubSized11(t, b, "e", 100)
 	}
@@ -181,23 +181,23 @@ func TestCatchUpBytesCapEntersCatchUpAndBatchesStayWithinIt(t *testing.T) {
 func TestCatchUpOversizedEventReachesAConsumerThatHoldsNothing(t *testing.T) {
 	// As for a live push, the first frame of a batch is admitted whatever
 	// its size when nothing is held.
-	b := bus11(t, Options{MaxQueuedBytes: 1000, MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueuedBytes: 1000, MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 5) // #5 is rejected: behind at #5
 	pubSized11(t, b, "e", 3000)
 	pubSized11(t, b, "e", 3000)
-	assert.Equal(t, seqIDs(1, 4), eventIDs(take11(s)))
-	assert.Equal(t, []uint64{5}, eventIDs(take11(s)))
-	assert.Equal(t, []uint64{6}, eventIDs(take11(s)), "alone, above the byte cap")
-	assert.Equal(t, []uint64{7}, eventIDs(take11(s)))
+	assert.Equal(t, seqIDs(1, 4), eventIDs(readyNow(s)))
+	assert.Equal(t, []uint64{5}, eventIDs(readyNow(s)))
+	assert.Equal(t, []uint64{6}, eventIDs(readyNow(s)), "alone, above the byte cap")
+	assert.Equal(t, []uint64{7}, eventIDs(readyNow(s)))
 	pubN11(t, b, "e", 1)
 	assert.Equal(t, 0, b.Stats().CatchUp.Behind, "handed over by #8")
-	assert.Equal(t, []uint64{8}, eventIDs(take11(s)))
+	assert.Equal(t, []uint64{8}, eventIDs(readyNow(s)))
 }
 
 func TestCatchUpFilterDuringCatchUp(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a.*"}})
+	b := newBus(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a.*"}})
 	var want []uint64
 	for i := range 2000 {
 		typ := "b"
@@ -223,26 +223,26 @@ func TestCatchUpFilterDuringCatchUp(t *testing.T) {
 }
 
 func TestCatchUpFilterMatchingNothingInTheRingCatchesUp(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a"}})
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}})
 	pubN11(t, b, "a", 5) // behind at #5
 	pubN11(t, b, "b", 3000)
 	fs := drainReady(t, s)
 	assert.Equal(t, seqIDs(1, 5), eventIDs(fs))
 	pub11(t, b, "a")
 	assert.Equal(t, 0, b.Stats().CatchUp.Behind, "3000 filtered-out entries read, then handed over by #3006")
-	assert.Equal(t, []uint64{3006}, eventIDs(take11(s)))
+	assert.Equal(t, []uint64{3006}, eventIDs(readyNow(s)))
 }
 
 func TestCatchUpSignalsWhileBehind(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 5) // #1..#4 queued, behind at #5
 	require.NoError(t, b.Signal("doc.changed", "7"))
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Dropped.CatchUpSignals, "the caps are full: dropped, counted")
 
-	fs := take11(s) // #1..#4
+	fs := readyNow(s) // #1..#4
 	assert.Equal(t, seqIDs(1, 4), eventIDs(fs))
 	// Its queue is empty now, the caps take signals again; a second one
 	// about the same resource coalesces with it.
@@ -256,8 +256,8 @@ func TestCatchUpSignalsWhileBehind(t *testing.T) {
 }
 
 func TestCatchUpRejectedSignalPutsSubscriberBehindAtTheNextID(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 2)
 	require.NoError(t, b.Signal("s", "x")) // rejected: behind at #3, nothing missed yet
 	assert.Equal(t, CatchUpStats{Entered: 1, Behind: 1}, b.Stats().CatchUp)
@@ -272,12 +272,12 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 	// every id exactly once, in increasing order: the hand-over from the
 	// ring to the live fan-out has no gap and no duplicate.
 	const publishers, perPublisher, consumers = 4, 3000, 4
-	b := bus11(t, Options{MaxQueued: 8, RingSize: publishers * perPublisher, MaxSubscribers: 16, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 8, RingSize: publishers * perPublisher, MaxSubscribers: 16, OverflowPolicy: OverflowCatchUp})
 	var wg sync.WaitGroup
 	results := make([][]uint64, consumers)
 	got := make([]atomic.Uint64, consumers) // events seen, for the end
 	for c := range consumers {
-		s := sub11(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
 		iter := c%2 == 0
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(c), 7))
@@ -347,16 +347,16 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 
 func TestCatchUpStalledConsumerIsEvictedAfterTheBoundAndHeldNoMoreThanItsCaps(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096, OverflowPolicy: OverflowCatchUp,
+		b := newBus(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096, OverflowPolicy: OverflowCatchUp,
 			CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
-		s := sub11(t, b, SubscribeOptions{})
-		healthy := sub11(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
+		healthy := subscribe(t, b, SubscribeOptions{})
 		var got []uint64
 		start := time.Now()
 		// A publish every 10 ms; the stalled one never reads.
 		for i := 0; ; i++ {
 			pub11(t, b, "e")
-			got = append(got, eventIDs(take11(healthy))...)
+			got = append(got, eventIDs(readyNow(healthy))...)
 			c := s.q.counts()
 			require.LessOrEqual(t, c.liveCount, 16)
 			require.LessOrEqual(t, c.liveBytes, 4096)
@@ -372,7 +372,7 @@ func TestCatchUpStalledConsumerIsEvictedAfterTheBoundAndHeldNoMoreThanItsCaps(t 
 		// more than 10 s later evicts it.
 		assert.Equal(t, 10*time.Second+170*time.Millisecond, elapsed)
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
-		fs := take11(s)
+		fs := readyNow(s)
 		assert.Equal(t, seqIDs(1, 16), eventIDs(fs), "what was queued, then the terminal frame")
 		last := fs[len(fs)-1]
 		assert.Equal(t, TypeClientEvicted, last.Type())
@@ -390,12 +390,12 @@ func TestCatchUpSlowButReadingConsumerIsNotEvicted(t *testing.T) {
 	// Progress is a take: a consumer that takes a batch every 5 s with a 10
 	// s bound stays, however far behind it is.
 	synctest.Test(t, func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp, CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
-		s := sub11(t, b, SubscribeOptions{})
+		b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp, CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
+		s := subscribe(t, b, SubscribeOptions{})
 		var got []uint64
 		for range 12 {
 			pubN11(t, b, "e", 50)
-			got = append(got, eventIDs(take11(s))...)
+			got = append(got, eventIDs(readyNow(s))...)
 			time.Sleep(5 * time.Second)
 		}
 		assert.NoError(t, s.Err())
@@ -406,9 +406,9 @@ func TestCatchUpSlowButReadingConsumerIsNotEvicted(t *testing.T) {
 
 func TestCatchUpSubscribeAtTheLimitSweepsAStalledSubscriber(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 4, MaxSubscribers: 1, OverflowPolicy: OverflowCatchUp,
+		b := newBus(t, Options{MaxQueued: 4, MaxSubscribers: 1, OverflowPolicy: OverflowCatchUp,
 			CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
-		stalled := sub11(t, b, SubscribeOptions{})
+		stalled := subscribe(t, b, SubscribeOptions{})
 		pubN11(t, b, "e", 10) // behind; then the bus is quiet
 		_, err := b.Subscribe(context.Background(), SubscribeOptions{})
 		require.ErrorIs(t, err, ErrSubscriberLimitExceeded, "not stalled long enough yet")
@@ -417,7 +417,7 @@ func TestCatchUpSubscribeAtTheLimitSweepsAStalledSubscriber(t *testing.T) {
 		require.NoError(t, err, "the stalled one freed its slot")
 		t.Cleanup(s.Close)
 		assert.ErrorIs(t, stalled.Err(), ErrEvicted)
-		fs := take11(stalled)
+		fs := readyNow(stalled)
 		assert.Equal(t, TypeClientEvicted, fs[len(fs)-1].Type())
 		assert.Contains(t, coreData(t, fs[len(fs)-1]), `"reason":"catch_up_stalled","droppedAfter":5`)
 		assert.Equal(t, uint64(1), b.Stats().Evictions.CatchUpStalled)
@@ -428,20 +428,20 @@ func TestCatchUpStallTimeoutOptions(t *testing.T) {
 	for _, d := range []time.Duration{-time.Second, time.Microsecond} {
 		_, err := New(Options{CatchUpStallTimeout: d})
 		assert.ErrorIs(t, err, ErrInvalidOption, "%s", d)
-		b := bus11(t, Options{})
+		b := newBus(t, Options{})
 		_, err = b.Subscribe(context.Background(), SubscribeOptions{CatchUpStallTimeout: d})
 		assert.ErrorIs(t, err, ErrInvalidOption, "%s", d)
 	}
 	synctest.Test(t, func(t *testing.T) {
 		// The subscription's bound overrides the bus's.
-		b := bus11(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
-		s := sub11(t, b, SubscribeOptions{CatchUpStallTimeout: time.Second})
+		b := newBus(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
+		s := subscribe(t, b, SubscribeOptions{CatchUpStallTimeout: time.Second})
 		pubN11(t, b, "e", 3)
 		time.Sleep(time.Second + time.Millisecond)
 		pub11(t, b, "e")
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
-		b2 := bus11(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
-		s2 := sub11(t, b2, SubscribeOptions{})
+		b2 := newBus(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
+		s2 := subscribe(t, b2, SubscribeOptions{})
 		pubN11(t, b2, "e", 3)
 		time.Sleep(DefaultCatchUpStallTimeout)
 		pub11(t, b2, "e")
@@ -453,9 +453,9 @@ func TestCatchUpStallTimeoutOptions(t *testing.T) {
 }
 
 func TestCatchUpPerSubscriptionPolicy(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4}) // the bus evicts
-	evict := sub11(t, b, SubscribeOptions{})
-	catchUp := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 4}) // the bus evicts
+	evict := subscribe(t, b, SubscribeOptions{})
+	catchUp := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowCatchUp})
 	pubN11(t, b, "e", 10)
 	assert.ErrorIs(t, evict.Err(), ErrEvicted)
 	assert.NoError(t, catchUp.Err())
@@ -463,8 +463,8 @@ func TestCatchUpPerSubscriptionPolicy(t *testing.T) {
 }
 
 func TestCatchUpBusCloseWhileBehindAnnouncesWhatItDidNotGet(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 10) // behind at #5
 	require.NoError(t, b.Close())
 	fs, open := s.AppendReady(nil)
@@ -480,8 +480,8 @@ func TestCatchUpBusCloseWhileBehindAnnouncesWhatItDidNotGet(t *testing.T) {
 }
 
 func TestCatchUpCancelWhileBehind(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 10)
 	s.Close()
 	fs, open := s.AppendReady(nil)
@@ -525,8 +525,8 @@ func TestCatchUpOverHTTPSlowClientGetsEverything(t *testing.T) {
 // The Events iterator's caps are exact, and cancellation is prompt.
 
 func TestEventsBatchCountsTowardTheCapsUntilYielded(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 10)
 	inBody := make(chan uint64)
 	release := make(chan struct{})
@@ -565,8 +565,8 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 	// under OverflowCatchUp: at no point do the frames it has not consumed
 	// (queued, or taken and not yielded) exceed either cap.
 	const maxQueued, maxBytes = 32, 3000
-	b := bus11(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	var maxSeen atomic.Int64
 	var got []uint64
 	done := make(chan struct{})
@@ -599,7 +599,7 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 func TestEventsCancelMidBatchYieldsNothingMore(t *testing.T) {
 	for _, how := range []string{"Close", "context"} {
 		t.Run(how, func(t *testing.T) {
-			b := bus11(t, Options{})
+			b := newBus(t, Options{})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			s, err := b.Subscribe(ctx, SubscribeOptions{})
@@ -628,7 +628,7 @@ func TestEventsCancelMidBatchYieldsNothingMore(t *testing.T) {
 }
 
 func TestEventsCancelRightAfterTheFirstReplayedFrame(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	pubN11(t, b, "e", DefaultRingSize)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -648,8 +648,8 @@ func TestEventsCancelRightAfterTheFirstReplayedFrame(t *testing.T) {
 
 func TestEventsBusCloseMidBatchStillDrains(t *testing.T) {
 	// Close with drain is not a cancellation: the batch is yielded in full.
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 50)
 	var ids []uint64
 	for f := range s.Events() {
@@ -663,8 +663,8 @@ func TestEventsBusCloseMidBatchStillDrains(t *testing.T) {
 }
 
 func TestEventsCatchUpCountsRingFramesUntilYielded(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 100) // #1..#8 queued, behind at #9
 	var it iterBatch
 	require.True(t, it.fill(s))
@@ -698,8 +698,8 @@ func TestCatchUpConsumerWaitingAtTheNewestIsWokenByTheNextPublish(t *testing.T) 
 	// subscriber falling behind meanwhile: after declaring itself waiting
 	// the take must look whether it is behind. Many rounds of a burst that
 	// puts it behind, each of whose last event it must get.
-	b := bus11(t, Options{MaxQueued: 1, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 1, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	var got atomic.Uint64
 	done := make(chan struct{})
 	go func() {

@@ -16,7 +16,7 @@ import (
 )
 
 func TestAppendSSEEventFrameFormat(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	f := corePublish(t, b, Event{Type: "session_update", Data: map[string]int{"a": 1}})
 	want := "id: 1\nevent: session_update\ndata: " +
 		`{"id":1,"v":1,"type":"session_update","data":{"a":1},"_meta":{"serverTimestamp":1719000000000}}` + "\n\n"
@@ -60,7 +60,7 @@ func TestTerminalFrames(t *testing.T) {
 	assert.False(t, resyncFrame(ReasonEpochReset, "", 1, 1, "E", 1).Terminal())
 	assert.False(t, warningFrame(c, 1, "frames", 1).Terminal())
 
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	f := corePublish(t, b, Event{Type: "client_evicted"}) // a published event is never terminal
 	assert.False(t, f.Terminal())
 	assert.False(t, f.Synthetic())
@@ -111,7 +111,7 @@ func TestSyntheticFrameEnvelope(t *testing.T) {
 }
 
 func TestFrameSizeIsJSONLength(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	f := corePublish(t, b, Event{Type: "t", Data: "abc"})
 	assert.Equal(t, len(f.JSON()), f.Size())
 	w := replayCompleteFrame(1, 1, "E", 1)
@@ -119,7 +119,7 @@ func TestFrameSizeIsJSONLength(t *testing.T) {
 }
 
 func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {
-	b := newCoreBus(t, Options{})
+	b := newBus(t, Options{})
 	f := corePublish(t, b, Event{Type: "t"})
 	wire := f.String()
 	j := f.JSON()
@@ -195,7 +195,7 @@ func TestZeroFrame(t *testing.T) {
 // every copy shares the one encoding.
 func TestFrameIsOnePointer(t *testing.T) {
 	assert.Equal(t, unsafe.Sizeof(uintptr(0)), unsafe.Sizeof(Frame{}))
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	defer s.Close()
@@ -218,7 +218,7 @@ func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 		{"e", "c1", "", ""},
 	} {
 		wire := func(data string) string {
-			b := bus11(t, Options{})
+			b := newBus(t, Options{})
 			ev := Event{Type: c.typ, OriginatorClientID: c.orig}
 			if data != "" || c.compact != "" {
 				ev.Data = json.RawMessage(data)
@@ -230,8 +230,8 @@ func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 		fast := wire(c.compact)
 		if c.compact == "" {
 			// No data at all: the same envelope as through encoding/json's path.
-			b := bus11(t, Options{})
-			f, err := b.Publish(Event{Type: c.typ, OriginatorClientID: c.orig, Meta: map[string]any{"serverTimestamp": now11().UnixMilli()}})
+			b := newBus(t, Options{})
+			f, err := b.Publish(Event{Type: c.typ, OriginatorClientID: c.orig, Meta: map[string]any{"serverTimestamp": testNow().UnixMilli()}})
 			require.NoError(t, err)
 			assert.Equal(t, f.String(), fast)
 			continue
@@ -248,7 +248,7 @@ func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
 	ev := Event{Type: "e", Data: json.RawMessage(`{"session":"s1","seq":12345,"text":"hello, world"}`)}
 	for _, subs := range []int{0, 1, 64} {
-		b := newCoreBus(t, Options{RingSize: 64})
+		b := newBus(t, Options{RingSize: 64})
 		batch := make([]Frame, 0, 256)
 		var ss []*Subscription
 		for range subs {
@@ -275,7 +275,7 @@ func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
 // costs nothing beyond the publish.
 func TestDeliveryDoesNotAllocate(t *testing.T) {
 	ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
-	b := newCoreBus(t, Options{RingSize: 64})
+	b := newBus(t, Options{RingSize: 64})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	batch := make([]Frame, 0, 16)
@@ -303,7 +303,7 @@ func TestDeliveryDoesNotAllocate(t *testing.T) {
 // as for 4000: none per replayed event.
 func TestResumeAllocationsDoNotGrowWithEvents(t *testing.T) {
 	resume := func(events int) float64 {
-		b := newCoreBus(t, Options{RingSize: 4000})
+		b := newBus(t, Options{RingSize: 4000})
 		ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
 		for range events {
 			_, err := b.Publish(ev)

@@ -601,3 +601,8 @@ func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 	q.waiting.Store(false)
 	return dropped
 }
+
+// queueCounts is a snapshot of a queue's live counts and caps.
+type queueCounts struct {
+	liveCount, maxQueued, liveBytes, maxBytes int
+}

@@ -4,15 +4,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 )
-
-// proveLong reports whether the long forms of the "prove it holds" tests
-// run (EVENTBUS_LONG=1): more fuzz seeds, longer chaos, soak and memory
-// runs. The short forms run in the normal `go test -race -count=1 ./...`.
-func proveLong() bool { return os.Getenv("EVENTBUS_LONG") == "1" }
 
 // ---------------------------------------------------------------------------
 // FuzzQueueModel: boundedAsyncQueue against a reference model.

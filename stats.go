@@ -175,3 +175,10 @@ func (b *EventBus) emit(ds ...Diagnostic) {
 		b.logger().LogAttrs(context.Background(), slog.LevelWarn, d.Message, d.Attrs...)
 	}
 }
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

@@ -65,7 +65,7 @@ func serveFailing11(t testing.TB, b *EventBus, ok int, lastEventID string) {
 }
 
 func TestStatsPublishedAndRejectedByReason(t *testing.T) {
-	b := bus11(t, Options{MaxEventBytes: 200})
+	b := newBus(t, Options{MaxEventBytes: 200})
 	pubN11(t, b, "e", 3)
 	for _, e := range []Event{
 		{Type: ""},
@@ -96,26 +96,26 @@ func TestStatsPublishedAndRejectedByReason(t *testing.T) {
 }
 
 func TestStatsSignalsCountsAcceptedSignals(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	sig11(t, b, "x", "a")
 	sig11(t, b, "x", "a") // no subscriber: still accepted
-	s := sub11(t, b, SubscribeOptions{})
+	s := subscribe(t, b, SubscribeOptions{})
 	sig11(t, b, "x", "a")
 	sig11(t, b, "x", "a") // coalesced, still a signal sent
 	_ = b.Signal("", "a")
 	st := b.Stats()
 	assert.Equal(t, uint64(4), st.Signals)
 	assert.Zero(t, st.Published)
-	assert.Len(t, take11(s), 1)
+	assert.Len(t, readyNow(s), 1)
 }
 
 func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
+	b := newBus(t, Options{MaxQueued: 16})
 	pubN11(t, b, "e", 2)
-	reader := sub11(t, b, SubscribeOptions{})
-	resumed := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0}) // replay + replay_complete
-	stalled := sub11(t, b, SubscribeOptions{})                             // warned, then evicted
-	filtered := sub11(t, b, SubscribeOptions{Types: []string{"s"}})
+	reader := subscribe(t, b, SubscribeOptions{})
+	resumed := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0}) // replay + replay_complete
+	stalled := subscribe(t, b, SubscribeOptions{})                             // warned, then evicted
+	filtered := subscribe(t, b, SubscribeOptions{Types: []string{"s"}})
 
 	received := 0
 	for i := range 60 {
@@ -125,7 +125,7 @@ func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
 			pub11(t, b, "e")
 		}
 		if i%5 == 0 {
-			received += len(take11(reader)) + len(take11(resumed))
+			received += len(readyNow(reader)) + len(readyNow(resumed))
 		}
 		assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 	}
@@ -142,8 +142,8 @@ func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
 }
 
 func TestStatsFramesDeliveredWhenBreakingOutOfEvents(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 5)
 	n := 0
 	for range s.Events() {
@@ -158,11 +158,11 @@ func TestStatsFramesDeliveredWhenBreakingOutOfEvents(t *testing.T) {
 }
 
 func TestStatsSubscribersAndPeak(t *testing.T) {
-	b := bus11(t, Options{MaxSubscribers: 3, MaxQueued: 16})
+	b := newBus(t, Options{MaxSubscribers: 3, MaxQueued: 16})
 	assert.Equal(t, 0, b.Stats().Subscribers)
-	s1 := sub11(t, b, SubscribeOptions{})
-	sub11(t, b, SubscribeOptions{Types: []string{"never"}})
-	s3 := sub11(t, b, SubscribeOptions{})
+	s1 := subscribe(t, b, SubscribeOptions{})
+	subscribe(t, b, SubscribeOptions{Types: []string{"never"}})
+	s3 := subscribe(t, b, SubscribeOptions{})
 	_, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.ErrorIs(t, err, ErrSubscriberLimitExceeded)
 	st := b.Stats()
@@ -193,15 +193,15 @@ func TestStatsSubscribersAndPeak(t *testing.T) {
 
 func TestStatsEvictionsByReason(t *testing.T) {
 	t.Run("queue_overflow", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16})
-		s := sub11(t, b, SubscribeOptions{})
+		b := newBus(t, Options{MaxQueued: 16})
+		s := subscribe(t, b, SubscribeOptions{})
 		pubN11(t, b, "e", 17)
 		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"queue_overflow"`)
 		assert.Equal(t, EvictionStats{QueueOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("queue_bytes_overflow", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueuedBytes: 1000})
-		s := sub11(t, b, SubscribeOptions{})
+		b := newBus(t, Options{MaxQueuedBytes: 1000})
+		s := subscribe(t, b, SubscribeOptions{})
 		for range 11 {
 			pubSized11(t, b, "e", 100)
 		}
@@ -209,8 +209,8 @@ func TestStatsEvictionsByReason(t *testing.T) {
 		assert.Equal(t, EvictionStats{QueueBytesOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("repeated_overflow", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync}) // fixed clock: all within the window
-		s := sub11(t, b, SubscribeOptions{})
+		b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync}) // fixed clock: all within the window
+		s := subscribe(t, b, SubscribeOptions{})
 		for range 3 {
 			overflow11(t, b, s)
 		}
@@ -220,16 +220,16 @@ func TestStatsEvictionsByReason(t *testing.T) {
 }
 
 func TestStatsWarningsCountsWarningFramesSent(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
-	s1 := sub11(t, b, SubscribeOptions{})
-	s2 := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 16})
+	s1 := subscribe(t, b, SubscribeOptions{})
+	s2 := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 12) // both warned
-	fs1 := take11(s1)     // s1 catches up
+	fs1 := readyNow(s1)   // s1 catches up
 	pubN11(t, b, "e", 1)  // s1 re-arms (1 <= 6); s2 is still in its episode
-	fs1 = append(fs1, take11(s1)...)
+	fs1 = append(fs1, readyNow(s1)...)
 	pubN11(t, b, "e", 2)  // s2: 15 live, no second warning
 	pubN11(t, b, "e", 11) // s1: 2+11 = 13 live: a second warning; s2 evicted on the way
-	fs1 = append(fs1, take11(s1)...)
+	fs1 = append(fs1, readyNow(s1)...)
 	fs2 := coreCollect(s2)
 	sent := len(coreOfType(fs1, TypeSlowClientWarning)) + len(coreOfType(fs2, TypeSlowClientWarning))
 	assert.Equal(t, 3, sent)
@@ -237,14 +237,14 @@ func TestStatsWarningsCountsWarningFramesSent(t *testing.T) {
 }
 
 func TestStatsResyncsByReason(t *testing.T) {
-	clk := newClock11(now11Millis)
-	b := bus11(t, Options{RingSize: 4, ReplayBudgetBytes: 250, MaxQueuedBytes: 2000, OverflowPolicy: OverflowResync, Now: clk.now})
+	clk := newFakeClock(testStamp)
+	b := newBus(t, Options{RingSize: 4, ReplayBudgetBytes: 250, MaxQueuedBytes: 2000, OverflowPolicy: OverflowResync, Now: clk.now})
 	var subs []*Subscription
-	q := sub11(t, b, SubscribeOptions{MaxQueued: 16})
+	q := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	subs = append(subs, q)
 	pubN11(t, b, "e", 17) // queue_overflow
 	// Take the first resync frame now: the next overflow would supersede it.
-	early := take11(q)
+	early := readyNow(q)
 	clk.advance(time.Minute)
 	for range 7 { // 1 small live event + 6*300 = 1870, the 7th: 2170 > 2000
 		pubSized11(t, b, "e", 300) // queue_bytes_overflow
@@ -257,11 +257,11 @@ func TestStatsResyncsByReason(t *testing.T) {
 		{Resume: true, LastEventID: 1},                    // ring_evicted + replay_budget_exceeded
 		{Resume: true, LastEventID: 23},                   // #24 only: no resync
 	} {
-		subs = append(subs, sub11(t, b, o))
+		subs = append(subs, subscribe(t, b, o))
 	}
 	seen := map[string]uint64{}
 	for i, s := range subs {
-		fs := take11(s)
+		fs := readyNow(s)
 		if i == 0 {
 			fs = append(early, fs...)
 		}
@@ -280,44 +280,44 @@ func TestStatsResyncsByReason(t *testing.T) {
 }
 
 func TestStatsDroppedCoalesced(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
 	sig11(t, b, "x", "a")
 	sig11(t, b, "x", "b")
 	sig11(t, b, "x", "a")
 	sig11(t, b, "x", "a")
-	assert.Len(t, take11(s), 2)
+	assert.Len(t, readyNow(s), 2)
 	assert.Equal(t, DroppedStats{Coalesced: 2}, b.Stats().Dropped)
 }
 
 func TestStatsDroppedOverflow(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	s := subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 5)
-	assert.Len(t, take11(s), 5)
+	assert.Len(t, readyNow(s), 5)
 	pubN11(t, b, "e", 17) // 16 queued live frames dropped
 	assert.Equal(t, DroppedStats{Overflow: 16}, b.Stats().Dropped)
 }
 
 func TestStatsDroppedReplayBudget(t *testing.T) {
-	b := bus11(t, Options{ReplayBudgetBytes: 250})
+	b := newBus(t, Options{ReplayBudgetBytes: 250})
 	for range 5 {
 		pubSized11(t, b, "e", 100)
 	}
-	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
-	fs := take11(s)
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	fs := readyNow(s)
 	assert.Equal(t, []string{"#1", "#2", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
 	assert.Equal(t, DroppedStats{ReplayBudget: 3}, b.Stats().Dropped)
 }
 
 func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
-	b := bus11(t, Options{})
-	closed := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{})
+	closed := subscribe(t, b, SubscribeOptions{})
 	ctx, cancel := context.WithCancel(t.Context())
 	ctxSub, err := b.Subscribe(ctx, SubscribeOptions{})
 	require.NoError(t, err)
 	pubN11(t, b, "e", 5)
-	take11(ctxSub)
+	readyNow(ctxSub)
 	pubN11(t, b, "e", 3) // closed: 8 buffered, ctxSub: 3
 
 	closed.Close()
@@ -330,8 +330,8 @@ func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
 
 	// A draining subscription of a closed bus that is then cancelled still
 	// drops its buffer.
-	b2 := bus11(t, Options{})
-	s := sub11(t, b2, SubscribeOptions{})
+	b2 := newBus(t, Options{})
+	s := subscribe(t, b2, SubscribeOptions{})
 	pubN11(t, b2, "e", 4)
 	require.NoError(t, b2.Close())
 	s.Close()
@@ -340,7 +340,7 @@ func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
 }
 
 func TestStatsDroppedBlockedWhenFirstWriteFails(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	pubN11(t, b, "e", 3)
 	serveFailing11(t, b, 0, "0") // the retry: line fails; 3 events + replay_complete are buffered
 	st := b.Stats()
@@ -350,7 +350,7 @@ func TestStatsDroppedBlockedWhenFirstWriteFails(t *testing.T) {
 }
 
 func TestStatsDroppedBlockedCountsTheFailedBatch(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	pubN11(t, b, "e", 3)
 	serveFailing11(t, b, 1, "0") // the retry: line goes out, the first batch of 4 frames fails
 	st := b.Stats()
@@ -360,7 +360,7 @@ func TestStatsDroppedBlockedCountsTheFailedBatch(t *testing.T) {
 }
 
 func TestStatsRingLenAndBytes(t *testing.T) {
-	b := bus11(t, Options{RingSize: 5})
+	b := newBus(t, Options{RingSize: 5})
 	for range 3 {
 		pubSized11(t, b, "e", 100)
 	}
@@ -375,7 +375,7 @@ func TestStatsRingLenAndBytes(t *testing.T) {
 	assert.Equal(t, 5, st.RingLen)
 	assert.Equal(t, 100+4*120, st.RingBytes)
 
-	b2 := bus11(t, Options{RingMaxBytes: 350})
+	b2 := newBus(t, Options{RingMaxBytes: 350})
 	for range 5 {
 		pubSized11(t, b2, "e", 100)
 	}
@@ -393,14 +393,14 @@ func TestStatsRingLenAndBytes(t *testing.T) {
 var statsSink11 Stats
 
 func TestStatsDoesNotAllocate(t *testing.T) {
-	b := bus11(t, Options{})
-	sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{})
+	subscribe(t, b, SubscribeOptions{})
 	pubN11(t, b, "e", 3)
 	assert.Zero(t, testing.AllocsPerRun(100, func() { statsSink11 = b.Stats() }))
 }
 
 func TestStatsTakesNoLock(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	pubN11(t, b, "e", 2)
 	b.mu.Lock()
 	got := make(chan Stats, 1)
@@ -418,8 +418,8 @@ func TestStatsTakesNoLock(t *testing.T) {
 
 func TestStatsConcurrentWithPublishers(t *testing.T) {
 	const publishers, perPublisher = 4, 500
-	b := bus11(t, Options{RingSize: 100, MaxQueued: 2048})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{RingSize: 100, MaxQueued: 2048})
+	s := subscribe(t, b, SubscribeOptions{})
 	consumed := make(chan int)
 	go func() {
 		n := 0
@@ -515,7 +515,7 @@ func (r *diagRecorder11) take() []Diagnostic {
 
 func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 	rec := &diagRecorder11{}
-	b := bus11(t, Options{MaxQueued: 16, OnDiagnostic: rec.on})
+	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on})
 
 	_, err := b.Publish(Event{Type: ""})
 	require.Error(t, err)
@@ -527,8 +527,8 @@ func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 	assert.Equal(t, "", a["type"])
 	assert.Contains(t, a["error"], "empty type")
 
-	evict := sub11(t, b, SubscribeOptions{})
-	resync := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
+	evict := subscribe(t, b, SubscribeOptions{})
+	resync := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 	pubN11(t, b, "e", 12)
 	ds = rec.take()
 	require.Equal(t, []string{DiagSlowClient, DiagSlowClient}, []string{ds[0].Kind, ds[1].Kind})
@@ -565,26 +565,26 @@ func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 }
 
 func TestOnDiagnosticTrueSuppressesTheLogLine(t *testing.T) {
-	logs := &logBuf11{}
+	logs := &logCapture{}
 	rec := &diagRecorder11{suppress: func(d Diagnostic) bool { return d.Kind == DiagPublishRejected }}
-	b := bus11(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: logs.logger()})
+	subscribe(t, b, SubscribeOptions{})
 	_, _ = b.Publish(Event{Type: "bad\n"})
 	pubN11(t, b, "e", 12) // slow_client, not suppressed
 	assert.Equal(t, []string{DiagPublishRejected, DiagSlowClient}, rec.kinds(), "the callback sees both")
 	out := logs.String()
 	assert.NotContains(t, out, "publish rejected", "true suppresses the log line")
 	assert.Contains(t, out, "eventbus: slow client", "false lets it through")
-	assert.Contains(t, out, "threshold=frames", "with its attrs")
+	assert.Contains(t, out, `"threshold":"frames"`, "with its attrs")
 	assert.Equal(t, 1, strings.Count(out, "\n"))
 }
 
 func TestOnDiagnosticFalseLetsEveryLogLineThrough(t *testing.T) {
-	logs := &logBuf11{}
+	logs := &logCapture{}
 	rec := &diagRecorder11{}
-	b := bus11(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	sub11(t, b, SubscribeOptions{})
-	sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
+	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: logs.logger()})
+	subscribe(t, b, SubscribeOptions{})
+	subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 	_, _ = b.Publish(Event{Type: ""})
 	pubN11(t, b, "e", 17)
 	serveFailing11(t, b, 0, "")
@@ -601,15 +601,15 @@ func TestOnDiagnosticNeverCalledWithTheBusLockHeld(t *testing.T) {
 	triggers := map[string]func(t *testing.T, b *EventBus){
 		DiagPublishRejected: func(t *testing.T, b *EventBus) { _, _ = b.Publish(Event{}) },
 		DiagSlowClient: func(t *testing.T, b *EventBus) {
-			sub11(t, b, SubscribeOptions{})
+			subscribe(t, b, SubscribeOptions{})
 			pubN11(t, b, "e", 12)
 		},
 		DiagEvicted: func(t *testing.T, b *EventBus) {
-			sub11(t, b, SubscribeOptions{})
+			subscribe(t, b, SubscribeOptions{})
 			pubN11(t, b, "e", 17)
 		},
 		DiagOverflowResync: func(t *testing.T, b *EventBus) {
-			sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
+			subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 			for range 17 {
 				sig11(t, b, "s", fmt.Sprint(b.Stats().Signals)) // through Signal this time
 			}
@@ -618,7 +618,7 @@ func TestOnDiagnosticNeverCalledWithTheBusLockHeld(t *testing.T) {
 	}
 	for kind, trigger := range triggers {
 		t.Run(kind, func(t *testing.T) {
-			other := bus11(t, Options{})
+			other := newBus(t, Options{})
 			var b *EventBus
 			var mu sync.Mutex
 			var checked []string
@@ -651,7 +651,7 @@ func TestOnDiagnosticNeverCalledWithTheBusLockHeld(t *testing.T) {
 				mu.Unlock()
 				return true
 			}
-			b = bus11(t, Options{MaxQueued: 16, OnDiagnostic: on})
+			b = newBus(t, Options{MaxQueued: 16, OnDiagnostic: on})
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
