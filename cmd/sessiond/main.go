@@ -44,7 +44,11 @@ import (
 	"github.com/ssebus/eventbus/internal/daemon"
 )
 
-func main() { daemon.Main("sessiond", run) }
+func main() {
+	daemon.Main("sessiond", func(ctx context.Context, args []string, logOut io.Writer) error {
+		return run(ctx, args, logOut, nil)
+	})
+}
 
 const usageText = `sessiond: a demo daemon for github.com/ssebus/eventbus.
 
@@ -76,8 +80,9 @@ Flags:
 `
 
 // run parses args, serves until ctx is done, then shuts down: every bus is
-// closed first (open streams drain and end), then the HTTP server.
-func run(ctx context.Context, args []string, logOut io.Writer) error {
+// closed first (open streams drain and end), then the HTTP server. ready,
+// when set, is called with the listen address once the daemon serves.
+func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr string)) error {
 	fs, f := daemon.NewFlags("sessiond", usageText, logOut, daemon.FlagDocs{
 		DefaultAddr:    "127.0.0.1:8080",
 		Ring:           "replay ring size in events per session (0: eventbus default 8000)",
@@ -126,7 +131,9 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 		Logger:          logger,
 		ListenAttrs:     []any{"url", scheme + ln.Addr().String() + "/"},
 		Close:           srv.closeAll,
+		Ready:           ready,
 		ShutdownTimeout: f.ShutdownTimeout,
+		Limits:          f.Limits(),
 	}
 	if f.Demo {
 		d.Demo = &daemon.Demo{Interval: f.DemoInterval, Publish: srv.publishDemo, Logger: logger}

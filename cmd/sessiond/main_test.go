@@ -564,7 +564,7 @@ func TestRunServesTheDemoAndShutsDownOnCancel(t *testing.T) {
 	var logs lockedBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-demo", "-demo-interval", "10ms", "-heartbeat", "1s"}, &logs)
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-demo", "-demo-interval", "10ms", "-heartbeat", "1s"}, &logs, nil)
 	}()
 	addrRE := regexp.MustCompile(`msg="sessiond listening" addr=(\S+)`)
 	var addr string
@@ -602,7 +602,7 @@ func TestRunServesTheDemoAndShutsDownOnCancel(t *testing.T) {
 
 func TestRunFlags(t *testing.T) {
 	var out lockedBuffer
-	if err := run(context.Background(), []string{"-h"}, &out); !errors.Is(err, flag.ErrHelp) {
+	if err := run(context.Background(), []string{"-h"}, &out, nil); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
 	for _, want := range []string{"POST   /session/{id}/disconnect", "-max-subscribers", "-ring", "-demo", "-overflow policy"} {
@@ -610,13 +610,13 @@ func TestRunFlags(t *testing.T) {
 			t.Errorf("-h output lacks %q:\n%s", want, out.String())
 		}
 	}
-	if err := run(context.Background(), []string{"-ring", "-1", "-addr", "127.0.0.1:0"}, io.Discard); !errors.Is(err, eventbus.ErrInvalidOption) {
+	if err := run(context.Background(), []string{"-ring", "-1", "-addr", "127.0.0.1:0"}, io.Discard, nil); !errors.Is(err, eventbus.ErrInvalidOption) {
 		t.Fatalf("-ring -1: %v", err)
 	}
-	if err := run(context.Background(), []string{"extra"}, io.Discard); err == nil {
+	if err := run(context.Background(), []string{"extra"}, io.Discard, nil); err == nil {
 		t.Fatal("a positional argument was accepted")
 	}
-	if err := run(context.Background(), []string{"-overflow", "drop", "-addr", "127.0.0.1:0"}, io.Discard); err == nil {
+	if err := run(context.Background(), []string{"-overflow", "drop", "-addr", "127.0.0.1:0"}, io.Discard, nil); err == nil {
 		t.Fatal("-overflow drop was accepted")
 	}
 }

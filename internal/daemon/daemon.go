@@ -89,6 +89,9 @@ type Server struct {
 	// ShutdownTimeout bounds how long the shutdown waits for open
 	// requests; past it the remaining connections are closed.
 	ShutdownTimeout time.Duration
+	// Limits bound the headers, bodies and idle connections of clients
+	// (the zero value: every default). Run refuses invalid Limits.
+	Limits Limits
 }
 
 // Run serves until ctx is done or the HTTP server fails, then shuts down:
@@ -105,6 +108,12 @@ type Server struct {
 // server; a daemon's other resources (a Redis client) are its own to close.
 func (s *Server) Run(ctx context.Context) error {
 	logger := s.Logger
+	limits, err := s.Limits.withDefaults()
+	if err != nil {
+		s.Listener.Close()
+		s.Close()
+		return err
+	}
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	if s.TLS != nil {
@@ -113,17 +122,17 @@ func (s *Server) Run(ctx context.Context) error {
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	hs := &http.Server{
-		Handler:           s.Handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		// No WriteTimeout: streams are long-lived; the SSE handler puts a
-		// deadline on each write instead (and clears it after the flush, as
-		// HTTP/2 needs).
+		Handler: s.Handler,
+		// No ReadTimeout or WriteTimeout: streams are long-lived; the SSE
+		// handler puts a deadline on each write instead (and clears it
+		// after the flush, as HTTP/2 needs), and Limits puts one on
+		// reading a request body.
 		ErrorLog:    slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		Protocols:   &protocols,
 		TLSConfig:   s.TLS,
 		ConnContext: ConnContext,
 	}
+	limits.apply(hs)
 	addr := s.Listener.Addr().String()
 	logger.Info(s.Name+" listening", append([]any{"addr", addr}, s.ListenAttrs...)...)
 
@@ -169,7 +178,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.Close()
 	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
-	err := hs.Shutdown(sctx)
+	err = hs.Shutdown(sctx)
 	if err != nil {
 		logger.Warn("shutdown timed out; closing connections", "err", err)
 		err = hs.Close()

@@ -97,14 +97,12 @@ func (r *Replica) lookup(req *http.Request) (*eventbus.EventBus, error) {
 }
 
 // Routes returns the daemon's routes: Mux's and POST /session/{id}/signal,
-// behind r.Auth.Protect when r.Auth is set.
+// behind r.Auth.Protect (JSONErrors alone when r.Auth is nil: a wrong
+// method is a JSON 405).
 func (r *Replica) Routes() http.Handler {
 	mux := Mux(r)
 	mux.HandleFunc("POST /session/{id}/signal", r.ServeSignal)
-	if r.Auth != nil {
-		return r.Auth.Protect(mux)
-	}
-	return mux
+	return r.Auth.Protect(mux) // JSONErrors without Auth
 }
 
 // ServeIndex writes the usage text.
@@ -186,7 +184,7 @@ func (r *Replica) ServeSignal(w http.ResponseWriter, req *http.Request) {
 		About string `json:"about"`
 	}
 	if err := NewBodyDecoder(w, req, 1<<20).Decode(&body); err != nil {
-		WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+		WriteBodyError(w, err)
 		return
 	}
 	err := r.Backplane.Signal(req.Context(), req.PathValue("id"), body.Type, body.About)

@@ -164,6 +164,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ListenAttrs:     []any{"redis", ropts.Addr, "replica", *name},
 		Ready:           ready,
 		ShutdownTimeout: f.ShutdownTimeout,
+		Limits:          f.Limits(),
 	}
 	if f.Demo {
 		d.Demo = &shared.Demo{Interval: f.DemoInterval, Replica: *name, Publish: srv.publishDemo, Logger: logger}
