@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -123,7 +122,7 @@ func (b *bodyLimiter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	n := r.ContentLength
 	if n > b.limits.MaxBody {
-		w.Header().Set("Connection", "close")
+		refuse(w)
 		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large",
 			fmt.Sprintf("request body larger than %d bytes", b.limits.MaxBody))
 		return
@@ -133,19 +132,29 @@ func (b *bodyLimiter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, n)
 	}
 	if !b.reserve(n) {
-		w.Header().Set("Connection", "close")
+		refuse(w)
 		WriteUnavailable(w, "server_busy", "too many request bodies are being read; retry after Retry-After")
 		return
 	}
 	defer b.release(n)
 
-	rc := http.NewResponseController(w)
-	// A response writer that cannot set deadlines (a test recorder) reads
-	// without one; every http.Server connection can.
-	if rc.SetReadDeadline(time.Now().Add(b.limits.BodyTimeout)) == nil {
-		r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
-	}
+	// The deadline needs no clearing once the body is read: the HTTP/1.1
+	// server clears it when it starts reading the connection in the
+	// background (to notice a client that goes away), and on HTTP/2 it
+	// bounds the stream's body alone. A response writer that cannot set
+	// deadlines (a test recorder) reads without one; every http.Server
+	// connection can.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(b.limits.BodyTimeout))
 	b.next.ServeHTTP(w, r)
+}
+
+// refuse prepares the answer to a request whose body is not read: the
+// connection closes after it, and the body's read deadline is now, so
+// that the server does not wait on the body to discard it (it would read
+// up to 256 KiB of it, for as long as the client takes).
+func refuse(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 }
 
 func (b *bodyLimiter) reserve(n int64) bool {
@@ -162,23 +171,4 @@ func (b *bodyLimiter) release(n int64) {
 	b.mu.Lock()
 	b.reserved -= n
 	b.mu.Unlock()
-}
-
-// deadlineBody clears the body's read deadline once the body has been read
-// to its end: on HTTP/1.1 the server then reads the connection in the
-// background to notice a client that goes away, and a deadline passing
-// during the rest of the handler would cancel the request's context.
-type deadlineBody struct {
-	io.ReadCloser
-	rc   *http.ResponseController
-	done bool
-}
-
-func (d *deadlineBody) Read(p []byte) (int, error) {
-	n, err := d.ReadCloser.Read(p)
-	if err == io.EOF && !d.done {
-		d.done = true
-		_ = d.rc.SetReadDeadline(time.Time{})
-	}
-	return n, err
 }
