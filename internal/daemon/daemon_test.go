@@ -316,18 +316,18 @@ func TestFlags(t *testing.T) {
 		"-heartbeat", "1s", "-retry", "2s", "-retry-jitter", "-1ns", "-write-timeout", "3s", "-epoch-ids=false",
 		"-cors-origin", "https://a.example, http://b.example:8080", "-cors-credentials", "-tls-cert", "c.pem", "-tls-key", "k.pem",
 		"-demo", "-demo-interval", "4s", "-shutdown-timeout", "5s", "-v", "-own", "x", "-overflow", "catchup",
-		"-body-timeout", "6s", "-body-budget", "9000000"})
+		"-body-timeout", "6s", "-body-budget", "9000000", "-header-timeout", "7s"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Flags{Addr: ":0", RingSize: 5, MaxSubscribers: 6, MaxQueued: 7, MaxEventBytes: 8, Heartbeat: time.Second, Retry: 2 * time.Second,
 		RetryJitter: -1, WriteTimeout: 3 * time.Second, CORSOrigin: "https://a.example, http://b.example:8080", CORSCredentials: true,
 		TLSCert: "c.pem", TLSKey: "k.pem", Demo: true, DemoInterval: 4 * time.Second, ShutdownTimeout: 5 * time.Second, Verbose: true,
-		Overflow: eventbus.OverflowCatchUp, BodyTimeout: 6 * time.Second, BodyBudget: 9000000}
+		Overflow: eventbus.OverflowCatchUp, BodyTimeout: 6 * time.Second, BodyBudget: 9000000, HeaderTimeout: 7 * time.Second}
 	if *f != want || *own != "x" {
 		t.Fatalf("parsed %+v, own %q", *f, *own)
 	}
-	if l := f.Limits(); l != (Limits{BodyTimeout: 6 * time.Second, MaxBody: 8 + BodySlack, BodyBudget: 9000000}) {
+	if l := f.Limits(); l != (Limits{ReadHeaderTimeout: 7 * time.Second, BodyTimeout: 6 * time.Second, MaxBody: 8 + BodySlack, BodyBudget: 9000000}) {
 		t.Fatalf("Limits() = %+v", l)
 	}
 	logger := f.Logger(io.Discard)

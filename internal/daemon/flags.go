@@ -81,7 +81,10 @@ type Flags struct {
 	// -body-budget: request body bytes read at once (503 server_busy past
 	// it); 0: DefaultBodyBudgetBodies bodies of the largest size
 	BodyBudget int64
-	Verbose    bool // -v: debug logging
+	// -header-timeout: how long a client may take to send a request's
+	// headers; 0: DefaultReadHeaderTimeout
+	HeaderTimeout time.Duration
+	Verbose       bool // -v: debug logging
 	// -overflow: what a stream whose queue overflows gets (evict, resync
 	// or catchup); the zero value is evict.
 	Overflow eventbus.OverflowPolicy
@@ -150,6 +153,7 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	fs.DurationVar(&f.TokenLifetime, "token-lifetime", 0, "with -auth-token: a stream (and a login) lasts this long, then ends with stream_error reauthenticate and the client resumes with fresh credentials (0: no bound)")
 	fs.DurationVar(&f.BodyTimeout, "body-timeout", DefaultBodyTimeout, "deadline of receiving a request body, from its headers on; a slower body gets 408 and its connection is closed")
 	fs.Int64Var(&f.BodyBudget, "body-budget", 0, fmt.Sprintf("request body bytes read at once; a body beyond it gets 503 server_busy with Retry-After before it is read (0: %d bodies of the largest size, -max-event-bytes plus 1 MiB)", DefaultBodyBudgetBodies))
+	fs.DurationVar(&f.HeaderTimeout, "header-timeout", DefaultReadHeaderTimeout, "how long a client may take to send a request's headers; a slower one (slowloris) has its connection closed")
 	fs.BoolVar(&f.Verbose, "v", false, "debug logging")
 	fs.Var(overflowFlag{&f.Overflow}, "overflow", "`policy` for a stream whose queue overflows: evict (client_evicted; it reconnects and resumes), "+
 		"resync (its queue is dropped for a state_resync_required; evicted on the third overflow within 60s) or "+
@@ -232,9 +236,9 @@ func (f *Flags) BusOptions(logger *slog.Logger) eventbus.Options {
 	}
 }
 
-// Limits returns the Server limits the flags set: the body timeout, the
-// largest body (MaxBody of -max-event-bytes) and the body budget; the
-// header and keep-alive limits keep their defaults.
+// Limits returns the Server limits the flags set: the header and body
+// timeouts, the largest body (MaxBody of -max-event-bytes) and the body
+// budget; the header size and keep-alive limits keep their defaults.
 func (f *Flags) Limits() Limits {
-	return Limits{BodyTimeout: f.BodyTimeout, MaxBody: MaxBody(f.MaxEventBytes), BodyBudget: f.BodyBudget}
+	return Limits{ReadHeaderTimeout: f.HeaderTimeout, BodyTimeout: f.BodyTimeout, MaxBody: MaxBody(f.MaxEventBytes), BodyBudget: f.BodyBudget}
 }

@@ -127,6 +127,10 @@ func Start(ctx context.Context, t testing.TB, bin string, args ...string) *Daemo
 	return d
 }
 
+// PID returns the daemon's process id, for a test that reads its
+// /proc entries (open descriptors, peak RSS).
+func (d *Daemon) PID() int { return d.cmd.Process.Pid }
+
 // Stop sends SIGTERM and expects a clean exit: every bus closed, then the
 // HTTP server shut down while the browser still holds its stream open.
 func (d *Daemon) Stop(timeout time.Duration) {
