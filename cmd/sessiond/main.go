@@ -44,11 +44,7 @@ import (
 	"github.com/ssebus/eventbus/internal/daemon"
 )
 
-func main() {
-	daemon.Main("sessiond", func(ctx context.Context, args []string, logOut io.Writer) error {
-		return run(ctx, args, logOut, nil)
-	})
-}
+func main() { daemon.Main("sessiond", run) }
 
 const usageText = `sessiond: a demo daemon for github.com/ssebus/eventbus.
 

@@ -28,13 +28,14 @@ import (
 )
 
 // Main is a daemon's func main. It calls run with a context that is
-// cancelled on SIGINT or SIGTERM, os.Args[1:] and os.Stderr, and blocks
-// until run returns. Then it exits the process: with status 0 when run
+// cancelled on SIGINT or SIGTERM, os.Args[1:], os.Stderr and a nil ready
+// (a test passes its own, to learn the listen address), and blocks until
+// run returns. Then it exits the process: with status 0 when run
 // returned nil or flag.ErrHelp (-h), else with status 1 after printing
 // "name: err" to os.Stderr. It never returns.
-func Main(name string, run func(ctx context.Context, args []string, logOut io.Writer) error) {
+func Main(name string, run func(ctx context.Context, args []string, logOut io.Writer, ready func(addr string)) error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stderr)
+	err := run(ctx, os.Args[1:], os.Stderr, nil)
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
