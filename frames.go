@@ -88,6 +88,7 @@ type frame struct {
 	id    uint64
 	typ   string
 	about string // signals only
+	at    int64  // events: Unix ms of the publish, for Options.MaxAge
 }
 
 // ID returns the event's id, or 0 for a synthetic frame (ids start at 1).
@@ -601,10 +602,18 @@ func finiteNumber(v any) bool {
 	return false
 }
 
+// MaxTypeLen is the longest event type, in bytes, that Publish and Signal
+// accept: a frame keeps its type in its event: line and in its envelope,
+// and a type without a bound would make every small event large.
+const MaxTypeLen = 256
+
 // validType checks an event type.
 func validType(t string) error {
 	if t == "" {
 		return fmt.Errorf("%w: empty type", ErrInvalidEvent)
+	}
+	if len(t) > MaxTypeLen {
+		return fmt.Errorf("%w: type of %d bytes, longer than MaxTypeLen %d", ErrInvalidEvent, len(t), MaxTypeLen)
 	}
 	// A plain loop: strings.ContainsAny builds an ASCII set per call, and
 	// this runs on every Publish.

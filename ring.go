@@ -33,6 +33,9 @@ type ring struct {
 	bytes    int
 	maxLen   int
 	maxBytes int
+	// budget is the byte budget of the Hub the bus belongs to, nil for a
+	// bus on its own: every byte leaving the ring is given back to it.
+	budget *budget
 }
 
 // ringSlots is a published slice of slots. A grown or reset ring publishes
@@ -116,14 +119,28 @@ func (r *ring) grow() {
 
 func (r *ring) dropOldest() {
 	s := r.slot(r.first)
-	r.bytes -= s.Load().size()
+	size := s.Load().size()
+	r.bytes -= size
 	s.Store(nil) // clear, so the ring does not pin evicted bytes
 	r.first++
 	r.n--
+	r.budget.release(int64(size))
+}
+
+// dropOlder drops the oldest frames appended before cutoff (Unix ms), the
+// newest included: Options.MaxAge. It returns how many it dropped.
+func (r *ring) dropOlder(cutoff int64) int {
+	n := 0
+	for r.n > 0 && r.slot(r.first).Load().at < cutoff {
+		r.dropOldest()
+		n++
+	}
+	return n
 }
 
 // reset empties the ring and releases its memory.
 func (r *ring) reset() {
+	r.budget.release(int64(r.bytes))
 	r.slots, r.first, r.n, r.bytes = nil, 0, 0, 0
 	r.view.Store(nil)
 }

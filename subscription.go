@@ -170,7 +170,14 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		// catching up: the slot it holds is freed here.
 		b.sweepStalled()
 	}
+	var now int64
+	if b.opts.MaxAge > 0 {
+		now = b.now() // read outside the lock
+	}
 	b.mu.Lock()
+	if now != 0 && b.ring.dropOlder(now-b.opts.MaxAge.Milliseconds()) > 0 {
+		b.storeRingStatsLocked()
+	}
 	switch {
 	case b.closed:
 		b.mu.Unlock()
@@ -266,8 +273,10 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 		}
 		push(resyncFrame(ReasonEpochReset, detail, n, earliest, b.epoch, now).ref())
 		b.stats.resync(ReasonEpochReset)
-	case first > n+1:
-		push(resyncFrame(ReasonRingEvicted, "", n, first, b.epoch, now).ref())
+	case first > n+1 || first == 0 && n+1 < nextID:
+		// The ring lost events after the cursor: to its bounds, to a
+		// Hub's budget, to age (it may then hold nothing at all).
+		push(resyncFrame(ReasonRingEvicted, "", n, earliest, b.epoch, now).ref())
 		b.stats.resync(ReasonRingEvicted)
 	default:
 		start = src.Len()
