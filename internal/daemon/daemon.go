@@ -85,8 +85,11 @@ type Server struct {
 	// returns. Run calls it exactly once, after the demo has stopped and
 	// before the HTTP server shuts down, so that the shutdown finds idle
 	// connections instead of waiting on streams that never end by
-	// themselves. Required.
-	Close func()
+	// themselves. Its ctx ends at the shutdown's deadline (ShutdownTimeout
+	// from the start of the shutdown, shared with the HTTP server's): a
+	// Close that waits for streams to drain (Hub.Shutdown) stops waiting
+	// then. Required.
+	Close func(ctx context.Context)
 	// ShutdownTimeout bounds how long the shutdown waits for open
 	// requests; past it the remaining connections are closed.
 	ShutdownTimeout time.Duration
@@ -112,7 +115,7 @@ func (s *Server) Run(ctx context.Context) error {
 	limits, err := s.Limits.withDefaults()
 	if err != nil {
 		s.Listener.Close()
-		s.Close()
+		s.Close(context.Background())
 		return err
 	}
 	var protocols http.Protocols
@@ -165,7 +168,9 @@ func (s *Server) Run(ctx context.Context) error {
 	case err := <-serveErr:
 		stopDemo()
 		<-demoDone
-		s.Close()
+		cctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+		defer cancel()
+		s.Close(cctx)
 		return err
 	case <-ctx.Done():
 	}
@@ -173,12 +178,12 @@ func (s *Server) Run(ctx context.Context) error {
 	logger.Info(s.Name + " shutting down")
 	stopDemo()
 	<-demoDone
+	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+	defer cancel()
 	// Close the buses first: each stream receives what it has queued, then
 	// its handler returns, so Shutdown finds idle connections instead of
 	// waiting on streams that would never end by themselves.
-	s.Close()
-	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
-	defer cancel()
+	s.Close(sctx)
 	err = hs.Shutdown(sctx)
 	if err != nil {
 		logger.Warn("shutdown timed out; closing connections", "err", err)

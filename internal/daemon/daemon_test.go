@@ -115,7 +115,7 @@ func TestServerRunServesThenClosesBusesBeforeShutdown(t *testing.T) {
 			}
 			return nil
 		}},
-		Close: func() {
+		Close: func(context.Context) {
 			if demoLive.Load() {
 				t.Error("Close was called while the demo still published")
 			}
@@ -175,7 +175,7 @@ func TestServerRunReturnsTheServeError(t *testing.T) {
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Demo: &Demo{Interval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Publish: func(context.Context, string, eventbus.Event) error { return nil }},
-		Close: func() { closes.Add(1) },
+		Close: func(context.Context) { closes.Add(1) },
 	}
 	err := waitRun(t, runServer(context.Background(), s))
 	if err == nil || errors.Is(err, http.ErrServerClosed) {
@@ -201,7 +201,7 @@ func TestServerRunClosesConnectionsAfterShutdownTimeout(t *testing.T) {
 		Listener:        listen(t),
 		Handler:         stuck,
 		Logger:          slog.New(slog.NewTextHandler(&logs, nil)),
-		Close:           func() {},
+		Close:           func(context.Context) {},
 		ShutdownTimeout: 50 * time.Millisecond,
 	}
 	addr := s.Listener.Addr().String()
@@ -582,7 +582,7 @@ func TestServerProtocols(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := &Server{Name: "testd", Listener: listen(t), Handler: proto, TLS: c.tls,
-				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func() {}, ShutdownTimeout: time.Second}
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func(context.Context) {}, ShutdownTimeout: time.Second}
 			addr := s.Listener.Addr().String()
 			ctx, cancel := context.WithCancel(context.Background())
 			done := runServer(ctx, s)
@@ -621,7 +621,7 @@ func TestStreamCut(t *testing.T) {
 		<-r.Context().Done()
 	})
 	s := &Server{Name: "testd", Listener: listen(t), Handler: h,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func() {}, ShutdownTimeout: time.Second}
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func(context.Context) {}, ShutdownTimeout: time.Second}
 	addr := s.Listener.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := runServer(ctx, s)

@@ -27,7 +27,7 @@ func limitedServer(t *testing.T, limits Limits, h http.Handler) (dial func() net
 	ctx, cancel := context.WithCancel(context.Background())
 	done := runServer(ctx, &Server{
 		Name: "testd", Listener: ln, Handler: h, Logger: slog.New(slog.DiscardHandler),
-		Close: func() {}, ShutdownTimeout: time.Second, Limits: limits,
+		Close: func(context.Context) {}, ShutdownTimeout: time.Second, Limits: limits,
 	})
 	t.Cleanup(func() {
 		cancel()
@@ -122,7 +122,7 @@ func TestSlowBodyGets408OnHTTP2(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := runServer(ctx, &Server{
 			Name: "testd", Listener: ln, Handler: publishHandler(MaxBody(0)), Logger: slog.New(slog.DiscardHandler),
-			Close: func() {}, ShutdownTimeout: time.Second, Limits: Limits{BodyTimeout: 5 * time.Second},
+			Close: func(context.Context) {}, ShutdownTimeout: time.Second, Limits: Limits{BodyTimeout: 5 * time.Second},
 		})
 		var p http.Protocols
 		p.SetUnencryptedHTTP2(true)
@@ -316,7 +316,7 @@ func TestLimitsInvalid(t *testing.T) {
 		ln := listen(t)
 		closed := false
 		err := (&Server{Name: "testd", Listener: ln, Handler: http.NotFoundHandler(), Logger: slog.New(slog.DiscardHandler),
-			Close: func() { closed = true }, Limits: l}).Run(context.Background())
+			Close: func(context.Context) { closed = true }, Limits: l}).Run(context.Background())
 		if err == nil || !closed {
 			t.Errorf("Limits %+v: Run = %v (Close called %v), want an error", l, err, closed)
 		}

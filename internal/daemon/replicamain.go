@@ -194,7 +194,7 @@ func (rf *ReplicaFlags) Serve(ctx context.Context, rs ReplicaServer) error {
 		Ready:       rs.Ready,
 		// Close the mirrors first: each stream gets what it has queued,
 		// then its handler returns, so Shutdown finds idle connections.
-		Close:           rs.Close,
+		Close:           func(context.Context) { rs.Close() },
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          f.Limits(),
 	}
