@@ -137,3 +137,27 @@ func TestSessionRecordsFollowTheHub(t *testing.T) {
 		}
 	})
 }
+
+// With -create-on-stream a GET of the stream creates its session (as
+// before the hub, for clients' tests); a HEAD still never does.
+func TestCreateOnStream(t *testing.T) {
+	s, err := newServer(config{CreateOnStream: true, Hub: eventbus.HubOptions{MaxSessions: 1}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.closeAll()
+	ts := httptest.NewServer(s.routes())
+	defer ts.Close()
+	if r := do(t, http.MethodHead, ts.URL+"/session/h/events", ""); r.status != http.StatusNotFound || s.hub.Len() != 0 {
+		t.Fatalf("HEAD: %d, %d sessions; want 404 and none", r.status, s.hub.Len())
+	}
+	st := openStream(t, ts.URL+"/session/g/events", nil)
+	defer st.close()
+	if _, ok := s.hub.Lookup("g"); !ok {
+		t.Fatal("the GET did not create its session")
+	}
+	if r := do(t, http.MethodGet, ts.URL+"/session/other/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" ||
+		r.header.Get("Retry-After") == "" {
+		t.Fatalf("GET of a second session over -max-sessions 1: %d %s", r.status, r.body)
+	}
+}
