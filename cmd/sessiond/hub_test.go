@@ -138,8 +138,8 @@ func TestSessionRecordsFollowTheHub(t *testing.T) {
 	})
 }
 
-// With -create-on-stream a GET of the stream creates its session (as
-// before the hub, for clients' tests); a HEAD still never does.
+// With -create-on-stream a GET or HEAD of the stream creates its session
+// (as before the hub, for clients' tests).
 func TestCreateOnStream(t *testing.T) {
 	s, err := newServer(config{CreateOnStream: true, Hub: eventbus.HubOptions{MaxSessions: 1}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -148,9 +148,10 @@ func TestCreateOnStream(t *testing.T) {
 	defer s.closeAll()
 	ts := httptest.NewServer(s.routes())
 	defer ts.Close()
-	if r := do(t, http.MethodHead, ts.URL+"/session/h/events", ""); r.status != http.StatusNotFound || s.hub.Len() != 0 {
-		t.Fatalf("HEAD: %d, %d sessions; want 404 and none", r.status, s.hub.Len())
+	if r := do(t, http.MethodHead, ts.URL+"/session/h/events", ""); r.status != http.StatusOK || s.hub.Len() != 1 {
+		t.Fatalf("HEAD: %d, %d sessions; want 200 and its session", r.status, s.hub.Len())
 	}
+	s.hub.Delete("h")
 	st := openStream(t, ts.URL+"/session/g/events", nil)
 	defer st.close()
 	if _, ok := s.hub.Lookup("g"); !ok {

@@ -53,11 +53,11 @@ type config struct {
 	// Idempotency-Key (at most daemon.DefaultIdempotencyKeys of them);
 	// 0: daemon.DefaultIdempotencyWindow.
 	IdempotencyWindow time.Duration
-	// CreateOnStream (-create-on-stream) makes a GET of the stream
-	// get-or-create its session, as before the hub (never a HEAD). For
-	// tests of clients that reconnect across restarts and DELETEs; it lets
-	// a client fill MaxSessions with sessions that stay until they are
-	// idle for IdleTimeout.
+	// CreateOnStream (-create-on-stream) makes a GET or HEAD of the
+	// stream get-or-create its session, as before the hub. For tests of
+	// clients that reconnect across restarts and DELETEs (and learn the
+	// epoch with a HEAD); it lets a client fill MaxSessions with sessions
+	// that stay until they are idle for IdleTimeout.
 	CreateOnStream bool
 	// Auth, when set, is the access control of -auth-token: every
 	// /session route needs credentials, POST /login, /logout and /revoke
@@ -314,8 +314,8 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 
 // lookup is the eventbus handler's Lookup: hub.LookupRequest, which never
 // creates a session (an unknown one is 404 session_not_found, HEAD
-// included; with CreateOnStream a GET creates it), then it counts the
-// stream. What else it refuses it answers as
+// included; with CreateOnStream a GET or HEAD creates it), then it counts
+// the stream. What else it refuses it answers as
 // the other routes do (a StatusError): 400 invalid_session_id, 503
 // shutting_down with Retry-After.
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
@@ -328,7 +328,7 @@ func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	}
 	var bus *eventbus.EventBus
 	var err error
-	if s.cfg.CreateOnStream && r.Method == http.MethodGet {
+	if s.cfg.CreateOnStream && r.Method != http.MethodOptions {
 		bus, err = s.hub.GetOrCreate(id)
 		if errors.Is(err, eventbus.ErrHubFull) {
 			return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "too_many_sessions", Message: "too many sessions: " + err.Error(), RetryAfter: time.Second}

@@ -75,7 +75,7 @@ func Build(ctx context.Context, t testing.TB, rootDir string, race bool) string 
 
 // Start runs bin on a free loopback port and waits for its listening
 // log line. Cleanup kills it if the test did not stop it. The daemon runs
-// with -create-on-stream: a stream creates its session, so that a client
+// with -create-on-stream: a stream (or a HEAD of it) creates its session, so that a client
 // reconnecting across a restart or a DELETE finds a new epoch (a test of
 // the 404 of an unknown session passes -create-on-stream=false).
 func Start(ctx context.Context, t testing.TB, bin string, args ...string) *Daemon {
