@@ -35,6 +35,12 @@ type EventBus struct {
 
 	stats counters
 	enc   Encoder // Publish's; its clock stamps synthetic frames too
+
+	// Set by a Hub before it hands the bus out (hub.go): hubbed turns on
+	// activity, the Unix ms of the last publish or of the last subscriber
+	// leaving, which idle expiry reads; the ring's budget is the hub's.
+	hubbed   bool
+	activity atomic.Int64
 }
 
 // New returns an open bus configured by opts. It returns an error wrapping
@@ -104,10 +110,19 @@ func (b *EventBus) StreamErrorFrame(msg, kind string) Frame {
 
 // close is Close, with an optional terminal frame for every subscription.
 func (b *EventBus) close(terminal *Frame) error {
+	b.closeIf(terminal, nil)
+	return nil
+}
+
+// closeIf is close when the bus is open and allow (nil: always), called
+// under the lock, agrees: a Hub's idle expiry closes a bus only if nobody
+// subscribed meanwhile. It returns the subscriptions it closed (with
+// drain) and whether it closed the bus.
+func (b *EventBus) closeIf(terminal *Frame, allow func() bool) ([]*Subscription, bool) {
 	b.mu.Lock()
-	if b.closed {
+	if b.closed || allow != nil && !allow() {
 		b.mu.Unlock()
-		return nil
+		return nil, false
 	}
 	b.closed = true
 	b.isClosed.Store(true)
@@ -157,7 +172,7 @@ func (b *EventBus) close(terminal *Frame) error {
 		// cancellation must still drop the buffer (SPEC 8). The consumer
 		// releases it when it reaches the end.
 	}
-	return nil
+	return subs, true
 }
 
 // closedOrZero reports whether the bus is closed or was not made by New
@@ -233,6 +248,22 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 		b.rejected(e.Type, err)
 		return Frame{}, err
 	}
+	now := p.now
+	if now == 0 && (b.hubbed || b.opts.MaxAge > 0) {
+		now = b.now()
+	}
+	if b.hubbed {
+		// Before the lock: an idle expiry that closes the bus first makes
+		// this publish fail with ErrClosed (a Hub then retries on a new
+		// bus); one that comes later sees the bus active.
+		b.activity.Store(now)
+	}
+	// A bus in a Hub charges its frame to the hub's byte budget before it
+	// enters the ring, making room outside the lock (see budget).
+	var reserved int64
+	if bg := b.ring.budget; bg != nil {
+		reserved = bg.reserve(p.maxSize())
+	}
 
 	out := fanout{now: p.now}
 	// The frame is shared by the ring and every queue. Allocate it before
@@ -242,20 +273,28 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
+		b.ring.budget.release(reserved)
 		b.stats.rejClosed.Add(1)
 		return Frame{}, ErrClosed
 	}
 	id := b.nextID
 	b.nextID++
 	*f = p.build(id)
-	b.ring.append(f)
+	f.at = now
+	if b.opts.MaxAge > 0 {
+		b.ring.dropOlder(now - b.opts.MaxAge.Milliseconds())
+	}
+	if b.ring.budget != nil {
+		b.ring.appendCharged(f, reserved)
+	} else {
+		b.ring.append(f)
+	}
 	// Before the fan-out: a consumer catching up reads the ring up to it
 	// without the lock, and either it sees this id or the fan-out sees it
 	// waiting (see catchUpFast).
 	b.lastID.Store(id)
 	b.stats.published.Add(1)
-	b.stats.ringLen.Store(int64(b.ring.Len()))
-	b.stats.ringBytes.Store(int64(b.ring.Bytes()))
+	b.storeRingStatsLocked()
 	b.fanOutLocked(f, id, &out)
 	b.mu.Unlock()
 
@@ -285,6 +324,9 @@ func (b *EventBus) Signal(typ, about string) error {
 		b.rejected(typ, err)
 		return err
 	}
+	if b.hubbed {
+		b.activity.Store(b.now()) // a signal is a use of the session too
+	}
 	var out fanout // the fan-out reads the clock if a subscriber is behind
 	b.mu.Lock()
 	if b.closed {
@@ -297,6 +339,12 @@ func (b *EventBus) Signal(typ, about string) error {
 	b.mu.Unlock()
 	b.finish(&out)
 	return nil
+}
+
+// storeRingStatsLocked mirrors the ring's size for Stats.
+func (b *EventBus) storeRingStatsLocked() {
+	b.stats.ringLen.Store(int64(b.ring.Len()))
+	b.stats.ringBytes.Store(int64(b.ring.Bytes()))
 }
 
 // rejected counts and reports a publish that failed before the lock.
@@ -437,6 +485,15 @@ func (b *EventBus) compactSubsLocked() {
 	clear(b.subs[n:])
 	b.subs = b.subs[:n]
 	b.subscribed.Store(int64(n))
+	b.leftLocked()
+}
+
+// leftLocked starts a hub bus's idle time when its last subscriber has
+// left (see Hub).
+func (b *EventBus) leftLocked() {
+	if b.hubbed && len(b.subs) == 0 {
+		b.activity.Store(b.now())
+	}
 }
 
 // addLocked registers s.
@@ -459,6 +516,7 @@ func (b *EventBus) removeLocked(s *Subscription) bool {
 			b.subs[len(b.subs)-1] = nil
 			b.subs = b.subs[:len(b.subs)-1]
 			b.subscribed.Store(int64(len(b.subs)))
+			b.leftLocked()
 			return true
 		}
 	}

@@ -86,6 +86,12 @@ type Options struct {
 	// DefaultCatchUpStallTimeout, below a millisecond is an error. A
 	// subscription may override it.
 	CatchUpStallTimeout time.Duration
+	// MaxAge, when positive, also bounds the ring by age: an event
+	// published more than MaxAge ago (on Now) leaves it, so a resume past
+	// it gets ring_evicted with exact ids. Aged events go at the next
+	// Publish or Subscribe (and at a Hub's sweep); 0 means no age bound,
+	// negative is an error.
+	MaxAge time.Duration
 	// OnDiagnostic, when set, receives every diagnostic before it is
 	// logged; returning true suppresses the log line. It is called without
 	// the bus lock, on the goroutine that caused the diagnostic (Publish,
@@ -158,6 +164,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.CatchUpStallTimeout == 0 {
 		o.CatchUpStallTimeout = DefaultCatchUpStallTimeout
+	}
+	if o.MaxAge < 0 {
+		return o, fmt.Errorf("%w: MaxAge is %s, must not be negative", ErrInvalidOption, o.MaxAge)
 	}
 	if o.RingSize > MaxRingSize {
 		return o, fmt.Errorf("%w: RingSize is %d, above MaxRingSize %d", ErrInvalidOption, o.RingSize, MaxRingSize)

@@ -114,7 +114,14 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		// catching up: the slot it holds is freed here.
 		b.sweepStalled()
 	}
+	var now int64
+	if b.opts.MaxAge > 0 {
+		now = b.now() // read outside the lock
+	}
 	b.mu.Lock()
+	if now != 0 && b.ring.dropOlder(now-b.opts.MaxAge.Milliseconds()) > 0 {
+		b.storeRingStatsLocked()
+	}
 	switch {
 	case b.closed:
 		b.mu.Unlock()
