@@ -1,8 +1,6 @@
 package redisbus
 
 import (
-	"context"
-	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -14,9 +12,10 @@ import (
 // replica is one daemon replica in-process: its own Redis client,
 // backplane and HTTP server.
 type replica struct {
-	name string
-	bp   *Backplane
-	srv  *httptest.Server
+	name   string
+	bp     *Backplane
+	srv    *httptest.Server
+	shared *backplanetest.Replica // the same, for the shared tests
 }
 
 // testOptions are quick to notice changes and to close.
@@ -37,22 +36,13 @@ func newReplica(t testing.TB, r *redisServer, name string, opts Options) *replic
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bp.Close() })
-	mux := http.NewServeMux()
-	h := bp.Handler()
-	h.Heartbeat = time.Hour
-	mux.Handle("GET /session/{id}/events", h)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return &replica{name: name, bp: bp, srv: srv}
+	shared := backplanetest.NewReplica(t, name, bp)
+	return &replica{name: name, bp: bp, srv: shared.Server, shared: shared}
 }
 
 func (rp *replica) publish(t testing.TB, session, typ string, data any) uint64 {
 	t.Helper()
-	id, _, err := rp.bp.Publish(context.Background(), session, eventbus.Event{Type: typ, Data: data})
-	if err != nil {
-		t.Fatalf("%s: publish: %v", rp.name, err)
-	}
-	return id
+	return rp.shared.Publish(t, session, typ, data)
 }
 
 // openSSE opens GET /session/{session}/events on rp with the given headers
@@ -60,11 +50,22 @@ func (rp *replica) publish(t testing.TB, session, typ string, data any) uint64 {
 // headers are in, which is after the subscription is registered.
 func openSSE(t testing.TB, rp *replica, session string, header map[string]string, query string) *sse {
 	t.Helper()
-	url := rp.srv.URL + "/session/" + session + "/events"
-	if query != "" {
-		url += "?" + query
+	return rp.shared.Open(t, session, header, query)
+}
+
+// cluster is backplanetest's Cluster: n replicas on a redis-server of
+// their own.
+func cluster(t *testing.T, n int, tune func(*eventbus.Options)) []*backplanetest.Replica {
+	r := startRedis(t)
+	opts := testOptions(t)
+	if tune != nil {
+		tune(&opts.Bus)
 	}
-	return backplanetest.Open(t, rp.srv.Client(), url, header)
+	var out []*backplanetest.Replica
+	for i := range n {
+		out = append(out, newReplica(t, r, string(rune('A'+i)), opts).shared)
+	}
+	return out
 }
 
 // Short names for the shared client and checks.
