@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,67 +87,6 @@ func TestThreeReplicasOneOrder(t *testing.T) {
 	}
 	if n := queryInt(t, url, "SELECT count(*) FROM "+schema+".events WHERE session = $1", []byte("s1")); n != int64(total) {
 		t.Fatalf("table holds %d rows, want %d", n, total)
-	}
-}
-
-// Live publishing during a resume from the table: the hand-over from
-// history to live has no gap and no duplicate.
-func TestResumeWhilePublishing(t *testing.T) {
-	url, schema := testSchema(t)
-	a, b, c := threeReplicas(t, url, testOptions(schema))
-	for range 200 {
-		a.publish(t, "s", "e", nil)
-	}
-	warm := c.open(t, "s", nil, "") // C's mirror, ring from 201
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var published atomic.Uint64
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			published.Store(b.publish(t, "s", "e", nil))
-		}
-	})
-	time.Sleep(20 * time.Millisecond)
-	var resumed []*streamT
-	for _, from := range []string{"0", "50", "199"} {
-		resumed = append(resumed, c.open(t, "s", map[string]string{"Last-Event-ID": from, "Event-Epoch": warm.Epoch}, ""))
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	last := published.Load()
-	for i, s := range resumed {
-		from := []uint64{1, 51, 200}[i]
-		var ids []uint64
-		sawComplete := false
-		for len(ids) == 0 || ids[len(ids)-1] < last {
-			f := s.Next(wait)
-			if f.Event == eventbus.TypeSlowClientWarning {
-				continue // the queue behind the replay filled up for a while
-			}
-			if f.ID == 0 {
-				if f.Event != eventbus.TypeReplayComplete || sawComplete {
-					t.Fatalf("resume %d: unexpected %s %s", i, f.Event, f.Data)
-				}
-				sawComplete = true
-				continue
-			}
-			ids = append(ids, f.ID)
-		}
-		if !sawComplete {
-			t.Fatalf("resume %d: no replay_complete", i)
-		}
-		for k, id := range ids {
-			if id != from+uint64(k) {
-				t.Fatalf("resume %d: event %d has id %d, want %d", i, k, id, from+uint64(k))
-			}
-		}
 	}
 }
 
@@ -530,7 +468,8 @@ func TestOptionsValidation(t *testing.T) {
 
 // TestBackplane runs the tests every backplane must pass
 // (internal/backplanetest.Run): Close, resuming on another replica and
-// behind a late mirror, local eviction, the replay budget, signals.
+// behind a late mirror and while publishing, local eviction, the replay
+// budget, signals.
 func TestBackplane(t *testing.T) { backplanetest.Run(t, cluster) }
 
 // A signal's about must fit PostgreSQL's NOTIFY payload.

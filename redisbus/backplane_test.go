@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,64 +90,6 @@ func TestThreeReplicasOneOrder(t *testing.T) {
 	}
 	if subs[0].Epoch == "" || subs[0].Epoch != subs[5].Epoch {
 		t.Fatalf("epochs differ across replicas: %q, %q", subs[0].Epoch, subs[5].Epoch)
-	}
-}
-
-// Live publishing during a resume from the stream: the hand-over from
-// history to live has no gap and no duplicate.
-func TestResumeWhilePublishing(t *testing.T) {
-	r := startRedis(t)
-	a, b, c := threeReplicas(t, r, testOptions(t))
-	for range 200 {
-		a.publish(t, "s", "e", nil)
-	}
-	warm := openSSE(t, c, "s", nil, "") // C's mirror, ring from 201
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var published atomic.Uint64
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			published.Store(b.publish(t, "s", "e", nil))
-		}
-	})
-	time.Sleep(20 * time.Millisecond)
-	var resumed []*sse
-	for _, from := range []string{"0", "50", "199"} {
-		resumed = append(resumed, openSSE(t, c, "s", map[string]string{"Last-Event-ID": from, "Event-Epoch": warm.Epoch}, ""))
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	last := published.Load()
-	for i, s := range resumed {
-		from := []uint64{1, 51, 200}[i]
-		var ids []uint64
-		sawComplete := false
-		for len(ids) == 0 || ids[len(ids)-1] < last {
-			f := s.Next(wait)
-			if f.ID == 0 {
-				if f.Event != eventbus.TypeReplayComplete || sawComplete {
-					t.Fatalf("resume %d: unexpected %s %s", i, f.Event, f.Data)
-				}
-				sawComplete = true
-				continue
-			}
-			ids = append(ids, f.ID)
-		}
-		if !sawComplete {
-			t.Fatalf("resume %d: no replay_complete", i)
-		}
-		for k, id := range ids {
-			if id != from+uint64(k) {
-				t.Fatalf("resume %d: event %d has id %d, want %d", i, k, id, from+uint64(k))
-			}
-		}
 	}
 }
 
@@ -650,7 +591,7 @@ func TestPublishReleasesStaleMirror(t *testing.T) {
 func TestResumeOfALostEpoch(t *testing.T) {
 	r := startRedis(t)
 	a, _, c := threeReplicas(t, r, testOptions(t))
-	live := lateMirror(t, a, c) // C's ring starts at 11
+	live := backplanetest.LateMirror(t, a.shared, c.shared) // C's ring starts at 11
 	g := installGate(c.bp)
 	defer g.open()
 	g.close(t)
@@ -677,7 +618,7 @@ func TestResumeOfALostEpoch(t *testing.T) {
 func TestResumeHistoryUnavailable(t *testing.T) {
 	r := startRedis(t)
 	a, _, c := threeReplicas(t, r, testOptions(t))
-	live := lateMirror(t, a, c) // C's ring starts at 11
+	live := backplanetest.LateMirror(t, a.shared, c.shared) // C's ring starts at 11
 	g := installGate(c.bp)
 	defer g.open()
 	g.close(t)
@@ -696,5 +637,6 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 
 // TestBackplane runs the tests every backplane must pass
 // (internal/backplanetest.Run): Close, resuming on another replica and
-// behind a late mirror, local eviction, the replay budget, signals.
+// behind a late mirror and while publishing, local eviction, the replay
+// budget, signals.
 func TestBackplane(t *testing.T) { backplanetest.Run(t, cluster) }

@@ -89,19 +89,3 @@ func liveReplica(t testing.TB, r *redisServer, opts Options) (*replica, *sse) {
 	wantIDs(t, s.Events(1, wait), 1, 1)
 	return a, s
 }
-
-// lateMirror publishes 20 events of session "s" on a while c's only live
-// stream of it opens after the 10th, so that c's ring starts at 11; it
-// returns that stream, which has read 11 to 20.
-func lateMirror(t testing.TB, a, c *replica) *sse {
-	t.Helper()
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	live := openSSE(t, c, "s", nil, "")
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	wantIDs(t, live.Events(10, wait), 11, 20)
-	return live
-}

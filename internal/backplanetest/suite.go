@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,6 +82,22 @@ func (rp *Replica) Publish(t testing.TB, session, typ string, data any) uint64 {
 // options. The replicas and the engine end with t.
 type Cluster func(t *testing.T, n int, tune func(*eventbus.Options)) []*Replica
 
+// LateMirror publishes 20 events of session "s" on a while c's only live
+// stream of it opens after the 10th, so that c's ring starts at 11; it
+// returns that stream, which has read 11 to 20.
+func LateMirror(t testing.TB, a, c *Replica) *Stream {
+	t.Helper()
+	for range 10 {
+		a.Publish(t, "s", "e", nil)
+	}
+	live := c.Open(t, "s", nil, "")
+	for range 10 {
+		a.Publish(t, "s", "e", nil)
+	}
+	WantIDs(t, live.Events(10, wait), 11, 20)
+	return live
+}
+
 // wait bounds every wait for frames.
 const wait = 10 * time.Second
 
@@ -97,6 +115,7 @@ func Run(t *testing.T, cluster Cluster) {
 	t.Run("SlowSubscriberEvictedLocally", func(t *testing.T) { checkSlowSubscriberEvictedLocally(t, cluster) })
 	t.Run("ResumeReplayBudget", func(t *testing.T) { checkResumeReplayBudget(t, cluster) })
 	t.Run("SignalReachesEveryReplica", func(t *testing.T) { checkSignalReachesEveryReplica(t, cluster) })
+	t.Run("ResumeWhilePublishing", func(t *testing.T) { checkResumeWhilePublishing(t, cluster) })
 }
 
 // checkClose: Close ends open streams and every goroutine; Publish then fails.
@@ -157,14 +176,7 @@ func checkResumeOnAnotherReplica(t *testing.T, cluster Cluster) {
 // before it is answered from the stream, ahead of the live frames.
 func checkResumeBehindALateMirror(t *testing.T, cluster Cluster) {
 	a, _, c := three(t, cluster, nil)
-	for range 10 {
-		a.Publish(t, "s", "e", nil)
-	}
-	live := c.Open(t, "s", nil, "") // C's mirror starts at 11
-	for range 10 {
-		a.Publish(t, "s", "e", nil)
-	}
-	WantIDs(t, live.Events(10, wait), 11, 20)
+	live := LateMirror(t, a, c) // C's mirror starts at 11
 	sc := c.Open(t, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
 	WantIDs(t, sc.Events(15, wait), 6, 20)
 	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 15 {
@@ -301,5 +313,65 @@ func checkSignalReachesEveryReplica(t *testing.T, cluster Cluster) {
 	a.Publish(t, "s", "e", nil)
 	for _, s := range subs {
 		WantIDs(t, s.Events(1, wait), 1, 1)
+	}
+}
+
+// Live publishing during a resume from the engine's history: the
+// hand-over from history to live has no gap and no duplicate.
+func checkResumeWhilePublishing(t *testing.T, cluster Cluster) {
+	a, b, c := three(t, cluster, nil)
+	for range 200 {
+		a.Publish(t, "s", "e", nil)
+	}
+	warm := c.Open(t, "s", nil, "") // C's mirror, ring from 201
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var published atomic.Uint64
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			published.Store(b.Publish(t, "s", "e", nil))
+		}
+	})
+	time.Sleep(20 * time.Millisecond)
+	var resumed []*Stream
+	for _, from := range []string{"0", "50", "199"} {
+		resumed = append(resumed, c.Open(t, "s", map[string]string{"Last-Event-ID": from, "Event-Epoch": warm.Epoch}, ""))
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	last := published.Load()
+	for i, s := range resumed {
+		from := []uint64{1, 51, 200}[i]
+		var ids []uint64
+		sawComplete := false
+		for len(ids) == 0 || ids[len(ids)-1] < last {
+			f := s.Next(wait)
+			if f.Event == eventbus.TypeSlowClientWarning {
+				continue // the queue behind the replay filled up for a while
+			}
+			if f.ID == 0 {
+				if f.Event != eventbus.TypeReplayComplete || sawComplete {
+					t.Fatalf("resume %d: unexpected %s %s", i, f.Event, f.Data)
+				}
+				sawComplete = true
+				continue
+			}
+			ids = append(ids, f.ID)
+		}
+		if !sawComplete {
+			t.Fatalf("resume %d: no replay_complete", i)
+		}
+		for k, id := range ids {
+			if id != from+uint64(k) {
+				t.Fatalf("resume %d: event %d has id %d, want %d", i, k, id, from+uint64(k))
+			}
+		}
 	}
 }
