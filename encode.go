@@ -335,10 +335,18 @@ func finiteNumber(v any) bool {
 	return false
 }
 
+// MaxTypeLen is the longest event type, in bytes, that Publish and Signal
+// accept: a frame keeps its type in its event: line and in its envelope,
+// and a type without a bound would make every small event large.
+const MaxTypeLen = 256
+
 // validType checks an event type.
 func validType(t string) error {
 	if t == "" {
 		return fmt.Errorf("%w: empty type", ErrInvalidEvent)
+	}
+	if len(t) > MaxTypeLen {
+		return fmt.Errorf("%w: type of %d bytes, longer than MaxTypeLen %d", ErrInvalidEvent, len(t), MaxTypeLen)
 	}
 	// A plain loop: strings.ContainsAny builds an ASCII set per call, and
 	// this runs on every Publish.

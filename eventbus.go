@@ -35,6 +35,12 @@ type EventBus struct {
 
 	stats counters
 	enc   Encoder // Publish's; its clock stamps synthetic frames too
+
+	// Set by a Hub before it hands the bus out (hub.go): hubbed turns on
+	// activity, the Unix ms of the last publish or of the last subscriber
+	// leaving, which idle expiry reads; the ring's budget is the hub's.
+	hubbed   bool
+	activity atomic.Int64
 }
 
 // New returns an open bus configured by opts. It returns an error wrapping
@@ -104,10 +110,19 @@ func (b *EventBus) StreamErrorFrame(msg, kind string) Frame {
 
 // close is Close, with an optional terminal frame for every subscription.
 func (b *EventBus) close(terminal *Frame) error {
+	b.closeIf(terminal, nil)
+	return nil
+}
+
+// closeIf is close when the bus is open and allow (nil: always), called
+// under the lock, agrees: a Hub's idle expiry closes a bus only if nobody
+// subscribed meanwhile. It returns the subscriptions it closed (with
+// drain) and whether it closed the bus.
+func (b *EventBus) closeIf(terminal *Frame, allow func() bool) ([]*Subscription, bool) {
 	b.mu.Lock()
-	if b.closed {
+	if b.closed || allow != nil && !allow() {
 		b.mu.Unlock()
-		return nil
+		return nil, false
 	}
 	b.closed = true
 	b.isClosed.Store(true)
@@ -157,7 +172,7 @@ func (b *EventBus) close(terminal *Frame) error {
 		// cancellation must still drop the buffer (SPEC 8). The consumer
 		// releases it when it reaches the end.
 	}
-	return nil
+	return subs, true
 }
 
 // closedOrZero reports whether the bus is closed or was not made by New
@@ -192,14 +207,8 @@ type fanout struct {
 	now     int64
 	diags   []Diagnostic
 	evicted []eviction
-	// behind is set when a subscriber's queue is past the warning
-	// threshold after this publish and its yield budget is not spent.
-	behind bool
-	// urgent is the first such queue that is past 90% of a cap, and
-	// urgentPopped the live frames and bytes its consumer must have popped
-	// in all for it to be back under 90% of both (see finish); nil if none.
-	urgent       *boundedAsyncQueue
-	urgentPopped [2]int64
+	// yield is the publisher's yield after the lock (see yield.go).
+	yield yieldPlan
 	// wake holds the queues whose consumers push reported waiting, woken
 	// by finish (see boundedAsyncQueue.push); from wakePool, nil if none.
 	wake *[]*boundedAsyncQueue
@@ -239,6 +248,22 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 		b.rejected(e.Type, err)
 		return Frame{}, err
 	}
+	now := p.now
+	if now == 0 && (b.hubbed || b.opts.MaxAge > 0) {
+		now = b.now()
+	}
+	if b.hubbed {
+		// Before the lock: an idle expiry that closes the bus first makes
+		// this publish fail with ErrClosed (a Hub then retries on a new
+		// bus); one that comes later sees the bus active.
+		b.activity.Store(now)
+	}
+	// A bus in a Hub charges its frame to the hub's byte budget before it
+	// enters the ring, making room outside the lock (see budget).
+	var reserved int64
+	if bg := b.ring.budget; bg != nil {
+		reserved = bg.reserve(p.maxSize())
+	}
 
 	out := fanout{now: p.now}
 	// The frame is shared by the ring and every queue. Allocate it before
@@ -248,20 +273,28 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
+		b.ring.budget.release(reserved)
 		b.stats.rejClosed.Add(1)
 		return Frame{}, ErrClosed
 	}
 	id := b.nextID
 	b.nextID++
 	*f = p.build(id)
-	b.ring.append(f)
+	f.at = now
+	if b.opts.MaxAge > 0 {
+		b.ring.dropOlder(now - b.opts.MaxAge.Milliseconds())
+	}
+	if b.ring.budget != nil {
+		b.ring.appendCharged(f, reserved)
+	} else {
+		b.ring.append(f)
+	}
 	// Before the fan-out: a consumer catching up reads the ring up to it
 	// without the lock, and either it sees this id or the fan-out sees it
 	// waiting (see catchUpFast).
 	b.lastID.Store(id)
 	b.stats.published.Add(1)
-	b.stats.ringLen.Store(int64(b.ring.Len()))
-	b.stats.ringBytes.Store(int64(b.ring.Bytes()))
+	b.storeRingStatsLocked()
 	b.fanOutLocked(f, id, &out)
 	b.mu.Unlock()
 
@@ -291,6 +324,9 @@ func (b *EventBus) Signal(typ, about string) error {
 		b.rejected(typ, err)
 		return err
 	}
+	if b.hubbed {
+		b.activity.Store(b.now()) // a signal is a use of the session too
+	}
 	var out fanout // the fan-out reads the clock if a subscriber is behind
 	b.mu.Lock()
 	if b.closed {
@@ -303,6 +339,12 @@ func (b *EventBus) Signal(typ, about string) error {
 	b.mu.Unlock()
 	b.finish(&out)
 	return nil
+}
+
+// storeRingStatsLocked mirrors the ring's size for Stats.
+func (b *EventBus) storeRingStatsLocked() {
+	b.stats.ringLen.Store(int64(b.ring.Len()))
+	b.stats.ringBytes.Store(int64(b.ring.Bytes()))
 }
 
 // rejected counts and reports a publish that failed before the lock.
@@ -369,18 +411,7 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			if d, ok := s.checkWarningLocked(c, lastID); ok {
 				out.diags = append(out.diags, d)
 			}
-			// Under OverflowCatchUp an overflow loses nothing, so there
-			// is nothing to yield for.
-			if s.policy != OverflowCatchUp && s.yieldFor(c) {
-				out.behind = true
-				if out.urgent == nil && nearlyFull(c) {
-					out.urgent = &s.q
-					out.urgentPopped = [2]int64{
-						s.q.poppedLive.Load() + int64(c.liveCount-c.maxQueued*9/10) + 1,
-						s.q.poppedBytes.Load() + int64(c.liveBytes-c.maxBytes/10*9) + 1,
-					}
-				}
-			}
+			out.yield.note(s, c)
 		case pushCoalesced:
 			b.stats.dropCoalesced.Add(1)
 		case pushRejectedFrames, pushRejectedBytes:
@@ -423,8 +454,8 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 }
 
 // finish wakes the consumers a publish queued frames for, ends the
-// subscribers it evicted and emits its diagnostics, after the lock is
-// released.
+// subscribers it evicted, emits its diagnostics and yields the processor
+// if its plan says so (see yield.go), after the lock is released.
 func (b *EventBus) finish(out *fanout) {
 	if w := out.wake; w != nil {
 		for _, q := range *w {
@@ -438,29 +469,7 @@ func (b *EventBus) finish(out *fanout) {
 		out.diags = append(out.diags, ev.s.evict(ev))
 	}
 	b.emit(out.diags...)
-	if out.behind {
-		// A subscriber is past 75% of a cap. Often it is not slow at all:
-		// its goroutine was woken but not scheduled yet, because this
-		// publisher holds the processor (GOMAXPROCS is small, the publisher
-		// runs a tight loop). Yield so it can run before it is evicted:
-		// once, and past 90% until the first such consumer is back under
-		// 90% or maxUrgentYields more yields went by. A fixed 4 yields
-		// there still lost a healthy consumer in about one tight stall
-		// run in sixteen once Publish got faster (BENCHMARKS.md). This
-		// never waits for anyone: with nothing else to run Gosched returns
-		// at once, and a consumer that runs drains its whole queue. A
-		// subscription that nobody has ever read from costs one yield
-		// episode at most (Subscription.yieldFor).
-		yieldProcessor()
-		if q := out.urgent; q != nil {
-			for range maxUrgentYields {
-				if q.poppedLive.Load() >= out.urgentPopped[0] && q.poppedBytes.Load() >= out.urgentPopped[1] {
-					break
-				}
-				yieldProcessor()
-			}
-		}
-	}
+	out.yield.run()
 }
 
 // compactSubsLocked removes the nil slots Publish left for evicted
@@ -476,6 +485,15 @@ func (b *EventBus) compactSubsLocked() {
 	clear(b.subs[n:])
 	b.subs = b.subs[:n]
 	b.subscribed.Store(int64(n))
+	b.leftLocked()
+}
+
+// leftLocked starts a hub bus's idle time when its last subscriber has
+// left (see Hub).
+func (b *EventBus) leftLocked() {
+	if b.hubbed && len(b.subs) == 0 {
+		b.activity.Store(b.now())
+	}
 }
 
 // addLocked registers s.
@@ -498,6 +516,7 @@ func (b *EventBus) removeLocked(s *Subscription) bool {
 			b.subs[len(b.subs)-1] = nil
 			b.subs = b.subs[:len(b.subs)-1]
 			b.subscribed.Store(int64(len(b.subs)))
+			b.leftLocked()
 			return true
 		}
 	}

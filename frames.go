@@ -23,13 +23,30 @@ const (
 	TypeStreamError = "stream_error"
 )
 
-// Resync and eviction reasons, as they appear in frame data.
+// Resync and eviction reasons, as they appear in frame data: the "reason"
+// of state_resync_required (SPEC 5, 11) and of client_evicted (SPEC 7).
 const (
-	ReasonEpochReset           = "epoch_reset"
-	ReasonRingEvicted          = "ring_evicted"
+	// ReasonEpochReset (resync): the client's cursor is of another epoch,
+	// or ahead of the bus.
+	ReasonEpochReset = "epoch_reset"
+	// ReasonRingEvicted (resync): the ring, or a backplane's log, no longer
+	// holds what the client missed.
+	ReasonRingEvicted = "ring_evicted"
+	// ReasonReplayBudgetExceeded (resync): a resume would replay more than
+	// Options.ReplayBudgetBytes.
 	ReasonReplayBudgetExceeded = "replay_budget_exceeded"
-	ReasonQueueOverflow        = "queue_overflow"
-	ReasonQueueBytesOverflow   = "queue_bytes_overflow"
+	// ReasonQueueOverflow and ReasonQueueBytesOverflow (eviction, or the
+	// resync of OverflowResync): the frame cap, or the byte cap, rejected a
+	// live push.
+	ReasonQueueOverflow      = "queue_overflow"
+	ReasonQueueBytesOverflow = "queue_bytes_overflow"
+	// ReasonRepeatedOverflow (eviction): OverflowResync's third overflow
+	// within OverflowWindow.
+	ReasonRepeatedOverflow = "repeated_overflow"
+	// ReasonCatchUpStalled (eviction): a subscriber under OverflowCatchUp
+	// whose consumer took nothing for CatchUpStallTimeout while it was
+	// behind.
+	ReasonCatchUpStalled = "catch_up_stalled"
 )
 
 // errorKind values of stream_error frames: what a client does next.
@@ -79,6 +96,7 @@ type frame struct {
 	id    uint64
 	typ   string
 	about string // signals only
+	at    int64  // events: Unix ms of the publish, for Options.MaxAge
 }
 
 // ID returns the event's id, or 0 for a synthetic frame (ids start at 1).
@@ -122,6 +140,15 @@ func (f *frame) size() int {
 	}
 	return len(f.wire) - 2 - int(f.json)
 }
+
+// held is every byte the frame holds beyond its header: its whole SSE
+// encoding (the envelope, and the id, event and data lines, the type's
+// second copy among them) and the strings it keeps beside it (its type,
+// a signal's resource). A Hub's budget counts frames by it; the bus's
+// own byte caps count envelopes (size): an event holds at most
+// 2*MaxTypeLen+41 bytes more than that (a signal its resource too), which
+// the count caps bound.
+func (f *frame) held() int { return len(f.wire) + len(f.typ) + len(f.about) }
 
 // ref returns the shared frame, for the ring and the queues, which hold
 // frames by pointer (see entryFlags). f must not be the zero Frame.
@@ -310,12 +337,3 @@ func evictedFrame(reason string, droppedAfter uint64, c queueCounts, eventBytes 
 	}
 	return syntheticFrame(TypeClientEvicted, kindTerminal, d.bytes(), ts)
 }
-
-// ReasonCatchUpStalled is the client_evicted reason of a subscriber under
-// OverflowCatchUp whose consumer took nothing for CatchUpStallTimeout while
-// it was behind.
-const ReasonCatchUpStalled = "catch_up_stalled"
-
-// ReasonRepeatedOverflow is the client_evicted reason of OverflowResync's
-// third overflow within OverflowWindow.
-const ReasonRepeatedOverflow = "repeated_overflow"

@@ -59,8 +59,10 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 		}
 		push(resyncFrame(ReasonEpochReset, detail, n, earliest, b.epoch, now).ref())
 		b.stats.resync(ReasonEpochReset)
-	case first > n+1:
-		push(resyncFrame(ReasonRingEvicted, "", n, first, b.epoch, now).ref())
+	case first > n+1 || first == 0 && n+1 < nextID:
+		// The ring lost events after the cursor: to its bounds, to a
+		// Hub's budget, to age (it may then hold nothing at all).
+		push(resyncFrame(ReasonRingEvicted, "", n, earliest, b.epoch, now).ref())
 		b.stats.resync(ReasonRingEvicted)
 	default:
 		start = src.Len()

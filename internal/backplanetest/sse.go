@@ -117,7 +117,12 @@ func Open(t testing.TB, client *http.Client, url string, header map[string]strin
 				}
 				f = Frame{}
 			case strings.HasPrefix(line, "id: "):
-				f.ID, _ = strconv.ParseUint(line[4:], 10, 64)
+				// "N", or "<epoch>:<N>" from a daemon with -epoch-ids.
+				_, n, _ := strings.Cut(line[4:], ":")
+				if n == "" {
+					n = line[4:]
+				}
+				f.ID, _ = strconv.ParseUint(n, 10, 64)
 			case strings.HasPrefix(line, "event: "):
 				f.Event = line[7:]
 			case strings.HasPrefix(line, "data: "):

@@ -1,0 +1,564 @@
+package eventbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"iter"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Hub defaults.
+const (
+	// DefaultMaxSessions is a hub's session cap.
+	DefaultMaxSessions = 1000
+	// DefaultIdleTimeout is how long a session may go without a publish
+	// and without a subscriber before its hub closes it.
+	DefaultIdleTimeout = 10 * time.Minute
+	// DefaultMaxTotalBytes bounds the sum of every session's ring bytes.
+	DefaultMaxTotalBytes = 256 << 20
+)
+
+// ErrHubFull is returned by Hub.GetOrCreate (and Hub.Publish) for a new
+// session when the hub holds MaxSessions sessions and none of them is idle
+// past IdleTimeout. Daemons answer 503 too_many_sessions with Retry-After.
+var ErrHubFull = errors.New("eventbus: hub is full")
+
+// HubOptions configures a Hub. The zero value is valid: every field that is
+// 0 takes its default.
+type HubOptions struct {
+	// Bus is every session's bus options, validated by NewHub as New
+	// validates them. Bus.Logger nil means Logger.
+	Bus Options
+	// MaxSessions caps the live sessions; 0 means DefaultMaxSessions,
+	// negative is an error.
+	MaxSessions int
+	// IdleTimeout is how long a session may have no subscriber and no
+	// publish (or signal) before the hub closes and forgets it, counted
+	// from the later of its last publish and its last subscriber leaving;
+	// 0 means DefaultIdleTimeout, negative means sessions never expire.
+	IdleTimeout time.Duration
+	// MaxTotalBytes bounds the sum of every session's ring bytes, counting
+	// every byte of their frames (the SSE encoding, the type kept beside
+	// it), not only envelopes as Options.RingMaxBytes does; 0 means
+	// DefaultMaxTotalBytes. Negative, or too small for one event of
+	// Bus.MaxEventBytes with the longest type, is an error.
+	MaxTotalBytes int64
+	// Logger receives the hub's diagnostics; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// HubStats is a snapshot of a hub's counters, read field by field without
+// a common lock.
+type HubStats struct {
+	Sessions int // live sessions now
+	// RingBytes is the sum of every ring's bytes now, as the budget
+	// counts them: every byte of their frames (SSE encoding and type), a
+	// little more than Buses.RingBytes, which counts envelopes. At most
+	// MaxTotalBytes.
+	RingBytes     int64
+	MaxTotalBytes int64
+	Created       uint64 // sessions created since NewHub
+	Expired       uint64 // closed by idle expiry
+	Deleted       uint64 // closed by Delete
+	Refused       uint64 // GetOrCreate answered ErrHubFull
+	BudgetTrimmed uint64 // events removed from rings to keep MaxTotalBytes
+	// Buses is the sum of every live bus's Stats: every field summed,
+	// PeakSubscribers included (the sum of each session's peak). Buses
+	// that have ended no longer count.
+	Buses Stats
+}
+
+// Hub holds a daemon's per-session buses, keyed by session id: lookup
+// without creating (a GET for an unknown session is a 404, never a new
+// bus), get-or-create where the embedder decides (on publish), a session
+// cap, idle expiry, one byte budget over every ring, and graceful shutdown.
+//
+// Idle expiry: a session with no subscriber and no publish for IdleTimeout
+// (counted from the later of its last publish or signal and its last
+// subscriber leaving) is closed and forgotten; a session that has a
+// subscriber never expires. One goroutine, owned by the hub and ended by
+// Close or Shutdown, sweeps the sessions every IdleTimeout/8 (between 10ms
+// and 30s), so a session goes between IdleTimeout and IdleTimeout plus
+// that period after its last use; a GetOrCreate that finds the hub full
+// sweeps at once, so a hub full of expired sessions admits a new one.
+// A session's next use after expiry makes a new bus with a new epoch:
+// resumes across it get epoch_reset (with the Handler's epoch ids, or an
+// Event-Epoch, a cursor of the old epoch is epoch_mismatch).
+//
+// The budget: see HubOptions.MaxTotalBytes and the README's Hub section.
+// The sum of every ring's bytes never exceeds it; a publish that takes it
+// over first trims the oldest events of the largest rings, each under its
+// own bus lock, and never blocks for it; a resume that lost events to it
+// gets ring_evicted with exact ids.
+//
+// A Hub is safe for concurrent use. Lookup and the publish path of one
+// session take no hub-wide lock (the sessions are sharded); a bus's own
+// Publish takes only its bus lock. The zero Hub is not usable: make one
+// with NewHub, and end it with Shutdown or Close.
+type Hub struct {
+	opts        Options // every bus's, with defaults
+	maxSessions int64
+	idle        int64 // ms; <= 0: never
+	logger      *slog.Logger
+	budget      *budget
+
+	seed   maphash.Seed
+	shards [hubShards]hubShard
+	n      atomic.Int64 // sessions in the map
+	closed atomic.Bool
+
+	sweepMu sync.Mutex // one sweep at a time (the goroutine's, a full GetOrCreate's)
+
+	created, expired, deleted, refused atomic.Uint64
+
+	stop     chan struct{} // closed by Close/Shutdown; nil without a goroutine
+	done     chan struct{} // closed when the goroutine has ended
+	stopOnce sync.Once
+}
+
+// hubShards spreads the sessions over locks, so that lookups and creations
+// of different sessions rarely meet.
+const hubShards = 64
+
+type hubShard struct {
+	mu sync.RWMutex
+	m  map[string]*EventBus
+	_  [40]byte // a shard per cache line
+}
+
+// NewHub returns an open hub. It returns an error wrapping ErrInvalidOption
+// for an invalid option (of the hub or of its buses). When IdleTimeout or
+// Bus.MaxAge is in use it starts the hub's sweeping goroutine, which Close
+// and Shutdown end.
+func NewHub(opts HubOptions) (*Hub, error) {
+	bo, err := opts.Bus.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if opts.MaxSessions < 0 {
+		return nil, fmt.Errorf("%w: MaxSessions is %d, must not be negative", ErrInvalidOption, opts.MaxSessions)
+	}
+	if opts.MaxTotalBytes < 0 {
+		return nil, fmt.Errorf("%w: MaxTotalBytes is %d, must not be negative", ErrInvalidOption, opts.MaxTotalBytes)
+	}
+	if opts.MaxSessions == 0 {
+		opts.MaxSessions = DefaultMaxSessions
+	}
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
+	}
+	if opts.MaxTotalBytes == 0 {
+		opts.MaxTotalBytes = DefaultMaxTotalBytes
+	}
+	if least := int64(maxFrameSize(bo.MaxEventBytes)); opts.MaxTotalBytes < least {
+		return nil, fmt.Errorf("%w: MaxTotalBytes is %d, below the %d bytes one event of MaxEventBytes %d holds",
+			ErrInvalidOption, opts.MaxTotalBytes, least, bo.MaxEventBytes)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if bo.Logger == nil {
+		bo.Logger = opts.Logger
+	}
+	h := &Hub{
+		opts:        bo,
+		maxSessions: int64(opts.MaxSessions),
+		logger:      opts.Logger,
+		seed:        maphash.MakeSeed(),
+	}
+	if opts.IdleTimeout > 0 {
+		h.idle = max(opts.IdleTimeout.Milliseconds(), 1)
+	}
+	h.budget = newBudget(h, opts.MaxTotalBytes)
+	for i := range h.shards {
+		h.shards[i].m = make(map[string]*EventBus)
+	}
+	if period := h.sweepPeriod(opts.IdleTimeout); period > 0 {
+		h.stop, h.done = make(chan struct{}), make(chan struct{})
+		go h.run(period)
+	}
+	return h, nil
+}
+
+// sweepPeriod is how often the goroutine sweeps: an eighth of the shortest
+// of IdleTimeout and MaxAge in use, within [10ms, 30s]; 0 when neither is.
+func (h *Hub) sweepPeriod(idle time.Duration) time.Duration {
+	d := time.Duration(0)
+	if idle > 0 {
+		d = idle
+	}
+	if a := h.opts.MaxAge; a > 0 && (d == 0 || a < d) {
+		d = a
+	}
+	if d == 0 {
+		return 0
+	}
+	return min(max(d/8, 10*time.Millisecond), 30*time.Second)
+}
+
+func (h *Hub) run(period time.Duration) {
+	defer close(h.done)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+			h.sweep()
+		}
+	}
+}
+
+func (h *Hub) shard(id string) *hubShard {
+	return &h.shards[maphash.String(h.seed, id)%hubShards]
+}
+
+// nowMillis is the clock of the buses' activity (Options.Now, else the
+// wall clock), in Unix ms.
+func (h *Hub) nowMillis() int64 { return nowMillis(h.opts.Now) }
+
+// Lookup returns the live bus of session id, without creating one. It
+// takes only a read lock of the session's shard and does not count as a
+// use of the session.
+func (h *Hub) Lookup(id string) (*EventBus, bool) {
+	sh := h.shard(id)
+	sh.mu.RLock()
+	b := sh.m[id]
+	sh.mu.RUnlock()
+	if b == nil || b.isClosed.Load() {
+		return nil, false
+	}
+	return b, true
+}
+
+// GetOrCreate returns the live bus of session id, creating it (with a new
+// epoch) when there is none. A new session needs room: when the hub holds
+// MaxSessions sessions, GetOrCreate first closes every session idle past
+// IdleTimeout (synchronously), and answers ErrHubFull only if none was.
+// It returns ErrClosed after Shutdown or Close. A new bus is not counted as
+// used until it is published to or subscribed: a session created and left
+// alone expires IdleTimeout after its creation.
+func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
+	if b, ok := h.Lookup(id); ok {
+		return b, nil
+	}
+	if h.closed.Load() {
+		return nil, ErrClosed
+	}
+	// Made before the shard lock (New draws an epoch from crypto/rand),
+	// dropped if another GetOrCreate of id wins.
+	fresh := h.newBus()
+	sh := h.shard(id)
+	for swept := false; ; swept = true {
+		sh.mu.Lock()
+		// Under the shard lock: end, which takes every shard lock after
+		// setting closed, either sees the new bus or is seen here.
+		if h.closed.Load() {
+			sh.mu.Unlock()
+			return nil, ErrClosed
+		}
+		old := sh.m[id]
+		if old != nil && !old.isClosed.Load() {
+			sh.mu.Unlock()
+			return old, nil // fresh holds nothing: the collector takes it
+		}
+		if old != nil || h.n.Add(1) <= h.maxSessions {
+			// A closed bus still in the map (closed by its owner, or
+			// expired and not yet forgotten) gives its place to the new one.
+			sh.m[id] = fresh
+			sh.mu.Unlock()
+			h.created.Add(1)
+			return fresh, nil
+		}
+		h.n.Add(-1)
+		sh.mu.Unlock()
+		if swept || h.idle <= 0 {
+			h.refused.Add(1)
+			return nil, ErrHubFull
+		}
+		h.sweep()
+	}
+}
+
+// newBus makes a session's bus, hooked to the hub.
+func (h *Hub) newBus() *EventBus {
+	b, err := New(h.opts)
+	if err != nil {
+		panic(err) // unreachable: NewHub validated the options
+	}
+	b.hubbed = true
+	b.ring.budget = h.budget
+	b.activity.Store(h.nowMillis())
+	return b
+}
+
+// Publish publishes e to session id, creating the session if needed (see
+// GetOrCreate), and returns the stamped frame. If the session expires or is
+// deleted between the lookup and the publish, it retries once on a new
+// session. It returns what GetOrCreate and EventBus.Publish return.
+func (h *Hub) Publish(id string, e Event) (Frame, error) {
+	for retried := false; ; retried = true {
+		b, err := h.GetOrCreate(id)
+		if err != nil {
+			return Frame{}, err
+		}
+		f, err := b.Publish(e)
+		if errors.Is(err, ErrClosed) && !retried && !h.closed.Load() {
+			continue
+		}
+		return f, err
+	}
+}
+
+// Delete closes session id's bus (every subscriber gets what is queued,
+// then its end) and forgets it. It reports whether the session existed.
+func (h *Hub) Delete(id string) bool {
+	sh := h.shard(id)
+	sh.mu.Lock()
+	b := sh.m[id]
+	if b != nil {
+		delete(sh.m, id)
+		h.n.Add(-1)
+	}
+	sh.mu.Unlock()
+	if b == nil || b.isClosed.Load() {
+		return false
+	}
+	_ = b.Close()
+	h.deleted.Add(1)
+	return true
+}
+
+// Len returns the number of sessions held. It does not block.
+func (h *Hub) Len() int { return int(h.n.Load()) }
+
+// hubEntry is one session of a snapshot.
+type hubEntry struct {
+	id  string
+	bus *EventBus
+}
+
+// snapshot returns the sessions, reading one shard at a time.
+func (h *Hub) snapshot() []hubEntry {
+	out := make([]hubEntry, 0, h.n.Load())
+	for i := range h.shards {
+		sh := &h.shards[i]
+		sh.mu.RLock()
+		for id, b := range sh.m {
+			out = append(out, hubEntry{id, b})
+		}
+		sh.mu.RUnlock()
+	}
+	return out
+}
+
+// Sessions returns an iterator over the live sessions: a snapshot taken
+// shard by shard, yielded with no lock held (a session created meanwhile
+// may be missing, one closed meanwhile may still be yielded).
+func (h *Hub) Sessions() iter.Seq2[string, *EventBus] {
+	return func(yield func(string, *EventBus) bool) {
+		for _, e := range h.snapshot() {
+			if e.bus.isClosed.Load() {
+				continue
+			}
+			if !yield(e.id, e.bus) {
+				return
+			}
+		}
+	}
+}
+
+// Stats returns a snapshot of the hub's counters and the sum of its live
+// buses' Stats. It takes each shard's read lock in turn and no bus lock.
+func (h *Hub) Stats() HubStats {
+	st := HubStats{
+		MaxTotalBytes: h.budget.max,
+		Created:       h.created.Load(),
+		Expired:       h.expired.Load(),
+		Deleted:       h.deleted.Load(),
+		Refused:       h.refused.Load(),
+		BudgetTrimmed: h.budget.trimmed.Load(),
+	}
+	for _, e := range h.snapshot() {
+		if e.bus.isClosed.Load() {
+			continue
+		}
+		st.Sessions++
+		st.Buses.add(e.bus.Stats())
+		st.RingBytes += e.bus.ring.heldNow.Load()
+	}
+	return st
+}
+
+// LookupRequest is Lookup for a request whose route names the session
+// {id} (r.PathValue("id")): it fits Handler.Lookup. An unknown session is
+// an error wrapping ErrSessionNotFound (the Handler answers 404); it never
+// creates one.
+func (h *Hub) LookupRequest(r *http.Request) (*EventBus, error) {
+	id := r.PathValue("id")
+	if b, ok := h.Lookup(id); ok {
+		return b, nil
+	}
+	return nil, fmt.Errorf("%w: %q", ErrSessionNotFound, truncate(id, 64))
+}
+
+// Shutdown refuses new sessions (GetOrCreate returns ErrClosed), ends the
+// hub's goroutine, forgets every session and closes its bus with drain,
+// then waits until every subscriber has taken what was queued for it, or
+// until ctx is done: then the remaining subscriptions are closed without
+// drain and Shutdown returns ctx.Err(). It returns nil once everything
+// drained. Safe to call more than once, and with Close.
+func (h *Hub) Shutdown(ctx context.Context) error {
+	var subs []*Subscription
+	for _, b := range h.end() {
+		s, _ := b.closeIf(nil, nil)
+		subs = append(subs, s...)
+	}
+	drained := func() bool {
+		for len(subs) > 0 {
+			s := subs[len(subs)-1]
+			if s.q.head.Load() != s.q.tail.Load() {
+				return false
+			}
+			subs = subs[:len(subs)-1]
+		}
+		return true
+	}
+	if drained() {
+		return nil
+	}
+	// The consumers are not ours to wait on: look every few milliseconds.
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			for _, s := range subs {
+				s.cancel(ctx.Err(), false)
+			}
+			return ctx.Err()
+		case <-t.C:
+			if drained() {
+				return nil
+			}
+		}
+	}
+}
+
+// Close closes every session's bus (its subscribers get what is queued,
+// then their end, at their own pace), forgets them, refuses new ones and
+// ends the hub's goroutine. It does not wait for subscribers. Idempotent;
+// it returns nil.
+func (h *Hub) Close() error {
+	for _, b := range h.end() {
+		_ = b.Close()
+	}
+	return nil
+}
+
+// end marks the hub closed, stops its goroutine and empties the map,
+// returning the buses it held.
+func (h *Hub) end() []*EventBus {
+	h.closed.Store(true)
+	h.stopOnce.Do(func() {
+		if h.stop != nil {
+			close(h.stop)
+			<-h.done
+		}
+	})
+	var out []*EventBus
+	for i := range h.shards {
+		sh := &h.shards[i]
+		sh.mu.Lock()
+		for id, b := range sh.m {
+			out = append(out, b)
+			delete(sh.m, id)
+			h.n.Add(-1)
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// sweep closes and forgets every session idle past IdleTimeout, forgets
+// the buses closed by their owners, and drops aged events (Options.MaxAge)
+// from the rings of quiet sessions.
+func (h *Hub) sweep() {
+	h.sweepMu.Lock()
+	defer h.sweepMu.Unlock()
+	now := h.nowMillis()
+	deadline := now - h.idle
+	maxAge := h.opts.MaxAge.Milliseconds()
+	for _, e := range h.snapshot() {
+		b := e.bus
+		switch {
+		case b.isClosed.Load():
+			h.forget(e)
+		case h.idle > 0 && b.SubscriberCount() == 0 && b.activity.Load() <= deadline:
+			// Decided again under the bus lock, atomically with Subscribe:
+			// a subscriber that came meanwhile keeps the session.
+			if _, ok := b.closeIf(nil, func() bool { return len(b.subs) == 0 && b.activity.Load() <= deadline }); ok {
+				h.forget(e)
+				h.expired.Add(1)
+				h.logger.LogAttrs(context.Background(), slog.LevelDebug, "eventbus: session expired", slog.String("session", truncate(e.id, 64)))
+			}
+		case maxAge > 0:
+			b.mu.Lock()
+			if b.ring.dropOlder(now-maxAge) > 0 {
+				b.storeRingStatsLocked()
+			}
+			b.mu.Unlock()
+		}
+	}
+}
+
+// forget removes e from the map if it still holds e's bus.
+func (h *Hub) forget(e hubEntry) {
+	sh := h.shard(e.id)
+	sh.mu.Lock()
+	if sh.m[e.id] == e.bus {
+		delete(sh.m, e.id)
+		h.n.Add(-1)
+	}
+	sh.mu.Unlock()
+}
+
+// add adds every field of o to s.
+func (s *Stats) add(o Stats) {
+	s.Published += o.Published
+	s.Rejected.Invalid += o.Rejected.Invalid
+	s.Rejected.TooLarge += o.Rejected.TooLarge
+	s.Rejected.Closed += o.Rejected.Closed
+	s.Signals += o.Signals
+	s.FramesDelivered += o.FramesDelivered
+	s.Subscribers += o.Subscribers
+	s.PeakSubscribers += o.PeakSubscribers
+	s.Evictions.QueueOverflow += o.Evictions.QueueOverflow
+	s.Evictions.QueueBytesOverflow += o.Evictions.QueueBytesOverflow
+	s.Evictions.RepeatedOverflow += o.Evictions.RepeatedOverflow
+	s.Evictions.CatchUpStalled += o.Evictions.CatchUpStalled
+	s.Warnings += o.Warnings
+	s.Resyncs.EpochReset += o.Resyncs.EpochReset
+	s.Resyncs.RingEvicted += o.Resyncs.RingEvicted
+	s.Resyncs.ReplayBudgetExceeded += o.Resyncs.ReplayBudgetExceeded
+	s.Resyncs.QueueOverflow += o.Resyncs.QueueOverflow
+	s.Resyncs.QueueBytesOverflow += o.Resyncs.QueueBytesOverflow
+	s.Dropped.Coalesced += o.Dropped.Coalesced
+	s.Dropped.Overflow += o.Dropped.Overflow
+	s.Dropped.ReplayBudget += o.Dropped.ReplayBudget
+	s.Dropped.Cancelled += o.Dropped.Cancelled
+	s.Dropped.Blocked += o.Dropped.Blocked
+	s.Dropped.CatchUpSignals += o.Dropped.CatchUpSignals
+	s.CatchUp.Entered += o.CatchUp.Entered
+	s.CatchUp.Served += o.CatchUp.Served
+	s.CatchUp.Behind += o.CatchUp.Behind
+	s.RingLen += o.RingLen
+	s.RingBytes += o.RingBytes
+}

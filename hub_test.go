@@ -1,0 +1,554 @@
+package eventbus
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The Hub (hub.go): lookup without create, get-or-create, the session cap,
+// idle expiry, shutdown and stats. The budget and age tests are in
+// hub_budget_test.go.
+
+func newTestHub(t testing.TB, opts HubOptions) *Hub {
+	t.Helper()
+	h, err := NewHub(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
+	return h
+}
+
+// hubClock is a settable clock for Options.Now, so a test moves time and
+// calls sweep itself.
+type hubClock struct{ ms atomic.Int64 }
+
+func newHubClock() *hubClock {
+	c := &hubClock{}
+	c.ms.Store(1_700_000_000_000)
+	return c
+}
+func (c *hubClock) now() time.Time          { return time.UnixMilli(c.ms.Load()) }
+func (c *hubClock) advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
+
+func hubEvent(i int) Event {
+	return Event{Type: "t", Data: json.RawMessage(`{"i":` + strconv.Itoa(i) + `}`)}
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func TestHubInvalidOptions(t *testing.T) {
+	for name, o := range map[string]HubOptions{
+		"MaxSessions":         {MaxSessions: -1},
+		"MaxTotalBytes":       {MaxTotalBytes: -1},
+		"MaxTotalBytes small": {MaxTotalBytes: 1000, Bus: Options{MaxEventBytes: 2000}},
+		"Bus":                 {Bus: Options{RingSize: -1}},
+		"Bus MaxAge":          {Bus: Options{MaxAge: -time.Second}},
+	} {
+		_, err := NewHub(o)
+		assert.ErrorIs(t, err, ErrInvalidOption, name)
+	}
+}
+
+func TestHubLookupNeverCreates(t *testing.T) {
+	h := newTestHub(t, HubOptions{})
+	_, ok := h.Lookup("a")
+	assert.False(t, ok)
+	assert.Zero(t, h.Len())
+
+	b, err := h.GetOrCreate("a")
+	require.NoError(t, err)
+	got, ok := h.Lookup("a")
+	require.True(t, ok)
+	assert.Same(t, b, got)
+	again, err := h.GetOrCreate("a")
+	require.NoError(t, err)
+	assert.Same(t, b, again)
+	assert.Equal(t, 1, h.Len())
+
+	f, err := h.Publish("b", hubEvent(1))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), f.ID())
+	assert.Equal(t, 2, h.Len())
+	st := h.Stats()
+	assert.Equal(t, uint64(2), st.Created)
+	assert.Equal(t, 2, st.Sessions)
+
+	ids := map[string]bool{}
+	for id, bus := range h.Sessions() {
+		ids[id] = true
+		assert.False(t, bus.closedOrZero())
+	}
+	assert.Equal(t, map[string]bool{"a": true, "b": true}, ids)
+
+	assert.True(t, h.Delete("a"))
+	assert.False(t, h.Delete("a"))
+	assert.True(t, b.closedOrZero())
+	_, ok = h.Lookup("a")
+	assert.False(t, ok)
+	assert.Equal(t, uint64(1), h.Stats().Deleted)
+}
+
+func TestHubMaxSessions(t *testing.T) {
+	h := newTestHub(t, HubOptions{MaxSessions: 2, IdleTimeout: -1})
+	for _, id := range []string{"a", "b"} {
+		_, err := h.GetOrCreate(id)
+		require.NoError(t, err)
+	}
+	_, err := h.GetOrCreate("c")
+	require.ErrorIs(t, err, ErrHubFull)
+	_, err = h.Publish("c", hubEvent(1))
+	require.ErrorIs(t, err, ErrHubFull)
+	assert.Equal(t, uint64(2), h.Stats().Refused)
+	// An existing session is still served.
+	_, err = h.Publish("a", hubEvent(1))
+	require.NoError(t, err)
+	// A deleted one makes room, and a bus closed by its owner too.
+	h.Delete("a")
+	_, err = h.GetOrCreate("c")
+	require.NoError(t, err)
+	b, _ := h.Lookup("b")
+	require.NoError(t, b.Close())
+	nb, err := h.GetOrCreate("b")
+	require.NoError(t, err)
+	assert.NotSame(t, b, nb)
+	assert.Equal(t, 2, h.Len())
+}
+
+func TestHubIdleExpiry(t *testing.T) {
+	clock := newHubClock()
+	h := newTestHub(t, HubOptions{IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
+	b, err := h.GetOrCreate("s")
+	require.NoError(t, err)
+	epoch := b.Epoch()
+	clock.advance(50 * time.Second)
+	_, err = h.Publish("s", hubEvent(1)) // activity: the publish
+	require.NoError(t, err)
+	clock.advance(59 * time.Second)
+	h.sweep()
+	_, ok := h.Lookup("s")
+	require.True(t, ok, "59s after the last publish")
+	clock.advance(time.Second)
+	h.sweep()
+	_, ok = h.Lookup("s")
+	require.False(t, ok, "a minute after the last publish")
+	assert.True(t, b.closedOrZero())
+	st := h.Stats()
+	assert.Equal(t, uint64(1), st.Expired)
+	assert.Zero(t, st.Sessions)
+	assert.Zero(t, h.Len())
+
+	nb, err := h.GetOrCreate("s")
+	require.NoError(t, err)
+	assert.NotEqual(t, epoch, nb.Epoch(), "the next use starts a new epoch")
+}
+
+func TestHubExpiryNeverClosesASubscribedSession(t *testing.T) {
+	clock := newHubClock()
+	h := newTestHub(t, HubOptions{IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
+	b, err := h.GetOrCreate("s")
+	require.NoError(t, err)
+	s, err := b.Subscribe(context.Background(), SubscribeOptions{})
+	require.NoError(t, err)
+	clock.advance(time.Hour)
+	h.sweep()
+	_, ok := h.Lookup("s")
+	require.True(t, ok, "a session with a subscriber never expires")
+	assert.Zero(t, h.Stats().Expired)
+
+	s.Close() // the idle time starts now
+	clock.advance(59 * time.Second)
+	h.sweep()
+	_, ok = h.Lookup("s")
+	require.True(t, ok, "counted from the last subscriber leaving")
+	clock.advance(time.Second)
+	h.sweep()
+	_, ok = h.Lookup("s")
+	require.False(t, ok)
+}
+
+// A subscriber that comes between the sweep's first look and its decision
+// keeps the session: the decision is taken again under the bus lock.
+func TestHubExpiryRacesSubscribe(t *testing.T) {
+	clock := newHubClock()
+	h := newTestHub(t, HubOptions{IdleTimeout: time.Minute, MaxSessions: 5000, Bus: Options{Now: clock.now}})
+	const n = 2000
+	buses := make([]*EventBus, n)
+	for i := range buses {
+		var err error
+		buses[i], err = h.GetOrCreate("s" + strconv.Itoa(i))
+		require.NoError(t, err)
+	}
+	clock.advance(time.Hour)
+	subs := make([]*Subscription, n)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i, b := range buses {
+			subs[i], _ = b.Subscribe(context.Background(), SubscribeOptions{})
+		}
+	})
+	h.sweep()
+	wg.Wait()
+	for i, b := range buses {
+		if b.closedOrZero() {
+			// Expired first: its subscription is an ended one.
+			_, open := subs[i].AppendReady(nil)
+			assert.False(t, open)
+			continue
+		}
+		assert.Equal(t, 1, b.SubscriberCount())
+		_, ok := h.Lookup("s" + strconv.Itoa(i))
+		assert.True(t, ok)
+		subs[i].Close()
+	}
+}
+
+func TestHubFullOfIdleSessionsAdmitsANewOne(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const idle = 8 * time.Second // the goroutine sweeps every second
+		h := newTestHub(t, HubOptions{MaxSessions: 3, IdleTimeout: idle})
+		time.Sleep(500 * time.Millisecond) // between two sweeps
+		for _, id := range []string{"a", "b", "c"} {
+			_, err := h.Publish(id, hubEvent(1))
+			require.NoError(t, err)
+		}
+		_, err := h.GetOrCreate("d")
+		require.ErrorIs(t, err, ErrHubFull, "none idle yet")
+		b, _ := h.Lookup("b")
+		s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+		require.NoError(t, err)
+		// Past IdleTimeout, before the goroutine's next sweep: the full
+		// GetOrCreate makes room itself.
+		time.Sleep(idle + time.Millisecond)
+		assert.Equal(t, 3, h.Len())
+		_, err = h.GetOrCreate("d")
+		require.NoError(t, err)
+		_, ok := h.Lookup("b")
+		assert.True(t, ok, "the subscribed session stays")
+		assert.Equal(t, 2, h.Len())
+		assert.Equal(t, uint64(2), h.Stats().Expired)
+		s.Close()
+		require.NoError(t, h.Close())
+	})
+}
+
+// The hub's goroutine expires sessions by itself, and Close ends it.
+func TestHubGoroutineExpires(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h, err := NewHub(HubOptions{IdleTimeout: time.Minute})
+		require.NoError(t, err)
+		_, err = h.Publish("s", hubEvent(1))
+		require.NoError(t, err)
+		time.Sleep(time.Minute - time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, 1, h.Len())
+		time.Sleep(time.Minute/8 + time.Millisecond)
+		synctest.Wait()
+		assert.Zero(t, h.Len())
+		require.NoError(t, h.Close())
+		require.NoError(t, h.Close())
+		_, err = h.GetOrCreate("s")
+		require.ErrorIs(t, err, ErrClosed)
+		// synctest.Test fails if the goroutine is still running.
+	})
+}
+
+func TestHubShutdownDrains(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h, err := NewHub(HubOptions{})
+		require.NoError(t, err)
+		b, err := h.GetOrCreate("s")
+		require.NoError(t, err)
+		s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+		require.NoError(t, err)
+		for i := range 5 {
+			_, err := b.Publish(hubEvent(i))
+			require.NoError(t, err)
+		}
+		got := make(chan int)
+		go func() {
+			time.Sleep(time.Second) // a consumer that comes late
+			n := 0
+			for range s.Events() {
+				n++
+			}
+			got <- n
+		}()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		start := time.Now()
+		require.NoError(t, h.Shutdown(ctx))
+		assert.Less(t, time.Since(start), 2*time.Second)
+		assert.Equal(t, 5, <-got, "every queued frame reached the consumer")
+		_, err = h.GetOrCreate("t")
+		require.ErrorIs(t, err, ErrClosed)
+		_, err = h.Publish("s", hubEvent(1))
+		require.ErrorIs(t, err, ErrClosed)
+		_, ok := h.Lookup("s")
+		assert.False(t, ok)
+	})
+}
+
+func TestHubShutdownRespectsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h, err := NewHub(HubOptions{})
+		require.NoError(t, err)
+		b, err := h.GetOrCreate("s")
+		require.NoError(t, err)
+		s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+		require.NoError(t, err)
+		_, err = b.Publish(hubEvent(1))
+		require.NoError(t, err)
+		// Nobody reads s: Shutdown gives up at the deadline.
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		start := time.Now()
+		require.ErrorIs(t, h.Shutdown(ctx), context.DeadlineExceeded)
+		assert.Equal(t, 3*time.Second, time.Since(start).Round(10*time.Millisecond))
+		fs, open := s.AppendReady(nil)
+		assert.Empty(t, fs, "closed without drain")
+		assert.False(t, open)
+		require.NoError(t, h.Shutdown(t.Context()), "again: nothing left")
+	})
+}
+
+func TestHubStatsSum(t *testing.T) {
+	h := newTestHub(t, HubOptions{})
+	var want Stats
+	for i := range 5 {
+		id := "s" + strconv.Itoa(i)
+		for j := range i + 1 {
+			_, err := h.Publish(id, hubEvent(j))
+			require.NoError(t, err)
+		}
+		b, _ := h.Lookup(id)
+		require.NoError(t, b.Signal("sig", "x"))
+		_, err := b.Subscribe(t.Context(), SubscribeOptions{})
+		require.NoError(t, err)
+		want.add(b.Stats())
+	}
+	st := h.Stats()
+	assert.Equal(t, want, st.Buses)
+	assert.Equal(t, uint64(15), st.Buses.Published)
+	assert.Equal(t, uint64(5), st.Buses.Signals)
+	assert.Equal(t, 5, st.Buses.Subscribers)
+	assert.Equal(t, 15, st.Buses.RingLen)
+	held := 0
+	for _, b := range h.Sessions() {
+		for i := range b.ring.Len() {
+			f := b.ring.at(i)
+			held += len(f.wire) + len(f.typ)
+		}
+	}
+	assert.Equal(t, int64(held), st.RingBytes, "every byte of every frame")
+	assert.Greater(t, st.RingBytes, int64(st.Buses.RingBytes))
+	assert.Equal(t, st.RingBytes, h.budget.used.Load(), "the budget counts exactly the rings")
+	assert.Equal(t, int64(DefaultMaxTotalBytes), st.MaxTotalBytes)
+}
+
+// Stats.add sums every field: a field added to Stats and forgotten there
+// fails this test.
+func TestStatsAddEveryField(t *testing.T) {
+	var one Stats
+	fillOnes(t, &one)
+	var sum Stats
+	sum.add(one)
+	sum.add(one)
+	var two Stats
+	fillOnes(t, &two)
+	two.add(one)
+	assert.Equal(t, two, sum)
+	assert.NotEqual(t, one, sum)
+}
+
+// fillOnes sets every numeric field of *s, nested ones too, to 1, through
+// JSON so that no field can be missed.
+func fillOnes(t *testing.T, s *Stats) {
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(mustJSON(*s), &m))
+	var set func(m map[string]any)
+	set = func(m map[string]any) {
+		for k, v := range m {
+			if sub, ok := v.(map[string]any); ok {
+				set(sub)
+			} else {
+				m[k] = 1
+			}
+		}
+	}
+	set(m)
+	require.NoError(t, json.Unmarshal(mustJSON(m), s))
+}
+
+func TestHubLookupRequest(t *testing.T) {
+	h := newTestHub(t, HubOptions{})
+	mux := http.NewServeMux()
+	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupRequest})
+	for _, method := range []string{http.MethodGet, http.MethodHead} {
+		req := httptest.NewRequest(method, "/s/nobody/events", nil)
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		assert.Equal(t, http.StatusNotFound, w.Code, method)
+		if method == http.MethodGet {
+			assert.Contains(t, w.Body.String(), "session_not_found")
+		}
+	}
+	assert.Zero(t, h.Len(), "a GET or HEAD never creates a session")
+	_, err := h.LookupRequest(httptest.NewRequest("GET", "/", nil))
+	assert.ErrorIs(t, err, ErrSessionNotFound)
+}
+
+// sseFrame is one frame read from a stream.
+type sseFrame struct{ id, typ, data string }
+
+// hubStream GETs url with hdr and returns its frames up to and with the
+// first of type until.
+func hubStream(t *testing.T, url string, hdr http.Header, until string) []sseFrame {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var out []sseFrame
+	var cur sseFrame
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 4<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "id: "):
+			cur.id = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			cur.typ = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			cur.data = line[6:]
+		case line == "" && cur.typ != "":
+			out = append(out, cur)
+			if cur.typ == until {
+				return out
+			}
+			cur = sseFrame{}
+		}
+	}
+	t.Fatalf("stream ended before %s: %v (%v)", until, out, sc.Err())
+	return nil
+}
+
+// A resume across an idle expiry gets epoch_reset: through the Handler,
+// with epoch ids, with Event-Epoch, and with a bare id past the new bus.
+func TestHubResumeAcrossExpiryIsEpochReset(t *testing.T) {
+	clock := newHubClock()
+	h := newTestHub(t, HubOptions{IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
+	mux := http.NewServeMux()
+	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupRequest, EpochIDs: true})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	url := srv.URL + "/s/x/events"
+
+	for i := range 3 {
+		_, err := h.Publish("x", hubEvent(i))
+		require.NoError(t, err)
+	}
+	old, _ := h.Lookup("x")
+	oldEpoch := old.Epoch()
+	fs := hubStream(t, url, http.Header{"Last-Event-Id": {oldEpoch + ":1"}}, TypeReplayComplete)
+	require.Len(t, fs, 3)
+	assert.Equal(t, oldEpoch+":3", fs[1].id)
+
+	// The handler ends its subscription once it sees the client gone.
+	require.Eventually(t, func() bool { return old.SubscriberCount() == 0 }, 10*time.Second, time.Millisecond)
+	clock.advance(time.Minute)
+	h.sweep()
+	require.Zero(t, h.Len())
+	_, err := h.Publish("x", hubEvent(9)) // the session exists again
+	require.NoError(t, err)
+	nb, _ := h.Lookup("x")
+	require.NotEqual(t, oldEpoch, nb.Epoch())
+
+	for name, hdr := range map[string]http.Header{
+		"epoch id":    {"Last-Event-Id": {oldEpoch + ":3"}},
+		"Event-Epoch": {"Last-Event-Id": {"3"}, "Event-Epoch": {oldEpoch}},
+	} {
+		fs := hubStream(t, url, hdr, TypeReplayComplete)
+		require.Equal(t, TypeStateResyncRequired, fs[0].typ, name)
+		assert.Contains(t, fs[0].data, `"reason":"epoch_reset","detail":"epoch_mismatch"`, name)
+		assert.Contains(t, fs[0].data, `"epoch":"`+nb.Epoch()+`"`, name)
+	}
+	fs = hubStream(t, url, http.Header{"Last-Event-Id": {"3"}}, TypeReplayComplete)
+	require.Equal(t, TypeStateResyncRequired, fs[0].typ)
+	assert.Contains(t, fs[0].data, `"reason":"epoch_reset"`, "a cursor past the new bus's last id")
+}
+
+func TestHubPublishRetriesOnAnExpiredBus(t *testing.T) {
+	h := newTestHub(t, HubOptions{})
+	b, err := h.GetOrCreate("s")
+	require.NoError(t, err)
+	// Closed under the hub's feet, still in the map: Publish goes to a new
+	// bus.
+	require.NoError(t, b.Close())
+	f, err := h.Publish("s", hubEvent(1))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), f.ID())
+	nb, ok := h.Lookup("s")
+	require.True(t, ok)
+	assert.NotSame(t, b, nb)
+	assert.Equal(t, uint64(1), nb.LastEventID())
+	require.True(t, errors.Is(b.Signal("x", "y"), ErrClosed))
+}
+
+// A GetOrCreate racing Close either fails with ErrClosed or returns a bus
+// that Close closed: nothing is left open behind a closed hub.
+func TestHubCloseRacesGetOrCreate(t *testing.T) {
+	for range 20 {
+		h, err := NewHub(HubOptions{})
+		require.NoError(t, err)
+		var mu sync.Mutex
+		var got []*EventBus
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for i := range 200 {
+					b, err := h.GetOrCreate("g" + strconv.Itoa(g) + "-" + strconv.Itoa(i))
+					if err != nil {
+						assert.ErrorIs(t, err, ErrClosed)
+						return
+					}
+					mu.Lock()
+					got = append(got, b)
+					mu.Unlock()
+				}
+			})
+		}
+		require.NoError(t, h.Close())
+		wg.Wait()
+		for _, b := range got {
+			assert.True(t, b.closedOrZero())
+		}
+		assert.Zero(t, h.Len())
+	}
+}
