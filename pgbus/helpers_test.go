@@ -207,8 +207,6 @@ var (
 	waitFor = backplanetest.WaitFor
 )
 
-type frame = backplanetest.Frame
-
 // gate pauses a backplane's readers: while closed, a reader waits before
 // its next query. parked reports readers waiting.
 type gate struct {

@@ -26,71 +26,8 @@ func threeReplicas(t *testing.T, r *redisServer, opts Options) (a, b, c *replica
 // subscriber on every replica, with the same ids, bytes and order.
 func TestThreeReplicasOneOrder(t *testing.T) {
 	r := startRedis(t)
-	reps := []*replica{}
 	a, b, c := threeReplicas(t, r, testOptions(t))
-	reps = append(reps, a, b, c)
-	var subs []*sse
-	for _, rp := range reps {
-		for range 2 {
-			subs = append(subs, openSSE(t, rp, "s1", nil, ""))
-		}
-	}
-	const per = 100
-	var wg sync.WaitGroup
-	ids := make([][]uint64, len(reps))
-	for i, rp := range reps {
-		wg.Go(func() {
-			for n := range per {
-				id, _, err := rp.bp.Publish(context.Background(), "s1", eventbus.Event{
-					Type: "e", Data: map[string]int{"p": i, "n": n}})
-				if err != nil {
-					t.Errorf("%s: %v", rp.name, err)
-					return
-				}
-				ids[i] = append(ids[i], id)
-			}
-		})
-	}
-	wg.Wait()
-	seen := map[uint64]bool{}
-	for i := range ids {
-		for k, id := range ids[i] {
-			if seen[id] {
-				t.Fatalf("id %d assigned twice", id)
-			}
-			seen[id] = true
-			if k > 0 && id <= ids[i][k-1] {
-				t.Fatalf("publisher %d got id %d after %d", i, id, ids[i][k-1])
-			}
-		}
-	}
-	total := uint64(len(reps) * per)
-	var ref []frame
-	for i, s := range subs {
-		got := s.Events(int(total), wait)
-		wantIDs(t, got, 1, total)
-		if i == 0 {
-			ref = got
-			continue
-		}
-		for k := range got {
-			if got[k] != ref[k] {
-				t.Fatalf("subscriber %d frame %d = %+v, subscriber 0 has %+v", i, k, got[k], ref[k])
-			}
-		}
-	}
-	// Every publisher's events appear in its own order.
-	next := make([]int64, len(reps))
-	for _, f := range ref {
-		p, n := f.Num(t, "data", "p"), f.Num(t, "data", "n")
-		if n != next[p] {
-			t.Fatalf("publisher %d: event n=%d at id %d, want n=%d", p, n, f.ID, next[p])
-		}
-		next[p]++
-	}
-	if subs[0].Epoch == "" || subs[0].Epoch != subs[5].Epoch {
-		t.Fatalf("epochs differ across replicas: %q, %q", subs[0].Epoch, subs[5].Epoch)
-	}
+	backplanetest.ThreeReplicasOneOrder(t, a.shared, b.shared, c.shared)
 }
 
 // After the stream was trimmed past the cursor: ring_evicted, then what

@@ -69,10 +69,7 @@ func cluster(t *testing.T, n int, tune func(*eventbus.Options)) []*backplanetest
 }
 
 // Short names for the shared client and checks.
-type (
-	frame = backplanetest.Frame
-	sse   = backplanetest.Stream
-)
+type sse = backplanetest.Stream
 
 var (
 	wantIDs = backplanetest.WantIDs
