@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 )
 
@@ -66,5 +67,28 @@ func TestHandlerUsesOnlyExportedAPI(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log("expose what the Handler needs as documented exported API (see Subscription.TakeReady and its kin), or move the helper into the Handler's files")
+	}
+}
+
+// TestPackageDocIsInDocGo checks the package's front door: doc.go holds
+// the package comment, and no other file holds one (go doc would show
+// them all, in file order, before anything else).
+func TestPackageDocIsInDocGo(t *testing.T) {
+	pkg, err := build.ImportDir(".", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	for _, name := range append(pkg.GoFiles, pkg.TestGoFiles...) {
+		f, err := parser.ParseFile(fset, filepath.Join(pkg.Dir, name), nil, parser.PackageClauseOnly|parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case name == "doc.go" && (f.Doc == nil || !strings.HasPrefix(f.Doc.Text(), "Package eventbus ")):
+			t.Errorf("doc.go has no package comment starting %q", "Package eventbus ")
+		case name != "doc.go" && f.Doc != nil:
+			t.Errorf("%s has a package comment; it belongs in doc.go", name)
+		}
 	}
 }

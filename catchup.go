@@ -112,7 +112,7 @@ func (s *Subscription) catchUp(dst []Frame, sizes *[]int, taken queueCounts) []F
 // it from there.
 func (s *Subscription) catchUpFast(dst []Frame, sizes *[]int, taken queueCounts) (out []Frame, counts queueCounts, ok bool) {
 	b, q := s.bus, &s.q
-	if !s.lagging.Load() || q.held.Load() {
+	if !s.lagging.Load() || q.isHeld() {
 		// Rejoined, or a backplane resume holds the queue until its
 		// history is in front: the ring must not go ahead of it.
 		return dst, taken, true
@@ -124,22 +124,11 @@ func (s *Subscription) catchUpFast(dst []Frame, sizes *[]int, taken queueCounts)
 		return dst, taken, true // unregistered, or read up to the newest: the next publish hands it over
 	}
 	// Behind, s gets no live push but signals (and forced frames), which
-	// take q.mu, and the one event of a hand-over, which ends this pass:
-	// under q.mu, what is queued is counted exactly from the entries
-	// themselves. What this read may take is counted (reserved) before
-	// q.mu is let go: a signal pushed to s meanwhile then sees the caps as
-	// they will be once the batch is in, never below.
-	q.mu.Lock()
-	c := q.queuedLiveLocked()
-	u := q.unyielded.Load()
-	c.liveCount += taken.liveCount + int(u>>unyieldedShift)
-	c.liveBytes += taken.liveBytes + int(u&unyieldedBytesMask)
-	var reserved uint64
-	if sizes != nil && c.liveCount < c.maxQueued {
-		reserved = unyieldedOf(c.maxQueued-c.liveCount, max(c.maxBytes-c.liveBytes, 0))
-		q.unyielded.Store(q.unyielded.Load() + reserved)
-	}
-	q.mu.Unlock()
+	// the queue takes under its lock, and the one event of a hand-over,
+	// which ends this pass: reserveBatch counts what is queued exactly, and
+	// reserves what this read may take, so a signal pushed to s meanwhile
+	// sees the caps as they will be once the batch is in, never below.
+	c, reserved := q.reserveBatch(taken, sizes != nil)
 	start, sizesStart := len(dst), 0
 	if sizes != nil {
 		sizesStart = len(*sizes)
@@ -180,7 +169,7 @@ func (s *Subscription) catchUpFast(dst []Frame, sizes *[]int, taken queueCounts)
 		held, ok = queueCounts{}, true
 	}
 	if sizes != nil {
-		q.unyielded.Store(q.unyielded.Load() - reserved + unyieldedOf(held.liveCount, held.liveBytes))
+		q.addUnyielded(held.liveCount, held.liveBytes, reserved)
 	} else {
 		taken.liveCount += held.liveCount
 		taken.liveBytes += held.liveBytes
@@ -199,7 +188,7 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int, taken queueCounts)
 	now := b.now() // the clock is read outside the lock
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !s.behind || q.held.Load() {
+	if !s.behind || q.isHeld() {
 		return dst, false
 	}
 	s.progress.Store(now)
@@ -267,7 +256,7 @@ func (s *Subscription) catchUpStep(dst []Frame, sizes *[]int, taken queueCounts)
 	s.cursor.Store(cursor)
 	if heldLive > 0 {
 		// Before the lock is released: the next push must see them.
-		q.unyielded.Store(q.unyielded.Load() + unyieldedOf(heldLive, heldBytes))
+		q.addUnyielded(heldLive, heldBytes, 0)
 	}
 	b.stats.catchUpServed.Add(served)
 	if cursor >= b.nextID {
@@ -304,7 +293,7 @@ func (b *EventBus) sweepStalled() {
 // the ring, within its caps for the whole batch.
 func (s *Subscription) takeBehind(dst []Frame, sizes *[]int) (frames []Frame, open bool) {
 	q := &s.q
-	live0, bytes0 := q.poppedLive.Load(), q.poppedBytes.Load()
+	live0, bytes0 := q.popped()
 	// The consumer declares itself waiting when its queue is empty even
 	// though the ring fills its batch: a signal pushed meanwhile then
 	// wakes it, whatever the ring gave.
@@ -314,8 +303,9 @@ func (s *Subscription) takeBehind(dst []Frame, sizes *[]int) (frames []Frame, op
 		if sizes == nil {
 			// Returned to the caller, they count no more, but this batch
 			// stays within the caps.
-			taken.liveCount = int(q.poppedLive.Load() - live0)
-			taken.liveBytes = int(q.poppedBytes.Load() - bytes0)
+			live, bytes := q.popped()
+			taken.liveCount = int(live - live0)
+			taken.liveBytes = int(bytes - bytes0)
 		}
 		frames = s.catchUp(frames, sizes, taken)
 	} else {

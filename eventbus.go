@@ -207,14 +207,8 @@ type fanout struct {
 	now     int64
 	diags   []Diagnostic
 	evicted []eviction
-	// behind is set when a subscriber's queue is past the warning
-	// threshold after this publish and its yield budget is not spent.
-	behind bool
-	// urgent is the first such queue that is past 90% of a cap, and
-	// urgentPopped the live frames and bytes its consumer must have popped
-	// in all for it to be back under 90% of both (see finish); nil if none.
-	urgent       *boundedAsyncQueue
-	urgentPopped [2]int64
+	// yield is the publisher's yield after the lock (see yield.go).
+	yield yieldPlan
 	// wake holds the queues whose consumers push reported waiting, woken
 	// by finish (see boundedAsyncQueue.push); from wakePool, nil if none.
 	wake *[]*boundedAsyncQueue
@@ -417,18 +411,7 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			if d, ok := s.checkWarningLocked(c, lastID); ok {
 				out.diags = append(out.diags, d)
 			}
-			// Under OverflowCatchUp an overflow loses nothing, so there
-			// is nothing to yield for.
-			if s.policy != OverflowCatchUp && s.yieldFor(c) {
-				out.behind = true
-				if out.urgent == nil && nearlyFull(c) {
-					out.urgent = &s.q
-					out.urgentPopped = [2]int64{
-						s.q.poppedLive.Load() + int64(c.liveCount-c.maxQueued*9/10) + 1,
-						s.q.poppedBytes.Load() + int64(c.liveBytes-c.maxBytes/10*9) + 1,
-					}
-				}
-			}
+			out.yield.note(s, c)
 		case pushCoalesced:
 			b.stats.dropCoalesced.Add(1)
 		case pushRejectedFrames, pushRejectedBytes:
@@ -471,8 +454,8 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 }
 
 // finish wakes the consumers a publish queued frames for, ends the
-// subscribers it evicted and emits its diagnostics, after the lock is
-// released.
+// subscribers it evicted, emits its diagnostics and yields the processor
+// if its plan says so (see yield.go), after the lock is released.
 func (b *EventBus) finish(out *fanout) {
 	if w := out.wake; w != nil {
 		for _, q := range *w {
@@ -486,29 +469,7 @@ func (b *EventBus) finish(out *fanout) {
 		out.diags = append(out.diags, ev.s.evict(ev))
 	}
 	b.emit(out.diags...)
-	if out.behind {
-		// A subscriber is past 75% of a cap. Often it is not slow at all:
-		// its goroutine was woken but not scheduled yet, because this
-		// publisher holds the processor (GOMAXPROCS is small, the publisher
-		// runs a tight loop). Yield so it can run before it is evicted:
-		// once, and past 90% until the first such consumer is back under
-		// 90% or maxUrgentYields more yields went by. A fixed 4 yields
-		// there still lost a healthy consumer in about one tight stall
-		// run in sixteen once Publish got faster (BENCHMARKS.md). This
-		// never waits for anyone: with nothing else to run Gosched returns
-		// at once, and a consumer that runs drains its whole queue. A
-		// subscription that nobody has ever read from costs one yield
-		// episode at most (Subscription.yieldFor).
-		yieldProcessor()
-		if q := out.urgent; q != nil {
-			for range maxUrgentYields {
-				if q.poppedLive.Load() >= out.urgentPopped[0] && q.poppedBytes.Load() >= out.urgentPopped[1] {
-					break
-				}
-				yieldProcessor()
-			}
-		}
-	}
+	out.yield.run()
 }
 
 // compactSubsLocked removes the nil slots Publish left for evicted

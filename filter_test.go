@@ -109,9 +109,9 @@ func TestFilterEmptyMatchesEverything(t *testing.T) {
 		assert.True(t, f.match("anything"))
 		b := newBus(t, Options{})
 		s := subscribe(t, b, SubscribeOptions{Types: types})
-		pub11(t, b, "x")
-		pub11(t, b, "y.z")
-		assert.Equal(t, []string{"#1", "#2"}, coreDescribe(readyNow(s)))
+		publishType(t, b, "x")
+		publishType(t, b, "y.z")
+		assert.Equal(t, []string{"#1", "#2"}, describe(readyNow(s)))
 	}
 }
 
@@ -135,16 +135,16 @@ func TestFilterMatchDoesNotAllocate(t *testing.T) {
 
 func TestFilterSyntheticFramesAlwaysPass(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16})
-	pubN11(t, b, "other", 3)
+	publishTypeN(t, b, "other", 3)
 	// Epoch mismatch: state_resync_required, then replay_complete; none of
 	// the ring's events match.
 	s := subscribe(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 1, Epoch: "not-this-bus"})
-	pubN11(t, b, "zzz", 17) // warning at 12, eviction at 17
-	fs := coreCollect(s)
-	assert.Equal(t, coreSeq(TypeStateResyncRequired, TypeReplayComplete, coreIDs(4, 15), TypeSlowClientWarning, coreIDs(16, 19), TypeClientEvicted),
-		coreDescribe(fs))
-	assert.Contains(t, coreData(t, fs[0]), `"detail":"epoch_mismatch"`)
-	assert.Contains(t, coreData(t, fs[1]), `"replayedCount":0`)
+	publishTypeN(t, b, "zzz", 17) // warning at 12, eviction at 17
+	fs := collectEvents(s)
+	assert.Equal(t, seqOf(TypeStateResyncRequired, TypeReplayComplete, idRange(4, 15), TypeSlowClientWarning, idRange(16, 19), TypeClientEvicted),
+		describe(fs))
+	assert.Contains(t, dataOf(t, fs[0]), `"detail":"epoch_mismatch"`)
+	assert.Contains(t, dataOf(t, fs[1]), `"replayedCount":0`)
 }
 
 func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
@@ -161,80 +161,80 @@ func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
 	assert.Zero(t, st.Warnings)
 	assert.Equal(t, EvictionStats{}, st.Evictions)
 
-	pub11(t, b, "wanted.x")
-	assert.Equal(t, []string{"#10001"}, coreDescribe(readyNow(s)))
+	publishType(t, b, "wanted.x")
+	assert.Equal(t, []string{"#10001"}, describe(readyNow(s)))
 }
 
 func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
 	b := newBus(t, Options{})
 	for _, typ := range []string{"a", "b", "a.x", "b", "c", "a.y", "b"} { // #1..#7
-		pub11(t, b, typ)
+		publishType(t, b, typ)
 	}
 	s := subscribe(t, b, SubscribeOptions{Types: []string{"a", "a.*"}, Resume: true, LastEventID: 0})
 	fs := readyNow(s)
-	assert.Equal(t, []string{"#1", "#3", "#6", TypeReplayComplete}, coreDescribe(fs))
+	assert.Equal(t, []string{"#1", "#3", "#6", TypeReplayComplete}, describe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":3,"lastReplayedEventId":6,"lastEventId":6,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[3]))
+		dataOf(t, fs[3]))
 
 	// Nothing after the cursor matches: replayedCount 0.
 	s2 := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
 	fs = readyNow(s2)
-	assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
-	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), coreData(t, fs[0]))
+	assert.Equal(t, []string{TypeReplayComplete}, describe(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), dataOf(t, fs[0]))
 }
 
 func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
 	b := newBus(t, Options{ReplayBudgetBytes: 250})
-	pubSized11(t, b, "a", 100)  // #1
-	pubSized11(t, b, "b", 1000) // #2: filtered out, does not spend the budget
-	pubSized11(t, b, "a", 100)  // #3: 200
-	pubSized11(t, b, "a", 100)  // #4: 300 > 250, not replayed
-	pubSized11(t, b, "b", 100)  // #5: filtered out, not counted as dropped
-	pubSized11(t, b, "a", 100)  // #6: not replayed
+	publishSized(t, b, "a", 100)  // #1
+	publishSized(t, b, "b", 1000) // #2: filtered out, does not spend the budget
+	publishSized(t, b, "a", 100)  // #3: 200
+	publishSized(t, b, "a", 100)  // #4: 300 > 250, not replayed
+	publishSized(t, b, "b", 100)  // #5: filtered out, not counted as dropped
+	publishSized(t, b, "a", 100)  // #6: not replayed
 
 	s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
 	fs := readyNow(s)
-	assert.Equal(t, []string{"#1", "#3", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
+	assert.Equal(t, []string{"#1", "#3", TypeStateResyncRequired, TypeReplayComplete}, describe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"replay_budget_exceeded","lastDeliveredId":3,"earliestAvailableId":4,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[2]))
+		dataOf(t, fs[2]))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":2,"lastReplayedEventId":3,"lastEventId":3,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[3]))
+		dataOf(t, fs[3]))
 	st := b.Stats()
 	assert.Equal(t, uint64(2), st.Dropped.ReplayBudget, "#4 and #6; the filtered-out #5 is not due to this subscriber")
 	assert.Equal(t, uint64(1), st.Resyncs.ReplayBudgetExceeded)
 
 	// The first matching frame is replayed whatever its size.
 	b2 := newBus(t, Options{ReplayBudgetBytes: 250})
-	pubSized11(t, b2, "b", 100)
-	pubSized11(t, b2, "a", 1000)
+	publishSized(t, b2, "b", 100)
+	publishSized(t, b2, "a", 1000)
 	s2 := subscribe(t, b2, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
-	assert.Equal(t, []string{"#2", TypeReplayComplete}, coreDescribe(readyNow(s2)))
+	assert.Equal(t, []string{"#2", TypeReplayComplete}, describe(readyNow(s2)))
 }
 
 func TestFilterResyncRulesGoByIDs(t *testing.T) {
 	b := newBus(t, Options{RingSize: 3})
 	for _, typ := range []string{"a", "b", "b", "b", "a"} { // the ring holds #3..#5
-		pub11(t, b, typ)
+		publishType(t, b, typ)
 	}
 	t.Run("ring_evicted although the evicted ids were filtered out", func(t *testing.T) {
 		// #2, gone from the ring, is a "b" the subscriber would not have
 		// received: the rule still goes by ids.
 		s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
 		fs := readyNow(s)
-		assert.Equal(t, []string{TypeStateResyncRequired, "#5", TypeReplayComplete}, coreDescribe(fs))
+		assert.Equal(t, []string{TypeStateResyncRequired, "#5", TypeReplayComplete}, describe(fs))
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"ring_evicted","lastDeliveredId":1,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
-			coreData(t, fs[0]))
+			dataOf(t, fs[0]))
 	})
 	t.Run("no resync at the ring start although nothing there matches", func(t *testing.T) {
 		s := subscribe(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 2})
-		assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(readyNow(s)))
+		assert.Equal(t, []string{TypeReplayComplete}, describe(readyNow(s)))
 	})
 	t.Run("epoch_reset by ids", func(t *testing.T) {
 		s := subscribe(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 9})
 		fs := readyNow(s)
-		assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
+		assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, describe(fs))
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"epoch_reset","lastDeliveredId":9,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
-			coreData(t, fs[0]))
+			dataOf(t, fs[0]))
 	})
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Resyncs.RingEvicted)
@@ -246,9 +246,9 @@ func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
 	s := subscribe(t, b, SubscribeOptions{Types: []string{"keep.*"}})
 	for i := range 100 {
 		if i%3 == 0 {
-			pub11(t, b, "keep.x")
+			publishType(t, b, "keep.x")
 		} else {
-			pub11(t, b, "drop")
+			publishType(t, b, "drop")
 		}
 	}
 	fs := readyNow(s)
@@ -260,19 +260,19 @@ func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
 
 func TestFilterOverHTTP(t *testing.T) {
 	b := newBus(t, Options{})
-	srv := server11(t, b)
-	resp := get11(t, srv, srv.URL+"/?types="+url.QueryEscape("a,b.*"))
+	srv := serveBus(t, b)
+	resp := httpGet(t, srv, srv.URL+"/?types="+url.QueryEscape("a,b.*"))
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, 1, b.SubscriberCount())
 
 	for _, typ := range []string{"a", "b", "b.x", "c", "a.y", "ab"} { // #1..#6
-		pub11(t, b, typ)
+		publishType(t, b, typ)
 	}
-	sig11(t, b, "b.sig", "r")
-	sig11(t, b, "c", "r")
-	pub11(t, b, "b.x.y") // #7
-	pub11(t, b, "a")     // #8
+	sendSignal(t, b, "b.sig", "r")
+	sendSignal(t, b, "c", "r")
+	publishType(t, b, "b.x.y") // #7
+	publishType(t, b, "a")     // #8
 
 	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.ID == "8" })
 	var got []string
@@ -284,12 +284,12 @@ func TestFilterOverHTTP(t *testing.T) {
 
 func TestFilterOverHTTPRepeatedParameter(t *testing.T) {
 	b := newBus(t, Options{})
-	srv := server11(t, b)
-	resp := get11(t, srv, srv.URL+"/?types=a&types=b.*")
+	srv := serveBus(t, b)
+	resp := httpGet(t, srv, srv.URL+"/?types=a&types=b.*")
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	for _, typ := range []string{"a", "c", "b.x"} {
-		pub11(t, b, typ)
+		publishType(t, b, typ)
 	}
 	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.ID == "3" })
 	require.Len(t, evs, 2)
@@ -299,9 +299,9 @@ func TestFilterOverHTTPRepeatedParameter(t *testing.T) {
 
 func TestFilterOverHTTPInvalidIs400(t *testing.T) {
 	b := newBus(t, Options{})
-	srv := server11(t, b)
+	srv := serveBus(t, b)
 	for _, types := range []string{"A.*", "a,b..*", "a*", "*", "a.*.b", strings.Repeat("a", 257)} {
-		resp := get11(t, srv, srv.URL+"/?types="+url.QueryEscape(types))
+		resp := httpGet(t, srv, srv.URL+"/?types="+url.QueryEscape(types))
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		require.NoError(t, err)

@@ -23,13 +23,30 @@ const (
 	TypeStreamError = "stream_error"
 )
 
-// Resync and eviction reasons, as they appear in frame data.
+// Resync and eviction reasons, as they appear in frame data: the "reason"
+// of state_resync_required (SPEC 5, 11) and of client_evicted (SPEC 7).
 const (
-	ReasonEpochReset           = "epoch_reset"
-	ReasonRingEvicted          = "ring_evicted"
+	// ReasonEpochReset (resync): the client's cursor is of another epoch,
+	// or ahead of the bus.
+	ReasonEpochReset = "epoch_reset"
+	// ReasonRingEvicted (resync): the ring, or a backplane's log, no longer
+	// holds what the client missed.
+	ReasonRingEvicted = "ring_evicted"
+	// ReasonReplayBudgetExceeded (resync): a resume would replay more than
+	// Options.ReplayBudgetBytes.
 	ReasonReplayBudgetExceeded = "replay_budget_exceeded"
-	ReasonQueueOverflow        = "queue_overflow"
-	ReasonQueueBytesOverflow   = "queue_bytes_overflow"
+	// ReasonQueueOverflow and ReasonQueueBytesOverflow (eviction, or the
+	// resync of OverflowResync): the frame cap, or the byte cap, rejected a
+	// live push.
+	ReasonQueueOverflow      = "queue_overflow"
+	ReasonQueueBytesOverflow = "queue_bytes_overflow"
+	// ReasonRepeatedOverflow (eviction): OverflowResync's third overflow
+	// within OverflowWindow.
+	ReasonRepeatedOverflow = "repeated_overflow"
+	// ReasonCatchUpStalled (eviction): a subscriber under OverflowCatchUp
+	// whose consumer took nothing for CatchUpStallTimeout while it was
+	// behind.
+	ReasonCatchUpStalled = "catch_up_stalled"
 )
 
 // errorKind values of stream_error frames: what a client does next.
@@ -320,12 +337,3 @@ func evictedFrame(reason string, droppedAfter uint64, c queueCounts, eventBytes 
 	}
 	return syntheticFrame(TypeClientEvicted, kindTerminal, d.bytes(), ts)
 }
-
-// ReasonCatchUpStalled is the client_evicted reason of a subscriber under
-// OverflowCatchUp whose consumer took nothing for CatchUpStallTimeout while
-// it was behind.
-const ReasonCatchUpStalled = "catch_up_stalled"
-
-// ReasonRepeatedOverflow is the client_evicted reason of OverflowResync's
-// third overflow within OverflowWindow.
-const ReasonRepeatedOverflow = "repeated_overflow"

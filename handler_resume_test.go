@@ -95,8 +95,9 @@ func TestHandlerResume(t *testing.T) {
 
 func TestHandlerMalformedLastEventID(t *testing.T) {
 	e := newEnv(t, envOptions{maxHeaderBytes: 16 << 20})
-	huge := strings.Repeat("9", 10<<20)               // 10 MB of digits: overflows early
-	hugeJunk := strings.Repeat("\u00e9x", (10<<20)/3) // 10 MB, cut inside a rune at 64 bytes
+	size := pick(1<<20, 10<<20, 10<<20)           // 1 MB with -short
+	huge := strings.Repeat("9", size)             // 10 MB of digits: overflows early
+	hugeJunk := strings.Repeat("\u00e9x", size/3) // 10 MB, cut inside a rune at 64 bytes
 	values := []string{
 		"abc", "-1", "+1", "1.0", " 1", "1 ", "0x1", "1e3", "1_000",
 		"9007199254740992",     // 2^53
@@ -153,7 +154,7 @@ func TestHandlerMalformedLastEventID(t *testing.T) {
 		{"NUL", "1\x00", ""},
 		{"10 MB non-digits header", hugeJunk, ""},
 		{"10 MB digits query", "", huge},
-		{"10 MB non-digits query", "", strings.Repeat("x", 10<<20)},
+		{"10 MB non-digits query", "", strings.Repeat("x", size)},
 	} {
 		t.Run("in memory "+tc.name, func(t *testing.T) {
 			logs := &logCapture{}

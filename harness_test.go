@@ -455,55 +455,43 @@ func (c *sseStream) rest() []sseRecord {
 }
 
 // ---------------------------------------------------------------------------
-// Helpers shared by the package's tests.
+// Frames: publishing, reading and describing them.
 
-func corePublish(t testing.TB, b *EventBus, e Event) Frame {
+// publishEvent publishes e.
+func publishEvent(t testing.TB, b *EventBus, e Event) Frame {
 	t.Helper()
 	f, err := b.Publish(e)
 	require.NoError(t, err)
 	return f
 }
 
-// corePublishN publishes n events of type "t" with data {"n":i}.
-func corePublishN(t testing.TB, b *EventBus, n int) []Frame {
+// publishNumbered publishes n events of type "t" with data {"n":i}.
+func publishNumbered(t testing.TB, b *EventBus, n int) []Frame {
 	t.Helper()
 	fs := make([]Frame, 0, n)
 	for i := range n {
-		fs = append(fs, corePublish(t, b, Event{Type: "t", Data: map[string]int{"n": i}}))
+		fs = append(fs, publishEvent(t, b, Event{Type: "t", Data: map[string]int{"n": i}}))
 	}
 	return fs
 }
 
-// coreEnvelopeBase is the size of the envelope of an event of type "t" with
-// data "" published as id by a newCoreBus bus.
-func coreEnvelopeBase(id uint64) int {
-	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"t","data":"","_meta":{"serverTimestamp":%d}}`, id, testStamp))
+// envelopeBase is the size of the envelope of an event of type typ with
+// data "" published as id by a newBus bus.
+func envelopeBase(id uint64, typ string) int {
+	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":%q,"data":"","_meta":{"serverTimestamp":%d}}`, id, typ, testStamp))
 }
 
-// coreSizedEvent returns an event whose envelope is exactly size bytes when it
-// is published as id by a newCoreBus bus.
-func coreSizedEvent(t testing.TB, id uint64, size int) Event {
+// sizedEvent returns an event whose envelope is exactly size bytes when it
+// is published as id by a newBus bus.
+func sizedEvent(t testing.TB, id uint64, size int) Event {
 	t.Helper()
-	base := coreEnvelopeBase(id)
+	base := envelopeBase(id, "t")
 	require.GreaterOrEqual(t, size, base, "an envelope cannot be smaller than %d bytes", base)
 	return Event{Type: "t", Data: strings.Repeat("x", size-base)}
 }
 
-// corePublishSized publishes the next event with an envelope of exactly size
-// bytes (single publisher).
-func corePublishSized(t testing.TB, b *EventBus, size int) Frame {
-	t.Helper()
-	f := corePublish(t, b, coreSizedEvent(t, b.LastEventID()+1, size))
-	require.Equal(t, size, f.Size())
-	return f
-}
-
-// pending returns every frame ready now, without waiting, and whether the
-// subscription is still open.
-func corePending(s *Subscription) ([]Frame, bool) { return s.AppendReady(nil) }
-
-// collect ranges over Events until the subscription ends.
-func coreCollect(s *Subscription) []Frame {
+// collectEvents ranges over Events until the subscription ends.
+func collectEvents(s *Subscription) []Frame {
 	var fs []Frame
 	for f := range s.Events() {
 		fs = append(fs, f)
@@ -511,9 +499,9 @@ func coreCollect(s *Subscription) []Frame {
 	return fs
 }
 
-// coreDescribe renders frames for order assertions: "#<id>" for events,
+// describe renders frames for order assertions: "#<id>" for events,
 // "sig:<type>/<about>" for signals, the type for synthetic frames.
-func coreDescribe(fs []Frame) []string {
+func describe(fs []Frame) []string {
 	out := make([]string, 0, len(fs))
 	for _, f := range fs {
 		switch {
@@ -529,7 +517,7 @@ func coreDescribe(fs []Frame) []string {
 }
 
 // ids renders "#from".."#to".
-func coreIDs(from, to uint64) []string {
+func idRange(from, to uint64) []string {
 	var out []string
 	for i := from; i <= to; i++ {
 		out = append(out, fmt.Sprintf("#%d", i))
@@ -537,7 +525,7 @@ func coreIDs(from, to uint64) []string {
 	return out
 }
 
-func coreSeq(parts ...any) []string {
+func seqOf(parts ...any) []string {
 	var out []string
 	for _, p := range parts {
 		switch p := p.(type) {
@@ -552,8 +540,8 @@ func coreSeq(parts ...any) []string {
 	return out
 }
 
-// coreData returns the raw "data" member of a frame's envelope.
-func coreData(t testing.TB, f Frame) string {
+// dataOf returns the raw "data" member of a frame's envelope.
+func dataOf(t testing.TB, f Frame) string {
 	t.Helper()
 	var env struct {
 		Data json.RawMessage `json:"data"`
@@ -562,11 +550,11 @@ func coreData(t testing.TB, f Frame) string {
 	return string(env.Data)
 }
 
-// coreWithEpoch replaces EPOCH in s by the bus epoch.
-func coreWithEpoch(b *EventBus, s string) string { return strings.ReplaceAll(s, "EPOCH", b.Epoch()) }
+// withEpoch replaces EPOCH in s by the bus epoch.
+func withEpoch(b *EventBus, s string) string { return strings.ReplaceAll(s, "EPOCH", b.Epoch()) }
 
-// coreOfType returns the frames of the given type.
-func coreOfType(fs []Frame, typ string) []Frame {
+// ofType returns the frames of the given type.
+func ofType(fs []Frame, typ string) []Frame {
 	var out []Frame
 	for _, f := range fs {
 		if f.Type() == typ {
@@ -576,7 +564,7 @@ func coreOfType(fs []Frame, typ string) []Frame {
 	return out
 }
 
-func coreSumSizes(fs []Frame) int {
+func sumSizes(fs []Frame) int {
 	n := 0
 	for _, f := range fs {
 		n += f.Size()
@@ -584,10 +572,10 @@ func coreSumSizes(fs []Frame) int {
 	return n
 }
 
-// coreWatchCtx is a cancellable context that implements the AfterFunc method
+// watchCtx is a cancellable context that implements the AfterFunc method
 // context.AfterFunc delegates to, so a test can count the callbacks still
 // registered on it ("is the bus still watching this context?").
-type coreWatchCtx struct {
+type watchCtx struct {
 	mu   sync.Mutex
 	done chan struct{}
 	err  error
@@ -595,21 +583,21 @@ type coreWatchCtx struct {
 	fns  map[int]func()
 }
 
-func newCoreWatchCtx() *coreWatchCtx {
-	return &coreWatchCtx{done: make(chan struct{}), fns: map[int]func(){}}
+func newWatchCtx() *watchCtx {
+	return &watchCtx{done: make(chan struct{}), fns: map[int]func(){}}
 }
 
-func (c *coreWatchCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (c *coreWatchCtx) Done() <-chan struct{}       { return c.done }
-func (c *coreWatchCtx) Value(any) any               { return nil }
+func (c *watchCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c *watchCtx) Done() <-chan struct{}       { return c.done }
+func (c *watchCtx) Value(any) any               { return nil }
 
-func (c *coreWatchCtx) Err() error {
+func (c *watchCtx) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
 }
 
-func (c *coreWatchCtx) AfterFunc(f func()) func() bool {
+func (c *watchCtx) AfterFunc(f func()) func() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
@@ -628,7 +616,7 @@ func (c *coreWatchCtx) AfterFunc(f func()) func() bool {
 	}
 }
 
-func (c *coreWatchCtx) cancel() {
+func (c *watchCtx) cancel() {
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -645,15 +633,15 @@ func (c *coreWatchCtx) cancel() {
 }
 
 // watchers returns how many callbacks are registered.
-func (c *coreWatchCtx) watchers() int {
+func (c *watchCtx) watchers() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.fns)
 }
 
 // ---------------------------------------------------------------------------
-// Test harness: buses with a fixed clock, captured logs, a real loopback
-// server, an SSE client on top of the strict parser, and in-memory writers.
+// The Handler: the frames a client expects, a real loopback server
+// (testEnv), and in-memory response writers.
 
 // publishN publishes n events of type "e" whose data is their own id.
 func publishN(t *testing.T, b *EventBus, n int) []Frame {
@@ -1132,4 +1120,80 @@ func hdr(kv ...string) http.Header {
 		h.Add(kv[i], kv[i+1])
 	}
 	return h
+}
+
+// ---------------------------------------------------------------------------
+// More publishing, signalling, and serving one bus over HTTP.
+
+// publishType publishes an event of type typ without data.
+func publishType(t testing.TB, b *EventBus, typ string) Frame {
+	t.Helper()
+	f, err := b.Publish(Event{Type: typ})
+	require.NoError(t, err)
+	return f
+}
+
+// publishTypeN publishes n events of type typ and returns the id of the last.
+func publishTypeN(t testing.TB, b *EventBus, typ string, n int) uint64 {
+	t.Helper()
+	var id uint64
+	for range n {
+		id = publishType(t, b, typ).ID()
+	}
+	return id
+}
+
+// sendSignal sends a signal.
+func sendSignal(t testing.TB, b *EventBus, typ, about string) {
+	t.Helper()
+	require.NoError(t, b.Signal(typ, about))
+}
+
+// publishSized publishes the next event of type typ with an envelope of
+// exactly size bytes; it needs the fixed clock of newBus and a single
+// publisher.
+func publishSized(t testing.TB, b *EventBus, typ string, size int) Frame {
+	t.Helper()
+	base := envelopeBase(b.LastEventID()+1, typ)
+	require.GreaterOrEqual(t, size, base, "an envelope cannot be smaller than %d bytes", base)
+	f, err := b.Publish(Event{Type: typ, Data: strings.Repeat("x", size-base)})
+	require.NoError(t, err)
+	require.Equal(t, size, f.Size())
+	return f
+}
+
+// stampOf returns a frame's _meta.serverTimestamp.
+func stampOf(t testing.TB, f Frame) int64 {
+	t.Helper()
+	var env struct {
+		Meta struct {
+			TS int64 `json:"serverTimestamp"`
+		} `json:"_meta"`
+	}
+	require.NoError(t, json.Unmarshal(f.JSON(), &env))
+	return env.Meta.TS
+}
+
+// serveBus serves b with Handler on a test server, closed when the test
+// ends (close every response body before).
+func serveBus(t testing.TB, b *EventBus) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(&Handler{
+		Lookup: func(*http.Request) (*EventBus, error) { return b, nil },
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// httpGet starts a GET of url bounded by a timeout; the caller closes the body.
+func httpGet(t testing.TB, srv *httptest.Server, url string) *http.Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	return resp
 }

@@ -169,7 +169,8 @@ func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
 	}
 }
 
-// TestHostileHugeLastEventID sends a 10 MB Last-Event-ID header (the server
+// TestHostileHugeLastEventID sends a 10 MB Last-Event-ID header (1 MB with
+// -short; the server
 // accepts 16 MiB of headers): the stream is live only (no replay, no
 // replay_complete), the value is logged once, quoted and truncated to 64
 // bytes, and nothing is retained.
@@ -182,10 +183,11 @@ func TestHostileHugeLastEventID(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	size := pick(1<<20, 10<<20, 10<<20) // 1 MB with -short
 	for i, huge := range []string{
-		strings.Repeat("9", 10<<20),         // digits that overflow 2^53 early
-		strings.Repeat("1 OR 1=1; ", 1<<20), // 10 MB of junk
-		"1" + strings.Repeat("0", 10<<20-1), // a 10 MB number
+		strings.Repeat("9", size),             // digits that overflow 2^53 early
+		strings.Repeat("1 OR 1=1; ", size/10), // 10 MB of junk
+		"1" + strings.Repeat("0", size-1),     // a 10 MB number
 	} {
 		s := hostileGet(t, ts, "/session/s/events", http.Header{"Last-Event-Id": {huge}})
 		if s.resp.StatusCode != http.StatusOK {
@@ -333,12 +335,13 @@ func TestHostileClientNeverReads(t *testing.T) {
 	t.Logf("a client that never reads was dropped %v after Publish of the 12 MiB event returned (WriteTimeout 300ms)", gone.Round(time.Millisecond))
 }
 
-// TestHostileFloodPastSubscriberLimit makes 10,000 requests to a full
-// session (keep-alive connections, 8 concurrent clients): every one is 429
+// TestHostileFloodPastSubscriberLimit makes 10,000 requests (1,000 with
+// -short) to a full session (keep-alive connections, 8 concurrent clients): every one is 429
 // with Retry-After: 5 and the JSON body naming the limit; none subscribes,
 // and nothing leaks (subscriber count, peak, goroutines).
 func TestHostileFloodPastSubscriberLimit(t *testing.T) {
-	const limit, attempts, workers = 2, 10_000, 8
+	const limit, workers = 2, 8
+	attempts := int64(pick(1_000, 10_000, 10_000))
 	b := newBus(t, Options{MaxSubscribers: limit})
 	ts := hostileServer(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
 	for range limit {

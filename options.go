@@ -153,17 +153,17 @@ func (o Options) withDefaults() (Options, error) {
 			*f.v = f.def
 		}
 	}
-	if o.OverflowPolicy > OverflowCatchUp {
-		return o, fmt.Errorf("%w: unknown OverflowPolicy %d", ErrInvalidOption, o.OverflowPolicy)
+	if err := checkPolicy(o.OverflowPolicy); err != nil {
+		return o, err
 	}
 	if o.OverflowPolicy == 0 {
 		o.OverflowPolicy = OverflowEvict
 	}
-	switch {
-	case o.CatchUpStallTimeout == 0:
+	if err := checkStall(o.CatchUpStallTimeout); err != nil {
+		return o, err
+	}
+	if o.CatchUpStallTimeout == 0 {
 		o.CatchUpStallTimeout = DefaultCatchUpStallTimeout
-	case o.CatchUpStallTimeout < time.Millisecond:
-		return o, fmt.Errorf("%w: CatchUpStallTimeout is %s, must be at least 1ms", ErrInvalidOption, o.CatchUpStallTimeout)
 	}
 	if o.MaxAge < 0 {
 		return o, fmt.Errorf("%w: MaxAge is %s, must not be negative", ErrInvalidOption, o.MaxAge)
@@ -207,4 +207,62 @@ type SubscribeOptions struct {
 	// for this subscription; 0 keeps the bus's, below a millisecond is an
 	// error wrapping ErrInvalidOption.
 	CatchUpStallTimeout time.Duration
+}
+
+// checkPolicy checks an OverflowPolicy of Options or SubscribeOptions (0
+// is valid: the default).
+func checkPolicy(p OverflowPolicy) error {
+	if p > OverflowCatchUp {
+		return fmt.Errorf("%w: unknown OverflowPolicy %d", ErrInvalidOption, p)
+	}
+	return nil
+}
+
+// checkStall checks a CatchUpStallTimeout of Options or SubscribeOptions
+// (0 is valid: the default).
+func checkStall(d time.Duration) error {
+	if d != 0 && d < time.Millisecond {
+		return fmt.Errorf("%w: CatchUpStallTimeout is %s, must be at least 1ms", ErrInvalidOption, d)
+	}
+	return nil
+}
+
+// subSettings is what Subscribe makes of SubscribeOptions: every setting
+// resolved against the bus's Options.
+type subSettings struct {
+	maxQueued int
+	policy    OverflowPolicy
+	stall     time.Duration
+	filter    *typeFilter
+}
+
+// resolve validates opts and fills what they leave to the bus's options o
+// (already defaulted). Its errors are Subscribe's: ErrInvalidOption for a
+// negative MaxQueued, an unknown OverflowPolicy or a CatchUpStallTimeout
+// below a millisecond, ErrInvalidFilter for an invalid Types entry.
+func (opts SubscribeOptions) resolve(o Options) (subSettings, error) {
+	if opts.MaxQueued < 0 {
+		return subSettings{}, fmt.Errorf("%w: MaxQueued is %d, must not be negative", ErrInvalidOption, opts.MaxQueued)
+	}
+	if err := checkPolicy(opts.OverflowPolicy); err != nil {
+		return subSettings{}, err
+	}
+	if err := checkStall(opts.CatchUpStallTimeout); err != nil {
+		return subSettings{}, err
+	}
+	filter, err := compileFilters(opts.Types)
+	if err != nil {
+		return subSettings{}, err
+	}
+	s := subSettings{maxQueued: opts.MaxQueued, policy: opts.OverflowPolicy, stall: opts.CatchUpStallTimeout, filter: filter}
+	if s.maxQueued == 0 {
+		s.maxQueued = o.MaxQueued
+	}
+	if s.policy == 0 {
+		s.policy = o.OverflowPolicy
+	}
+	if s.stall == 0 {
+		s.stall = o.CatchUpStallTimeout
+	}
+	return s, nil
 }

@@ -77,7 +77,7 @@ func TestNewRejectsRingSizeAboveMaxRingSize(t *testing.T) {
 
 func TestNewRingSizeBoundsTheRing(t *testing.T) {
 	b := newBus(t, Options{RingSize: 3})
-	corePublishN(t, b, 10)
+	publishNumbered(t, b, 10)
 	assert.Equal(t, 3, b.ring.Len())
 	assert.Equal(t, uint64(8), b.ring.firstID())
 }
@@ -85,7 +85,7 @@ func TestNewRingSizeBoundsTheRing(t *testing.T) {
 func TestNewRingMaxBytesBoundsTheRing(t *testing.T) {
 	b := newBus(t, Options{RingMaxBytes: 1000})
 	for range 10 {
-		corePublishSized(t, b, 300)
+		publishSized(t, b, "t", 300)
 	}
 	assert.Equal(t, 3, b.ring.Len())
 	assert.Equal(t, 900, b.ring.Bytes())
@@ -94,8 +94,8 @@ func TestNewRingMaxBytesBoundsTheRing(t *testing.T) {
 
 func TestNewMaxEventBytesLimitsPublish(t *testing.T) {
 	b := newBus(t, Options{MaxEventBytes: 200})
-	corePublishSized(t, b, 200)
-	_, err := b.Publish(coreSizedEvent(t, 2, 201))
+	publishSized(t, b, "t", 200)
+	_, err := b.Publish(sizedEvent(t, 2, 201))
 	assert.ErrorIs(t, err, ErrEventTooLarge)
 }
 
@@ -114,8 +114,8 @@ func TestNewMaxQueuedIsTheSubscriptionDefault(t *testing.T) {
 	assert.Equal(t, 20, def.q.counts().maxQueued)
 	assert.Equal(t, 30, own.q.counts().maxQueued)
 
-	corePublishN(t, b, 21) // the 21st overflows the default subscriber only
-	fs, open := corePending(def)
+	publishNumbered(t, b, 21) // the 21st overflows the default subscriber only
+	fs, open := def.AppendReady(nil)
 	assert.False(t, open)
 	assert.Equal(t, TypeClientEvicted, fs[len(fs)-1].Type())
 	assert.Equal(t, 1, b.SubscriberCount())
@@ -126,12 +126,12 @@ func TestNewMaxQueuedBytesCapsEverySubscription(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 1000})
 	s1 := subscribe(t, b, SubscribeOptions{})
 	s2 := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
-	corePublishSized(t, b, 600)
-	corePublishSized(t, b, 600)
+	publishSized(t, b, "t", 600)
+	publishSized(t, b, "t", 600)
 	for _, s := range []*Subscription{s1, s2} {
-		fs, open := corePending(s)
+		fs, open := s.AppendReady(nil)
 		assert.False(t, open)
-		assert.Equal(t, []string{"#1", TypeClientEvicted}, coreDescribe(fs))
+		assert.Equal(t, []string{"#1", TypeClientEvicted}, describe(fs))
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
 	}
 }
@@ -139,11 +139,11 @@ func TestNewMaxQueuedBytesCapsEverySubscription(t *testing.T) {
 func TestNewReplayBudgetBytesLimitsResume(t *testing.T) {
 	b := newBus(t, Options{ReplayBudgetBytes: 1000})
 	for range 5 {
-		corePublishSized(t, b, 300)
+		publishSized(t, b, "t", 300)
 	}
 	s := subscribe(t, b, SubscribeOptions{Resume: true})
-	fs, _ := corePending(s)
-	assert.Equal(t, coreSeq(coreIDs(1, 3), TypeStateResyncRequired, TypeReplayComplete), coreDescribe(fs))
+	fs, _ := s.AppendReady(nil)
+	assert.Equal(t, seqOf(idRange(1, 3), TypeStateResyncRequired, TypeReplayComplete), describe(fs))
 }
 
 func TestNewLoggerReceivesDiagnostics(t *testing.T) {

@@ -20,24 +20,24 @@ import (
 func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 	s := subscribe(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 3)
-	require.Equal(t, coreIDs(1, 3), coreDescribe(readyNow(s))) // the consumer dequeued up to #3
+	publishTypeN(t, b, "e", 3)
+	require.Equal(t, idRange(1, 3), describe(readyNow(s))) // the consumer dequeued up to #3
 
-	pubN11(t, b, "e", 16) // #4..#19: the queue is full, a warning sits after #15
+	publishTypeN(t, b, "e", 16) // #4..#19: the queue is full, a warning sits after #15
 	require.Equal(t, 16, s.q.counts().liveCount)
 	require.Equal(t, 17, s.q.len())
 
-	f := pub11(t, b, "e") // #20 is rejected
+	f := publishType(t, b, "e") // #20 is rejected
 	assert.Equal(t, 1, b.SubscriberCount(), "the subscriber stays")
 	assert.NoError(t, s.Err())
 	assert.Equal(t, queueCounts{1, 16, f.Size(), DefaultMaxQueuedBytes}, s.q.counts(),
 		"only the rejected event is live now")
 
 	fs := readyNow(s)
-	assert.Equal(t, []string{TypeStateResyncRequired, "#20"}, coreDescribe(fs),
+	assert.Equal(t, []string{TypeStateResyncRequired, "#20"}, describe(fs),
 		"the live frames #4..#19 are dropped, and so is the warning the resync supersedes")
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":3,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[0]))
+		dataOf(t, fs[0]))
 	assert.False(t, fs[0].Terminal())
 
 	st := b.Stats()
@@ -47,42 +47,42 @@ func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	assert.Zero(t, st.Resyncs.QueueBytesOverflow)
 	assert.Equal(t, EvictionStats{}, st.Evictions)
 
-	pub11(t, b, "e")
-	assert.Equal(t, []string{"#21"}, coreDescribe(readyNow(s)), "and keeps receiving")
+	publishType(t, b, "e")
+	assert.Equal(t, []string{"#21"}, describe(readyNow(s)), "and keeps receiving")
 }
 
 func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-	pubN11(t, b, "e", 3)
+	publishTypeN(t, b, "e", 3)
 	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
-	pubN11(t, b, "e", 17) // #4..#19 live, #20 rejected
+	publishTypeN(t, b, "e", 17) // #4..#19 live, #20 rejected
 
 	fs := readyNow(s)
-	assert.Equal(t, coreSeq(coreIDs(1, 3), TypeReplayComplete, TypeStateResyncRequired, "#20"), coreDescribe(fs),
+	assert.Equal(t, seqOf(idRange(1, 3), TypeReplayComplete, TypeStateResyncRequired, "#20"), describe(fs),
 		"replayed (forced) frames survive the drop")
 	// lastDeliveredId is the last id the consumer dequeued (SPEC 11): none
 	// yet, although #1..#3 sit before the resync frame in the queue.
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[4]))
+		dataOf(t, fs[4]))
 	assert.Equal(t, uint64(16), b.Stats().Dropped.Overflow)
 }
 
 func TestOverflowResyncBytesVariantReason(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowResync})
 	s := subscribe(t, b, SubscribeOptions{})
-	pubSized11(t, b, "e", 100)
-	pubSized11(t, b, "e", 100)
-	require.Equal(t, coreIDs(1, 2), coreDescribe(readyNow(s)))
+	publishSized(t, b, "e", 100)
+	publishSized(t, b, "e", 100)
+	require.Equal(t, idRange(1, 2), describe(readyNow(s)))
 	for range 10 { // #3..#12: 1000 live bytes, the warning after #10 (800 >= 750)
-		pubSized11(t, b, "e", 100)
+		publishSized(t, b, "e", 100)
 	}
-	pubSized11(t, b, "e", 100) // #13: 1000+100 > 1000, rejected
+	publishSized(t, b, "e", 100) // #13: 1000+100 > 1000, rejected
 
 	assert.Equal(t, 1, b.SubscriberCount())
 	fs := readyNow(s)
-	assert.Equal(t, []string{TypeStateResyncRequired, "#13"}, coreDescribe(fs))
+	assert.Equal(t, []string{TypeStateResyncRequired, "#13"}, describe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_bytes_overflow","lastDeliveredId":2,"earliestAvailableId":13,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[0]))
+		dataOf(t, fs[0]))
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Warnings)
 	assert.Equal(t, uint64(10), st.Dropped.Overflow)
@@ -93,15 +93,15 @@ func TestOverflowResyncBytesVariantReason(t *testing.T) {
 func TestOverflowResyncOfARejectedSignal(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 	s := subscribe(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 16)
-	sig11(t, b, "x", "a") // rejected: a signal has no id, what is available starts at the next one
-	pub11(t, b, "e")      // #17
-	sig11(t, b, "x", "a") // coalesced with the queued one
+	publishTypeN(t, b, "e", 16)
+	sendSignal(t, b, "x", "a") // rejected: a signal has no id, what is available starts at the next one
+	publishType(t, b, "e")     // #17
+	sendSignal(t, b, "x", "a") // coalesced with the queued one
 
 	fs := readyNow(s)
-	assert.Equal(t, []string{TypeStateResyncRequired, "sig:x/a", "#17"}, coreDescribe(fs))
+	assert.Equal(t, []string{TypeStateResyncRequired, "sig:x/a", "#17"}, describe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":17,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[0]))
+		dataOf(t, fs[0]))
 	st := b.Stats()
 	assert.Equal(t, uint64(16), st.Dropped.Overflow)
 	assert.Equal(t, uint64(1), st.Dropped.Coalesced)
@@ -111,16 +111,16 @@ func TestOverflowResyncRearmsTheWarning(t *testing.T) {
 	clk := newFakeClock(testStamp)
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
 	s := subscribe(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 17) // warning after #12, resync at #17
+	publishTypeN(t, b, "e", 17) // warning after #12, resync at #17
 	clk.advance(time.Minute)
-	pubN11(t, b, "e", 11) // #18..#28: live count 1+11 = 12 -> a new warning
+	publishTypeN(t, b, "e", 11) // #18..#28: live count 1+11 = 12 -> a new warning
 	fs := readyNow(s)
 	// The first warning was superseded by the resync; the second episode
 	// warns again.
-	assert.Len(t, coreOfType(fs, TypeSlowClientWarning), 1)
+	assert.Len(t, ofType(fs, TypeSlowClientWarning), 1)
 	assert.Equal(t, uint64(2), b.Stats().Warnings)
-	w := coreOfType(fs, TypeSlowClientWarning)[0]
-	assert.Contains(t, coreData(t, w), `"queueSize":12,"maxQueued":16,"lastEventId":28`)
+	w := ofType(fs, TypeSlowClientWarning)[0]
+	assert.Contains(t, dataOf(t, w), `"queueSize":12,"maxQueued":16,"lastEventId":28`)
 }
 
 func TestOverflowResyncMemoryStaysWithinCapsUnderLongRun(t *testing.T) {
@@ -129,12 +129,12 @@ func TestOverflowResyncMemoryStaysWithinCapsUnderLongRun(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowResync, Now: clk.now})
 	s := subscribe(t, b, SubscribeOptions{}) // stalled: never reads
 	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range 20_000 {
+	for i := range pick(5_000, 20_000, 20_000) {
 		// More than half the window between publishes: at most two
 		// overflows per OverflowWindow, so the subscriber is never evicted.
 		clk.advance(31 * time.Second)
 		if i%7 == 0 {
-			sig11(t, b, "s", strconv.Itoa(rng.IntN(30)))
+			sendSignal(t, b, "s", strconv.Itoa(rng.IntN(30)))
 		} else {
 			_, err := b.Publish(Event{Type: "e", Data: strings.Repeat("x", rng.IntN(300))})
 			require.NoError(t, err)
@@ -165,7 +165,7 @@ func overflow11(t testing.TB, b *EventBus, s *Subscription) uint64 {
 	t.Helper()
 	before := b.Stats()
 	for range 10_000 {
-		id := pub11(t, b, "e").ID()
+		id := publishType(t, b, "e").ID()
 		st := b.Stats()
 		if st.Resyncs != before.Resyncs || st.Evictions != before.Evictions {
 			return id
@@ -193,19 +193,19 @@ func TestOverflowResyncThirdOverflowWithinWindowEvicts(t *testing.T) {
 		assert.Equal(t, 0, b.SubscriberCount())
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
 		assert.Contains(t, s.Err().Error(), ReasonRepeatedOverflow)
-		fs := coreCollect(s)
+		fs := collectEvents(s)
 		last := fs[len(fs)-1]
 		assert.True(t, last.Terminal())
 		assert.Equal(t, TypeClientEvicted, last.Type())
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"repeated_overflow","droppedAfter":49,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":%d}`,
-			s11SumLive(fs), DefaultMaxQueuedBytes), coreData(t, last))
+			s11SumLive(fs), DefaultMaxQueuedBytes), dataOf(t, last))
 		// Each resync dropped every live frame before it (#1..#16, then
 		// #17..#32); the evicted subscriber drains the third episode's.
 		// Each resync superseded the markers before it: only the last
 		// resync frame is left ahead of the third episode.
-		assert.Equal(t, coreSeq(TypeStateResyncRequired,
-			coreIDs(33, 44), TypeSlowClientWarning, coreIDs(45, 48), TypeClientEvicted),
-			coreDescribe(fs))
+		assert.Equal(t, seqOf(TypeStateResyncRequired,
+			idRange(33, 44), TypeSlowClientWarning, idRange(45, 48), TypeClientEvicted),
+			describe(fs))
 
 		st := b.Stats()
 		assert.Equal(t, uint64(2), st.Resyncs.QueueOverflow)
@@ -278,7 +278,7 @@ func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
 		// At most 16 publishes per round: at most one overflow per round,
 		// so never three within OverflowWindow.
 		for range rng.IntN(17) {
-			published = pub11(t, b, "e").ID()
+			published = publishType(t, b, "e").ID()
 		}
 		if rng.IntN(4) == 0 {
 			for _, f := range readyNow(s) {
@@ -306,7 +306,7 @@ func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 		b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 		evict := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowEvict})
 		inherit := subscribe(t, b, SubscribeOptions{})
-		pubN11(t, b, "e", 17)
+		publishTypeN(t, b, "e", 17)
 		assert.ErrorIs(t, evict.Err(), ErrEvicted)
 		assert.NoError(t, inherit.Err())
 		assert.Equal(t, 1, b.SubscriberCount())
@@ -318,11 +318,11 @@ func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 		b := newBus(t, Options{MaxQueued: 16})
 		resync := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 		inherit := subscribe(t, b, SubscribeOptions{})
-		pubN11(t, b, "e", 17)
+		publishTypeN(t, b, "e", 17)
 		assert.NoError(t, resync.Err())
 		assert.ErrorIs(t, inherit.Err(), ErrEvicted)
 		assert.Equal(t, 1, b.SubscriberCount())
-		assert.Equal(t, []string{TypeStateResyncRequired, "#17"}, coreDescribe(readyNow(resync)))
+		assert.Equal(t, []string{TypeStateResyncRequired, "#17"}, describe(readyNow(resync)))
 	})
 }
 
@@ -351,11 +351,11 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 	b = newBus(t, Options{MaxQueued: 16})
 	s := subscribe(t, b, SubscribeOptions{})
 	assert.Equal(t, OverflowEvict, s.policy)
-	pubN11(t, b, "e", 17)
+	publishTypeN(t, b, "e", 17)
 	assert.Equal(t, 0, b.SubscriberCount())
-	fs := coreCollect(s)
+	fs := collectEvents(s)
 	assert.Equal(t, TypeClientEvicted, fs[len(fs)-1].Type())
-	assert.Contains(t, coreData(t, fs[len(fs)-1]), `"reason":"queue_overflow","droppedAfter":17`)
+	assert.Contains(t, dataOf(t, fs[len(fs)-1]), `"reason":"queue_overflow","droppedAfter":17`)
 	assert.Zero(t, b.Stats().Dropped.Overflow)
 }
 
@@ -460,36 +460,36 @@ func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
 	logger := buf.logger()
 	b := newBus(t, Options{Logger: logger})
 	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	live := corePublishN(t, b, 11)
+	live := publishNumbered(t, b, 11)
 	assert.Equal(t, 11, s.q.len(), "no warning below 12")
-	live = append(live, corePublishN(t, b, 1)...)
+	live = append(live, publishNumbered(t, b, 1)...)
 	assert.Equal(t, 13, s.q.len(), "the warning is queued right after #12")
-	fs, _ := corePending(s)
-	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
+	fs, _ := s.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning), describe(fs))
 	w := fs[12]
 	assert.False(t, w.Terminal())
 	assert.Equal(t, uint64(0), w.ID())
 	assert.Equal(t,
-		fmt.Sprintf(`{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":%d,"maxQueuedBytes":2097152,"threshold":"frames"}`, coreSumSizes(live)),
-		coreData(t, w))
+		fmt.Sprintf(`{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":%d,"maxQueuedBytes":2097152,"threshold":"frames"}`, sumSizes(live)),
+		dataOf(t, w))
 	assert.Contains(t, string(w.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
 	assert.Contains(t, buf.String(), "slow client")
 
 	// Ratios are floats, not rounded: 0.75*10 = 7.5, so the warning comes at 8.
 	s10 := subscribe(t, b, SubscribeOptions{MaxQueued: 10})
-	corePublishN(t, b, 7)
+	publishNumbered(t, b, 7)
 	assert.Equal(t, 7, s10.q.len())
-	corePublishN(t, b, 1)
+	publishNumbered(t, b, 1)
 	assert.Equal(t, 9, s10.q.len())
 }
 
 func TestWarningOncePerEpisode(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	corePublishN(t, b, 16)
-	fs, open := corePending(s)
+	publishNumbered(t, b, 16)
+	fs, open := s.AppendReady(nil)
 	assert.True(t, open)
-	assert.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning, coreIDs(13, 16)), coreDescribe(fs))
+	assert.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning, idRange(13, 16)), describe(fs))
 }
 
 func TestWarningRearmsOnlyWhenFramesAndBytesAtOrBelowResetRatio(t *testing.T) {
@@ -498,36 +498,36 @@ func TestWarningRearmsOnlyWhenFramesAndBytesAtOrBelowResetRatio(t *testing.T) {
 	setup := func(t *testing.T) (*EventBus, *Subscription) {
 		b := newBus(t, Options{MaxQueuedBytes: 8000})
 		s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
-		corePublishN(t, b, 12)
+		publishNumbered(t, b, 12)
 		require.Equal(t, 13, s.q.len(), "12 live frames and the first warning")
 		return b, s
 	}
 	warnings := func(s *Subscription) int {
-		fs, _ := corePending(s)
-		return len(coreOfType(fs, TypeSlowClientWarning))
+		fs, _ := s.AppendReady(nil)
+		return len(ofType(fs, TypeSlowClientWarning))
 	}
 
 	t.Run("frames above reset", func(t *testing.T) {
 		b, s := setup(t)
 		popN(t, s, 6) // 6 left
-		corePublishN(t, b, 1)
+		publishNumbered(t, b, 1)
 		assert.Equal(t, 7, s.q.counts().liveCount)
-		corePublishN(t, b, 5) // back at 12
+		publishNumbered(t, b, 5) // back at 12
 		assert.Equal(t, 1, warnings(s), "7 > 6 frames: still the same episode")
 	})
 	t.Run("frames at reset", func(t *testing.T) {
 		b, s := setup(t)
 		popN(t, s, 7) // 5 left
-		corePublishN(t, b, 1)
+		publishNumbered(t, b, 1)
 		assert.Equal(t, 6, s.q.counts().liveCount)
-		corePublishN(t, b, 6) // back at 12
+		publishNumbered(t, b, 6) // back at 12
 		assert.Equal(t, 2, warnings(s), "6 <= 6 frames and few bytes: re-armed")
 	})
 	t.Run("bytes above reset", func(t *testing.T) {
 		b, s := setup(t)
 		popN(t, s, 12)
-		corePublishSized(t, b, 3001) // 1 frame, 3001 bytes: frames low, bytes high
-		corePublishN(t, b, 11)       // 12 frames, well under 6000 bytes
+		publishSized(t, b, "t", 3001) // 1 frame, 3001 bytes: frames low, bytes high
+		publishNumbered(t, b, 11)     // 12 frames, well under 6000 bytes
 		assert.Equal(t, 12, s.q.counts().liveCount)
 		assert.Less(t, s.q.counts().liveBytes, 6000)
 		assert.Equal(t, 1, warnings(s), "3001 > 3000 bytes: not re-armed")
@@ -535,8 +535,8 @@ func TestWarningRearmsOnlyWhenFramesAndBytesAtOrBelowResetRatio(t *testing.T) {
 	t.Run("bytes at reset", func(t *testing.T) {
 		b, s := setup(t)
 		popN(t, s, 12)
-		corePublishSized(t, b, 3000)
-		corePublishN(t, b, 11)
+		publishSized(t, b, "t", 3000)
+		publishNumbered(t, b, 11)
 		assert.Equal(t, 2, warnings(s), "3000 <= 3000 bytes and 1 frame: re-armed")
 	})
 }
@@ -559,81 +559,81 @@ func warnedLocked(b *EventBus, s *Subscription) bool {
 func TestWarningRearmIsEvaluatedOnlyOnPublish(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	corePublishN(t, b, 12)
-	fs, _ := corePending(s) // drained to empty
-	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
+	publishNumbered(t, b, 12)
+	fs, _ := s.AppendReady(nil) // drained to empty
+	require.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning), describe(fs))
 	assert.True(t, warnedLocked(b, s), "a dequeue never re-arms by itself")
 
-	corePublishN(t, b, 1)
+	publishNumbered(t, b, 1)
 	assert.False(t, warnedLocked(b, s), "the next publish re-arms")
-	live := corePublishN(t, b, 11)
-	fs, _ = corePending(s)
-	require.Equal(t, coreSeq(coreIDs(13, 24), TypeSlowClientWarning), coreDescribe(fs))
-	assert.Contains(t, coreData(t, fs[12]), fmt.Sprintf(`"queueSize":12,"maxQueued":16,"lastEventId":24,"queuedBytes":%d,`, fs[0].Size()+coreSumSizes(live)))
+	live := publishNumbered(t, b, 11)
+	fs, _ = s.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(13, 24), TypeSlowClientWarning), describe(fs))
+	assert.Contains(t, dataOf(t, fs[12]), fmt.Sprintf(`"queueSize":12,"maxQueued":16,"lastEventId":24,"queuedBytes":%d,`, fs[0].Size()+sumSizes(live)))
 }
 
 func TestWarningThresholdFrames(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 1 << 20})
 	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	corePublishN(t, b, 12)
-	fs, _ := corePending(s)
+	publishNumbered(t, b, 12)
+	fs, _ := s.AppendReady(nil)
 	require.Len(t, fs, 13)
-	assert.Contains(t, coreData(t, fs[12]), `"threshold":"frames"`)
+	assert.Contains(t, dataOf(t, fs[12]), `"threshold":"frames"`)
 }
 
 func TestWarningThresholdBytes(t *testing.T) {
 	// MaxQueuedBytes 4000: warn at 3000 bytes.
 	b := newBus(t, Options{MaxQueuedBytes: 4000})
 	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	corePublishSized(t, b, 1000)
-	corePublishSized(t, b, 1000)
-	corePublishSized(t, b, 999)
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 999)
 	assert.Equal(t, 3, s.q.len(), "2999 bytes: no warning")
 
 	s2 := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	corePublishSized(t, b, 1000)
-	corePublishSized(t, b, 1000)
-	corePublishSized(t, b, 1000)
-	fs, _ := corePending(s2)
-	require.Equal(t, coreSeq(coreIDs(4, 6), TypeSlowClientWarning), coreDescribe(fs))
-	assert.Equal(t, `{"queueSize":3,"maxQueued":16,"lastEventId":6,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"bytes"}`, coreData(t, fs[3]))
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 1000)
+	fs, _ := s2.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(4, 6), TypeSlowClientWarning), describe(fs))
+	assert.Equal(t, `{"queueSize":3,"maxQueued":16,"lastEventId":6,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"bytes"}`, dataOf(t, fs[3]))
 }
 
 func TestWarningThresholdFramesAndBytes(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 4000})
 	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	for range 11 {
-		corePublishSized(t, b, 250)
+		publishSized(t, b, "t", 250)
 	}
 	assert.Equal(t, 11, s.q.len(), "11 frames, 2750 bytes: no warning")
-	corePublishSized(t, b, 250)
-	fs, _ := corePending(s)
-	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning), coreDescribe(fs))
-	assert.Equal(t, `{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"frames_and_bytes"}`, coreData(t, fs[12]))
+	publishSized(t, b, "t", 250)
+	fs, _ := s.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning), describe(fs))
+	assert.Equal(t, `{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"frames_and_bytes"}`, dataOf(t, fs[12]))
 }
 
 func TestForcedFramesDoNotSkewLiveCount(t *testing.T) {
 	b := newBus(t, Options{})
-	corePublishN(t, b, 10)
+	publishNumbered(t, b, 10)
 	s := subscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
 	require.Equal(t, 11, s.q.len(), "10 replayed + replay_complete, all forced")
-	corePublishN(t, b, 11)
+	publishNumbered(t, b, 11)
 	assert.Equal(t, 11, s.q.counts().liveCount)
 	assert.Equal(t, 22, s.q.len(), "no warning at 11 live frames")
-	live := corePublishN(t, b, 1)
+	live := publishNumbered(t, b, 1)
 	c := s.q.counts()
 	assert.Equal(t, 12, c.liveCount)
 	assert.Equal(t, 24, s.q.len(), "warning at 12 live frames")
 	// The warning at the tail is forced too: 4 more fit, the 5th evicts.
-	corePublishN(t, b, 4)
+	publishNumbered(t, b, 4)
 	assert.Equal(t, 16, s.q.counts().liveCount)
 	assert.NoError(t, s.Err())
-	corePublishN(t, b, 1)
+	publishNumbered(t, b, 1)
 	require.ErrorIs(t, s.Err(), ErrEvicted)
-	fs, _ := corePending(s)
-	require.Equal(t, coreSeq(coreIDs(1, 10), TypeReplayComplete, coreIDs(11, 22), TypeSlowClientWarning, coreIDs(23, 26), TypeClientEvicted), coreDescribe(fs))
-	assert.Contains(t, coreData(t, fs[23]), `"queueSize":12,"maxQueued":16,"lastEventId":22,`)
-	assert.Contains(t, coreData(t, fs[len(fs)-1]), `"droppedAfter":27,"queueSize":16,"maxQueued":16,`)
+	fs, _ := s.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(1, 10), TypeReplayComplete, idRange(11, 22), TypeSlowClientWarning, idRange(23, 26), TypeClientEvicted), describe(fs))
+	assert.Contains(t, dataOf(t, fs[23]), `"queueSize":12,"maxQueued":16,"lastEventId":22,`)
+	assert.Contains(t, dataOf(t, fs[len(fs)-1]), `"droppedAfter":27,"queueSize":16,"maxQueued":16,`)
 	_ = live
 }
 
@@ -645,18 +645,18 @@ func TestEvictionOnFrameCap(t *testing.T) {
 	logger := buf.logger()
 	b := newBus(t, Options{Logger: logger})
 	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	live := corePublishN(t, b, 16)
+	live := publishNumbered(t, b, 16)
 	assert.NoError(t, s.Err())
-	corePublishN(t, b, 1)
-	fs, open := corePending(s)
+	publishNumbered(t, b, 1)
+	fs, open := s.AppendReady(nil)
 	assert.False(t, open)
-	require.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning, coreIDs(13, 16), TypeClientEvicted), coreDescribe(fs))
+	require.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning, idRange(13, 16), TypeClientEvicted), describe(fs))
 	ev := fs[len(fs)-1]
 	assert.True(t, ev.Terminal())
 	assert.Equal(t, uint64(0), ev.ID())
 	assert.Equal(t,
-		fmt.Sprintf(`{"reason":"queue_overflow","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":2097152}`, coreSumSizes(live)),
-		coreData(t, ev))
+		fmt.Sprintf(`{"reason":"queue_overflow","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":2097152}`, sumSizes(live)),
+		dataOf(t, ev))
 	assert.Contains(t, string(ev.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
 	assert.Contains(t, buf.String(), "subscriber evicted")
 	assert.Contains(t, buf.String(), `"reason":"queue_overflow"`)
@@ -665,15 +665,15 @@ func TestEvictionOnFrameCap(t *testing.T) {
 func TestEvictionOnByteCap(t *testing.T) {
 	b := newBus(t, Options{MaxQueuedBytes: 4000})
 	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
-	corePublishSized(t, b, 1000)
-	corePublishSized(t, b, 1000)
-	corePublishSized(t, b, 2500)
-	fs, open := corePending(s)
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 2500)
+	fs, open := s.AppendReady(nil)
 	assert.False(t, open)
-	require.Equal(t, []string{"#1", "#2", TypeClientEvicted}, coreDescribe(fs))
+	require.Equal(t, []string{"#1", "#2", TypeClientEvicted}, describe(fs))
 	assert.Equal(t,
 		`{"reason":"queue_bytes_overflow","droppedAfter":3,"queueSize":2,"maxQueued":16,"queuedBytes":2000,"maxQueuedBytes":4000,"eventBytes":2500}`,
-		coreData(t, fs[2]))
+		dataOf(t, fs[2]))
 	assert.ErrorIs(t, s.Err(), ErrEvicted)
 	assert.Contains(t, s.Err().Error(), ReasonQueueBytesOverflow)
 }
@@ -694,13 +694,13 @@ func TestEvictedConsumerGetsQueuedFramesThenTerminalThenEnd(t *testing.T) {
 				}
 			}
 		}()
-		corePublishN(t, b, 1)
+		publishNumbered(t, b, 1)
 		synctest.Wait() // the consumer holds #1 and stalls
-		corePublishN(t, b, 17)
+		publishNumbered(t, b, 17)
 		require.ErrorIs(t, s.Err(), ErrEvicted)
 		close(gate)
 		<-ended
-		assert.Equal(t, coreSeq(coreIDs(1, 13), TypeSlowClientWarning, coreIDs(14, 17), TypeClientEvicted), coreDescribe(got))
+		assert.Equal(t, seqOf(idRange(1, 13), TypeSlowClientWarning, idRange(14, 17), TypeClientEvicted), describe(got))
 	})
 }
 
@@ -708,7 +708,7 @@ func TestEvictedErrWrapsErrEvicted(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	assert.NoError(t, s.Err())
-	corePublishN(t, b, 17)
+	publishNumbered(t, b, 17)
 	err := s.Err()
 	require.ErrorIs(t, err, ErrEvicted)
 	assert.Contains(t, err.Error(), ReasonQueueOverflow)
@@ -721,7 +721,7 @@ func TestEvictionDecrementsSubscriberCount(t *testing.T) {
 	subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	subscribe(t, b, SubscribeOptions{MaxQueued: 100})
 	assert.Equal(t, 2, b.SubscriberCount())
-	corePublishN(t, b, 17)
+	publishNumbered(t, b, 17)
 	assert.Equal(t, 1, b.SubscriberCount())
 	b.mu.Lock()
 	assert.Len(t, b.subs, 1)
@@ -729,12 +729,12 @@ func TestEvictionDecrementsSubscriberCount(t *testing.T) {
 }
 
 func TestEvictionStopsWatchingContext(t *testing.T) {
-	ctx := newCoreWatchCtx()
+	ctx := newWatchCtx()
 	b := newBus(t, Options{})
 	s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
 	require.NoError(t, err)
 	assert.Equal(t, 1, ctx.watchers())
-	corePublishN(t, b, 17)
+	publishNumbered(t, b, 17)
 	require.ErrorIs(t, s.Err(), ErrEvicted)
 	assert.Equal(t, 0, ctx.watchers(), "the evicted subscriber's context is no longer watched")
 
@@ -745,13 +745,13 @@ func TestEvictionStopsWatchingContext(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
 		require.NoError(t, err)
-		corePublishN(t, b, 17)
+		publishNumbered(t, b, 17)
 		cancel()
 		synctest.Wait()
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
-		fs, open := corePending(s)
+		fs, open := s.AppendReady(nil)
 		assert.False(t, open)
-		assert.Equal(t, coreSeq(coreIDs(1, 12), TypeSlowClientWarning, coreIDs(13, 16), TypeClientEvicted), coreDescribe(fs))
+		assert.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning, idRange(13, 16), TypeClientEvicted), describe(fs))
 	})
 }
 
@@ -764,18 +764,18 @@ func TestEvictionDoesNotAffectSiblings(t *testing.T) {
 	after := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
 	var fastGot []Frame
 	for range 100 {
-		corePublishN(t, b, 1)
-		fs, _ := corePending(fast)
+		publishNumbered(t, b, 1)
+		fs, _ := fast.AppendReady(nil)
 		fastGot = append(fastGot, fs...)
 	}
 	assert.ErrorIs(t, slow.Err(), ErrEvicted)
 	assert.ErrorIs(t, slow2.Err(), ErrEvicted, "two evictions in one publish")
 	assert.Equal(t, 3, b.SubscriberCount())
-	assert.Equal(t, coreIDs(1, 100), coreDescribe(fastGot))
+	assert.Equal(t, idRange(1, 100), describe(fastGot))
 	for _, s := range []*Subscription{before, after} {
-		fs, open := corePending(s)
+		fs, open := s.AppendReady(nil)
 		assert.True(t, open)
-		assert.Equal(t, coreIDs(1, 100), coreDescribe(fs))
+		assert.Equal(t, idRange(1, 100), describe(fs))
 	}
 	b.mu.Lock()
 	assert.Equal(t, []*Subscription{before, fast, after}, b.subs, "subscription order kept")

@@ -637,10 +637,7 @@ func FuzzQueueModel(f *testing.F) {
 	// stops it mid-batch.
 	f.Add([]byte{3, 63, 0, 5, 0, 5, 0, 5, 208, 0, 5, 209, 0, 0, 5, 0, 5, 209, 3, 210, 208, 0, 5})
 	f.Add([]byte{5, 63, 0, 5, 0, 5, 5, 0, 9, 0, 5, 208, 209, 0, 10, 1, 209, 1, 210})
-	n := 256
-	if proveLong() {
-		n = 4096
-	}
+	n := pick(64, 256, 4096)
 	for _, s := range queueModelSeeds(n) {
 		f.Add(s)
 	}

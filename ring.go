@@ -160,15 +160,6 @@ func (r *ring) reset() {
 	r.view.Store(nil)
 }
 
-// indexOf returns the position of id in the ring, or -1 when not held.
-func (r *ring) indexOf(id uint64) int {
-	first := r.firstID()
-	if r.n == 0 || id < first || id-first >= uint64(r.n) {
-		return -1
-	}
-	return int(id - first)
-}
-
 // load returns the frame with id without the bus lock, or nil when the
 // ring does not hold it (any more). Only for ids up to the bus's last id.
 func (r *ring) load(id uint64) *frame {

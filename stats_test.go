@@ -66,7 +66,7 @@ func serveFailing11(t testing.TB, b *EventBus, ok int, lastEventID string) {
 
 func TestStatsPublishedAndRejectedByReason(t *testing.T) {
 	b := newBus(t, Options{MaxEventBytes: 200})
-	pubN11(t, b, "e", 3)
+	publishTypeN(t, b, "e", 3)
 	for _, e := range []Event{
 		{Type: ""},
 		{Type: "a\nb"},
@@ -97,11 +97,11 @@ func TestStatsPublishedAndRejectedByReason(t *testing.T) {
 
 func TestStatsSignalsCountsAcceptedSignals(t *testing.T) {
 	b := newBus(t, Options{})
-	sig11(t, b, "x", "a")
-	sig11(t, b, "x", "a") // no subscriber: still accepted
+	sendSignal(t, b, "x", "a")
+	sendSignal(t, b, "x", "a") // no subscriber: still accepted
 	s := subscribe(t, b, SubscribeOptions{})
-	sig11(t, b, "x", "a")
-	sig11(t, b, "x", "a") // coalesced, still a signal sent
+	sendSignal(t, b, "x", "a")
+	sendSignal(t, b, "x", "a") // coalesced, still a signal sent
 	_ = b.Signal("", "a")
 	st := b.Stats()
 	assert.Equal(t, uint64(4), st.Signals)
@@ -111,7 +111,7 @@ func TestStatsSignalsCountsAcceptedSignals(t *testing.T) {
 
 func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16})
-	pubN11(t, b, "e", 2)
+	publishTypeN(t, b, "e", 2)
 	reader := subscribe(t, b, SubscribeOptions{})
 	resumed := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0}) // replay + replay_complete
 	stalled := subscribe(t, b, SubscribeOptions{})                             // warned, then evicted
@@ -120,9 +120,9 @@ func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
 	received := 0
 	for i := range 60 {
 		if i%4 == 0 {
-			sig11(t, b, "s", fmt.Sprint(i%3))
+			sendSignal(t, b, "s", fmt.Sprint(i%3))
 		} else {
-			pub11(t, b, "e")
+			publishType(t, b, "e")
 		}
 		if i%5 == 0 {
 			received += len(readyNow(reader)) + len(readyNow(resumed))
@@ -130,12 +130,12 @@ func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
 		assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 	}
 	require.ErrorIs(t, stalled.Err(), ErrEvicted)
-	received += len(coreCollect(stalled))
+	received += len(collectEvents(stalled))
 	assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 
 	require.NoError(t, b.Close())
 	for _, s := range []*Subscription{reader, resumed, filtered} {
-		received += len(coreCollect(s)) // Events drains what Close left queued
+		received += len(collectEvents(s)) // Events drains what Close left queued
 	}
 	assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 	assert.Zero(t, b.Stats().Dropped.Cancelled)
@@ -144,7 +144,7 @@ func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
 func TestStatsFramesDeliveredWhenBreakingOutOfEvents(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 5)
+	publishTypeN(t, b, "e", 5)
 	n := 0
 	for range s.Events() {
 		n++
@@ -174,7 +174,7 @@ func TestStatsSubscribersAndPeak(t *testing.T) {
 	assert.Equal(t, 2, st.Subscribers)
 	assert.Equal(t, 3, st.PeakSubscribers)
 
-	pubN11(t, b, "e", 17) // evicts s3
+	publishTypeN(t, b, "e", 17) // evicts s3
 	require.ErrorIs(t, s3.Err(), ErrEvicted)
 	assert.Equal(t, 1, b.Stats().Subscribers)
 
@@ -195,17 +195,17 @@ func TestStatsEvictionsByReason(t *testing.T) {
 	t.Run("queue_overflow", func(t *testing.T) {
 		b := newBus(t, Options{MaxQueued: 16})
 		s := subscribe(t, b, SubscribeOptions{})
-		pubN11(t, b, "e", 17)
-		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"queue_overflow"`)
+		publishTypeN(t, b, "e", 17)
+		assert.Contains(t, dataOf(t, ofType(collectEvents(s), TypeClientEvicted)[0]), `"reason":"queue_overflow"`)
 		assert.Equal(t, EvictionStats{QueueOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("queue_bytes_overflow", func(t *testing.T) {
 		b := newBus(t, Options{MaxQueuedBytes: 1000})
 		s := subscribe(t, b, SubscribeOptions{})
 		for range 11 {
-			pubSized11(t, b, "e", 100)
+			publishSized(t, b, "e", 100)
 		}
-		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"queue_bytes_overflow"`)
+		assert.Contains(t, dataOf(t, ofType(collectEvents(s), TypeClientEvicted)[0]), `"reason":"queue_bytes_overflow"`)
 		assert.Equal(t, EvictionStats{QueueBytesOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("repeated_overflow", func(t *testing.T) {
@@ -214,7 +214,7 @@ func TestStatsEvictionsByReason(t *testing.T) {
 		for range 3 {
 			overflow11(t, b, s)
 		}
-		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"repeated_overflow"`)
+		assert.Contains(t, dataOf(t, ofType(collectEvents(s), TypeClientEvicted)[0]), `"reason":"repeated_overflow"`)
 		assert.Equal(t, EvictionStats{RepeatedOverflow: 1}, b.Stats().Evictions)
 	})
 }
@@ -223,15 +223,15 @@ func TestStatsWarningsCountsWarningFramesSent(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16})
 	s1 := subscribe(t, b, SubscribeOptions{})
 	s2 := subscribe(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 12) // both warned
-	fs1 := readyNow(s1)   // s1 catches up
-	pubN11(t, b, "e", 1)  // s1 re-arms (1 <= 6); s2 is still in its episode
+	publishTypeN(t, b, "e", 12) // both warned
+	fs1 := readyNow(s1)         // s1 catches up
+	publishTypeN(t, b, "e", 1)  // s1 re-arms (1 <= 6); s2 is still in its episode
 	fs1 = append(fs1, readyNow(s1)...)
-	pubN11(t, b, "e", 2)  // s2: 15 live, no second warning
-	pubN11(t, b, "e", 11) // s1: 2+11 = 13 live: a second warning; s2 evicted on the way
+	publishTypeN(t, b, "e", 2)  // s2: 15 live, no second warning
+	publishTypeN(t, b, "e", 11) // s1: 2+11 = 13 live: a second warning; s2 evicted on the way
 	fs1 = append(fs1, readyNow(s1)...)
-	fs2 := coreCollect(s2)
-	sent := len(coreOfType(fs1, TypeSlowClientWarning)) + len(coreOfType(fs2, TypeSlowClientWarning))
+	fs2 := collectEvents(s2)
+	sent := len(ofType(fs1, TypeSlowClientWarning)) + len(ofType(fs2, TypeSlowClientWarning))
 	assert.Equal(t, 3, sent)
 	assert.Equal(t, uint64(sent), b.Stats().Warnings)
 }
@@ -242,12 +242,12 @@ func TestStatsResyncsByReason(t *testing.T) {
 	var subs []*Subscription
 	q := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	subs = append(subs, q)
-	pubN11(t, b, "e", 17) // queue_overflow
+	publishTypeN(t, b, "e", 17) // queue_overflow
 	// Take the first resync frame now: the next overflow would supersede it.
 	early := readyNow(q)
 	clk.advance(time.Minute)
 	for range 7 { // 1 small live event + 6*300 = 1870, the 7th: 2170 > 2000
-		pubSized11(t, b, "e", 300) // queue_bytes_overflow
+		publishSized(t, b, "e", 300) // queue_bytes_overflow
 	}
 	// The ring holds #21..#24, 300 bytes each: every replay of two or more
 	// of them also exceeds the budget.
@@ -265,9 +265,9 @@ func TestStatsResyncsByReason(t *testing.T) {
 		if i == 0 {
 			fs = append(early, fs...)
 		}
-		for _, f := range coreOfType(fs, TypeStateResyncRequired) {
+		for _, f := range ofType(fs, TypeStateResyncRequired) {
 			var d struct{ Reason string }
-			require.NoError(t, json.Unmarshal([]byte(coreData(t, f)), &d))
+			require.NoError(t, json.Unmarshal([]byte(dataOf(t, f)), &d))
 			seen[d.Reason]++
 		}
 	}
@@ -282,10 +282,10 @@ func TestStatsResyncsByReason(t *testing.T) {
 func TestStatsDroppedCoalesced(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{})
-	sig11(t, b, "x", "a")
-	sig11(t, b, "x", "b")
-	sig11(t, b, "x", "a")
-	sig11(t, b, "x", "a")
+	sendSignal(t, b, "x", "a")
+	sendSignal(t, b, "x", "b")
+	sendSignal(t, b, "x", "a")
+	sendSignal(t, b, "x", "a")
 	assert.Len(t, readyNow(s), 2)
 	assert.Equal(t, DroppedStats{Coalesced: 2}, b.Stats().Dropped)
 }
@@ -293,20 +293,20 @@ func TestStatsDroppedCoalesced(t *testing.T) {
 func TestStatsDroppedOverflow(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
 	s := subscribe(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 5)
+	publishTypeN(t, b, "e", 5)
 	assert.Len(t, readyNow(s), 5)
-	pubN11(t, b, "e", 17) // 16 queued live frames dropped
+	publishTypeN(t, b, "e", 17) // 16 queued live frames dropped
 	assert.Equal(t, DroppedStats{Overflow: 16}, b.Stats().Dropped)
 }
 
 func TestStatsDroppedReplayBudget(t *testing.T) {
 	b := newBus(t, Options{ReplayBudgetBytes: 250})
 	for range 5 {
-		pubSized11(t, b, "e", 100)
+		publishSized(t, b, "e", 100)
 	}
 	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
 	fs := readyNow(s)
-	assert.Equal(t, []string{"#1", "#2", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
+	assert.Equal(t, []string{"#1", "#2", TypeStateResyncRequired, TypeReplayComplete}, describe(fs))
 	assert.Equal(t, DroppedStats{ReplayBudget: 3}, b.Stats().Dropped)
 }
 
@@ -316,9 +316,9 @@ func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	ctxSub, err := b.Subscribe(ctx, SubscribeOptions{})
 	require.NoError(t, err)
-	pubN11(t, b, "e", 5)
+	publishTypeN(t, b, "e", 5)
 	readyNow(ctxSub)
-	pubN11(t, b, "e", 3) // closed: 8 buffered, ctxSub: 3
+	publishTypeN(t, b, "e", 3) // closed: 8 buffered, ctxSub: 3
 
 	closed.Close()
 	assert.Equal(t, uint64(8), b.Stats().Dropped.Cancelled)
@@ -332,16 +332,16 @@ func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
 	// drops its buffer.
 	b2 := newBus(t, Options{})
 	s := subscribe(t, b2, SubscribeOptions{})
-	pubN11(t, b2, "e", 4)
+	publishTypeN(t, b2, "e", 4)
 	require.NoError(t, b2.Close())
 	s.Close()
 	assert.Equal(t, uint64(4), b2.Stats().Dropped.Cancelled)
-	assert.Empty(t, coreCollect(s))
+	assert.Empty(t, collectEvents(s))
 }
 
 func TestStatsDroppedBlockedWhenFirstWriteFails(t *testing.T) {
 	b := newBus(t, Options{})
-	pubN11(t, b, "e", 3)
+	publishTypeN(t, b, "e", 3)
 	serveFailing11(t, b, 0, "0") // the retry: line fails; 3 events + replay_complete are buffered
 	st := b.Stats()
 	assert.Equal(t, DroppedStats{Blocked: 4}, st.Dropped)
@@ -351,7 +351,7 @@ func TestStatsDroppedBlockedWhenFirstWriteFails(t *testing.T) {
 
 func TestStatsDroppedBlockedCountsTheFailedBatch(t *testing.T) {
 	b := newBus(t, Options{})
-	pubN11(t, b, "e", 3)
+	publishTypeN(t, b, "e", 3)
 	serveFailing11(t, b, 1, "0") // the retry: line goes out, the first batch of 4 frames fails
 	st := b.Stats()
 	assert.Equal(t, DroppedStats{Blocked: 4}, st.Dropped, "the frames of the failed batch are lost")
@@ -362,22 +362,22 @@ func TestStatsDroppedBlockedCountsTheFailedBatch(t *testing.T) {
 func TestStatsRingLenAndBytes(t *testing.T) {
 	b := newBus(t, Options{RingSize: 5})
 	for range 3 {
-		pubSized11(t, b, "e", 100)
+		publishSized(t, b, "e", 100)
 	}
 	st := b.Stats()
 	assert.Equal(t, 3, st.RingLen)
 	assert.Equal(t, 300, st.RingBytes)
 	for range 4 {
-		pubSized11(t, b, "e", 120)
+		publishSized(t, b, "e", 120)
 	}
-	sig11(t, b, "x", "a")
+	sendSignal(t, b, "x", "a")
 	st = b.Stats()
 	assert.Equal(t, 5, st.RingLen)
 	assert.Equal(t, 100+4*120, st.RingBytes)
 
 	b2 := newBus(t, Options{RingMaxBytes: 350})
 	for range 5 {
-		pubSized11(t, b2, "e", 100)
+		publishSized(t, b2, "e", 100)
 	}
 	st = b2.Stats()
 	assert.Equal(t, 3, st.RingLen)
@@ -395,13 +395,13 @@ var statsSink11 Stats
 func TestStatsDoesNotAllocate(t *testing.T) {
 	b := newBus(t, Options{})
 	subscribe(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 3)
+	publishTypeN(t, b, "e", 3)
 	assert.Zero(t, testing.AllocsPerRun(100, func() { statsSink11 = b.Stats() }))
 }
 
 func TestStatsTakesNoLock(t *testing.T) {
 	b := newBus(t, Options{})
-	pubN11(t, b, "e", 2)
+	publishTypeN(t, b, "e", 2)
 	b.mu.Lock()
 	got := make(chan Stats, 1)
 	go func() { got <- b.Stats() }()
@@ -529,7 +529,7 @@ func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 
 	evict := subscribe(t, b, SubscribeOptions{})
 	resync := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
-	pubN11(t, b, "e", 12)
+	publishTypeN(t, b, "e", 12)
 	ds = rec.take()
 	require.Equal(t, []string{DiagSlowClient, DiagSlowClient}, []string{ds[0].Kind, ds[1].Kind})
 	a = attrs11(ds[0])
@@ -540,7 +540,7 @@ func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 	assert.Equal(t, int64(DefaultMaxQueuedBytes), a["maxQueuedBytes"])
 	assert.Positive(t, a["queuedBytes"])
 
-	pubN11(t, b, "e", 5) // #13..#17: #17 overflows both
+	publishTypeN(t, b, "e", 5) // #13..#17: #17 overflows both
 	ds = rec.take()
 	require.Len(t, ds, 2)
 	assert.Equal(t, DiagOverflowResync, ds[0].Kind)
@@ -570,7 +570,7 @@ func TestOnDiagnosticTrueSuppressesTheLogLine(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: logs.logger()})
 	subscribe(t, b, SubscribeOptions{})
 	_, _ = b.Publish(Event{Type: "bad\n"})
-	pubN11(t, b, "e", 12) // slow_client, not suppressed
+	publishTypeN(t, b, "e", 12) // slow_client, not suppressed
 	assert.Equal(t, []string{DiagPublishRejected, DiagSlowClient}, rec.kinds(), "the callback sees both")
 	out := logs.String()
 	assert.NotContains(t, out, "publish rejected", "true suppresses the log line")
@@ -586,7 +586,7 @@ func TestOnDiagnosticFalseLetsEveryLogLineThrough(t *testing.T) {
 	subscribe(t, b, SubscribeOptions{})
 	subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 	_, _ = b.Publish(Event{Type: ""})
-	pubN11(t, b, "e", 17)
+	publishTypeN(t, b, "e", 17)
 	serveFailing11(t, b, 0, "")
 	assert.ElementsMatch(t, []string{DiagPublishRejected, DiagSlowClient, DiagSlowClient, DiagOverflowResync, DiagEvicted, DiagWriteFailed},
 		rec.kinds())
@@ -602,16 +602,16 @@ func TestOnDiagnosticNeverCalledWithTheBusLockHeld(t *testing.T) {
 		DiagPublishRejected: func(t *testing.T, b *EventBus) { _, _ = b.Publish(Event{}) },
 		DiagSlowClient: func(t *testing.T, b *EventBus) {
 			subscribe(t, b, SubscribeOptions{})
-			pubN11(t, b, "e", 12)
+			publishTypeN(t, b, "e", 12)
 		},
 		DiagEvicted: func(t *testing.T, b *EventBus) {
 			subscribe(t, b, SubscribeOptions{})
-			pubN11(t, b, "e", 17)
+			publishTypeN(t, b, "e", 17)
 		},
 		DiagOverflowResync: func(t *testing.T, b *EventBus) {
 			subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 			for range 17 {
-				sig11(t, b, "s", fmt.Sprint(b.Stats().Signals)) // through Signal this time
+				sendSignal(t, b, "s", fmt.Sprint(b.Stats().Signals)) // through Signal this time
 			}
 		},
 		DiagWriteFailed: func(t *testing.T, b *EventBus) { serveFailing11(t, b, 0, "") },

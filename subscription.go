@@ -3,13 +3,11 @@ package eventbus
 import (
 	"context"
 	"errors"
-	"fmt"
 	"iter"
 	"log/slog"
 	"math"
 	"runtime"
 	"sync/atomic"
-	"time"
 )
 
 // Subscription is one subscriber's view of a bus: a bounded queue of frames
@@ -80,32 +78,12 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if opts.MaxQueued < 0 {
-		return nil, fmt.Errorf("%w: MaxQueued is %d, must not be negative", ErrInvalidOption, opts.MaxQueued)
-	}
-	if opts.OverflowPolicy > OverflowCatchUp {
-		return nil, fmt.Errorf("%w: unknown OverflowPolicy %d", ErrInvalidOption, opts.OverflowPolicy)
-	}
-	if opts.CatchUpStallTimeout != 0 && opts.CatchUpStallTimeout < time.Millisecond {
-		return nil, fmt.Errorf("%w: CatchUpStallTimeout is %s, must be at least 1ms", ErrInvalidOption, opts.CatchUpStallTimeout)
-	}
-	filter, err := compileFilters(opts.Types)
+	set, err := opts.resolve(b.opts)
 	if err != nil {
 		return nil, err
 	}
-	maxQueued := opts.MaxQueued
-	if maxQueued == 0 {
-		maxQueued = b.opts.MaxQueued
-	}
-	s := &Subscription{bus: b, filter: filter, policy: opts.OverflowPolicy}
-	if s.policy == 0 {
-		s.policy = b.opts.OverflowPolicy
-	}
-	stall := opts.CatchUpStallTimeout
-	if stall == 0 {
-		stall = b.opts.CatchUpStallTimeout
-	}
-	s.stallMillis = stall.Milliseconds()
+	maxQueued := set.maxQueued
+	s := &Subscription{bus: b, filter: set.filter, policy: set.policy, stallMillis: set.stall.Milliseconds()}
 	s.q.init(maxQueued, b.opts.MaxQueuedBytes)
 	s.warnFrames = WarnThresholdRatio * float64(maxQueued)
 	s.resetFrames = WarnResetRatio * float64(maxQueued)
@@ -172,12 +150,9 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 	case opts.Resume:
 		// One queue lock for the whole replay: thousands of frames cost
 		// one buffer allocation and no per-frame locking.
-		s.q.mu.Lock()
-		s.q.reserveLocked(b.ring.Len() + 3)
+		s.q.beginReplay(b.ring.Len() + 3)
 		b.replay(s, opts, &b.ring, b.ring.firstID(), b.nextID, s.q.forceAppendLocked)
-		s.q.publishLocked()
-		s.q.signalLocked()
-		s.q.mu.Unlock()
+		s.q.endReplay()
 	}
 	b.mu.Unlock()
 	if remote {
@@ -392,20 +367,20 @@ type iterBatch struct {
 // ended and the batch holds its last frames.
 func (it *iterBatch) fill(s *Subscription) (open bool) {
 	it.frames, open = s.take(it.frames[:0], true, &it.sizes)
-	it.unyielded = s.q.unyielded.Load()
+	it.unyielded = s.q.heldUnyielded()
 	return open
 }
 
 // next returns the next frame to yield and stops counting it toward the
 // caps, or false when the batch is done or the subscription was cancelled.
 func (it *iterBatch) next(q *boundedAsyncQueue) (Frame, bool) {
-	if it.i == len(it.frames) || q.discarded.Load() {
+	if it.i == len(it.frames) || q.isDiscarded() {
 		return Frame{}, false
 	}
 	f := it.frames[it.i]
 	if n := it.sizes[it.i]; n >= 0 {
 		it.unyielded -= unyieldedOf(1, n)
-		q.unyielded.Store(it.unyielded)
+		q.setUnyielded(it.unyielded)
 	}
 	it.i++
 	return f, true
@@ -428,7 +403,7 @@ func (it *iterBatch) done(s *Subscription) int {
 func (it *iterBatch) drop(s *Subscription) {
 	s.bus.stats.delivered.Add(uint64(it.i))
 	s.bus.stats.dropCancel.Add(uint64(len(it.frames) - it.i))
-	s.q.unyielded.Store(0)
+	s.q.setUnyielded(0)
 }
 
 // errWriteBlocked ends a subscription whose transport's write failed or

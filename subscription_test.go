@@ -20,10 +20,10 @@ import (
 func TestSubscribeRegistersSynchronously(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{})
-	corePublish(t, b, Event{Type: "t"})
-	fs, open := corePending(s)
+	publishEvent(t, b, Event{Type: "t"})
+	fs, open := s.AppendReady(nil)
 	assert.True(t, open)
-	assert.Equal(t, []string{"#1"}, coreDescribe(fs))
+	assert.Equal(t, []string{"#1"}, describe(fs))
 
 	// The same holds for a concurrent publisher: whatever is published after
 	// Subscribe returns is delivered.
@@ -42,8 +42,8 @@ func TestSubscribeRegistersSynchronously(t *testing.T) {
 	for range 50 {
 		s := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
 		after := b.LastEventID()
-		f := corePublish(t, b, Event{Type: "mine"})
-		fs, _ := corePending(s)
+		f := publishEvent(t, b, Event{Type: "mine"})
+		fs, _ := s.AppendReady(nil)
 		require.NotEmpty(t, fs)
 		assert.LessOrEqual(t, fs[0].ID(), after+1)
 		if errors.Is(s.Err(), ErrEvicted) {
@@ -79,7 +79,7 @@ func TestSubscribeLimitReturnsSubscriberLimitError(t *testing.T) {
 func TestSubscribeLimitReleasesTheContextWatch(t *testing.T) {
 	b := newBus(t, Options{MaxSubscribers: 1})
 	subscribe(t, b, SubscribeOptions{})
-	ctx := newCoreWatchCtx()
+	ctx := newWatchCtx()
 	_, err := b.Subscribe(ctx, SubscribeOptions{})
 	require.ErrorIs(t, err, ErrSubscriberLimitExceeded)
 	assert.Equal(t, 0, ctx.watchers())
@@ -87,17 +87,17 @@ func TestSubscribeLimitReleasesTheContextWatch(t *testing.T) {
 
 func TestSubscribeOnClosedBusReturnsEndedSubscription(t *testing.T) {
 	b := newBus(t, Options{})
-	corePublishN(t, b, 3)
+	publishNumbered(t, b, 3)
 	require.NoError(t, b.Close())
-	ctx := newCoreWatchCtx()
+	ctx := newWatchCtx()
 	s, err := b.Subscribe(ctx, SubscribeOptions{Resume: true})
 	require.NoError(t, err)
 	require.NotNil(t, s)
-	assert.Empty(t, coreCollect(s))
+	assert.Empty(t, collectEvents(s))
 	assert.NoError(t, s.Err())
 	assert.Equal(t, 0, b.SubscriberCount())
 	assert.Equal(t, 0, ctx.watchers())
-	fs, open := corePending(s)
+	fs, open := s.AppendReady(nil)
 	assert.Empty(t, fs)
 	assert.False(t, open)
 }
@@ -112,19 +112,19 @@ func TestSubscribeWithDoneContextReturnsEndedSubscription(t *testing.T) {
 		require.NoError(t, err)
 		require.NotNil(t, s)
 		assert.Equal(t, 1, b.SubscriberCount())
-		corePublishN(t, b, 2)
-		assert.Empty(t, coreCollect(s))
+		publishNumbered(t, b, 2)
+		assert.Empty(t, collectEvents(s))
 		assert.ErrorIs(t, s.Err(), context.Canceled)
 		synctest.Wait()
 		assert.Equal(t, 1, b.SubscriberCount())
 
 		// A done context is not even watched.
-		wc := newCoreWatchCtx()
+		wc := newWatchCtx()
 		wc.cancel()
 		s, err = b.Subscribe(wc, SubscribeOptions{})
 		require.NoError(t, err)
 		assert.Equal(t, 0, wc.watchers())
-		assert.Empty(t, coreCollect(s))
+		assert.Empty(t, collectEvents(s))
 		assert.Equal(t, 1, b.SubscriberCount())
 	})
 }
@@ -149,24 +149,24 @@ func TestSubscribeChecksInSpecOrder(t *testing.T) {
 	subscribe(t, full, SubscribeOptions{})
 	s, err = full.Subscribe(done, SubscribeOptions{})
 	require.NoError(t, err)
-	assert.Empty(t, coreCollect(s))
+	assert.Empty(t, collectEvents(s))
 }
 
 func TestSubscribeResumeFalseDiffersFromResumeFromZero(t *testing.T) {
 	b := newBus(t, Options{})
-	corePublishN(t, b, 3)
+	publishNumbered(t, b, 3)
 	live := subscribe(t, b, SubscribeOptions{LastEventID: 0})
 	fromStart := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
 	// LastEventID without Resume is ignored.
 	ignored := subscribe(t, b, SubscribeOptions{LastEventID: 1})
-	corePublish(t, b, Event{Type: "t"})
+	publishEvent(t, b, Event{Type: "t"})
 
-	fs, _ := corePending(live)
-	assert.Equal(t, []string{"#4"}, coreDescribe(fs))
-	fs, _ = corePending(ignored)
-	assert.Equal(t, []string{"#4"}, coreDescribe(fs))
-	fs, _ = corePending(fromStart)
-	assert.Equal(t, coreSeq(coreIDs(1, 3), TypeReplayComplete, "#4"), coreDescribe(fs))
+	fs, _ := live.AppendReady(nil)
+	assert.Equal(t, []string{"#4"}, describe(fs))
+	fs, _ = ignored.AppendReady(nil)
+	assert.Equal(t, []string{"#4"}, describe(fs))
+	fs, _ = fromStart.AppendReady(nil)
+	assert.Equal(t, seqOf(idRange(1, 3), TypeReplayComplete, "#4"), describe(fs))
 }
 
 // ---------------------------------------------------------------------------
@@ -178,15 +178,15 @@ func TestContextCancelDropsBufferAndEnds(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := b.Subscribe(ctx, SubscribeOptions{})
 		require.NoError(t, err)
-		corePublishN(t, b, 5)
+		publishNumbered(t, b, 5)
 		cancel()
 		synctest.Wait()
-		fs, open := corePending(s)
+		fs, open := s.AppendReady(nil)
 		assert.Empty(t, fs, "the buffer is dropped at once")
 		assert.False(t, open)
 		assert.ErrorIs(t, s.Err(), context.Canceled)
 		assert.Equal(t, 0, b.SubscriberCount())
-		corePublishN(t, b, 1)
+		publishNumbered(t, b, 1)
 		assert.Equal(t, 0, s.q.len())
 
 		// A consumer blocked in Events returns.
@@ -194,28 +194,28 @@ func TestContextCancelDropsBufferAndEnds(t *testing.T) {
 		s, err = b.Subscribe(ctx, SubscribeOptions{})
 		require.NoError(t, err)
 		ended := make(chan []Frame)
-		go func() { ended <- coreCollect(s) }()
-		corePublishN(t, b, 1)
+		go func() { ended <- collectEvents(s) }()
+		publishNumbered(t, b, 1)
 		synctest.Wait()
 		cancel()
-		assert.Equal(t, []string{"#7"}, coreDescribe(<-ended))
+		assert.Equal(t, []string{"#7"}, describe(<-ended))
 	})
 }
 
 func TestSubscriptionCloseDropsBufferAndEnds(t *testing.T) {
-	ctx := newCoreWatchCtx()
+	ctx := newWatchCtx()
 	b := newBus(t, Options{})
 	s, err := b.Subscribe(ctx, SubscribeOptions{})
 	require.NoError(t, err)
-	corePublishN(t, b, 5)
+	publishNumbered(t, b, 5)
 	s.Close()
-	fs, open := corePending(s)
+	fs, open := s.AppendReady(nil)
 	assert.Empty(t, fs)
 	assert.False(t, open)
 	assert.ErrorIs(t, s.Err(), context.Canceled)
 	assert.Equal(t, 0, b.SubscriberCount())
 	assert.Equal(t, 0, ctx.watchers(), "the context is no longer watched")
-	assert.Empty(t, coreCollect(s))
+	assert.Empty(t, collectEvents(s))
 }
 
 func TestCancellationIsIdempotent(t *testing.T) {
@@ -232,29 +232,29 @@ func TestCancellationIsIdempotent(t *testing.T) {
 		s.Close()
 		assert.ErrorIs(t, s.Err(), context.Canceled)
 		assert.Equal(t, 1, b.SubscriberCount())
-		corePublishN(t, b, 1)
-		fs, open := corePending(other)
+		publishNumbered(t, b, 1)
+		fs, open := other.AppendReady(nil)
 		assert.True(t, open)
-		assert.Equal(t, []string{"#1"}, coreDescribe(fs))
+		assert.Equal(t, []string{"#1"}, describe(fs))
 	})
 }
 
 func TestBreakingOutOfEventsClosesSubscription(t *testing.T) {
-	ctx := newCoreWatchCtx()
+	ctx := newWatchCtx()
 	b := newBus(t, Options{})
 	s, err := b.Subscribe(ctx, SubscribeOptions{})
 	require.NoError(t, err)
-	corePublishN(t, b, 3)
+	publishNumbered(t, b, 3)
 	var got []Frame
 	for f := range s.Events() {
 		got = append(got, f)
 		break
 	}
-	assert.Equal(t, []string{"#1"}, coreDescribe(got))
+	assert.Equal(t, []string{"#1"}, describe(got))
 	assert.Equal(t, 0, b.SubscriberCount())
 	assert.ErrorIs(t, s.Err(), context.Canceled)
 	assert.Equal(t, 0, ctx.watchers())
-	fs, open := corePending(s)
+	fs, open := s.AppendReady(nil)
 	assert.Empty(t, fs, "#2 and #3 were dropped")
 	assert.False(t, open)
 }
@@ -264,8 +264,8 @@ func TestEventsIsSingleUse(t *testing.T) {
 		b := newBus(t, Options{})
 		s := subscribe(t, b, SubscribeOptions{})
 		first := make(chan []Frame)
-		go func() { first <- coreCollect(s) }()
-		corePublishN(t, b, 2)
+		go func() { first <- collectEvents(s) }()
+		publishNumbered(t, b, 2)
 		synctest.Wait() // the first iterator took both and waits
 
 		n := 0
@@ -275,9 +275,9 @@ func TestEventsIsSingleUse(t *testing.T) {
 		assert.Zero(t, n, "a second range yields nothing")
 		assert.Equal(t, 1, b.SubscriberCount(), "and does not end the subscription")
 
-		corePublishN(t, b, 1)
+		publishNumbered(t, b, 1)
 		require.NoError(t, b.Close())
-		assert.Equal(t, []string{"#1", "#2", "#3"}, coreDescribe(<-first))
+		assert.Equal(t, []string{"#1", "#2", "#3"}, describe(<-first))
 
 		for range s.Events() {
 			n++
@@ -299,7 +299,7 @@ func TestEventsDeliversToABlockedConsumer(t *testing.T) {
 		}()
 		for i := range 5 {
 			synctest.Wait() // the consumer is blocked waiting
-			corePublishN(t, b, 1)
+			publishNumbered(t, b, 1)
 			f := <-got
 			assert.Equal(t, uint64(i+1), f.ID())
 		}
@@ -317,7 +317,7 @@ func TestReadyAndAppendReady(t *testing.T) {
 		t.Fatal("token before any frame")
 	default:
 	}
-	corePublishN(t, b, 2)
+	publishNumbered(t, b, 2)
 	select {
 	case <-s.Ready():
 	default:
@@ -327,7 +327,7 @@ func TestReadyAndAppendReady(t *testing.T) {
 	fs, open := s.AppendReady(dst)
 	assert.True(t, open)
 	require.Len(t, fs, 3, "appended after what dst held")
-	assert.Equal(t, []string{"#1", "#2"}, coreDescribe(fs[1:]))
+	assert.Equal(t, []string{"#1", "#2"}, describe(fs[1:]))
 	fs, open = s.AppendReady(nil)
 	assert.Empty(t, fs)
 	assert.True(t, open)
@@ -349,19 +349,19 @@ func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
 		polled := subscribe(t, b, SubscribeOptions{})
 		ranged := subscribe(t, b, SubscribeOptions{})
 		got := make(chan []Frame)
-		go func() { got <- coreCollect(ranged) }()
-		corePublishN(t, b, 3)
-		fs, _ := corePending(polled)
+		go func() { got <- collectEvents(ranged) }()
+		publishNumbered(t, b, 3)
+		fs, _ := polled.AppendReady(nil)
 		require.Len(t, fs, 3)
-		corePublishN(t, b, 2)
+		publishNumbered(t, b, 2)
 
 		require.NoError(t, b.Close())
 		assert.Equal(t, 0, b.SubscriberCount())
-		assert.Equal(t, coreIDs(1, 5), coreDescribe(<-got))
-		fs, open := corePending(polled)
-		assert.Equal(t, coreIDs(4, 5), coreDescribe(fs))
+		assert.Equal(t, idRange(1, 5), describe(<-got))
+		fs, open := polled.AppendReady(nil)
+		assert.Equal(t, idRange(4, 5), describe(fs))
 		assert.False(t, open)
-		assert.Equal(t, coreIDs(1, 5), coreDescribe(coreCollect(never)))
+		assert.Equal(t, idRange(1, 5), describe(collectEvents(never)))
 		for _, s := range []*Subscription{never, polled, ranged} {
 			assert.NoError(t, s.Err(), "a closed bus is no error")
 		}
@@ -373,12 +373,12 @@ func TestBusCloseWithErrorEndsEverySubscriptionWithATerminalFrame(t *testing.T) 
 		b := newBus(t, Options{})
 		never := subscribe(t, b, SubscribeOptions{})
 		polled := subscribe(t, b, SubscribeOptions{})
-		corePublishN(t, b, 2)
+		publishNumbered(t, b, 2)
 		require.NoError(t, b.CloseWithError(ErrorKindUnavailable, "backplane unreachable"))
 		require.NoError(t, b.CloseWithError(ErrorKindInternal, "again"), "idempotent")
 		require.NoError(t, b.Close(), "a later Close changes nothing")
 		for _, s := range []*Subscription{never, polled} {
-			fs := coreCollect(s)
+			fs := collectEvents(s)
 			require.Len(t, fs, 3, "what was queued, then the terminal frame")
 			last := fs[2]
 			assert.True(t, last.Terminal())
@@ -395,25 +395,25 @@ func TestBusCloseWithErrorEndsEverySubscriptionWithATerminalFrame(t *testing.T) 
 func TestBusCloseIsIdempotent(t *testing.T) {
 	b := newBus(t, Options{})
 	s := subscribe(t, b, SubscribeOptions{})
-	corePublishN(t, b, 1)
+	publishNumbered(t, b, 1)
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() { assert.NoError(t, b.Close()) })
 	}
 	wg.Wait()
 	assert.NoError(t, b.Close())
-	assert.Equal(t, []string{"#1"}, coreDescribe(coreCollect(s)))
+	assert.Equal(t, []string{"#1"}, describe(collectEvents(s)))
 }
 
 func TestAfterClosePublishErrClosedAndSubscribeEnded(t *testing.T) {
 	b := newBus(t, Options{})
-	corePublishN(t, b, 2)
+	publishNumbered(t, b, 2)
 	require.NoError(t, b.Close())
 	_, err := b.Publish(Event{Type: "t"})
 	assert.ErrorIs(t, err, ErrClosed)
 	s, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true})
 	require.NoError(t, err)
-	assert.Empty(t, coreCollect(s))
+	assert.Empty(t, collectEvents(s))
 	assert.Equal(t, 0, b.SubscriberCount())
 	assert.Equal(t, uint64(2), b.LastEventID())
 }
@@ -425,14 +425,14 @@ func TestCancellationAfterCloseDropsDrainingBuffer(t *testing.T) {
 		viaCtx, err := b.Subscribe(ctx, SubscribeOptions{})
 		require.NoError(t, err)
 		viaClose := subscribe(t, b, SubscribeOptions{})
-		corePublishN(t, b, 3)
+		publishNumbered(t, b, 3)
 		require.NoError(t, b.Close())
 
 		cancel()
 		viaClose.Close()
 		synctest.Wait()
 		for _, s := range []*Subscription{viaCtx, viaClose} {
-			fs, open := corePending(s)
+			fs, open := s.AppendReady(nil)
 			assert.Empty(t, fs)
 			assert.False(t, open)
 		}
@@ -441,22 +441,22 @@ func TestCancellationAfterCloseDropsDrainingBuffer(t *testing.T) {
 
 func TestBusCloseReleasesContextWatchWhenDrained(t *testing.T) {
 	b := newBus(t, Options{})
-	polled, ranged := newCoreWatchCtx(), newCoreWatchCtx()
+	polled, ranged := newWatchCtx(), newWatchCtx()
 	s1, err := b.Subscribe(polled, SubscribeOptions{})
 	require.NoError(t, err)
 	s2, err := b.Subscribe(ranged, SubscribeOptions{})
 	require.NoError(t, err)
-	corePublishN(t, b, 2)
+	publishNumbered(t, b, 2)
 	require.NoError(t, b.Close())
 	// Still watched while draining, so a cancellation can drop the buffer.
 	assert.Equal(t, 1, polled.watchers())
 	assert.Equal(t, 1, ranged.watchers())
 
-	fs, open := corePending(s1)
+	fs, open := s1.AppendReady(nil)
 	assert.Len(t, fs, 2)
 	assert.False(t, open)
 	assert.Equal(t, 0, polled.watchers(), "released at the end of the stream")
-	assert.Len(t, coreCollect(s2), 2)
+	assert.Len(t, collectEvents(s2), 2)
 	assert.Equal(t, 0, ranged.watchers())
 }
 
@@ -481,8 +481,8 @@ func TestConcurrentPublishersDeliverIncreasingIDs(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, uint64(publishers*each), b.LastEventID())
 	for _, s := range subs {
-		fs, _ := corePending(s)
-		assert.Equal(t, coreIDs(1, publishers*each), coreDescribe(coreEventsOnly(fs)))
+		fs, _ := s.AppendReady(nil)
+		assert.Equal(t, idRange(1, publishers*each), describe(coreEventsOnly(fs)))
 	}
 }
 

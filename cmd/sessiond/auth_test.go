@@ -151,7 +151,7 @@ func TestAuthTokenAndCookie(t *testing.T) {
 }
 
 func TestAuthWithoutFlagsChangesNothing(t *testing.T) {
-	_, ts := newTestServer(t, eventbus.Options{})
+	srv, ts := newTestServer(t, eventbus.Options{})
 	for _, path := range []string{"/login", "/logout", "/revoke"} {
 		if r := call(t, http.MethodPost, ts.URL+path, nil, `{}`); r.status != http.StatusNotFound || r.json(t)["code"] != "not_found" {
 			t.Fatalf("POST %s without -auth-token: %d %s", path, r.status, r.body)
@@ -160,6 +160,7 @@ func TestAuthWithoutFlagsChangesNothing(t *testing.T) {
 	if r := call(t, http.MethodGet, ts.URL+"/", nil, ""); !bytes.Contains(r.body, []byte(`<body data-auth="off">`)) {
 		t.Fatal("the viewer shows its login form without -auth-token")
 	}
+	srv.create(t, "x")
 	s := openStream(t, ts.URL+"/session/x/events", nil) // no credentials needed
 	publish(t, ts, "x", `{"type":"a"}`)
 	if f, _ := s.mustNext(t); f.id != "1" {
@@ -169,8 +170,9 @@ func TestAuthWithoutFlagsChangesNothing(t *testing.T) {
 
 func TestAuthTokenLifetimeResumesWithoutLoss(t *testing.T) {
 	const lifetime = 400 * time.Millisecond
-	_, ts := newAuthServer(t, lifetime)
+	s, ts := newAuthServer(t, lifetime)
 	events := ts.URL + "/session/l/events"
+	s.create(t, "l")
 	stop := make(chan struct{})
 	published := make(chan uint64, 1)
 	go func() {
@@ -258,11 +260,12 @@ func readIDsUntil(t *testing.T, s *sseStream, last uint64) []uint64 {
 func TestAuthLogoutRevokesExactlyTheSubject(t *testing.T) {
 	s, ts := newAuthServer(t, 0)
 	events := ts.URL + "/session/r/events"
+	s.create(t, "r")
 	alice, bob := loginCookie(t, ts, "alice"), loginCookie(t, ts, "bob")
 	a1, a2 := openStream(t, events, alice), openStream(t, events, alice)
 	b1 := openStream(t, events, bob)
 	tok := openStream(t, events, bearer())
-	waitFor(t, "four streams", func() bool { return s.sessions["r"].bus.SubscriberCount() == 4 })
+	waitFor(t, "four streams", func() bool { return s.subscribers("r") == 4 })
 
 	r := call(t, http.MethodPost, ts.URL+"/logout", alice, "")
 	if r.status != http.StatusOK || r.json(t)["revoked"] != float64(2) || r.json(t)["subject"] != "alice" {

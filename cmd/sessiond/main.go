@@ -10,8 +10,10 @@
 //	GET    /                              a viewer page that watches one session live
 //	GET    /static/eventbus-client/{file} the JavaScript client's modules the viewer imports
 //	                                      (the files of clients/js, embedded)
-//	GET    /session/{id}/events           the SSE stream (eventbus.Handler); creates the session on first use
-//	POST   /session/{id}/events           publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...}
+//	GET    /session/{id}/events           the SSE stream (eventbus.Handler); 404 session_not_found for a
+//	                                      session that does not exist (never creates one; HEAD neither)
+//	POST   /session/{id}/events           publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...};
+//	                                      creates the session; 503 too_many_sessions when -max-sessions are live
 //	GET    /session/{id}                  status of a session as JSON (404 if it does not exist)
 //	DELETE /session/{id}                  close the session's bus and forget it (its streams drain and end) -> 204
 //	POST   /session/{id}/disconnect       cut every open stream of the session, as a load balancer would:
@@ -24,14 +26,20 @@
 // -token-lifetime bounds each stream and login; POST /logout and POST
 // /revoke end a subject's streams (README "Access control").
 //
-// A GET or POST after DELETE starts a new session with a new epoch. With -demo
+// The sessions live in an eventbus.Hub: -max-sessions bounds them, a session
+// without a publish and without a stream for -idle-timeout is closed and
+// forgotten (a full hub of idle sessions makes room at once), and
+// -max-total-bytes bounds every replay ring together. A POST after DELETE or
+// expiry starts a new session with a new epoch. Request headers and bodies
+// are bounded (-header-timeout, -body-timeout, -body-budget; see
+// internal/daemon.Limits). With -demo
 // the daemon publishes "tick" events to session "demo". The SSE ids carry the
 // epoch (-epoch-ids, on by default, so that a browser's own Last-Event-ID
 // names it); other origins may open the stream with -cors-origin. It serves HTTP/1.1 and h2c,
 // or HTTPS with HTTP/2 with -tls-cert and -tls-key. A route answers a wrong
 // method with a JSON 405 and an unknown path with a JSON 404. On SIGINT or
-// SIGTERM it closes every bus (open streams drain and end), then shuts the
-// HTTP server down.
+// SIGTERM it shuts the hub down (every bus closes; open streams drain within
+// -shutdown-timeout and end), then the HTTP server.
 package main
 
 import (
@@ -52,17 +60,22 @@ Routes:
   GET    /                          viewer page (?session=ID, default "demo"; ?transport=fetch,
                                     ?maxQueued=N, ?types=a,b), read with the JavaScript client
   GET    /static/eventbus-client/F  the JavaScript client's modules (index.js, client.js, parser.js)
-  GET    /session/{id}/events       SSE stream; creates the session on first use
-                                    (Last-Event-ID or ?lastEventId= resumes; ?maxQueued=16..2048)
+  GET    /session/{id}/events       SSE stream (Last-Event-ID or ?lastEventId= resumes;
+                                    ?maxQueued=16..2048); 404 session_not_found when the
+                                    session does not exist: a GET or HEAD never creates one
   POST   /session/{id}/events       publish {"type":"...","data":...,"originatorClientId":"..."}
-                                    -> {"id":N,"epoch":"..."}; 400 bad body or type, 413 too large.
+                                    -> {"id":N,"epoch":"..."}, creating the session; 400 bad body
+                                    or type, 413 too large, 408 body slower than -body-timeout,
+                                    503 server_busy (-body-budget) or too_many_sessions
+                                    (-max-sessions live, none idle) with Retry-After.
                                     With an Idempotency-Key header a retry of the same event within
                                     -idempotency-window (up to 256 keys per session) appends nothing
                                     -> {"id":<first>,"epoch":"...","duplicate":true}; the key with
                                     another event: 422 idempotency_key_reused
   GET    /session/{id}              session status as JSON; 404 if the session does not exist
   DELETE /session/{id}              close the session's bus and forget it -> 204; the next
-                                    GET or POST starts a new session with a new epoch
+                                    POST starts a new session with a new epoch (so does a POST
+                                    after -idle-timeout without a publish or a stream)
   POST   /session/{id}/disconnect   demo feature: cut every open stream of the session, as a
                                     load balancer would; clients reconnect and resume with
                                     Last-Event-ID -> {"disconnected":N,"mode":...}
@@ -76,15 +89,22 @@ Flags:
 `
 
 // run parses args, serves until ctx is done, then shuts down: every bus is
-// closed first (open streams drain and end), then the HTTP server.
-func run(ctx context.Context, args []string, logOut io.Writer) error {
+// closed first (open streams drain and end), then the HTTP server. ready,
+// when set, is called with the listen address once the daemon serves.
+func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr string)) error {
 	fs, f := daemon.NewFlags("sessiond", usageText, logOut, daemon.FlagDocs{
 		DefaultAddr:    "127.0.0.1:8080",
 		Ring:           "replay ring size in events per session (0: eventbus default 8000)",
 		MaxSubscribers: "concurrent streams per session (0: eventbus default 64)",
 		WriteTimeout:   "deadline of one SSE write+flush; a stream that blocks past it is dropped (0: handler default 30s)",
 	})
-	maxSessions := fs.Int("max-sessions", 1000, "sessions the daemon keeps at once; a new one beyond this is refused with 503")
+	var (
+		maxSessions   = fs.Int("max-sessions", 0, "sessions held at once; a new one beyond this, when none is idle, gets 503 too_many_sessions (0: eventbus default 1000)")
+		idleTimeout   = fs.Duration("idle-timeout", 0, "close and forget a session after this long without a publish and without a stream; its next publish starts a new epoch (0: eventbus default 10m; negative: never)")
+		maxTotalBytes = fs.Int64("max-total-bytes", 0, "bound on the sum of every session's replay ring bytes; past it the oldest events of the largest rings go, and resumes past them get ring_evicted (0: eventbus default 256 MiB)")
+		maxAge        = fs.Duration("max-age", 0, "events older than this leave the replay ring; resumes past them get ring_evicted (0: no age bound)")
+		createStream  = fs.Bool("create-on-stream", false, "a GET or HEAD of the stream creates its session, as a POST does: the behavior before the hub, for tests of clients that reconnect across restarts (it lets a client fill -max-sessions with idle sessions for -idle-timeout)")
+	)
 	if err := daemon.Parse(fs, args); err != nil {
 		return err
 	}
@@ -98,12 +118,20 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 		return err
 	}
 
+	bus := f.BusOptions(logger)
+	bus.MaxAge = *maxAge
 	srv, err := newServer(config{
-		Options:     f.BusOptions(logger),
-		MaxSessions: *maxSessions,
-		Stream:      f.Handler,
-		Logger:      logger,
-		Auth:        auth,
+		Hub: eventbus.HubOptions{
+			Bus:           bus,
+			MaxSessions:   *maxSessions,
+			IdleTimeout:   *idleTimeout,
+			MaxTotalBytes: *maxTotalBytes,
+			Logger:        logger,
+		},
+		Stream:         f.Handler,
+		Logger:         logger,
+		Auth:           auth,
+		CreateOnStream: *createStream,
 
 		IdempotencyWindow: f.IdempotencyWindow,
 	})
@@ -112,6 +140,7 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	}
 	ln, err := net.Listen("tcp", f.Addr)
 	if err != nil {
+		srv.hub.Close()
 		return err
 	}
 	scheme := "http://"
@@ -125,10 +154,19 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 		TLS:             tlsConfig,
 		Logger:          logger,
 		ListenAttrs:     []any{"url", scheme + ln.Addr().String() + "/"},
-		Close:           srv.closeAll,
+		Close:           srv.shutdown,
+		Ready:           ready,
 		ShutdownTimeout: f.ShutdownTimeout,
+		Limits:          f.Limits(),
 	}
 	if f.Demo {
+		// The demo session exists from the start, so that a viewer can
+		// watch it before the first tick; the ticks keep it from expiring.
+		if _, err := srv.hub.GetOrCreate(daemon.DemoSession); err != nil {
+			srv.hub.Close()
+			ln.Close()
+			return err
+		}
 		d.Demo = &daemon.Demo{Interval: f.DemoInterval, Publish: srv.publishDemo, Logger: logger}
 	}
 	return d.Run(ctx)

@@ -35,8 +35,8 @@ func TestMain(m *testing.M) {
 func newTestServer(t *testing.T, opts eventbus.Options) (*server, *httptest.Server) {
 	t.Helper()
 	s, err := newServer(config{
-		Options: opts,
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Hub:    eventbus.HubOptions{Bus: opts},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -347,7 +347,7 @@ func TestSessionIDTooLong(t *testing.T) {
 }
 
 func TestMaxSessionsAndShutdownAreRefusedClearly(t *testing.T) {
-	s, err := newServer(config{MaxSessions: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s, err := newServer(config{Hub: eventbus.HubOptions{MaxSessions: 1}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,9 +361,8 @@ func TestMaxSessionsAndShutdownAreRefusedClearly(t *testing.T) {
 	if r := publish(t, ts, "two", `{"type":"a"}`); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" {
 		t.Fatalf("POST to a second session: %d %s", r.status, r.body)
 	}
-	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusServiceUnavailable || r.json(t)["code"] != "too_many_sessions" ||
-		r.header.Get("Retry-After") != "1" {
-		t.Fatalf("GET of a second session: %d %v %s", r.status, r.header, r.body)
+	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusNotFound || r.json(t)["code"] != "session_not_found" {
+		t.Fatalf("GET of a second session: %d %v %s, want 404 (a GET never creates)", r.status, r.header, r.body)
 	}
 	if r := do(t, http.MethodGet, ts.URL+"/session/"+strings.Repeat("x", maxSessionIDBytes+1)+"/events", ""); r.status != http.StatusBadRequest ||
 		r.json(t)["code"] != "invalid_session_id" {
@@ -413,19 +412,31 @@ func TestDeleteStartsANewEpoch(t *testing.T) {
 		t.Fatalf("POST after DELETE: %v, before: %v", again, first)
 	}
 
-	// A GET after DELETE starts a new session too.
+	// A GET or HEAD after DELETE is a 404 and creates nothing; a resume
+	// with the old epoch's cursor once a POST made the session again gets
+	// epoch_reset.
 	do(t, http.MethodDelete, ts.URL+"/session/d", "")
-	s = openStream(t, ts.URL+"/session/d/events", nil)
-	st := status(t, ts, "d")
-	if st == nil || st["epoch"] == again["epoch"] || st["lastEventId"] != float64(0) {
-		t.Fatalf("status after GET: %v", st)
+	for _, method := range []string{http.MethodGet, http.MethodHead} {
+		if r := do(t, method, ts.URL+"/session/d/events", ""); r.status != http.StatusNotFound {
+			t.Fatalf("%s after DELETE: %d %s, want 404", method, r.status, r.body)
+		}
+	}
+	if st := status(t, ts, "d"); st != nil {
+		t.Fatalf("a GET after DELETE made the session again: %v", st)
+	}
+	third := publish(t, ts, "d", `{"type":"a"}`).json(t)
+	s = openStream(t, ts.URL+"/session/d/events", http.Header{"Last-Event-ID": {again["epoch"].(string) + ":1"}})
+	if f, env := s.mustNext(t); f.event != "state_resync_required" || env["data"].(map[string]any)["reason"] != "epoch_reset" ||
+		env["data"].(map[string]any)["epoch"] != third["epoch"] {
+		t.Fatalf("resume across DELETE: %+v, want state_resync_required epoch_reset to %v", f, third["epoch"])
 	}
 	s.close()
 }
 
 func TestDisconnectCutsStreamsAndTheClientResumes(t *testing.T) {
-	_, ts := newTestServer(t, eventbus.Options{})
+	srv, ts := newTestServer(t, eventbus.Options{})
 	url := ts.URL + "/session/cut/events"
+	srv.create(t, "cut")
 
 	a := openStream(t, url, nil)
 	b := openStream(t, url, nil)
@@ -564,7 +575,7 @@ func TestRunServesTheDemoAndShutsDownOnCancel(t *testing.T) {
 	var logs lockedBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-demo", "-demo-interval", "10ms", "-heartbeat", "1s"}, &logs)
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-demo", "-demo-interval", "10ms", "-heartbeat", "1s"}, &logs, nil)
 	}()
 	addrRE := regexp.MustCompile(`msg="sessiond listening" addr=(\S+)`)
 	var addr string
@@ -602,7 +613,7 @@ func TestRunServesTheDemoAndShutsDownOnCancel(t *testing.T) {
 
 func TestRunFlags(t *testing.T) {
 	var out lockedBuffer
-	if err := run(context.Background(), []string{"-h"}, &out); !errors.Is(err, flag.ErrHelp) {
+	if err := run(context.Background(), []string{"-h"}, &out, nil); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
 	for _, want := range []string{"POST   /session/{id}/disconnect", "-max-subscribers", "-ring", "-demo", "-overflow policy"} {
@@ -610,13 +621,13 @@ func TestRunFlags(t *testing.T) {
 			t.Errorf("-h output lacks %q:\n%s", want, out.String())
 		}
 	}
-	if err := run(context.Background(), []string{"-ring", "-1", "-addr", "127.0.0.1:0"}, io.Discard); !errors.Is(err, eventbus.ErrInvalidOption) {
+	if err := run(context.Background(), []string{"-ring", "-1", "-addr", "127.0.0.1:0"}, io.Discard, nil); !errors.Is(err, eventbus.ErrInvalidOption) {
 		t.Fatalf("-ring -1: %v", err)
 	}
-	if err := run(context.Background(), []string{"extra"}, io.Discard); err == nil {
+	if err := run(context.Background(), []string{"extra"}, io.Discard, nil); err == nil {
 		t.Fatal("a positional argument was accepted")
 	}
-	if err := run(context.Background(), []string{"-overflow", "drop", "-addr", "127.0.0.1:0"}, io.Discard); err == nil {
+	if err := run(context.Background(), []string{"-overflow", "drop", "-addr", "127.0.0.1:0"}, io.Discard, nil); err == nil {
 		t.Fatal("-overflow drop was accepted")
 	}
 }
@@ -670,5 +681,23 @@ func TestPublishIdempotencyKey(t *testing.T) {
 	r = postKeyed(t, ts, "s", "order-1", body)
 	if got := r.json(t); r.status != http.StatusOK || got["id"] != float64(1) || got["duplicate"] != nil || got["epoch"] == first["epoch"] {
 		t.Fatalf("after DELETE: %d %s", r.status, r.body)
+	}
+}
+
+// subscribers returns the subscriber count of session id, 0 when the hub
+// has none.
+func (s *server) subscribers(id string) int {
+	if bus, ok := s.hub.Lookup(id); ok {
+		return bus.SubscriberCount()
+	}
+	return 0
+}
+
+// create makes session id in the hub, empty, as a publish would; a GET
+// never creates one.
+func (s *server) create(t *testing.T, id string) {
+	t.Helper()
+	if _, err := s.hub.GetOrCreate(id); err != nil {
+		t.Fatal(err)
 	}
 }

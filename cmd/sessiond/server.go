@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ssebus/eventbus"
@@ -36,14 +37,14 @@ var publishErrors = daemon.PublishErrors{
 }
 
 var (
-	errShuttingDown    = errors.New("sessiond: shutting down")
-	errTooManySessions = errors.New("sessiond: too many sessions")
-	errInvalidSession  = fmt.Errorf("sessiond: session id longer than %d bytes", maxSessionIDBytes)
+	errShuttingDown   = errors.New("sessiond: shutting down")
+	errInvalidSession = fmt.Errorf("sessiond: session id longer than %d bytes", maxSessionIDBytes)
 )
 
 type config struct {
-	Options     eventbus.Options // used for every session's bus
-	MaxSessions int              // <= 0: unlimited
+	// Hub holds the sessions: its Bus options are every session's,
+	// MaxSessions, IdleTimeout and MaxTotalBytes bound them all.
+	Hub eventbus.HubOptions
 	// Stream, when set, sets the SSE handler's stream settings (Heartbeat,
 	// Retry, EpochIDs, CORS...); nil keeps the handler's defaults.
 	Stream func(*eventbus.Handler) error
@@ -52,35 +53,48 @@ type config struct {
 	// Idempotency-Key (at most daemon.DefaultIdempotencyKeys of them);
 	// 0: daemon.DefaultIdempotencyWindow.
 	IdempotencyWindow time.Duration
+	// CreateOnStream (-create-on-stream) makes a GET or HEAD of the
+	// stream get-or-create its session, as before the hub. For tests of
+	// clients that reconnect across restarts and DELETEs (and learn the
+	// epoch with a HEAD); it lets a client fill MaxSessions with sessions
+	// that stay until they are idle for IdleTimeout.
+	CreateOnStream bool
 	// Auth, when set, is the access control of -auth-token: every
 	// /session route needs credentials, POST /login, /logout and /revoke
 	// exist, and the viewer shows its login form. nil: none.
 	Auth *daemon.Auth
 }
 
-// server owns the sessions. It is safe for concurrent use.
+// server serves the sessions of its hub. It is safe for concurrent use.
 type server struct {
 	cfg     config
 	logger  *slog.Logger
+	hub     *eventbus.Hub
 	maxBody int64
 	events  http.Handler      // the eventbus SSE handler; its Lookup is s.lookup
 	enc     *eventbus.Encoder // for the fingerprints of idempotent publishes
 	index   []byte            // the viewer page, told whether to show its login form
 
-	mu       sync.Mutex
-	closed   bool
-	sessions map[string]*session
+	closing atomic.Bool // set by shutdown: new requests get 503 shutting_down
+
+	mu sync.Mutex
+	// What the daemon records about each session's bus beside the hub:
+	// its Idempotency-Keys and stream counts. An entry lives as long as its
+	// bus is the hub's for its id; a bus the hub has expired or deleted
+	// leaves it for prune.
+	meta map[*eventbus.EventBus]*session
+	// streams are the open GET streams by session id, for /disconnect;
+	// each removes itself when it ends.
+	streams map[string]map[*daemon.Stream]struct{}
 }
 
-// session is one bus plus what the daemon records about its streams. Every
-// field but id and bus is guarded by server.mu.
+// session is what the daemon records about one bus of the hub. Every
+// field but id, bus, created and idem is guarded by server.mu.
 type session struct {
 	id      string
 	bus     *eventbus.EventBus
 	created time.Time
-
-	idem    daemon.Idempotency   // the session's Idempotency-Keys (own lock)
-	streams map[*stream]struct{} // open GET streams, for /disconnect
+	idem    daemon.Idempotency // the session's Idempotency-Keys (own lock)
 	// GET requests that reached the bus (after the handler's own checks; a
 	// 429 for the subscriber limit still counts), and those of them that
 	// carried a Last-Event-ID header or ?lastEventId=.
@@ -89,51 +103,37 @@ type session struct {
 	lastResumeFrom string // that value, as the client sent it (truncated)
 }
 
-// stream is one GET /session/{id}/events request; /disconnect cuts it.
-type stream struct {
-	cut  *daemon.Stream
-	sess *session // set by lookup; guarded by server.mu
-}
-
-type streamKey struct{}
-
-func (sess *session) busOrNil() *eventbus.EventBus {
-	if sess == nil {
-		return nil
-	}
-	return sess.bus
-}
-
 func newServer(cfg config) (*server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Options.Logger == nil {
-		cfg.Options.Logger = cfg.Logger
+	if cfg.Hub.Logger == nil {
+		cfg.Hub.Logger = cfg.Logger
 	}
-	// Validate the bus options once, at startup, rather than on the first request.
-	probe, err := eventbus.New(cfg.Options)
+	if cfg.Hub.Bus.Logger == nil {
+		cfg.Hub.Bus.Logger = cfg.Logger
+	}
+	enc, err := eventbus.NewEncoder(cfg.Hub.Bus)
 	if err != nil {
 		return nil, err
 	}
-	probe.Close()
-	enc, err := eventbus.NewEncoder(cfg.Options)
-	if err != nil {
-		return nil, err
-	}
-
 	s := &server{
-		enc:      enc,
-		cfg:      cfg,
-		logger:   cfg.Logger,
-		maxBody:  daemon.MaxBody(cfg.Options.MaxEventBytes),
-		sessions: make(map[string]*session),
+		enc:     enc,
+		cfg:     cfg,
+		logger:  cfg.Logger,
+		maxBody: daemon.MaxBody(cfg.Hub.Bus.MaxEventBytes),
+		meta:    make(map[*eventbus.EventBus]*session),
+		streams: make(map[string]map[*daemon.Stream]struct{}),
 	}
 	h := &eventbus.Handler{Lookup: s.lookup, Logger: cfg.Logger}
 	if cfg.Stream != nil {
 		if err := cfg.Stream(h); err != nil {
 			return nil, err
 		}
+	}
+	// The hub last: its goroutine is only started once nothing can fail.
+	if s.hub, err = eventbus.NewHub(cfg.Hub); err != nil {
+		return nil, err
 	}
 	cfg.Auth.Install(h)
 	s.events = h
@@ -154,41 +154,65 @@ func (s *server) routes() http.Handler {
 	return s.cfg.Auth.Protect(mux)
 }
 
-// getSession returns the live session id, creating it when create is set.
-func (s *server) getSession(id string, create bool) (*session, error) {
+// session returns the daemon's record of bus, the hub's bus of session
+// id, making it on first use.
+func (s *server) session(id string, bus *eventbus.EventBus) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.meta[bus]
+	if sess == nil {
+		s.pruneLocked()
+		sess = &session{id: id, bus: bus, created: time.Now()}
+		sess.idem.Window = s.cfg.IdempotencyWindow
+		s.meta[bus] = sess
+	}
+	return sess
+}
+
+// pruneLocked forgets the records of buses the hub no longer holds (idle
+// expiry, DELETE), once there are twice as many records as sessions: the
+// records stay within a constant factor of the sessions, at O(1) amortized
+// cost per new session. The caller holds s.mu.
+func (s *server) pruneLocked() {
+	if len(s.meta) < 2*s.hub.Len()+64 {
+		return
+	}
+	for bus, sess := range s.meta {
+		if cur, ok := s.hub.Lookup(sess.id); !ok || cur != bus {
+			delete(s.meta, bus)
+		}
+	}
+}
+
+// withBus runs publish on the hub's bus of session id, made if needed
+// (hub.GetOrCreate), once more on a new bus when the session expired or
+// was deleted between the two (as hub.Publish does; this daemon needs the
+// bus for its epoch and its Idempotency-Keys).
+func (s *server) withBus(id string, publish func(*session) error) (*session, error) {
 	if len(id) > maxSessionIDBytes {
 		return nil, errInvalidSession
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, errShuttingDown
+	for retried := false; ; retried = true {
+		if s.closing.Load() {
+			return nil, errShuttingDown
+		}
+		bus, err := s.hub.GetOrCreate(id)
+		if err != nil {
+			return nil, err
+		}
+		sess := s.session(id, bus)
+		err = publish(sess)
+		if errors.Is(err, eventbus.ErrClosed) && !retried {
+			continue
+		}
+		return sess, err
 	}
-	if sess := s.sessions[id]; sess != nil {
-		return sess, nil
-	}
-	if !create {
-		return nil, eventbus.ErrSessionNotFound
-	}
-	if s.cfg.MaxSessions > 0 && len(s.sessions) >= s.cfg.MaxSessions {
-		return nil, errTooManySessions
-	}
-	bus, err := eventbus.New(s.cfg.Options) // validated in newServer; no I/O
-	if err != nil {
-		return nil, err
-	}
-	sess := &session{id: id, bus: bus, created: time.Now(), streams: make(map[*stream]struct{})}
-	sess.idem.Window = s.cfg.IdempotencyWindow
-	s.sessions[id] = sess
-	return sess, nil
 }
 
-// publish publishes ev to session id, creating the session if needed. A bus
-// closed by a concurrent DELETE is replaced by a new session, as a POST after
-// the DELETE would be.
+// publish publishes ev to session id, creating the session if needed.
 func (s *server) publish(id string, ev eventbus.Event) (eventbus.Frame, *session, error) {
 	var f eventbus.Frame
-	sess, err := s.withSession(id, func(sess *session) (err error) {
+	sess, err := s.withBus(id, func(sess *session) (err error) {
 		f, err = sess.bus.Publish(ev)
 		return err
 	})
@@ -198,7 +222,7 @@ func (s *server) publish(id string, ev eventbus.Event) (eventbus.Frame, *session
 // publishIdempotent is publish with an Idempotency-Key whose event has
 // fingerprint fp (daemon.Idempotency.Publish).
 func (s *server) publishIdempotent(id, key, fp string, ev eventbus.Event) (eventID uint64, sess *session, duplicate bool, err error) {
-	sess, err = s.withSession(id, func(sess *session) (err error) {
+	sess, err = s.withBus(id, func(sess *session) (err error) {
 		eventID, duplicate, err = sess.idem.Publish(key, fp, func() (uint64, error) {
 			f, err := sess.bus.Publish(ev)
 			return f.ID(), err
@@ -208,34 +232,18 @@ func (s *server) publishIdempotent(id, key, fp string, ev eventbus.Event) (event
 	return eventID, sess, duplicate, err
 }
 
-// withSession runs publish on session id, created if needed, again on a new
-// session when a concurrent DELETE closed the bus.
-func (s *server) withSession(id string, publish func(*session) error) (*session, error) {
-	for attempt := 0; ; attempt++ {
-		sess, err := s.getSession(id, true)
-		if err != nil {
-			return nil, err
-		}
-		err = publish(sess)
-		if errors.Is(err, eventbus.ErrClosed) && attempt < 3 {
-			continue
-		}
-		return sess, err
-	}
-}
-
-// deleteSession forgets session id and closes its bus; its streams receive
-// what is queued, then end. It reports whether the session existed.
+// deleteSession closes session id's bus and forgets it (hub.Delete); its
+// streams receive what is queued, then end. It reports whether the
+// session existed.
 func (s *server) deleteSession(id string) bool {
-	s.mu.Lock()
-	sess := s.sessions[id]
-	delete(s.sessions, id)
-	s.mu.Unlock()
-	if sess == nil {
+	bus, ok := s.hub.Lookup(id)
+	if !ok || !s.hub.Delete(id) {
 		return false
 	}
-	sess.bus.Close()
-	s.logger.Info("session deleted", "session", id, "epoch", sess.bus.Epoch(), "lastEventId", sess.bus.LastEventID())
+	s.mu.Lock()
+	delete(s.meta, bus)
+	s.mu.Unlock()
+	s.logger.Info("session deleted", "session", id, "epoch", bus.Epoch(), "lastEventId", bus.LastEventID())
 	return true
 }
 
@@ -244,10 +252,8 @@ func (s *server) deleteSession(id string) bool {
 func (s *server) disconnect(id string, mode daemon.CutMode) int {
 	s.mu.Lock()
 	var cuts []*daemon.Stream
-	if sess := s.sessions[id]; sess != nil {
-		for st := range sess.streams {
-			cuts = append(cuts, st.cut)
-		}
+	for st := range s.streams[id] {
+		cuts = append(cuts, st)
 	}
 	s.mu.Unlock()
 	for _, c := range cuts {
@@ -256,17 +262,19 @@ func (s *server) disconnect(id string, mode daemon.CutMode) int {
 	return len(cuts)
 }
 
-// closeAll refuses new sessions and closes every bus. Idempotent.
-func (s *server) closeAll() {
-	s.mu.Lock()
-	s.closed = true
-	all := s.sessions
-	s.sessions = make(map[string]*session)
-	s.mu.Unlock()
-	for _, sess := range all {
-		sess.bus.Close()
+// shutdown refuses new requests and shuts the hub down: every bus is
+// closed with drain (each stream receives what is queued, then ends),
+// bounded by ctx, past which the remaining streams end without drain.
+// Idempotent.
+func (s *server) shutdown(ctx context.Context) {
+	s.closing.Store(true)
+	if err := s.hub.Shutdown(ctx); err != nil {
+		s.logger.Warn("streams did not drain in time; closed them", "err", err)
 	}
 }
+
+// closeAll is shutdown without a bound on the drain (tests).
+func (s *server) closeAll() { s.shutdown(context.Background()) }
 
 func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
@@ -278,38 +286,58 @@ func (s *server) ServeIndex(w http.ResponseWriter, r *http.Request) {
 }
 
 // ServeEvents wraps the eventbus handler: the request context it sees can be
-// cancelled by /disconnect. lookup registers the stream with its session.
+// cancelled by /disconnect, which finds the stream by its session id.
 func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
-	cut, r := daemon.Track(r)
-	defer cut.Done()
-	st := &stream{cut: cut}
+	if r.Method == http.MethodOptions {
+		s.events.ServeHTTP(w, r) // a CORS preflight: no session, no stream
+		return
+	}
+	id := r.PathValue("id")
+	st, r := daemon.Track(r)
+	defer st.Done()
+	s.mu.Lock()
+	if s.streams[id] == nil {
+		s.streams[id] = make(map[*daemon.Stream]struct{})
+	}
+	s.streams[id][st] = struct{}{}
+	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		if st.sess != nil {
-			delete(st.sess.streams, st)
+		delete(s.streams[id], st)
+		if len(s.streams[id]) == 0 {
+			delete(s.streams, id)
 		}
 		s.mu.Unlock()
 	}()
-	s.events.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), streamKey{}, st)))
+	s.events.ServeHTTP(w, r)
 }
 
-// lookup is the eventbus handler's Lookup: it creates the session on first
-// use and records the stream. What it refuses it answers as the other
-// routes do (a StatusError): 400 invalid_session_id, 503 shutting_down or
-// too_many_sessions with Retry-After.
+// lookup is the eventbus handler's Lookup: hub.LookupRequest, which never
+// creates a session (an unknown one is 404 session_not_found, HEAD
+// included; with CreateOnStream a GET or HEAD creates it), then it counts
+// the stream. What else it refuses it answers as
+// the other routes do (a StatusError): 400 invalid_session_id, 503
+// shutting_down with Retry-After.
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	id := r.PathValue("id")
-	sess, err := s.getSession(id, true)
 	switch {
-	case errors.Is(err, errInvalidSession):
-		return nil, &eventbus.StatusError{Status: http.StatusBadRequest, Code: "invalid_session_id", Message: err.Error()}
-	case errors.Is(err, errShuttingDown):
-		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: err.Error(), RetryAfter: time.Second}
-	case errors.Is(err, errTooManySessions):
-		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "too_many_sessions", Message: err.Error(), RetryAfter: time.Second}
+	case len(id) > maxSessionIDBytes:
+		return nil, &eventbus.StatusError{Status: http.StatusBadRequest, Code: "invalid_session_id", Message: errInvalidSession.Error()}
+	case s.closing.Load():
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: errShuttingDown.Error(), RetryAfter: time.Second}
+	}
+	var bus *eventbus.EventBus
+	var err error
+	if s.cfg.CreateOnStream && r.Method != http.MethodOptions {
+		bus, err = s.hub.GetOrCreate(id)
+		if errors.Is(err, eventbus.ErrHubFull) {
+			return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "too_many_sessions", Message: "too many sessions: " + err.Error(), RetryAfter: time.Second}
+		}
+	} else {
+		bus, err = s.hub.LookupRequest(r)
 	}
 	if err != nil || r.Method == http.MethodHead {
-		return sess.busOrNil(), err // a HEAD opens no stream
+		return bus, err // a HEAD opens no stream
 	}
 	resume := r.Header.Get("Last-Event-ID")
 	if resume == "" {
@@ -318,19 +346,16 @@ func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	if len(resume) > 64 {
 		resume = resume[:64]
 	}
+	sess := s.session(id, bus)
 	s.mu.Lock()
-	if st, ok := r.Context().Value(streamKey{}).(*stream); ok && st.sess == nil {
-		st.sess = sess
-		sess.streams[st] = struct{}{}
-	}
 	sess.streamsOpened++
 	if resume != "" {
 		sess.streamsResumed++
 		sess.lastResumeFrom = resume
 	}
 	s.mu.Unlock()
-	s.logger.Info("stream opened", "session", id, "epoch", sess.bus.Epoch(), "lastEventId", resume, "remote", r.RemoteAddr)
-	return sess.bus, nil
+	s.logger.Info("stream opened", "session", id, "epoch", bus.Epoch(), "lastEventId", resume, "remote", r.RemoteAddr)
+	return bus, nil
 }
 
 func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
@@ -371,10 +396,12 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		daemon.WritePublished(w, eventID, sess.bus.Epoch(), dup)
+	case errors.Is(err, errInvalidSession):
+		daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
 	case errors.Is(err, errShuttingDown):
 		daemon.WriteUnavailable(w, "shutting_down", err.Error())
-	case errors.Is(err, errTooManySessions):
-		daemon.WriteUnavailable(w, "too_many_sessions", err.Error())
+	case errors.Is(err, eventbus.ErrHubFull):
+		daemon.WriteUnavailable(w, "too_many_sessions", "too many sessions: "+err.Error())
 	default:
 		if !publishErrors.Write(w, err) {
 			s.logger.Error("publish failed", "session", id, "err", err)
@@ -385,18 +412,19 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	sess, err := s.getSession(id, false)
-	if err != nil {
+	bus, ok := s.hub.Lookup(id)
+	if !ok {
 		daemon.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
 		return
 	}
+	sess := s.session(id, bus)
 	s.mu.Lock()
 	st := map[string]any{
 		"id":             sess.id,
-		"epoch":          sess.bus.Epoch(),
-		"lastEventId":    sess.bus.LastEventID(),
-		"subscribers":    sess.bus.SubscriberCount(),
-		"streams":        len(sess.streams),
+		"epoch":          bus.Epoch(),
+		"lastEventId":    bus.LastEventID(),
+		"subscribers":    bus.SubscriberCount(),
+		"streams":        len(s.streams[id]),
 		"streamsOpened":  sess.streamsOpened,
 		"streamsResumed": sess.streamsResumed,
 		"lastResumeFrom": sess.lastResumeFrom,

@@ -335,7 +335,7 @@ func (a *Auth) ServeLogin(w http.ResponseWriter, r *http.Request) {
 	var req loginRequest
 	dec := NewBodyDecoder(w, r, 4<<10)
 	if err := dec.Decode(&req); err != nil && err != io.EOF {
-		WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+		WriteBodyError(w, err)
 		return
 	}
 	bearer := r.Header.Get("Authorization")
@@ -398,7 +398,7 @@ func (a *Auth) ServeRevoke(w http.ResponseWriter, r *http.Request) {
 		Subject string `json:"subject"`
 	}
 	if err := NewBodyDecoder(w, r, 4<<10).Decode(&req); err != nil {
-		WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+		WriteBodyError(w, err)
 		return
 	}
 	if !validSubject(req.Subject) {

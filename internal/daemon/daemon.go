@@ -28,13 +28,14 @@ import (
 )
 
 // Main is a daemon's func main. It calls run with a context that is
-// cancelled on SIGINT or SIGTERM, os.Args[1:] and os.Stderr, and blocks
-// until run returns. Then it exits the process: with status 0 when run
+// cancelled on SIGINT or SIGTERM, os.Args[1:], os.Stderr and a nil ready
+// (a test passes its own, to learn the listen address), and blocks until
+// run returns. Then it exits the process: with status 0 when run
 // returned nil or flag.ErrHelp (-h), else with status 1 after printing
 // "name: err" to os.Stderr. It never returns.
-func Main(name string, run func(ctx context.Context, args []string, logOut io.Writer) error) {
+func Main(name string, run func(ctx context.Context, args []string, logOut io.Writer, ready func(addr string)) error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stderr)
+	err := run(ctx, os.Args[1:], os.Stderr, nil)
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -84,11 +85,17 @@ type Server struct {
 	// returns. Run calls it exactly once, after the demo has stopped and
 	// before the HTTP server shuts down, so that the shutdown finds idle
 	// connections instead of waiting on streams that never end by
-	// themselves. Required.
-	Close func()
+	// themselves. Its ctx ends at the shutdown's deadline (ShutdownTimeout
+	// from the start of the shutdown, shared with the HTTP server's): a
+	// Close that waits for streams to drain (Hub.Shutdown) stops waiting
+	// then. Required.
+	Close func(ctx context.Context)
 	// ShutdownTimeout bounds how long the shutdown waits for open
 	// requests; past it the remaining connections are closed.
 	ShutdownTimeout time.Duration
+	// Limits bound the headers, bodies and idle connections of clients
+	// (the zero value: every default). Run refuses invalid Limits.
+	Limits Limits
 }
 
 // Run serves until ctx is done or the HTTP server fails, then shuts down:
@@ -105,6 +112,12 @@ type Server struct {
 // server; a daemon's other resources (a Redis client) are its own to close.
 func (s *Server) Run(ctx context.Context) error {
 	logger := s.Logger
+	limits, err := s.Limits.withDefaults()
+	if err != nil {
+		s.Listener.Close()
+		s.Close(context.Background())
+		return err
+	}
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	if s.TLS != nil {
@@ -113,17 +126,17 @@ func (s *Server) Run(ctx context.Context) error {
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	hs := &http.Server{
-		Handler:           s.Handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		// No WriteTimeout: streams are long-lived; the SSE handler puts a
-		// deadline on each write instead (and clears it after the flush, as
-		// HTTP/2 needs).
+		Handler: s.Handler,
+		// No ReadTimeout or WriteTimeout: streams are long-lived; the SSE
+		// handler puts a deadline on each write instead (and clears it
+		// after the flush, as HTTP/2 needs), and Limits puts one on
+		// reading a request body.
 		ErrorLog:    slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		Protocols:   &protocols,
 		TLSConfig:   s.TLS,
 		ConnContext: ConnContext,
 	}
+	limits.apply(hs)
 	addr := s.Listener.Addr().String()
 	logger.Info(s.Name+" listening", append([]any{"addr", addr}, s.ListenAttrs...)...)
 
@@ -155,7 +168,9 @@ func (s *Server) Run(ctx context.Context) error {
 	case err := <-serveErr:
 		stopDemo()
 		<-demoDone
-		s.Close()
+		cctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+		defer cancel()
+		s.Close(cctx)
 		return err
 	case <-ctx.Done():
 	}
@@ -163,13 +178,13 @@ func (s *Server) Run(ctx context.Context) error {
 	logger.Info(s.Name + " shutting down")
 	stopDemo()
 	<-demoDone
+	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+	defer cancel()
 	// Close the buses first: each stream receives what it has queued, then
 	// its handler returns, so Shutdown finds idle connections instead of
 	// waiting on streams that would never end by themselves.
-	s.Close()
-	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
-	defer cancel()
-	err := hs.Shutdown(sctx)
+	s.Close(sctx)
+	err = hs.Shutdown(sctx)
 	if err != nil {
 		logger.Warn("shutdown timed out; closing connections", "err", err)
 		err = hs.Close()

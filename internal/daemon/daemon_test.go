@@ -115,7 +115,7 @@ func TestServerRunServesThenClosesBusesBeforeShutdown(t *testing.T) {
 			}
 			return nil
 		}},
-		Close: func() {
+		Close: func(context.Context) {
 			if demoLive.Load() {
 				t.Error("Close was called while the demo still published")
 			}
@@ -175,7 +175,7 @@ func TestServerRunReturnsTheServeError(t *testing.T) {
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Demo: &Demo{Interval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Publish: func(context.Context, string, eventbus.Event) error { return nil }},
-		Close: func() { closes.Add(1) },
+		Close: func(context.Context) { closes.Add(1) },
 	}
 	err := waitRun(t, runServer(context.Background(), s))
 	if err == nil || errors.Is(err, http.ErrServerClosed) {
@@ -201,7 +201,7 @@ func TestServerRunClosesConnectionsAfterShutdownTimeout(t *testing.T) {
 		Listener:        listen(t),
 		Handler:         stuck,
 		Logger:          slog.New(slog.NewTextHandler(&logs, nil)),
-		Close:           func() {},
+		Close:           func(context.Context) {},
 		ShutdownTimeout: 50 * time.Millisecond,
 	}
 	addr := s.Listener.Addr().String()
@@ -315,16 +315,20 @@ func TestFlags(t *testing.T) {
 	err := Parse(fs, []string{"-addr", ":0", "-ring", "5", "-max-subscribers", "6", "-max-queued", "7", "-max-event-bytes", "8",
 		"-heartbeat", "1s", "-retry", "2s", "-retry-jitter", "-1ns", "-write-timeout", "3s", "-epoch-ids=false",
 		"-cors-origin", "https://a.example, http://b.example:8080", "-cors-credentials", "-tls-cert", "c.pem", "-tls-key", "k.pem",
-		"-demo", "-demo-interval", "4s", "-shutdown-timeout", "5s", "-v", "-own", "x", "-overflow", "catchup"})
+		"-demo", "-demo-interval", "4s", "-shutdown-timeout", "5s", "-v", "-own", "x", "-overflow", "catchup",
+		"-body-timeout", "6s", "-body-budget", "9000000", "-header-timeout", "7s"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Flags{Addr: ":0", RingSize: 5, MaxSubscribers: 6, MaxQueued: 7, MaxEventBytes: 8, Heartbeat: time.Second, Retry: 2 * time.Second,
 		RetryJitter: -1, WriteTimeout: 3 * time.Second, CORSOrigin: "https://a.example, http://b.example:8080", CORSCredentials: true,
 		TLSCert: "c.pem", TLSKey: "k.pem", Demo: true, DemoInterval: 4 * time.Second, ShutdownTimeout: 5 * time.Second, Verbose: true,
-		Overflow: eventbus.OverflowCatchUp}
+		Overflow: eventbus.OverflowCatchUp, BodyTimeout: 6 * time.Second, BodyBudget: 9000000, HeaderTimeout: 7 * time.Second}
 	if *f != want || *own != "x" {
 		t.Fatalf("parsed %+v, own %q", *f, *own)
+	}
+	if l := f.Limits(); l != (Limits{ReadHeaderTimeout: 7 * time.Second, BodyTimeout: 6 * time.Second, MaxBody: 8 + BodySlack, BodyBudget: 9000000}) {
+		t.Fatalf("Limits() = %+v", l)
 	}
 	logger := f.Logger(io.Discard)
 	if !logger.Enabled(context.Background(), slog.LevelDebug) {
@@ -578,7 +582,7 @@ func TestServerProtocols(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := &Server{Name: "testd", Listener: listen(t), Handler: proto, TLS: c.tls,
-				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func() {}, ShutdownTimeout: time.Second}
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func(context.Context) {}, ShutdownTimeout: time.Second}
 			addr := s.Listener.Addr().String()
 			ctx, cancel := context.WithCancel(context.Background())
 			done := runServer(ctx, s)
@@ -617,7 +621,7 @@ func TestStreamCut(t *testing.T) {
 		<-r.Context().Done()
 	})
 	s := &Server{Name: "testd", Listener: listen(t), Handler: h,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func() {}, ShutdownTimeout: time.Second}
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Close: func(context.Context) {}, ShutdownTimeout: time.Second}
 	addr := s.Listener.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := runServer(ctx, s)

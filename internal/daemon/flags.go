@@ -75,6 +75,15 @@ type Flags struct {
 	// -token-lifetime: how long a stream (and a login) lasts before it must
 	// reauthenticate; 0: no bound. Needs -auth-token.
 	TokenLifetime time.Duration
+	// -body-timeout: the deadline of reading a request body (408 past
+	// it); 0: DefaultBodyTimeout
+	BodyTimeout time.Duration
+	// -body-budget: request body bytes read at once (503 server_busy past
+	// it); 0: DefaultBodyBudgetBodies bodies of the largest size
+	BodyBudget int64
+	// -header-timeout: how long a client may take to send a request's
+	// headers; 0: DefaultReadHeaderTimeout
+	HeaderTimeout time.Duration
 	Verbose       bool // -v: debug logging
 	// -overflow: what a stream whose queue overflows gets (evict, resync
 	// or catchup); the zero value is evict.
@@ -142,6 +151,9 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	fs.DurationVar(&f.IdempotencyWindow, "idempotency-window", 0, "how long a POST's Idempotency-Key is remembered (0: 10m)")
 	fs.StringVar(&f.AuthToken, "auth-token", "", "require this static bearer token on every /session route (Authorization: Bearer <token>, or the cookie POST /login sets for it); empty: no access control")
 	fs.DurationVar(&f.TokenLifetime, "token-lifetime", 0, "with -auth-token: a stream (and a login) lasts this long, then ends with stream_error reauthenticate and the client resumes with fresh credentials (0: no bound)")
+	fs.DurationVar(&f.BodyTimeout, "body-timeout", DefaultBodyTimeout, "deadline of receiving a request body, from its headers on; a slower body gets 408 and its connection is closed")
+	fs.Int64Var(&f.BodyBudget, "body-budget", 0, fmt.Sprintf("request body bytes read at once; a body beyond it gets 503 server_busy with Retry-After before it is read (0: %d bodies of the largest size, -max-event-bytes plus 1 MiB)", DefaultBodyBudgetBodies))
+	fs.DurationVar(&f.HeaderTimeout, "header-timeout", DefaultReadHeaderTimeout, "how long a client may take to send a request's headers; a slower one (slowloris) has its connection closed")
 	fs.BoolVar(&f.Verbose, "v", false, "debug logging")
 	fs.Var(overflowFlag{&f.Overflow}, "overflow", "`policy` for a stream whose queue overflows: evict (client_evicted; it reconnects and resumes), "+
 		"resync (its queue is dropped for a state_resync_required; evicted on the third overflow within 60s) or "+
@@ -222,4 +234,11 @@ func (f *Flags) BusOptions(logger *slog.Logger) eventbus.Options {
 		OverflowPolicy: f.Overflow,
 		Logger:         logger,
 	}
+}
+
+// Limits returns the Server limits the flags set: the header and body
+// timeouts, the largest body (MaxBody of -max-event-bytes) and the body
+// budget; the header size and keep-alive limits keep their defaults.
+func (f *Flags) Limits() Limits {
+	return Limits{ReadHeaderTimeout: f.HeaderTimeout, BodyTimeout: f.BodyTimeout, MaxBody: MaxBody(f.MaxEventBytes), BodyBudget: f.BodyBudget}
 }

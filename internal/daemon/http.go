@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 
 	"github.com/ssebus/eventbus"
 )
@@ -111,16 +112,29 @@ func DecodePublish(w http.ResponseWriter, r *http.Request, limit int64) (Publish
 			err = errors.New("body holds more than one JSON value")
 		}
 	}
-	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large",
-			fmt.Sprintf("request body larger than %d bytes", mbe.Limit))
-		return req, false
-	}
 	if err == io.EOF {
 		err = errors.New("empty body")
 	}
-	WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+	WriteBodyError(w, err)
 	return req, false
+}
+
+// WriteBodyError answers a request whose body could not be read or
+// decoded with err: 413 body_too_large past a MaxBytesReader's limit, 408
+// request_timeout (and Connection: close) when the body did not arrive
+// within Limits.BodyTimeout, else 400 invalid_body naming err.
+func WriteBodyError(w http.ResponseWriter, err error) {
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large",
+			fmt.Sprintf("request body larger than %d bytes", mbe.Limit))
+		return
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		w.Header().Set("Connection", "close")
+		WriteError(w, http.StatusRequestTimeout, "request_timeout", "the request body did not arrive in time")
+		return
+	}
+	WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
 }
 
 // PublishRequest is the body of POST /session/{id}/events.

@@ -29,7 +29,11 @@ type Backplane interface {
 // SessionInfo describes a session as the engine and this replica see it;
 // its fields are those of redisbus.Info and pgbus.Info, which convert to
 // it.
-type SessionInfo struct {
+type SessionInfo sessionInfoFields
+
+// sessionInfoFields are SessionInfo's fields, named so that an engine's
+// Info struct can be constrained to them (Engine).
+type sessionInfoFields = struct {
 	Exists           bool
 	Epoch            string
 	LastEventID      uint64
@@ -63,7 +67,7 @@ type Replica struct {
 	events *eventbus.Handler
 
 	mu      sync.Mutex
-	streams map[string]map[*context.CancelFunc]struct{} // open streams by session, for /disconnect
+	streams map[string]map[*Stream]struct{} // open streams by session, for /disconnect
 }
 
 // NewReplica returns r ready to serve with events as its SSE handler:
@@ -77,7 +81,7 @@ func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
 	events.Lookup = r.lookup
 	r.Auth.Install(events)
 	r.events = events
-	r.streams = map[string]map[*context.CancelFunc]struct{}{}
+	r.streams = map[string]map[*Stream]struct{}{}
 	return r
 }
 
@@ -97,14 +101,12 @@ func (r *Replica) lookup(req *http.Request) (*eventbus.EventBus, error) {
 }
 
 // Routes returns the daemon's routes: Mux's and POST /session/{id}/signal,
-// behind r.Auth.Protect when r.Auth is set.
+// behind r.Auth.Protect (JSONErrors alone when r.Auth is nil: a wrong
+// method is a JSON 405).
 func (r *Replica) Routes() http.Handler {
 	mux := Mux(r)
 	mux.HandleFunc("POST /session/{id}/signal", r.ServeSignal)
-	if r.Auth != nil {
-		return r.Auth.Protect(mux)
-	}
-	return mux
+	return r.Auth.Protect(mux) // JSONErrors without Auth
 }
 
 // ServeIndex writes the usage text.
@@ -123,29 +125,32 @@ func (r *Replica) isUnavailable(err error) bool {
 }
 
 // ServeEvents runs the SSE handler (whose Lookup finds the session's
-// mirror) under a context that /disconnect can cancel, as a client
-// disconnect would.
+// mirror) on a request that /disconnect can cut; a CORS preflight
+// (OPTIONS) is answered without being tracked.
 func (r *Replica) ServeEvents(w http.ResponseWriter, req *http.Request) {
+	if req.Method == http.MethodOptions {
+		r.events.ServeHTTP(w, req)
+		return
+	}
 	id := req.PathValue("id")
-	ctx, cancel := context.WithCancel(req.Context())
-	defer cancel()
-	key := &cancel
+	st, req := Track(req)
+	defer st.Done()
 	r.mu.Lock()
 	if r.streams[id] == nil {
-		r.streams[id] = map[*context.CancelFunc]struct{}{}
+		r.streams[id] = map[*Stream]struct{}{}
 	}
-	r.streams[id][key] = struct{}{}
+	r.streams[id][st] = struct{}{}
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
-		delete(r.streams[id], key)
+		delete(r.streams[id], st)
 		if len(r.streams[id]) == 0 {
 			delete(r.streams, id)
 		}
 		r.mu.Unlock()
 	}()
 	r.Logger.Debug("stream opened", "session", id, "lastEventId", req.Header.Get("Last-Event-ID"), "remote", req.RemoteAddr)
-	r.events.ServeHTTP(w, req.WithContext(ctx))
+	r.events.ServeHTTP(w, req)
 }
 
 // ServePublish publishes the body's event, idempotently with an
@@ -186,7 +191,7 @@ func (r *Replica) ServeSignal(w http.ResponseWriter, req *http.Request) {
 		About string `json:"about"`
 	}
 	if err := NewBodyDecoder(w, req, 1<<20).Decode(&body); err != nil {
-		WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
+		WriteBodyError(w, err)
 		return
 	}
 	err := r.Backplane.Signal(req.Context(), req.PathValue("id"), body.Type, body.About)
@@ -236,18 +241,25 @@ func (r *Replica) ServeDelete(w http.ResponseWriter, req *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// ServeDisconnect cuts this replica's open streams of the session.
+// ServeDisconnect cuts this replica's open streams of the session as
+// ?mode= says (clean, the default, or abort) and answers
+// {"disconnected":N,"mode":...}.
 func (r *Replica) ServeDisconnect(w http.ResponseWriter, req *http.Request) {
+	mode, err := ParseCutMode(req)
+	if err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())
+		return
+	}
 	r.mu.Lock()
-	var cancels []context.CancelFunc
-	for c := range r.streams[req.PathValue("id")] {
-		cancels = append(cancels, *c)
+	var cuts []*Stream
+	for st := range r.streams[req.PathValue("id")] {
+		cuts = append(cuts, st)
 	}
 	r.mu.Unlock()
-	for _, c := range cancels {
-		c()
+	for _, st := range cuts {
+		st.Cut(mode)
 	}
-	WriteJSON(w, http.StatusOK, map[string]int{"disconnected": len(cancels)})
+	WriteJSON(w, http.StatusOK, map[string]any{"disconnected": len(cuts), "mode": mode.String()})
 }
 
 // PublishDemo is a Demo's Publish; an error after the demo was stopped is

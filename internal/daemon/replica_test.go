@@ -185,7 +185,10 @@ func TestReplicaRoutes(t *testing.T) {
 	if code, _, _ := do("GET", "/session/none", "", nil); code != 404 {
 		t.Fatalf("status of an unknown session: %d", code)
 	}
-	if code, v, _ := do("POST", "/session/s/disconnect", "", nil); code != 200 || v["disconnected"] != float64(1) {
+	if code, v, _ := do("POST", "/session/s/disconnect?mode=x", "", nil); code != 400 || v["code"] != "invalid_mode" {
+		t.Fatalf("disconnect with a bad mode: %d %v", code, v)
+	}
+	if code, v, _ := do("POST", "/session/s/disconnect", "", nil); code != 200 || v["disconnected"] != float64(1) || v["mode"] != "clean" {
 		t.Fatalf("disconnect: %d %v", code, v)
 	}
 	s.Ended(5 * time.Second)
@@ -194,6 +197,10 @@ func TestReplicaRoutes(t *testing.T) {
 	}
 	if code, _, _ := do("DELETE", "/session/s", "", nil); code != 204 {
 		t.Fatalf("delete: %d", code)
+	}
+	// Without -auth-token too, a wrong method is the JSON 405.
+	if code, v, h := do("PUT", "/session/s/events", "", nil); code != 405 || v["code"] != "method_not_allowed" || !strings.Contains(h.Get("Allow"), "POST") {
+		t.Fatalf("PUT: %d %v Allow %q, want a JSON 405", code, v, h.Get("Allow"))
 	}
 
 	fb.set(errFakeUnavailable)

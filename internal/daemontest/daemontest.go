@@ -74,10 +74,13 @@ func Build(ctx context.Context, t testing.TB, rootDir string, race bool) string 
 }
 
 // Start runs bin on a free loopback port and waits for its listening
-// log line. Cleanup kills it if the test did not stop it.
+// log line. Cleanup kills it if the test did not stop it. The daemon runs
+// with -create-on-stream: a stream (or a HEAD of it) creates its session, so that a client
+// reconnecting across a restart or a DELETE finds a new epoch (a test of
+// the 404 of an unknown session passes -create-on-stream=false).
 func Start(ctx context.Context, t testing.TB, bin string, args ...string) *Daemon {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-create-on-stream"}, args...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -126,6 +129,10 @@ func Start(ctx context.Context, t testing.TB, bin string, args ...string) *Daemo
 	}
 	return d
 }
+
+// PID returns the daemon's process id, for a test that reads its
+// /proc entries (open descriptors, peak RSS).
+func (d *Daemon) PID() int { return d.cmd.Process.Pid }
 
 // Stop sends SIGTERM and expects a clean exit: every bus closed, then the
 // HTTP server shut down while the browser still holds its stream open.

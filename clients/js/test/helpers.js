@@ -52,7 +52,9 @@ export async function startDaemon(args = [], port) {
   const t = args.indexOf("-auth-token");
   const auth = t >= 0 ? { Authorization: "Bearer " + args[t + 1] } : {};
   port ??= await freePort();
-  const proc = spawn(sessiondPath(), ["-addr", "127.0.0.1:" + port, ...args], { stdio: ["ignore", "ignore", "pipe"] });
+  // -create-on-stream: a stream creates its session, as before the hub, so
+  // that a client reconnecting across a restart or a DELETE finds a new epoch.
+  const proc = spawn(sessiondPath(), ["-addr", "127.0.0.1:" + port, "-create-on-stream", ...args], { stdio: ["ignore", "ignore", "pipe"] });
   running.add(proc);
   proc.once("exit", () => running.delete(proc));
   let log = "";
