@@ -563,3 +563,52 @@ func TestHubPublishTakesNoHubWideLock(t *testing.T) {
 	h.budget.mu.Unlock()
 	a.mu.Unlock()
 }
+
+// The summed counters cover the sessions that ended too, and never go down
+// while sessions come and go (a Prometheus counter must not).
+func TestHubStatsCountersNeverGoDown(t *testing.T) {
+	clock := newHubClock()
+	h := newTestHub(t, HubOptions{IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
+	const n = 3000
+	stop := make(chan struct{})
+	var watched sync.WaitGroup
+	watched.Go(func() {
+		last := uint64(0)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p := h.Stats().Buses.Published
+			if p < last {
+				t.Errorf("Published went down: %d after %d", p, last)
+				return
+			}
+			last = p
+		}
+	})
+	for i := range n {
+		id := "s" + strconv.Itoa(i%50)
+		_, err := h.Publish(id, hubEvent(i))
+		require.NoError(t, err)
+		switch i % 7 {
+		case 0:
+			h.Delete(id)
+		case 3:
+			clock.advance(time.Minute)
+			h.sweep()
+		}
+	}
+	close(stop)
+	watched.Wait()
+	st := h.Stats()
+	assert.Equal(t, uint64(n), st.Buses.Published)
+	assert.Positive(t, st.Expired)
+	assert.Positive(t, st.Deleted)
+	require.NoError(t, h.Close())
+	after := h.Stats()
+	assert.Equal(t, uint64(n), after.Buses.Published, "after Close too")
+	assert.Zero(t, after.Buses.RingLen, "current values: live buses only")
+	assert.Zero(t, after.Sessions)
+}
