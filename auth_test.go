@@ -65,7 +65,7 @@ func TestStatusErrorAnswers(t *testing.T) {
 		for _, hook := range []string{"Lookup", "Authorize"} {
 			t.Run(tc.name+"/"+hook, func(t *testing.T) {
 				logs := &logCapture{}
-				b := newTestBus(t, Options{}, logs)
+				b := newBus(t, logs.capture(Options{}))
 				h := busHandler(b, logs)
 				authorized := false
 				if hook == "Lookup" {
@@ -112,7 +112,7 @@ func TestStatusErrorAnswers(t *testing.T) {
 	})
 	t.Run("a status outside 400..599 is a 500", func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
 			return Grant{}, &StatusError{Status: http.StatusOK, Message: "fine?"}
 		})
@@ -123,7 +123,7 @@ func TestStatusErrorAnswers(t *testing.T) {
 	})
 	t.Run("another Authorize error is a 500 whose cause is logged", func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) { return Grant{}, cause })
 		st := serveOne(h, http.MethodGet, "/session/s/events", nil)
 		m := requireMemError(t, st, http.StatusInternalServerError, "internal")
@@ -141,7 +141,7 @@ func TestStatusErrorAnswers(t *testing.T) {
 	})
 	t.Run("a grant that already expired is a 401", func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
 			return Grant{Subject: "a", Expires: time.Now().Add(-time.Second)}, nil
 		})
@@ -168,10 +168,10 @@ func requireRegistryEmpty(t *testing.T, h *Handler) {
 
 func TestAuthorizeOrder(t *testing.T) {
 	logs := &logCapture{}
-	full := newTestBus(t, Options{MaxSubscribers: 1}, logs)
+	full := newBus(t, logs.capture(Options{MaxSubscribers: 1}))
 	_, err := full.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
-	open := newTestBus(t, Options{}, logs)
+	open := newBus(t, logs.capture(Options{}))
 	var mu sync.Mutex
 	var calls []string
 	h := &Handler{
@@ -289,7 +289,7 @@ func TestStreamLifetime(t *testing.T) {
 	t.Run("ends after what was queued, and the resume loses nothing", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
-			b := newTestBus(t, Options{}, logs)
+			b := newBus(t, logs.capture(Options{}))
 			const lifetime = 10 * time.Second
 			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
 				return Grant{Subject: "alice", Expires: time.Now().Add(lifetime)}, nil
@@ -343,7 +343,7 @@ func TestStreamLifetime(t *testing.T) {
 	t.Run("repeated lifetimes under a steady publisher: every id once", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
-			b := newTestBus(t, Options{}, logs)
+			b := newBus(t, logs.capture(Options{}))
 			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
 				return Grant{Subject: "alice", Expires: time.Now().Add(time.Second)}, nil
 			})
@@ -415,7 +415,7 @@ func TestStreamLifetime(t *testing.T) {
 	t.Run("no Expires: no bound", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
-			b := newTestBus(t, Options{}, logs)
+			b := newBus(t, logs.capture(Options{}))
 			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) { return Grant{Subject: "alice"}, nil })
 			w := newMemWriter()
 			cancel, done := serveMem(h, w, "/session/s/events", nil)
@@ -433,7 +433,7 @@ func TestStreamLifetime(t *testing.T) {
 		// the end must be seen between batches too.
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
-			b := newTestBus(t, Options{MaxQueued: 2048}, logs)
+			b := newBus(t, logs.capture(Options{MaxQueued: 2048}))
 			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
 				return Grant{Expires: time.Now().Add(time.Second)}, nil
 			})
@@ -464,7 +464,7 @@ func TestStreamLifetime(t *testing.T) {
 func TestRevoke(t *testing.T) {
 	type conn struct {
 		subject string
-		c       *sseClient
+		c       *sseStream
 	}
 	e := newEnv(t, envOptions{handler: &Handler{Authorize: func(r *http.Request, _ *EventBus) (Grant, error) {
 		return Grant{Subject: r.URL.Query().Get("as")}, nil
@@ -515,7 +515,7 @@ func TestRevoke(t *testing.T) {
 
 func TestRevokeDropsWhatWasQueued(t *testing.T) {
 	logs := &logCapture{}
-	b := newTestBus(t, Options{}, logs)
+	b := newBus(t, logs.capture(Options{}))
 	h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) { return Grant{Subject: "alice"}, nil })
 	w := newMemWriter()
 	reached, release := gateFlush(w, 2) // the flush of event 1
@@ -555,7 +555,7 @@ func TestRevokeWhileAuthorizing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logs := &logCapture{}
-			b := newTestBus(t, Options{}, logs)
+			b := newBus(t, logs.capture(Options{}))
 			entered, proceed := make(chan struct{}), make(chan struct{})
 			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
 				close(entered)
@@ -602,7 +602,7 @@ func manySubjects(n int) []string {
 func TestRevokeRace(t *testing.T) {
 	for round := range 20 {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{MaxSubscribers: 1000}, logs)
+		b := newBus(t, logs.capture(Options{MaxSubscribers: 1000}))
 		var valid atomic.Bool
 		valid.Store(true)
 		h := authHandler(b, logs, func(r *http.Request, _ *EventBus) (Grant, error) {

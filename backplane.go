@@ -5,9 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"strconv"
 	"sync"
@@ -243,98 +241,6 @@ func (f *feed) next() <-chan struct{} {
 		f.fed = make(chan struct{})
 	}
 	return f.fed
-}
-
-// awaitFeed waits, at most the feed's LagTimeout, until the bus has been
-// fed the cursor of a resume in its own epoch that it has not reached yet,
-// when the log says it holds that id: the client read it through a replica
-// whose reader is ahead of this one's, and must not get an epoch_reset
-// that it would not get a moment later. A cursor the log does not hold (of
-// an older epoch, or a Head that fails) is left to the replay rules.
-func (b *EventBus) awaitFeed(ctx context.Context, opts SubscribeOptions) {
-	f := b.feed
-	n := opts.LastEventID
-	if f == nil || f.log == nil || !opts.Resume || n <= b.lastID.Load() || epochMismatch(opts, b.epoch) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, f.lag)
-	defer cancel()
-	epoch, last, err := f.log.Head(ctx)
-	if err != nil || epoch != b.epoch || last < n {
-		return
-	}
-	for b.lastID.Load() < n && !b.closedOrZero() {
-		ch := f.next()
-		if b.lastID.Load() >= n || b.closedOrZero() {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// replayRemote answers a resume from the feed's log, outside the lock, for
-// a subscription registered (and held) when the bus's next id was upto+1.
-// The replay goes ahead of the live frames queued meanwhile, so the
-// hand-over has no gap and no duplicate.
-func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts SubscribeOptions, upto uint64) {
-	var front []*frame
-	push := func(f *frame) { front = append(front, f) }
-	after := opts.LastEventID
-	if epochMismatch(opts, b.epoch) || after > upto {
-		after = 0 // an epoch reset replays the whole log
-	}
-	req := HistoryRequest{After: after, Upto: upto}
-	if len(opts.Types) == 0 {
-		req.MaxBytes = b.opts.ReplayBudgetBytes
-	}
-	var entries []LogEntry
-	var first uint64
-	var err error
-	if upto > after {
-		entries, first, err = b.feed.log.ReadHistory(ctx, req)
-	}
-	frames := make([]Frame, 0, len(entries))
-	for _, e := range entries {
-		f, ferr := entryFrame(e)
-		if ferr == nil && len(frames) > 0 && e.ID != frames[len(frames)-1].id+1 {
-			ferr = fmt.Errorf("eventbus: history not contiguous at id %d", e.ID)
-		}
-		if ferr == nil && (e.ID <= after || e.ID > upto) {
-			ferr = fmt.Errorf("eventbus: history entry %d outside (%d, %d]", e.ID, after, upto)
-		}
-		if ferr != nil {
-			err = errors.Join(err, ferr)
-			break
-		}
-		frames = append(frames, f)
-	}
-	if err != nil {
-		// What the client missed cannot be read now: say so, and carry on
-		// live from upto+1.
-		now := b.now()
-		push(resyncFrame(ReasonRingEvicted, "history_unavailable", opts.LastEventID, upto+1, b.epoch, now).ref())
-		b.stats.resync(ReasonRingEvicted)
-		push(replayCompleteFrame(0, 0, b.epoch, now).ref())
-		b.emit(Diagnostic{DiagHistoryUnavailable, "eventbus: resume history unavailable",
-			[]slog.Attr{slog.String("error", err.Error()), slog.Uint64("lastEventId", opts.LastEventID)}})
-	} else {
-		b.replay(s, opts, frameSlice(frames), first, upto+1, push)
-	}
-	// unhold moves the queue's head back, which must not overlap a live
-	// push: the bus lock keeps publishers out meanwhile.
-	now := b.now()
-	b.mu.Lock()
-	s.q.unhold(front)
-	if s.behind {
-		// Its consumer could take nothing while held: its stall bound
-		// starts now.
-		s.progress.Store(now)
-	}
-	b.mu.Unlock()
 }
 
 // MaxIdempotencyKeyBytes bounds an idempotency key (CheckIdempotencyKey).

@@ -88,19 +88,6 @@ func newFed(t *testing.T, opts Options, next uint64, log Log) *EventBus {
 	return b
 }
 
-func subscribe(t *testing.T, b *EventBus, opts SubscribeOptions) *Subscription {
-	t.Helper()
-	s, err := b.Subscribe(context.Background(), opts)
-	require.NoError(t, err)
-	return s
-}
-
-// drainNow returns every frame ready now.
-func drainNow(s *Subscription) []Frame {
-	out, _ := s.AppendReady(nil)
-	return out
-}
-
 func summary(fs []Frame) []string {
 	var out []string
 	for _, f := range fs {
@@ -128,7 +115,7 @@ func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
 	}
 	require.NoError(t, b.Append(log.entries[40]))
 	require.NoError(t, b.Append(log.entries[40]), "a duplicate is ignored")
-	fs := drainNow(s)
+	fs := readyNow(s)
 	require.Len(t, fs, 1)
 	assert.Equal(t, uint64(41), fs[0].ID())
 	assert.Equal(t, "id: 41\nevent: tick\ndata: "+string(log.entries[40].JSON)+"\n\n", fs[0].String())
@@ -189,7 +176,7 @@ func TestFedAppendGapSendsRingEvictedResync(t *testing.T) {
 	}
 	require.NoError(t, b.Append(log.entries[0]))
 	require.NoError(t, b.Append(log.entries[4])) // 2..4 lost by the log
-	fs := drainNow(s)
+	fs := readyNow(s)
 	assert.Equal(t, []string{"1", TypeStateResyncRequired, "5"}, summary(fs))
 	assert.Contains(t, string(fs[1].JSON()), `"reason":"ring_evicted","lastDeliveredId":1,"earliestAvailableId":5`)
 	assert.Equal(t, 1, b.ring.Len(), "the ring restarts at the gap so its ids stay contiguous")
@@ -209,7 +196,7 @@ func TestFedAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T) {
 	require.NoError(t, b.Append(log.entries[9]))
 	var fs []Frame
 	for {
-		more := drainNow(s)
+		more := readyNow(s)
 		if len(more) == 0 {
 			break
 		}
@@ -239,14 +226,14 @@ func TestRemoteResumeReplaysFromTheLogAheadOfLiveFrames(t *testing.T) {
 		require.NoError(t, b.Append(log.entries[10]))
 	}
 	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3})
-	fs := drainNow(s)
+	fs := readyNow(s)
 	assert.Equal(t, []string{"4", "5", "6", "7", "8", "9", "10", TypeReplayComplete, "11"}, summary(fs))
 	require.Len(t, log.reqs, 1)
 	assert.Equal(t, HistoryRequest{After: 3, Upto: 10, MaxBytes: DefaultReplayBudgetBytes}, log.reqs[0])
 
 	log.reqs = nil
 	s = subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Types: []string{"tick"}})
-	assert.Equal(t, []string{"4", "5", "6", "7", "8", "9", "10", "11", TypeReplayComplete}, summary(drainNow(s)))
+	assert.Equal(t, []string{"4", "5", "6", "7", "8", "9", "10", "11", TypeReplayComplete}, summary(readyNow(s)))
 	assert.Equal(t, []HistoryRequest{{After: 3, Upto: 11}}, log.reqs, "a filtered resume needs every entry")
 }
 
@@ -278,14 +265,14 @@ func TestResumeAheadOfTheFeedWaitsForIt(t *testing.T) {
 		synctest.Wait()
 		require.NotNil(t, s)
 		require.NoError(t, b.Append(log.entries[5]))
-		assert.Equal(t, []string{TypeReplayComplete, "6"}, summary(drainNow(s)))
+		assert.Equal(t, []string{TypeReplayComplete, "6"}, summary(readyNow(s)))
 
 		// A cursor the log does not hold is of an older epoch: answered
 		// at once, without waiting.
 		start := time.Now()
 		s = subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 50})
 		assert.Zero(t, time.Since(start))
-		assert.Equal(t, TypeStateResyncRequired, drainNow(s)[0].Type())
+		assert.Equal(t, TypeStateResyncRequired, readyNow(s)[0].Type())
 	})
 }
 
@@ -301,7 +288,7 @@ func TestResumeAheadOfTheFeedGivesUpAfterLagTimeout(t *testing.T) {
 		start := time.Now()
 		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 5})
 		assert.Equal(t, time.Second, time.Since(start), "waited LagTimeout for a reader that never came")
-		assert.Equal(t, TypeStateResyncRequired, drainNow(s)[0].Type())
+		assert.Equal(t, TypeStateResyncRequired, readyNow(s)[0].Type())
 
 		// Close releases a waiting Subscribe at once.
 		go func() {
@@ -327,26 +314,26 @@ func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
 
 	t.Run("ring_evicted", func(t *testing.T) {
 		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
-		fs := drainNow(s)
+		fs := readyNow(s)
 		assert.Equal(t, []string{TypeStateResyncRequired, "7", "8", "9", "10", TypeReplayComplete}, summary(fs))
 		assert.Contains(t, string(fs[0].JSON()), `"reason":"ring_evicted","lastDeliveredId":2,"earliestAvailableId":7`)
 		s.Close()
 	})
 	t.Run("no resync at the boundary", func(t *testing.T) {
 		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 6})
-		assert.Equal(t, []string{"7", "8", "9", "10", TypeReplayComplete}, summary(drainNow(s)))
+		assert.Equal(t, []string{"7", "8", "9", "10", TypeReplayComplete}, summary(readyNow(s)))
 		s.Close()
 	})
 	t.Run("epoch_reset by cursor", func(t *testing.T) {
 		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 50})
-		fs := drainNow(s)
+		fs := readyNow(s)
 		assert.Equal(t, []string{TypeStateResyncRequired, "7", "8", "9", "10", TypeReplayComplete}, summary(fs))
 		assert.Contains(t, string(fs[0].JSON()), `"reason":"epoch_reset","lastDeliveredId":50,"earliestAvailableId":7`)
 		s.Close()
 	})
 	t.Run("epoch mismatch", func(t *testing.T) {
 		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 8, Epoch: "other"})
-		fs := drainNow(s)
+		fs := readyNow(s)
 		assert.Equal(t, []string{TypeStateResyncRequired, "7", "8", "9", "10", TypeReplayComplete}, summary(fs))
 		assert.Contains(t, string(fs[0].JSON()), `"detail":"epoch_mismatch"`)
 		s.Close()
@@ -354,7 +341,7 @@ func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
 	t.Run("the local ring answers when it covers the cursor", func(t *testing.T) {
 		calls := log.calls
 		s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 9})
-		assert.Equal(t, []string{"10", TypeReplayComplete}, summary(drainNow(s)))
+		assert.Equal(t, []string{"10", TypeReplayComplete}, summary(readyNow(s)))
 		assert.Equal(t, calls, log.calls, "no remote read")
 		s.Close()
 	})
@@ -365,7 +352,7 @@ func TestRemoteResumeHistoryErrorIsAnExplicitResync(t *testing.T) {
 	var diags []Diagnostic
 	b := newFed(t, Options{OnDiagnostic: func(d Diagnostic) bool { diags = append(diags, d); return true }}, 5, log)
 	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})
-	fs := drainNow(s)
+	fs := readyNow(s)
 	assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, summary(fs))
 	assert.Contains(t, string(fs[0].JSON()), `"reason":"ring_evicted","detail":"history_unavailable","lastDeliveredId":1,"earliestAvailableId":5`)
 	require.Len(t, diags, 1)

@@ -1151,10 +1151,7 @@ func FuzzBusModel(f *testing.F) {
 		[]byte{14, 0, 14, 0, 7, 0, 0, 19, 1}, pub, []byte{14, 0}))
 	f.Add(seq(cfg, sub, sub, pub, pub, pub, pub, pub, []byte{216, 0, 217, 0, 2}, pub, pub, []byte{216, 1, 217, 0, 5, 216, 0, 217, 0, 5},
 		pub, pub, []byte{216, 0, 217, 0, 1, 218, 0, 14, 1}))
-	n := 200
-	if proveLong() {
-		n = 3000
-	}
+	n := pick(50, 200, 3000)
 	for _, s := range busModelSeeds(n) {
 		f.Add(s)
 	}

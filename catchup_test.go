@@ -97,9 +97,9 @@ func nonEvents(fs []Frame) []string {
 }
 
 func TestCatchUpConsumerThatStopsThenResumesGetsEverything(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 1000) // the consumer is not reading: 16 fill its queue
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 1000) // the consumer is not reading: 16 fill its queue
 	assert.Equal(t, queueCounts{16, 16, 16 * pub11Size(b, 1), DefaultMaxQueuedBytes}.liveCount, s.q.counts().liveCount,
 		"it holds its cap, no more")
 	assert.Equal(t, 17, s.q.len(), "the 16 events and the warning")
@@ -109,7 +109,7 @@ func TestCatchUpConsumerThatStopsThenResumesGetsEverything(t *testing.T) {
 	fs := drainReady(t, s)
 	requireIDs(t, seqIDs(1, 1000), eventIDs(fs), "every event, in order, once")
 	assert.Equal(t, []string{TypeSlowClientWarning}, nonEvents(fs), "the warning of the episode, nothing else")
-	assert.Equal(t, []string{"#12", TypeSlowClientWarning, "#13"}, coreDescribe(fs[11:14]), "the warning sits after its triggering event")
+	assert.Equal(t, []string{"#12", TypeSlowClientWarning, "#13"}, describe(fs[11:14]), "the warning sits after its triggering event")
 	assert.NoError(t, s.Err())
 
 	st = b.Stats()
@@ -118,30 +118,30 @@ func TestCatchUpConsumerThatStopsThenResumesGetsEverything(t *testing.T) {
 		"it has read everything; the next publish hands it over")
 	assert.Equal(t, uint64(1001), st.FramesDelivered)
 
-	pub11(t, b, "e")
+	publishType(t, b, "e")
 	assert.Equal(t, 0, b.Stats().CatchUp.Behind)
 	assert.Equal(t, 1, s.q.counts().liveCount, "caught up, it is pushed to live again")
-	assert.Equal(t, []string{"#1001"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"#1001"}, describe(readyNow(s)))
 }
 
 // pub11Size is the envelope size of an event of type "e" without data
-// published as id on a bus11 bus.
+// published as id on a newBus bus.
 func pub11Size(b *EventBus, id uint64) int {
-	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, now11Millis))
+	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, testStamp))
 }
 
 func TestCatchUpRingMovedPastCursorGetsOneExactRingEvicted(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, RingSize: 100, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 500) // the ring now holds #401..#500; the subscriber needs #17
+	b := newBus(t, Options{MaxQueued: 16, RingSize: 100, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 500) // the ring now holds #401..#500; the subscriber needs #17
 
 	fs := drainReady(t, s)
 	requireIDs(t, append(seqIDs(1, 16), seqIDs(401, 500)...), eventIDs(fs))
 	assert.Equal(t, []string{TypeSlowClientWarning, TypeStateResyncRequired}, nonEvents(fs), "exactly one resync")
-	resync := coreOfType(fs, TypeStateResyncRequired)[0]
+	resync := ofType(fs, TypeStateResyncRequired)[0]
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"ring_evicted","lastDeliveredId":16,"earliestAvailableId":401,"epoch":%q}`, b.Epoch()),
-		coreData(t, resync))
-	assert.Equal(t, "#401", coreDescribe(fs[18:19])[0], "right before the ring's oldest")
+		dataOf(t, resync))
+	assert.Equal(t, "#401", describe(fs[18:19])[0], "right before the ring's oldest")
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Resyncs.RingEvicted)
 	assert.Equal(t, uint64(100), st.CatchUp.Served)
@@ -151,26 +151,26 @@ func TestCatchUpRingMovedPastCursorGetsOneExactRingEvicted(t *testing.T) {
 func TestCatchUpRingEvictedWhileReading(t *testing.T) {
 	// The consumer reads a batch from the ring, then stops while the ring
 	// moves on: the next batch starts with the resync at its own cursor.
-	b := bus11(t, Options{MaxQueued: 8, RingSize: 40, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 30)
-	first := take11(s) // #1..#8 queued, then #9..#16 from the ring... within 8 for the batch
+	b := newBus(t, Options{MaxQueued: 8, RingSize: 40, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 30)
+	first := readyNow(s) // #1..#8 queued, then #9..#16 from the ring... within 8 for the batch
 	assert.Equal(t, seqIDs(1, 8), eventIDs(first), "one batch, within the frame cap")
-	second := take11(s)
+	second := readyNow(s)
 	assert.Equal(t, seqIDs(9, 16), eventIDs(second))
-	pubN11(t, b, "e", 100) // the ring holds #91..#130
+	publishTypeN(t, b, "e", 100) // the ring holds #91..#130
 	fs := drainReady(t, s)
 	assert.Equal(t, TypeStateResyncRequired, fs[0].Type())
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"ring_evicted","lastDeliveredId":16,"earliestAvailableId":91,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[0]))
+		dataOf(t, fs[0]))
 	requireIDs(t, seqIDs(91, 130), eventIDs(fs))
 }
 
 func TestCatchUpBytesCapEntersCatchUpAndBatchesStayWithinIt(t *testing.T) {
-	b := bus11(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	for range 50 {
-		pubSized11(t, b, "e", 100)
+		publishSized(t, b, "e", 100)
 	}
 	assert.Equal(t, 10, s.q.counts().liveCount, "10 x 100 bytes fill the byte cap")
 	assert.Equal(t, uint64(1), b.Stats().CatchUp.Entered)
@@ -181,30 +181,30 @@ func TestCatchUpBytesCapEntersCatchUpAndBatchesStayWithinIt(t *testing.T) {
 func TestCatchUpOversizedEventReachesAConsumerThatHoldsNothing(t *testing.T) {
 	// As for a live push, the first frame of a batch is admitted whatever
 	// its size when nothing is held.
-	b := bus11(t, Options{MaxQueuedBytes: 1000, MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 5) // #5 is rejected: behind at #5
-	pubSized11(t, b, "e", 3000)
-	pubSized11(t, b, "e", 3000)
-	assert.Equal(t, seqIDs(1, 4), eventIDs(take11(s)))
-	assert.Equal(t, []uint64{5}, eventIDs(take11(s)))
-	assert.Equal(t, []uint64{6}, eventIDs(take11(s)), "alone, above the byte cap")
-	assert.Equal(t, []uint64{7}, eventIDs(take11(s)))
-	pubN11(t, b, "e", 1)
+	b := newBus(t, Options{MaxQueuedBytes: 1000, MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 5) // #5 is rejected: behind at #5
+	publishSized(t, b, "e", 3000)
+	publishSized(t, b, "e", 3000)
+	assert.Equal(t, seqIDs(1, 4), eventIDs(readyNow(s)))
+	assert.Equal(t, []uint64{5}, eventIDs(readyNow(s)))
+	assert.Equal(t, []uint64{6}, eventIDs(readyNow(s)), "alone, above the byte cap")
+	assert.Equal(t, []uint64{7}, eventIDs(readyNow(s)))
+	publishTypeN(t, b, "e", 1)
 	assert.Equal(t, 0, b.Stats().CatchUp.Behind, "handed over by #8")
-	assert.Equal(t, []uint64{8}, eventIDs(take11(s)))
+	assert.Equal(t, []uint64{8}, eventIDs(readyNow(s)))
 }
 
 func TestCatchUpFilterDuringCatchUp(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a.*"}})
+	b := newBus(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a.*"}})
 	var want []uint64
 	for i := range 2000 {
 		typ := "b"
 		if i%3 == 0 {
 			typ = "a.x"
 		}
-		if id := pub11(t, b, typ).ID(); typ == "a.x" {
+		if id := publishType(t, b, typ).ID(); typ == "a.x" {
 			want = append(want, id)
 		}
 	}
@@ -223,26 +223,26 @@ func TestCatchUpFilterDuringCatchUp(t *testing.T) {
 }
 
 func TestCatchUpFilterMatchingNothingInTheRingCatchesUp(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a"}})
-	pubN11(t, b, "a", 5) // behind at #5
-	pubN11(t, b, "b", 3000)
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}})
+	publishTypeN(t, b, "a", 5) // behind at #5
+	publishTypeN(t, b, "b", 3000)
 	fs := drainReady(t, s)
 	assert.Equal(t, seqIDs(1, 5), eventIDs(fs))
-	pub11(t, b, "a")
+	publishType(t, b, "a")
 	assert.Equal(t, 0, b.Stats().CatchUp.Behind, "3000 filtered-out entries read, then handed over by #3006")
-	assert.Equal(t, []uint64{3006}, eventIDs(take11(s)))
+	assert.Equal(t, []uint64{3006}, eventIDs(readyNow(s)))
 }
 
 func TestCatchUpSignalsWhileBehind(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 5) // #1..#4 queued, behind at #5
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 5) // #1..#4 queued, behind at #5
 	require.NoError(t, b.Signal("doc.changed", "7"))
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Dropped.CatchUpSignals, "the caps are full: dropped, counted")
 
-	fs := take11(s) // #1..#4
+	fs := readyNow(s) // #1..#4
 	assert.Equal(t, seqIDs(1, 4), eventIDs(fs))
 	// Its queue is empty now, the caps take signals again; a second one
 	// about the same resource coalesces with it.
@@ -250,19 +250,19 @@ func TestCatchUpSignalsWhileBehind(t *testing.T) {
 	require.NoError(t, b.Signal("doc.changed", "7"))
 	assert.Equal(t, uint64(1), b.Stats().Dropped.Coalesced)
 	fs = drainReady(t, s)
-	assert.Equal(t, []string{"sig:doc.changed/7", "#5"}, coreDescribe(fs),
+	assert.Equal(t, []string{"sig:doc.changed/7", "#5"}, describe(fs),
 		"a signal the caps take goes live, ahead of the ring events published before it")
 	assert.Equal(t, uint64(1), b.Stats().Dropped.CatchUpSignals)
 }
 
 func TestCatchUpRejectedSignalPutsSubscriberBehindAtTheNextID(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 2)
+	b := newBus(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 2)
 	require.NoError(t, b.Signal("s", "x")) // rejected: behind at #3, nothing missed yet
 	assert.Equal(t, CatchUpStats{Entered: 1, Behind: 1}, b.Stats().CatchUp)
 	assert.Equal(t, uint64(1), b.Stats().Dropped.CatchUpSignals)
-	pubN11(t, b, "e", 3)
+	publishTypeN(t, b, "e", 3)
 	assert.Equal(t, seqIDs(1, 5), eventIDs(drainReady(t, s)))
 }
 
@@ -272,12 +272,12 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 	// every id exactly once, in increasing order: the hand-over from the
 	// ring to the live fan-out has no gap and no duplicate.
 	const publishers, perPublisher, consumers = 4, 3000, 4
-	b := bus11(t, Options{MaxQueued: 8, RingSize: publishers * perPublisher, MaxSubscribers: 16, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueued: 8, RingSize: publishers * perPublisher, MaxSubscribers: 16, OverflowPolicy: OverflowCatchUp})
 	var wg sync.WaitGroup
 	results := make([][]uint64, consumers)
 	got := make([]atomic.Uint64, consumers) // events seen, for the end
 	for c := range consumers {
-		s := sub11(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
 		iter := c%2 == 0
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(c), 7))
@@ -347,16 +347,16 @@ func TestCatchUpHandOverUnderConcurrentPublishers(t *testing.T) {
 
 func TestCatchUpStalledConsumerIsEvictedAfterTheBoundAndHeldNoMoreThanItsCaps(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096, OverflowPolicy: OverflowCatchUp,
+		b := newBus(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096, OverflowPolicy: OverflowCatchUp,
 			CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
-		s := sub11(t, b, SubscribeOptions{})
-		healthy := sub11(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
+		healthy := subscribe(t, b, SubscribeOptions{})
 		var got []uint64
 		start := time.Now()
 		// A publish every 10 ms; the stalled one never reads.
 		for i := 0; ; i++ {
-			pub11(t, b, "e")
-			got = append(got, eventIDs(take11(healthy))...)
+			publishType(t, b, "e")
+			got = append(got, eventIDs(readyNow(healthy))...)
 			c := s.q.counts()
 			require.LessOrEqual(t, c.liveCount, 16)
 			require.LessOrEqual(t, c.liveBytes, 4096)
@@ -372,12 +372,12 @@ func TestCatchUpStalledConsumerIsEvictedAfterTheBoundAndHeldNoMoreThanItsCaps(t 
 		// more than 10 s later evicts it.
 		assert.Equal(t, 10*time.Second+170*time.Millisecond, elapsed)
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
-		fs := take11(s)
+		fs := readyNow(s)
 		assert.Equal(t, seqIDs(1, 16), eventIDs(fs), "what was queued, then the terminal frame")
 		last := fs[len(fs)-1]
 		assert.Equal(t, TypeClientEvicted, last.Type())
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"catch_up_stalled","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":4096}`,
-			coreSumSizes(fs[:len(fs)-1])-coreSumSizes(coreOfType(fs, TypeSlowClientWarning))), coreData(t, last))
+			sumSizes(fs[:len(fs)-1])-sumSizes(ofType(fs, TypeSlowClientWarning))), dataOf(t, last))
 		st := b.Stats()
 		assert.Equal(t, uint64(1), st.Evictions.CatchUpStalled)
 		assert.Equal(t, 0, st.CatchUp.Behind)
@@ -390,12 +390,12 @@ func TestCatchUpSlowButReadingConsumerIsNotEvicted(t *testing.T) {
 	// Progress is a take: a consumer that takes a batch every 5 s with a 10
 	// s bound stays, however far behind it is.
 	synctest.Test(t, func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp, CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
-		s := sub11(t, b, SubscribeOptions{})
+		b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp, CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
+		s := subscribe(t, b, SubscribeOptions{})
 		var got []uint64
 		for range 12 {
-			pubN11(t, b, "e", 50)
-			got = append(got, eventIDs(take11(s))...)
+			publishTypeN(t, b, "e", 50)
+			got = append(got, eventIDs(readyNow(s))...)
 			time.Sleep(5 * time.Second)
 		}
 		assert.NoError(t, s.Err())
@@ -406,10 +406,10 @@ func TestCatchUpSlowButReadingConsumerIsNotEvicted(t *testing.T) {
 
 func TestCatchUpSubscribeAtTheLimitSweepsAStalledSubscriber(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 4, MaxSubscribers: 1, OverflowPolicy: OverflowCatchUp,
+		b := newBus(t, Options{MaxQueued: 4, MaxSubscribers: 1, OverflowPolicy: OverflowCatchUp,
 			CatchUpStallTimeout: 10 * time.Second, Now: time.Now})
-		stalled := sub11(t, b, SubscribeOptions{})
-		pubN11(t, b, "e", 10) // behind; then the bus is quiet
+		stalled := subscribe(t, b, SubscribeOptions{})
+		publishTypeN(t, b, "e", 10) // behind; then the bus is quiet
 		_, err := b.Subscribe(context.Background(), SubscribeOptions{})
 		require.ErrorIs(t, err, ErrSubscriberLimitExceeded, "not stalled long enough yet")
 		time.Sleep(10*time.Second + time.Millisecond)
@@ -417,9 +417,9 @@ func TestCatchUpSubscribeAtTheLimitSweepsAStalledSubscriber(t *testing.T) {
 		require.NoError(t, err, "the stalled one freed its slot")
 		t.Cleanup(s.Close)
 		assert.ErrorIs(t, stalled.Err(), ErrEvicted)
-		fs := take11(stalled)
+		fs := readyNow(stalled)
 		assert.Equal(t, TypeClientEvicted, fs[len(fs)-1].Type())
-		assert.Contains(t, coreData(t, fs[len(fs)-1]), `"reason":"catch_up_stalled","droppedAfter":5`)
+		assert.Contains(t, dataOf(t, fs[len(fs)-1]), `"reason":"catch_up_stalled","droppedAfter":5`)
 		assert.Equal(t, uint64(1), b.Stats().Evictions.CatchUpStalled)
 	})
 }
@@ -428,51 +428,51 @@ func TestCatchUpStallTimeoutOptions(t *testing.T) {
 	for _, d := range []time.Duration{-time.Second, time.Microsecond} {
 		_, err := New(Options{CatchUpStallTimeout: d})
 		assert.ErrorIs(t, err, ErrInvalidOption, "%s", d)
-		b := bus11(t, Options{})
+		b := newBus(t, Options{})
 		_, err = b.Subscribe(context.Background(), SubscribeOptions{CatchUpStallTimeout: d})
 		assert.ErrorIs(t, err, ErrInvalidOption, "%s", d)
 	}
 	synctest.Test(t, func(t *testing.T) {
 		// The subscription's bound overrides the bus's.
-		b := bus11(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
-		s := sub11(t, b, SubscribeOptions{CatchUpStallTimeout: time.Second})
-		pubN11(t, b, "e", 3)
+		b := newBus(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
+		s := subscribe(t, b, SubscribeOptions{CatchUpStallTimeout: time.Second})
+		publishTypeN(t, b, "e", 3)
 		time.Sleep(time.Second + time.Millisecond)
-		pub11(t, b, "e")
+		publishType(t, b, "e")
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
-		b2 := bus11(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
-		s2 := sub11(t, b2, SubscribeOptions{})
-		pubN11(t, b2, "e", 3)
+		b2 := newBus(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp, Now: time.Now})
+		s2 := subscribe(t, b2, SubscribeOptions{})
+		publishTypeN(t, b2, "e", 3)
 		time.Sleep(DefaultCatchUpStallTimeout)
-		pub11(t, b2, "e")
+		publishType(t, b2, "e")
 		assert.NoError(t, s2.Err(), "the default is 30 s, and not past it")
 		time.Sleep(time.Millisecond)
-		pub11(t, b2, "e")
+		publishType(t, b2, "e")
 		assert.ErrorIs(t, s2.Err(), ErrEvicted)
 	})
 }
 
 func TestCatchUpPerSubscriptionPolicy(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4}) // the bus evicts
-	evict := sub11(t, b, SubscribeOptions{})
-	catchUp := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowCatchUp})
-	pubN11(t, b, "e", 10)
+	b := newBus(t, Options{MaxQueued: 4}) // the bus evicts
+	evict := subscribe(t, b, SubscribeOptions{})
+	catchUp := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowCatchUp})
+	publishTypeN(t, b, "e", 10)
 	assert.ErrorIs(t, evict.Err(), ErrEvicted)
 	assert.NoError(t, catchUp.Err())
 	assert.Equal(t, seqIDs(1, 10), eventIDs(drainReady(t, catchUp)))
 }
 
 func TestCatchUpBusCloseWhileBehindAnnouncesWhatItDidNotGet(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 10) // behind at #5
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 10) // behind at #5
 	require.NoError(t, b.Close())
 	fs, open := s.AppendReady(nil)
 	assert.False(t, open)
-	assert.Equal(t, coreSeq(coreIDs(1, 3), TypeSlowClientWarning, "#4", TypeStateResyncRequired), coreDescribe(fs),
+	assert.Equal(t, seqOf(idRange(1, 3), TypeSlowClientWarning, "#4", TypeStateResyncRequired), describe(fs),
 		"what was queued, then the ids it did not get (the ring is gone), then the end")
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"ring_evicted","lastDeliveredId":4,"earliestAvailableId":11,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[len(fs)-1]))
+		dataOf(t, fs[len(fs)-1]))
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Resyncs.RingEvicted)
 	assert.Equal(t, 0, st.CatchUp.Behind)
@@ -480,9 +480,9 @@ func TestCatchUpBusCloseWhileBehindAnnouncesWhatItDidNotGet(t *testing.T) {
 }
 
 func TestCatchUpCancelWhileBehind(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 10)
+	b := newBus(t, Options{MaxQueued: 4, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 10)
 	s.Close()
 	fs, open := s.AppendReady(nil)
 	assert.False(t, open)
@@ -491,7 +491,7 @@ func TestCatchUpCancelWhileBehind(t *testing.T) {
 	assert.Equal(t, 0, st.CatchUp.Behind)
 	assert.Equal(t, 0, b.SubscriberCount())
 	assert.Equal(t, uint64(5), st.Dropped.Cancelled, "the 4 queued events and the warning")
-	pubN11(t, b, "e", 1) // nothing reaches it, nothing breaks
+	publishTypeN(t, b, "e", 1) // nothing reaches it, nothing breaks
 }
 
 func TestCatchUpOverHTTPSlowClientGetsEverything(t *testing.T) {
@@ -525,9 +525,9 @@ func TestCatchUpOverHTTPSlowClientGetsEverything(t *testing.T) {
 // The Events iterator's caps are exact, and cancellation is prompt.
 
 func TestEventsBatchCountsTowardTheCapsUntilYielded(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 10)
+	b := newBus(t, Options{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 10)
 	inBody := make(chan uint64)
 	release := make(chan struct{})
 	done := make(chan []Frame)
@@ -545,19 +545,19 @@ func TestEventsBatchCountsTowardTheCapsUntilYielded(t *testing.T) {
 	require.Equal(t, uint64(1), <-inBody)
 	// The iterator took #1..#10 and yielded #1: 9 still count.
 	assert.Equal(t, 9, s.q.counts().liveCount)
-	pubN11(t, b, "e", 7) // #11..#17: 16 unconsumed
+	publishTypeN(t, b, "e", 7) // #11..#17: 16 unconsumed
 	assert.Equal(t, 16, s.q.counts().liveCount)
 	assert.NoError(t, s.Err())
-	pub11(t, b, "e") // #18: past the cap
+	publishType(t, b, "e") // #18: past the cap
 	assert.ErrorIs(t, s.Err(), ErrEvicted)
 	close(release)
 	fs := <-done
 	// The warning fired once, at 12 unconsumed (#2..#10 in the batch,
 	// #11..#13 queued), so right after #13.
-	assert.Equal(t, coreSeq(coreIDs(1, 13), TypeSlowClientWarning, coreIDs(14, 17), TypeClientEvicted), coreDescribe(fs))
+	assert.Equal(t, seqOf(idRange(1, 13), TypeSlowClientWarning, idRange(14, 17), TypeClientEvicted), describe(fs))
 	assert.Equal(t, uint64(1), b.Stats().Warnings)
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","droppedAfter":18,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":%d}`,
-		16*pub11Size(b, 10)-8, DefaultMaxQueuedBytes), coreData(t, fs[len(fs)-1]), "#2..#9 are a byte shorter than #10..#17")
+		16*pub11Size(b, 10)-8, DefaultMaxQueuedBytes), dataOf(t, fs[len(fs)-1]), "#2..#9 are a byte shorter than #10..#17")
 }
 
 func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
@@ -565,10 +565,11 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 	// under OverflowCatchUp: at no point do the frames it has not consumed
 	// (queued, or taken and not yielded) exceed either cap.
 	const maxQueued, maxBytes = 32, 3000
-	b := bus11(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	var maxSeen atomic.Int64
 	var got []uint64
+	n := pick(500, 2000, 2000)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -576,14 +577,14 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 			if f.ID() != 0 {
 				got = append(got, f.ID())
 			}
-			if len(got) == 2000 {
+			if len(got) == n {
 				return
 			}
 			time.Sleep(20 * time.Microsecond)
 		}
 	}()
-	for range 2000 {
-		pubSized11(t, b, "e", 90)
+	for range n {
+		publishSized(t, b, "e", 90)
 		c := s.q.counts()
 		if int64(c.liveCount) > maxSeen.Load() {
 			maxSeen.Store(int64(c.liveCount))
@@ -592,19 +593,19 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 		require.LessOrEqual(t, c.liveBytes, maxBytes)
 	}
 	<-done
-	requireIDs(t, seqIDs(1, 2000), got)
+	requireIDs(t, seqIDs(1, uint64(n)), got)
 	t.Logf("most frames unconsumed at once: %d (cap %d); catch-ups %d", maxSeen.Load(), maxQueued, b.Stats().CatchUp.Entered)
 }
 
 func TestEventsCancelMidBatchYieldsNothingMore(t *testing.T) {
 	for _, how := range []string{"Close", "context"} {
 		t.Run(how, func(t *testing.T) {
-			b := bus11(t, Options{})
+			b := newBus(t, Options{})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			s, err := b.Subscribe(ctx, SubscribeOptions{})
 			require.NoError(t, err)
-			pubN11(t, b, "e", 100)
+			publishTypeN(t, b, "e", 100)
 			var got []Frame
 			for f := range s.Events() {
 				got = append(got, f)
@@ -628,8 +629,8 @@ func TestEventsCancelMidBatchYieldsNothingMore(t *testing.T) {
 }
 
 func TestEventsCancelRightAfterTheFirstReplayedFrame(t *testing.T) {
-	b := bus11(t, Options{})
-	pubN11(t, b, "e", DefaultRingSize)
+	b := newBus(t, Options{})
+	publishTypeN(t, b, "e", DefaultRingSize)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s, err := b.Subscribe(ctx, SubscribeOptions{Resume: true, LastEventID: 0})
@@ -648,9 +649,9 @@ func TestEventsCancelRightAfterTheFirstReplayedFrame(t *testing.T) {
 
 func TestEventsBusCloseMidBatchStillDrains(t *testing.T) {
 	// Close with drain is not a cancellation: the batch is yielded in full.
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 50)
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 50)
 	var ids []uint64
 	for f := range s.Events() {
 		ids = append(ids, f.ID())
@@ -663,9 +664,9 @@ func TestEventsBusCloseMidBatchStillDrains(t *testing.T) {
 }
 
 func TestEventsCatchUpCountsRingFramesUntilYielded(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 100) // #1..#8 queued, behind at #9
+	b := newBus(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 100) // #1..#8 queued, behind at #9
 	var it iterBatch
 	require.True(t, it.fill(s))
 	assert.Equal(t, seqIDs(1, 8), eventIDs(it.frames), "the queue first")
@@ -698,8 +699,8 @@ func TestCatchUpConsumerWaitingAtTheNewestIsWokenByTheNextPublish(t *testing.T) 
 	// subscriber falling behind meanwhile: after declaring itself waiting
 	// the take must look whether it is behind. Many rounds of a burst that
 	// puts it behind, each of whose last event it must get.
-	b := bus11(t, Options{MaxQueued: 1, OverflowPolicy: OverflowCatchUp})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 1, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
 	var got atomic.Uint64
 	done := make(chan struct{})
 	go func() {
@@ -710,12 +711,9 @@ func TestCatchUpConsumerWaitingAtTheNewestIsWokenByTheNextPublish(t *testing.T) 
 			}
 		}
 	}()
-	rounds := 3000
-	if testing.Short() {
-		rounds = 500
-	}
+	rounds := pick(500, 3000, 3000)
 	for range rounds {
-		last := pubN11(t, b, "e", 1+rand.IntN(3))
+		last := publishTypeN(t, b, "e", 1+rand.IntN(3))
 		deadline := time.Now().Add(10 * time.Second)
 		for got.Load() != last {
 			if time.Now().After(deadline) {

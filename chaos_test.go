@@ -48,12 +48,10 @@ import (
 // still in the ring), so it leaves no gap.
 //
 // The sleeps only make slow readers slow; no check depends on timing. The
-// short form runs ~5 s; EVENTBUS_LONG=1 runs 60 s.
+// normal form runs ~5 s, -short 2 s with 36 clients; EVENTBUS_LONG=1 runs
+// 60 s.
 func TestChaosHTTP(t *testing.T) {
-	dur, maxEvents, nClients := 5*time.Second, 6000, 54
-	if proveLong() {
-		dur, maxEvents, nClients = 60*time.Second, 200_000, 64
-	}
+	dur, maxEvents, nClients := pick(2*time.Second, 5*time.Second, 60*time.Second), pick(3000, 6000, 200_000), pick(36, 54, 64)
 	base := Options{
 		RingSize:          1024,
 		MaxQueuedBytes:    256 << 10,
@@ -83,8 +81,9 @@ func TestChaosHTTP(t *testing.T) {
 		Logger:    slog.New(slog.DiscardHandler),
 		Heartbeat: 250 * time.Millisecond,
 		// A stalled reader whose writes block this long is dropped (no
-		// frame); it reconnects and resumes like any other.
-		WriteTimeout: 3 * time.Second,
+		// frame); it reconnects and resumes like any other. -short drops
+		// it sooner.
+		WriteTimeout: pick(time.Second, 3*time.Second, 3*time.Second),
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /session/{id}/events", h)

@@ -104,7 +104,7 @@ func (c *CORS) handle(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	if !c.allowed(origin) {
-		writeJSONError(w, http.StatusForbidden, "origin "+strconv.Quote(truncate(origin, 256))+" is not allowed", "origin_not_allowed", 0)
+		writeJSONError(w, http.StatusForbidden, "origin "+quoteHead(origin, 256)+" is not allowed", "origin_not_allowed", 0)
 		return false
 	}
 	hd.Set("Access-Control-Allow-Origin", origin)
@@ -115,14 +115,14 @@ func (c *CORS) handle(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	if m := r.Header.Get("Access-Control-Request-Method"); m != http.MethodGet && m != http.MethodHead {
-		writeJSONError(w, http.StatusForbidden, "method "+strconv.Quote(truncate(m, 64))+" is not allowed", "preflight_refused", 0)
+		writeJSONError(w, http.StatusForbidden, "method "+quoteHead(m, 64)+" is not allowed", "preflight_refused", 0)
 		return false
 	}
 	for _, list := range r.Header.Values("Access-Control-Request-Headers") {
 		for name := range strings.SplitSeq(list, ",") {
 			name = strings.TrimSpace(name)
 			if name != "" && !c.allowedHeader(name) {
-				writeJSONError(w, http.StatusForbidden, "request header "+strconv.Quote(truncate(name, 64))+" is not allowed", "preflight_refused", 0)
+				writeJSONError(w, http.StatusForbidden, "request header "+quoteHead(name, 64)+" is not allowed", "preflight_refused", 0)
 				return false
 			}
 		}

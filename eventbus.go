@@ -6,188 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 )
-
-// Limits and defaults of SPEC section 2.
-const (
-	// SchemaVersion is stamped into every envelope's "v".
-	SchemaVersion = 1
-	// DefaultRingSize is the replay ring depth, in events.
-	DefaultRingSize = 8000
-	// MaxRingSize is the largest RingSize New accepts.
-	MaxRingSize = 1_000_000
-	// DefaultRingMaxBytes bounds the ring's encoded bytes.
-	DefaultRingMaxBytes = 64 << 20
-	// DefaultMaxEventBytes is the largest encoded event Publish accepts.
-	DefaultMaxEventBytes = 16 << 20
-	// DefaultMaxQueued is a subscriber's live frame cap.
-	DefaultMaxQueued = 256
-	// DefaultMaxQueuedBytes is a subscriber's live byte cap.
-	DefaultMaxQueuedBytes = 2 << 20
-	// DefaultMaxSubscribers is a bus's subscriber cap.
-	DefaultMaxSubscribers = 64
-	// DefaultReplayBudgetBytes is how many bytes one resume may replay.
-	DefaultReplayBudgetBytes = 8 << 20
-	// WarnThresholdRatio is the fill of either cap at which a subscriber is
-	// warned.
-	WarnThresholdRatio = 0.75
-	// WarnResetRatio is the fill of both caps at or below which the warning
-	// re-arms.
-	WarnResetRatio = 0.375
-	// MinClientMaxQueued and MaxClientMaxQueued bound the maxQueued a remote
-	// client may ask for.
-	MinClientMaxQueued = 16
-	MaxClientMaxQueued = 2048
-	// MaxEventID is the largest id a client may present (2^53-1, the largest
-	// integer a JSON number holds exactly in every client).
-	MaxEventID = 1<<53 - 1
-	// DefaultRetry is the SSE retry: directive.
-	DefaultRetry = 3 * time.Second
-	// DefaultHeartbeat is how long a stream may be idle before a comment.
-	DefaultHeartbeat = 15 * time.Second
-	// DefaultWriteTimeout bounds one write and flush of a batch.
-	DefaultWriteTimeout = 30 * time.Second
-	// DefaultCatchUpStallTimeout is how long a subscriber under
-	// OverflowCatchUp may take nothing while behind before it is evicted.
-	DefaultCatchUpStallTimeout = 30 * time.Second
-)
-
-// Options configures a bus. The zero value is valid: every field that is 0
-// takes its default. A negative value, RingSize above MaxRingSize, or an
-// option New cannot honour makes New fail with ErrInvalidOption.
-type Options struct {
-	// RingSize is how many recent events the bus keeps for resuming clients.
-	RingSize int
-	// RingMaxBytes bounds the ring's encoded bytes; the oldest events are
-	// dropped past it (the newest always stays).
-	RingMaxBytes int
-	// MaxEventBytes is the largest encoded envelope Publish accepts.
-	MaxEventBytes int
-	// MaxSubscribers caps concurrent subscriptions.
-	MaxSubscribers int
-	// MaxQueued is the default live frame cap of a subscription whose
-	// SubscribeOptions.MaxQueued is 0.
-	MaxQueued int
-	// MaxQueuedBytes is every subscription's live byte cap. It is an
-	// embedder's setting only: a remote client can never raise it.
-	MaxQueuedBytes int
-	// ReplayBudgetBytes is how many encoded bytes one resume may replay.
-	ReplayBudgetBytes int
-	// Logger receives diagnostics; nil means slog.Default() at the time of
-	// logging. It is never called with the bus lock held.
-	Logger *slog.Logger
-	// Now is the clock for serverTimestamp stamps, the overflow window and
-	// the catch-up stall bound; nil means time.Now.
-	Now func() time.Time
-	// OverflowPolicy decides what a rejected live push does to a
-	// subscriber; 0 means OverflowEvict. A subscription may override it.
-	OverflowPolicy OverflowPolicy
-	// CatchUpStallTimeout is how long a subscriber under OverflowCatchUp
-	// may take nothing while it is behind before it is evicted
-	// (client_evicted, reason catch_up_stalled), measured on Now; 0 means
-	// DefaultCatchUpStallTimeout, below a millisecond is an error. A
-	// subscription may override it.
-	CatchUpStallTimeout time.Duration
-	// MaxAge, when positive, also bounds the ring by age: an event
-	// published more than MaxAge ago (on Now) leaves it, so a resume past
-	// it gets ring_evicted with exact ids. Aged events go at the next
-	// Publish or Subscribe (and at a Hub's sweep); 0 means no age bound,
-	// negative is an error.
-	MaxAge time.Duration
-	// OnDiagnostic, when set, receives every diagnostic before it is
-	// logged; returning true suppresses the log line. It is called without
-	// the bus lock, on the goroutine that caused the diagnostic (Publish,
-	// Signal, a stream writer), and must not block.
-	OnDiagnostic func(Diagnostic) (suppress bool)
-}
-
-// OverflowPolicy decides what happens when a subscriber's live queue
-// rejects a frame. The zero value means "the default": OverflowEvict for a
-// bus, the bus's policy for a subscription.
-type OverflowPolicy uint8
-
-const (
-	// OverflowEvict ends the subscriber with a terminal client_evicted
-	// frame (SPEC 7).
-	OverflowEvict OverflowPolicy = iota + 1
-	// OverflowResync drops the subscriber's queued live frames, queues
-	// state_resync_required and then the rejected frame, and keeps the
-	// subscriber; the third overflow within OverflowWindow evicts it with
-	// reason repeated_overflow (SPEC 11).
-	OverflowResync
-	// OverflowCatchUp keeps the subscriber and loses nothing while the ring
-	// holds what it missed: the rejected event and every later one stay
-	// where they already are, in the ring, and the subscriber's consumer
-	// reads them from there once it has drained its queue, in batches
-	// within its caps, then rejoins the live stream with no gap and no
-	// duplicate. Meanwhile publishers push nothing to it. If the ring has
-	// dropped the next event it needs, it gets state_resync_required
-	// ring_evicted and goes on from the ring's oldest event; a signal its
-	// caps reject while it is behind is dropped (Dropped.CatchUpSignals); a
-	// consumer that takes nothing for CatchUpStallTimeout while behind is
-	// evicted with reason catch_up_stalled.
-	OverflowCatchUp
-)
-
-// ReasonCatchUpStalled is the client_evicted reason of a subscriber under
-// OverflowCatchUp whose consumer took nothing for CatchUpStallTimeout while
-// it was behind.
-const ReasonCatchUpStalled = "catch_up_stalled"
-
-// OverflowWindow is the window in which a third overflow under
-// OverflowResync evicts.
-const OverflowWindow = 60 * time.Second
-
-// ReasonRepeatedOverflow is the client_evicted reason of OverflowResync's
-// third overflow within OverflowWindow.
-const ReasonRepeatedOverflow = "repeated_overflow"
-
-func (o Options) withDefaults() (Options, error) {
-	fields := []struct {
-		name string
-		v    *int
-		def  int
-	}{
-		{"RingSize", &o.RingSize, DefaultRingSize},
-		{"RingMaxBytes", &o.RingMaxBytes, DefaultRingMaxBytes},
-		{"MaxEventBytes", &o.MaxEventBytes, DefaultMaxEventBytes},
-		{"MaxSubscribers", &o.MaxSubscribers, DefaultMaxSubscribers},
-		{"MaxQueued", &o.MaxQueued, DefaultMaxQueued},
-		{"MaxQueuedBytes", &o.MaxQueuedBytes, DefaultMaxQueuedBytes},
-		{"ReplayBudgetBytes", &o.ReplayBudgetBytes, DefaultReplayBudgetBytes},
-	}
-	for _, f := range fields {
-		switch {
-		case *f.v < 0:
-			return o, fmt.Errorf("%w: %s is %d, must not be negative", ErrInvalidOption, f.name, *f.v)
-		case *f.v == 0:
-			*f.v = f.def
-		}
-	}
-	if o.OverflowPolicy > OverflowCatchUp {
-		return o, fmt.Errorf("%w: unknown OverflowPolicy %d", ErrInvalidOption, o.OverflowPolicy)
-	}
-	if o.OverflowPolicy == 0 {
-		o.OverflowPolicy = OverflowEvict
-	}
-	switch {
-	case o.CatchUpStallTimeout == 0:
-		o.CatchUpStallTimeout = DefaultCatchUpStallTimeout
-	case o.CatchUpStallTimeout < time.Millisecond:
-		return o, fmt.Errorf("%w: CatchUpStallTimeout is %s, must be at least 1ms", ErrInvalidOption, o.CatchUpStallTimeout)
-	}
-	if o.MaxAge < 0 {
-		return o, fmt.Errorf("%w: MaxAge is %s, must not be negative", ErrInvalidOption, o.MaxAge)
-	}
-	if o.RingSize > MaxRingSize {
-		return o, fmt.Errorf("%w: RingSize is %d, above MaxRingSize %d", ErrInvalidOption, o.RingSize, MaxRingSize)
-	}
-	return o, nil
-}
 
 // EventBus is one session's in-memory event bus. Create it with New.
 //
@@ -279,6 +100,14 @@ func (b *EventBus) CloseWithError(kind, message string) error {
 	return b.close(&f)
 }
 
+// StreamErrorFrame is the package's StreamErrorFrame stamped with the
+// bus's clock (Options.Now), for a transport that ends a stream of this
+// bus by itself (a lifetime that ended, a revocation). It does not touch
+// the bus and is safe for concurrent use.
+func (b *EventBus) StreamErrorFrame(msg, kind string) Frame {
+	return streamErrorFrame(msg, kind, b.now())
+}
+
 // close is Close, with an optional terminal frame for every subscription.
 func (b *EventBus) close(terminal *Frame) error {
 	b.closeIf(terminal, nil)
@@ -361,37 +190,6 @@ func (b *EventBus) logger() *slog.Logger {
 // window: Options.Now when set, else the bus's wall clock.
 func (b *EventBus) now() int64 { return b.enc.millis() }
 
-// wallClock reads the wall clock in Unix milliseconds from one monotonic
-// reading instead of time.Now's wall and monotonic pair: on virtual
-// machines whose clock source is slow (kvm-clock) that halves the cost of a
-// stamp, which every Publish pays. It re-reads the wall clock at least once
-// a second, so a clock step is picked up within a second. The zero value is
-// ready to use; it is safe for concurrent use.
-type wallClock struct{ base atomic.Pointer[clockBase] }
-
-type clockBase struct {
-	t        time.Time // with its monotonic reading
-	unixNano int64
-}
-
-func (c *wallClock) millis() int64 {
-	if base := c.base.Load(); base != nil {
-		if d := time.Since(base.t); d >= 0 && d < time.Second {
-			return (base.unixNano + int64(d)) / int64(time.Millisecond)
-		}
-	}
-	t := time.Now()
-	c.base.Store(&clockBase{t, t.UnixNano()})
-	return t.UnixMilli()
-}
-
-func nowMillis(now func() time.Time) int64 {
-	if now != nil {
-		return now().UnixMilli()
-	}
-	return time.Now().UnixMilli()
-}
-
 // eviction is a subscriber rejected under the lock, ended after it.
 type eviction struct {
 	s      *Subscription
@@ -409,14 +207,8 @@ type fanout struct {
 	now     int64
 	diags   []Diagnostic
 	evicted []eviction
-	// behind is set when a subscriber's queue is past the warning
-	// threshold after this publish and its yield budget is not spent.
-	behind bool
-	// urgent is the first such queue that is past 90% of a cap, and
-	// urgentPopped the live frames and bytes its consumer must have popped
-	// in all for it to be back under 90% of both (see finish); nil if none.
-	urgent       *boundedAsyncQueue
-	urgentPopped [2]int64
+	// yield is the publisher's yield after the lock (see yield.go).
+	yield yieldPlan
 	// wake holds the queues whose consumers push reported waiting, woken
 	// by finish (see boundedAsyncQueue.push); from wakePool, nil if none.
 	wake *[]*boundedAsyncQueue
@@ -619,18 +411,7 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			if d, ok := s.checkWarningLocked(c, lastID); ok {
 				out.diags = append(out.diags, d)
 			}
-			// Under OverflowCatchUp an overflow loses nothing, so there
-			// is nothing to yield for.
-			if s.policy != OverflowCatchUp && s.yieldFor(c) {
-				out.behind = true
-				if out.urgent == nil && nearlyFull(c) {
-					out.urgent = &s.q
-					out.urgentPopped = [2]int64{
-						s.q.poppedLive.Load() + int64(c.liveCount-c.maxQueued*9/10) + 1,
-						s.q.poppedBytes.Load() + int64(c.liveBytes-c.maxBytes/10*9) + 1,
-					}
-				}
-			}
+			out.yield.note(s, c)
 		case pushCoalesced:
 			b.stats.dropCoalesced.Add(1)
 		case pushRejectedFrames, pushRejectedBytes:
@@ -673,8 +454,8 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 }
 
 // finish wakes the consumers a publish queued frames for, ends the
-// subscribers it evicted and emits its diagnostics, after the lock is
-// released.
+// subscribers it evicted, emits its diagnostics and yields the processor
+// if its plan says so (see yield.go), after the lock is released.
 func (b *EventBus) finish(out *fanout) {
 	if w := out.wake; w != nil {
 		for _, q := range *w {
@@ -688,40 +469,7 @@ func (b *EventBus) finish(out *fanout) {
 		out.diags = append(out.diags, ev.s.evict(ev))
 	}
 	b.emit(out.diags...)
-	if out.behind {
-		// A subscriber is past 75% of a cap. Often it is not slow at all:
-		// its goroutine was woken but not scheduled yet, because this
-		// publisher holds the processor (GOMAXPROCS is small, the publisher
-		// runs a tight loop). Yield so it can run before it is evicted:
-		// once, and past 90% until the first such consumer is back under
-		// 90% or maxUrgentYields more yields went by. A fixed 4 yields
-		// there still lost a healthy consumer in about one tight stall
-		// run in sixteen once Publish got faster (BENCHMARKS.md). This
-		// never waits for anyone: with nothing else to run Gosched returns
-		// at once, and a consumer that runs drains its whole queue. A
-		// subscription that nobody has ever read from costs one yield
-		// episode at most (Subscription.yieldFor).
-		yieldProcessor()
-		if q := out.urgent; q != nil {
-			for range maxUrgentYields {
-				if q.poppedLive.Load() >= out.urgentPopped[0] && q.poppedBytes.Load() >= out.urgentPopped[1] {
-					break
-				}
-				yieldProcessor()
-			}
-		}
-	}
-}
-
-// maxUrgentYields bounds the yields of one publish for a consumer past 90%.
-const maxUrgentYields = 16
-
-// yieldProcessor is runtime.Gosched; tests count the yields through it.
-var yieldProcessor = runtime.Gosched
-
-// nearlyFull reports whether the live counts c are past 90% of either cap.
-func nearlyFull(c queueCounts) bool {
-	return c.liveCount*10 >= c.maxQueued*9 || c.liveBytes*10 >= c.maxBytes*9
+	out.yield.run()
 }
 
 // compactSubsLocked removes the nil slots Publish left for evicted
@@ -773,11 +521,4 @@ func (b *EventBus) removeLocked(s *Subscription) bool {
 		}
 	}
 	return false
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }

@@ -20,6 +20,17 @@ type typeFilter struct {
 	prefixes []string // each ends with "."
 }
 
+// CheckTypeFilters validates type filters as Subscribe does
+// (SubscribeOptions.Types), without subscribing: a transport checks a
+// client's filters before it looks the session up, so a bad one is a 400
+// however the rest of the request fares. It returns nil or an error
+// wrapping ErrInvalidFilter that names the first invalid filter. It is safe
+// for concurrent use.
+func CheckTypeFilters(filters []string) error {
+	_, err := compileFilters(filters)
+	return err
+}
+
 // compileFilters validates filters. An empty list compiles to nil (match
 // everything). An invalid filter is an error wrapping ErrInvalidFilter that
 // names it.

@@ -1,7 +1,6 @@
 package eventbus
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ssebus/eventbus/sseclient"
 )
 
 // Type filters (SPEC 11).
@@ -31,7 +32,7 @@ func TestFilterGrammarValid(t *testing.T) {
 	} {
 		_, err := compileFilters([]string{f})
 		assert.NoError(t, err, "filter %q", f)
-		b := bus11(t, Options{})
+		b := newBus(t, Options{})
 		_, err = b.Subscribe(t.Context(), SubscribeOptions{Types: []string{f}})
 		assert.NoError(t, err, "filter %q", f)
 	}
@@ -49,7 +50,7 @@ func TestFilterGrammarInvalid(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidFilter, "filter %q", f)
 		assert.Contains(t, err.Error(), strconv.Quote(truncate(f, 64)), "the message names the bad filter")
 
-		b := bus11(t, Options{})
+		b := newBus(t, Options{})
 		s, err := b.Subscribe(t.Context(), SubscribeOptions{Types: []string{f}})
 		assert.ErrorIs(t, err, ErrInvalidFilter, "filter %q", f)
 		assert.Nil(t, s)
@@ -62,7 +63,7 @@ func TestFilterCountLimit(t *testing.T) {
 	for i := range filters {
 		filters[i] = fmt.Sprintf("t%d.*", i)
 	}
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	_, err := b.Subscribe(t.Context(), SubscribeOptions{Types: filters[:MaxTypeFilters]})
 	assert.NoError(t, err, "32 filters are accepted")
 	_, err = b.Subscribe(t.Context(), SubscribeOptions{Types: filters})
@@ -106,11 +107,11 @@ func TestFilterEmptyMatchesEverything(t *testing.T) {
 		f, err := compileFilters(types)
 		require.NoError(t, err)
 		assert.True(t, f.match("anything"))
-		b := bus11(t, Options{})
-		s := sub11(t, b, SubscribeOptions{Types: types})
-		pub11(t, b, "x")
-		pub11(t, b, "y.z")
-		assert.Equal(t, []string{"#1", "#2"}, coreDescribe(take11(s)))
+		b := newBus(t, Options{})
+		s := subscribe(t, b, SubscribeOptions{Types: types})
+		publishType(t, b, "x")
+		publishType(t, b, "y.z")
+		assert.Equal(t, []string{"#1", "#2"}, describe(readyNow(s)))
 	}
 }
 
@@ -133,22 +134,22 @@ func TestFilterMatchDoesNotAllocate(t *testing.T) {
 }
 
 func TestFilterSyntheticFramesAlwaysPass(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
-	pubN11(t, b, "other", 3)
+	b := newBus(t, Options{MaxQueued: 16})
+	publishTypeN(t, b, "other", 3)
 	// Epoch mismatch: state_resync_required, then replay_complete; none of
 	// the ring's events match.
-	s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 1, Epoch: "not-this-bus"})
-	pubN11(t, b, "zzz", 17) // warning at 12, eviction at 17
-	fs := coreCollect(s)
-	assert.Equal(t, coreSeq(TypeStateResyncRequired, TypeReplayComplete, coreIDs(4, 15), TypeSlowClientWarning, coreIDs(16, 19), TypeClientEvicted),
-		coreDescribe(fs))
-	assert.Contains(t, coreData(t, fs[0]), `"detail":"epoch_mismatch"`)
-	assert.Contains(t, coreData(t, fs[1]), `"replayedCount":0`)
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 1, Epoch: "not-this-bus"})
+	publishTypeN(t, b, "zzz", 17) // warning at 12, eviction at 17
+	fs := collectEvents(s)
+	assert.Equal(t, seqOf(TypeStateResyncRequired, TypeReplayComplete, idRange(4, 15), TypeSlowClientWarning, idRange(16, 19), TypeClientEvicted),
+		describe(fs))
+	assert.Contains(t, dataOf(t, fs[0]), `"detail":"epoch_mismatch"`)
+	assert.Contains(t, dataOf(t, fs[1]), `"replayedCount":0`)
 }
 
 func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"wanted.*"}})
+	b := newBus(t, Options{MaxQueued: 16, MaxQueuedBytes: 4096})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"wanted.*"}})
 	for range 10_000 {
 		_, err := b.Publish(Event{Type: "unwanted", Data: strings.Repeat("x", 500)})
 		require.NoError(t, err)
@@ -160,80 +161,80 @@ func TestFilterFilteredOutEventsNeverCountTowardCaps(t *testing.T) {
 	assert.Zero(t, st.Warnings)
 	assert.Equal(t, EvictionStats{}, st.Evictions)
 
-	pub11(t, b, "wanted.x")
-	assert.Equal(t, []string{"#10001"}, coreDescribe(take11(s)))
+	publishType(t, b, "wanted.x")
+	assert.Equal(t, []string{"#10001"}, describe(readyNow(s)))
 }
 
 func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	for _, typ := range []string{"a", "b", "a.x", "b", "c", "a.y", "b"} { // #1..#7
-		pub11(t, b, typ)
+		publishType(t, b, typ)
 	}
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a", "a.*"}, Resume: true, LastEventID: 0})
-	fs := take11(s)
-	assert.Equal(t, []string{"#1", "#3", "#6", TypeReplayComplete}, coreDescribe(fs))
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a", "a.*"}, Resume: true, LastEventID: 0})
+	fs := readyNow(s)
+	assert.Equal(t, []string{"#1", "#3", "#6", TypeReplayComplete}, describe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":3,"lastReplayedEventId":6,"lastEventId":6,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[3]))
+		dataOf(t, fs[3]))
 
 	// Nothing after the cursor matches: replayedCount 0.
-	s2 := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
-	fs = take11(s2)
-	assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
-	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), coreData(t, fs[0]))
+	s2 := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
+	fs = readyNow(s2)
+	assert.Equal(t, []string{TypeReplayComplete}, describe(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), dataOf(t, fs[0]))
 }
 
 func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
-	b := bus11(t, Options{ReplayBudgetBytes: 250})
-	pubSized11(t, b, "a", 100)  // #1
-	pubSized11(t, b, "b", 1000) // #2: filtered out, does not spend the budget
-	pubSized11(t, b, "a", 100)  // #3: 200
-	pubSized11(t, b, "a", 100)  // #4: 300 > 250, not replayed
-	pubSized11(t, b, "b", 100)  // #5: filtered out, not counted as dropped
-	pubSized11(t, b, "a", 100)  // #6: not replayed
+	b := newBus(t, Options{ReplayBudgetBytes: 250})
+	publishSized(t, b, "a", 100)  // #1
+	publishSized(t, b, "b", 1000) // #2: filtered out, does not spend the budget
+	publishSized(t, b, "a", 100)  // #3: 200
+	publishSized(t, b, "a", 100)  // #4: 300 > 250, not replayed
+	publishSized(t, b, "b", 100)  // #5: filtered out, not counted as dropped
+	publishSized(t, b, "a", 100)  // #6: not replayed
 
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
-	fs := take11(s)
-	assert.Equal(t, []string{"#1", "#3", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
+	fs := readyNow(s)
+	assert.Equal(t, []string{"#1", "#3", TypeStateResyncRequired, TypeReplayComplete}, describe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"replay_budget_exceeded","lastDeliveredId":3,"earliestAvailableId":4,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[2]))
+		dataOf(t, fs[2]))
 	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":2,"lastReplayedEventId":3,"lastEventId":3,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[3]))
+		dataOf(t, fs[3]))
 	st := b.Stats()
 	assert.Equal(t, uint64(2), st.Dropped.ReplayBudget, "#4 and #6; the filtered-out #5 is not due to this subscriber")
 	assert.Equal(t, uint64(1), st.Resyncs.ReplayBudgetExceeded)
 
 	// The first matching frame is replayed whatever its size.
-	b2 := bus11(t, Options{ReplayBudgetBytes: 250})
-	pubSized11(t, b2, "b", 100)
-	pubSized11(t, b2, "a", 1000)
-	s2 := sub11(t, b2, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
-	assert.Equal(t, []string{"#2", TypeReplayComplete}, coreDescribe(take11(s2)))
+	b2 := newBus(t, Options{ReplayBudgetBytes: 250})
+	publishSized(t, b2, "b", 100)
+	publishSized(t, b2, "a", 1000)
+	s2 := subscribe(t, b2, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
+	assert.Equal(t, []string{"#2", TypeReplayComplete}, describe(readyNow(s2)))
 }
 
 func TestFilterResyncRulesGoByIDs(t *testing.T) {
-	b := bus11(t, Options{RingSize: 3})
+	b := newBus(t, Options{RingSize: 3})
 	for _, typ := range []string{"a", "b", "b", "b", "a"} { // the ring holds #3..#5
-		pub11(t, b, typ)
+		publishType(t, b, typ)
 	}
 	t.Run("ring_evicted although the evicted ids were filtered out", func(t *testing.T) {
 		// #2, gone from the ring, is a "b" the subscriber would not have
 		// received: the rule still goes by ids.
-		s := sub11(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
-		fs := take11(s)
-		assert.Equal(t, []string{TypeStateResyncRequired, "#5", TypeReplayComplete}, coreDescribe(fs))
+		s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 1})
+		fs := readyNow(s)
+		assert.Equal(t, []string{TypeStateResyncRequired, "#5", TypeReplayComplete}, describe(fs))
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"ring_evicted","lastDeliveredId":1,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
-			coreData(t, fs[0]))
+			dataOf(t, fs[0]))
 	})
 	t.Run("no resync at the ring start although nothing there matches", func(t *testing.T) {
-		s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 2})
-		assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(take11(s)))
+		s := subscribe(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 2})
+		assert.Equal(t, []string{TypeReplayComplete}, describe(readyNow(s)))
 	})
 	t.Run("epoch_reset by ids", func(t *testing.T) {
-		s := sub11(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 9})
-		fs := take11(s)
-		assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
+		s := subscribe(t, b, SubscribeOptions{Types: []string{"zzz"}, Resume: true, LastEventID: 9})
+		fs := readyNow(s)
+		assert.Equal(t, []string{TypeStateResyncRequired, TypeReplayComplete}, describe(fs))
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"epoch_reset","lastDeliveredId":9,"earliestAvailableId":3,"epoch":%q}`, b.Epoch()),
-			coreData(t, fs[0]))
+			dataOf(t, fs[0]))
 	})
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Resyncs.RingEvicted)
@@ -241,16 +242,16 @@ func TestFilterResyncRulesGoByIDs(t *testing.T) {
 }
 
 func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"keep.*"}})
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"keep.*"}})
 	for i := range 100 {
 		if i%3 == 0 {
-			pub11(t, b, "keep.x")
+			publishType(t, b, "keep.x")
 		} else {
-			pub11(t, b, "drop")
+			publishType(t, b, "drop")
 		}
 	}
-	fs := take11(s)
+	fs := readyNow(s)
 	require.Len(t, fs, 34)
 	for i, f := range fs {
 		assert.Equal(t, uint64(3*i+1), f.ID())
@@ -258,49 +259,49 @@ func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
 }
 
 func TestFilterOverHTTP(t *testing.T) {
-	b := bus11(t, Options{})
-	srv := server11(t, b)
-	resp := get11(t, srv, srv.URL+"/?types="+url.QueryEscape("a,b.*"))
+	b := newBus(t, Options{})
+	srv := serveBus(t, b)
+	resp := httpGet(t, srv, srv.URL+"/?types="+url.QueryEscape("a,b.*"))
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, 1, b.SubscriberCount())
 
 	for _, typ := range []string{"a", "b", "b.x", "c", "a.y", "ab"} { // #1..#6
-		pub11(t, b, typ)
+		publishType(t, b, typ)
 	}
-	sig11(t, b, "b.sig", "r")
-	sig11(t, b, "c", "r")
-	pub11(t, b, "b.x.y") // #7
-	pub11(t, b, "a")     // #8
+	sendSignal(t, b, "b.sig", "r")
+	sendSignal(t, b, "c", "r")
+	publishType(t, b, "b.x.y") // #7
+	publishType(t, b, "a")     // #8
 
-	evs := readSSE11(t, bufio.NewReader(resp.Body), func(e sseEvent11) bool { return e.id == "8" })
+	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.ID == "8" })
 	var got []string
 	for _, e := range evs {
-		got = append(got, e.id+":"+e.event)
+		got = append(got, e.ID+":"+e.Type)
 	}
 	assert.Equal(t, []string{"1:a", "3:b.x", ":b.sig", "7:b.x.y", "8:a"}, got)
 }
 
 func TestFilterOverHTTPRepeatedParameter(t *testing.T) {
-	b := bus11(t, Options{})
-	srv := server11(t, b)
-	resp := get11(t, srv, srv.URL+"/?types=a&types=b.*")
+	b := newBus(t, Options{})
+	srv := serveBus(t, b)
+	resp := httpGet(t, srv, srv.URL+"/?types=a&types=b.*")
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	for _, typ := range []string{"a", "c", "b.x"} {
-		pub11(t, b, typ)
+		publishType(t, b, typ)
 	}
-	evs := readSSE11(t, bufio.NewReader(resp.Body), func(e sseEvent11) bool { return e.id == "3" })
+	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.ID == "3" })
 	require.Len(t, evs, 2)
-	assert.Equal(t, "1", evs[0].id)
-	assert.Equal(t, "3", evs[1].id)
+	assert.Equal(t, "1", evs[0].ID)
+	assert.Equal(t, "3", evs[1].ID)
 }
 
 func TestFilterOverHTTPInvalidIs400(t *testing.T) {
-	b := bus11(t, Options{})
-	srv := server11(t, b)
+	b := newBus(t, Options{})
+	srv := serveBus(t, b)
 	for _, types := range []string{"A.*", "a,b..*", "a*", "*", "a.*.b", strings.Repeat("a", 257)} {
-		resp := get11(t, srv, srv.URL+"/?types="+url.QueryEscape(types))
+		resp := httpGet(t, srv, srv.URL+"/?types="+url.QueryEscape(types))
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		require.NoError(t, err)

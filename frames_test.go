@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -16,8 +13,8 @@ import (
 )
 
 func TestAppendSSEEventFrameFormat(t *testing.T) {
-	b := newCoreBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "session_update", Data: map[string]int{"a": 1}})
+	b := newBus(t, Options{})
+	f := publishEvent(t, b, Event{Type: "session_update", Data: map[string]int{"a": 1}})
 	want := "id: 1\nevent: session_update\ndata: " +
 		`{"id":1,"v":1,"type":"session_update","data":{"a":1},"_meta":{"serverTimestamp":1719000000000}}` + "\n\n"
 	assert.Equal(t, want, string(f.AppendSSE(nil)))
@@ -60,8 +57,8 @@ func TestTerminalFrames(t *testing.T) {
 	assert.False(t, resyncFrame(ReasonEpochReset, "", 1, 1, "E", 1).Terminal())
 	assert.False(t, warningFrame(c, 1, "frames", 1).Terminal())
 
-	b := newCoreBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "client_evicted"}) // a published event is never terminal
+	b := newBus(t, Options{})
+	f := publishEvent(t, b, Event{Type: "client_evicted"}) // a published event is never terminal
 	assert.False(t, f.Terminal())
 	assert.False(t, f.Synthetic())
 }
@@ -71,7 +68,7 @@ func TestStreamErrorFrameData(t *testing.T) {
 	f := StreamErrorFrame("write \"failed\"\n<now>", "internal")
 	after := time.Now().UnixMilli()
 	assert.Equal(t, TypeStreamError, f.Type())
-	assert.Equal(t, `{"error":"write \"failed\"\n<now>","errorKind":"internal"}`, coreData(t, f))
+	assert.Equal(t, `{"error":"write \"failed\"\n<now>","errorKind":"internal"}`, dataOf(t, f))
 	var env struct {
 		Meta struct {
 			ServerTimestamp int64 `json:"serverTimestamp"`
@@ -111,16 +108,16 @@ func TestSyntheticFrameEnvelope(t *testing.T) {
 }
 
 func TestFrameSizeIsJSONLength(t *testing.T) {
-	b := newCoreBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "t", Data: "abc"})
+	b := newBus(t, Options{})
+	f := publishEvent(t, b, Event{Type: "t", Data: "abc"})
 	assert.Equal(t, len(f.JSON()), f.Size())
 	w := replayCompleteFrame(1, 1, "E", 1)
 	assert.Equal(t, len(w.JSON()), w.Size())
 }
 
 func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {
-	b := newCoreBus(t, Options{})
-	f := corePublish(t, b, Event{Type: "t"})
+	b := newBus(t, Options{})
+	f := publishEvent(t, b, Event{Type: "t"})
 	wire := f.String()
 	j := f.JSON()
 	assert.Equal(t, len(j), cap(j))
@@ -128,55 +125,6 @@ func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {
 	assert.Equal(t, wire, f.String())
 }
 
-// coreJSONString is the reference: encoding/json without HTML escaping.
-func coreJSONString(t testing.TB, s string) string {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	require.NoError(t, enc.Encode(s))
-	return strings.TrimSuffix(buf.String(), "\n")
-}
-
-func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
-	cases := []string{
-		"", "plain", `quote " backslash \ slash /`, "<html>&amp;</html>",
-		"\n\r\t\b\f\v\a", "\x00\x01\x1f\x7f",
-		"line\u2028sep\u2029para", "émoji 🎉 中文",
-		"\xff", "a\xffb", "\xc3", "\xc3\x28", "\xe2\x82", "\xed\xa0\x80", // invalid UTF-8 and a surrogate
-		"\xf4\x90\x80\x80", "trailing \xe2", string(utf8.RuneError),
-	}
-	for c := range 0x80 {
-		cases = append(cases, "x"+string(rune(c))+"y")
-	}
-	r := rand.New(rand.NewPCG(1, 2))
-	for range 2000 {
-		p := make([]byte, r.IntN(24))
-		for i := range p {
-			p[i] = byte(r.IntN(256))
-		}
-		cases = append(cases, string(p))
-	}
-	for _, s := range cases {
-		got := string(appendJSONString([]byte("pre"), s))
-		require.Equal(t, "pre"+coreJSONString(t, s), got, "%q", s)
-		require.False(t, strings.ContainsAny(got, "\r\n"), "%q", s)
-	}
-}
-
-func FuzzAppendJSONString(f *testing.F) {
-	for _, s := range []string{"", "a\nb", "\xff", "\u2028", "\b\f", `"\`} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		got := string(appendJSONString(nil, s))
-		if want := coreJSONString(t, s); got != want {
-			t.Fatalf("appendJSONString(%q) = %s, encoding/json %s", s, got, want)
-		}
-	})
-}
-
-// The zero Frame (what Publish returns with an error) has no type and
-// encodes to nothing: every method answers without a frame behind it.
 func TestZeroFrame(t *testing.T) {
 	var f Frame
 	assert.Zero(t, f.ID())
@@ -195,7 +143,7 @@ func TestZeroFrame(t *testing.T) {
 // every copy shares the one encoding.
 func TestFrameIsOnePointer(t *testing.T) {
 	assert.Equal(t, unsafe.Sizeof(uintptr(0)), unsafe.Sizeof(Frame{}))
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	defer s.Close()
@@ -210,45 +158,10 @@ func TestFrameIsOnePointer(t *testing.T) {
 // Compact pre-encoded data takes Publish's fast path, anything else the
 // scratch path; both must lay out byte-identical envelopes, escapes in the
 // type and the originator included.
-func TestPublishFastPathMatchesScratchPath(t *testing.T) {
-	for _, c := range []struct{ typ, orig, compact, spaced string }{
-		{"e", "", `{"n":1}`, `{ "n" : 1 }`},
-		{"plugin.tool.x", "client-7", `[1,"two",{"3":null}]`, "[1, \"two\", {\"3\": null}]\n"},
-		{"t\u2028é", "c\"1\\\u00ff", `"s"`, ` "s" `},
-		{"e", "c1", "", ""},
-	} {
-		wire := func(data string) string {
-			b := bus11(t, Options{})
-			ev := Event{Type: c.typ, OriginatorClientID: c.orig}
-			if data != "" || c.compact != "" {
-				ev.Data = json.RawMessage(data)
-			}
-			f, err := b.Publish(ev)
-			require.NoError(t, err)
-			return f.String()
-		}
-		fast := wire(c.compact)
-		if c.compact == "" {
-			// No data at all: the same envelope as through encoding/json's path.
-			b := bus11(t, Options{})
-			f, err := b.Publish(Event{Type: c.typ, OriginatorClientID: c.orig, Meta: map[string]any{"serverTimestamp": now11().UnixMilli()}})
-			require.NoError(t, err)
-			assert.Equal(t, f.String(), fast)
-			continue
-		}
-		assert.Equal(t, wire(c.spaced), fast, "%q", c.compact)
-		assert.Contains(t, fast, c.compact)
-	}
-}
-
-// Publish makes two allocations for a pre-encoded event, the envelope's
-// bytes and the frame, and the same number at any subscriber count: the
-// frame is shared, and a push into a queue that has room allocates
-// nothing.
 func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
 	ev := Event{Type: "e", Data: json.RawMessage(`{"session":"s1","seq":12345,"text":"hello, world"}`)}
 	for _, subs := range []int{0, 1, 64} {
-		b := newCoreBus(t, Options{RingSize: 64})
+		b := newBus(t, Options{RingSize: 64})
 		batch := make([]Frame, 0, 256)
 		var ss []*Subscription
 		for range subs {
@@ -275,7 +188,7 @@ func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
 // costs nothing beyond the publish.
 func TestDeliveryDoesNotAllocate(t *testing.T) {
 	ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
-	b := newCoreBus(t, Options{RingSize: 64})
+	b := newBus(t, Options{RingSize: 64})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	batch := make([]Frame, 0, 16)
@@ -303,7 +216,7 @@ func TestDeliveryDoesNotAllocate(t *testing.T) {
 // as for 4000: none per replayed event.
 func TestResumeAllocationsDoNotGrowWithEvents(t *testing.T) {
 	resume := func(events int) float64 {
-		b := newCoreBus(t, Options{RingSize: 4000})
+		b := newBus(t, Options{RingSize: 4000})
 		ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
 		for range events {
 			_, err := b.Publish(ev)

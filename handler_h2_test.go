@@ -62,17 +62,14 @@ func h2Stream(t *testing.T, client *http.Client, hdr http.Header) (recs <-chan s
 		defer close(done)
 		defer close(ch)
 		defer resp.Body.Close()
-		p := newSSEParser()
-		buf := make([]byte, 32<<10)
+		r := newSSEReader(resp.Body)
 		for {
-			n, err := resp.Body.Read(buf)
-			for _, r := range p.Feed(buf[:n]) {
-				ch <- r
-			}
+			rec, err := r.next()
 			if err != nil {
 				readErr = err
 				return
 			}
+			ch <- rec
 		}
 	}()
 	t.Cleanup(func() { cancelReq(); <-done })
@@ -102,7 +99,7 @@ func drain(ch <-chan sseRecord) []sseRecord {
 func TestHandlerHTTP2IdleLongerThanWriteTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		h := busHandler(b, logs)
 		h.WriteTimeout = 5 * time.Second
 		h.Heartbeat = time.Minute
@@ -141,7 +138,7 @@ func TestHandlerHTTP2IdleLongerThanWriteTimeout(t *testing.T) {
 func TestHandlerHTTP2Disconnect(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{}, logs)
+		b := newBus(t, logs.capture(Options{}))
 		h := busHandler(b, logs)
 		client := h2cEnv(t, h)
 		recs, end, cancel := h2Stream(t, client, nil)
@@ -172,7 +169,7 @@ func TestHandlerHTTP2Disconnect(t *testing.T) {
 func TestHandlerHTTP2BlockedClient(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &logCapture{}
-		b := newTestBus(t, Options{MaxQueued: 1 << 20, MaxQueuedBytes: 1 << 30}, logs)
+		b := newBus(t, logs.capture(Options{MaxQueued: 1 << 20, MaxQueuedBytes: 1 << 30}))
 		h := busHandler(b, logs)
 		h.WriteTimeout = 2 * time.Second
 		client := h2cEnv(t, h)

@@ -41,29 +41,8 @@ func hostileServer(t *testing.T, b *EventBus, h *Handler) *httptest.Server {
 	return ts
 }
 
-func hostileBus(t *testing.T, o Options) *EventBus {
-	t.Helper()
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	b, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
-}
-
-// hostileStream is an SSE response read with the strict parser.
-type hostileStream struct {
-	t      *testing.T
-	resp   *http.Response
-	p      *sseParser
-	recs   []sseRecord
-	cancel context.CancelFunc
-}
-
-func hostileGet(t *testing.T, ts *httptest.Server, pathQuery string, hdr http.Header) *hostileStream {
+// hostileGet starts a GET of pathQuery on ts; the stream ends with the test.
+func hostileGet(t *testing.T, ts *httptest.Server, pathQuery string, hdr http.Header) *sseStream {
 	t.Helper()
 	// The timeout only keeps a bug from hanging the test.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -79,40 +58,11 @@ func hostileGet(t *testing.T, ts *httptest.Server, pathQuery string, hdr http.He
 		cancel()
 		t.Fatal(err)
 	}
-	s := &hostileStream{t: t, resp: resp, p: newSSEParser(), cancel: cancel}
-	t.Cleanup(s.close)
-	return s
-}
-
-func (s *hostileStream) close() {
-	s.resp.Body.Close()
-	s.cancel()
-}
-
-// next returns the next record of the stream.
-func (s *hostileStream) next() sseRecord {
-	s.t.Helper()
-	buf := make([]byte, 32<<10)
-	for len(s.recs) == 0 {
-		n, err := s.resp.Body.Read(buf)
-		s.recs = append(s.recs, s.p.Feed(buf[:n])...)
-		if err != nil && len(s.recs) == 0 {
-			s.t.Fatalf("stream ended: %v", err)
-		}
-	}
-	r := s.recs[0]
-	s.recs = s.recs[1:]
-	return r
-}
-
-// nextEvent skips comments and returns the next event.
-func (s *hostileStream) nextEvent() sseEvent {
-	s.t.Helper()
-	for {
-		if r := s.next(); r.Kind == sseEventRecord {
-			return r.Event
-		}
-	}
+	t.Cleanup(func() {
+		resp.Body.Close()
+		cancel()
+	})
+	return newSSEStream(t, resp)
 }
 
 // waitSubscribers waits until b has n subscribers (a stream registers
@@ -135,7 +85,7 @@ func waitSubscribers(t *testing.T, b *EventBus, n int) {
 // with raw newlines reach the client as ONE event with ONE data line,
 // whose JSON decodes back to exactly what was published.
 func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
-	b := hostileBus(t, Options{})
+	b := newBus(t, Options{})
 	ts := hostileServer(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
 	s := hostileGet(t, ts, "/session/s/events", nil)
 	if s.resp.StatusCode != http.StatusOK {
@@ -186,7 +136,7 @@ func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
 	}
 
 	for _, p := range pubs {
-		ev := s.nextEvent()
+		ev := s.skipToEvent()
 		if ev.Type != "t" || ev.ID != strconv.FormatUint(p.f.ID(), 10) || strings.ContainsAny(ev.Data, "\r\n") {
 			t.Fatalf("event %d arrived as type %q id %q data %q", p.f.ID(), ev.Type, ev.ID, ev.Data)
 		}
@@ -206,12 +156,12 @@ func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
 			t.Errorf("event %d decoded to %+v, want data %s originator %q", p.f.ID(), env, wantData, p.orig)
 		}
 	}
-	ev := s.nextEvent()
+	ev := s.skipToEvent()
 	if ev.Type != "raw" || ev.ID != strconv.FormatUint(raw.ID(), 10) || strings.ContainsAny(ev.Data, "\r\n") ||
 		!strings.Contains(ev.Data, `"data":{"a":"b\n\ndata: x","id":9}`) {
 		t.Errorf("pre-encoded JSON arrived as %+v", ev)
 	}
-	ev = s.nextEvent()
+	ev = s.skipToEvent()
 	var senv struct{ About string }
 	if ev.Type != "sig" || ev.ID != strconv.FormatUint(raw.ID(), 10) /* the last id persists */ ||
 		json.Unmarshal([]byte(ev.Data), &senv) != nil || senv.About != sig {
@@ -219,23 +169,25 @@ func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
 	}
 }
 
-// TestHostileHugeLastEventID sends a 10 MB Last-Event-ID header (the server
+// TestHostileHugeLastEventID sends a 10 MB Last-Event-ID header (1 MB with
+// -short; the server
 // accepts 16 MiB of headers): the stream is live only (no replay, no
 // replay_complete), the value is logged once, quoted and truncated to 64
 // bytes, and nothing is retained.
 func TestHostileHugeLastEventID(t *testing.T) {
 	logs := &logCapture{}
-	b := hostileBus(t, Options{})
+	b := newBus(t, Options{})
 	ts := hostileServer(t, b, &Handler{Logger: slog.New(logs)})
 	for range 3 {
 		if _, err := b.Publish(Event{Type: "old"}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	size := pick(1<<20, 10<<20, 10<<20) // 1 MB with -short
 	for i, huge := range []string{
-		strings.Repeat("9", 10<<20),         // digits that overflow 2^53 early
-		strings.Repeat("1 OR 1=1; ", 1<<20), // 10 MB of junk
-		"1" + strings.Repeat("0", 10<<20-1), // a 10 MB number
+		strings.Repeat("9", size),             // digits that overflow 2^53 early
+		strings.Repeat("1 OR 1=1; ", size/10), // 10 MB of junk
+		"1" + strings.Repeat("0", size-1),     // a 10 MB number
 	} {
 		s := hostileGet(t, ts, "/session/s/events", http.Header{"Last-Event-Id": {huge}})
 		if s.resp.StatusCode != http.StatusOK {
@@ -246,7 +198,7 @@ func TestHostileHugeLastEventID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ev := s.nextEvent(); ev.Type != "live" || ev.ID != strconv.FormatUint(f.ID(), 10) {
+		if ev := s.skipToEvent(); ev.Type != "live" || ev.ID != strconv.FormatUint(f.ID(), 10) {
 			t.Fatalf("value %d: first event %+v, want the live event %d only", i, ev, f.ID())
 		}
 		s.close()
@@ -266,7 +218,7 @@ func TestHostileHugeLastEventID(t *testing.T) {
 // JSON body and subscribe nothing; leading zeros are fine. Repeated
 // Last-Event-ID headers and lastEventId parameters: the first counts.
 func TestHostileQueryParameters(t *testing.T) {
-	b := hostileBus(t, Options{})
+	b := newBus(t, Options{})
 	ts := hostileServer(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
 	for _, q := range []string{
 		"maxQueued=99999999999999999999", "maxQueued=184467440737095516160000", "maxQueued=-16", "maxQueued=+16",
@@ -317,7 +269,7 @@ func TestHostileQueryParameters(t *testing.T) {
 		s := hostileGet(t, ts, "/session/s/events"+tc.pathQuery, tc.hdr)
 		var ids []string
 		for {
-			ev := s.nextEvent()
+			ev := s.skipToEvent()
 			if ev.Type == TypeReplayComplete {
 				break
 			}
@@ -342,7 +294,7 @@ func TestHostileQueryParameters(t *testing.T) {
 // behind (subscriber count, goroutines).
 func TestHostileClientNeverReads(t *testing.T) {
 	var diags atomic.Int64
-	b := hostileBus(t, Options{OnDiagnostic: func(d Diagnostic) bool {
+	b := newBus(t, Options{OnDiagnostic: func(d Diagnostic) bool {
 		if d.Kind == DiagWriteFailed {
 			diags.Add(1)
 		}
@@ -383,13 +335,14 @@ func TestHostileClientNeverReads(t *testing.T) {
 	t.Logf("a client that never reads was dropped %v after Publish of the 12 MiB event returned (WriteTimeout 300ms)", gone.Round(time.Millisecond))
 }
 
-// TestHostileFloodPastSubscriberLimit makes 10,000 requests to a full
-// session (keep-alive connections, 8 concurrent clients): every one is 429
+// TestHostileFloodPastSubscriberLimit makes 10,000 requests (1,000 with
+// -short) to a full session (keep-alive connections, 8 concurrent clients): every one is 429
 // with Retry-After: 5 and the JSON body naming the limit; none subscribes,
 // and nothing leaks (subscriber count, peak, goroutines).
 func TestHostileFloodPastSubscriberLimit(t *testing.T) {
-	const limit, attempts, workers = 2, 10_000, 8
-	b := hostileBus(t, Options{MaxSubscribers: limit})
+	const limit, workers = 2, 8
+	attempts := int64(pick(1_000, 10_000, 10_000))
+	b := newBus(t, Options{MaxSubscribers: limit})
 	ts := hostileServer(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
 	for range limit {
 		s, err := b.Subscribe(context.Background(), SubscribeOptions{})

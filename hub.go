@@ -43,9 +43,11 @@ type HubOptions struct {
 	// from the later of its last publish and its last subscriber leaving;
 	// 0 means DefaultIdleTimeout, negative means sessions never expire.
 	IdleTimeout time.Duration
-	// MaxTotalBytes bounds the sum of every session's ring bytes (the unit
-	// of Options.RingMaxBytes); 0 means DefaultMaxTotalBytes. Negative, or
-	// too small for one event of Bus.MaxEventBytes, is an error.
+	// MaxTotalBytes bounds the sum of every session's ring bytes, counting
+	// every byte of their frames (the SSE encoding, the type kept beside
+	// it), not only envelopes as Options.RingMaxBytes does; 0 means
+	// DefaultMaxTotalBytes. Negative, or too small for one event of
+	// Bus.MaxEventBytes with the longest type, is an error.
 	MaxTotalBytes int64
 	// Logger receives the hub's diagnostics; nil means slog.Default().
 	Logger *slog.Logger
@@ -54,8 +56,12 @@ type HubOptions struct {
 // HubStats is a snapshot of a hub's counters, read field by field without
 // a common lock.
 type HubStats struct {
-	Sessions      int   // live sessions now
-	RingBytes     int64 // sum of every ring's bytes now (at most MaxTotalBytes)
+	Sessions int // live sessions now
+	// RingBytes is the sum of every ring's bytes now, as the budget
+	// counts them: every byte of their frames (SSE encoding and type), a
+	// little more than Buses.RingBytes, which counts envelopes. At most
+	// MaxTotalBytes.
+	RingBytes     int64
 	MaxTotalBytes int64
 	Created       uint64 // sessions created since NewHub
 	Expired       uint64 // closed by idle expiry
@@ -243,28 +249,29 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 	if b, ok := h.Lookup(id); ok {
 		return b, nil
 	}
-	var fresh *EventBus
+	if h.closed.Load() {
+		return nil, ErrClosed
+	}
+	// Made before the shard lock (New draws an epoch from crypto/rand),
+	// dropped if another GetOrCreate of id wins.
+	fresh := h.newBus()
+	sh := h.shard(id)
 	for swept := false; ; swept = true {
+		sh.mu.Lock()
+		// Under the shard lock: end, which takes every shard lock after
+		// setting closed, either sees the new bus or is seen here.
 		if h.closed.Load() {
+			sh.mu.Unlock()
 			return nil, ErrClosed
 		}
-		sh := h.shard(id)
-		sh.mu.Lock()
 		old := sh.m[id]
 		if old != nil && !old.isClosed.Load() {
 			sh.mu.Unlock()
-			if fresh != nil {
-				fresh.ring.budget = nil
-				_ = fresh.Close()
-			}
-			return old, nil
+			return old, nil // fresh holds nothing: the collector takes it
 		}
 		if old != nil || h.n.Add(1) <= h.maxSessions {
 			// A closed bus still in the map (closed by its owner, or
 			// expired and not yet forgotten) gives its place to the new one.
-			if fresh == nil {
-				fresh = h.newBus()
-			}
 			sh.m[id] = fresh
 			sh.mu.Unlock()
 			h.created.Add(1)
@@ -385,8 +392,8 @@ func (h *Hub) Stats() HubStats {
 		}
 		st.Sessions++
 		st.Buses.add(e.bus.Stats())
+		st.RingBytes += e.bus.ring.heldNow.Load()
 	}
-	st.RingBytes = int64(st.Buses.RingBytes)
 	return st
 }
 
@@ -522,10 +529,6 @@ func (h *Hub) forget(e hubEntry) {
 	}
 	sh.mu.Unlock()
 }
-
-// maxFrameSize is the largest Size of an event of maxEventBytes encoded
-// bytes (see Frame.Size).
-func maxFrameSize(maxEventBytes int) int { return maxEventBytes }
 
 // add adds every field of o to s.
 func (s *Stats) add(o Stats) {

@@ -7,8 +7,8 @@ import (
 )
 
 // budget is a Hub's one byte budget over every ring of its buses
-// (HubOptions.MaxTotalBytes), in the unit of the ring's byte bound
-// (Frame.Size).
+// (HubOptions.MaxTotalBytes). It counts every byte a frame holds
+// (frame.held: its SSE encoding and its type), not only its envelope.
 //
 // used counts the bytes every ring holds plus the bytes publishes have
 // reserved and not yet appended: a publish reserves its frame's bytes
@@ -20,8 +20,9 @@ import (
 //
 // The rule that keeps it. A reservation that takes used over max makes
 // room before its publish takes its own lock: the largest rings lose their
-// oldest events first, every ring above a common level down to it, the
-// level chosen so that used falls to max minus a sixteenth (so that the
+// oldest events first, rings above a common level down towards it, the
+// largest first and no more than needed, so that used falls to max minus
+// a sixteenth (so that the
 // scan over the sessions is paid once per sixteenth of the budget, not per
 // publish). Each ring is trimmed under its own bus lock, one at a time,
 // never two at once, and no publish waits for another's trimming: one
@@ -85,7 +86,7 @@ func (bg *budget) reclaim() {
 	}
 	rings := bg.rings[:0]
 	for _, e := range bg.hub.snapshot() {
-		if n := e.bus.stats.ringBytes.Load(); n > 0 {
+		if n := e.bus.ring.heldNow.Load(); n > 0 {
 			rings = append(rings, ringSize{e.bus, n})
 		}
 	}
@@ -115,19 +116,26 @@ func (bg *budget) reclaim() {
 			break
 		}
 	}
+	// Largest first, and no more than needed: rings of the same size do
+	// not all go down at once.
 	for _, r := range rings[:k] {
-		r.b.trimTo(level)
+		if over <= 0 {
+			break
+		}
+		over -= r.b.trimTo(level, over)
 	}
 	clear(rings)
 	bg.rings = rings[:0]
 }
 
 // trimTo drops b's oldest events while its ring holds more than level
-// bytes (the newest too, for level 0), under b's lock only.
-func (b *EventBus) trimTo(level int64) {
+// bytes (the newest too, for level 0) and it has freed less than limit,
+// under b's lock only. It returns the bytes freed.
+func (b *EventBus) trimTo(level, limit int64) (freed int64) {
 	n := 0
 	b.mu.Lock()
-	for b.ring.n > 0 && int64(b.ring.bytes) > level {
+	for b.ring.n > 0 && int64(b.ring.held) > level && freed < limit {
+		freed += int64(b.ring.at(0).held())
 		b.ring.dropOldest()
 		n++
 	}
@@ -136,6 +144,7 @@ func (b *EventBus) trimTo(level int64) {
 	}
 	b.mu.Unlock()
 	b.ring.budget.trimmed.Add(uint64(n))
+	return freed
 }
 
 // appendCharged is append for a ring under a budget, under the bus lock:
@@ -145,7 +154,7 @@ func (b *EventBus) trimTo(level int64) {
 // delivered live only) and the budget holds.
 func (r *ring) appendCharged(f *frame, reserved int64) {
 	bg := r.budget
-	size := int64(f.size())
+	size := int64(f.held())
 	trimmed := uint64(0)
 	used := bg.used.Add(size - reserved) // exact now
 	for used > bg.max && r.n > 0 {
@@ -165,8 +174,13 @@ func (r *ring) appendCharged(f *frame, reserved int64) {
 }
 
 // maxSize is the largest Size the frame of p can have, whatever its id:
-// what a publish reserves before it knows its id.
-func (p *encoded) maxSize() int64 {
-	// The envelope is {"id":N + the tail without its "\n\n"; see build.
-	return int64(len(headJSON) + maxDigits + len(p.buf) - p.head - 2)
+// what a publish reserves before it knows its id. p.buf has room for the
+// id lines of the longest id (see assemble), and the frame keeps its type.
+func (p *encoded) maxSize() int64 { return int64(len(p.buf) + len(p.typ)) }
+
+// maxFrameSize is the largest Size of an event whose envelope has
+// maxEventBytes bytes: the envelope, the id and event lines of the longest
+// id and type, the data line and the type again.
+func maxFrameSize(maxEventBytes int) int {
+	return len(headID) + maxDigits + len(headEvent) + 2*MaxTypeLen + len(headData) + maxEventBytes + 2
 }

@@ -351,7 +351,15 @@ func TestHubStatsSum(t *testing.T) {
 	assert.Equal(t, uint64(5), st.Buses.Signals)
 	assert.Equal(t, 5, st.Buses.Subscribers)
 	assert.Equal(t, 15, st.Buses.RingLen)
-	assert.Equal(t, int64(st.Buses.RingBytes), st.RingBytes)
+	held := 0
+	for _, b := range h.Sessions() {
+		for i := range b.ring.Len() {
+			f := b.ring.at(i)
+			held += len(f.wire) + len(f.typ)
+		}
+	}
+	assert.Equal(t, int64(held), st.RingBytes, "every byte of every frame")
+	assert.Greater(t, st.RingBytes, int64(st.Buses.RingBytes))
 	assert.Equal(t, st.RingBytes, h.budget.used.Load(), "the budget counts exactly the rings")
 	assert.Equal(t, int64(DefaultMaxTotalBytes), st.MaxTotalBytes)
 }
@@ -511,4 +519,36 @@ func TestHubPublishRetriesOnAnExpiredBus(t *testing.T) {
 	assert.NotSame(t, b, nb)
 	assert.Equal(t, uint64(1), nb.LastEventID())
 	require.True(t, errors.Is(b.Signal("x", "y"), ErrClosed))
+}
+
+// A GetOrCreate racing Close either fails with ErrClosed or returns a bus
+// that Close closed: nothing is left open behind a closed hub.
+func TestHubCloseRacesGetOrCreate(t *testing.T) {
+	for range 20 {
+		h, err := NewHub(HubOptions{})
+		require.NoError(t, err)
+		var mu sync.Mutex
+		var got []*EventBus
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for i := range 200 {
+					b, err := h.GetOrCreate("g" + strconv.Itoa(g) + "-" + strconv.Itoa(i))
+					if err != nil {
+						assert.ErrorIs(t, err, ErrClosed)
+						return
+					}
+					mu.Lock()
+					got = append(got, b)
+					mu.Unlock()
+				}
+			})
+		}
+		require.NoError(t, h.Close())
+		wg.Wait()
+		for _, b := range got {
+			assert.True(t, b.closedOrZero())
+		}
+		assert.Zero(t, h.Len())
+	}
 }

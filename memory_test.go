@@ -64,7 +64,7 @@ const memOverhead = 8 << 20
 // every byte the JSON validator reads), so the normal
 // `go test -race ./...` runs the mixed variant only, with 120 events (the
 // ring is full after 64); without -race, or with EVENTBUS_LONG=1, every
-// variant runs.
+// variant runs; -short runs the mixed one with 72 events.
 //
 // It also checks every queue against its caps after each publish: the
 // live bytes never exceed MaxQueuedBytes (an event fits, as one 1 MiB
@@ -72,6 +72,8 @@ const memOverhead = 8 << 20
 func TestMemoryBoundStalledSubscribers(t *testing.T) {
 	events, modes := 300, []string{"evicted", "reconnect", "resync", "catchup", "mixed"}
 	switch {
+	case testing.Short():
+		events, modes = 72, []string{"mixed"}
 	case proveLong():
 		events = 3000
 	case raceEnabled():
@@ -227,10 +229,7 @@ func heldFrameBytes(b *EventBus, subs []*Subscription) uint64 {
 // healthy ones stay below the warning threshold (768 of 1024) by
 // construction.
 func TestPublisherIsolationHealthyReceiveEverything(t *testing.T) {
-	n := 10_000
-	if proveLong() {
-		n = 500_000
-	}
+	n := pick(2_000, 10_000, 500_000)
 	const healthy = DefaultMaxSubscribers - 1
 	b, err := New(Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

@@ -1,6 +1,7 @@
 package eventbus
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -17,26 +18,26 @@ import (
 // Overflow policy (SPEC 11).
 
 func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 3)
-	require.Equal(t, coreIDs(1, 3), coreDescribe(take11(s))) // the consumer dequeued up to #3
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 3)
+	require.Equal(t, idRange(1, 3), describe(readyNow(s))) // the consumer dequeued up to #3
 
-	pubN11(t, b, "e", 16) // #4..#19: the queue is full, a warning sits after #15
+	publishTypeN(t, b, "e", 16) // #4..#19: the queue is full, a warning sits after #15
 	require.Equal(t, 16, s.q.counts().liveCount)
 	require.Equal(t, 17, s.q.len())
 
-	f := pub11(t, b, "e") // #20 is rejected
+	f := publishType(t, b, "e") // #20 is rejected
 	assert.Equal(t, 1, b.SubscriberCount(), "the subscriber stays")
 	assert.NoError(t, s.Err())
 	assert.Equal(t, queueCounts{1, 16, f.Size(), DefaultMaxQueuedBytes}, s.q.counts(),
 		"only the rejected event is live now")
 
-	fs := take11(s)
-	assert.Equal(t, []string{TypeStateResyncRequired, "#20"}, coreDescribe(fs),
+	fs := readyNow(s)
+	assert.Equal(t, []string{TypeStateResyncRequired, "#20"}, describe(fs),
 		"the live frames #4..#19 are dropped, and so is the warning the resync supersedes")
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":3,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[0]))
+		dataOf(t, fs[0]))
 	assert.False(t, fs[0].Terminal())
 
 	st := b.Stats()
@@ -46,42 +47,42 @@ func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	assert.Zero(t, st.Resyncs.QueueBytesOverflow)
 	assert.Equal(t, EvictionStats{}, st.Evictions)
 
-	pub11(t, b, "e")
-	assert.Equal(t, []string{"#21"}, coreDescribe(take11(s)), "and keeps receiving")
+	publishType(t, b, "e")
+	assert.Equal(t, []string{"#21"}, describe(readyNow(s)), "and keeps receiving")
 }
 
 func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-	pubN11(t, b, "e", 3)
-	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
-	pubN11(t, b, "e", 17) // #4..#19 live, #20 rejected
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	publishTypeN(t, b, "e", 3)
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	publishTypeN(t, b, "e", 17) // #4..#19 live, #20 rejected
 
-	fs := take11(s)
-	assert.Equal(t, coreSeq(coreIDs(1, 3), TypeReplayComplete, TypeStateResyncRequired, "#20"), coreDescribe(fs),
+	fs := readyNow(s)
+	assert.Equal(t, seqOf(idRange(1, 3), TypeReplayComplete, TypeStateResyncRequired, "#20"), describe(fs),
 		"replayed (forced) frames survive the drop")
 	// lastDeliveredId is the last id the consumer dequeued (SPEC 11): none
 	// yet, although #1..#3 sit before the resync frame in the queue.
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[4]))
+		dataOf(t, fs[4]))
 	assert.Equal(t, uint64(16), b.Stats().Dropped.Overflow)
 }
 
 func TestOverflowResyncBytesVariantReason(t *testing.T) {
-	b := bus11(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowResync})
-	s := sub11(t, b, SubscribeOptions{})
-	pubSized11(t, b, "e", 100)
-	pubSized11(t, b, "e", 100)
-	require.Equal(t, coreIDs(1, 2), coreDescribe(take11(s)))
+	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowResync})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishSized(t, b, "e", 100)
+	publishSized(t, b, "e", 100)
+	require.Equal(t, idRange(1, 2), describe(readyNow(s)))
 	for range 10 { // #3..#12: 1000 live bytes, the warning after #10 (800 >= 750)
-		pubSized11(t, b, "e", 100)
+		publishSized(t, b, "e", 100)
 	}
-	pubSized11(t, b, "e", 100) // #13: 1000+100 > 1000, rejected
+	publishSized(t, b, "e", 100) // #13: 1000+100 > 1000, rejected
 
 	assert.Equal(t, 1, b.SubscriberCount())
-	fs := take11(s)
-	assert.Equal(t, []string{TypeStateResyncRequired, "#13"}, coreDescribe(fs))
+	fs := readyNow(s)
+	assert.Equal(t, []string{TypeStateResyncRequired, "#13"}, describe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_bytes_overflow","lastDeliveredId":2,"earliestAvailableId":13,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[0]))
+		dataOf(t, fs[0]))
 	st := b.Stats()
 	assert.Equal(t, uint64(1), st.Warnings)
 	assert.Equal(t, uint64(10), st.Dropped.Overflow)
@@ -90,50 +91,50 @@ func TestOverflowResyncBytesVariantReason(t *testing.T) {
 }
 
 func TestOverflowResyncOfARejectedSignal(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 16)
-	sig11(t, b, "x", "a") // rejected: a signal has no id, what is available starts at the next one
-	pub11(t, b, "e")      // #17
-	sig11(t, b, "x", "a") // coalesced with the queued one
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 16)
+	sendSignal(t, b, "x", "a") // rejected: a signal has no id, what is available starts at the next one
+	publishType(t, b, "e")     // #17
+	sendSignal(t, b, "x", "a") // coalesced with the queued one
 
-	fs := take11(s)
-	assert.Equal(t, []string{TypeStateResyncRequired, "sig:x/a", "#17"}, coreDescribe(fs))
+	fs := readyNow(s)
+	assert.Equal(t, []string{TypeStateResyncRequired, "sig:x/a", "#17"}, describe(fs))
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":17,"epoch":%q}`, b.Epoch()),
-		coreData(t, fs[0]))
+		dataOf(t, fs[0]))
 	st := b.Stats()
 	assert.Equal(t, uint64(16), st.Dropped.Overflow)
 	assert.Equal(t, uint64(1), st.Dropped.Coalesced)
 }
 
 func TestOverflowResyncRearmsTheWarning(t *testing.T) {
-	clk := newClock11(now11Millis)
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 17) // warning after #12, resync at #17
+	clk := newFakeClock(testStamp)
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 17) // warning after #12, resync at #17
 	clk.advance(time.Minute)
-	pubN11(t, b, "e", 11) // #18..#28: live count 1+11 = 12 -> a new warning
-	fs := take11(s)
+	publishTypeN(t, b, "e", 11) // #18..#28: live count 1+11 = 12 -> a new warning
+	fs := readyNow(s)
 	// The first warning was superseded by the resync; the second episode
 	// warns again.
-	assert.Len(t, coreOfType(fs, TypeSlowClientWarning), 1)
+	assert.Len(t, ofType(fs, TypeSlowClientWarning), 1)
 	assert.Equal(t, uint64(2), b.Stats().Warnings)
-	w := coreOfType(fs, TypeSlowClientWarning)[0]
-	assert.Contains(t, coreData(t, w), `"queueSize":12,"maxQueued":16,"lastEventId":28`)
+	w := ofType(fs, TypeSlowClientWarning)[0]
+	assert.Contains(t, dataOf(t, w), `"queueSize":12,"maxQueued":16,"lastEventId":28`)
 }
 
 func TestOverflowResyncMemoryStaysWithinCapsUnderLongRun(t *testing.T) {
 	const maxQueued, maxBytes = 16, 3500
-	clk := newClock11(now11Millis)
-	b := bus11(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowResync, Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{}) // stalled: never reads
+	clk := newFakeClock(testStamp)
+	b := newBus(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowResync, Now: clk.now})
+	s := subscribe(t, b, SubscribeOptions{}) // stalled: never reads
 	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range 20_000 {
+	for i := range pick(5_000, 20_000, 20_000) {
 		// More than half the window between publishes: at most two
 		// overflows per OverflowWindow, so the subscriber is never evicted.
 		clk.advance(31 * time.Second)
 		if i%7 == 0 {
-			sig11(t, b, "s", strconv.Itoa(rng.IntN(30)))
+			sendSignal(t, b, "s", strconv.Itoa(rng.IntN(30)))
 		} else {
 			_, err := b.Publish(Event{Type: "e", Data: strings.Repeat("x", rng.IntN(300))})
 			require.NoError(t, err)
@@ -164,7 +165,7 @@ func overflow11(t testing.TB, b *EventBus, s *Subscription) uint64 {
 	t.Helper()
 	before := b.Stats()
 	for range 10_000 {
-		id := pub11(t, b, "e").ID()
+		id := publishType(t, b, "e").ID()
 		st := b.Stats()
 		if st.Resyncs != before.Resyncs || st.Evictions != before.Evictions {
 			return id
@@ -180,7 +181,7 @@ func TestOverflowResyncThirdOverflowWithinWindowEvicts(t *testing.T) {
 		b, err := New(Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		defer b.Close()
-		s := sub11(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
 
 		assert.Equal(t, uint64(17), overflow11(t, b, s))
 		time.Sleep(30 * time.Second)
@@ -192,19 +193,19 @@ func TestOverflowResyncThirdOverflowWithinWindowEvicts(t *testing.T) {
 		assert.Equal(t, 0, b.SubscriberCount())
 		assert.ErrorIs(t, s.Err(), ErrEvicted)
 		assert.Contains(t, s.Err().Error(), ReasonRepeatedOverflow)
-		fs := coreCollect(s)
+		fs := collectEvents(s)
 		last := fs[len(fs)-1]
 		assert.True(t, last.Terminal())
 		assert.Equal(t, TypeClientEvicted, last.Type())
 		assert.JSONEq(t, fmt.Sprintf(`{"reason":"repeated_overflow","droppedAfter":49,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":%d}`,
-			s11SumLive(fs), DefaultMaxQueuedBytes), coreData(t, last))
+			s11SumLive(fs), DefaultMaxQueuedBytes), dataOf(t, last))
 		// Each resync dropped every live frame before it (#1..#16, then
 		// #17..#32); the evicted subscriber drains the third episode's.
 		// Each resync superseded the markers before it: only the last
 		// resync frame is left ahead of the third episode.
-		assert.Equal(t, coreSeq(TypeStateResyncRequired,
-			coreIDs(33, 44), TypeSlowClientWarning, coreIDs(45, 48), TypeClientEvicted),
-			coreDescribe(fs))
+		assert.Equal(t, seqOf(TypeStateResyncRequired,
+			idRange(33, 44), TypeSlowClientWarning, idRange(45, 48), TypeClientEvicted),
+			describe(fs))
 
 		st := b.Stats()
 		assert.Equal(t, uint64(2), st.Resyncs.QueueOverflow)
@@ -232,9 +233,9 @@ func s11SumLive(fs []Frame) int {
 func TestOverflowResyncWindowWithFakeClockAtUnixEpoch(t *testing.T) {
 	// A fake clock may well start at Unix time 0: an overflow at 0 ms must
 	// count like any other.
-	clk := newClock11(0)
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{})
+	clk := newFakeClock(0)
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
+	s := subscribe(t, b, SubscribeOptions{})
 	overflow11(t, b, s)
 	clk.advance(10 * time.Second)
 	overflow11(t, b, s)
@@ -250,7 +251,7 @@ func TestOverflowResyncSpreadOverMoreThanWindowDoesNotEvict(t *testing.T) {
 		b, err := New(Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		defer b.Close()
-		s := sub11(t, b, SubscribeOptions{})
+		s := subscribe(t, b, SubscribeOptions{})
 		for i := range 6 {
 			if i > 0 {
 				time.Sleep(31 * time.Second) // any three overflows span 62 s
@@ -266,9 +267,9 @@ func TestOverflowResyncSpreadOverMoreThanWindowDoesNotEvict(t *testing.T) {
 }
 
 func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
-	clk := newClock11(now11Millis)
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{})
+	clk := newFakeClock(testStamp)
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync, Now: clk.now})
+	s := subscribe(t, b, SubscribeOptions{})
 	rng := rand.New(rand.NewPCG(3, 4))
 	received := map[uint64]bool{}
 	var published uint64
@@ -277,10 +278,10 @@ func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
 		// At most 16 publishes per round: at most one overflow per round,
 		// so never three within OverflowWindow.
 		for range rng.IntN(17) {
-			published = pub11(t, b, "e").ID()
+			published = publishType(t, b, "e").ID()
 		}
 		if rng.IntN(4) == 0 {
-			for _, f := range take11(s) {
+			for _, f := range readyNow(s) {
 				if f.ID() != 0 {
 					require.False(t, received[f.ID()], "duplicate #%d", f.ID())
 					received[f.ID()] = true
@@ -288,7 +289,7 @@ func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
 			}
 		}
 	}
-	for _, f := range take11(s) {
+	for _, f := range readyNow(s) {
 		if f.ID() != 0 {
 			received[f.ID()] = true
 		}
@@ -302,10 +303,10 @@ func TestOverflowResyncDroppedCountsExactlyTheDroppedFrames(t *testing.T) {
 
 func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 	t.Run("bus resync, subscription evict", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-		evict := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowEvict})
-		inherit := sub11(t, b, SubscribeOptions{})
-		pubN11(t, b, "e", 17)
+		b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+		evict := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowEvict})
+		inherit := subscribe(t, b, SubscribeOptions{})
+		publishTypeN(t, b, "e", 17)
 		assert.ErrorIs(t, evict.Err(), ErrEvicted)
 		assert.NoError(t, inherit.Err())
 		assert.Equal(t, 1, b.SubscriberCount())
@@ -314,14 +315,14 @@ func TestOverflowPolicyPerSubscriptionOverridesBus(t *testing.T) {
 		assert.Equal(t, uint64(1), st.Resyncs.QueueOverflow)
 	})
 	t.Run("bus evict, subscription resync", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16})
-		resync := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
-		inherit := sub11(t, b, SubscribeOptions{})
-		pubN11(t, b, "e", 17)
+		b := newBus(t, Options{MaxQueued: 16})
+		resync := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
+		inherit := subscribe(t, b, SubscribeOptions{})
+		publishTypeN(t, b, "e", 17)
 		assert.NoError(t, resync.Err())
 		assert.ErrorIs(t, inherit.Err(), ErrEvicted)
 		assert.Equal(t, 1, b.SubscriberCount())
-		assert.Equal(t, []string{TypeStateResyncRequired, "#17"}, coreDescribe(take11(resync)))
+		assert.Equal(t, []string{TypeStateResyncRequired, "#17"}, describe(readyNow(resync)))
 	})
 }
 
@@ -331,7 +332,7 @@ func TestOverflowPolicyInvalidValueIsAnError(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidOption, "policy %d", p)
 		assert.Nil(t, b)
 	}
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	for _, p := range []OverflowPolicy{OverflowCatchUp + 1, 255} {
 		s, err := b.Subscribe(t.Context(), SubscribeOptions{OverflowPolicy: p})
 		assert.ErrorIs(t, err, ErrInvalidOption, "policy %d", p)
@@ -347,14 +348,14 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 	assert.Equal(t, OverflowEvict, b.opts.OverflowPolicy)
 	require.NoError(t, b.Close())
 
-	b = bus11(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{})
+	b = newBus(t, Options{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{})
 	assert.Equal(t, OverflowEvict, s.policy)
-	pubN11(t, b, "e", 17)
+	publishTypeN(t, b, "e", 17)
 	assert.Equal(t, 0, b.SubscriberCount())
-	fs := coreCollect(s)
+	fs := collectEvents(s)
 	assert.Equal(t, TypeClientEvicted, fs[len(fs)-1].Type())
-	assert.Contains(t, coreData(t, fs[len(fs)-1]), `"reason":"queue_overflow","droppedAfter":17`)
+	assert.Contains(t, dataOf(t, fs[len(fs)-1]), `"reason":"queue_overflow","droppedAfter":17`)
 	assert.Zero(t, b.Stats().Dropped.Overflow)
 }
 
@@ -364,7 +365,7 @@ func TestOverflowPolicyDefaultIsEvict(t *testing.T) {
 // not be running at all, and yielding for it on every publish until its
 // eviction would make its peers' publish latency depend on it.
 func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 64})
+	b := newBus(t, Options{MaxQueued: 64})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	defer s.Close()
@@ -402,7 +403,7 @@ func TestPublishYieldsOnlyForConsumersThatRun(t *testing.T) {
 // Past 90% the publisher yields until the consumer is back under 90%, or
 // maxUrgentYields more times for one that does not drain; below 90% once.
 func TestPublishYieldsPastNinetyPercentUntilTheConsumerDrains(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 100})
+	b := newBus(t, Options{MaxQueued: 100})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
 	defer s.Close()
@@ -449,4 +450,334 @@ func TestNearlyFullAtNinetyPercentOfEitherCap(t *testing.T) {
 	assert.False(t, nearlyFull(c(89, 899)))
 	assert.True(t, nearlyFull(c(90, 0)), "frames")
 	assert.True(t, nearlyFull(c(1, 900)), "bytes")
+}
+
+// ---------------------------------------------------------------------------
+// The warning (SPEC 6).
+
+func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{Logger: logger})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	live := publishNumbered(t, b, 11)
+	assert.Equal(t, 11, s.q.len(), "no warning below 12")
+	live = append(live, publishNumbered(t, b, 1)...)
+	assert.Equal(t, 13, s.q.len(), "the warning is queued right after #12")
+	fs, _ := s.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning), describe(fs))
+	w := fs[12]
+	assert.False(t, w.Terminal())
+	assert.Equal(t, uint64(0), w.ID())
+	assert.Equal(t,
+		fmt.Sprintf(`{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":%d,"maxQueuedBytes":2097152,"threshold":"frames"}`, sumSizes(live)),
+		dataOf(t, w))
+	assert.Contains(t, string(w.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
+	assert.Contains(t, buf.String(), "slow client")
+
+	// Ratios are floats, not rounded: 0.75*10 = 7.5, so the warning comes at 8.
+	s10 := subscribe(t, b, SubscribeOptions{MaxQueued: 10})
+	publishNumbered(t, b, 7)
+	assert.Equal(t, 7, s10.q.len())
+	publishNumbered(t, b, 1)
+	assert.Equal(t, 9, s10.q.len())
+}
+
+func TestWarningOncePerEpisode(t *testing.T) {
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	publishNumbered(t, b, 16)
+	fs, open := s.AppendReady(nil)
+	assert.True(t, open)
+	assert.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning, idRange(13, 16)), describe(fs))
+}
+
+func TestWarningRearmsOnlyWhenFramesAndBytesAtOrBelowResetRatio(t *testing.T) {
+	// MaxQueued 16: warn at 12, re-arm at <= 6 frames. MaxQueuedBytes 8000:
+	// warn at 6000, re-arm at <= 3000 bytes. Small events are ~80 bytes.
+	setup := func(t *testing.T) (*EventBus, *Subscription) {
+		b := newBus(t, Options{MaxQueuedBytes: 8000})
+		s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+		publishNumbered(t, b, 12)
+		require.Equal(t, 13, s.q.len(), "12 live frames and the first warning")
+		return b, s
+	}
+	warnings := func(s *Subscription) int {
+		fs, _ := s.AppendReady(nil)
+		return len(ofType(fs, TypeSlowClientWarning))
+	}
+
+	t.Run("frames above reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 6) // 6 left
+		publishNumbered(t, b, 1)
+		assert.Equal(t, 7, s.q.counts().liveCount)
+		publishNumbered(t, b, 5) // back at 12
+		assert.Equal(t, 1, warnings(s), "7 > 6 frames: still the same episode")
+	})
+	t.Run("frames at reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 7) // 5 left
+		publishNumbered(t, b, 1)
+		assert.Equal(t, 6, s.q.counts().liveCount)
+		publishNumbered(t, b, 6) // back at 12
+		assert.Equal(t, 2, warnings(s), "6 <= 6 frames and few bytes: re-armed")
+	})
+	t.Run("bytes above reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 12)
+		publishSized(t, b, "t", 3001) // 1 frame, 3001 bytes: frames low, bytes high
+		publishNumbered(t, b, 11)     // 12 frames, well under 6000 bytes
+		assert.Equal(t, 12, s.q.counts().liveCount)
+		assert.Less(t, s.q.counts().liveBytes, 6000)
+		assert.Equal(t, 1, warnings(s), "3001 > 3000 bytes: not re-armed")
+	})
+	t.Run("bytes at reset", func(t *testing.T) {
+		b, s := setup(t)
+		popN(t, s, 12)
+		publishSized(t, b, "t", 3000)
+		publishNumbered(t, b, 11)
+		assert.Equal(t, 2, warnings(s), "3000 <= 3000 bytes and 1 frame: re-armed")
+	})
+}
+
+// popN pops n entries, whatever they are, one by one.
+func popN(t *testing.T, s *Subscription, n int) {
+	t.Helper()
+	for range n {
+		_, st := s.q.pop()
+		require.Equal(t, popOK, st)
+	}
+}
+
+func warnedLocked(b *EventBus, s *Subscription) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return s.warned
+}
+
+func TestWarningRearmIsEvaluatedOnlyOnPublish(t *testing.T) {
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	publishNumbered(t, b, 12)
+	fs, _ := s.AppendReady(nil) // drained to empty
+	require.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning), describe(fs))
+	assert.True(t, warnedLocked(b, s), "a dequeue never re-arms by itself")
+
+	publishNumbered(t, b, 1)
+	assert.False(t, warnedLocked(b, s), "the next publish re-arms")
+	live := publishNumbered(t, b, 11)
+	fs, _ = s.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(13, 24), TypeSlowClientWarning), describe(fs))
+	assert.Contains(t, dataOf(t, fs[12]), fmt.Sprintf(`"queueSize":12,"maxQueued":16,"lastEventId":24,"queuedBytes":%d,`, fs[0].Size()+sumSizes(live)))
+}
+
+func TestWarningThresholdFrames(t *testing.T) {
+	b := newBus(t, Options{MaxQueuedBytes: 1 << 20})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	publishNumbered(t, b, 12)
+	fs, _ := s.AppendReady(nil)
+	require.Len(t, fs, 13)
+	assert.Contains(t, dataOf(t, fs[12]), `"threshold":"frames"`)
+}
+
+func TestWarningThresholdBytes(t *testing.T) {
+	// MaxQueuedBytes 4000: warn at 3000 bytes.
+	b := newBus(t, Options{MaxQueuedBytes: 4000})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 999)
+	assert.Equal(t, 3, s.q.len(), "2999 bytes: no warning")
+
+	s2 := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 1000)
+	fs, _ := s2.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(4, 6), TypeSlowClientWarning), describe(fs))
+	assert.Equal(t, `{"queueSize":3,"maxQueued":16,"lastEventId":6,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"bytes"}`, dataOf(t, fs[3]))
+}
+
+func TestWarningThresholdFramesAndBytes(t *testing.T) {
+	b := newBus(t, Options{MaxQueuedBytes: 4000})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	for range 11 {
+		publishSized(t, b, "t", 250)
+	}
+	assert.Equal(t, 11, s.q.len(), "11 frames, 2750 bytes: no warning")
+	publishSized(t, b, "t", 250)
+	fs, _ := s.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning), describe(fs))
+	assert.Equal(t, `{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":3000,"maxQueuedBytes":4000,"threshold":"frames_and_bytes"}`, dataOf(t, fs[12]))
+}
+
+func TestForcedFramesDoNotSkewLiveCount(t *testing.T) {
+	b := newBus(t, Options{})
+	publishNumbered(t, b, 10)
+	s := subscribe(t, b, SubscribeOptions{Resume: true, MaxQueued: 16})
+	require.Equal(t, 11, s.q.len(), "10 replayed + replay_complete, all forced")
+	publishNumbered(t, b, 11)
+	assert.Equal(t, 11, s.q.counts().liveCount)
+	assert.Equal(t, 22, s.q.len(), "no warning at 11 live frames")
+	live := publishNumbered(t, b, 1)
+	c := s.q.counts()
+	assert.Equal(t, 12, c.liveCount)
+	assert.Equal(t, 24, s.q.len(), "warning at 12 live frames")
+	// The warning at the tail is forced too: 4 more fit, the 5th evicts.
+	publishNumbered(t, b, 4)
+	assert.Equal(t, 16, s.q.counts().liveCount)
+	assert.NoError(t, s.Err())
+	publishNumbered(t, b, 1)
+	require.ErrorIs(t, s.Err(), ErrEvicted)
+	fs, _ := s.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(1, 10), TypeReplayComplete, idRange(11, 22), TypeSlowClientWarning, idRange(23, 26), TypeClientEvicted), describe(fs))
+	assert.Contains(t, dataOf(t, fs[23]), `"queueSize":12,"maxQueued":16,"lastEventId":22,`)
+	assert.Contains(t, dataOf(t, fs[len(fs)-1]), `"droppedAfter":27,"queueSize":16,"maxQueued":16,`)
+	_ = live
+}
+
+// ---------------------------------------------------------------------------
+// Eviction (SPEC 7).
+
+func TestEvictionOnFrameCap(t *testing.T) {
+	buf := &logCapture{}
+	logger := buf.logger()
+	b := newBus(t, Options{Logger: logger})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	live := publishNumbered(t, b, 16)
+	assert.NoError(t, s.Err())
+	publishNumbered(t, b, 1)
+	fs, open := s.AppendReady(nil)
+	assert.False(t, open)
+	require.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning, idRange(13, 16), TypeClientEvicted), describe(fs))
+	ev := fs[len(fs)-1]
+	assert.True(t, ev.Terminal())
+	assert.Equal(t, uint64(0), ev.ID())
+	assert.Equal(t,
+		fmt.Sprintf(`{"reason":"queue_overflow","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":2097152}`, sumSizes(live)),
+		dataOf(t, ev))
+	assert.Contains(t, string(ev.JSON()), `"_meta":{"serverTimestamp":1719000000000}`)
+	assert.Contains(t, buf.String(), "subscriber evicted")
+	assert.Contains(t, buf.String(), `"reason":"queue_overflow"`)
+}
+
+func TestEvictionOnByteCap(t *testing.T) {
+	b := newBus(t, Options{MaxQueuedBytes: 4000})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 1000)
+	publishSized(t, b, "t", 2500)
+	fs, open := s.AppendReady(nil)
+	assert.False(t, open)
+	require.Equal(t, []string{"#1", "#2", TypeClientEvicted}, describe(fs))
+	assert.Equal(t,
+		`{"reason":"queue_bytes_overflow","droppedAfter":3,"queueSize":2,"maxQueued":16,"queuedBytes":2000,"maxQueuedBytes":4000,"eventBytes":2500}`,
+		dataOf(t, fs[2]))
+	assert.ErrorIs(t, s.Err(), ErrEvicted)
+	assert.Contains(t, s.Err().Error(), ReasonQueueBytesOverflow)
+}
+
+func TestEvictedConsumerGetsQueuedFramesThenTerminalThenEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBus(t, Options{})
+		s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+		gate := make(chan struct{})
+		var got []Frame
+		ended := make(chan struct{})
+		go func() {
+			defer close(ended)
+			for f := range s.Events() {
+				got = append(got, f)
+				if len(got) == 1 {
+					<-gate // a slow consumer
+				}
+			}
+		}()
+		publishNumbered(t, b, 1)
+		synctest.Wait() // the consumer holds #1 and stalls
+		publishNumbered(t, b, 17)
+		require.ErrorIs(t, s.Err(), ErrEvicted)
+		close(gate)
+		<-ended
+		assert.Equal(t, seqOf(idRange(1, 13), TypeSlowClientWarning, idRange(14, 17), TypeClientEvicted), describe(got))
+	})
+}
+
+func TestEvictedErrWrapsErrEvicted(t *testing.T) {
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	assert.NoError(t, s.Err())
+	publishNumbered(t, b, 17)
+	err := s.Err()
+	require.ErrorIs(t, err, ErrEvicted)
+	assert.Contains(t, err.Error(), ReasonQueueOverflow)
+	s.Close() // a later Close does not change why it ended
+	assert.ErrorIs(t, s.Err(), ErrEvicted)
+}
+
+func TestEvictionDecrementsSubscriberCount(t *testing.T) {
+	b := newBus(t, Options{})
+	subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	subscribe(t, b, SubscribeOptions{MaxQueued: 100})
+	assert.Equal(t, 2, b.SubscriberCount())
+	publishNumbered(t, b, 17)
+	assert.Equal(t, 1, b.SubscriberCount())
+	b.mu.Lock()
+	assert.Len(t, b.subs, 1)
+	b.mu.Unlock()
+}
+
+func TestEvictionStopsWatchingContext(t *testing.T) {
+	ctx := newWatchCtx()
+	b := newBus(t, Options{})
+	s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
+	require.NoError(t, err)
+	assert.Equal(t, 1, ctx.watchers())
+	publishNumbered(t, b, 17)
+	require.ErrorIs(t, s.Err(), ErrEvicted)
+	assert.Equal(t, 0, ctx.watchers(), "the evicted subscriber's context is no longer watched")
+
+	// With a real context: cancelling it after the eviction changes nothing,
+	// the consumer still gets the queued frames and the terminal one.
+	synctest.Test(t, func(t *testing.T) {
+		b := newBus(t, Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		s, err := b.Subscribe(ctx, SubscribeOptions{MaxQueued: 16})
+		require.NoError(t, err)
+		publishNumbered(t, b, 17)
+		cancel()
+		synctest.Wait()
+		assert.ErrorIs(t, s.Err(), ErrEvicted)
+		fs, open := s.AppendReady(nil)
+		assert.False(t, open)
+		assert.Equal(t, seqOf(idRange(1, 12), TypeSlowClientWarning, idRange(13, 16), TypeClientEvicted), describe(fs))
+	})
+}
+
+func TestEvictionDoesNotAffectSiblings(t *testing.T) {
+	b := newBus(t, Options{})
+	before := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+	slow := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	slow2 := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	fast := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
+	after := subscribe(t, b, SubscribeOptions{MaxQueued: 2048})
+	var fastGot []Frame
+	for range 100 {
+		publishNumbered(t, b, 1)
+		fs, _ := fast.AppendReady(nil)
+		fastGot = append(fastGot, fs...)
+	}
+	assert.ErrorIs(t, slow.Err(), ErrEvicted)
+	assert.ErrorIs(t, slow2.Err(), ErrEvicted, "two evictions in one publish")
+	assert.Equal(t, 3, b.SubscriberCount())
+	assert.Equal(t, idRange(1, 100), describe(fastGot))
+	for _, s := range []*Subscription{before, after} {
+		fs, open := s.AppendReady(nil)
+		assert.True(t, open)
+		assert.Equal(t, idRange(1, 100), describe(fs))
+	}
+	b.mu.Lock()
+	assert.Equal(t, []*Subscription{before, fast, after}, b.subs, "subscription order kept")
+	b.mu.Unlock()
 }

@@ -1,7 +1,6 @@
 package eventbus
 
 import (
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -159,6 +158,60 @@ func (q *boundedAsyncQueue) queuedLiveLocked() queueCounts {
 	return c
 }
 
+// popped returns the live frames and bytes the consumer has popped in all,
+// the count first (see liveCounts for why the order matters). Anyone may
+// call it.
+func (q *boundedAsyncQueue) popped() (live, bytes int64) {
+	return q.poppedLive.Load(), q.poppedBytes.Load()
+}
+
+// isHeld reports whether a backplane replay holds the queue (hold).
+func (q *boundedAsyncQueue) isHeld() bool { return q.held.Load() }
+
+// isDiscarded reports whether the queue was closed without drain: the
+// consumer hands on nothing more that it took.
+func (q *boundedAsyncQueue) isDiscarded() bool { return q.discarded.Load() }
+
+// hasLooked reports whether the consumer has popped at least once.
+func (q *boundedAsyncQueue) hasLooked() bool { return q.looked.Load() }
+
+// heldUnyielded returns unyielded (consumer only, like the two below).
+func (q *boundedAsyncQueue) heldUnyielded() uint64 { return q.unyielded.Load() }
+
+// setUnyielded sets unyielded to u.
+func (q *boundedAsyncQueue) setUnyielded(u uint64) { q.unyielded.Store(u) }
+
+// addUnyielded counts live frames of bytes more as taken and not yielded,
+// and gives back reserved (see reserveBatch). Only the consumer stores
+// unyielded, so a load and a store are enough.
+func (q *boundedAsyncQueue) addUnyielded(live, bytes int, reserved uint64) {
+	q.unyielded.Store(q.unyielded.Load() - reserved + unyieldedOf(live, bytes))
+}
+
+// reserveBatch is the consumer's first step before it fills a batch from
+// elsewhere than the queue (the ring, while catching up) within the caps,
+// while the producer may still push signals and forced frames. Under mu,
+// it counts the live entries queued from the entries themselves
+// (queuedLiveLocked), plus unyielded, plus taken (what the batch holds
+// already); with reserve set (a batch that stays counted until yielded) it
+// also counts the room left as unyielded before mu is let go, so a push
+// meanwhile sees the caps as they will be once the batch is in, never
+// below. It returns the counts and what it reserved, which the consumer
+// gives back with addUnyielded once it knows what it took.
+func (q *boundedAsyncQueue) reserveBatch(taken queueCounts, reserve bool) (c queueCounts, reserved uint64) {
+	q.mu.Lock()
+	c = q.queuedLiveLocked()
+	u := q.unyielded.Load()
+	c.liveCount += taken.liveCount + int(u>>unyieldedShift)
+	c.liveBytes += taken.liveBytes + int(u&unyieldedBytesMask)
+	if reserve && c.liveCount < c.maxQueued {
+		reserved = unyieldedOf(c.maxQueued-c.liveCount, max(c.maxBytes-c.liveBytes, 0))
+		q.unyielded.Store(q.unyielded.Load() + reserved)
+	}
+	q.mu.Unlock()
+	return c, reserved
+}
+
 // unyielded packs a count of frames and their bytes. A batch holds fewer
 // than 2^24 frames (a take into one takes at most maxBatchFrames, a
 // catch-up step maxCatchUpScan) and fewer than 2^40 bytes (the caps admit
@@ -297,9 +350,25 @@ func (q *boundedAsyncQueue) forcePushEntry(f *frame, fl entryFlags) bool {
 	return true
 }
 
+// beginReplay locks the queue for a replay of up to n frames, which the
+// producer appends with forceAppendLocked; endReplay shows them to the
+// consumer and unlocks. One lock hold and one buffer allocation for the
+// whole replay, however many frames (Subscribe, under the bus lock).
+func (q *boundedAsyncQueue) beginReplay(n int) {
+	q.mu.Lock()
+	q.reserveLocked(n)
+}
+
+// endReplay ends beginReplay.
+func (q *boundedAsyncQueue) endReplay() {
+	q.publishLocked()
+	q.signalLocked()
+	q.mu.Unlock()
+}
+
 // forceAppendLocked appends f as forced without publishing it; a caller
-// that appends many (a replay) holds q.mu, then calls publishLocked and
-// signalLocked once at the end. The consumer reads only under q.mu, so it
+// that appends many (a replay) holds q.mu (beginReplay), then publishes
+// and signals once at the end (endReplay). The consumer reads only under q.mu, so it
 // cannot see the appended entries before then anyway; publishing the tail
 // once saves an atomic store per replayed frame.
 func (q *boundedAsyncQueue) forceAppendLocked(f *frame) {
@@ -468,20 +537,10 @@ func (q *boundedAsyncQueue) resync(f *frame, mark func(lastDelivered uint64) *fr
 	return dropped, lastDelivered
 }
 
-// popAll appends every buffered frame to dst. open is false once the queue
-// is closed and empty: dst then holds the last frames of the stream. A pop
-// that finds nothing declares the consumer waiting (see the type).
-func (q *boundedAsyncQueue) popAll(dst []Frame) (out []Frame, open bool) {
-	return q.take(dst, true, math.MaxInt, nil)
-}
-
-// tryPopAll is popAll, except that finding nothing does not declare the
-// consumer waiting: a push then sends no wake-up (see Subscription.takeReady).
-func (q *boundedAsyncQueue) tryPopAll(dst []Frame) (out []Frame, open bool) {
-	return q.take(dst, false, math.MaxInt, nil)
-}
-
-// take is popAll and tryPopAll, taking at most limit entries. With sizes
+// take appends up to limit buffered frames to dst. open is false once the
+// queue is closed and empty: dst then holds the last frames of the stream.
+// With wait, a take that finds nothing declares the consumer waiting (see
+// the type); without, a push then sends no wake-up. With sizes
 // set, the live frames taken stay counted toward the caps (unyielded)
 // until the consumer yields them: *sizes gets each frame's size, or -1 for
 // a forced one, which does not count.
@@ -600,4 +659,9 @@ func (q *boundedAsyncQueue) close(drain bool) (dropped int) {
 	q.wake()
 	q.waiting.Store(false)
 	return dropped
+}
+
+// queueCounts is a snapshot of a queue's live counts and caps.
+type queueCounts struct {
+	liveCount, maxQueued, liveBytes, maxBytes int
 }

@@ -4,15 +4,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 )
-
-// proveLong reports whether the long forms of the "prove it holds" tests
-// run (EVENTBUS_LONG=1): more fuzz seeds, longer chaos, soak and memory
-// runs. The short forms run in the normal `go test -race -count=1 ./...`.
-func proveLong() bool { return os.Getenv("EVENTBUS_LONG") == "1" }
 
 // ---------------------------------------------------------------------------
 // FuzzQueueModel: boundedAsyncQueue against a reference model.
@@ -643,10 +637,7 @@ func FuzzQueueModel(f *testing.F) {
 	// stops it mid-batch.
 	f.Add([]byte{3, 63, 0, 5, 0, 5, 0, 5, 208, 0, 5, 209, 0, 0, 5, 0, 5, 209, 3, 210, 208, 0, 5})
 	f.Add([]byte{5, 63, 0, 5, 0, 5, 5, 0, 9, 0, 5, 208, 209, 0, 10, 1, 209, 1, 210})
-	n := 256
-	if proveLong() {
-		n = 4096
-	}
+	n := pick(64, 256, 4096)
 	for _, s := range queueModelSeeds(n) {
 		f.Add(s)
 	}

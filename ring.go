@@ -34,8 +34,12 @@ type ring struct {
 	maxLen   int
 	maxBytes int
 	// budget is the byte budget of the Hub the bus belongs to, nil for a
-	// bus on its own: every byte leaving the ring is given back to it.
-	budget *budget
+	// bus on its own: every byte leaving the ring is given back to it. It
+	// counts frames by what they hold (frame.held): held is the ring's
+	// total in that unit, mirrored in heldNow for the budget's trim.
+	budget  *budget
+	held    int
+	heldNow atomic.Int64
 }
 
 // ringSlots is a published slice of slots. A grown or reset ring publishes
@@ -98,8 +102,12 @@ func (r *ring) append(f *frame) {
 	r.slot(f.id).Store(f)
 	r.n++
 	r.bytes += f.size()
+	r.held += f.held()
 	for r.n > 1 && r.bytes > r.maxBytes {
 		r.dropOldest()
+	}
+	if r.budget != nil {
+		r.heldNow.Store(int64(r.held))
 	}
 }
 
@@ -119,12 +127,16 @@ func (r *ring) grow() {
 
 func (r *ring) dropOldest() {
 	s := r.slot(r.first)
-	size := s.Load().size()
-	r.bytes -= size
+	f := s.Load()
+	r.bytes -= f.size()
+	r.held -= f.held()
 	s.Store(nil) // clear, so the ring does not pin evicted bytes
 	r.first++
 	r.n--
-	r.budget.release(int64(size))
+	if r.budget != nil {
+		r.heldNow.Store(int64(r.held))
+		r.budget.release(int64(f.held()))
+	}
 }
 
 // dropOlder drops the oldest frames appended before cutoff (Unix ms), the
@@ -140,18 +152,12 @@ func (r *ring) dropOlder(cutoff int64) int {
 
 // reset empties the ring and releases its memory.
 func (r *ring) reset() {
-	r.budget.release(int64(r.bytes))
-	r.slots, r.first, r.n, r.bytes = nil, 0, 0, 0
-	r.view.Store(nil)
-}
-
-// indexOf returns the position of id in the ring, or -1 when not held.
-func (r *ring) indexOf(id uint64) int {
-	first := r.firstID()
-	if r.n == 0 || id < first || id-first >= uint64(r.n) {
-		return -1
+	if r.budget != nil {
+		r.budget.release(int64(r.held))
+		r.heldNow.Store(0)
 	}
-	return int(id - first)
+	r.slots, r.first, r.n, r.bytes, r.held = nil, 0, 0, 0, 0
+	r.view.Store(nil)
 }
 
 // load returns the frame with id without the bus lock, or nil when the

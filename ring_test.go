@@ -47,9 +47,7 @@ func TestRingIndexOfIsOffsetFromFirstID(t *testing.T) {
 }
 
 func TestRingIndexOfIsConstantTime(t *testing.T) {
-	if testing.Short() {
-		t.Skip("timing check")
-	}
+	skipIfShort(t, "a timing check of 100,000 lookups")
 	const n = 100_000
 	r := newRing(n, 1<<30)
 	appendRange(&r, 1, n, 1)

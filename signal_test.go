@@ -1,219 +1,29 @@
 package eventbus
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ssebus/eventbus/sseclient"
 )
-
-// ---------------------------------------------------------------------------
-// Helpers of the SPEC 11 tests (signal_test.go, overflow_test.go,
-// filter_test.go, stats_test.go). They carry an "11" suffix so they never
-// collide with the helpers of the other test files.
-
-// now11Millis is the fixed clock of bus11.
-const now11Millis = 1719000000000
-
-func now11() time.Time { return time.UnixMilli(now11Millis) }
-
-// clock11 is a fake clock for Options.Now that only moves when told.
-type clock11 struct{ ms atomic.Int64 }
-
-func newClock11(ms int64) *clock11 {
-	c := &clock11{}
-	c.ms.Store(ms)
-	return c
-}
-
-func (c *clock11) now() time.Time          { return time.UnixMilli(c.ms.Load()) }
-func (c *clock11) advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
-
-// logBuf11 is a goroutine-safe log sink.
-type logBuf11 struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuf11) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf11) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// bus11 returns a bus with the fixed clock and a discarding logger unless
-// o says otherwise; it is closed when the test ends.
-func bus11(t testing.TB, o Options) *EventBus {
-	t.Helper()
-	if o.Now == nil {
-		o.Now = now11
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	b, err := New(o)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
-	return b
-}
-
-func sub11(t testing.TB, b *EventBus, o SubscribeOptions) *Subscription {
-	t.Helper()
-	s, err := b.Subscribe(context.Background(), o)
-	require.NoError(t, err)
-	require.NotNil(t, s)
-	t.Cleanup(s.Close)
-	return s
-}
-
-// pub11 publishes an event of type typ without data.
-func pub11(t testing.TB, b *EventBus, typ string) Frame {
-	t.Helper()
-	f, err := b.Publish(Event{Type: typ})
-	require.NoError(t, err)
-	return f
-}
-
-// pubN11 publishes n events of type typ and returns the id of the last.
-func pubN11(t testing.TB, b *EventBus, typ string, n int) uint64 {
-	t.Helper()
-	var id uint64
-	for range n {
-		id = pub11(t, b, typ).ID()
-	}
-	return id
-}
-
-// sig11 sends a signal.
-func sig11(t testing.TB, b *EventBus, typ, about string) {
-	t.Helper()
-	require.NoError(t, b.Signal(typ, about))
-}
-
-// pubSized11 publishes the next event of type typ with an envelope of
-// exactly size bytes; it needs the fixed clock of bus11 and a single
-// publisher.
-func pubSized11(t testing.TB, b *EventBus, typ string, size int) Frame {
-	t.Helper()
-	base := len(fmt.Sprintf(`{"id":%d,"v":1,"type":%q,"data":"","_meta":{"serverTimestamp":%d}}`,
-		b.LastEventID()+1, typ, now11Millis))
-	require.GreaterOrEqual(t, size, base)
-	f, err := b.Publish(Event{Type: typ, Data: strings.Repeat("x", size-base)})
-	require.NoError(t, err)
-	require.Equal(t, size, f.Size())
-	return f
-}
-
-// take11 returns every frame ready now, without waiting.
-func take11(s *Subscription) []Frame {
-	fs, _ := s.AppendReady(nil)
-	return fs
-}
-
-// ts11 returns a frame's _meta.serverTimestamp.
-func ts11(t testing.TB, f Frame) int64 {
-	t.Helper()
-	var env struct {
-		Meta struct {
-			TS int64 `json:"serverTimestamp"`
-		} `json:"_meta"`
-	}
-	require.NoError(t, json.Unmarshal(f.JSON(), &env))
-	return env.Meta.TS
-}
-
-// sseEvent11 is one dispatched SSE event as a client sees it.
-type sseEvent11 struct {
-	id, event, data string
-	hasID           bool
-}
-
-// readSSE11 reads SSE events from r until stop reports true for one (it is
-// included) or the stream ends. Comment lines and records without data
-// (the retry directive) are skipped.
-func readSSE11(t testing.TB, r *bufio.Reader, stop func(sseEvent11) bool) []sseEvent11 {
-	t.Helper()
-	var out []sseEvent11
-	var cur sseEvent11
-	hasData := false
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return out
-		}
-		line = strings.TrimSuffix(line, "\n")
-		switch {
-		case line == "":
-			if hasData {
-				out = append(out, cur)
-				if stop(cur) {
-					return out
-				}
-			}
-			cur, hasData = sseEvent11{}, false
-		case strings.HasPrefix(line, ":"):
-		case strings.HasPrefix(line, "id: "):
-			cur.id, cur.hasID = strings.TrimPrefix(line, "id: "), true
-		case strings.HasPrefix(line, "event: "):
-			cur.event = strings.TrimPrefix(line, "event: ")
-		case strings.HasPrefix(line, "data: "):
-			cur.data, hasData = strings.TrimPrefix(line, "data: "), true
-		}
-	}
-}
-
-// server11 serves b with Handler on a test server, closed when the test
-// ends (close every response body before).
-func server11(t testing.TB, b *EventBus) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewServer(&Handler{
-		Lookup: func(*http.Request) (*EventBus, error) { return b, nil },
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	t.Cleanup(srv.Close)
-	return srv
-}
-
-// get11 starts a GET of url bounded by a timeout; the caller closes the body.
-func get11(t testing.TB, srv *httptest.Server, url string) *http.Response {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	require.NoError(t, err)
-	resp, err := srv.Client().Do(req)
-	require.NoError(t, err)
-	return resp
-}
 
 // ---------------------------------------------------------------------------
 // Signals (SPEC 11).
 
 func TestSignalHasNoIDAndExactEnvelope(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
-	sig11(t, b, "doc.changed", "doc/42")
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
+	sendSignal(t, b, "doc.changed", "doc/42")
 
-	fs := take11(s)
+	fs := readyNow(s)
 	require.Len(t, fs, 1)
 	f := fs[0]
 	assert.Zero(t, f.ID())
@@ -227,15 +37,15 @@ func TestSignalHasNoIDAndExactEnvelope(t *testing.T) {
 
 	// A signal takes no id: the next event is still #1.
 	assert.Zero(t, b.LastEventID())
-	assert.Equal(t, uint64(1), pub11(t, b, "e").ID())
+	assert.Equal(t, uint64(1), publishType(t, b, "e").ID())
 }
 
 func TestSignalAboutIsEscapedJSON(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
 	about := "a\"b\\c\nd\re\u2028</script>"
-	sig11(t, b, "x", about)
-	f := take11(s)[0]
+	sendSignal(t, b, "x", about)
+	f := readyNow(s)[0]
 	assert.NotContains(t, string(f.JSON()), "\n")
 	assert.NotContains(t, string(f.JSON()), "\r")
 	var env map[string]any
@@ -245,40 +55,40 @@ func TestSignalAboutIsEscapedJSON(t *testing.T) {
 }
 
 func TestSignalSSEWireHasNoIDLine(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
-	sig11(t, b, "doc.changed", "doc/42")
-	f := take11(s)[0]
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
+	sendSignal(t, b, "doc.changed", "doc/42")
+	f := readyNow(s)[0]
 	want := "event: doc.changed\ndata: {\"v\":1,\"type\":\"doc.changed\",\"about\":\"doc/42\",\"_meta\":{\"serverTimestamp\":1719000000000}}\n\n"
 	assert.Equal(t, want, f.String())
 	assert.Equal(t, "pre:"+want, string(f.AppendSSE([]byte("pre:"))))
 }
 
 func TestSignalOverHTTPHasNoIDLine(t *testing.T) {
-	b := bus11(t, Options{})
-	srv := server11(t, b)
-	resp := get11(t, srv, srv.URL)
+	b := newBus(t, Options{})
+	srv := serveBus(t, b)
+	resp := httpGet(t, srv, srv.URL)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, 1, b.SubscriberCount()) // headers come after Subscribe
 
-	sig11(t, b, "doc.changed", "doc/1")
-	pub11(t, b, "end")
-	evs := readSSE11(t, bufio.NewReader(resp.Body), func(e sseEvent11) bool { return e.event == "end" })
+	sendSignal(t, b, "doc.changed", "doc/1")
+	publishType(t, b, "end")
+	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.Type == "end" })
 	require.Len(t, evs, 2)
-	assert.False(t, evs[0].hasID, "a signal has no id line")
-	assert.Equal(t, "doc.changed", evs[0].event)
-	assert.Equal(t, `{"v":1,"type":"doc.changed","about":"doc/1","_meta":{"serverTimestamp":1719000000000}}`, evs[0].data)
-	assert.True(t, evs[1].hasID)
-	assert.Equal(t, "1", evs[1].id)
+	assert.False(t, evs[0].HasID, "a signal has no id line")
+	assert.Equal(t, "doc.changed", evs[0].Type)
+	assert.Equal(t, `{"v":1,"type":"doc.changed","about":"doc/1","_meta":{"serverTimestamp":1719000000000}}`, string(evs[0].Data))
+	assert.True(t, evs[1].HasID)
+	assert.Equal(t, "1", evs[1].ID)
 }
 
 func TestSignalNeverEntersTheRing(t *testing.T) {
-	b := bus11(t, Options{})
-	pub11(t, b, "e")
+	b := newBus(t, Options{})
+	publishType(t, b, "e")
 	ringBytes := b.Stats().RingBytes
 	for i := range 10 {
-		sig11(t, b, "x", strconv.Itoa(i))
+		sendSignal(t, b, "x", strconv.Itoa(i))
 	}
 	st := b.Stats()
 	assert.Equal(t, 1, st.RingLen)
@@ -290,32 +100,32 @@ func TestSignalNeverEntersTheRing(t *testing.T) {
 }
 
 func TestSignalNeverReplayed(t *testing.T) {
-	b := bus11(t, Options{})
-	sig11(t, b, "x", "a")
-	pub11(t, b, "e")
-	sig11(t, b, "x", "b")
-	pub11(t, b, "e")
-	sig11(t, b, "x", "c")
+	b := newBus(t, Options{})
+	sendSignal(t, b, "x", "a")
+	publishType(t, b, "e")
+	sendSignal(t, b, "x", "b")
+	publishType(t, b, "e")
+	sendSignal(t, b, "x", "c")
 
-	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
-	fs := take11(s)
-	assert.Equal(t, []string{"#1", "#2", TypeReplayComplete}, coreDescribe(fs))
-	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":2,"lastReplayedEventId":2,"lastEventId":2,"epoch":%q}`, b.Epoch()), coreData(t, fs[2]))
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	fs := readyNow(s)
+	assert.Equal(t, []string{"#1", "#2", TypeReplayComplete}, describe(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":2,"lastReplayedEventId":2,"lastEventId":2,"epoch":%q}`, b.Epoch()), dataOf(t, fs[2]))
 
-	s2 := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
-	fs = take11(s2)
-	assert.Equal(t, []string{TypeReplayComplete}, coreDescribe(fs))
-	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), coreData(t, fs[0]))
+	s2 := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 2})
+	fs = readyNow(s2)
+	assert.Equal(t, []string{TypeReplayComplete}, describe(fs))
+	assert.JSONEq(t, fmt.Sprintf(`{"replayedCount":0,"epoch":%q}`, b.Epoch()), dataOf(t, fs[0]))
 }
 
 func TestSignalsAloneEvictNonReaderAtFrameCap(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{})
 	for i := range 17 {
-		sig11(t, b, "x", fmt.Sprintf("r%02d", i)) // distinct (type, about): no coalescing
+		sendSignal(t, b, "x", fmt.Sprintf("r%02d", i)) // distinct (type, about): no coalescing
 	}
 	assert.Equal(t, 0, b.SubscriberCount())
-	fs := coreCollect(s)
+	fs := collectEvents(s)
 	require.Len(t, fs, 16+2)
 	want := []string{}
 	for i := range 16 {
@@ -325,27 +135,27 @@ func TestSignalsAloneEvictNonReaderAtFrameCap(t *testing.T) {
 		}
 	}
 	want = append(want, TypeClientEvicted)
-	assert.Equal(t, want, coreDescribe(fs))
+	assert.Equal(t, want, describe(fs))
 	ev := fs[len(fs)-1]
 	assert.True(t, ev.Terminal())
-	assert.Contains(t, coreData(t, ev), `"reason":"queue_overflow"`)
-	assert.Contains(t, coreData(t, ev), `"queueSize":16,"maxQueued":16`)
+	assert.Contains(t, dataOf(t, ev), `"reason":"queue_overflow"`)
+	assert.Contains(t, dataOf(t, ev), `"queueSize":16,"maxQueued":16`)
 	assert.ErrorIs(t, s.Err(), ErrEvicted)
 	assert.Equal(t, uint64(1), b.Stats().Evictions.QueueOverflow)
 }
 
 func TestSignalsAloneEvictNonReaderAtByteCap(t *testing.T) {
-	size := signalFrame("x", "r00", now11Millis).Size()
-	b := bus11(t, Options{MaxQueuedBytes: 4*size - 1})
-	s := sub11(t, b, SubscribeOptions{})
+	size := signalFrame("x", "r00", testStamp).Size()
+	b := newBus(t, Options{MaxQueuedBytes: 4*size - 1})
+	s := subscribe(t, b, SubscribeOptions{})
 	for i := range 4 {
-		sig11(t, b, "x", fmt.Sprintf("r%02d", i))
+		sendSignal(t, b, "x", fmt.Sprintf("r%02d", i))
 	}
 	assert.Equal(t, 0, b.SubscriberCount())
-	fs := coreCollect(s)
+	fs := collectEvents(s)
 	// 0.75 * (4*size-1) bytes is reached by the third signal.
-	assert.Equal(t, []string{"sig:x/r00", "sig:x/r01", "sig:x/r02", TypeSlowClientWarning, TypeClientEvicted}, coreDescribe(fs))
-	d := coreData(t, fs[len(fs)-1])
+	assert.Equal(t, []string{"sig:x/r00", "sig:x/r01", "sig:x/r02", TypeSlowClientWarning, TypeClientEvicted}, describe(fs))
+	d := dataOf(t, fs[len(fs)-1])
 	assert.Contains(t, d, `"reason":"queue_bytes_overflow"`)
 	assert.Contains(t, d, fmt.Sprintf(`"queuedBytes":%d`, 3*size))
 	assert.Contains(t, d, fmt.Sprintf(`"eventBytes":%d`, size))
@@ -353,110 +163,110 @@ func TestSignalsAloneEvictNonReaderAtByteCap(t *testing.T) {
 }
 
 func TestSignalCoalescesInPlaceKeepingPositionAndOrder(t *testing.T) {
-	clk := newClock11(1000)
-	b := bus11(t, Options{Now: clk.now})
-	s := sub11(t, b, SubscribeOptions{})
+	clk := newFakeClock(1000)
+	b := newBus(t, Options{Now: clk.now})
+	s := subscribe(t, b, SubscribeOptions{})
 
-	sig11(t, b, "x", "a") // ts 1000
-	pub11(t, b, "e")      // #1
-	sig11(t, b, "x", "b")
-	pub11(t, b, "e") // #2
+	sendSignal(t, b, "x", "a") // ts 1000
+	publishType(t, b, "e")     // #1
+	sendSignal(t, b, "x", "b")
+	publishType(t, b, "e") // #2
 	clk.advance(5 * time.Second)
-	sig11(t, b, "x", "a") // ts 6000: replaces the first one in place
+	sendSignal(t, b, "x", "a") // ts 6000: replaces the first one in place
 
-	fs := take11(s)
-	assert.Equal(t, []string{"sig:x/a", "#1", "sig:x/b", "#2"}, coreDescribe(fs))
+	fs := readyNow(s)
+	assert.Equal(t, []string{"sig:x/a", "#1", "sig:x/b", "#2"}, describe(fs))
 	assert.Equal(t, `{"v":1,"type":"x","about":"a","_meta":{"serverTimestamp":6000}}`, string(fs[0].JSON()),
 		"the consumer sees the newer signal at the older one's position")
-	assert.Equal(t, int64(1000), ts11(t, fs[2]))
+	assert.Equal(t, int64(1000), stampOf(t, fs[2]))
 	assert.Equal(t, uint64(1), b.Stats().Dropped.Coalesced)
 	assert.Equal(t, uint64(3), b.Stats().Signals)
 }
 
 func TestSignalDifferentAboutOrTypeNotCoalesced(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
-	sig11(t, b, "x", "a")
-	sig11(t, b, "x", "b") // other about
-	sig11(t, b, "y", "a") // other type
-	sig11(t, b, "x", "")  // empty about is a key of its own
-	sig11(t, b, "x", "a") // coalesced with the first
-	sig11(t, b, "y", "a") // coalesced with the third
-	assert.Equal(t, []string{"sig:x/a", "sig:x/b", "sig:y/a", "sig:x/"}, coreDescribe(take11(s)))
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
+	sendSignal(t, b, "x", "a")
+	sendSignal(t, b, "x", "b") // other about
+	sendSignal(t, b, "y", "a") // other type
+	sendSignal(t, b, "x", "")  // empty about is a key of its own
+	sendSignal(t, b, "x", "a") // coalesced with the first
+	sendSignal(t, b, "y", "a") // coalesced with the third
+	assert.Equal(t, []string{"sig:x/a", "sig:x/b", "sig:y/a", "sig:x/"}, describe(readyNow(s)))
 	assert.Equal(t, uint64(2), b.Stats().Dropped.Coalesced)
 }
 
 func TestSignalDeliveredIsNotCoalescedWithLaterOne(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
-	sig11(t, b, "x", "a")
-	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(take11(s)))
-	sig11(t, b, "x", "a")
-	pub11(t, b, "e")
-	sig11(t, b, "x", "a") // the second one is still queued: coalesced
-	assert.Equal(t, []string{"sig:x/a", "#1"}, coreDescribe(take11(s)))
-	sig11(t, b, "x", "a")
-	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(take11(s)))
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
+	sendSignal(t, b, "x", "a")
+	assert.Equal(t, []string{"sig:x/a"}, describe(readyNow(s)))
+	sendSignal(t, b, "x", "a")
+	publishType(t, b, "e")
+	sendSignal(t, b, "x", "a") // the second one is still queued: coalesced
+	assert.Equal(t, []string{"sig:x/a", "#1"}, describe(readyNow(s)))
+	sendSignal(t, b, "x", "a")
+	assert.Equal(t, []string{"sig:x/a"}, describe(readyNow(s)))
 	assert.Equal(t, uint64(1), b.Stats().Dropped.Coalesced)
 	assert.Equal(t, uint64(4), b.Stats().FramesDelivered)
 }
 
 func TestSignalCoalescedCountsEachReplacementPerSubscriber(t *testing.T) {
-	b := bus11(t, Options{})
-	s1 := sub11(t, b, SubscribeOptions{})
-	s2 := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{})
+	s1 := subscribe(t, b, SubscribeOptions{})
+	s2 := subscribe(t, b, SubscribeOptions{})
 	for range 5 {
-		sig11(t, b, "x", "a")
+		sendSignal(t, b, "x", "a")
 	}
 	assert.Equal(t, uint64(8), b.Stats().Dropped.Coalesced, "4 replacements in each of 2 queues")
-	assert.Len(t, take11(s1), 1)
-	assert.Len(t, take11(s2), 1)
+	assert.Len(t, readyNow(s1), 1)
+	assert.Len(t, readyNow(s2), 1)
 	assert.Equal(t, uint64(5), b.Stats().Signals)
 }
 
 func TestSignalCoalescingDoesNotGrowTheQueue(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{})
 	for range 10_000 {
-		sig11(t, b, "x", "a")
+		sendSignal(t, b, "x", "a")
 	}
 	assert.Equal(t, 1, b.SubscriberCount(), "one queued signal, replaced 9,999 times, never overflows")
 	c := s.q.counts()
 	assert.Equal(t, 1, c.liveCount)
-	assert.Equal(t, signalFrame("x", "a", now11Millis).Size(), c.liveBytes)
-	assert.Equal(t, []string{"sig:x/a"}, coreDescribe(take11(s)))
+	assert.Equal(t, signalFrame("x", "a", testStamp).Size(), c.liveBytes)
+	assert.Equal(t, []string{"sig:x/a"}, describe(readyNow(s)))
 }
 
 func TestSignalHonoursTypeFilters(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"doc.*", "user"}})
-	sig11(t, b, "doc.changed", "1")
-	sig11(t, b, "other", "1")
-	sig11(t, b, "user", "2")
-	sig11(t, b, "doc", "3")
-	sig11(t, b, "users", "4")
-	assert.Equal(t, []string{"sig:doc.changed/1", "sig:user/2"}, coreDescribe(take11(s)))
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"doc.*", "user"}})
+	sendSignal(t, b, "doc.changed", "1")
+	sendSignal(t, b, "other", "1")
+	sendSignal(t, b, "user", "2")
+	sendSignal(t, b, "doc", "3")
+	sendSignal(t, b, "users", "4")
+	assert.Equal(t, []string{"sig:doc.changed/1", "sig:user/2"}, describe(readyNow(s)))
 }
 
 func TestSignalFilteredOutNeverCountsTowardCaps(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
-	s := sub11(t, b, SubscribeOptions{Types: []string{"a"}})
+	b := newBus(t, Options{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}})
 	for i := range 1000 {
-		sig11(t, b, "b", strconv.Itoa(i))
+		sendSignal(t, b, "b", strconv.Itoa(i))
 	}
 	assert.Equal(t, 1, b.SubscriberCount())
-	assert.Empty(t, take11(s))
+	assert.Empty(t, readyNow(s))
 }
 
 func TestSignalRejectsInvalidType(t *testing.T) {
 	var diags []Diagnostic
-	b := bus11(t, Options{OnDiagnostic: func(d Diagnostic) bool { diags = append(diags, d); return true }})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{OnDiagnostic: func(d Diagnostic) bool { diags = append(diags, d); return true }})
+	s := subscribe(t, b, SubscribeOptions{})
 	for _, typ := range []string{"", "a\nb", "a\rb", "\n"} {
 		err := b.Signal(typ, "x")
 		assert.ErrorIs(t, err, ErrInvalidEvent, "type %q", typ)
 	}
-	assert.Empty(t, take11(s))
+	assert.Empty(t, readyNow(s))
 	st := b.Stats()
 	assert.Equal(t, uint64(4), st.Rejected.Invalid)
 	assert.Zero(t, st.Signals)
@@ -467,17 +277,17 @@ func TestSignalRejectsInvalidType(t *testing.T) {
 }
 
 func TestSignalRejectsTooLarge(t *testing.T) {
-	size := signalFrame("x", "abc", now11Millis).Size()
-	b := bus11(t, Options{MaxEventBytes: size})
-	s := sub11(t, b, SubscribeOptions{})
+	size := signalFrame("x", "abc", testStamp).Size()
+	b := newBus(t, Options{MaxEventBytes: size})
+	s := subscribe(t, b, SubscribeOptions{})
 	require.NoError(t, b.Signal("x", "abc"))
 	assert.ErrorIs(t, b.Signal("x", "abcd"), ErrEventTooLarge)
-	assert.Equal(t, []string{"sig:x/abc"}, coreDescribe(take11(s)))
+	assert.Equal(t, []string{"sig:x/abc"}, describe(readyNow(s)))
 	assert.Equal(t, uint64(1), b.Stats().Rejected.TooLarge)
 }
 
 func TestSignalOnClosedBusReturnsErrClosed(t *testing.T) {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	require.NoError(t, b.Close())
 	err := b.Signal("x", "a")
 	assert.True(t, errors.Is(err, ErrClosed))
@@ -491,10 +301,10 @@ func TestSignalOnClosedBusReturnsErrClosed(t *testing.T) {
 // events11 publishes n events of type "e" on a bus without subscribers and
 // returns their frames, for queue-level tests.
 func events11(t testing.TB, n int) []Frame {
-	b := bus11(t, Options{})
+	b := newBus(t, Options{})
 	fs := make([]Frame, n)
 	for i := range fs {
-		fs[i] = pub11(t, b, "e")
+		fs[i] = publishType(t, b, "e")
 	}
 	return fs
 }
@@ -530,7 +340,7 @@ func TestQueueCoalesceAdjustsLiveBytesBySizeDifference(t *testing.T) {
 
 	fs, open := q.popAll(nil)
 	assert.True(t, open)
-	assert.Equal(t, []string{"#1", "sig:x/a", "#2"}, coreDescribe(fs))
+	assert.Equal(t, []string{"#1", "sig:x/a", "#2"}, describe(fs))
 	assert.Equal(t, old.JSON(), fs[1].JSON())
 	assert.Equal(t, queueCounts{0, 16, 0, 1 << 20}, q.counts())
 }
@@ -558,10 +368,10 @@ func TestQueueCoalesceFindsPositionAfterWrapAndGrowth(t *testing.T) {
 	require.Equal(t, pushCoalesced, res)
 
 	fs, _ := q.popAll(nil)
-	want := coreSeq("#6", "sig:x/a", coreIDs(7, 30), "sig:x/b")
-	assert.Equal(t, want, coreDescribe(fs))
-	for _, f := range coreOfType(fs, "x") {
-		assert.Equal(t, int64(2), ts11(t, f))
+	want := seqOf("#6", "sig:x/a", idRange(7, 30), "sig:x/b")
+	assert.Equal(t, want, describe(fs))
+	for _, f := range ofType(fs, "x") {
+		assert.Equal(t, int64(2), stampOf(t, f))
 	}
 	assert.Equal(t, 0, q.counts().liveBytes)
 }
@@ -588,5 +398,5 @@ func TestQueueSignalCoalescingIgnoredWhenClosed(t *testing.T) {
 	fs, open := q.popAll(nil)
 	assert.False(t, open)
 	require.Len(t, fs, 1)
-	assert.Equal(t, int64(1), ts11(t, fs[0]))
+	assert.Equal(t, int64(1), stampOf(t, fs[0]))
 }

@@ -55,12 +55,10 @@ const soakHeapMargin = 1 << 20
 // publishers publish, then checks that the goroutine count returns to its
 // baseline and the live heap to within soakHeapMargin of its baseline:
 // nothing a subscription owned (queue, context callback, registration)
-// survives it. EVENTBUS_LONG=1 runs 100,000 cycles and 10,000 evictions.
+// survives it. -short runs 2,000 cycles and 200 evictions, EVENTBUS_LONG=1
+// 100,000 cycles and 10,000 evictions.
 func TestSoakSubscribeCancelEvict(t *testing.T) {
-	cycles, evictions := 10_000, 1_000
-	if proveLong() {
-		cycles, evictions = 100_000, 10_000
-	}
+	cycles, evictions := pick(2_000, 10_000, 100_000), pick(200, 1_000, 10_000)
 	const ringSize = 1000
 	// A context cancellation unregisters on the context's own goroutine, a
 	// little later: leave room for the ones still in flight.

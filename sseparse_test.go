@@ -1,20 +1,23 @@
 package eventbus
 
 import (
-	"errors"
-	"strconv"
-	"strings"
+	"bytes"
+	"io"
 	"testing"
+	"testing/iotest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// sseParser is a strict, incremental parser of a text/event-stream, written
-// from the WHATWG "interpreting an event stream" rules, for tests:
+// The tests of the harness's SSE reader (harness_test.go): sseclient.Parser
+// under it reads the WHATWG "interpreting an event stream" rules (its own
+// tests in sseclient check them further); these check what the reader adds
+// on top (records in stream order, the last event ID on each event, and the
+// strict end on an event boundary), on the standard's cases:
 //
-//   - lines end with CRLF, LF or CR (a CR at the end of one Feed and an LF at
-//     the start of the next are one line end);
+//   - lines end with CRLF, LF or CR (a CR at the end of one read and an LF
+//     at the start of the next are one line end);
 //   - a leading U+FEFF BOM of the stream is skipped;
 //   - a line starting with ':' is a comment;
 //   - "field:value" splits at the first colon and drops one leading space of
@@ -26,210 +29,26 @@ import (
 //   - a blank line dispatches: the last event ID string takes the buffer's
 //     value (it persists across events), then an empty data buffer dispatches
 //     nothing; otherwise one trailing LF is removed and an event is
-//     dispatched with type "message" unless the event type buffer is set;
-//     data and event type buffers are reset, the last event ID is not.
-//
-// It works on bytes: the standard's UTF-8 decode step (which would replace
-// invalid sequences with U+FFFD) is left out, so tests can compare exactly
-// the bytes the server sent. Besides events it reports comments and retry
-// directives in stream order, so tests can check heartbeats and "retry:".
-type sseParser struct {
-	started  bool   // the BOM check has run
-	skipLF   bool   // the previous chunk ended with CR
-	line     []byte // the incomplete line carried between Feeds
-	data     strings.Builder
-	hasData  bool // the data buffer is not empty (data: with an empty value counts)
-	evType   string
-	idBuf    string // the last event ID buffer
-	lastID   string // the last event ID string, set on dispatch
-	retry    int64  // the reconnection time in ms, -1 before any retry field
-	retrySet bool
+//     dispatched with type "message" unless the event type buffer is set.
+
+// chunkReader returns its chunks one per Read.
+type chunkReader struct{ chunks [][]byte }
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	for len(c.chunks) > 0 && len(c.chunks[0]) == 0 {
+		c.chunks = c.chunks[1:]
+	}
+	if len(c.chunks) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, c.chunks[0])
+	c.chunks[0] = c.chunks[0][n:]
+	return n, nil
 }
 
-// sseRecordKind says what an sseRecord holds.
-type sseRecordKind int
-
-const (
-	sseEventRecord sseRecordKind = iota
-	sseCommentRecord
-	sseRetryRecord
-)
-
-// sseRecord is one thing the parser saw, in stream order.
-type sseRecord struct {
-	Kind    sseRecordKind
-	Event   sseEvent // sseEventRecord
-	Comment string   // sseCommentRecord: the line without its ':'
-	Retry   int64    // sseRetryRecord: milliseconds
-}
-
-// sseEvent is one dispatched event.
-type sseEvent struct {
-	Type string // "message" when the stream set none
-	Data string
-	ID   string // the last event ID string at dispatch
-}
-
-func newSSEParser() *sseParser { return &sseParser{retry: -1} }
-
-// Feed parses p and returns what it completed, in order.
-func (p *sseParser) Feed(b []byte) []sseRecord {
-	var out []sseRecord
-	if !p.started {
-		// Hold back until it is clear whether the stream starts with a BOM.
-		p.line = append(p.line, b...)
-		if len(p.line) < 3 && strings.HasPrefix("\uFEFF", string(p.line)) {
-			return nil
-		}
-		p.started = true
-		b = p.line
-		p.line = nil
-		if strings.HasPrefix(string(b), "\uFEFF") {
-			b = b[3:]
-		}
-	}
-	for len(b) > 0 {
-		if p.skipLF {
-			p.skipLF = false
-			if b[0] == '\n' {
-				b = b[1:]
-				continue
-			}
-		}
-		i := strings.IndexAny(string(b), "\r\n")
-		if i < 0 {
-			p.line = append(p.line, b...)
-			return out
-		}
-		var line []byte
-		if len(p.line) > 0 {
-			line = append(p.line, b[:i]...)
-			p.line = nil
-		} else {
-			line = b[:i]
-		}
-		if b[i] == '\r' {
-			if i+1 < len(b) {
-				if b[i+1] == '\n' {
-					i++
-				}
-			} else {
-				p.skipLF = true
-			}
-		}
-		b = b[i+1:]
-		out = p.processLine(string(line), out)
-	}
-	return out
-}
-
-func (p *sseParser) processLine(line string, out []sseRecord) []sseRecord {
-	if line == "" {
-		return p.dispatch(out)
-	}
-	if line[0] == ':' {
-		return append(out, sseRecord{Kind: sseCommentRecord, Comment: line[1:]})
-	}
-	field, value := line, ""
-	if i := strings.IndexByte(line, ':'); i >= 0 {
-		field, value = line[:i], line[i+1:]
-		value = strings.TrimPrefix(value, " ")
-	}
-	switch field {
-	case "event":
-		p.evType = value
-	case "data":
-		p.data.WriteString(value)
-		p.data.WriteByte('\n')
-		p.hasData = true
-	case "id":
-		if !strings.ContainsRune(value, 0) {
-			p.idBuf = value
-		}
-	case "retry":
-		if n, ok := sseDigits(value); ok {
-			p.retry, p.retrySet = n, true
-			out = append(out, sseRecord{Kind: sseRetryRecord, Retry: n})
-		}
-	}
-	return out
-}
-
-// sseDigits reports whether v is one or more ASCII digits and its value
-// (values past int64 are ignored like any other unusable retry).
-func sseDigits(v string) (int64, bool) {
-	if v == "" {
-		return 0, false
-	}
-	for i := 0; i < len(v); i++ {
-		if v[i] < '0' || v[i] > '9' {
-			return 0, false
-		}
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	return n, err == nil
-}
-
-func (p *sseParser) dispatch(out []sseRecord) []sseRecord {
-	p.lastID = p.idBuf
-	if !p.hasData {
-		p.data.Reset()
-		p.evType = ""
-		return out
-	}
-	data := strings.TrimSuffix(p.data.String(), "\n")
-	typ := p.evType
-	if typ == "" {
-		typ = "message"
-	}
-	p.data.Reset()
-	p.hasData = false
-	p.evType = ""
-	return append(out, sseRecord{Kind: sseEventRecord, Event: sseEvent{Type: typ, Data: data, ID: p.lastID}})
-}
-
-// errSSEIncomplete is what Close reports when the stream ended inside a
-// line or inside an event: a browser would silently discard it, a strict
-// test treats it as a framing error.
-var errSSEIncomplete = errors.New("sse: stream ended inside an event")
-
-// Close ends the stream. Pending data is discarded, as the standard says;
-// Close reports errSSEIncomplete when there was any.
-func (p *sseParser) Close() error {
-	pending := len(p.line) > 0 || p.hasData || p.evType != "" || p.idBuf != p.lastID
-	p.line = nil
-	p.data.Reset()
-	p.hasData, p.evType = false, ""
-	if pending {
-		return errSSEIncomplete
-	}
-	return nil
-}
-
-// parseSSE parses a whole stream; strict reports a stream that does not
-// end on an event boundary.
-func parseSSE(b []byte) (recs []sseRecord, err error) {
-	p := newSSEParser()
-	recs = p.Feed(b)
-	if !p.started && len(p.line) > 0 {
-		// A stream shorter than a BOM: finish the BOM check.
-		p.started = true
-		rest := p.line
-		p.line = nil
-		recs = append(recs, p.Feed(rest)...)
-	}
-	return recs, p.Close()
-}
-
-// sseEvents keeps only the events of recs.
-func sseEvents(recs []sseRecord) []sseEvent {
-	var evs []sseEvent
-	for _, r := range recs {
-		if r.Kind == sseEventRecord {
-			evs = append(evs, r.Event)
-		}
-	}
-	return evs
+// readSplit reads in as two reads, cut at i.
+func readSplit(in string, i int) ([]sseRecord, error) {
+	return readSSE(&chunkReader{chunks: [][]byte{[]byte(in[:i]), []byte(in[i:])}})
 }
 
 func TestSSEParser(t *testing.T) {
@@ -286,18 +105,14 @@ func TestSSEParser(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got)
 
-			// Every split into two chunks, and byte by byte, parses the same.
+			// Every split into two reads, and byte by byte, parses the same.
 			for i := 0; i <= len(tc.in); i++ {
-				p := newSSEParser()
-				recs := append(p.Feed([]byte(tc.in[:i])), p.Feed([]byte(tc.in[i:]))...)
+				recs, err := readSplit(tc.in, i)
 				require.Equal(t, tc.want, recs, "split at %d", i)
-				require.NoError(t, p.Close(), "split at %d", i)
+				require.NoError(t, err, "split at %d", i)
 			}
-			p := newSSEParser()
-			var recs []sseRecord
-			for i := 0; i < len(tc.in); i++ {
-				recs = append(recs, p.Feed([]byte{tc.in[i]})...)
-			}
+			recs, err := readSSE(iotest.OneByteReader(bytes.NewReader([]byte(tc.in))))
+			require.NoError(t, err)
 			require.Equal(t, tc.want, recs, "byte by byte")
 		})
 	}
@@ -324,14 +139,10 @@ func TestSSEParserIncompleteStream(t *testing.T) {
 	require.Equal(t, []sseEvent{{Type: "message", Data: "a"}}, sseEvents(recs))
 }
 
-func TestSSEParserRetryState(t *testing.T) {
-	p := newSSEParser()
-	require.Equal(t, int64(-1), p.retry)
-	p.Feed([]byte("retry: 10\nretry: x\n\n"))
-	require.True(t, p.retrySet)
-	require.Equal(t, int64(10), p.retry, "an invalid retry leaves the previous one")
-	p.Feed([]byte("retry: 99999999999999999999999\n\n"))
-	require.Equal(t, int64(10), p.retry, "a retry past int64 is ignored")
+func TestSSEParserRetryKeepsOnlyValidValues(t *testing.T) {
+	recs, err := parseSSE([]byte("retry: 10\nretry: x\n\n"))
+	require.NoError(t, err)
+	require.Equal(t, []sseRecord{{Kind: sseRetryRecord, Retry: 10}}, recs, "an invalid retry is no record")
 }
 
 func TestSSEParserShortStreams(t *testing.T) {

@@ -3,6 +3,7 @@ package eventbus
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 )
 
@@ -87,8 +88,7 @@ type DroppedStats struct {
 type counters struct {
 	published, signals, delivered, warnings                        atomic.Uint64
 	rejInvalid, rejTooLarge, rejClosed                             atomic.Uint64
-	evFrames, evBytes, evRepeated, evStalled                       atomic.Uint64
-	rsEpoch, rsRing, rsBudget, rsFrames, rsBytes                   atomic.Uint64
+	resyncs, evictions                                             reasonCounts
 	dropCoalesced, dropOverflow, dropBudget, dropCancel, dropBlock atomic.Uint64
 	dropCatchUpSignal, catchUps, catchUpServed                     atomic.Uint64
 	peak, behind                                                   atomic.Int64
@@ -107,9 +107,11 @@ func (b *EventBus) Stats() Stats {
 		FramesDelivered: c.delivered.Load(),
 		Subscribers:     int(b.subscribed.Load()),
 		PeakSubscribers: int(c.peak.Load()),
-		Evictions:       EvictionStats{c.evFrames.Load(), c.evBytes.Load(), c.evRepeated.Load(), c.evStalled.Load()},
-		Warnings:        c.warnings.Load(),
-		Resyncs:         ResyncStats{c.rsEpoch.Load(), c.rsRing.Load(), c.rsBudget.Load(), c.rsFrames.Load(), c.rsBytes.Load()},
+		Evictions: EvictionStats{c.evictions.get(ReasonQueueOverflow), c.evictions.get(ReasonQueueBytesOverflow),
+			c.evictions.get(ReasonRepeatedOverflow), c.evictions.get(ReasonCatchUpStalled)},
+		Warnings: c.warnings.Load(),
+		Resyncs: ResyncStats{c.resyncs.get(ReasonEpochReset), c.resyncs.get(ReasonRingEvicted),
+			c.resyncs.get(ReasonReplayBudgetExceeded), c.resyncs.get(ReasonQueueOverflow), c.resyncs.get(ReasonQueueBytesOverflow)},
 		Dropped: DroppedStats{c.dropCoalesced.Load(), c.dropOverflow.Load(), c.dropBudget.Load(),
 			c.dropCancel.Load(), c.dropBlock.Load(), c.dropCatchUpSignal.Load()},
 		CatchUp:   CatchUpStats{c.catchUps.Load(), c.catchUpServed.Load(), int(c.behind.Load())},
@@ -118,33 +120,29 @@ func (b *EventBus) Stats() Stats {
 	}
 }
 
-func (c *counters) resync(reason string) {
-	switch reason {
-	case ReasonEpochReset:
-		c.rsEpoch.Add(1)
-	case ReasonRingEvicted:
-		c.rsRing.Add(1)
-	case ReasonReplayBudgetExceeded:
-		c.rsBudget.Add(1)
-	case ReasonQueueOverflow:
-		c.rsFrames.Add(1)
-	case ReasonQueueBytesOverflow:
-		c.rsBytes.Add(1)
+// resync counts a state_resync_required frame of reason.
+func (c *counters) resync(reason string) { c.resyncs.add(reason) }
+
+// eviction counts a client_evicted frame of reason.
+func (c *counters) eviction(reason string) { c.evictions.add(reason) }
+
+// reasons are the resync and eviction reasons, in the order of
+// reasonCounts.
+var reasons = [...]string{ReasonEpochReset, ReasonRingEvicted, ReasonReplayBudgetExceeded,
+	ReasonQueueOverflow, ReasonQueueBytesOverflow, ReasonRepeatedOverflow, ReasonCatchUpStalled}
+
+// reasonCounts counts frames by reason, one counter per entry of reasons.
+type reasonCounts [len(reasons)]atomic.Uint64
+
+// add counts one frame of reason; an unknown reason counts nowhere.
+func (r *reasonCounts) add(reason string) {
+	if i := slices.Index(reasons[:], reason); i >= 0 {
+		r[i].Add(1)
 	}
 }
 
-func (c *counters) eviction(reason string) {
-	switch reason {
-	case ReasonQueueOverflow:
-		c.evFrames.Add(1)
-	case ReasonQueueBytesOverflow:
-		c.evBytes.Add(1)
-	case ReasonRepeatedOverflow:
-		c.evRepeated.Add(1)
-	case ReasonCatchUpStalled:
-		c.evStalled.Add(1)
-	}
-}
+// get returns the count of reason, one of reasons.
+func (r *reasonCounts) get(reason string) uint64 { return r[slices.Index(reasons[:], reason)].Load() }
 
 // Diagnostic is one noteworthy thing the bus observed, handed to
 // Options.OnDiagnostic and logged. Kind is one of the Diag constants;
@@ -174,4 +172,11 @@ func (b *EventBus) emit(ds ...Diagnostic) {
 		}
 		b.logger().LogAttrs(context.Background(), slog.LevelWarn, d.Message, d.Attrs...)
 	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
 }

@@ -65,8 +65,8 @@ func serveFailing11(t testing.TB, b *EventBus, ok int, lastEventID string) {
 }
 
 func TestStatsPublishedAndRejectedByReason(t *testing.T) {
-	b := bus11(t, Options{MaxEventBytes: 200})
-	pubN11(t, b, "e", 3)
+	b := newBus(t, Options{MaxEventBytes: 200})
+	publishTypeN(t, b, "e", 3)
 	for _, e := range []Event{
 		{Type: ""},
 		{Type: "a\nb"},
@@ -96,55 +96,55 @@ func TestStatsPublishedAndRejectedByReason(t *testing.T) {
 }
 
 func TestStatsSignalsCountsAcceptedSignals(t *testing.T) {
-	b := bus11(t, Options{})
-	sig11(t, b, "x", "a")
-	sig11(t, b, "x", "a") // no subscriber: still accepted
-	s := sub11(t, b, SubscribeOptions{})
-	sig11(t, b, "x", "a")
-	sig11(t, b, "x", "a") // coalesced, still a signal sent
+	b := newBus(t, Options{})
+	sendSignal(t, b, "x", "a")
+	sendSignal(t, b, "x", "a") // no subscriber: still accepted
+	s := subscribe(t, b, SubscribeOptions{})
+	sendSignal(t, b, "x", "a")
+	sendSignal(t, b, "x", "a") // coalesced, still a signal sent
 	_ = b.Signal("", "a")
 	st := b.Stats()
 	assert.Equal(t, uint64(4), st.Signals)
 	assert.Zero(t, st.Published)
-	assert.Len(t, take11(s), 1)
+	assert.Len(t, readyNow(s), 1)
 }
 
 func TestStatsFramesDeliveredEqualsFramesReceived(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
-	pubN11(t, b, "e", 2)
-	reader := sub11(t, b, SubscribeOptions{})
-	resumed := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0}) // replay + replay_complete
-	stalled := sub11(t, b, SubscribeOptions{})                             // warned, then evicted
-	filtered := sub11(t, b, SubscribeOptions{Types: []string{"s"}})
+	b := newBus(t, Options{MaxQueued: 16})
+	publishTypeN(t, b, "e", 2)
+	reader := subscribe(t, b, SubscribeOptions{})
+	resumed := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0}) // replay + replay_complete
+	stalled := subscribe(t, b, SubscribeOptions{})                             // warned, then evicted
+	filtered := subscribe(t, b, SubscribeOptions{Types: []string{"s"}})
 
 	received := 0
 	for i := range 60 {
 		if i%4 == 0 {
-			sig11(t, b, "s", fmt.Sprint(i%3))
+			sendSignal(t, b, "s", fmt.Sprint(i%3))
 		} else {
-			pub11(t, b, "e")
+			publishType(t, b, "e")
 		}
 		if i%5 == 0 {
-			received += len(take11(reader)) + len(take11(resumed))
+			received += len(readyNow(reader)) + len(readyNow(resumed))
 		}
 		assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 	}
 	require.ErrorIs(t, stalled.Err(), ErrEvicted)
-	received += len(coreCollect(stalled))
+	received += len(collectEvents(stalled))
 	assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 
 	require.NoError(t, b.Close())
 	for _, s := range []*Subscription{reader, resumed, filtered} {
-		received += len(coreCollect(s)) // Events drains what Close left queued
+		received += len(collectEvents(s)) // Events drains what Close left queued
 	}
 	assert.Equal(t, uint64(received), b.Stats().FramesDelivered)
 	assert.Zero(t, b.Stats().Dropped.Cancelled)
 }
 
 func TestStatsFramesDeliveredWhenBreakingOutOfEvents(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 5)
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 5)
 	n := 0
 	for range s.Events() {
 		n++
@@ -158,11 +158,11 @@ func TestStatsFramesDeliveredWhenBreakingOutOfEvents(t *testing.T) {
 }
 
 func TestStatsSubscribersAndPeak(t *testing.T) {
-	b := bus11(t, Options{MaxSubscribers: 3, MaxQueued: 16})
+	b := newBus(t, Options{MaxSubscribers: 3, MaxQueued: 16})
 	assert.Equal(t, 0, b.Stats().Subscribers)
-	s1 := sub11(t, b, SubscribeOptions{})
-	sub11(t, b, SubscribeOptions{Types: []string{"never"}})
-	s3 := sub11(t, b, SubscribeOptions{})
+	s1 := subscribe(t, b, SubscribeOptions{})
+	subscribe(t, b, SubscribeOptions{Types: []string{"never"}})
+	s3 := subscribe(t, b, SubscribeOptions{})
 	_, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.ErrorIs(t, err, ErrSubscriberLimitExceeded)
 	st := b.Stats()
@@ -174,7 +174,7 @@ func TestStatsSubscribersAndPeak(t *testing.T) {
 	assert.Equal(t, 2, st.Subscribers)
 	assert.Equal(t, 3, st.PeakSubscribers)
 
-	pubN11(t, b, "e", 17) // evicts s3
+	publishTypeN(t, b, "e", 17) // evicts s3
 	require.ErrorIs(t, s3.Err(), ErrEvicted)
 	assert.Equal(t, 1, b.Stats().Subscribers)
 
@@ -193,61 +193,61 @@ func TestStatsSubscribersAndPeak(t *testing.T) {
 
 func TestStatsEvictionsByReason(t *testing.T) {
 	t.Run("queue_overflow", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16})
-		s := sub11(t, b, SubscribeOptions{})
-		pubN11(t, b, "e", 17)
-		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"queue_overflow"`)
+		b := newBus(t, Options{MaxQueued: 16})
+		s := subscribe(t, b, SubscribeOptions{})
+		publishTypeN(t, b, "e", 17)
+		assert.Contains(t, dataOf(t, ofType(collectEvents(s), TypeClientEvicted)[0]), `"reason":"queue_overflow"`)
 		assert.Equal(t, EvictionStats{QueueOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("queue_bytes_overflow", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueuedBytes: 1000})
-		s := sub11(t, b, SubscribeOptions{})
+		b := newBus(t, Options{MaxQueuedBytes: 1000})
+		s := subscribe(t, b, SubscribeOptions{})
 		for range 11 {
-			pubSized11(t, b, "e", 100)
+			publishSized(t, b, "e", 100)
 		}
-		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"queue_bytes_overflow"`)
+		assert.Contains(t, dataOf(t, ofType(collectEvents(s), TypeClientEvicted)[0]), `"reason":"queue_bytes_overflow"`)
 		assert.Equal(t, EvictionStats{QueueBytesOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("repeated_overflow", func(t *testing.T) {
-		b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync}) // fixed clock: all within the window
-		s := sub11(t, b, SubscribeOptions{})
+		b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync}) // fixed clock: all within the window
+		s := subscribe(t, b, SubscribeOptions{})
 		for range 3 {
 			overflow11(t, b, s)
 		}
-		assert.Contains(t, coreData(t, coreOfType(coreCollect(s), TypeClientEvicted)[0]), `"reason":"repeated_overflow"`)
+		assert.Contains(t, dataOf(t, ofType(collectEvents(s), TypeClientEvicted)[0]), `"reason":"repeated_overflow"`)
 		assert.Equal(t, EvictionStats{RepeatedOverflow: 1}, b.Stats().Evictions)
 	})
 }
 
 func TestStatsWarningsCountsWarningFramesSent(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16})
-	s1 := sub11(t, b, SubscribeOptions{})
-	s2 := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 12) // both warned
-	fs1 := take11(s1)     // s1 catches up
-	pubN11(t, b, "e", 1)  // s1 re-arms (1 <= 6); s2 is still in its episode
-	fs1 = append(fs1, take11(s1)...)
-	pubN11(t, b, "e", 2)  // s2: 15 live, no second warning
-	pubN11(t, b, "e", 11) // s1: 2+11 = 13 live: a second warning; s2 evicted on the way
-	fs1 = append(fs1, take11(s1)...)
-	fs2 := coreCollect(s2)
-	sent := len(coreOfType(fs1, TypeSlowClientWarning)) + len(coreOfType(fs2, TypeSlowClientWarning))
+	b := newBus(t, Options{MaxQueued: 16})
+	s1 := subscribe(t, b, SubscribeOptions{})
+	s2 := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 12) // both warned
+	fs1 := readyNow(s1)         // s1 catches up
+	publishTypeN(t, b, "e", 1)  // s1 re-arms (1 <= 6); s2 is still in its episode
+	fs1 = append(fs1, readyNow(s1)...)
+	publishTypeN(t, b, "e", 2)  // s2: 15 live, no second warning
+	publishTypeN(t, b, "e", 11) // s1: 2+11 = 13 live: a second warning; s2 evicted on the way
+	fs1 = append(fs1, readyNow(s1)...)
+	fs2 := collectEvents(s2)
+	sent := len(ofType(fs1, TypeSlowClientWarning)) + len(ofType(fs2, TypeSlowClientWarning))
 	assert.Equal(t, 3, sent)
 	assert.Equal(t, uint64(sent), b.Stats().Warnings)
 }
 
 func TestStatsResyncsByReason(t *testing.T) {
-	clk := newClock11(now11Millis)
-	b := bus11(t, Options{RingSize: 4, ReplayBudgetBytes: 250, MaxQueuedBytes: 2000, OverflowPolicy: OverflowResync, Now: clk.now})
+	clk := newFakeClock(testStamp)
+	b := newBus(t, Options{RingSize: 4, ReplayBudgetBytes: 250, MaxQueuedBytes: 2000, OverflowPolicy: OverflowResync, Now: clk.now})
 	var subs []*Subscription
-	q := sub11(t, b, SubscribeOptions{MaxQueued: 16})
+	q := subscribe(t, b, SubscribeOptions{MaxQueued: 16})
 	subs = append(subs, q)
-	pubN11(t, b, "e", 17) // queue_overflow
+	publishTypeN(t, b, "e", 17) // queue_overflow
 	// Take the first resync frame now: the next overflow would supersede it.
-	early := take11(q)
+	early := readyNow(q)
 	clk.advance(time.Minute)
 	for range 7 { // 1 small live event + 6*300 = 1870, the 7th: 2170 > 2000
-		pubSized11(t, b, "e", 300) // queue_bytes_overflow
+		publishSized(t, b, "e", 300) // queue_bytes_overflow
 	}
 	// The ring holds #21..#24, 300 bytes each: every replay of two or more
 	// of them also exceeds the budget.
@@ -257,17 +257,17 @@ func TestStatsResyncsByReason(t *testing.T) {
 		{Resume: true, LastEventID: 1},                    // ring_evicted + replay_budget_exceeded
 		{Resume: true, LastEventID: 23},                   // #24 only: no resync
 	} {
-		subs = append(subs, sub11(t, b, o))
+		subs = append(subs, subscribe(t, b, o))
 	}
 	seen := map[string]uint64{}
 	for i, s := range subs {
-		fs := take11(s)
+		fs := readyNow(s)
 		if i == 0 {
 			fs = append(early, fs...)
 		}
-		for _, f := range coreOfType(fs, TypeStateResyncRequired) {
+		for _, f := range ofType(fs, TypeStateResyncRequired) {
 			var d struct{ Reason string }
-			require.NoError(t, json.Unmarshal([]byte(coreData(t, f)), &d))
+			require.NoError(t, json.Unmarshal([]byte(dataOf(t, f)), &d))
 			seen[d.Reason]++
 		}
 	}
@@ -280,45 +280,45 @@ func TestStatsResyncsByReason(t *testing.T) {
 }
 
 func TestStatsDroppedCoalesced(t *testing.T) {
-	b := bus11(t, Options{})
-	s := sub11(t, b, SubscribeOptions{})
-	sig11(t, b, "x", "a")
-	sig11(t, b, "x", "b")
-	sig11(t, b, "x", "a")
-	sig11(t, b, "x", "a")
-	assert.Len(t, take11(s), 2)
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
+	sendSignal(t, b, "x", "a")
+	sendSignal(t, b, "x", "b")
+	sendSignal(t, b, "x", "a")
+	sendSignal(t, b, "x", "a")
+	assert.Len(t, readyNow(s), 2)
 	assert.Equal(t, DroppedStats{Coalesced: 2}, b.Stats().Dropped)
 }
 
 func TestStatsDroppedOverflow(t *testing.T) {
-	b := bus11(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
-	s := sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 5)
-	assert.Len(t, take11(s), 5)
-	pubN11(t, b, "e", 17) // 16 queued live frames dropped
+	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 5)
+	assert.Len(t, readyNow(s), 5)
+	publishTypeN(t, b, "e", 17) // 16 queued live frames dropped
 	assert.Equal(t, DroppedStats{Overflow: 16}, b.Stats().Dropped)
 }
 
 func TestStatsDroppedReplayBudget(t *testing.T) {
-	b := bus11(t, Options{ReplayBudgetBytes: 250})
+	b := newBus(t, Options{ReplayBudgetBytes: 250})
 	for range 5 {
-		pubSized11(t, b, "e", 100)
+		publishSized(t, b, "e", 100)
 	}
-	s := sub11(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
-	fs := take11(s)
-	assert.Equal(t, []string{"#1", "#2", TypeStateResyncRequired, TypeReplayComplete}, coreDescribe(fs))
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	fs := readyNow(s)
+	assert.Equal(t, []string{"#1", "#2", TypeStateResyncRequired, TypeReplayComplete}, describe(fs))
 	assert.Equal(t, DroppedStats{ReplayBudget: 3}, b.Stats().Dropped)
 }
 
 func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
-	b := bus11(t, Options{})
-	closed := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{})
+	closed := subscribe(t, b, SubscribeOptions{})
 	ctx, cancel := context.WithCancel(t.Context())
 	ctxSub, err := b.Subscribe(ctx, SubscribeOptions{})
 	require.NoError(t, err)
-	pubN11(t, b, "e", 5)
-	take11(ctxSub)
-	pubN11(t, b, "e", 3) // closed: 8 buffered, ctxSub: 3
+	publishTypeN(t, b, "e", 5)
+	readyNow(ctxSub)
+	publishTypeN(t, b, "e", 3) // closed: 8 buffered, ctxSub: 3
 
 	closed.Close()
 	assert.Equal(t, uint64(8), b.Stats().Dropped.Cancelled)
@@ -330,18 +330,18 @@ func TestStatsDroppedCancelledCountsFramesBufferedAtCancellation(t *testing.T) {
 
 	// A draining subscription of a closed bus that is then cancelled still
 	// drops its buffer.
-	b2 := bus11(t, Options{})
-	s := sub11(t, b2, SubscribeOptions{})
-	pubN11(t, b2, "e", 4)
+	b2 := newBus(t, Options{})
+	s := subscribe(t, b2, SubscribeOptions{})
+	publishTypeN(t, b2, "e", 4)
 	require.NoError(t, b2.Close())
 	s.Close()
 	assert.Equal(t, uint64(4), b2.Stats().Dropped.Cancelled)
-	assert.Empty(t, coreCollect(s))
+	assert.Empty(t, collectEvents(s))
 }
 
 func TestStatsDroppedBlockedWhenFirstWriteFails(t *testing.T) {
-	b := bus11(t, Options{})
-	pubN11(t, b, "e", 3)
+	b := newBus(t, Options{})
+	publishTypeN(t, b, "e", 3)
 	serveFailing11(t, b, 0, "0") // the retry: line fails; 3 events + replay_complete are buffered
 	st := b.Stats()
 	assert.Equal(t, DroppedStats{Blocked: 4}, st.Dropped)
@@ -350,8 +350,8 @@ func TestStatsDroppedBlockedWhenFirstWriteFails(t *testing.T) {
 }
 
 func TestStatsDroppedBlockedCountsTheFailedBatch(t *testing.T) {
-	b := bus11(t, Options{})
-	pubN11(t, b, "e", 3)
+	b := newBus(t, Options{})
+	publishTypeN(t, b, "e", 3)
 	serveFailing11(t, b, 1, "0") // the retry: line goes out, the first batch of 4 frames fails
 	st := b.Stats()
 	assert.Equal(t, DroppedStats{Blocked: 4}, st.Dropped, "the frames of the failed batch are lost")
@@ -360,24 +360,24 @@ func TestStatsDroppedBlockedCountsTheFailedBatch(t *testing.T) {
 }
 
 func TestStatsRingLenAndBytes(t *testing.T) {
-	b := bus11(t, Options{RingSize: 5})
+	b := newBus(t, Options{RingSize: 5})
 	for range 3 {
-		pubSized11(t, b, "e", 100)
+		publishSized(t, b, "e", 100)
 	}
 	st := b.Stats()
 	assert.Equal(t, 3, st.RingLen)
 	assert.Equal(t, 300, st.RingBytes)
 	for range 4 {
-		pubSized11(t, b, "e", 120)
+		publishSized(t, b, "e", 120)
 	}
-	sig11(t, b, "x", "a")
+	sendSignal(t, b, "x", "a")
 	st = b.Stats()
 	assert.Equal(t, 5, st.RingLen)
 	assert.Equal(t, 100+4*120, st.RingBytes)
 
-	b2 := bus11(t, Options{RingMaxBytes: 350})
+	b2 := newBus(t, Options{RingMaxBytes: 350})
 	for range 5 {
-		pubSized11(t, b2, "e", 100)
+		publishSized(t, b2, "e", 100)
 	}
 	st = b2.Stats()
 	assert.Equal(t, 3, st.RingLen)
@@ -393,15 +393,15 @@ func TestStatsRingLenAndBytes(t *testing.T) {
 var statsSink11 Stats
 
 func TestStatsDoesNotAllocate(t *testing.T) {
-	b := bus11(t, Options{})
-	sub11(t, b, SubscribeOptions{})
-	pubN11(t, b, "e", 3)
+	b := newBus(t, Options{})
+	subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 3)
 	assert.Zero(t, testing.AllocsPerRun(100, func() { statsSink11 = b.Stats() }))
 }
 
 func TestStatsTakesNoLock(t *testing.T) {
-	b := bus11(t, Options{})
-	pubN11(t, b, "e", 2)
+	b := newBus(t, Options{})
+	publishTypeN(t, b, "e", 2)
 	b.mu.Lock()
 	got := make(chan Stats, 1)
 	go func() { got <- b.Stats() }()
@@ -418,8 +418,8 @@ func TestStatsTakesNoLock(t *testing.T) {
 
 func TestStatsConcurrentWithPublishers(t *testing.T) {
 	const publishers, perPublisher = 4, 500
-	b := bus11(t, Options{RingSize: 100, MaxQueued: 2048})
-	s := sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{RingSize: 100, MaxQueued: 2048})
+	s := subscribe(t, b, SubscribeOptions{})
 	consumed := make(chan int)
 	go func() {
 		n := 0
@@ -515,7 +515,7 @@ func (r *diagRecorder11) take() []Diagnostic {
 
 func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 	rec := &diagRecorder11{}
-	b := bus11(t, Options{MaxQueued: 16, OnDiagnostic: rec.on})
+	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on})
 
 	_, err := b.Publish(Event{Type: ""})
 	require.Error(t, err)
@@ -527,9 +527,9 @@ func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 	assert.Equal(t, "", a["type"])
 	assert.Contains(t, a["error"], "empty type")
 
-	evict := sub11(t, b, SubscribeOptions{})
-	resync := sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
-	pubN11(t, b, "e", 12)
+	evict := subscribe(t, b, SubscribeOptions{})
+	resync := subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
+	publishTypeN(t, b, "e", 12)
 	ds = rec.take()
 	require.Equal(t, []string{DiagSlowClient, DiagSlowClient}, []string{ds[0].Kind, ds[1].Kind})
 	a = attrs11(ds[0])
@@ -540,7 +540,7 @@ func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 	assert.Equal(t, int64(DefaultMaxQueuedBytes), a["maxQueuedBytes"])
 	assert.Positive(t, a["queuedBytes"])
 
-	pubN11(t, b, "e", 5) // #13..#17: #17 overflows both
+	publishTypeN(t, b, "e", 5) // #13..#17: #17 overflows both
 	ds = rec.take()
 	require.Len(t, ds, 2)
 	assert.Equal(t, DiagOverflowResync, ds[0].Kind)
@@ -565,28 +565,28 @@ func TestOnDiagnosticReceivesEachDiagnosticWithAttrs(t *testing.T) {
 }
 
 func TestOnDiagnosticTrueSuppressesTheLogLine(t *testing.T) {
-	logs := &logBuf11{}
+	logs := &logCapture{}
 	rec := &diagRecorder11{suppress: func(d Diagnostic) bool { return d.Kind == DiagPublishRejected }}
-	b := bus11(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	sub11(t, b, SubscribeOptions{})
+	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: logs.logger()})
+	subscribe(t, b, SubscribeOptions{})
 	_, _ = b.Publish(Event{Type: "bad\n"})
-	pubN11(t, b, "e", 12) // slow_client, not suppressed
+	publishTypeN(t, b, "e", 12) // slow_client, not suppressed
 	assert.Equal(t, []string{DiagPublishRejected, DiagSlowClient}, rec.kinds(), "the callback sees both")
 	out := logs.String()
 	assert.NotContains(t, out, "publish rejected", "true suppresses the log line")
 	assert.Contains(t, out, "eventbus: slow client", "false lets it through")
-	assert.Contains(t, out, "threshold=frames", "with its attrs")
+	assert.Contains(t, out, `"threshold":"frames"`, "with its attrs")
 	assert.Equal(t, 1, strings.Count(out, "\n"))
 }
 
 func TestOnDiagnosticFalseLetsEveryLogLineThrough(t *testing.T) {
-	logs := &logBuf11{}
+	logs := &logCapture{}
 	rec := &diagRecorder11{}
-	b := bus11(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	sub11(t, b, SubscribeOptions{})
-	sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
+	b := newBus(t, Options{MaxQueued: 16, OnDiagnostic: rec.on, Logger: logs.logger()})
+	subscribe(t, b, SubscribeOptions{})
+	subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 	_, _ = b.Publish(Event{Type: ""})
-	pubN11(t, b, "e", 17)
+	publishTypeN(t, b, "e", 17)
 	serveFailing11(t, b, 0, "")
 	assert.ElementsMatch(t, []string{DiagPublishRejected, DiagSlowClient, DiagSlowClient, DiagOverflowResync, DiagEvicted, DiagWriteFailed},
 		rec.kinds())
@@ -601,24 +601,24 @@ func TestOnDiagnosticNeverCalledWithTheBusLockHeld(t *testing.T) {
 	triggers := map[string]func(t *testing.T, b *EventBus){
 		DiagPublishRejected: func(t *testing.T, b *EventBus) { _, _ = b.Publish(Event{}) },
 		DiagSlowClient: func(t *testing.T, b *EventBus) {
-			sub11(t, b, SubscribeOptions{})
-			pubN11(t, b, "e", 12)
+			subscribe(t, b, SubscribeOptions{})
+			publishTypeN(t, b, "e", 12)
 		},
 		DiagEvicted: func(t *testing.T, b *EventBus) {
-			sub11(t, b, SubscribeOptions{})
-			pubN11(t, b, "e", 17)
+			subscribe(t, b, SubscribeOptions{})
+			publishTypeN(t, b, "e", 17)
 		},
 		DiagOverflowResync: func(t *testing.T, b *EventBus) {
-			sub11(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
+			subscribe(t, b, SubscribeOptions{OverflowPolicy: OverflowResync})
 			for range 17 {
-				sig11(t, b, "s", fmt.Sprint(b.Stats().Signals)) // through Signal this time
+				sendSignal(t, b, "s", fmt.Sprint(b.Stats().Signals)) // through Signal this time
 			}
 		},
 		DiagWriteFailed: func(t *testing.T, b *EventBus) { serveFailing11(t, b, 0, "") },
 	}
 	for kind, trigger := range triggers {
 		t.Run(kind, func(t *testing.T) {
-			other := bus11(t, Options{})
+			other := newBus(t, Options{})
 			var b *EventBus
 			var mu sync.Mutex
 			var checked []string
@@ -651,7 +651,7 @@ func TestOnDiagnosticNeverCalledWithTheBusLockHeld(t *testing.T) {
 				mu.Unlock()
 				return true
 			}
-			b = bus11(t, Options{MaxQueued: 16, OnDiagnostic: on})
+			b = newBus(t, Options{MaxQueued: 16, OnDiagnostic: on})
 			done := make(chan struct{})
 			go func() {
 				defer close(done)

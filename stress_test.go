@@ -37,7 +37,7 @@ func TestStressPublishSubscribeResumeCancelEvict(t *testing.T) {
 	if testing.Short() {
 		dur = 300 * time.Millisecond
 	}
-	b := newCoreBus(t, Options{
+	b := newBus(t, Options{
 		RingSize:          512,
 		MaxQueuedBytes:    24 << 10,
 		MaxSubscribers:    10,

@@ -68,7 +68,7 @@ func TestThreeReplicasOneOrder(t *testing.T) {
 	total := uint64(len(reps) * per)
 	var ref []frame
 	for i, s := range subs {
-		got := s.events(int(total), wait)
+		got := s.Events(int(total), wait)
 		wantIDs(t, got, 1, total)
 		if i == 0 {
 			ref = got
@@ -83,7 +83,7 @@ func TestThreeReplicasOneOrder(t *testing.T) {
 	// Every publisher's events appear in its own order.
 	next := make([]int64, len(reps))
 	for _, f := range ref {
-		p, n := f.num(t, "data", "p"), f.num(t, "data", "n")
+		p, n := f.Num(t, "data", "p"), f.Num(t, "data", "n")
 		if n != next[p] {
 			t.Fatalf("publisher %d: event n=%d at id %d, want n=%d", p, n, f.ID, next[p])
 		}
@@ -103,9 +103,9 @@ func TestResumeOnAnotherReplica(t *testing.T) {
 	for range 30 {
 		b.publish(t, "s", "e", nil)
 	}
-	got := sa.events(20, wait)
+	got := sa.Events(20, wait)
 	wantIDs(t, got, 1, 20)
-	sa.close() // the client saw 20
+	sa.Close() // the client saw 20
 	for range 15 {
 		b.publish(t, "s", "e", nil)
 	}
@@ -116,13 +116,13 @@ func TestResumeOnAnotherReplica(t *testing.T) {
 	if sc.Epoch != sa.Epoch {
 		t.Fatalf("C's epoch %q, A's %q", sc.Epoch, sa.Epoch)
 	}
-	wantIDs(t, sc.events(25, wait), 21, 45)
-	rc := sc.next(wait)
-	if rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 25 || rc.num(t, "data", "lastReplayedEventId") != 45 {
+	wantIDs(t, sc.Events(25, wait), 21, 45)
+	rc := sc.Next(wait)
+	if rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 25 || rc.Num(t, "data", "lastReplayedEventId") != 45 {
 		t.Fatalf("want replay_complete of 25 up to 45, got %+v", rc)
 	}
 	a.publish(t, "s", "e", nil)
-	wantIDs(t, sc.events(1, wait), 46, 46)
+	wantIDs(t, sc.Events(1, wait), 46, 46)
 }
 
 // C already mirrors the session, but only from a late id: a resume from
@@ -137,14 +137,14 @@ func TestResumeBehindALateMirror(t *testing.T) {
 	for range 10 {
 		a.publish(t, "s", "e", nil)
 	}
-	wantIDs(t, live.events(10, wait), 11, 20)
+	wantIDs(t, live.Events(10, wait), 11, 20)
 	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
-	wantIDs(t, sc.events(15, wait), 6, 20)
-	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 15 {
+	wantIDs(t, sc.Events(15, wait), 6, 20)
+	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 15 {
 		t.Fatalf("want replay_complete of 15, got %+v", rc)
 	}
 	a.publish(t, "s", "e", nil)
-	wantIDs(t, sc.events(1, wait), 21, 21)
+	wantIDs(t, sc.Events(1, wait), 21, 21)
 }
 
 // Live publishing during a resume from the stream: the hand-over from
@@ -184,7 +184,7 @@ func TestResumeWhilePublishing(t *testing.T) {
 		var ids []uint64
 		sawComplete := false
 		for len(ids) == 0 || ids[len(ids)-1] < last {
-			f := s.next(wait)
+			f := s.Next(wait)
 			if f.ID == 0 {
 				if f.Event != eventbus.TypeReplayComplete || sawComplete {
 					t.Fatalf("resume %d: unexpected %s %s", i, f.Event, f.Data)
@@ -231,19 +231,19 @@ func TestResumeAfterTrim(t *testing.T) {
 		t.Fatalf("XLEN %v, want 10", n)
 	}
 	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": epoch}, "")
-	rs := sc.next(wait)
-	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "ring_evicted" ||
-		rs.num(t, "data", "lastDeliveredId") != 5 || rs.num(t, "data", "earliestAvailableId") != 41 ||
-		rs.str(t, "data", "epoch") != epoch {
+	rs := sc.Next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.Str(t, "data", "reason") != "ring_evicted" ||
+		rs.Num(t, "data", "lastDeliveredId") != 5 || rs.Num(t, "data", "earliestAvailableId") != 41 ||
+		rs.Str(t, "data", "epoch") != epoch {
 		t.Fatalf("want ring_evicted 5 -> 41, got %+v", rs)
 	}
-	wantIDs(t, sc.events(10, wait), 41, 50)
-	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 10 {
+	wantIDs(t, sc.Events(10, wait), 41, 50)
+	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 10 {
 		t.Fatalf("want replay_complete of 10, got %+v", rc)
 	}
 	// A resume inside what is held is exact.
 	s2 := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "40", "Event-Epoch": epoch}, "")
-	wantIDs(t, s2.events(10, wait), 41, 50)
+	wantIDs(t, s2.Events(10, wait), 41, 50)
 }
 
 // The byte bound trims the stream too, and the byte counter stays exact.
@@ -304,13 +304,13 @@ func TestRedisRestartEpochReset(t *testing.T) {
 	for range 10 {
 		a.publish(t, "s", "e", nil)
 	}
-	wantIDs(t, sa.events(10, wait), 1, 10)
+	wantIDs(t, sa.Events(10, wait), 1, 10)
 	old := sa.Epoch
 
 	r.restart()
 	// A's mirror is of a lost stream: its stream ends, so that the client
 	// reconnects.
-	if rest := sa.ended(wait); len(rest) != 0 {
+	if rest := sa.Ended(wait); len(rest) != 0 {
 		t.Fatalf("frames after the restart: %+v", rest)
 	}
 	var epoch string
@@ -333,24 +333,24 @@ func TestRedisRestartEpochReset(t *testing.T) {
 	if sc.Epoch != epoch {
 		t.Fatalf("Event-Epoch %q, want %q", sc.Epoch, epoch)
 	}
-	rs := sc.next(wait)
-	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "epoch_reset" ||
-		rs.str(t, "data", "detail") != "epoch_mismatch" || rs.num(t, "data", "lastDeliveredId") != 10 ||
-		rs.num(t, "data", "earliestAvailableId") != 1 || rs.str(t, "data", "epoch") != epoch {
+	rs := sc.Next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.Str(t, "data", "reason") != "epoch_reset" ||
+		rs.Str(t, "data", "detail") != "epoch_mismatch" || rs.Num(t, "data", "lastDeliveredId") != 10 ||
+		rs.Num(t, "data", "earliestAvailableId") != 1 || rs.Str(t, "data", "epoch") != epoch {
 		t.Fatalf("want epoch_reset (epoch_mismatch) 10 -> 1, got %+v", rs)
 	}
-	wantIDs(t, sc.events(3, wait), 1, 3)
-	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 3 {
+	wantIDs(t, sc.Events(3, wait), 1, 3)
+	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 3 {
 		t.Fatalf("want replay_complete of 3, got %+v", rc)
 	}
 	// Without an epoch, the cursor above the last id is the reset (A makes
 	// a new mirror of the new epoch).
 	s2 := openSSE(t, a, "s", map[string]string{"Last-Event-ID": "10"}, "")
-	rs = s2.next(wait)
-	if rs.str(t, "data", "reason") != "epoch_reset" || rs.str(t, "data", "detail") != "" {
+	rs = s2.Next(wait)
+	if rs.Str(t, "data", "reason") != "epoch_reset" || rs.Str(t, "data", "detail") != "" {
 		t.Fatalf("want numeric epoch_reset, got %+v", rs)
 	}
-	wantIDs(t, s2.events(3, wait), 1, 3)
+	wantIDs(t, s2.Events(3, wait), 1, 3)
 }
 
 // A slow subscriber on B is evicted there; every other subscriber, on
@@ -373,7 +373,7 @@ func TestSlowSubscriberEvictedLocally(t *testing.T) {
 	for _, s := range fast {
 		var got []frame
 		for len(got) < 100 {
-			f := s.next(wait)
+			f := s.Next(wait)
 			if f.ID == 0 {
 				if f.Event != eventbus.TypeSlowClientWarning {
 					t.Fatalf("fast subscriber got %s %s", f.Event, f.Data)
@@ -471,7 +471,7 @@ func TestReaderReconnects(t *testing.T) {
 	for range 5 {
 		b.publish(t, "s", "e", nil)
 	}
-	wantIDs(t, sa.events(5, wait), 1, 5)
+	wantIDs(t, sa.Events(5, wait), 1, 5)
 	r.do(t, "CLIENT", "KILL", "TYPE", "normal")
 	for i := range 5 {
 		waitFor(t, wait, "publish after CLIENT KILL", func() bool {
@@ -482,7 +482,7 @@ func TestReaderReconnects(t *testing.T) {
 			return err == nil
 		})
 	}
-	wantIDs(t, sa.events(5, wait), 6, 10)
+	wantIDs(t, sa.Events(5, wait), 6, 10)
 	// A hung Redis for a while: the reader's XREAD times out and retries.
 	r.pause()
 	time.Sleep(300 * time.Millisecond)
@@ -493,8 +493,8 @@ func TestReaderReconnects(t *testing.T) {
 			return err == nil
 		})
 	}
-	wantIDs(t, sa.events(5, wait), 11, 15)
-	sa.quiet(50 * time.Millisecond)
+	wantIDs(t, sa.Events(5, wait), 11, 15)
+	sa.Quiet(50 * time.Millisecond)
 }
 
 // gate pauses a backplane's readers: while closed, a reader waits before
@@ -559,18 +559,18 @@ func TestReaderGapResync(t *testing.T) {
 	for range 3 {
 		b.publish(t, "s", "e", nil)
 	}
-	wantIDs(t, sa.events(3, wait), 1, 3)
+	wantIDs(t, sa.Events(3, wait), 1, 3)
 	g.close(t)
 	for range 30 {
 		b.publish(t, "s", "e", nil)
 	}
 	g.open()
-	rs := sa.next(wait)
-	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "ring_evicted" ||
-		rs.num(t, "data", "lastDeliveredId") != 3 || rs.num(t, "data", "earliestAvailableId") != 24 {
+	rs := sa.Next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.Str(t, "data", "reason") != "ring_evicted" ||
+		rs.Num(t, "data", "lastDeliveredId") != 3 || rs.Num(t, "data", "earliestAvailableId") != 24 {
 		t.Fatalf("want ring_evicted 3 -> 24, got %+v", rs)
 	}
-	wantIDs(t, sa.events(10, wait), 24, 33)
+	wantIDs(t, sa.Events(10, wait), 24, 33)
 }
 
 // A client that read id n through A resumes on C before C's reader has
@@ -585,18 +585,18 @@ func TestResumeOnALaggingReplica(t *testing.T) {
 	for range 10 {
 		a.publish(t, "s", "e", nil)
 	}
-	wantIDs(t, sa.events(10, wait), 1, 10)
+	wantIDs(t, sa.Events(10, wait), 1, 10)
 	go func() {
 		time.Sleep(200 * time.Millisecond)
 		g.open()
 	}()
 	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "10", "Event-Epoch": sa.Epoch}, "")
-	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 0 {
+	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 0 {
 		t.Fatalf("want an empty replay_complete, got %+v", rc)
 	}
-	wantIDs(t, live.events(10, wait), 1, 10)
+	wantIDs(t, live.Events(10, wait), 1, 10)
 	a.publish(t, "s", "e", nil)
-	wantIDs(t, sc.events(1, wait), 11, 11)
+	wantIDs(t, sc.Events(1, wait), 11, 11)
 }
 
 // The replay budget holds for resumes from the stream.
@@ -611,13 +611,13 @@ func TestResumeReplayBudget(t *testing.T) {
 	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "0"}, "")
 	var got []frame
 	for {
-		f := sc.next(wait)
+		f := sc.Next(wait)
 		if f.ID == 0 {
-			if f.Event != eventbus.TypeStateResyncRequired || f.str(t, "data", "reason") != "replay_budget_exceeded" {
+			if f.Event != eventbus.TypeStateResyncRequired || f.Str(t, "data", "reason") != "replay_budget_exceeded" {
 				t.Fatalf("want replay_budget_exceeded, got %+v", f)
 			}
 			n := uint64(len(got))
-			if f.num(t, "data", "lastDeliveredId") != int64(n) || f.num(t, "data", "earliestAvailableId") != int64(n+1) {
+			if f.Num(t, "data", "lastDeliveredId") != int64(n) || f.Num(t, "data", "earliestAvailableId") != int64(n+1) {
 				t.Fatalf("budget resync %+v after %d events", f, n)
 			}
 			break
@@ -629,13 +629,13 @@ func TestResumeReplayBudget(t *testing.T) {
 		t.Fatalf("replayed %d events of ~%d bytes within a budget of 1000", len(got), size)
 	}
 	wantIDs(t, got, 1, uint64(len(got)))
-	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != int64(len(got)) {
+	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != int64(len(got)) {
 		t.Fatalf("want replay_complete, got %+v", rc)
 	}
 	// With a type filter the whole range is read; the budget still holds.
 	sf := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "0"}, "types=e")
 	n := 0
-	for f := sf.next(wait); f.ID != 0; f = sf.next(wait) {
+	for f := sf.Next(wait); f.ID != 0; f = sf.Next(wait) {
 		n++
 	}
 	if n != len(got) {
@@ -654,10 +654,10 @@ func TestIdleRelease(t *testing.T) {
 	if n := a.bp.Sessions(); n != 1 {
 		t.Fatalf("a session with a subscriber was released (%d)", n)
 	}
-	s.close()
+	s.Close()
 	waitFor(t, wait, "idle release", func() bool { return a.bp.Sessions() == 0 })
 	s2 := openSSE(t, a, "s", map[string]string{"Last-Event-ID": "0", "Event-Epoch": s.Epoch}, "")
-	wantIDs(t, s2.events(1, wait), 1, 1)
+	wantIDs(t, s2.Events(1, wait), 1, 1)
 }
 
 // Delete forgets the session in Redis; every replica's mirror closes; the
@@ -667,13 +667,13 @@ func TestDelete(t *testing.T) {
 	a, _, c := threeReplicas(t, r, testOptions(t))
 	sa, sc := openSSE(t, a, "s", nil, ""), openSSE(t, c, "s", nil, "")
 	a.publish(t, "s", "e", nil)
-	wantIDs(t, sa.events(1, wait), 1, 1)
-	wantIDs(t, sc.events(1, wait), 1, 1)
+	wantIDs(t, sa.Events(1, wait), 1, 1)
+	wantIDs(t, sc.Events(1, wait), 1, 1)
 	if err := a.bp.Delete(context.Background(), "s"); err != nil {
 		t.Fatal(err)
 	}
-	sa.ended(wait)
-	sc.ended(wait)
+	sa.Ended(wait)
+	sc.Ended(wait)
 	id, epoch, err := c.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
 	if err != nil || id != 1 || epoch == sa.Epoch {
 		t.Fatalf("publish after delete: id %d epoch %q err %v (old epoch %q)", id, epoch, err, sa.Epoch)
@@ -689,13 +689,13 @@ func TestClose(t *testing.T) {
 		a.publish(t, "s"+strconv.Itoa(i), "e", nil)
 	}
 	a.publish(t, "s", "e", nil)
-	wantIDs(t, s.events(1, wait), 1, 1)
+	wantIDs(t, s.Events(1, wait), 1, 1)
 	start := time.Now()
 	a.bp.Close()
 	if took := time.Since(start); took > time.Second {
 		t.Fatalf("Close took %v", took)
 	}
-	s.ended(wait)
+	s.Ended(wait)
 	if _, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"}); !errors.Is(err, eventbus.ErrClosed) {
 		t.Fatalf("Publish after Close: %v", err)
 	}
@@ -759,7 +759,7 @@ func TestEnvelope(t *testing.T) {
 	if _, _, err := a.bp.Publish(ctx, "s", ev); err != nil {
 		t.Fatal(err)
 	}
-	f := s.next(wait)
+	f := s.Next(wait)
 	plain, _ := eventbus.New(eventbus.Options{})
 	defer plain.Close()
 	want, err := plain.Publish(ev)
@@ -788,7 +788,7 @@ func TestStaleMirrorReplacedForNewerEpoch(t *testing.T) {
 	for range 3 {
 		c.publish(t, "s", "e", nil)
 	}
-	wantIDs(t, sa.events(3, wait), 1, 3)
+	wantIDs(t, sa.Events(3, wait), 1, 3)
 	g.close(t) // A's reader will not notice the restart
 	r.restart()
 	var epoch string
@@ -803,11 +803,11 @@ func TestStaleMirrorReplacedForNewerEpoch(t *testing.T) {
 	if s2.Epoch != epoch {
 		t.Fatalf("Event-Epoch %q, want the new %q", s2.Epoch, epoch)
 	}
-	wantIDs(t, s2.events(2, wait), 1, 2)
-	if rc := s2.next(wait); rc.Event != eventbus.TypeReplayComplete {
+	wantIDs(t, s2.Events(2, wait), 1, 2)
+	if rc := s2.Next(wait); rc.Event != eventbus.TypeReplayComplete {
 		t.Fatalf("want replay_complete, got %+v", rc)
 	}
-	sa.ended(wait)
+	sa.Ended(wait)
 }
 
 // A publish through a replica whose mirror is of a lost stream releases
@@ -819,14 +819,14 @@ func TestPublishReleasesStaleMirror(t *testing.T) {
 	defer g.open()
 	sa := openSSE(t, a, "s", nil, "")
 	a.publish(t, "s", "e", nil)
-	wantIDs(t, sa.events(1, wait), 1, 1)
+	wantIDs(t, sa.Events(1, wait), 1, 1)
 	g.close(t)
 	r.restart()
 	waitFor(t, wait, "publish after restart", func() bool {
 		_, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
 		return err == nil
 	})
-	sa.ended(wait)
+	sa.Ended(wait)
 }
 
 // A resume on a replica whose mirror is of a lost stream (Redis restarted
@@ -845,16 +845,16 @@ func TestResumeOfALostEpoch(t *testing.T) {
 	if sc.Epoch == live.Epoch || len(sc.Epoch) != 32 {
 		t.Fatalf("Event-Epoch %q after the restart, before %q", sc.Epoch, live.Epoch)
 	}
-	rs := sc.next(wait)
-	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "epoch_reset" ||
-		rs.str(t, "data", "detail") != "epoch_mismatch" || rs.num(t, "data", "lastDeliveredId") != 5 ||
-		rs.num(t, "data", "earliestAvailableId") != 1 {
+	rs := sc.Next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.Str(t, "data", "reason") != "epoch_reset" ||
+		rs.Str(t, "data", "detail") != "epoch_mismatch" || rs.Num(t, "data", "lastDeliveredId") != 5 ||
+		rs.Num(t, "data", "earliestAvailableId") != 1 {
 		t.Fatalf("want epoch_reset (epoch_mismatch) 5 -> 1, got %+v", rs)
 	}
-	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 0 {
+	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 0 {
 		t.Fatalf("want an empty replay_complete, got %+v", rc)
 	}
-	live.ended(wait) // before the gate opens
+	live.Ended(wait) // before the gate opens
 }
 
 // A resume whose history read fails (Redis answers XRANGE with an error;
@@ -869,13 +869,13 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 	g.close(t)
 	r.do(t, "SET", "t:"+t.Name()+":{s}:s:"+live.Epoch, "not a stream")
 	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
-	rs := sc.next(wait)
-	if rs.Event != eventbus.TypeStateResyncRequired || rs.str(t, "data", "reason") != "ring_evicted" ||
-		rs.str(t, "data", "detail") != "history_unavailable" || rs.num(t, "data", "lastDeliveredId") != 5 ||
-		rs.num(t, "data", "earliestAvailableId") != 21 {
+	rs := sc.Next(wait)
+	if rs.Event != eventbus.TypeStateResyncRequired || rs.Str(t, "data", "reason") != "ring_evicted" ||
+		rs.Str(t, "data", "detail") != "history_unavailable" || rs.Num(t, "data", "lastDeliveredId") != 5 ||
+		rs.Num(t, "data", "earliestAvailableId") != 21 {
 		t.Fatalf("want ring_evicted (history_unavailable) 5 -> 21, got %+v", rs)
 	}
-	if rc := sc.next(wait); rc.Event != eventbus.TypeReplayComplete || rc.num(t, "data", "replayedCount") != 0 {
+	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 0 {
 		t.Fatalf("want an empty replay_complete, got %+v", rc)
 	}
 }
@@ -893,8 +893,8 @@ func TestSignalReachesEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, s := range subs {
-		f := s.next(wait)
-		if f.ID != 0 || f.Event != "doc.changed" || f.str(t, "about") != "doc/1" {
+		f := s.Next(wait)
+		if f.ID != 0 || f.Event != "doc.changed" || f.Str(t, "about") != "doc/1" {
 			t.Fatalf("replica %d got %+v", i, f)
 		}
 	}
@@ -903,6 +903,6 @@ func TestSignalReachesEveryReplica(t *testing.T) {
 	}
 	a.publish(t, "s", "e", nil)
 	for _, s := range subs {
-		wantIDs(t, s.events(1, wait), 1, 1)
+		wantIDs(t, s.Events(1, wait), 1, 1)
 	}
 }

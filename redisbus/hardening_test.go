@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/ssebus/eventbus"
 )
 
@@ -38,7 +39,7 @@ func TestIdempotentRetryAfterTimeout(t *testing.T) {
 	for range 3 {
 		a.publish(t, "s", "e", nil)
 	}
-	wantIDs(t, sb.events(3, wait), 1, 3)
+	wantIDs(t, sb.Events(3, wait), 1, 3)
 	ctx := context.Background()
 	ev := eventbus.Event{Type: "order.placed", Data: map[string]any{"n": 1, "sku": "x"}, OriginatorClientID: "c1"}
 
@@ -79,12 +80,12 @@ func TestIdempotentRetryAfterTimeout(t *testing.T) {
 	if next := a.publish(t, "s", "e", nil); next != 5 {
 		t.Fatalf("next publish has id %d, want 5", next)
 	}
-	got := sb.events(2, wait)
+	got := sb.Events(2, wait)
 	wantIDs(t, got, 4, 5)
 	if got[0].Event != "order.placed" {
 		t.Fatalf("id 4 is %+v", got[0])
 	}
-	sb.quiet(50 * time.Millisecond)
+	sb.Quiet(50 * time.Millisecond)
 	if n := streamLen(t, r, "s", epoch); n != 5 {
 		t.Fatalf("the stream holds %d entries, want 5", n)
 	}
@@ -301,7 +302,7 @@ func TestDeleteThenNewStreamOnAnotherReplica(t *testing.T) {
 	a, b := newReplica(t, r, "A", testOptions(t)), newReplica(t, r, "B", testOptions(t))
 	old := openSSE(t, b, "s", nil, "")
 	a.publish(t, "s", "e", nil)
-	wantIDs(t, old.events(1, wait), 1, 1)
+	wantIDs(t, old.Events(1, wait), 1, 1)
 	g := installGate(b.bp)
 	defer g.open()
 	g.close(t) // B's reader will not notice the delete
@@ -312,13 +313,13 @@ func TestDeleteThenNewStreamOnAnotherReplica(t *testing.T) {
 	if fresh.Epoch == old.Epoch || len(fresh.Epoch) != 32 {
 		t.Fatalf("new stream on B has epoch %q, the deleted one was %q", fresh.Epoch, old.Epoch)
 	}
-	old.ended(wait) // without its reader: the new stream released the mirror
+	old.Ended(wait) // without its reader: the new stream released the mirror
 	g.open()
 	id, epoch, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
 	if err != nil || id != 1 || epoch != fresh.Epoch {
 		t.Fatalf("publish on A after the delete: id %d epoch %s err %v; want 1 in %s", id, epoch, err, fresh.Epoch)
 	}
-	wantIDs(t, fresh.events(1, wait), 1, 1)
+	wantIDs(t, fresh.Events(1, wait), 1, 1)
 
 	// In-process subscribers too.
 	g.close(t)
@@ -331,7 +332,7 @@ func TestDeleteThenNewStreamOnAnotherReplica(t *testing.T) {
 	}
 	defer sub.Close()
 	g.open()
-	fresh.ended(wait)
+	fresh.Ended(wait)
 	// The dead epoch's mirror would never see the new stream's id 1.
 	if id := a.publish(t, "s", "e", nil); id != 1 {
 		t.Fatalf("publish after the second delete: id %d", id)
@@ -365,14 +366,14 @@ func TestOutageEndsStreams(t *testing.T) {
 	for range 3 {
 		a.publish(t, "s", "e", nil)
 	}
-	wantIDs(t, sa.events(3, wait), 1, 3)
-	wantIDs(t, sb.events(3, wait), 1, 3)
+	wantIDs(t, sa.Events(3, wait), 1, 3)
+	wantIDs(t, sb.Events(3, wait), 1, 3)
 
 	r.pause()
 	defer r.resume()
 	start := time.Now()
-	sa.endedUnavailable()
-	sb.endedUnavailable()
+	sa.EndedUnavailable(wait)
+	sb.EndedUnavailable(wait)
 	// The bound counts from the reader's last answer (at most a ReadBlock
 	// before the pause), and is kept within one short call.
 	if took := time.Since(start); took > opts.OutageTimeout+time.Second {
@@ -408,12 +409,12 @@ func TestOutageEndsStreams(t *testing.T) {
 		return err == nil
 	})
 	again := openSSE(t, b, "s", map[string]string{"Last-Event-ID": "3", "Event-Epoch": sa.Epoch}, "")
-	wantIDs(t, again.events(1, wait), 4, 4)
-	if rc := again.next(wait); rc.Event != eventbus.TypeReplayComplete {
+	wantIDs(t, again.Events(1, wait), 4, 4)
+	if rc := again.Next(wait); rc.Event != eventbus.TypeReplayComplete {
 		t.Fatalf("want replay_complete, got %+v", rc)
 	}
 	a.publish(t, "s", "e", nil)
-	wantIDs(t, again.events(1, wait), 5, 5)
+	wantIDs(t, again.Events(1, wait), 5, 5)
 }
 
 // Redis refusing connections past OutageTimeout ends streams the same way.
@@ -423,7 +424,7 @@ func TestOutageRedisDown(t *testing.T) {
 	opts.OutageTimeout = 500 * time.Millisecond
 	_, sa := liveReplica(t, r, opts)
 	r.stop()
-	sa.endedUnavailable()
+	sa.EndedUnavailable(wait)
 }
 
 // A short blip (shorter than OutageTimeout) ends nothing.
@@ -439,7 +440,7 @@ func TestShortOutageEndsNothing(t *testing.T) {
 		_, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
 		return err == nil
 	})
-	wantIDs(t, sa.events(1, wait), 2, 2)
+	wantIDs(t, sa.Events(1, wait), 2, 2)
 	if a.bp.Sessions() != 1 {
 		t.Fatalf("the session was released by a blip")
 	}

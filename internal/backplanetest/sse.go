@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ssebus/eventbus"
 )
 
 // Frame is one SSE frame as a client sees it.
@@ -192,6 +194,17 @@ func (s *Stream) Quiet(d time.Duration) {
 			s.t.Fatalf("unexpected frame %+v", f)
 		}
 	case <-time.After(d):
+	}
+}
+
+// EndedUnavailable checks that the stream ends within d with exactly one
+// frame, a stream_error of errorKind unavailable (the backplane could not
+// be reached past its bound).
+func (s *Stream) EndedUnavailable(d time.Duration) {
+	s.t.Helper()
+	rest := s.Ended(d)
+	if len(rest) != 1 || rest[0].Event != eventbus.TypeStreamError || rest[0].Str(s.t, "data", "errorKind") != eventbus.ErrorKindUnavailable {
+		s.t.Fatalf("the stream ended with %+v, want one stream_error (unavailable)", rest)
 	}
 }
 

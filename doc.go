@@ -1,0 +1,67 @@
+// Package eventbus gives a daemon one in-memory event bus per session and
+// serves it as a resumable Server-Sent Events stream. It imports only the
+// standard library; docs/SPEC.md is the contract it implements.
+//
+// # The model
+//
+// An [EventBus] is one session's bus, made by [New]. [EventBus.Publish]
+// gives every event the session's next id (1, 2, 3 ...), encodes it once
+// into an immutable [Frame] shared by everyone who receives it, keeps it in
+// a bounded replay ring (Options.RingSize events, Options.RingMaxBytes
+// bytes) and queues it for every subscriber whose type filter matches.
+// Every bus has an epoch ([EventBus.Epoch], 32 hex characters): an id
+// means something only within its epoch.
+//
+// [EventBus.Subscribe] registers a [Subscription] with a bounded queue of
+// its own, capped in frames and in bytes. A subscription that resumes
+// (SubscribeOptions.Resume, LastEventID, Epoch) first gets what it missed
+// from the ring, then a replay_complete frame, then the live stream; when
+// the ring no longer holds it, the cursor is of another epoch or the
+// replay budget runs out, it gets state_resync_required saying so, so
+// nothing is ever lost silently. Frames the bus makes for one subscriber
+// (replay_complete, state_resync_required, slow_client_warning and the
+// terminal client_evicted and stream_error) have no id: [Frame.Synthetic].
+//
+// Publish never blocks on a subscriber and no goroutine runs per
+// subscriber. A subscriber whose queue fills past WarnThresholdRatio is
+// warned, once per episode; when a cap rejects a live frame its [OverflowPolicy]
+// decides: [OverflowEvict] (the default) ends it with client_evicted,
+// [OverflowResync] drops its queue and tells it to refetch, and
+// [OverflowCatchUp] keeps it and lets it read what it missed from the
+// ring, then rejoin the live stream with no gap. [EventBus.Signal]
+// publishes coalescable change signals without ids. [EventBus.Stats] and
+// Options.OnDiagnostic show what happened.
+//
+// # Which API to use
+//
+// Most daemons need three things: [New] for each session's bus,
+// [EventBus.Publish] to publish, and a [Handler] to serve
+// "GET /session/{id}/events": it parses Last-Event-ID (both "N" and
+// "<epoch>:<N>", see [ParseEventID]), subscribes, writes every ready frame
+// in one flushed batch, sends heartbeats, enforces write deadlines, and
+// optionally checks credentials ([Handler.Authorize], [Grant],
+// [Handler.Revoke]) and cross-origin access ([CORS]).
+//
+// In-process consumers range over [Subscription.Events]. A consumer that
+// must also wait on something else uses [Subscription.Ready] and
+// [Subscription.AppendReady]. A transport of another kind (WebSocket, say)
+// is written as the Handler is, with exported API only:
+// [Subscription.TakeReady] to take a batch into its own slice, then
+// [Subscription.MarkWritten] once it is written, [Subscription.MarkDiscarded]
+// for frames it chose not to write, or [Subscription.CloseBlocked] when
+// the write failed; [Frame.SSE] or [Frame.JSON] give the shared encoding.
+//
+// # Several replicas
+//
+// A backplane shares a session between the replicas of a daemon through a
+// log in a real engine (the redisbus and pgbus modules of this repository
+// are two). It plugs into the public seam: [NewEncoder] encodes events as
+// Publish would, without an id, for the backplane to number in its log;
+// [NewFed] makes a bus whose epoch and ids come from that log, fed with
+// [EventBus.Append]; its [Log] answers resumes the ring cannot. The
+// Handler serves a fed bus unchanged.
+//
+// The package examples (Example, Example_resume, Example_eviction and
+// ExampleEventBus_Stats) show publishing, resuming, eviction and the
+// counters; README.md has a complete daemon.
+package eventbus

@@ -1,0 +1,346 @@
+package eventbus
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// streamEnds are the ways a stream ends by itself; a nil channel never
+// fires.
+type streamEnds struct {
+	lifetime <-chan time.Time // the Grant's Expires
+	revoked  <-chan struct{}  // closed by Revoke
+}
+
+// endCause is why a stream ends by itself.
+type endCause uint8
+
+const (
+	endNone endCause = iota
+	endLifetime
+	endRevoked
+)
+
+// poll reports whether an end has come, without waiting.
+func (e streamEnds) poll() endCause {
+	if e.lifetime == nil && e.revoked == nil {
+		return endNone
+	}
+	select {
+	case <-e.revoked:
+		return endRevoked
+	case <-e.lifetime:
+		return endLifetime
+	default:
+		return endNone
+	}
+}
+
+// serve is the stream loop: write what is ready as one batch, else wait for
+// frames, the heartbeat, the end of the stream's lifetime, a revocation or
+// the client going away.
+func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s *stream, ends streamEnds) {
+	defer func() {
+		// A bug must not take the daemon down with a half-written stream:
+		// tell the client, log it, and end this stream only.
+		if p := recover(); p != nil {
+			h.logger().LogAttrs(ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
+			s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
+			_ = s.flushBatch()
+		}
+	}()
+	idle := orDefault(h.Heartbeat, DefaultHeartbeat)
+	timer := time.NewTimer(idle)
+	defer timer.Stop()
+	var frames []Frame
+	end := endNone
+	for {
+		var open bool
+		// No yield before waiting: between batches the handler writes and
+		// flushes, which gives the publisher time to queue more, and in the
+		// peer harness's tight-publisher runs the yield gave 10x slower
+		// outliers (BENCHMARKS.md).
+		frames, open = sub.TakeReady(frames[:0])
+		if end == endNone {
+			// After the take: a batch taken after Revoke returned is never
+			// written.
+			end = ends.poll()
+		}
+		if end == endRevoked {
+			// Access is gone: what was queued is not written. The client's
+			// cursor stays before it, so nothing is lost should it get
+			// access again.
+			sub.MarkDiscarded(len(frames))
+			clear(frames)
+			frames = frames[:0]
+		}
+		s.reserve(frames)
+		terminal := false
+		for _, f := range frames {
+			s.add(f)
+			terminal = terminal || f.Terminal()
+		}
+		taken := len(frames)
+		clear(frames) // do not pin delivered frames while idle
+		switch {
+		case end == endRevoked && ctx.Err() == nil:
+			s.add(bus.StreamErrorFrame(revokedMessage, ErrorKindRevoked))
+			open = false
+		case end == endLifetime && open:
+			// After what was queued: the client resumes after its last id.
+			s.add(bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
+			open = false
+		case !open && !terminal && ctx.Err() == nil:
+			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
+				// Ended for a reason the client would not otherwise learn
+				// (an eviction and CloseWithError queue their own terminal
+				// frame).
+				s.add(StreamErrorFrame(err.Error(), ErrorKindInternal))
+			}
+		}
+		if len(s.buf) > 0 || s.pending {
+			if err := s.flushBatch(); err != nil {
+				h.dropBlocked(ctx, sub, s, err)
+				return
+			}
+			s.tailField = false // every frame ends with a blank line
+			timer.Reset(idle)
+		}
+		// Delivered only once written and flushed: the frames of a failed
+		// batch are counted as dropped (blocked) instead, never as both.
+		sub.MarkWritten(taken)
+		if !open || end != endNone {
+			// net/http still writes the end of the response after we
+			// return (the last chunk); give it a deadline of its own, or
+			// one that expired while the last batch went out would cut the
+			// connection right after a terminal frame the client has read.
+			// (A stream ended by itself returns with its subscription
+			// open: the deferred Close ends it, dropping what came after.)
+			s.armed = false
+			s.arm()
+			return
+		}
+		if taken > 0 {
+			continue // more may have arrived while writing
+		}
+		select {
+		case <-sub.Ready():
+		case <-timer.C:
+			if s.tailField {
+				s.buf = append(s.buf, heartbeat...)
+			} else {
+				s.appendRetry()
+			}
+			if err := s.flushBatch(); err != nil {
+				h.dropBlocked(ctx, sub, s, err)
+				return
+			}
+			timer.Reset(idle)
+		case <-ends.lifetime:
+			end = endLifetime
+		case <-ends.revoked:
+			end = endRevoked
+		case <-ctx.Done():
+			return // the deferred Close cancels without drain
+		}
+	}
+}
+
+// dropBlocked ends a subscription whose write failed or hit its deadline:
+// no drain, no frame (the connection is unusable).
+// A write that fails because the client went away is a plain
+// cancellation; anything else is counted as dropped, reason blocked.
+func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream, err error) {
+	// net/http cancels the request context as soon as a write on the
+	// connection fails, a deadline included (HTTP/1.1 and HTTP/2 alike), so
+	// a done context alone does not mean the client left: a write that hit
+	// its deadline is a blocked writer either way.
+	if ctx.Err() != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		sub.Close()
+		return
+	}
+	sub.CloseBlocked(s.frames, err)
+}
+
+// idField starts an event's SSE encoding (see Frame.SSE).
+const idField = "id: "
+
+// heartbeat is the idle keep-alive once the stream's tail holds a field:
+// one comment line, without a blank line after it (see Handler), as short
+// as a comment can be, because lenient clients keep such lines until the
+// next event's blank line.
+const heartbeat = ":\n"
+
+// stream batches frames for one response. Every batch is written with one
+// Write when it fits maxBatchBuffer (frames of directWriteSize or more go
+// out from their shared bytes) and flushed once, under one write deadline,
+// which is cleared after the flush.
+type stream struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	buf     []byte
+	// idPrefix is "id: <epoch>:" with Handler.EpochIDs, else nil. An
+	// event's shared bytes start with "id: N"; the writer puts idPrefix
+	// in front of the bytes after "id: ", so the frames stay encoded once.
+	idPrefix []byte
+	retry    int64 // this connection's retry:, in milliseconds
+	// tailField: since the last blank line the stream has carried a field
+	// (the retry: line), not only comments (see Handler).
+	tailField bool
+	err       error // the first write error; later writes are skipped
+	pending   bool  // written since the last flush
+	armed     bool  // the deadline of this batch is set
+	frames    int   // frames in this batch
+}
+
+const (
+	// Frames this large are written from their shared bytes instead of
+	// being copied into the batch.
+	directWriteSize = 64 << 10
+	// A batch buffer beyond this is written out before it grows further,
+	// and is not kept between batches.
+	maxBatchBuffer = 1 << 20
+)
+
+// appendRetry adds the connection's retry: line, without a blank line.
+func (s *stream) appendRetry() {
+	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), s.retry, 10)
+	s.buf = append(s.buf, '\n')
+	s.tailField = true
+}
+
+// reserve makes room in the batch buffer for the frames add will copy,
+// in one allocation: growing by doubling while a large batch is copied
+// moved each byte several times and took a fifth of the handler's CPU with
+// 256 clients (profile in BENCHMARKS.md).
+func (s *stream) reserve(frames []Frame) {
+	need := 0
+	for _, f := range frames {
+		if f.Size() < directWriteSize { // larger ones are written directly
+			need += len(f.SSE())
+		}
+		if s.idPrefix != nil && f.ID() != 0 {
+			need += len(s.idPrefix) - len(idField)
+		}
+	}
+	if len(s.buf)+need <= maxBatchBuffer {
+		s.buf = slices.Grow(s.buf, need)
+	}
+}
+
+func (s *stream) add(f Frame) {
+	s.frames++
+	if s.err != nil {
+		return
+	}
+	wire := f.SSE()
+	prefix := s.idPrefix != nil && f.ID() != 0 // only events have an id line
+	if prefix {
+		wire = wire[len(idField):]
+	}
+	big := f.Size() >= directWriteSize
+	if big || len(s.buf)+len(s.idPrefix)+len(wire) > maxBatchBuffer {
+		s.write(nil)
+	}
+	if prefix {
+		s.buf = append(s.buf, s.idPrefix...)
+	}
+	if big {
+		s.write(nil) // the prefix, if any
+		s.write(wire)
+		return
+	}
+	s.buf = append(s.buf, wire...)
+}
+
+// write sends p, or the batch buffer when p is nil, under the batch's
+// deadline.
+func (s *stream) write(p []byte) {
+	if p == nil {
+		p = s.buf
+		s.buf = s.buf[:0]
+		if cap(s.buf) > maxBatchBuffer {
+			s.buf = nil
+		}
+	}
+	if s.err != nil || len(p) == 0 {
+		return
+	}
+	s.arm()
+	if s.err == nil {
+		_, s.err = s.w.Write(p)
+		s.pending = true
+	}
+}
+
+func (s *stream) arm() {
+	if s.armed {
+		return
+	}
+	s.armed = true
+	err := s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.err = err
+	}
+}
+
+// flushBatch writes what is buffered, flushes once, clears the write
+// deadline, and returns the first error of the batch.
+func (s *stream) flushBatch() error {
+	s.write(nil)
+	if s.err == nil && s.pending {
+		s.err = s.rc.Flush()
+	}
+	if s.err == nil && s.armed {
+		// Go's HTTP/2 server resets a stream when its write deadline passes
+		// even while nothing is being written; an idle stream must have none,
+		// whatever Heartbeat and WriteTimeout are.
+		if err := s.rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			s.err = err
+		}
+	}
+	s.pending, s.armed = false, false
+	if s.err == nil {
+		// On an error the caller still needs the count: the frames of the
+		// failed batch are counted as dropped, reason blocked.
+		s.frames = 0
+	}
+	return s.err
+}
+
+// writeStreamHeaders sends SPEC 10's response headers and the 200 status.
+func writeStreamHeaders(w http.ResponseWriter, r *http.Request, bus *EventBus) {
+	hd := w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-cache, no-transform")
+	if r.ProtoMajor == 1 {
+		hd.Set("Connection", "keep-alive")
+	}
+	hd.Set("X-Accel-Buffering", "no")
+	hd.Set("Event-Epoch", bus.Epoch())
+	hd.Set("Access-Control-Expose-Headers", "Event-Epoch")
+	w.WriteHeader(http.StatusOK)
+}
+
+// canFlush reports whether w, or a writer it wraps (the Unwrap convention
+// of http.ResponseController), can flush. It is checked before subscribing:
+// once the status line is out it is too late to answer 500.
+func canFlush(w http.ResponseWriter) bool {
+	for {
+		switch x := w.(type) {
+		case http.Flusher:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return false
+		}
+	}
+}

@@ -1,0 +1,774 @@
+package eventbus
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// ---------------------------------------------------------------------------
+// Response headers and the first bytes.
+
+func TestHandlerResponseHeaders(t *testing.T) {
+	check := func(t *testing.T, resp *http.Response, b *EventBus) {
+		t.Helper()
+		h := resp.Header
+		require.Equal(t, []string{"text/event-stream"}, h.Values("Content-Type"))
+		require.Equal(t, []string{"no-cache, no-transform"}, h.Values("Cache-Control"))
+		require.Equal(t, []string{"no"}, h.Values("X-Accel-Buffering"))
+		require.Equal(t, []string{b.Epoch()}, h.Values("Event-Epoch"))
+		require.Regexp(t, regexp.MustCompile(`^[0-9a-f]{32}$`), h.Get("Event-Epoch"))
+		require.Equal(t, []string{"Event-Epoch"}, h.Values("Access-Control-Expose-Headers"))
+		require.Empty(t, h.Values("Content-Length"))
+		require.Equal(t, int64(-1), resp.ContentLength)
+	}
+
+	t.Run("HTTP/1.1", func(t *testing.T) {
+		e := newEnv(t, envOptions{})
+		b := e.bus(t, "s", Options{})
+		c := e.stream(t, "/session/s/events", nil)
+		require.Equal(t, 1, c.resp.ProtoMinor)
+		check(t, c.resp, b)
+		require.Equal(t, []string{"keep-alive"}, c.resp.Header.Values("Connection"))
+		require.Equal(t, "retry: 3000\n", string(c.raw()), "the retry directive comes first, alone, flushed at once")
+	})
+	t.Run("HTTP/2", func(t *testing.T) {
+		e := newEnv(t, envOptions{http2: true})
+		b := e.bus(t, "s", Options{})
+		c := e.stream(t, "/session/s/events", nil)
+		require.Equal(t, 2, c.resp.ProtoMajor)
+		check(t, c.resp, b)
+		require.Empty(t, c.resp.Header.Values("Connection"), "no connection-specific header on HTTP/2")
+		publishN(t, b, 1)
+		c.expect(wantEvent(1))
+	})
+	t.Run("HTTP/1.0", func(t *testing.T) {
+		e := newEnv(t, envOptions{})
+		e.bus(t, "s", Options{})
+		conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+		require.NoError(t, err)
+		defer conn.Close()
+		require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+		_, err = io.WriteString(conn, "GET /session/s/events HTTP/1.0\r\nHost: x\r\n\r\n")
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.NotEqual(t, "keep-alive", resp.Header.Get("Connection"), "keep-alive is for HTTP/1.1 only")
+		buf := make([]byte, len("retry: 3000\n"))
+		_, err = io.ReadFull(resp.Body, buf)
+		require.NoError(t, err)
+		require.Equal(t, "retry: 3000\n", string(buf))
+	})
+}
+
+func TestHandlerRetryDirective(t *testing.T) {
+	for _, tc := range []struct {
+		retry time.Duration
+		want  int64
+	}{
+		{0, 3000},
+		{1500 * time.Millisecond, 1500},
+		{time.Minute, 60000},
+	} {
+		t.Run(tc.retry.String(), func(t *testing.T) {
+			e := newEnv(t, envOptions{handler: &Handler{Retry: tc.retry}})
+			e.bus(t, "s", Options{})
+			c := e.open(t, "/session/s/events", nil)
+			require.Equal(t, sseRecord{Kind: sseRetryRecord, Retry: tc.want}, c.next())
+			require.Equal(t, fmt.Sprintf("retry: %d\n", tc.want), string(c.raw()))
+		})
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Heartbeat and write deadlines, on the fake clock of a synctest bubble with
+// in-memory writers (the real network is not durably blocking).
+
+func TestHandlerHeartbeat(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		every time.Duration
+	}{
+		{"default", 0},
+		{"custom", 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				every := orDefault(tc.every, DefaultHeartbeat)
+				logs := &logCapture{}
+				b := newBus(t, logs.capture(Options{}))
+				h := busHandler(b, logs)
+				h.Heartbeat = tc.every
+				w := newMemWriter() // no SetWriteDeadline: ErrNotSupported is fine
+				cancel, done := serveMem(h, w, "/session/s/events", nil)
+				synctest.Wait()
+				require.Equal(t, "retry: 3000\n", w.state().body)
+				require.Equal(t, 1, w.state().flushes)
+
+				// A heartbeat is a ":" line, or the retry: line again when
+				// the stream has had an event since its last one.
+				beats := func() int {
+					n := -1 // the retry: line that opens the stream
+					for line := range strings.SplitSeq(w.state().body, "\n") {
+						if line == ":" || line == "retry: 3000" {
+							n++
+						}
+					}
+					return n
+				}
+				time.Sleep(every - time.Nanosecond)
+				synctest.Wait()
+				require.Equal(t, 0, beats(), "no heartbeat before the idle time")
+				time.Sleep(time.Nanosecond)
+				synctest.Wait()
+				require.Equal(t, 1, beats())
+				require.Equal(t, "retry: 3000\n:\n", w.state().body, "the retry: line already gave the tail a field")
+				require.Equal(t, 2, w.state().flushes, "a heartbeat is flushed")
+
+				// A write postpones the next heartbeat to a full idle time after it.
+				time.Sleep(every / 2)
+				publishN(t, b, 1)
+				synctest.Wait()
+				require.Equal(t, 3, w.state().flushes)
+				time.Sleep(every - time.Nanosecond)
+				synctest.Wait()
+				require.Equal(t, 1, beats())
+				time.Sleep(time.Nanosecond)
+				synctest.Wait()
+				require.Equal(t, 2, beats())
+				require.True(t, strings.HasSuffix(w.state().body, "\n\nretry: 3000\n"), "the first heartbeat after an event is the retry: line")
+
+				// And it keeps beating while idle.
+				time.Sleep(3 * every)
+				synctest.Wait()
+				require.Equal(t, 5, beats())
+
+				cancel()
+				<-done
+				recs := parseBody(t, w.state().body)
+				comment := sseRecord{Kind: sseCommentRecord, Comment: ""}
+				retry := sseRecord{Kind: sseRetryRecord, Retry: 3000}
+				require.Equal(t, []sseRecord{
+					retry, comment,
+					{Kind: sseEventRecord, Event: wantEvent(1)}, retry, comment, comment, comment,
+				}, recs, "a heartbeat is a comment: it never goes through the queue or dispatches an event")
+				require.Zero(t, b.SubscriberCount())
+			})
+		})
+	}
+}
+
+func TestHandlerWriteDeadline(t *testing.T) {
+	t.Run("every write has a deadline, cleared after its flush", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			logs := &logCapture{}
+			b := newBus(t, logs.capture(Options{}))
+			w := newDeadlineWriter(0)
+			start := time.Now()
+			cancel, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
+			synctest.Wait()
+			time.Sleep(5 * time.Second)
+			publishN(t, b, 1) // a batch at 5s
+			synctest.Wait()
+			time.Sleep(DefaultHeartbeat) // a heartbeat at 20s
+			synctest.Wait()
+			cancel()
+			<-done
+			at := func(d time.Duration) time.Time { return start.Add(d) }
+			require.Equal(t, []deadlineSet{
+				{at(0), at(DefaultWriteTimeout)},                                 // retry:
+				{at(0), time.Time{}},                                             // cleared
+				{at(5 * time.Second), at(5*time.Second + DefaultWriteTimeout)},   // the batch
+				{at(5 * time.Second), time.Time{}},                               // cleared
+				{at(20 * time.Second), at(20*time.Second + DefaultWriteTimeout)}, // the heartbeat
+				{at(20 * time.Second), time.Time{}},                              // cleared
+			}, w.deadlineSets())
+			require.Equal(t, 3, w.state().writes)
+		})
+	})
+
+	for _, tc := range []struct {
+		name      string
+		timeout   time.Duration
+		blockFrom int                         // the write that blocks
+		trigger   func(*testing.T, *EventBus) // makes that write happen
+		at        time.Duration               // when the write starts
+	}{
+		{"retry line blocks", 0, 1, func(*testing.T, *EventBus) {}, 0},
+		{"batch blocks", 2 * time.Second, 2, func(t *testing.T, b *EventBus) {
+			time.Sleep(5 * time.Second)
+			publishN(t, b, 3)
+		}, 5 * time.Second},
+		{"heartbeat blocks", time.Second, 2, func(*testing.T, *EventBus) {}, DefaultHeartbeat},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				timeout := orDefault(tc.timeout, DefaultWriteTimeout)
+				logs := &logCapture{}
+				b := newBus(t, logs.capture(Options{}))
+				h := busHandler(b, logs)
+				h.WriteTimeout = tc.timeout
+				w := newDeadlineWriter(tc.blockFrom)
+				start := time.Now()
+				_, done := serveMem(h, w, "/session/s/events", nil)
+				synctest.Wait()
+				require.Equal(t, 1, b.SubscriberCount())
+				tc.trigger(t, b)
+				synctest.Wait()
+
+				time.Sleep(tc.at + timeout - time.Since(start) - time.Nanosecond)
+				synctest.Wait()
+				require.Equal(t, 1, b.SubscriberCount(), "still blocked just before the deadline")
+				select {
+				case <-done:
+					require.FailNow(t, "handler returned before the deadline")
+				default:
+				}
+				time.Sleep(time.Nanosecond)
+				synctest.Wait()
+				select {
+				case <-done:
+				default:
+					require.FailNow(t, "handler still running at the deadline")
+				}
+				require.Equal(t, tc.at+timeout, time.Since(start))
+				require.Zero(t, b.SubscriberCount(), "a blocked write cancels the subscription at once")
+
+				st := w.state()
+				if tc.blockFrom == 1 {
+					require.Empty(t, st.body)
+				} else {
+					require.Equal(t, "retry: 3000\n", st.body, "no frame after a failed write")
+				}
+				require.Len(t, logs.kind(DiagWriteFailed), 1)
+				require.Equal(t, uint64(3*boolInt(tc.name == "batch blocks")), b.Stats().Dropped.Blocked,
+					"the frames of the failed batch count as dropped, reason blocked")
+				require.Zero(t, b.Stats().Dropped.Cancelled)
+
+				// The bus is unharmed.
+				publishN(t, b, 1)
+			})
+		})
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ---------------------------------------------------------------------------
+// Ending a stream: disconnect, a reader that never reads, bus Close,
+// eviction, unexpected errors.
+
+func TestHandlerClientDisconnect(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	b := e.bus(t, "s", Options{})
+	c := e.stream(t, "/session/s/events", nil)
+	publishN(t, b, 3)
+	c.expect(wantEvent(1), wantEvent(2), wantEvent(3))
+	require.Equal(t, 1, b.SubscriberCount())
+
+	start := time.Now()
+	require.NoError(t, c.resp.Body.Close())
+	require.Eventually(t, func() bool { return b.SubscriberCount() == 0 }, 5*time.Second, time.Millisecond,
+		"a client disconnect cancels the subscription")
+	t.Logf("subscription gone %v after the disconnect", time.Since(start))
+	require.Zero(t, b.Stats().Dropped.Blocked, "a disconnect is a cancellation, not a blocked writer")
+	require.Empty(t, e.logs.kind(DiagWriteFailed))
+	publishN(t, b, 1)
+}
+
+func TestHandlerSlowReaderDropped(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	setup := func(t *testing.T, http2 bool) (*testEnv, *countingMiddleware, *EventBus) {
+		mw := &countingMiddleware{}
+		e := newEnv(t, envOptions{handler: &Handler{WriteTimeout: writeTimeout}, wrap: mw.wrap, http2: http2})
+		// Caps high enough that the queue never evicts: only the write
+		// deadline may drop this subscriber.
+		b := e.bus(t, "s", Options{MaxQueued: 1 << 20, MaxQueuedBytes: 1 << 30})
+		return e, mw, b
+	}
+	// flood publishes 128 KiB events until the subscriber is gone.
+	flood := func(t *testing.T, e *testEnv, mw *countingMiddleware, b *EventBus) {
+		require.Equal(t, 1, b.SubscriberCount())
+		payload := strings.Repeat("x", 128<<10)
+		start := time.Now()
+		var slowestPublish time.Duration
+		var publishedAt []time.Time
+		for b.SubscriberCount() > 0 && time.Since(start) < 20*time.Second {
+			t0 := time.Now()
+			_, err := b.Publish(Event{Type: "big", Data: payload})
+			slowestPublish = max(slowestPublish, time.Since(t0))
+			require.NoError(t, err)
+			publishedAt = append(publishedAt, time.Now())
+			time.Sleep(2 * time.Millisecond)
+		}
+		published := len(publishedAt)
+		gone := time.Since(start)
+		require.Zero(t, b.SubscriberCount(), "a client that never reads is dropped")
+		_, _, failures, slowest := mw.writer().counts()
+		t.Logf("dropped after %v and %d events of 128 KiB; slowest write or flush %v; slowest publish %v",
+			gone, published, slowest, slowestPublish)
+		// Publish never waits for a blocked writer: publishes completed
+		// while the handler sat in its blocked write. (A bound on the
+		// slowest publish alone would measure the machine's load.)
+		from, to := mw.writer().slowestSpan()
+		during := 0
+		for _, at := range publishedAt {
+			if at.After(from) && at.Before(to) {
+				during++
+			}
+		}
+		require.Positive(t, during, "publishes went on during the blocked write")
+		require.Less(t, slowestPublish, 5*time.Second)
+		require.GreaterOrEqual(t, failures, 1)
+		require.Less(t, slowest, writeTimeout+2*time.Second, "no write or flush outlives its deadline by much")
+		require.Len(t, e.logs.kind(DiagWriteFailed), 1, "a blocked writer, not a client that left")
+		st := b.Stats()
+		require.Positive(t, st.Dropped.Blocked)
+		require.Zero(t, st.Dropped.Cancelled)
+		require.Zero(t, st.Evictions.QueueOverflow+st.Evictions.QueueBytesOverflow, "dropped by the deadline, not evicted")
+		_, err := b.Publish(Event{Type: "after"})
+		require.NoError(t, err)
+	}
+
+	t.Run("HTTP/1.1", func(t *testing.T) {
+		e, mw, b := setup(t, false)
+		conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+		require.NoError(t, err)
+		defer conn.Close()
+		require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(4096))
+		require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
+		_, err = io.WriteString(conn, "GET /session/s/events HTTP/1.1\r\nHost: x\r\n\r\n")
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		buf := make([]byte, len("retry: 3000\n"))
+		_, err = io.ReadFull(resp.Body, buf)
+		require.NoError(t, err)
+		// From now on the client never reads.
+		flood(t, e, mw, b)
+	})
+	t.Run("HTTP/2", func(t *testing.T) {
+		e, mw, b := setup(t, true)
+		resp := e.do(t, http.MethodGet, "/session/s/events", nil)
+		require.Equal(t, 2, resp.ProtoMajor)
+		// The body is never read: the stream's flow-control window fills.
+		flood(t, e, mw, b)
+	})
+}
+
+func TestHandlerBusCloseEndsStream(t *testing.T) {
+	t.Run("over HTTP", func(t *testing.T) {
+		e := newEnv(t, envOptions{})
+		b := e.bus(t, "s", Options{})
+		publishN(t, b, 20)
+		c := e.stream(t, "/session/s/events", hdr("Last-Event-ID", "0"))
+		publishN(t, b, 5)
+		require.NoError(t, b.Close())
+		var want []sseRecord
+		for i := uint64(1); i <= 20; i++ {
+			want = append(want, sseRecord{Kind: sseEventRecord, Event: wantEvent(i)})
+		}
+		want = append(want, sseRecord{Kind: sseEventRecord, Event: wantSynth(TypeReplayComplete,
+			`{"replayedCount":20,"lastReplayedEventId":20,"lastEventId":20,"epoch":"`+b.Epoch()+`"}`, "20")})
+		for i := uint64(21); i <= 25; i++ {
+			want = append(want, sseRecord{Kind: sseEventRecord, Event: wantEvent(i)})
+		}
+		require.Equal(t, want, c.rest(), "every buffered frame, then EOF")
+		require.Zero(t, b.SubscriberCount())
+	})
+	t.Run("frames buffered at Close", func(t *testing.T) {
+		logs := &logCapture{}
+		b := newBus(t, logs.capture(Options{}))
+		w := newMemWriter()
+		reached, release := gateFirstFlush(w)
+		_, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
+		waitClosed(t, reached, "handler did not reach its first flush")
+		publishN(t, b, 50)
+		require.NoError(t, b.Close())
+		release()
+		waitClosed(t, done, "Close must end the stream without a cancellation")
+		recs := parseBody(t, w.state().body)
+		require.Len(t, recs, 51)
+		for i := 1; i <= 50; i++ {
+			require.Equal(t, wantEvent(uint64(i)), recs[i].Event)
+		}
+		require.NotContains(t, w.state().body, TypeStreamError)
+	})
+	t.Run("subscribing to a closed bus", func(t *testing.T) {
+		e := newEnv(t, envOptions{})
+		b := e.bus(t, "s", Options{})
+		require.NoError(t, b.Close())
+		c := e.stream(t, "/session/s/events", nil)
+		require.Empty(t, c.rest())
+	})
+}
+
+func TestHandlerCloseWithErrorWritesOneTerminalFrame(t *testing.T) {
+	logs := &logCapture{}
+	b := newBus(t, logs.capture(Options{}))
+	w := newMemWriter()
+	reached, release := gateFirstFlush(w)
+	defer release()
+	_, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
+	waitClosed(t, reached, "handler did not reach its first flush")
+	publishN(t, b, 2)
+	require.NoError(t, b.CloseWithError(ErrorKindUnavailable, "backplane unreachable"))
+	release()
+	waitClosed(t, done, "the stream ends after its terminal frame")
+	recs := parseBody(t, w.state().body)
+	require.Equal(t, []sseRecord{
+		{Kind: sseRetryRecord, Retry: 3000},
+		{Kind: sseEventRecord, Event: wantEvent(1)},
+		{Kind: sseEventRecord, Event: wantEvent(2)},
+		{Kind: sseEventRecord, Event: wantSynth(TypeStreamError, `{"error":"backplane unreachable","errorKind":"unavailable"}`, "2")},
+	}, recs, "exactly one stream_error, after what was queued")
+}
+
+func TestHandlerEviction(t *testing.T) {
+	logs := &logCapture{}
+	b := newBus(t, logs.capture(Options{}))
+	w := newMemWriter()
+	reached, release := gateFirstFlush(w)
+	defer release()
+	_, done := serveMem(busHandler(b, logs), w, "/session/s/events?maxQueued=16", nil)
+	waitClosed(t, reached, "handler did not reach its first flush")
+	fs := publishN(t, b, 17)
+	require.Zero(t, b.SubscriberCount(), "the 17th live frame evicts")
+	queued, at12 := 0, 0
+	for i, f := range fs[:16] {
+		queued += f.Size()
+		if i == 11 {
+			at12 = queued
+		}
+	}
+	release()
+	waitClosed(t, done, "an evicted stream ends by itself")
+	recs := parseBody(t, w.state().body)
+	var want []sseRecord
+	want = append(want, sseRecord{Kind: sseRetryRecord, Retry: 3000})
+	for i := uint64(1); i <= 16; i++ {
+		want = append(want, sseRecord{Kind: sseEventRecord, Event: wantEvent(i)})
+		if i == 12 {
+			want = append(want, sseRecord{Kind: sseEventRecord, Event: wantSynth(TypeSlowClientWarning, fmt.Sprintf(
+				`{"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":%d,"maxQueuedBytes":%d,"threshold":"frames"}`,
+				at12, DefaultMaxQueuedBytes), "12")})
+		}
+	}
+	want = append(want, sseRecord{Kind: sseEventRecord, Event: wantSynth(TypeClientEvicted, fmt.Sprintf(
+		`{"reason":"queue_overflow","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":%d}`,
+		queued, DefaultMaxQueuedBytes), "16")})
+	require.Equal(t, want, recs, "the terminal frame ends the stream; no stream_error after it")
+}
+
+func TestHandlerStreamError(t *testing.T) {
+	t.Run("the subscription ends with an unexpected error", func(t *testing.T) {
+		logs := &logCapture{}
+		b := newBus(t, logs.capture(Options{}))
+		w := newMemWriter()
+		_, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
+		require.Eventually(t, func() bool { return w.state().flushes == 1 }, 5*time.Second, time.Millisecond)
+		publishN(t, b, 1)
+		require.Eventually(t, func() bool { return w.state().flushes == 2 }, 5*time.Second, time.Millisecond)
+
+		// What a failure below the HTTP layer would do: the subscription
+		// ends, with drain, for a reason that is neither eviction, Close
+		// nor cancellation.
+		b.mu.Lock()
+		require.Len(t, b.subs, 1)
+		sub := b.subs[0]
+		b.removeLocked(sub)
+		b.mu.Unlock()
+		sub.end(errors.New(`history read failed: "boom"`))
+		sub.q.close(true)
+
+		waitClosed(t, done, "the stream ends")
+		recs := parseBody(t, w.state().body)
+		require.Len(t, recs, 3)
+		require.Equal(t, wantEvent(1), recs[1].Event)
+		last := recs[2].Event
+		require.Equal(t, TypeStreamError, last.Type)
+		require.Equal(t, "1", last.ID, "stream_error has no id line")
+		var env struct {
+			V    int             `json:"v"`
+			Type string          `json:"type"`
+			Data json.RawMessage `json:"data"`
+			Meta struct {
+				ServerTimestamp int64 `json:"serverTimestamp"`
+			} `json:"_meta"`
+		}
+		dec := json.NewDecoder(strings.NewReader(last.Data))
+		dec.DisallowUnknownFields()
+		require.NoError(t, dec.Decode(&env))
+		require.Equal(t, 1, env.V)
+		require.Equal(t, TypeStreamError, env.Type)
+		require.JSONEq(t, `{"error":"history read failed: \"boom\"","errorKind":"internal"}`, string(env.Data))
+		require.Equal(t, `{"error":"history read failed: \"boom\"","errorKind":"internal"}`, string(env.Data), "field order")
+		require.Positive(t, env.Meta.ServerTimestamp)
+		require.Zero(t, b.SubscriberCount())
+	})
+
+	t.Run("a panic while writing", func(t *testing.T) {
+		logs := &logCapture{}
+		b := newBus(t, logs.capture(Options{}))
+		w := newMemWriter()
+		w.beforeWrite = func(n int, p []byte) error {
+			if n == 2 {
+				panic("writer bug")
+			}
+			return nil
+		}
+		_, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
+		require.Eventually(t, func() bool { return w.state().flushes == 1 }, 5*time.Second, time.Millisecond)
+		publishN(t, b, 1)
+		waitClosed(t, done, "the stream ends after a panic, without taking the process down")
+		recs := parseBody(t, w.state().body)
+		require.Len(t, recs, 2)
+		require.Equal(t, TypeStreamError, recs[1].Event.Type)
+		require.Contains(t, recs[1].Event.Data, `"data":{"error":"internal error","errorKind":"internal"}`)
+		require.Len(t, logs.find("panicked"), 1)
+		require.Zero(t, b.SubscriberCount())
+	})
+}
+
+// ---------------------------------------------------------------------------
+// Batching.
+
+func TestHandlerBatchOneFlush(t *testing.T) {
+	t.Run("live frames ready together", func(t *testing.T) {
+		logs := &logCapture{}
+		b := newBus(t, logs.capture(Options{}))
+		w := newMemWriter()
+		reached, release := gateFirstFlush(w)
+		defer release()
+		cancel, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
+		defer func() { cancel(); waitClosed(t, done, "handler did not return") }()
+		waitClosed(t, reached, "handler did not reach its first flush")
+		publishN(t, b, 100) // ready before the handler reads
+		release()
+		require.Eventually(t, func() bool { return strings.Count(w.state().body, "event: e\n") == 100 },
+			5*time.Second, time.Millisecond)
+		st := w.state()
+		require.Equal(t, 2, st.flushes, "retry, then one flush for the batch of 100")
+		require.Equal(t, 2, st.writes, "small frames are copied into one write")
+		require.Len(t, parseBody(t, st.body), 101)
+	})
+
+	t.Run("replay over HTTP with a wrapping writer", func(t *testing.T) {
+		var mw countingMiddleware
+		e := newEnv(t, envOptions{wrap: mw.wrap})
+		b := e.bus(t, "s", Options{})
+		publishN(t, b, 100)
+		c := e.stream(t, "/session/s/events", hdr("Last-Event-ID", "0"))
+		for i := uint64(1); i <= 100; i++ {
+			c.expect(wantEvent(i))
+		}
+		require.Equal(t, TypeReplayComplete, c.nextEvent().Type)
+		// The batch is larger than net/http's write buffer, so its bytes
+		// reach the client before the handler's Flush call: wait for it.
+		flushes := func() int { _, n, _, _ := mw.writer().counts(); return n }
+		require.Eventually(t, func() bool { return flushes() >= 2 }, 5*time.Second, time.Millisecond)
+		require.Equal(t, 2, flushes(), "retry, then the 101 replayed frames with one flush")
+	})
+
+	t.Run("large frames are written directly, still one flush", func(t *testing.T) {
+		logs := &logCapture{}
+		b := newBus(t, logs.capture(Options{}))
+		big := strings.Repeat("y", directWriteSize)
+		var want []sseEvent
+		for i := range 6 {
+			typ, data := "small", any(i)
+			if i%2 == 1 {
+				typ, data = "big", big
+			}
+			f, err := b.Publish(Event{Type: typ, Data: data})
+			require.NoError(t, err)
+			want = append(want, sseEvent{Type: typ, Data: string(f.JSON()), ID: strconv.FormatUint(f.ID(), 10)})
+		}
+		w := newMemWriter()
+		cancel, done := serveMem(busHandler(b, logs), w, "/session/s/events", hdr("Last-Event-ID", "0"))
+		require.Eventually(t, func() bool { return strings.Contains(w.state().body, "event: replay_complete") },
+			5*time.Second, time.Millisecond)
+		cancel()
+		waitClosed(t, done, "handler did not return")
+		st := w.state()
+		require.Equal(t, 2, st.flushes)
+		require.Greater(t, st.writes, 2, "big frames go out from their shared bytes")
+		evs := sseEvents(parseBody(t, st.body))
+		require.Len(t, evs, 7)
+		require.Equal(t, want, evs[:6], "order kept across direct and copied writes")
+	})
+}
+
+// ---------------------------------------------------------------------------
+// Event types cannot inject SSE lines.
+
+func TestHandlerRejectsInjectedTypes(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	b := e.bus(t, "s", Options{})
+	c := e.stream(t, "/session/s/events", nil)
+	for _, typ := range []string{
+		"", "x\nid: 999", "x\rdata: evil", "x\r\n\r\nevent: evil", "\n", "\r", "evil\n\n",
+	} {
+		_, err := b.Publish(Event{Type: typ, Data: "evil"})
+		require.ErrorIs(t, err, ErrInvalidEvent, "%q", typ)
+		require.Zero(t, b.LastEventID(), "a rejected event uses no id")
+	}
+	// Characters that matter to SSE elsewhere are harmless on the event line.
+	var want []sseEvent
+	for _, typ := range []string{"ok", "a: b", " leading space", "data: not data", ":colon", "id: 7", "tab\there", "nul\x00", "\u2028sep"} {
+		f, err := b.Publish(Event{Type: typ, Data: "fine"})
+		require.NoError(t, err, "%q", typ)
+		want = append(want, sseEvent{Type: typ, Data: string(f.JSON()), ID: strconv.FormatUint(f.ID(), 10)})
+	}
+	c.expect(want...)
+	require.NotContains(t, string(c.raw()), "evil")
+}
+
+// ---------------------------------------------------------------------------
+// Framing for lenient clients, and the retry jitter.
+
+// requireEveryBlockHasData fails when a blank line of body ends a block
+// without a data: line. Several common clients dispatch such a block as an
+// empty event: r3labs/sse and sseclient-py split the stream at blank
+// lines, go-sse dispatches a block with a retry: field, httpx-sse every
+// blank line once it has seen an id (it keeps the last id, as the standard
+// says, and dispatches whenever that is set).
+func requireEveryBlockHasData(t *testing.T, body string) {
+	t.Helper()
+	hasData, lines := false, 0
+	// Every line ends with LF; the text after the last one is no line.
+	for line := range strings.SplitSeq(strings.TrimSuffix(body, "\n"), "\n") {
+		lines++
+		switch {
+		case line == "":
+			require.True(t, hasData, "line %d: a blank line ends a block without data in %q", lines, body[:min(len(body), 2048)])
+			hasData = false
+		case strings.HasPrefix(line, "data:"):
+			hasData = true
+		}
+	}
+}
+
+func TestHandlerFramingForLenientClients(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &logCapture{}
+		b := newBus(t, logs.capture(Options{MaxQueued: 16}))
+		publishN(t, b, 3)
+		h := busHandler(b, logs)
+		h.Heartbeat = time.Second
+		h.EpochIDs = true
+		w := newMemWriter()
+		_, done := serveMem(h, w, "/session/s/events", hdr("Last-Event-ID", "1"))
+		synctest.Wait()
+		require.Equal(t, "retry: 3000\nid: "+b.Epoch()+":2\n", w.state().body[:len("retry: 3000\nid: ")+len(b.Epoch())+3],
+			"retry: and the replay share a block")
+		time.Sleep(3 * time.Second) // three heartbeats
+		synctest.Wait()
+		publishN(t, b, 2)
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		b.Close() // the stream ends after a heartbeat
+		<-done
+		body := w.state().body
+		// Heartbeats: the retry: line and two ":" after the replay, the
+		// retry: line after the live events. The tail after the last event
+		// always holds a field (go-sse stops for good on a tail of comments).
+		require.Equal(t, 2, strings.Count(body, "\n:"), "lines that start with a colon")
+		require.Equal(t, 3, strings.Count(body, "retry: 3000\n"))
+		require.True(t, strings.HasSuffix(body, "}\n\nretry: 3000\n"), "%q", body[max(0, len(body)-64):])
+		requireEveryBlockHasData(t, body)
+		recs := parseBody(t, body)
+		require.Equal(t, sseRecord{Kind: sseRetryRecord, Retry: 3000}, recs[0], "a conforming parser applies retry: at once")
+		require.Len(t, sseEvents(recs), 5, "events 2..5 and replay_complete")
+	})
+
+	t.Run("a live stream that gets nothing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			logs := &logCapture{}
+			b := newBus(t, logs.capture(Options{}))
+			h := busHandler(b, logs)
+			w := newMemWriter()
+			cancel, done := serveMem(h, w, "/session/s/events", nil)
+			synctest.Wait()
+			time.Sleep(2 * DefaultHeartbeat)
+			synctest.Wait()
+			cancel()
+			<-done
+			require.Equal(t, "retry: 3000\n:\n:\n", w.state().body, "no blank line at all: nothing a client could dispatch, and a field in the tail")
+		})
+	})
+
+	t.Run("terminal frames", func(t *testing.T) {
+		e := newEnv(t, envOptions{})
+		b := e.bus(t, "s", Options{MaxQueued: 16})
+		c := e.stream(t, "/session/s/events?maxQueued=16", nil)
+		publishN(t, b, 1)
+		c.expect(wantEvent(1))
+		sub := b.SubscriberCount()
+		require.Equal(t, 1, sub)
+		b.Close()
+		c.rest()
+		requireEveryBlockHasData(t, string(c.raw()))
+	})
+}
+
+func TestHandlerRetryJitter(t *testing.T) {
+	retries := func(t *testing.T, h *Handler, n int) map[int64]int {
+		e := newEnv(t, envOptions{handler: h})
+		e.h.RetryJitter = h.RetryJitter // 0 too: the default
+		e.bus(t, "s", Options{})
+		seen := map[int64]int{}
+		for range n {
+			c := e.open(t, "/session/s/events", nil)
+			r := c.next()
+			require.Equal(t, sseRetryRecord, r.Kind)
+			seen[r.Retry]++
+			require.NoError(t, c.resp.Body.Close())
+		}
+		return seen
+	}
+	t.Run("default: up to half of Retry more, per connection", func(t *testing.T) {
+		seen := retries(t, &Handler{RetryJitter: 0}, 100)
+		for ms := range seen {
+			require.GreaterOrEqual(t, ms, int64(3000))
+			require.LessOrEqual(t, ms, int64(4500))
+		}
+		require.Greater(t, len(seen), 50, "100 connections spread over 1501 values: %v", seen)
+	})
+	t.Run("custom", func(t *testing.T) {
+		seen := retries(t, &Handler{Retry: time.Second, RetryJitter: 3 * time.Millisecond}, 60)
+		for ms := range seen {
+			require.GreaterOrEqual(t, ms, int64(1000))
+			require.LessOrEqual(t, ms, int64(1003))
+		}
+		require.Len(t, seen, 4, "each of 1000..1003 in 60 draws: %v", seen)
+	})
+	t.Run("negative: none", func(t *testing.T) {
+		require.Equal(t, map[int64]int{1500: 20}, retries(t, &Handler{Retry: 1500 * time.Millisecond, RetryJitter: -1}, 20))
+	})
+	t.Run("jitter is drawn without allocating", func(t *testing.T) {
+		h := &Handler{}
+		require.Zero(t, testing.AllocsPerRun(100, func() { h.retryMillis() }))
+	})
+}
