@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/ssebus/eventbus"
 )
 
 // listenPing is how long the listener waits for a notification before it
@@ -33,7 +32,6 @@ func (b *Backplane) listenerOK() time.Time {
 // wakes every reader, which reads what the notifications it missed would
 // have announced; while it is down, readers poll the table.
 func (b *Backplane) listen() {
-	defer b.wg.Done()
 	var delay time.Duration
 	failing := false
 	for b.ctx.Err() == nil {
@@ -129,11 +127,7 @@ func (b *Backplane) receive(conn *pgx.Conn) error {
 
 // wakeAll wakes every reader.
 func (b *Backplane) wakeAll() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, s := range b.sessions {
-		s.poke()
-	}
+	b.set.Each((*session).poke)
 }
 
 // dispatch handles one notification.
@@ -157,15 +151,8 @@ func (b *Backplane) dispatch(n *pgconn.Notification) {
 		// Not only ready sessions: a mirror being opened has its reader
 		// started (and perhaps its first read done) just before it is
 		// ready, and must not miss this wake.
-		b.mu.Lock()
-		s := b.sessions[string(session)]
-		var bus *eventbus.EventBus
-		var mine string
-		if s != nil {
-			bus, mine = s.bus, s.epoch
-		}
-		b.mu.Unlock()
-		if s != nil && (bus == nil || string(epoch) != mine || id == 0 || id > bus.LastEventID()) {
+		s, bus, mine, ok := b.set.Peek(string(session))
+		if ok && (bus == nil || string(epoch) != mine || id == 0 || id > bus.LastEventID()) {
 			s.poke()
 		}
 	case b.q.signals:
@@ -179,7 +166,7 @@ func (b *Backplane) dispatch(n *pgconn.Notification) {
 			return
 		}
 		if s := b.readySession(string(session)); s != nil {
-			_ = s.bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
+			_ = s.Bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
 		}
 	}
 }

@@ -71,10 +71,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 	if err := validSession(session); err != nil {
 		return 0, "", false, err
 	}
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
+	if b.set.Closed() {
 		return 0, "", false, eventbus.ErrClosed
 	}
 	ev, err := b.encoder.Encode(e)
@@ -93,12 +90,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 	// This replica's mirror, as it was before the script ran: its epoch was
 	// read from Redis earlier, so if the script reports another one, the
 	// mirror's is the stale one.
-	b.mu.Lock()
-	local := b.sessions[session]
-	b.mu.Unlock()
-	if local != nil && !local.isReady() {
-		local = nil
-	}
+	local := b.set.Ready(session)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
 	res, err := runOnce(ctx, b.client, publishScript, publishSrc, b.keys(session),
@@ -115,10 +107,10 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 		return 0, "", false, unknownOutcome(session, fmt.Errorf("unexpected id %q", res[0]))
 	}
 	epoch, duplicate = res[1], res[2] == "1"
-	if local != nil && local.epoch != epoch {
+	if local != nil && local.Epoch != epoch {
 		// The mirror is of a lost stream: release it now rather than when
 		// its reader notices.
-		b.expire(local, "publish found a new epoch")
+		b.set.Expire(local, "publish found a new epoch")
 	}
 	return id, epoch, duplicate, nil
 }
