@@ -68,9 +68,11 @@ type HubStats struct {
 	Deleted       uint64 // closed by Delete
 	Refused       uint64 // GetOrCreate answered ErrHubFull
 	BudgetTrimmed uint64 // events removed from rings to keep MaxTotalBytes
-	// Buses is the sum of every live bus's Stats: every field summed,
-	// PeakSubscribers included (the sum of each session's peak). Buses
-	// that have ended no longer count.
+	// Buses sums the buses' Stats. Its counters cover every bus since
+	// NewHub (one that ended counts as it was when the hub let it go), so
+	// they never go down; its current values (Subscribers, CatchUp.Behind,
+	// RingLen, RingBytes, and PeakSubscribers, the sum of each session's
+	// peak) cover the live buses only.
 	Buses Stats
 }
 
@@ -116,6 +118,12 @@ type Hub struct {
 	sweepMu sync.Mutex // one sweep at a time (the goroutine's, a full GetOrCreate's)
 
 	created, expired, deleted, refused atomic.Uint64
+
+	// retireMu orders a session leaving the map, its counters moving to
+	// ended, against Stats, so that the summed counters never go down.
+	// Taken before a shard lock; on no publish path.
+	retireMu sync.RWMutex
+	ended    Stats // the counters of the buses no longer held, as they left
 
 	stop     chan struct{} // closed by Close/Shutdown; nil without a goroutine
 	done     chan struct{} // closed when the goroutine has ended
@@ -256,7 +264,7 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 	// dropped if another GetOrCreate of id wins.
 	fresh := h.newBus()
 	sh := h.shard(id)
-	for swept := false; ; swept = true {
+	for swept := false; ; {
 		sh.mu.Lock()
 		// Under the shard lock: end, which takes every shard lock after
 		// setting closed, either sees the new bus or is seen here.
@@ -264,14 +272,17 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 			sh.mu.Unlock()
 			return nil, ErrClosed
 		}
-		old := sh.m[id]
-		if old != nil && !old.isClosed.Load() {
+		if old := sh.m[id]; old != nil {
 			sh.mu.Unlock()
-			return old, nil // fresh holds nothing: the collector takes it
+			if !old.isClosed.Load() {
+				return old, nil // fresh holds nothing: the collector takes it
+			}
+			// Closed by its owner, or expired and not yet forgotten: it
+			// gives its place to the new one.
+			h.forget(hubEntry{id, old})
+			continue
 		}
-		if old != nil || h.n.Add(1) <= h.maxSessions {
-			// A closed bus still in the map (closed by its owner, or
-			// expired and not yet forgotten) gives its place to the new one.
+		if h.n.Add(1) <= h.maxSessions {
 			sh.m[id] = fresh
 			sh.mu.Unlock()
 			h.created.Add(1)
@@ -284,6 +295,7 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 			return nil, ErrHubFull
 		}
 		h.sweep()
+		swept = true
 	}
 }
 
@@ -320,6 +332,7 @@ func (h *Hub) Publish(id string, e Event) (Frame, error) {
 // Delete closes session id's bus (every subscriber gets what is queued,
 // then its end) and forgets it. It reports whether the session existed.
 func (h *Hub) Delete(id string) bool {
+	h.retireMu.Lock()
 	sh := h.shard(id)
 	sh.mu.Lock()
 	b := sh.m[id]
@@ -328,6 +341,10 @@ func (h *Hub) Delete(id string) bool {
 		h.n.Add(-1)
 	}
 	sh.mu.Unlock()
+	if b != nil {
+		h.ended.addCounters(b.Stats())
+	}
+	h.retireMu.Unlock()
 	if b == nil || b.isClosed.Load() {
 		return false
 	}
@@ -378,6 +395,8 @@ func (h *Hub) Sessions() iter.Seq2[string, *EventBus] {
 // Stats returns a snapshot of the hub's counters and the sum of its live
 // buses' Stats. It takes each shard's read lock in turn and no bus lock.
 func (h *Hub) Stats() HubStats {
+	h.retireMu.RLock()
+	defer h.retireMu.RUnlock()
 	st := HubStats{
 		MaxTotalBytes: h.budget.max,
 		Created:       h.created.Load(),
@@ -385,12 +404,14 @@ func (h *Hub) Stats() HubStats {
 		Deleted:       h.deleted.Load(),
 		Refused:       h.refused.Load(),
 		BudgetTrimmed: h.budget.trimmed.Load(),
+		Buses:         h.ended,
 	}
 	for _, e := range h.snapshot() {
-		if e.bus.isClosed.Load() {
-			continue
+		// A bus closed and not yet forgotten still counts (its current
+		// values are 0), or the counters would dip until it is.
+		if !e.bus.isClosed.Load() {
+			st.Sessions++
 		}
-		st.Sessions++
 		st.Buses.add(e.bus.Stats())
 		st.RingBytes += e.bus.ring.heldNow.Load()
 	}
@@ -474,6 +495,8 @@ func (h *Hub) end() []*EventBus {
 		}
 	})
 	var out []*EventBus
+	h.retireMu.Lock()
+	defer h.retireMu.Unlock()
 	for i := range h.shards {
 		sh := &h.shards[i]
 		sh.mu.Lock()
@@ -481,6 +504,7 @@ func (h *Hub) end() []*EventBus {
 			out = append(out, b)
 			delete(sh.m, id)
 			h.n.Add(-1)
+			h.ended.addCounters(b.Stats())
 		}
 		sh.mu.Unlock()
 	}
@@ -505,7 +529,7 @@ func (h *Hub) sweep() {
 			// Decided again under the bus lock, atomically with Subscribe:
 			// a subscriber that came meanwhile keeps the session.
 			if _, ok := b.closeIf(nil, func() bool { return len(b.subs) == 0 && b.activity.Load() <= deadline }); ok {
-				h.forget(e)
+				h.forget(e) // unless a GetOrCreate replaced it already
 				h.expired.Add(1)
 				h.logger.LogAttrs(context.Background(), slog.LevelDebug, "eventbus: session expired", slog.String("session", truncate(e.id, 64)))
 			}
@@ -519,27 +543,43 @@ func (h *Hub) sweep() {
 	}
 }
 
-// forget removes e from the map if it still holds e's bus.
+// forget removes e from the map if it still holds e's bus, and keeps its
+// counters in ended.
 func (h *Hub) forget(e hubEntry) {
+	h.retireMu.Lock()
 	sh := h.shard(e.id)
 	sh.mu.Lock()
-	if sh.m[e.id] == e.bus {
+	gone := sh.m[e.id] == e.bus
+	if gone {
 		delete(sh.m, e.id)
 		h.n.Add(-1)
 	}
 	sh.mu.Unlock()
+	if gone {
+		h.ended.addCounters(e.bus.Stats())
+	}
+	h.retireMu.Unlock()
 }
 
 // add adds every field of o to s.
 func (s *Stats) add(o Stats) {
+	s.addCounters(o)
+	s.Subscribers += o.Subscribers
+	s.PeakSubscribers += o.PeakSubscribers
+	s.CatchUp.Behind += o.CatchUp.Behind
+	s.RingLen += o.RingLen
+	s.RingBytes += o.RingBytes
+}
+
+// addCounters adds the counters of o to s, leaving the current values
+// (Subscribers, PeakSubscribers, CatchUp.Behind, RingLen, RingBytes).
+func (s *Stats) addCounters(o Stats) {
 	s.Published += o.Published
 	s.Rejected.Invalid += o.Rejected.Invalid
 	s.Rejected.TooLarge += o.Rejected.TooLarge
 	s.Rejected.Closed += o.Rejected.Closed
 	s.Signals += o.Signals
 	s.FramesDelivered += o.FramesDelivered
-	s.Subscribers += o.Subscribers
-	s.PeakSubscribers += o.PeakSubscribers
 	s.Evictions.QueueOverflow += o.Evictions.QueueOverflow
 	s.Evictions.QueueBytesOverflow += o.Evictions.QueueBytesOverflow
 	s.Evictions.RepeatedOverflow += o.Evictions.RepeatedOverflow
@@ -558,7 +598,4 @@ func (s *Stats) add(o Stats) {
 	s.Dropped.CatchUpSignals += o.Dropped.CatchUpSignals
 	s.CatchUp.Entered += o.CatchUp.Entered
 	s.CatchUp.Served += o.CatchUp.Served
-	s.CatchUp.Behind += o.CatchUp.Behind
-	s.RingLen += o.RingLen
-	s.RingBytes += o.RingBytes
 }

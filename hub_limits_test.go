@@ -144,10 +144,7 @@ func TestFrameHeldCountsEveryByte(t *testing.T) {
 // The check: 100,000 sessions created and expired leave no
 // goroutine and no memory behind.
 func TestHubCreateExpireCyclesLeaveNothing(t *testing.T) {
-	rounds, perRound := 100, 1000
-	if testing.Short() {
-		rounds = 10
-	}
+	rounds, perRound := pick(10, 100, 1000), 1000
 	clock := newHubClock()
 	h := newTestHub(t, HubOptions{MaxSessions: perRound, IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
 	cycle := func(round int) {

@@ -1,16 +1,13 @@
 package eventbus
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -31,17 +28,9 @@ func newTestHub(t testing.TB, opts HubOptions) *Hub {
 	return h
 }
 
-// hubClock is a settable clock for Options.Now, so a test moves time and
-// calls sweep itself.
-type hubClock struct{ ms atomic.Int64 }
-
-func newHubClock() *hubClock {
-	c := &hubClock{}
-	c.ms.Store(1_700_000_000_000)
-	return c
-}
-func (c *hubClock) now() time.Time          { return time.UnixMilli(c.ms.Load()) }
-func (c *hubClock) advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
+// newHubClock is the tests' settable clock (Options.Now): a test moves
+// time and calls sweep itself.
+func newHubClock() *fakeClock { return newFakeClock(testStamp) }
 
 func hubEvent(i int) Event {
 	return Event{Type: "t", Data: json.RawMessage(`{"i":` + strconv.Itoa(i) + `}`)}
@@ -271,18 +260,25 @@ func TestHubGoroutineExpires(t *testing.T) {
 	})
 }
 
+// hubWithQueued returns a hub whose session "s" has a subscriber with n
+// events queued.
+func hubWithQueued(t *testing.T, n int) (*Hub, *Subscription) {
+	h, err := NewHub(HubOptions{})
+	require.NoError(t, err)
+	b, err := h.GetOrCreate("s")
+	require.NoError(t, err)
+	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+	require.NoError(t, err)
+	for i := range n {
+		_, err := b.Publish(hubEvent(i))
+		require.NoError(t, err)
+	}
+	return h, s
+}
+
 func TestHubShutdownDrains(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHub(HubOptions{})
-		require.NoError(t, err)
-		b, err := h.GetOrCreate("s")
-		require.NoError(t, err)
-		s, err := b.Subscribe(t.Context(), SubscribeOptions{})
-		require.NoError(t, err)
-		for i := range 5 {
-			_, err := b.Publish(hubEvent(i))
-			require.NoError(t, err)
-		}
+		h, s := hubWithQueued(t, 5)
 		got := make(chan int)
 		go func() {
 			time.Sleep(time.Second) // a consumer that comes late
@@ -298,7 +294,7 @@ func TestHubShutdownDrains(t *testing.T) {
 		require.NoError(t, h.Shutdown(ctx))
 		assert.Less(t, time.Since(start), 2*time.Second)
 		assert.Equal(t, 5, <-got, "every queued frame reached the consumer")
-		_, err = h.GetOrCreate("t")
+		_, err := h.GetOrCreate("t")
 		require.ErrorIs(t, err, ErrClosed)
 		_, err = h.Publish("s", hubEvent(1))
 		require.ErrorIs(t, err, ErrClosed)
@@ -309,14 +305,7 @@ func TestHubShutdownDrains(t *testing.T) {
 
 func TestHubShutdownRespectsContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHub(HubOptions{})
-		require.NoError(t, err)
-		b, err := h.GetOrCreate("s")
-		require.NoError(t, err)
-		s, err := b.Subscribe(t.Context(), SubscribeOptions{})
-		require.NoError(t, err)
-		_, err = b.Publish(hubEvent(1))
-		require.NoError(t, err)
+		h, s := hubWithQueued(t, 1)
 		// Nobody reads s: Shutdown gives up at the deadline.
 		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 		defer cancel()
@@ -416,12 +405,9 @@ func TestHubLookupRequest(t *testing.T) {
 	assert.ErrorIs(t, err, ErrSessionNotFound)
 }
 
-// sseFrame is one frame read from a stream.
-type sseFrame struct{ id, typ, data string }
-
-// hubStream GETs url with hdr and returns its frames up to and with the
+// hubStream GETs url with hdr and returns its events up to and with the
 // first of type until.
-func hubStream(t *testing.T, url string, hdr http.Header, until string) []sseFrame {
+func hubStream(t *testing.T, url string, hdr http.Header, until string) []sseEvent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -432,31 +418,17 @@ func hubStream(t *testing.T, url string, hdr http.Header, until string) []sseFra
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
-	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	var out []sseFrame
-	var cur sseFrame
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 4<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "id: "):
-			cur.id = line[4:]
-		case strings.HasPrefix(line, "event: "):
-			cur.typ = line[7:]
-		case strings.HasPrefix(line, "data: "):
-			cur.data = line[6:]
-		case line == "" && cur.typ != "":
-			out = append(out, cur)
-			if cur.typ == until {
-				return out
-			}
-			cur = sseFrame{}
+	c := newSSEStream(t, resp)
+	defer c.close()
+	var out []sseEvent
+	for {
+		ev := c.skipToEvent()
+		out = append(out, ev)
+		if ev.Type == until {
+			return out
 		}
 	}
-	t.Fatalf("stream ended before %s: %v (%v)", until, out, sc.Err())
-	return nil
 }
 
 // A resume across an idle expiry gets epoch_reset: through the Handler,
@@ -478,7 +450,7 @@ func TestHubResumeAcrossExpiryIsEpochReset(t *testing.T) {
 	oldEpoch := old.Epoch()
 	fs := hubStream(t, url, http.Header{"Last-Event-Id": {oldEpoch + ":1"}}, TypeReplayComplete)
 	require.Len(t, fs, 3)
-	assert.Equal(t, oldEpoch+":3", fs[1].id)
+	assert.Equal(t, oldEpoch+":3", fs[1].ID)
 
 	// The handler ends its subscription once it sees the client gone.
 	require.Eventually(t, func() bool { return old.SubscriberCount() == 0 }, 10*time.Second, time.Millisecond)
@@ -495,13 +467,13 @@ func TestHubResumeAcrossExpiryIsEpochReset(t *testing.T) {
 		"Event-Epoch": {"Last-Event-Id": {"3"}, "Event-Epoch": {oldEpoch}},
 	} {
 		fs := hubStream(t, url, hdr, TypeReplayComplete)
-		require.Equal(t, TypeStateResyncRequired, fs[0].typ, name)
-		assert.Contains(t, fs[0].data, `"reason":"epoch_reset","detail":"epoch_mismatch"`, name)
-		assert.Contains(t, fs[0].data, `"epoch":"`+nb.Epoch()+`"`, name)
+		require.Equal(t, TypeStateResyncRequired, fs[0].Type, name)
+		assert.Contains(t, fs[0].Data, `"reason":"epoch_reset","detail":"epoch_mismatch"`, name)
+		assert.Contains(t, fs[0].Data, `"epoch":"`+nb.Epoch()+`"`, name)
 	}
 	fs = hubStream(t, url, http.Header{"Last-Event-Id": {"3"}}, TypeReplayComplete)
-	require.Equal(t, TypeStateResyncRequired, fs[0].typ)
-	assert.Contains(t, fs[0].data, `"reason":"epoch_reset"`, "a cursor past the new bus's last id")
+	require.Equal(t, TypeStateResyncRequired, fs[0].Type)
+	assert.Contains(t, fs[0].Data, `"reason":"epoch_reset"`, "a cursor past the new bus's last id")
 }
 
 func TestHubPublishRetriesOnAnExpiredBus(t *testing.T) {
@@ -551,4 +523,92 @@ func TestHubCloseRacesGetOrCreate(t *testing.T) {
 		}
 		assert.Zero(t, h.Len())
 	}
+}
+
+// The publish path of one session takes no hub-wide lock: with another
+// session's bus lock, the budget's trim lock and the sweep lock held, and
+// every shard read-locked, Hub.Publish and Lookup of a session still go
+// through.
+func TestHubPublishTakesNoHubWideLock(t *testing.T) {
+	h := newTestHub(t, HubOptions{})
+	_, err := h.Publish("a", hubEvent(1))
+	require.NoError(t, err)
+	_, err = h.Publish("b", hubEvent(1))
+	require.NoError(t, err)
+	a, _ := h.Lookup("a")
+	a.mu.Lock()
+	h.budget.mu.Lock()
+	h.sweepMu.Lock()
+	for i := range h.shards {
+		h.shards[i].mu.RLock()
+	}
+	done := make(chan error)
+	go func() {
+		_, err := h.Publish("b", hubEvent(2))
+		if _, ok := h.Lookup("b"); !ok {
+			err = errors.New("lookup failed")
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Hub.Publish waited for a lock of another session or of the hub")
+	}
+	for i := range h.shards {
+		h.shards[i].mu.RUnlock()
+	}
+	h.sweepMu.Unlock()
+	h.budget.mu.Unlock()
+	a.mu.Unlock()
+}
+
+// The summed counters cover the sessions that ended too, and never go down
+// while sessions come and go (a Prometheus counter must not).
+func TestHubStatsCountersNeverGoDown(t *testing.T) {
+	clock := newHubClock()
+	h := newTestHub(t, HubOptions{IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
+	const n = 3000
+	stop := make(chan struct{})
+	var watched sync.WaitGroup
+	watched.Go(func() {
+		last := uint64(0)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p := h.Stats().Buses.Published
+			if p < last {
+				t.Errorf("Published went down: %d after %d", p, last)
+				return
+			}
+			last = p
+		}
+	})
+	for i := range n {
+		id := "s" + strconv.Itoa(i%50)
+		_, err := h.Publish(id, hubEvent(i))
+		require.NoError(t, err)
+		switch i % 7 {
+		case 0:
+			h.Delete(id)
+		case 3:
+			clock.advance(time.Minute)
+			h.sweep()
+		}
+	}
+	close(stop)
+	watched.Wait()
+	st := h.Stats()
+	assert.Equal(t, uint64(n), st.Buses.Published)
+	assert.Positive(t, st.Expired)
+	assert.Positive(t, st.Deleted)
+	require.NoError(t, h.Close())
+	after := h.Stats()
+	assert.Equal(t, uint64(n), after.Buses.Published, "after Close too")
+	assert.Zero(t, after.Buses.RingLen, "current values: live buses only")
+	assert.Zero(t, after.Sessions)
 }
