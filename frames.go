@@ -125,7 +125,8 @@ func (f Frame) JSON() []byte {
 }
 
 // Size returns the length of the encoded envelope in bytes: the unit of every
-// byte cap of the package.
+// byte cap of a bus (a Hub's MaxTotalBytes counts more: every byte the frame
+// holds, its SSE lines and its type string too; see HubOptions).
 func (f Frame) Size() int {
 	if f.frame == nil {
 		return 0
