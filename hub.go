@@ -44,8 +44,10 @@ type HubOptions struct {
 	// 0 means DefaultIdleTimeout, negative means sessions never expire.
 	IdleTimeout time.Duration
 	// MaxTotalBytes bounds the sum of every session's ring bytes, counting
-	// every byte of their frames (the SSE encoding, the type kept beside
-	// it), not only envelopes as Options.RingMaxBytes does; 0 means
+	// what each frame costs (its buffer with the whole SSE encoding, the
+	// type string kept beside it, its header and ring slot: about 150
+	// bytes more than a small event's envelope), not only envelopes as
+	// Options.RingMaxBytes does; 0 means
 	// DefaultMaxTotalBytes. Negative, or too small for one event of
 	// Bus.MaxEventBytes with the longest type, is an error.
 	MaxTotalBytes int64
@@ -58,9 +60,8 @@ type HubOptions struct {
 type HubStats struct {
 	Sessions int // live sessions now
 	// RingBytes is the sum of every ring's bytes now, as the budget
-	// counts them: every byte of their frames (SSE encoding and type), a
-	// little more than Buses.RingBytes, which counts envelopes. At most
-	// MaxTotalBytes.
+	// counts them (see MaxTotalBytes): more than Buses.RingBytes, which
+	// counts envelopes. At most MaxTotalBytes.
 	RingBytes     int64
 	MaxTotalBytes int64
 	Created       uint64 // sessions created since NewHub

@@ -344,7 +344,7 @@ func TestHubStatsSum(t *testing.T) {
 	for _, b := range h.Sessions() {
 		for i := range b.ring.Len() {
 			f := b.ring.at(i)
-			held += len(f.wire) + len(f.typ)
+			held += len(f.wire) + len(f.typ) + frameOverhead + 2*(maxDigits-digits(f.id))
 		}
 	}
 	assert.Equal(t, int64(held), st.RingBytes, "every byte of every frame")
