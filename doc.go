@@ -40,7 +40,11 @@
 // "<epoch>:<N>", see [ParseEventID]), subscribes, writes every ready frame
 // in one flushed batch, sends heartbeats, enforces write deadlines, and
 // optionally checks credentials ([Handler.Authorize], [Grant],
-// [Handler.Revoke]) and cross-origin access ([CORS]).
+// [Handler.Revoke]) and cross-origin access ([CORS]). A daemon with many
+// sessions keeps their buses in a [Hub] ([NewHub]): [Hub.GetOrCreate] or
+// [Hub.Publish] where it publishes, [Hub.LookupRequest] as the Handler's
+// Lookup (an unknown session is a 404, never a new bus), a session cap,
+// idle expiry and one byte budget over every ring.
 //
 // In-process consumers range over [Subscription.Events]. A consumer that
 // must also wait on something else uses [Subscription.Ready] and

@@ -15,7 +15,8 @@ import (
 //
 // Consume it either with Events, a blocking iterator, or with Ready and
 // AppendReady, for a writer that must also wait on timers or a request
-// context. Only one goroutine may consume at a time; Close and Err are safe
+// context; a transport that reports what it wrote uses TakeReady instead
+// of AppendReady (see there). Only one goroutine may consume at a time; Close and Err are safe
 // to call from any goroutine. No goroutine runs per subscription.
 // Subscriptions are made by Subscribe; a zero Subscription is not usable.
 type Subscription struct {

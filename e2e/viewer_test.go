@@ -363,3 +363,65 @@ func screenshot(ctx context.Context, t *testing.T, name string) {
 	}
 	t.Logf("screenshot of the viewer: %s", path)
 }
+
+// TestViewerSaysWhenTheSessionDoesNotExist opens the viewer on a session
+// the daemon does not have (a GET never creates one): the EventSource
+// stops for good on the 404, and the page says plainly that the session
+// does not exist or has ended and offers to watch again; once a publish
+// has created the session, "Watch again" streams it.
+func TestViewerSaysWhenTheSessionDoesNotExist(t *testing.T) {
+	chromium := chromiumPath(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d := daemontest.Start(ctx, t, daemontest.Build(ctx, t, "..", raceEnabled), "-create-on-stream=false")
+	br := newBrowser(ctx, t, chromium)
+	bctx := br.ctx
+	const session = "gone"
+	if err := chromedp.Do(bctx, chromedp.Navigate(d.Base+"/?session="+session)); err != nil {
+		t.Fatalf("navigating to the viewer: %v", err)
+	}
+	type view struct {
+		Banner, BannerClass string
+		AgainHidden         bool
+		ConnState           string
+		SeenIDs             []uint64
+	}
+	read := func() view {
+		v, err := chromedp.Run(bctx, chromedp.Evaluate[view](`({Banner: document.getElementById("streamBanner").textContent,
+			BannerClass: document.getElementById("streamBanner").className, AgainHidden: document.getElementById("watchAgain").hidden,
+			ConnState: window.connState, SeenIDs: window.seenIds})`))
+		if err != nil {
+			t.Fatalf("reading the page: %v", err)
+		}
+		return v
+	}
+	var v view
+	daemontest.WaitUntil(t, 20*time.Second, "the page to say the session does not exist", func() (bool, string) {
+		v = read()
+		return strings.Contains(v.Banner, `Session "gone" does not exist or has ended`) && !v.AgainHidden, fmt.Sprintf("%+v", v)
+	})
+	if !strings.Contains(v.Banner, "404 session_not_found") || v.BannerClass != "banner final" {
+		t.Fatalf("the banner: %+v", v)
+	}
+	var st daemontest.Status
+	d.Call(http.MethodGet, "/session/"+session, "", http.StatusNotFound, nil) // the page's GETs created nothing
+	screenshot(bctx, t, "viewer-session-not-found.png")
+
+	d.Publish(session, 1) // the session starts
+	if err := chromedp.Do(bctx, chromedp.Click("#watchAgain")); err != nil {
+		t.Fatalf("clicking Watch again: %v", err)
+	}
+	daemontest.WaitUntil(t, 20*time.Second, "the page to stream the session", func() (bool, string) {
+		st = d.Status(session)
+		return st.Subscribers == 1, fmt.Sprintf("%+v, page %+v", st, read())
+	})
+	d.Publish(session, 2)
+	daemontest.WaitUntil(t, 20*time.Second, "the page to see id 2", func() (bool, string) {
+		v = read()
+		return slices.Contains(v.SeenIDs, 2), fmt.Sprintf("%+v", v)
+	})
+	if v.BannerClass != "banner" || !v.AgainHidden {
+		t.Fatalf("after Watch again the banner stays: %+v", v)
+	}
+	d.Stop(20 * time.Second)
+}

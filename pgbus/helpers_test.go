@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -14,9 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/internal/backplanetest"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -120,10 +120,11 @@ func testOptions(schema string) Options {
 // replica is one daemon replica in-process: its own pool, backplane and
 // HTTP server.
 type replica struct {
-	name string
-	pool *pgxpool.Pool
-	bp   *Backplane
-	srv  *httptest.Server
+	name   string
+	pool   *pgxpool.Pool
+	bp     *Backplane
+	srv    *httptest.Server
+	shared *backplanetest.Replica // the same, for the shared tests
 }
 
 // newPool returns a pool for url, closed when t ends (after everything
@@ -157,13 +158,8 @@ func newReplica(t testing.TB, url, name string, opts Options) *replica {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bp.Close() })
-	mux := http.NewServeMux()
-	h := bp.Handler()
-	h.Heartbeat = time.Hour
-	mux.Handle("GET /session/{id}/events", h)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return &replica{name: name, pool: pool, bp: bp, srv: srv}
+	shared := backplanetest.NewReplica(t, name, bp)
+	return &replica{name: name, pool: pool, bp: bp, srv: shared.Server, shared: shared}
 }
 
 func threeReplicas(t testing.TB, url string, opts Options) (a, b, c *replica) {
@@ -172,22 +168,14 @@ func threeReplicas(t testing.TB, url string, opts Options) (a, b, c *replica) {
 
 func (rp *replica) publish(t testing.TB, session, typ string, data any) uint64 {
 	t.Helper()
-	id, _, err := rp.bp.Publish(context.Background(), session, eventbus.Event{Type: typ, Data: data})
-	if err != nil {
-		t.Fatalf("%s: publish: %v", rp.name, err)
-	}
-	return id
+	return rp.shared.Publish(t, session, typ, data)
 }
 
 // open opens GET /session/{session}/events on rp with the given headers
 // and query.
 func (rp *replica) open(t testing.TB, session string, header map[string]string, query string) *backplanetest.Stream {
 	t.Helper()
-	url := rp.srv.URL + "/session/" + session + "/events"
-	if query != "" {
-		url += "?" + query
-	}
-	return backplanetest.Open(t, rp.srv.Client(), url, header)
+	return rp.shared.Open(t, session, header, query)
 }
 
 // testWriter writes a backplane's log lines to its test's log (every
@@ -199,13 +187,25 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// cluster is backplanetest's Cluster: n replicas on a schema of their own.
+func cluster(t *testing.T, n int, tune func(*eventbus.Options)) []*backplanetest.Replica {
+	url, schema := testSchema(t)
+	opts := testOptions(schema)
+	if tune != nil {
+		tune(&opts.Bus)
+	}
+	var out []*backplanetest.Replica
+	for i := range n {
+		out = append(out, newReplica(t, url, string(rune('A'+i)), opts).shared)
+	}
+	return out
+}
+
 // Short names for the shared checks.
 var (
 	wantIDs = backplanetest.WantIDs
 	waitFor = backplanetest.WaitFor
 )
-
-type frame = backplanetest.Frame
 
 // gate pauses a backplane's readers: while closed, a reader waits before
 // its next query. parked reports readers waiting.

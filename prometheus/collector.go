@@ -1,6 +1,5 @@
 // Package ebprom exports the metrics of an eventbus.Hub to Prometheus: a
-// prometheus.Collector that reads Hub.Stats and every live session's
-// EventBus.Stats at each scrape.
+// prometheus.Collector that reads Hub.Stats at each scrape.
 //
 // It lives in its own module (github.com/ssebus/eventbus/prometheus) so
 // that package eventbus keeps no dependency: import it only in a daemon
@@ -44,38 +43,23 @@
 package ebprom
 
 import (
-	"reflect"
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ssebus/eventbus"
 )
 
 // Collector is a prometheus.Collector of one hub. Register it once; its
-// Collect is safe for concurrent use (scrapes are serialized by its own
-// lock, never the hub's: it calls Hub.Stats, Hub.Sessions and
-// EventBus.Stats, which take no bus lock).
-//
-// The counters of the sessions' buses are monotonic across session
-// expiry and deletion: the collector keeps each live bus's counters as of
-// the last scrape, and adds those of a bus that has gone (expired,
-// deleted, closed) to a sum of retired buses. What a bus counted between
-// its last scrape and its end is therefore not counted: the counters
-// undercount by at most one scrape interval of the sessions that ended in
-// it, never overcount, and never go down.
+// Collect is safe for concurrent use and takes no bus lock (it calls
+// Hub.Stats). The counters are HubStats.Buses', which cover every bus
+// since NewHub, expired and deleted ones included, so they never go down.
 type Collector struct {
 	hub *eventbus.Hub
-
-	mu      sync.Mutex
-	seen    map[*eventbus.EventBus]eventbus.Stats // live buses at the last scrape
-	retired eventbus.Stats                        // the sum of the counters of buses that have gone
 }
 
 // NewCollector returns a Collector of hub. It holds hub but owns nothing:
 // closing the hub is the caller's, and a collector of a closed hub reports
-// its final hub counters and no sessions.
+// its final counters and no sessions.
 func NewCollector(hub *eventbus.Hub) *Collector {
-	return &Collector{hub: hub, seen: make(map[*eventbus.EventBus]eventbus.Stats)}
+	return &Collector{hub: hub}
 }
 
 // metric is one exported metric: its description and, for each label
@@ -108,7 +92,7 @@ func byReason(name, help string, values ...labelled) metric {
 var metrics = []metric{
 	gauge("eventbus_sessions", "Sessions the hub holds now.",
 		func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return uint64(h.Sessions) }),
-	gauge("eventbus_ring_bytes", "Bytes in every session's replay ring now (at most eventbus_ring_budget_bytes).",
+	gauge("eventbus_ring_bytes", "Bytes in every session's replay ring now, as the budget counts them (at most eventbus_ring_budget_bytes).",
 		func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return uint64(h.RingBytes) }),
 	gauge("eventbus_ring_budget_bytes", "The hub's bound on the sum of every ring's bytes (HubOptions.MaxTotalBytes).",
 		func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return uint64(h.MaxTotalBytes) }),
@@ -175,56 +159,14 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect reads the hub and its sessions and sends every metric.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	hs := c.hub.Stats()
-	counters := c.busCounters()
 	for _, m := range metrics {
 		for _, l := range m.values {
-			v := float64(l.value(&hs, &counters))
+			v := float64(l.value(&hs, &hs.Buses))
 			if l.label == "" {
 				ch <- prometheus.MustNewConstMetric(m.desc, m.kind, v)
 			} else {
 				ch <- prometheus.MustNewConstMetric(m.desc, m.kind, v, l.label)
 			}
-		}
-	}
-}
-
-// busCounters returns the monotonic sum of the counters of every bus the
-// hub has held: the retired buses' plus the live ones' now.
-func (c *Collector) busCounters() eventbus.Stats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := make(map[*eventbus.EventBus]eventbus.Stats, len(c.seen))
-	sum := c.retired
-	for _, bus := range c.hub.Sessions() {
-		st := bus.Stats()
-		now[bus] = st
-		addCounters(&sum, &st)
-	}
-	for bus, st := range c.seen {
-		if _, live := now[bus]; !live {
-			addCounters(&c.retired, &st)
-			addCounters(&sum, &st)
-		}
-	}
-	c.seen = now
-	return sum
-}
-
-// addCounters adds the counters of b to sum: its uint64 fields, nested
-// structs included. Stats keeps its counters in uint64 fields and its
-// current values (subscribers, ring sizes, subscribers behind) in int
-// fields, which come from Hub.Stats instead.
-func addCounters(sum, b *eventbus.Stats) {
-	addUints(reflect.ValueOf(sum).Elem(), reflect.ValueOf(b).Elem())
-}
-
-func addUints(sum, b reflect.Value) {
-	for i := range sum.NumField() {
-		switch f := sum.Field(i); f.Kind() {
-		case reflect.Uint64:
-			f.SetUint(f.Uint() + b.Field(i).Uint())
-		case reflect.Struct:
-			addUints(f, b.Field(i))
 		}
 	}
 }

@@ -7,14 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/backplanetest"
 )
 
 const wait = 10 * time.Second // bound of every wait for frames
@@ -27,182 +26,8 @@ func threeReplicas(t *testing.T, r *redisServer, opts Options) (a, b, c *replica
 // subscriber on every replica, with the same ids, bytes and order.
 func TestThreeReplicasOneOrder(t *testing.T) {
 	r := startRedis(t)
-	reps := []*replica{}
 	a, b, c := threeReplicas(t, r, testOptions(t))
-	reps = append(reps, a, b, c)
-	var subs []*sse
-	for _, rp := range reps {
-		for range 2 {
-			subs = append(subs, openSSE(t, rp, "s1", nil, ""))
-		}
-	}
-	const per = 100
-	var wg sync.WaitGroup
-	ids := make([][]uint64, len(reps))
-	for i, rp := range reps {
-		wg.Go(func() {
-			for n := range per {
-				id, _, err := rp.bp.Publish(context.Background(), "s1", eventbus.Event{
-					Type: "e", Data: map[string]int{"p": i, "n": n}})
-				if err != nil {
-					t.Errorf("%s: %v", rp.name, err)
-					return
-				}
-				ids[i] = append(ids[i], id)
-			}
-		})
-	}
-	wg.Wait()
-	seen := map[uint64]bool{}
-	for i := range ids {
-		for k, id := range ids[i] {
-			if seen[id] {
-				t.Fatalf("id %d assigned twice", id)
-			}
-			seen[id] = true
-			if k > 0 && id <= ids[i][k-1] {
-				t.Fatalf("publisher %d got id %d after %d", i, id, ids[i][k-1])
-			}
-		}
-	}
-	total := uint64(len(reps) * per)
-	var ref []frame
-	for i, s := range subs {
-		got := s.Events(int(total), wait)
-		wantIDs(t, got, 1, total)
-		if i == 0 {
-			ref = got
-			continue
-		}
-		for k := range got {
-			if got[k] != ref[k] {
-				t.Fatalf("subscriber %d frame %d = %+v, subscriber 0 has %+v", i, k, got[k], ref[k])
-			}
-		}
-	}
-	// Every publisher's events appear in its own order.
-	next := make([]int64, len(reps))
-	for _, f := range ref {
-		p, n := f.Num(t, "data", "p"), f.Num(t, "data", "n")
-		if n != next[p] {
-			t.Fatalf("publisher %d: event n=%d at id %d, want n=%d", p, n, f.ID, next[p])
-		}
-		next[p]++
-	}
-	if subs[0].Epoch == "" || subs[0].Epoch != subs[5].Epoch {
-		t.Fatalf("epochs differ across replicas: %q, %q", subs[0].Epoch, subs[5].Epoch)
-	}
-}
-
-// A client reading from A disconnects and resumes on C, which has no
-// mirror of the session: it gets exactly the ids it missed, then live.
-func TestResumeOnAnotherReplica(t *testing.T) {
-	r := startRedis(t)
-	a, b, c := threeReplicas(t, r, testOptions(t))
-	sa := openSSE(t, a, "s", nil, "")
-	for range 30 {
-		b.publish(t, "s", "e", nil)
-	}
-	got := sa.Events(20, wait)
-	wantIDs(t, got, 1, 20)
-	sa.Close() // the client saw 20
-	for range 15 {
-		b.publish(t, "s", "e", nil)
-	}
-	if n := c.bp.Sessions(); n != 0 {
-		t.Fatalf("C holds %d sessions before the resume", n)
-	}
-	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "20", "Event-Epoch": sa.Epoch}, "")
-	if sc.Epoch != sa.Epoch {
-		t.Fatalf("C's epoch %q, A's %q", sc.Epoch, sa.Epoch)
-	}
-	wantIDs(t, sc.Events(25, wait), 21, 45)
-	rc := sc.Next(wait)
-	if rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 25 || rc.Num(t, "data", "lastReplayedEventId") != 45 {
-		t.Fatalf("want replay_complete of 25 up to 45, got %+v", rc)
-	}
-	a.publish(t, "s", "e", nil)
-	wantIDs(t, sc.Events(1, wait), 46, 46)
-}
-
-// C already mirrors the session, but only from a late id: a resume from
-// before it is answered from the stream, ahead of the live frames.
-func TestResumeBehindALateMirror(t *testing.T) {
-	r := startRedis(t)
-	a, _, c := threeReplicas(t, r, testOptions(t))
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	live := openSSE(t, c, "s", nil, "") // C's mirror starts at 11
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	wantIDs(t, live.Events(10, wait), 11, 20)
-	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
-	wantIDs(t, sc.Events(15, wait), 6, 20)
-	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 15 {
-		t.Fatalf("want replay_complete of 15, got %+v", rc)
-	}
-	a.publish(t, "s", "e", nil)
-	wantIDs(t, sc.Events(1, wait), 21, 21)
-}
-
-// Live publishing during a resume from the stream: the hand-over from
-// history to live has no gap and no duplicate.
-func TestResumeWhilePublishing(t *testing.T) {
-	r := startRedis(t)
-	a, b, c := threeReplicas(t, r, testOptions(t))
-	for range 200 {
-		a.publish(t, "s", "e", nil)
-	}
-	warm := openSSE(t, c, "s", nil, "") // C's mirror, ring from 201
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var published atomic.Uint64
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			published.Store(b.publish(t, "s", "e", nil))
-		}
-	})
-	time.Sleep(20 * time.Millisecond)
-	var resumed []*sse
-	for _, from := range []string{"0", "50", "199"} {
-		resumed = append(resumed, openSSE(t, c, "s", map[string]string{"Last-Event-ID": from, "Event-Epoch": warm.Epoch}, ""))
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	last := published.Load()
-	for i, s := range resumed {
-		from := []uint64{1, 51, 200}[i]
-		var ids []uint64
-		sawComplete := false
-		for len(ids) == 0 || ids[len(ids)-1] < last {
-			f := s.Next(wait)
-			if f.ID == 0 {
-				if f.Event != eventbus.TypeReplayComplete || sawComplete {
-					t.Fatalf("resume %d: unexpected %s %s", i, f.Event, f.Data)
-				}
-				sawComplete = true
-				continue
-			}
-			ids = append(ids, f.ID)
-		}
-		if !sawComplete {
-			t.Fatalf("resume %d: no replay_complete", i)
-		}
-		for k, id := range ids {
-			if id != from+uint64(k) {
-				t.Fatalf("resume %d: event %d has id %d, want %d", i, k, id, from+uint64(k))
-			}
-		}
-	}
+	backplanetest.ThreeReplicasOneOrder(t, a.shared, b.shared, c.shared)
 }
 
 // After the stream was trimmed past the cursor: ring_evicted, then what
@@ -351,70 +176,6 @@ func TestRedisRestartEpochReset(t *testing.T) {
 		t.Fatalf("want numeric epoch_reset, got %+v", rs)
 	}
 	wantIDs(t, s2.Events(3, wait), 1, 3)
-}
-
-// A slow subscriber on B is evicted there; every other subscriber, on
-// every replica, gets everything, and the other mirrors evict nobody.
-func TestSlowSubscriberEvictedLocally(t *testing.T) {
-	r := startRedis(t)
-	a, b, c := threeReplicas(t, r, testOptions(t))
-	var fast []*sse
-	for _, rp := range []*replica{a, b, c} {
-		fast = append(fast, openSSE(t, rp, "s", nil, ""))
-	}
-	slow, err := b.bp.Subscribe(context.Background(), "s", eventbus.SubscribeOptions{MaxQueued: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Close()
-	for range 100 {
-		a.publish(t, "s", "e", nil)
-	}
-	for _, s := range fast {
-		var got []frame
-		for len(got) < 100 {
-			f := s.Next(wait)
-			if f.ID == 0 {
-				if f.Event != eventbus.TypeSlowClientWarning {
-					t.Fatalf("fast subscriber got %s %s", f.Event, f.Data)
-				}
-				continue
-			}
-			got = append(got, f)
-		}
-		wantIDs(t, got, 1, 100)
-	}
-	var ids []uint64
-	var types []string
-	for f := range slow.Events() {
-		if f.ID() != 0 {
-			ids = append(ids, f.ID())
-		} else {
-			types = append(types, f.Type())
-		}
-	}
-	if len(ids) != 16 || ids[0] != 1 || ids[15] != 16 {
-		t.Fatalf("slow subscriber got ids %v, want 1..16", ids)
-	}
-	if len(types) != 2 || types[0] != eventbus.TypeSlowClientWarning || types[1] != eventbus.TypeClientEvicted {
-		t.Fatalf("slow subscriber got synthetic frames %v", types)
-	}
-	if !errors.Is(slow.Err(), eventbus.ErrEvicted) {
-		t.Fatalf("slow subscriber ended with %v", slow.Err())
-	}
-	for _, rp := range []*replica{a, b, c} {
-		bus, err := rp.bp.Bus(context.Background(), "s")
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := uint64(0)
-		if rp == b {
-			want = 1
-		}
-		if got := bus.Stats().Evictions.QueueOverflow; got != want {
-			t.Fatalf("%s evicted %d, want %d", rp.name, got, want)
-		}
-	}
 }
 
 // Redis down (refusing connections, or hung): Publish fails within its
@@ -599,50 +360,6 @@ func TestResumeOnALaggingReplica(t *testing.T) {
 	wantIDs(t, sc.Events(1, wait), 11, 11)
 }
 
-// The replay budget holds for resumes from the stream.
-func TestResumeReplayBudget(t *testing.T) {
-	r := startRedis(t)
-	opts := testOptions(t)
-	opts.Bus.ReplayBudgetBytes = 1000
-	a, _, c := threeReplicas(t, r, opts)
-	for range 40 {
-		a.publish(t, "s", "e", strings.Repeat("z", 100))
-	}
-	sc := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "0"}, "")
-	var got []frame
-	for {
-		f := sc.Next(wait)
-		if f.ID == 0 {
-			if f.Event != eventbus.TypeStateResyncRequired || f.Str(t, "data", "reason") != "replay_budget_exceeded" {
-				t.Fatalf("want replay_budget_exceeded, got %+v", f)
-			}
-			n := uint64(len(got))
-			if f.Num(t, "data", "lastDeliveredId") != int64(n) || f.Num(t, "data", "earliestAvailableId") != int64(n+1) {
-				t.Fatalf("budget resync %+v after %d events", f, n)
-			}
-			break
-		}
-		got = append(got, f)
-	}
-	size := len(got[0].Data)
-	if len(got) != 1000/size {
-		t.Fatalf("replayed %d events of ~%d bytes within a budget of 1000", len(got), size)
-	}
-	wantIDs(t, got, 1, uint64(len(got)))
-	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != int64(len(got)) {
-		t.Fatalf("want replay_complete, got %+v", rc)
-	}
-	// With a type filter the whole range is read; the budget still holds.
-	sf := openSSE(t, c, "s", map[string]string{"Last-Event-ID": "0"}, "types=e")
-	n := 0
-	for f := sf.Next(wait); f.ID != 0; f = sf.Next(wait) {
-		n++
-	}
-	if n != len(got) {
-		t.Fatalf("filtered resume replayed %d, unfiltered %d", n, len(got))
-	}
-}
-
 // Sessions without local subscribers are released after IdleTimeout, with
 // their reader; the next lookup makes a new mirror of the same epoch.
 func TestIdleRelease(t *testing.T) {
@@ -678,31 +395,6 @@ func TestDelete(t *testing.T) {
 	if err != nil || id != 1 || epoch == sa.Epoch {
 		t.Fatalf("publish after delete: id %d epoch %q err %v (old epoch %q)", id, epoch, err, sa.Epoch)
 	}
-}
-
-// Close ends open streams and every goroutine; Publish then fails.
-func TestClose(t *testing.T) {
-	r := startRedis(t)
-	a := newReplica(t, r, "A", testOptions(t))
-	s := openSSE(t, a, "s", nil, "")
-	for i := range 5 {
-		a.publish(t, "s"+strconv.Itoa(i), "e", nil)
-	}
-	a.publish(t, "s", "e", nil)
-	wantIDs(t, s.Events(1, wait), 1, 1)
-	start := time.Now()
-	a.bp.Close()
-	if took := time.Since(start); took > time.Second {
-		t.Fatalf("Close took %v", took)
-	}
-	s.Ended(wait)
-	if _, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"}); !errors.Is(err, eventbus.ErrClosed) {
-		t.Fatalf("Publish after Close: %v", err)
-	}
-	if _, err := a.bp.Bus(context.Background(), "s"); !errors.Is(err, eventbus.ErrClosed) {
-		t.Fatalf("Bus after Close: %v", err)
-	}
-	a.bp.Close()
 }
 
 // Invalid and oversized events use no id, whether the local encoder or
@@ -836,7 +528,7 @@ func TestPublishReleasesStaleMirror(t *testing.T) {
 func TestResumeOfALostEpoch(t *testing.T) {
 	r := startRedis(t)
 	a, _, c := threeReplicas(t, r, testOptions(t))
-	live := lateMirror(t, a, c) // C's ring starts at 11
+	live := backplanetest.LateMirror(t, a.shared, c.shared) // C's ring starts at 11
 	g := installGate(c.bp)
 	defer g.open()
 	g.close(t)
@@ -863,7 +555,7 @@ func TestResumeOfALostEpoch(t *testing.T) {
 func TestResumeHistoryUnavailable(t *testing.T) {
 	r := startRedis(t)
 	a, _, c := threeReplicas(t, r, testOptions(t))
-	live := lateMirror(t, a, c) // C's ring starts at 11
+	live := backplanetest.LateMirror(t, a.shared, c.shared) // C's ring starts at 11
 	g := installGate(c.bp)
 	defer g.open()
 	g.close(t)
@@ -880,29 +572,8 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 	}
 }
 
-// A signal sent on one replica reaches the session's subscribers on every
-// replica, without an id.
-func TestSignalReachesEveryReplica(t *testing.T) {
-	r := startRedis(t)
-	a, b, c := threeReplicas(t, r, testOptions(t))
-	var subs []*sse
-	for _, rp := range []*replica{a, b, c} {
-		subs = append(subs, openSSE(t, rp, "s", nil, ""))
-	}
-	if err := b.bp.Signal(context.Background(), "s", "doc.changed", "doc/1"); err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range subs {
-		f := s.Next(wait)
-		if f.ID != 0 || f.Event != "doc.changed" || f.Str(t, "about") != "doc/1" {
-			t.Fatalf("replica %d got %+v", i, f)
-		}
-	}
-	if err := a.bp.Signal(context.Background(), "s", "", "x"); !errors.Is(err, eventbus.ErrInvalidEvent) {
-		t.Fatalf("empty signal type: %v", err)
-	}
-	a.publish(t, "s", "e", nil)
-	for _, s := range subs {
-		wantIDs(t, s.Events(1, wait), 1, 1)
-	}
-}
+// TestBackplane runs the tests every backplane must pass
+// (internal/backplanetest.Run): Close, resuming on another replica and
+// behind a late mirror and while publishing, local eviction, the replay
+// budget, signals.
+func TestBackplane(t *testing.T) { backplanetest.Run(t, cluster) }

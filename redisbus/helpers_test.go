@@ -1,8 +1,6 @@
 package redisbus
 
 import (
-	"context"
-	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -14,9 +12,10 @@ import (
 // replica is one daemon replica in-process: its own Redis client,
 // backplane and HTTP server.
 type replica struct {
-	name string
-	bp   *Backplane
-	srv  *httptest.Server
+	name   string
+	bp     *Backplane
+	srv    *httptest.Server
+	shared *backplanetest.Replica // the same, for the shared tests
 }
 
 // testOptions are quick to notice changes and to close.
@@ -37,22 +36,13 @@ func newReplica(t testing.TB, r *redisServer, name string, opts Options) *replic
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bp.Close() })
-	mux := http.NewServeMux()
-	h := bp.Handler()
-	h.Heartbeat = time.Hour
-	mux.Handle("GET /session/{id}/events", h)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return &replica{name: name, bp: bp, srv: srv}
+	shared := backplanetest.NewReplica(t, name, bp)
+	return &replica{name: name, bp: bp, srv: shared.Server, shared: shared}
 }
 
 func (rp *replica) publish(t testing.TB, session, typ string, data any) uint64 {
 	t.Helper()
-	id, _, err := rp.bp.Publish(context.Background(), session, eventbus.Event{Type: typ, Data: data})
-	if err != nil {
-		t.Fatalf("%s: publish: %v", rp.name, err)
-	}
-	return id
+	return rp.shared.Publish(t, session, typ, data)
 }
 
 // openSSE opens GET /session/{session}/events on rp with the given headers
@@ -60,18 +50,26 @@ func (rp *replica) publish(t testing.TB, session, typ string, data any) uint64 {
 // headers are in, which is after the subscription is registered.
 func openSSE(t testing.TB, rp *replica, session string, header map[string]string, query string) *sse {
 	t.Helper()
-	url := rp.srv.URL + "/session/" + session + "/events"
-	if query != "" {
-		url += "?" + query
+	return rp.shared.Open(t, session, header, query)
+}
+
+// cluster is backplanetest's Cluster: n replicas on a redis-server of
+// their own.
+func cluster(t *testing.T, n int, tune func(*eventbus.Options)) []*backplanetest.Replica {
+	r := startRedis(t)
+	opts := testOptions(t)
+	if tune != nil {
+		tune(&opts.Bus)
 	}
-	return backplanetest.Open(t, rp.srv.Client(), url, header)
+	var out []*backplanetest.Replica
+	for i := range n {
+		out = append(out, newReplica(t, r, string(rune('A'+i)), opts).shared)
+	}
+	return out
 }
 
 // Short names for the shared client and checks.
-type (
-	frame = backplanetest.Frame
-	sse   = backplanetest.Stream
-)
+type sse = backplanetest.Stream
 
 var (
 	wantIDs = backplanetest.WantIDs
@@ -87,20 +85,4 @@ func liveReplica(t testing.TB, r *redisServer, opts Options) (*replica, *sse) {
 	a.publish(t, "s", "e", nil)
 	wantIDs(t, s.Events(1, wait), 1, 1)
 	return a, s
-}
-
-// lateMirror publishes 20 events of session "s" on a while c's only live
-// stream of it opens after the 10th, so that c's ring starts at 11; it
-// returns that stream, which has read 11 to 20.
-func lateMirror(t testing.TB, a, c *replica) *sse {
-	t.Helper()
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	live := openSSE(t, c, "s", nil, "")
-	for range 10 {
-		a.publish(t, "s", "e", nil)
-	}
-	wantIDs(t, live.Events(10, wait), 11, 20)
-	return live
 }

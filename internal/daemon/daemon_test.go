@@ -524,11 +524,19 @@ func TestDecodePublishOneObjectExactly(t *testing.T) {
 		{`{"type":"a"} {"type":"b"}`, http.StatusBadRequest, "more than one JSON value"},
 		{``, http.StatusBadRequest, "empty body"},
 		{`{"type":"a","bogus":1}`, http.StatusBadRequest, "unknown field"},
+		{`{"Type":"a","DATA":{"n":1}}`, 0, ""}, // matched as encoding/json does
+		{`{"type":"a","Type":"b"}`, http.StatusBadRequest, "given twice"},
+		{`{"type":1}`, http.StatusBadRequest, `field \"type\"`},
+		{`[1]`, http.StatusBadRequest, "not an object"},
+		{`{"type":"a"`, http.StatusBadRequest, "malformed body"},
 		{`{"type":"` + strings.Repeat("x", 100) + `"}`, http.StatusRequestEntityTooLarge, "larger than 64 bytes"},
 	}
 	for _, c := range cases {
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest(http.MethodPost, "/session/s/events", strings.NewReader(c.body))
+		if len(c.body)%2 == 1 {
+			r.ContentLength = -1 // read without a Content-Length too
+		}
 		req, ok := DecodePublish(w, r, 64)
 		if c.status == 0 {
 			if !ok || req.Type != "a" || string(req.Data) != `{"n":1}` {

@@ -1,12 +1,14 @@
 package daemon
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/ssebus/eventbus"
 )
@@ -95,28 +97,103 @@ func NewBodyDecoder(w http.ResponseWriter, r *http.Request, limit int64) *json.D
 }
 
 // DecodePublish reads the body of POST /session/{id}/events: exactly one
-// JSON object with the fields of PublishRequest and nothing after it, at
-// most limit bytes. On failure it has already answered (400 invalid_body,
-// or 413 body_too_large) and reports false. It does not close the body
-// (the server does).
+// JSON object with the fields of PublishRequest (matched as encoding/json
+// matches them, without regard to case) and nothing after it, at most
+// limit bytes. On failure it has already answered (400 invalid_body, 413
+// body_too_large or 408 request_timeout: WriteBodyError) and reports
+// false. It does not close the body (the server does).
+//
+// It holds the body once: read into one buffer (of the Content-Length,
+// when the request has one), with the event's data a slice of it, not a
+// copy, so that a body of n bytes costs n bytes until the publish encodes
+// it (a json.Decoder would hold up to twice n in its buffer, plus a copy
+// of the data).
 func DecodePublish(w http.ResponseWriter, r *http.Request, limit int64) (PublishRequest, bool) {
 	var req PublishRequest
-	dec := NewBodyDecoder(w, r, limit)
-	err := dec.Decode(&req)
+	body, err := readBody(w, r, limit)
 	if err == nil {
-		// Exactly one JSON value: trailing data is a malformed body too.
-		var extra json.RawMessage
-		if err = dec.Decode(&extra); err == io.EOF {
-			return req, true
-		} else if err == nil {
-			err = errors.New("body holds more than one JSON value")
+		err = decodePublish(body, &req)
+	}
+	if err != nil {
+		WriteBodyError(w, err)
+		return PublishRequest{}, false
+	}
+	return req, true
+}
+
+// readBody reads r's whole body, at most limit bytes (past it a
+// *http.MaxBytesError).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, limit)
+	if n := r.ContentLength; n > 0 && n <= limit {
+		// The server ends the body at Content-Length (short: an
+		// unexpected EOF), so the buffer is exactly the body.
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(rd, buf); err != nil {
+			return nil, err
+		}
+		return buf, nil
+	}
+	return io.ReadAll(rd)
+}
+
+// rawSlice is a JSON value kept as the slice of the input it was decoded
+// from (json.RawMessage copies it): for a body the caller owns.
+type rawSlice []byte
+
+func (s *rawSlice) UnmarshalJSON(b []byte) error {
+	*s = b
+	return nil
+}
+
+// decodePublish decodes body into req with DisallowUnknownFields'
+// strictness: one JSON object, its keys the fields of PublishRequest
+// matched without regard to case, each at most once, nothing after it.
+// The data is a slice of body.
+func decodePublish(body []byte, req *PublishRequest) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return errors.New("empty body")
+	}
+	var fields map[string]rawSlice
+	if err := json.Unmarshal(body, &fields); err != nil {
+		var typ *json.UnmarshalTypeError
+		switch {
+		case strings.Contains(err.Error(), "after top-level value"):
+			return errors.New("body holds more than one JSON value")
+		case errors.As(err, &typ):
+			return fmt.Errorf("body is a JSON %s, not an object", typ.Value)
+		}
+		return err
+	}
+	seen := map[string]bool{}
+	for k, v := range fields {
+		var field string
+		for _, name := range [...]string{"type", "data", "originatorClientId"} {
+			if strings.EqualFold(k, name) {
+				field = name
+			}
+		}
+		if field == "" {
+			return fmt.Errorf("json: unknown field %q", k)
+		}
+		if seen[field] {
+			return fmt.Errorf("json: field %q given twice", field)
+		}
+		seen[field] = true
+		var err error
+		switch field {
+		case "type":
+			err = json.Unmarshal(v, &req.Type)
+		case "originatorClientId":
+			err = json.Unmarshal(v, &req.OriginatorClientID)
+		default:
+			req.Data = json.RawMessage(v)
+		}
+		if err != nil {
+			return fmt.Errorf("json: field %q: %w", field, err)
 		}
 	}
-	if err == io.EOF {
-		err = errors.New("empty body")
-	}
-	WriteBodyError(w, err)
-	return req, false
+	return nil
 }
 
 // WriteBodyError answers a request whose body could not be read or

@@ -293,19 +293,21 @@ func TestBodyDeadlineEndsWithTheBody(t *testing.T) {
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			n, err := io.Copy(io.Discard, r.Body)
 			time.Sleep(3 * time.Second)
-			WriteJSON(w, http.StatusOK, map[string]any{"bytes": n, "readErr": fmt.Sprint(err), "ctxErr": fmt.Sprint(r.Context().Err())})
+			// The SSE handler's per-write deadlines still work behind the limits.
+			wdErr := http.NewResponseController(w).SetWriteDeadline(time.Now().Add(time.Second))
+			WriteJSON(w, http.StatusOK, map[string]any{"bytes": n, "readErr": fmt.Sprint(err), "ctxErr": fmt.Sprint(r.Context().Err()), "wdErr": fmt.Sprint(wdErr)})
 		})
 		dial := limitedServer(t, Limits{BodyTimeout: time.Second}, h)
 		c := dial()
 		br := bufio.NewReader(c)
 		fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: pipe\r\nContent-Length: 3\r\n\r\nabc")
 		resp, body := readResponse(t, br)
-		if resp.StatusCode != http.StatusOK || body["bytes"] != float64(3) || body["readErr"] != "<nil>" || body["ctxErr"] != "<nil>" {
+		if resp.StatusCode != http.StatusOK || body["bytes"] != float64(3) || body["readErr"] != "<nil>" || body["ctxErr"] != "<nil>" || body["wdErr"] != "<nil>" {
 			t.Fatalf("handler past the body timeout: %d %v", resp.StatusCode, body)
 		}
 		// The connection stays usable: the next request on it is served.
 		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: pipe\r\n\r\n")
-		if resp, body := readResponse(t, br); resp.StatusCode != http.StatusOK || body["ctxErr"] != "<nil>" {
+		if resp, body := readResponse(t, br); resp.StatusCode != http.StatusOK || body["ctxErr"] != "<nil>" || body["wdErr"] != "<nil>" {
 			t.Fatalf("GET after it: %d %v", resp.StatusCode, body)
 		}
 	})

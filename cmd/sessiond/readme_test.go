@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// readmeDaemon returns the Go code of the README's "A complete daemon":
+// the first ```go block of that section.
+func readmeDaemon(t *testing.T, root string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## A complete daemon\n")
+	if !ok {
+		t.Fatal(`README.md has no "## A complete daemon" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	_, code, ok := strings.Cut(section, "\n```go\n")
+	if !ok {
+		t.Fatal("the section has no ```go block")
+	}
+	code, _, ok = strings.Cut(code, "\n```\n")
+	if !ok || !strings.HasPrefix(code, "package main\n") {
+		t.Fatalf("the section's first go block is not a whole program:\n%s", code)
+	}
+	return code + "\n"
+}
+
+// TestREADMEDaemon builds the README's complete daemon, exactly as the
+// README has it, in a module of its own that uses this repository, runs
+// it on a free port, publishes an event and reads it back from the
+// stream, checks that a GET of an unknown session is a 404, and stops it
+// with SIGTERM.
+func TestREADMEDaemon(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("needs the go command")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	gomod := fmt.Sprintf("module example.com/readmedaemon\n\ngo 1.25\n\nrequire github.com/ssebus/eventbus v0.0.0\n\nreplace github.com/ssebus/eventbus => %s\n", root)
+	for name, text := range map[string]string{"go.mod": gomod, "main.go": readmeDaemon(t, root)} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin := filepath.Join(dir, "daemon")
+	build := exec.CommandContext(ctx, goBin, "build", "-o", bin, ".")
+	build.Dir = dir
+	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build of the README's daemon: %v\n%s", err, out)
+	}
+	vet := exec.CommandContext(ctx, goBin, "vet", ".")
+	vet.Dir, vet.Env = dir, build.Env
+	if out, err := vet.CombinedOutput(); err != nil {
+		t.Fatalf("go vet of the README's daemon: %v\n%s", err, out)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(bin, "-addr", addr)
+	var logs strings.Builder
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	base := "http://" + addr
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	var resp *http.Response
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		resp, err = client.Post(base+"/session/s1/events", "application/json", strings.NewReader(`{"type":"note","data":{"text":"hi"}}`))
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("the README's daemon does not answer: %v\n%s", err, logs.String())
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(body)) != `{"id":1}` {
+		t.Fatalf("publish: %d %s", resp.StatusCode, body)
+	}
+
+	if resp, err := client.Get(base + "/session/nobody/events"); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("GET of an unknown session: %v %v, want 404", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+
+	req, _ := http.NewRequest(http.MethodGet, base+"/session/s1/events", nil)
+	req.Header.Set("Last-Event-ID", "0")
+	stream, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stream.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %d", stream.StatusCode)
+	}
+	sc := bufio.NewScanner(stream.Body)
+	var got []string
+	for sc.Scan() && len(got) < 3 {
+		if line := sc.Text(); strings.HasPrefix(line, "id: ") || strings.HasPrefix(line, "event: ") || strings.HasPrefix(line, "data: {\"id\"") {
+			got = append(got, line)
+		}
+	}
+	if len(got) < 3 || got[0] != "id: 1" || got[1] != "event: note" || !strings.Contains(got[2], `"data":{"text":"hi"}`) {
+		t.Fatalf("the stream's first event: %q", got)
+	}
+
+	// SIGTERM while the stream is open: the hub closes the bus, the stream
+	// ends, the server shuts down, the process exits 0.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	streamEnded := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, stream.Body)
+		close(streamEnded)
+	}()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("the README's daemon exited with %v after SIGTERM\n%s", err, logs.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the README's daemon did not exit within 15s of SIGTERM")
+	}
+	<-streamEnded
+	stream.Body.Close()
+}
