@@ -93,6 +93,7 @@ type frame struct {
 	wire  []byte
 	json  int32
 	kind  frameKind
+	room  uint8 // bytes of the buffer before wire, left for a longer id (build)
 	id    uint64
 	typ   string
 	about string // signals only

@@ -191,11 +191,7 @@ const frameOverhead = int(unsafe.Sizeof(frame{})) + int(unsafe.Sizeof((*frame)(n
 // envelopes (size): an event holds at most 2*MaxTypeLen+2*maxDigits+21
 // bytes more than that besides frameOverhead, which the count caps bound.
 func (f *frame) held() int {
-	n := len(f.wire) + len(f.typ) + len(f.about) + frameOverhead
-	if f.kind == kindEvent {
-		n += 2 * (maxDigits - digits(f.id)) // build's unused room, before the wire
-	}
-	return n
+	return len(f.wire) + int(f.room) + len(f.typ) + len(f.about) + frameOverhead
 }
 
 // maxSize is the held of the frame p becomes, whatever its id: p.buf is
