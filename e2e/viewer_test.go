@@ -101,7 +101,7 @@ func TestViewerResumesAfterTheServerCutsTheStream(t *testing.T) {
 	}
 	daemontest.WaitUntil(t, 20*time.Second, "the page's EventSource to open and subscribe", func() (bool, string) {
 		p := readPage(bctx, t)
-		st := d.Status(session)
+		st, _ := d.StatusIfAny(session) // the page's stream creates the session
 		return p.ConnState == "open" && st.Subscribers == 1, fmt.Sprintf("page %s, server %+v", p.summary(), st)
 	})
 	epoch := d.Status(session).Epoch

@@ -129,9 +129,11 @@ func TestSessionRecordsFollowTheHub(t *testing.T) {
 				time.Sleep(2 * time.Second)
 			}
 		}
-		s.mu.Lock()
-		n := len(s.meta)
-		s.mu.Unlock()
+		n := 0
+		s.meta.Range(func(any, any) bool { n++; return true })
+		if n != int(s.metaLen.Load()) {
+			t.Fatalf("%d session records, counted %d", n, s.metaLen.Load())
+		}
 		if limit := 2*s.hub.Len() + 64; n > limit {
 			t.Fatalf("%d session records for %d live sessions, want at most %d", n, s.hub.Len(), limit)
 		}

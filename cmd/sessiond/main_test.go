@@ -616,13 +616,22 @@ func TestRunFlags(t *testing.T) {
 	if err := run(context.Background(), []string{"-h"}, &out, nil); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
-	for _, want := range []string{"POST   /session/{id}/disconnect", "-max-subscribers", "-ring", "-demo", "-overflow policy"} {
+	for _, want := range []string{"POST   /session/{id}/disconnect", "-max-subscribers", "-ring", "-demo", "-overflow policy",
+		"-max-sessions", "-idle-timeout", "-max-total-bytes", "-max-age", "-body-timeout", "-body-budget", "-header-timeout", "-create-on-stream"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-h output lacks %q:\n%s", want, out.String())
 		}
 	}
 	if err := run(context.Background(), []string{"-ring", "-1", "-addr", "127.0.0.1:0"}, io.Discard, nil); !errors.Is(err, eventbus.ErrInvalidOption) {
 		t.Fatalf("-ring -1: %v", err)
+	}
+	for _, bad := range [][]string{{"-max-sessions", "-1"}, {"-max-total-bytes", "-1"}, {"-max-total-bytes", "1000"}} {
+		if err := run(context.Background(), append(bad, "-addr", "127.0.0.1:0"), io.Discard, nil); !errors.Is(err, eventbus.ErrInvalidOption) {
+			t.Errorf("%v: %v, want ErrInvalidOption", bad, err)
+		}
+	}
+	if err := run(context.Background(), []string{"-body-timeout", "-1s", "-addr", "127.0.0.1:0"}, io.Discard, nil); err == nil {
+		t.Error("-body-timeout -1s was accepted")
 	}
 	if err := run(context.Background(), []string{"extra"}, io.Discard, nil); err == nil {
 		t.Fatal("a positional argument was accepted")

@@ -16,17 +16,17 @@ import (
 	"time"
 )
 
-// readmeDaemon returns the Go code of the README's "A complete daemon":
-// the first ```go block of that section.
-func readmeDaemon(t *testing.T, root string) string {
+// readmeProgram returns the Go code of a README section: the first ```go
+// block after the heading "## "+heading.
+func readmeProgram(t *testing.T, root, heading string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(b), "\n## A complete daemon\n")
+	_, section, ok := strings.Cut(string(b), "\n## "+heading+"\n")
 	if !ok {
-		t.Fatal(`README.md has no "## A complete daemon" section`)
+		t.Fatalf("README.md has no %q section", "## "+heading)
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	_, code, ok := strings.Cut(section, "\n```go\n")
@@ -40,12 +40,23 @@ func readmeDaemon(t *testing.T, root string) string {
 	return code + "\n"
 }
 
-// TestREADMEDaemon builds the README's complete daemon, exactly as the
-// README has it, in a module of its own that uses this repository, runs
-// it on a free port, publishes an event and reads it back from the
-// stream, checks that a GET of an unknown session is a 404, and stops it
-// with SIGTERM.
+// TestREADMEDaemon builds each of the README's daemons ("In twenty lines"
+// and "A complete daemon"), exactly as the README has them, in a module of
+// their own that uses this repository, runs each on a free port, publishes
+// an event and reads it back from the stream, and checks that a GET of an
+// unknown session is a 404. The complete one is stopped with SIGTERM with
+// a stream open and must exit 0; the short one, which has no shutdown, is
+// killed.
 func TestREADMEDaemon(t *testing.T) {
+	for _, c := range []struct {
+		heading  string
+		graceful bool
+	}{{"In twenty lines", false}, {"A complete daemon", true}} {
+		t.Run(strings.ReplaceAll(c.heading, " ", "_"), func(t *testing.T) { testREADMEDaemon(t, c.heading, c.graceful) })
+	}
+}
+
+func testREADMEDaemon(t *testing.T, heading string, graceful bool) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("needs the go command")
@@ -56,7 +67,7 @@ func TestREADMEDaemon(t *testing.T) {
 	}
 	dir := t.TempDir()
 	gomod := fmt.Sprintf("module example.com/readmedaemon\n\ngo 1.25\n\nrequire github.com/ssebus/eventbus v0.0.0\n\nreplace github.com/ssebus/eventbus => %s\n", root)
-	for name, text := range map[string]string{"go.mod": gomod, "main.go": readmeDaemon(t, root)} {
+	for name, text := range map[string]string{"go.mod": gomod, "main.go": readmeProgram(t, root, heading)} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -142,6 +153,10 @@ func TestREADMEDaemon(t *testing.T) {
 		t.Fatalf("the stream's first event: %q", got)
 	}
 
+	if !graceful {
+		stream.Body.Close()
+		return // the deferred kill ends it
+	}
 	// SIGTERM while the stream is open: the hub closes the bus, the stream
 	// ends, the server shuts down, the process exits 0.
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {

@@ -77,15 +77,17 @@ type server struct {
 
 	closing atomic.Bool // set by shutdown: new requests get 503 shutting_down
 
-	mu sync.Mutex
-	// What the daemon records about each session's bus beside the hub:
-	// its Idempotency-Keys and stream counts. An entry lives as long as its
-	// bus is the hub's for its id; a bus the hub has expired or deleted
-	// leaves it for prune.
-	meta map[*eventbus.EventBus]*session
-	// streams are the open GET streams by session id, for /disconnect;
-	// each removes itself when it ends.
-	streams map[string]map[*daemon.Stream]struct{}
+	// meta is what the daemon records about each session's bus beside the
+	// hub (*eventbus.EventBus -> *session): its Idempotency-Keys and stream
+	// counts. A sync.Map, so that a publish to a known session takes no
+	// lock of the daemon's, as the hub takes none of its own. An entry
+	// lives as long as its bus is the hub's for its id; one of a bus the
+	// hub has expired or deleted is left for prune.
+	meta    sync.Map
+	metaLen atomic.Int64                           // entries in meta
+	pruning sync.Mutex                             // one prune at a time
+	mu      sync.Mutex                             // guards streams and the sessions' stream counts
+	streams map[string]map[*daemon.Stream]struct{} // open GET streams by session id, for /disconnect; each removes itself when it ends
 }
 
 // session is what the daemon records about one bus of the hub. Every
@@ -122,7 +124,6 @@ func newServer(cfg config) (*server, error) {
 		cfg:     cfg,
 		logger:  cfg.Logger,
 		maxBody: daemon.MaxBody(cfg.Hub.Bus.MaxEventBytes),
-		meta:    make(map[*eventbus.EventBus]*session),
 		streams: make(map[string]map[*daemon.Stream]struct{}),
 	}
 	h := &eventbus.Handler{Lookup: s.lookup, Logger: cfg.Logger}
@@ -157,30 +158,40 @@ func (s *server) routes() http.Handler {
 // session returns the daemon's record of bus, the hub's bus of session
 // id, making it on first use.
 func (s *server) session(id string, bus *eventbus.EventBus) *session {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sess := s.meta[bus]
-	if sess == nil {
-		s.pruneLocked()
-		sess = &session{id: id, bus: bus, created: time.Now()}
-		sess.idem.Window = s.cfg.IdempotencyWindow
-		s.meta[bus] = sess
+	if v, ok := s.meta.Load(bus); ok {
+		return v.(*session)
 	}
+	sess := &session{id: id, bus: bus, created: time.Now()}
+	sess.idem.Window = s.cfg.IdempotencyWindow
+	if v, loaded := s.meta.LoadOrStore(bus, sess); loaded {
+		return v.(*session)
+	}
+	s.metaLen.Add(1)
+	s.prune()
 	return sess
 }
 
-// pruneLocked forgets the records of buses the hub no longer holds (idle
+// prune forgets the records of buses the hub no longer holds (idle
 // expiry, DELETE), once there are twice as many records as sessions: the
 // records stay within a constant factor of the sessions, at O(1) amortized
-// cost per new session. The caller holds s.mu.
-func (s *server) pruneLocked() {
-	if len(s.meta) < 2*s.hub.Len()+64 {
+// cost per new session.
+func (s *server) prune() {
+	if s.metaLen.Load() < 2*int64(s.hub.Len())+64 || !s.pruning.TryLock() {
 		return
 	}
-	for bus, sess := range s.meta {
-		if cur, ok := s.hub.Lookup(sess.id); !ok || cur != bus {
-			delete(s.meta, bus)
+	defer s.pruning.Unlock()
+	s.meta.Range(func(k, v any) bool {
+		if cur, ok := s.hub.Lookup(v.(*session).id); !ok || cur != k {
+			s.forget(k.(*eventbus.EventBus))
 		}
+		return true
+	})
+}
+
+// forget drops the record of bus, if any.
+func (s *server) forget(bus *eventbus.EventBus) {
+	if _, ok := s.meta.LoadAndDelete(bus); ok {
+		s.metaLen.Add(-1)
 	}
 }
 
@@ -240,9 +251,7 @@ func (s *server) deleteSession(id string) bool {
 	if !ok || !s.hub.Delete(id) {
 		return false
 	}
-	s.mu.Lock()
-	delete(s.meta, bus)
-	s.mu.Unlock()
+	s.forget(bus)
 	s.logger.Info("session deleted", "session", id, "epoch", bus.Epoch(), "lastEventId", bus.LastEventID())
 	return true
 }

@@ -203,6 +203,28 @@ func (d *Daemon) Status(session string) Status {
 	return st
 }
 
+// StatusIfAny is Status for a session that may not exist yet (a page whose
+// stream creates it may not have opened it yet): ok is false on a 404.
+func (d *Daemon) StatusIfAny(session string) (st Status, ok bool) {
+	d.t.Helper()
+	req, err := http.NewRequest(http.MethodGet, d.Base+"/session/"+session, nil)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	for k, v := range d.Header {
+		req.Header[k] = v
+	}
+	resp, err := d.HTTP.Do(req)
+	if err != nil {
+		d.t.Fatalf("GET /session/%s: %v", session, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return Status{}, false
+	}
+	return d.Status(session), true
+}
+
 // Publish posts one "note" event (a type the viewer listens for) and
 // returns its id.
 func (d *Daemon) Publish(session string, n int) uint64 {
