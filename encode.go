@@ -251,7 +251,7 @@ func (p *encoded) build(id uint64) frame {
 	i -= len(headID)
 	copy(p.buf[i:], headID)
 	wire := p.buf[i:len(p.buf):len(p.buf)]
-	return frame{wire: wire, json: int32(j - i), kind: kindEvent, id: id, typ: p.typ}
+	return frame{wire: wire, json: int32(j - i), kind: kindEvent, room: uint8(i), id: id, typ: p.typ}
 }
 
 // scratch holds reusable encoding buffers; the data is copied into the

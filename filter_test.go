@@ -261,9 +261,8 @@ func TestFilterIDsIncreasingNotContiguous(t *testing.T) {
 func TestFilterOverHTTP(t *testing.T) {
 	b := newBus(t, Options{})
 	srv := serveBus(t, b)
-	resp := httpGet(t, srv, srv.URL+"/?types="+url.QueryEscape("a,b.*"))
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	c := openStream(t, srv, "/session/s/events?types="+url.QueryEscape("a,b.*"), nil)
+	require.Equal(t, http.StatusOK, c.resp.StatusCode)
 	require.Equal(t, 1, b.SubscriberCount())
 
 	for _, typ := range []string{"a", "b", "b.x", "c", "a.y", "ab"} { // #1..#6
@@ -274,7 +273,7 @@ func TestFilterOverHTTP(t *testing.T) {
 	publishType(t, b, "b.x.y") // #7
 	publishType(t, b, "a")     // #8
 
-	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.ID == "8" })
+	evs := c.messagesUntil(func(m sseclient.Message) bool { return m.ID == "8" })
 	var got []string
 	for _, e := range evs {
 		got = append(got, e.ID+":"+e.Type)
@@ -285,13 +284,12 @@ func TestFilterOverHTTP(t *testing.T) {
 func TestFilterOverHTTPRepeatedParameter(t *testing.T) {
 	b := newBus(t, Options{})
 	srv := serveBus(t, b)
-	resp := httpGet(t, srv, srv.URL+"/?types=a&types=b.*")
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	c := openStream(t, srv, "/session/s/events?types=a&types=b.*", nil)
+	require.Equal(t, http.StatusOK, c.resp.StatusCode)
 	for _, typ := range []string{"a", "c", "b.x"} {
 		publishType(t, b, typ)
 	}
-	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.ID == "3" })
+	evs := c.messagesUntil(func(m sseclient.Message) bool { return m.ID == "3" })
 	require.Len(t, evs, 2)
 	assert.Equal(t, "1", evs[0].ID)
 	assert.Equal(t, "3", evs[1].ID)
@@ -301,7 +299,7 @@ func TestFilterOverHTTPInvalidIs400(t *testing.T) {
 	b := newBus(t, Options{})
 	srv := serveBus(t, b)
 	for _, types := range []string{"A.*", "a,b..*", "a*", "*", "a.*.b", strings.Repeat("a", 257)} {
-		resp := httpGet(t, srv, srv.URL+"/?types="+url.QueryEscape(types))
+		resp := openStream(t, srv, "/session/s/events?types="+url.QueryEscape(types), nil).resp
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		require.NoError(t, err)

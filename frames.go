@@ -93,6 +93,7 @@ type frame struct {
 	wire  []byte
 	json  int32
 	kind  frameKind
+	room  uint8 // bytes of the buffer before wire, left for a longer id (build)
 	id    uint64
 	typ   string
 	about string // signals only
@@ -125,7 +126,8 @@ func (f Frame) JSON() []byte {
 }
 
 // Size returns the length of the encoded envelope in bytes: the unit of every
-// byte cap of the package.
+// byte cap of a bus (a Hub's MaxTotalBytes counts more: every byte the frame
+// holds, its SSE lines and its type string too; see HubOptions).
 func (f Frame) Size() int {
 	if f.frame == nil {
 		return 0
@@ -140,15 +142,6 @@ func (f *frame) size() int {
 	}
 	return len(f.wire) - 2 - int(f.json)
 }
-
-// held is every byte the frame holds beyond its header: its whole SSE
-// encoding (the envelope, and the id, event and data lines, the type's
-// second copy among them) and the strings it keeps beside it (its type,
-// a signal's resource). A Hub's budget counts frames by it; the bus's
-// own byte caps count envelopes (size): an event holds at most
-// 2*MaxTypeLen+41 bytes more than that (a signal its resource too), which
-// the count caps bound.
-func (f *frame) held() int { return len(f.wire) + len(f.typ) + len(f.about) }
 
 // ref returns the shared frame, for the ring and the queues, which hold
 // frames by pointer (see entryFlags). f must not be the zero Frame.

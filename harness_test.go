@@ -1174,26 +1174,55 @@ func stampOf(t testing.TB, f Frame) int64 {
 	return env.Meta.TS
 }
 
-// serveBus serves b with Handler on a test server, closed when the test
-// ends (close every response body before).
-func serveBus(t testing.TB, b *EventBus) *httptest.Server {
+// serveSession serves b as session "s" with h (its Lookup set here) on
+// "GET /session/{id}/events" of a loopback server that accepts request
+// headers of up to 16 MiB, closed when the test ends.
+func serveSession(t testing.TB, b *EventBus, h *Handler) *httptest.Server {
 	t.Helper()
-	srv := httptest.NewServer(&Handler{
-		Lookup: func(*http.Request) (*EventBus, error) { return b, nil },
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	t.Cleanup(srv.Close)
-	return srv
+	h.Lookup = func(r *http.Request) (*EventBus, error) {
+		if r.PathValue("id") == "s" {
+			return b, nil
+		}
+		return nil, ErrSessionNotFound
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /session/{id}/events", h)
+	ts := httptest.NewUnstartedServer(mux)
+	ts.Config.MaxHeaderBytes = 16 << 20
+	ts.Start()
+	t.Cleanup(ts.Close)
+	return ts
 }
 
-// httpGet starts a GET of url bounded by a timeout; the caller closes the body.
-func httpGet(t testing.TB, srv *httptest.Server, url string) *http.Response {
+// serveBus is serveSession with a Handler of default options and a
+// discarding logger.
+func serveBus(t testing.TB, b *EventBus) *httptest.Server {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	require.NoError(t, err)
-	resp, err := srv.Client().Do(req)
-	require.NoError(t, err)
-	return resp
+	return serveSession(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
+}
+
+// openStream starts a GET of pathQuery on ts and returns its client,
+// whatever the status; the response ends with the test.
+func openStream(t testing.TB, ts *httptest.Server, pathQuery string, hdr http.Header) *sseStream {
+	t.Helper()
+	// The timeout only keeps a bug from hanging the test.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ts.URL+pathQuery, nil)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	for k, vs := range hdr {
+		req.Header[k] = vs
+	}
+	resp, err := ts.Client().Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		resp.Body.Close()
+		cancel()
+	})
+	return newSSEStream(t, resp)
 }

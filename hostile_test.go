@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"strconv"
 	"strings"
@@ -21,49 +20,6 @@ import (
 
 // Hostile input over HTTP: what a remote client or a careless producer can
 // throw at the bus and its SSE route, end to end on a real loopback server.
-
-// hostileServer serves b as session "s" on /session/{id}/events, and
-// accepts request headers of up to 16 MiB.
-func hostileServer(t *testing.T, b *EventBus, h *Handler) *httptest.Server {
-	t.Helper()
-	h.Lookup = func(r *http.Request) (*EventBus, error) {
-		if r.PathValue("id") == "s" {
-			return b, nil
-		}
-		return nil, ErrSessionNotFound
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /session/{id}/events", h)
-	ts := httptest.NewUnstartedServer(mux)
-	ts.Config.MaxHeaderBytes = 16 << 20
-	ts.Start()
-	t.Cleanup(ts.Close)
-	return ts
-}
-
-// hostileGet starts a GET of pathQuery on ts; the stream ends with the test.
-func hostileGet(t *testing.T, ts *httptest.Server, pathQuery string, hdr http.Header) *sseStream {
-	t.Helper()
-	// The timeout only keeps a bug from hanging the test.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ts.URL+pathQuery, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, vs := range hdr {
-		req.Header[k] = vs
-	}
-	resp, err := ts.Client().Do(req)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		resp.Body.Close()
-		cancel()
-	})
-	return newSSEStream(t, resp)
-}
 
 // waitSubscribers waits until b has n subscribers (a stream registers
 // before its headers are read, but this makes the order explicit).
@@ -86,8 +42,8 @@ func waitSubscribers(t *testing.T, b *EventBus, n int) {
 // whose JSON decodes back to exactly what was published.
 func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
 	b := newBus(t, Options{})
-	ts := hostileServer(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
-	s := hostileGet(t, ts, "/session/s/events", nil)
+	ts := serveSession(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
+	s := openStream(t, ts, "/session/s/events", nil)
 	if s.resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d", s.resp.StatusCode)
 	}
@@ -177,7 +133,7 @@ func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
 func TestHostileHugeLastEventID(t *testing.T) {
 	logs := &logCapture{}
 	b := newBus(t, Options{})
-	ts := hostileServer(t, b, &Handler{Logger: slog.New(logs)})
+	ts := serveSession(t, b, &Handler{Logger: slog.New(logs)})
 	for range 3 {
 		if _, err := b.Publish(Event{Type: "old"}); err != nil {
 			t.Fatal(err)
@@ -189,7 +145,7 @@ func TestHostileHugeLastEventID(t *testing.T) {
 		strings.Repeat("1 OR 1=1; ", size/10), // 10 MB of junk
 		"1" + strings.Repeat("0", size-1),     // a 10 MB number
 	} {
-		s := hostileGet(t, ts, "/session/s/events", http.Header{"Last-Event-Id": {huge}})
+		s := openStream(t, ts, "/session/s/events", http.Header{"Last-Event-Id": {huge}})
 		if s.resp.StatusCode != http.StatusOK {
 			t.Fatalf("value %d: status %d", i, s.resp.StatusCode)
 		}
@@ -219,7 +175,7 @@ func TestHostileHugeLastEventID(t *testing.T) {
 // Last-Event-ID headers and lastEventId parameters: the first counts.
 func TestHostileQueryParameters(t *testing.T) {
 	b := newBus(t, Options{})
-	ts := hostileServer(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
+	ts := serveSession(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
 	for _, q := range []string{
 		"maxQueued=99999999999999999999", "maxQueued=184467440737095516160000", "maxQueued=-16", "maxQueued=+16",
 		"maxQueued=%2016", "maxQueued=16%20", "maxQueued=0x10", "maxQueued=1e2", "maxQueued=", "maxQueued",
@@ -242,7 +198,7 @@ func TestHostileQueryParameters(t *testing.T) {
 		t.Fatalf("a rejected request subscribed")
 	}
 	for _, q := range []string{"maxQueued=0000000000000000000000016", "maxQueued=2048", "maxQueued=%31%36"} {
-		s := hostileGet(t, ts, "/session/s/events?"+q, nil)
+		s := openStream(t, ts, "/session/s/events?"+q, nil)
 		if s.resp.StatusCode != http.StatusOK {
 			t.Errorf("%s: status %d", q, s.resp.StatusCode)
 		}
@@ -266,7 +222,7 @@ func TestHostileQueryParameters(t *testing.T) {
 		{"header over parameter", "?lastEventId=1", http.Header{"Last-Event-Id": {"8"}}, 9},
 		{"empty header, parameter", "?lastEventId=4", http.Header{"Last-Event-Id": {""}}, 5},
 	} {
-		s := hostileGet(t, ts, "/session/s/events"+tc.pathQuery, tc.hdr)
+		s := openStream(t, ts, "/session/s/events"+tc.pathQuery, tc.hdr)
 		var ids []string
 		for {
 			ev := s.skipToEvent()
@@ -300,7 +256,7 @@ func TestHostileClientNeverReads(t *testing.T) {
 		}
 		return true
 	}})
-	ts := hostileServer(t, b, &Handler{WriteTimeout: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	ts := serveSession(t, b, &Handler{WriteTimeout: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	baseG := runtime.NumGoroutine()
 
 	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
@@ -343,7 +299,7 @@ func TestHostileFloodPastSubscriberLimit(t *testing.T) {
 	const limit, workers = 2, 8
 	attempts := int64(pick(1_000, 10_000, 10_000))
 	b := newBus(t, Options{MaxSubscribers: limit})
-	ts := hostileServer(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
+	ts := serveSession(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
 	for range limit {
 		s, err := b.Subscribe(context.Background(), SubscribeOptions{})
 		if err != nil {

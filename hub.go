@@ -44,8 +44,10 @@ type HubOptions struct {
 	// 0 means DefaultIdleTimeout, negative means sessions never expire.
 	IdleTimeout time.Duration
 	// MaxTotalBytes bounds the sum of every session's ring bytes, counting
-	// every byte of their frames (the SSE encoding, the type kept beside
-	// it), not only envelopes as Options.RingMaxBytes does; 0 means
+	// what each frame costs (its buffer with the whole SSE encoding, the
+	// type string kept beside it, its header and ring slot: about 150
+	// bytes more than a small event's envelope), not only envelopes as
+	// Options.RingMaxBytes does; 0 means
 	// DefaultMaxTotalBytes. Negative, or too small for one event of
 	// Bus.MaxEventBytes with the longest type, is an error.
 	MaxTotalBytes int64
@@ -58,9 +60,8 @@ type HubOptions struct {
 type HubStats struct {
 	Sessions int // live sessions now
 	// RingBytes is the sum of every ring's bytes now, as the budget
-	// counts them: every byte of their frames (SSE encoding and type), a
-	// little more than Buses.RingBytes, which counts envelopes. At most
-	// MaxTotalBytes.
+	// counts them (see MaxTotalBytes): more than Buses.RingBytes, which
+	// counts envelopes. At most MaxTotalBytes.
 	RingBytes     int64
 	MaxTotalBytes int64
 	Created       uint64 // sessions created since NewHub
@@ -88,7 +89,10 @@ type HubStats struct {
 // Close or Shutdown, sweeps the sessions every IdleTimeout/8 (between 10ms
 // and 30s), so a session goes between IdleTimeout and IdleTimeout plus
 // that period after its last use; a GetOrCreate that finds the hub full
-// sweeps at once, so a hub full of expired sessions admits a new one.
+// sweeps at once, so a hub full of expired sessions admits a new one
+// (unless no session can have become idle past IdleTimeout since the last
+// sweep: then it answers ErrHubFull without scanning, so a flood of new
+// sessions against a full hub costs no scan per request).
 // A session's next use after expiry makes a new bus with a new epoch:
 // resumes across it get epoch_reset (with the Handler's epoch ids, or an
 // Event-Epoch, a cursor of the old epoch is epoch_mismatch).
@@ -116,6 +120,12 @@ type Hub struct {
 	closed atomic.Bool
 
 	sweepMu sync.Mutex // one sweep at a time (the goroutine's, a full GetOrCreate's)
+	// nextEligible is a lower bound, in Unix ms, of when a session can
+	// next be idle past IdleTimeout (set by each sweep): before it, a full
+	// GetOrCreate knows a sweep would free nothing and answers ErrHubFull
+	// without one, so a flood of new sessions against a full hub costs no
+	// scan per request.
+	nextEligible atomic.Int64
 
 	created, expired, deleted, refused atomic.Uint64
 
@@ -290,7 +300,7 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 		}
 		h.n.Add(-1)
 		sh.mu.Unlock()
-		if swept || h.idle <= 0 {
+		if swept || h.idle <= 0 || h.nowMillis() < h.nextEligible.Load() {
 			h.refused.Add(1)
 			return nil, ErrHubFull
 		}
@@ -520,8 +530,15 @@ func (h *Hub) sweep() {
 	now := h.nowMillis()
 	deadline := now - h.idle
 	maxAge := h.opts.MaxAge.Milliseconds()
+	// Activity only moves forward, and a session busy now (or new) can be
+	// idle past IdleTimeout no sooner than now + IdleTimeout.
+	soonest := now + h.idle
+	defer func() { h.nextEligible.Store(soonest) }()
 	for _, e := range h.snapshot() {
 		b := e.bus
+		if a := b.activity.Load(); a > deadline && b.SubscriberCount() == 0 {
+			soonest = min(soonest, a+h.idle)
+		}
 		switch {
 		case b.isClosed.Load():
 			h.forget(e)

@@ -4,11 +4,13 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // budget is a Hub's one byte budget over every ring of its buses
-// (HubOptions.MaxTotalBytes). It counts every byte a frame holds
-// (frame.held: its SSE encoding and its type), not only its envelope.
+// (HubOptions.MaxTotalBytes). It counts what a frame costs (frame.held:
+// its buffer, its type string, its header and ring slot), not only its
+// envelope.
 //
 // used counts the bytes every ring holds plus the bytes publishes have
 // reserved and not yet appended: a publish reserves its frame's bytes
@@ -156,7 +158,10 @@ func (r *ring) appendCharged(f *frame, reserved int64) {
 	bg := r.budget
 	size := int64(f.held())
 	trimmed := uint64(0)
-	used := bg.used.Add(size - reserved) // exact now
+	used := bg.used.Load()
+	if size != reserved { // only for a frame not made by build
+		used = bg.used.Add(size - reserved)
+	}
 	for used > bg.max && r.n > 0 {
 		r.dropOldest()
 		trimmed++
@@ -173,14 +178,30 @@ func (r *ring) appendCharged(f *frame, reserved int64) {
 	}
 }
 
-// maxSize is the largest Size the frame of p can have, whatever its id:
-// what a publish reserves before it knows its id. p.buf has room for the
-// id lines of the longest id (see assemble), and the frame keeps its type.
-func (p *encoded) maxSize() int64 { return int64(len(p.buf) + len(p.typ)) }
+// frameOverhead is what a frame costs beyond its bytes: its header and
+// its slot in the ring.
+const frameOverhead = int(unsafe.Sizeof(frame{})) + int(unsafe.Sizeof((*frame)(nil)))
 
-// maxFrameSize is the largest Size of an event whose envelope has
-// maxEventBytes bytes: the envelope, the id and event lines of the longest
-// id and type, the data line and the type again.
+// held is every byte a frame in a ring costs, the unit of a Hub's budget:
+// its buffer (the whole SSE encoding: envelope, id, event and data lines,
+// the type's second copy among them, and for an event the room the
+// encoder left for the longest id), the strings it keeps beside it (its
+// type, a signal's resource) and its header and ring slot, so that many
+// small events count as what they cost. The bus's own byte caps count
+// envelopes (size): an event holds at most 2*MaxTypeLen+2*maxDigits+21
+// bytes more than that besides frameOverhead, which the count caps bound.
+func (f *frame) held() int {
+	return len(f.wire) + int(f.room) + len(f.typ) + len(f.about) + frameOverhead
+}
+
+// maxSize is the held of the frame p becomes, whatever its id: p.buf is
+// the frame's buffer, with room for the id lines of the longest id (see
+// assemble).
+func (p *encoded) maxSize() int64 { return int64(len(p.buf) + len(p.typ) + frameOverhead) }
+
+// maxFrameSize is the largest held of an event whose envelope has
+// maxEventBytes bytes: the envelope, the id and event lines with room for
+// the longest id and type, the data line, the type again and the header.
 func maxFrameSize(maxEventBytes int) int {
-	return len(headID) + maxDigits + len(headEvent) + 2*MaxTypeLen + len(headData) + maxEventBytes + 2
+	return len(headID) + 2*maxDigits + len(headEvent) + 2*MaxTypeLen + len(headData) + maxEventBytes + 2 + frameOverhead
 }

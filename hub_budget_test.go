@@ -328,3 +328,38 @@ func TestHubBudgetHoldsTheHeap(t *testing.T) {
 	}
 	require.NoError(t, h.Close())
 }
+
+// Small events: the budget counts what a frame costs (its header and ring
+// slot too), so many small events stay within it as well.
+func TestHubBudgetHoldsTheHeapWithSmallEvents(t *testing.T) {
+	sessions, perSession := pick(100, 500, 1000), pick(200, 400, 2000)
+	const budgetBytes, overhead = 8 << 20, 4 << 20
+	base := liveHeap()
+	h, err := NewHub(HubOptions{MaxSessions: sessions, MaxTotalBytes: budgetBytes, Bus: Options{MaxEventBytes: 4096}})
+	require.NoError(t, err)
+	ev := Event{Type: "t", Data: sizedData(200)}
+	for range perSession {
+		for s := range sessions {
+			_, err := h.Publish("s"+strconv.Itoa(s), ev)
+			require.NoError(t, err)
+		}
+	}
+	heap := liveHeap()
+	st := h.Stats()
+	// The rings' slot arrays are not in the budget: 8 bytes a slot, the
+	// power of two at or above the most events a ring held.
+	slots := int64(0)
+	for _, b := range h.Sessions() {
+		b.mu.Lock()
+		slots += int64(len(b.ring.slots)) * 8
+		b.mu.Unlock()
+	}
+	grown := int64(heap) - int64(base)
+	bound := int64(budgetBytes) + slots + overhead
+	t.Logf("%d sessions x %d events of ~%d bytes: rings hold %.1f MiB of %d MiB (%d events, %d trimmed, held %d bytes each), slot arrays %.1f MiB; live heap grew by %.1f MiB (bound %.1f MiB)",
+		sessions, perSession, len(ev.Data.(json.RawMessage)), float64(st.RingBytes)/(1<<20), budgetBytes>>20, st.Buses.RingLen, st.BudgetTrimmed,
+		st.RingBytes/int64(max(st.Buses.RingLen, 1)), float64(slots)/(1<<20), float64(grown)/(1<<20), float64(bound)/(1<<20))
+	assert.LessOrEqual(t, st.RingBytes, int64(budgetBytes))
+	assert.LessOrEqual(t, grown, bound)
+	require.NoError(t, h.Close())
+}

@@ -344,7 +344,7 @@ func TestHubStatsSum(t *testing.T) {
 	for _, b := range h.Sessions() {
 		for i := range b.ring.Len() {
 			f := b.ring.at(i)
-			held += len(f.wire) + len(f.typ)
+			held += len(f.wire) + len(f.typ) + frameOverhead + 2*(maxDigits-digits(f.id))
 		}
 	}
 	assert.Equal(t, int64(held), st.RingBytes, "every byte of every frame")
@@ -611,4 +611,33 @@ func TestHubStatsCountersNeverGoDown(t *testing.T) {
 	assert.Equal(t, uint64(n), after.Buses.Published, "after Close too")
 	assert.Zero(t, after.Buses.RingLen, "current values: live buses only")
 	assert.Zero(t, after.Sessions)
+}
+
+// A full hub of busy sessions answers ErrHubFull without scanning the
+// sessions again until one can have become idle past IdleTimeout; then it
+// admits a new session at once.
+func TestHubFullSweepsOnlyWhenSomethingCanHaveExpired(t *testing.T) {
+	clock := newHubClock()
+	h := newTestHub(t, HubOptions{MaxSessions: 2, IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
+	var subs []*Subscription
+	for _, id := range []string{"a", "b"} {
+		b, err := h.GetOrCreate(id)
+		require.NoError(t, err)
+		subs = append(subs, subscribe(t, b, SubscribeOptions{}))
+	}
+	_, err := h.GetOrCreate("c")
+	require.ErrorIs(t, err, ErrHubFull)
+	assert.Equal(t, clock.ms.Load()+time.Minute.Milliseconds(), h.nextEligible.Load(), "nothing can expire for a minute")
+
+	clock.advance(10 * time.Second)
+	subs[0].Close() // a is idle from now: eligible in a minute
+	clock.advance(time.Minute - time.Millisecond)
+	_, err = h.GetOrCreate("c")
+	require.ErrorIs(t, err, ErrHubFull)
+	clock.advance(time.Millisecond)
+	_, err = h.GetOrCreate("c")
+	require.NoError(t, err, "a expired, c took its place")
+	_, ok := h.Lookup("a")
+	assert.False(t, ok)
+	assert.Equal(t, uint64(2), h.Stats().Refused)
 }

@@ -67,14 +67,13 @@ func TestSignalSSEWireHasNoIDLine(t *testing.T) {
 func TestSignalOverHTTPHasNoIDLine(t *testing.T) {
 	b := newBus(t, Options{})
 	srv := serveBus(t, b)
-	resp := httpGet(t, srv, srv.URL)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	c := openStream(t, srv, "/session/s/events", nil)
+	require.Equal(t, http.StatusOK, c.resp.StatusCode)
 	require.Equal(t, 1, b.SubscriberCount()) // headers come after Subscribe
 
 	sendSignal(t, b, "doc.changed", "doc/1")
 	publishType(t, b, "end")
-	evs := newSSEStream(t, resp).messagesUntil(func(m sseclient.Message) bool { return m.Type == "end" })
+	evs := c.messagesUntil(func(m sseclient.Message) bool { return m.Type == "end" })
 	require.Len(t, evs, 2)
 	assert.False(t, evs[0].HasID, "a signal has no id line")
 	assert.Equal(t, "doc.changed", evs[0].Type)
