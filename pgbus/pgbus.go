@@ -134,14 +134,12 @@ type Options struct {
 // Backplane feeds local mirror buses from PostgreSQL. Create it with New;
 // it is safe for concurrent use. Close ends every reader and mirror.
 type Backplane struct {
-	pool     *pgxpool.Pool
-	opts     Options
-	q        queries
-	maxLen   int
-	maxBytes int
-	maxEvent int
-	encoder  *eventbus.Encoder
-	log      *slog.Logger
+	pool    *pgxpool.Pool
+	opts    Options
+	q       queries
+	bus     mirror.Bus // the bounds of the log
+	encoder *eventbus.Encoder
+	log     *slog.Logger
 
 	// set holds the mirrors and runs every goroutine of the backplane
 	// (readers, the listener, the janitors); ctx is its Context.
@@ -169,29 +167,14 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pool", eventbus.ErrInvalidOption)
 	}
-	if opts.RingSize != 0 {
-		opts.Bus.RingSize = opts.RingSize
-	}
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout},
-		{"OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout},
-		{"IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow},
-		{"IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout},
-		{"PollInterval", &opts.PollInterval, DefaultPollInterval},
-	} {
-		if *d.v < 0 {
-			return nil, fmt.Errorf("%w: %s is %v, must not be negative", eventbus.ErrInvalidOption, d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
-		if *d.v < time.Millisecond {
-			return nil, fmt.Errorf("%w: %s is %v, below 1ms", eventbus.ErrInvalidOption, d.name, *d.v)
-		}
+	var d mirror.Durations
+	d.Check("PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout, time.Millisecond)
+	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, time.Millisecond)
+	d.Check("IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow, time.Millisecond)
+	d.Check("IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout, time.Millisecond)
+	d.Check("PollInterval", &opts.PollInterval, DefaultPollInterval, time.Millisecond)
+	if err := d.Err(); err != nil {
+		return nil, err
 	}
 	if opts.SessionTTL < 0 || opts.ReadCount < 0 {
 		return nil, fmt.Errorf("%w: SessionTTL and ReadCount must not be negative", eventbus.ErrInvalidOption)
@@ -206,32 +189,21 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 		return nil, fmt.Errorf("%w: Schema %q is not 1 to %d bytes of [a-z0-9_] starting with a letter or '_'",
 			eventbus.ErrInvalidOption, opts.Schema, maxSchemaBytes)
 	}
-	log := opts.Logger
-	if log == nil {
-		log = opts.Bus.Logger
-	}
-	if log == nil {
-		log = slog.Default()
-	}
-	if opts.Bus.Logger == nil {
-		opts.Bus.Logger = log
-	}
-	enc, err := eventbus.NewEncoder(opts.Bus) // validates opts.Bus
+	bus, err := mirror.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
+	log := bus.Log
 	if err := migrate(ctx, pool, opts.Schema); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	b := &Backplane{
-		pool:     pool,
-		opts:     opts,
-		q:        newQueries(opts.Schema),
-		maxLen:   orInt(opts.Bus.RingSize, eventbus.DefaultRingSize),
-		maxBytes: orInt(opts.Bus.RingMaxBytes, eventbus.DefaultRingMaxBytes),
-		maxEvent: orInt(opts.Bus.MaxEventBytes, eventbus.DefaultMaxEventBytes),
-		encoder:  enc,
-		log:      log,
+		pool:    pool,
+		opts:    opts,
+		q:       newQueries(opts.Schema),
+		bus:     bus,
+		encoder: bus.Encoder,
+		log:     log,
 	}
 	b.set = mirror.New[*session](mirror.Config{
 		Name: "pgbus", Engine: "PostgreSQL", Store: "the table",
@@ -242,13 +214,6 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 	b.set.Go(b.listen)
 	b.set.Go(b.maintain)
 	return b, nil
-}
-
-func orInt(v, def int) int {
-	if v > 0 {
-		return v
-	}
-	return def
 }
 
 // Close releases every session of this replica: readers and the listener
@@ -349,7 +314,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, idem bool,
 	var epoch string
 	var dup bool
 	err = conn.QueryRow(ctx, b.q.publish, []byte(session), eventbus.NewEpoch(), []byte(ev.Type), ev.Tail,
-		b.maxLen, b.maxBytes, b.maxEvent, keyArg, fp,
+		b.bus.MaxLen, b.bus.MaxBytes, b.bus.MaxEvent, keyArg, fp,
 		b.opts.IdempotencyWindow.Milliseconds(), b.opts.PublishTimeout.Milliseconds()).Scan(&id, &epoch, &dup)
 	if err != nil {
 		return 0, "", false, b.publishError(session, err)
@@ -368,7 +333,7 @@ func (b *Backplane) publishError(session string, err error) error {
 	if errors.As(err, &pe) {
 		switch pe.Code {
 		case "EB001":
-			return fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d", eventbus.ErrEventTooLarge, pe.Message, b.maxEvent)
+			return fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d", eventbus.ErrEventTooLarge, pe.Message, b.bus.MaxEvent)
 		case "EB002":
 			return fmt.Errorf("%w: session %q: %s", eventbus.ErrIdempotencyKeyReused, session, pe.Message)
 		}

@@ -94,7 +94,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
 	res, err := runOnce(ctx, b.client, publishScript, publishSrc, b.keys(session),
-		eventbus.NewEpoch(), ev.Type, ev.Tail, b.maxLen, b.maxBytes, b.maxEvent, b.opts.KeyTTL.Milliseconds(),
+		eventbus.NewEpoch(), ev.Type, ev.Tail, b.bus.MaxLen, b.bus.MaxBytes, b.bus.MaxEvent, b.opts.KeyTTL.Milliseconds(),
 		key, fp, b.opts.IdempotencyWindow.Milliseconds()).StringSlice()
 	if err != nil {
 		return 0, "", false, b.publishError(session, err)
@@ -127,7 +127,7 @@ func (b *Backplane) publishError(session string, err error) error {
 		switch {
 		case strings.HasPrefix(msg, "TOOLARGE "):
 			return fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d",
-				eventbus.ErrEventTooLarge, strings.TrimPrefix(msg, "TOOLARGE "), b.maxEvent)
+				eventbus.ErrEventTooLarge, strings.TrimPrefix(msg, "TOOLARGE "), b.bus.MaxEvent)
 		case strings.HasPrefix(msg, "KEYREUSED "):
 			return fmt.Errorf("%w: session %q, the key's first publish has id %s",
 				eventbus.ErrIdempotencyKeyReused, session, strings.TrimPrefix(msg, "KEYREUSED "))

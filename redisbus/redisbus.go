@@ -134,14 +134,11 @@ type Options struct {
 // Backplane feeds local mirror buses from Redis Streams. Create it with
 // New; it is safe for concurrent use. Close ends every reader and mirror.
 type Backplane struct {
-	client   redis.UniversalClient
-	opts     Options
-	busOpts  eventbus.Options
-	maxLen   int
-	maxBytes int
-	maxEvent int
-	encoder  *eventbus.Encoder
-	log      *slog.Logger
+	client  redis.UniversalClient
+	opts    Options
+	bus     mirror.Bus // the bounds of the log
+	encoder *eventbus.Encoder
+	log     *slog.Logger
 
 	// set holds the mirrors and runs every goroutine of the backplane
 	// (readers, the janitor, receiveSignals); ctx is its Context.
@@ -161,32 +158,14 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil redis client", eventbus.ErrInvalidOption)
 	}
-	if opts.RingSize != 0 {
-		opts.Bus.RingSize = opts.RingSize
-	}
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout},
-		{"IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout},
-		{"ReadBlock", &opts.ReadBlock, DefaultReadBlock},
-		{"IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow},
-		{"OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout},
-	} {
-		if *d.v < 0 {
-			return nil, fmt.Errorf("%w: %s is %v, must not be negative", eventbus.ErrInvalidOption, d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
-	}
-	if opts.ReadBlock < time.Millisecond {
-		return nil, fmt.Errorf("%w: ReadBlock is %v, below 1ms", eventbus.ErrInvalidOption, opts.ReadBlock)
-	}
-	if opts.IdempotencyWindow < time.Millisecond {
-		return nil, fmt.Errorf("%w: IdempotencyWindow is %v, below 1ms", eventbus.ErrInvalidOption, opts.IdempotencyWindow)
+	var d mirror.Durations
+	d.Check("PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout, 0)
+	d.Check("IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout, 0)
+	d.Check("ReadBlock", &opts.ReadBlock, DefaultReadBlock, time.Millisecond)
+	d.Check("IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow, time.Millisecond)
+	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, 0)
+	if err := d.Err(); err != nil {
+		return nil, err
 	}
 	if opts.OutageTimeout < opts.ReadBlock {
 		return nil, fmt.Errorf("%w: OutageTimeout %v is below ReadBlock %v", eventbus.ErrInvalidOption, opts.OutageTimeout, opts.ReadBlock)
@@ -203,29 +182,17 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	if strings.ContainsAny(opts.KeyPrefix, "{}") {
 		return nil, fmt.Errorf("%w: KeyPrefix %q contains a brace", eventbus.ErrInvalidOption, opts.KeyPrefix)
 	}
-	log := opts.Logger
-	if log == nil {
-		log = opts.Bus.Logger
-	}
-	if log == nil {
-		log = slog.Default()
-	}
-	if opts.Bus.Logger == nil {
-		opts.Bus.Logger = log
-	}
-	enc, err := eventbus.NewEncoder(opts.Bus) // validates opts.Bus
+	bus, err := mirror.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
+	log := bus.Log
 	b := &Backplane{
-		client:   client,
-		opts:     opts,
-		busOpts:  opts.Bus,
-		maxLen:   orInt(opts.Bus.RingSize, eventbus.DefaultRingSize),
-		maxBytes: orInt(opts.Bus.RingMaxBytes, eventbus.DefaultRingMaxBytes),
-		maxEvent: orInt(opts.Bus.MaxEventBytes, eventbus.DefaultMaxEventBytes),
-		encoder:  enc,
-		log:      log,
+		client:  client,
+		opts:    opts,
+		bus:     bus,
+		encoder: bus.Encoder,
+		log:     log,
 	}
 	if !contextTimeouts(client) {
 		log.Warn("redisbus: the redis client has ContextTimeoutEnabled off: a Redis that hangs can hold Publish past PublishTimeout, up to the client's read timeout and retries")
@@ -253,13 +220,6 @@ func contextTimeouts(client redis.UniversalClient) bool {
 		return c.Options().ContextTimeoutEnabled
 	}
 	return true
-}
-
-func orInt(v, def int) int {
-	if v > 0 {
-		return v
-	}
-	return def
 }
 
 // Close releases every session of this replica: readers stop (within
