@@ -34,10 +34,10 @@ func (b *Backplane) listenerOK() time.Time {
 func (b *Backplane) listen() {
 	var delay time.Duration
 	failing := false
-	for b.ctx.Err() == nil {
+	for b.set.Context().Err() == nil {
 		conn, err := b.connectListener()
 		if err != nil {
-			if b.ctx.Err() != nil {
+			if b.set.Context().Err() != nil {
 				return
 			}
 			if !failing {
@@ -47,7 +47,7 @@ func (b *Backplane) listen() {
 			delay = nextBackoff(delay)
 			t := time.NewTimer(delay)
 			select {
-			case <-b.ctx.Done():
+			case <-b.set.Context().Done():
 			case <-t.C:
 			}
 			t.Stop()
@@ -67,7 +67,7 @@ func (b *Backplane) listen() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		conn.Close(ctx)
 		cancel()
-		if b.ctx.Err() == nil {
+		if b.set.Context().Err() == nil {
 			failing = true
 			b.log.Warn("pgbus: listener lost postgresql; readers poll the table meanwhile", "error", err)
 		}
@@ -79,7 +79,7 @@ func (b *Backplane) touchListener() { b.listenedAt.Store(time.Now().UnixNano()) 
 // connectListener takes a connection out of the pool (so the pool's
 // configuration and hooks apply) and LISTENs on it.
 func (b *Backplane) connectListener() (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+	ctx, cancel := context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
 	defer cancel()
 	pc, err := b.pool.Acquire(ctx)
 	if err != nil {
@@ -98,7 +98,7 @@ func (b *Backplane) connectListener() (*pgx.Conn, error) {
 // fails or times out, or Close.
 func (b *Backplane) receive(conn *pgx.Conn) error {
 	for {
-		ctx, cancel := context.WithTimeout(b.ctx, listenPing)
+		ctx, cancel := context.WithTimeout(b.set.Context(), listenPing)
 		n, err := conn.WaitForNotification(ctx)
 		cancel()
 		if n != nil {
@@ -108,14 +108,14 @@ func (b *Backplane) receive(conn *pgx.Conn) error {
 		if err == nil {
 			continue
 		}
-		if b.ctx.Err() != nil {
-			return b.ctx.Err()
+		if b.set.Context().Err() != nil {
+			return b.set.Context().Err()
 		}
 		if !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
 		// Quiet for listenPing: is PostgreSQL still there?
-		ctx, cancel = context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+		ctx, cancel = context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
 		err = conn.Ping(ctx)
 		cancel()
 		if err != nil {

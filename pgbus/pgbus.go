@@ -142,9 +142,8 @@ type Backplane struct {
 	log     *slog.Logger
 
 	// set holds the mirrors and runs every goroutine of the backplane
-	// (readers, the listener, the janitors); ctx is its Context.
+	// (readers, the listener, the janitors) until Close.
 	set *mirror.Set[*session]
-	ctx context.Context
 
 	// The listener's state: whether it is LISTENing now, and when it last
 	// heard from PostgreSQL (Unix nanoseconds).
@@ -210,7 +209,6 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
 		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: log,
 	}, engine{b})
-	b.ctx = b.set.Context()
 	b.set.Go(b.listen)
 	b.set.Go(b.maintain)
 	return b, nil
@@ -446,12 +444,7 @@ func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus
 // it returns answers resumes from the table. Set Retry, Heartbeat,
 // WriteTimeout, Logger, CORS or Authorize on it before serving; keep
 // Lookup (wrap it to add to it).
-func (b *Backplane) Handler() *eventbus.Handler {
-	return &eventbus.Handler{
-		Lookup: b.set.Lookup,
-		Logger: b.log,
-	}
-}
+func (b *Backplane) Handler() *eventbus.Handler { return b.set.Handler() }
 
 // maintain deletes expired idempotency keys (their rows are ignored once
 // expired, and overwritten by a new use of the key; this keeps the table
@@ -467,7 +460,7 @@ func (b *Backplane) maintain() {
 	lastPurge := time.Now()
 	for {
 		select {
-		case <-b.ctx.Done():
+		case <-b.set.Context().Done():
 			return
 		case now := <-t.C:
 			if now.Sub(lastPurge) >= b.opts.IdempotencyWindow/10 {
@@ -482,12 +475,12 @@ func (b *Backplane) maintain() {
 }
 
 func (b *Backplane) purgeKeys() {
-	for b.ctx.Err() == nil {
-		ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+	for b.set.Context().Err() == nil {
+		ctx, cancel := context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
 		tag, err := b.pool.Exec(ctx, b.q.purge)
 		cancel()
 		if err != nil {
-			if b.ctx.Err() == nil {
+			if b.set.Context().Err() == nil {
 				b.log.Debug("pgbus: purging expired idempotency keys failed", "error", err)
 			}
 			return
@@ -499,7 +492,7 @@ func (b *Backplane) purgeKeys() {
 }
 
 func (b *Backplane) expireSessions() {
-	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+	ctx, cancel := context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
 	defer cancel()
 	ttl := b.opts.SessionTTL.Milliseconds()
 	rows, err := b.pool.Query(ctx, b.q.idle, ttl)
@@ -527,7 +520,7 @@ func (b *Backplane) expireSessions() {
 			b.log.Info("pgbus: session expired", "session", string(id), "ttl", b.opts.SessionTTL)
 		}
 	}
-	if err != nil && b.ctx.Err() == nil {
+	if err != nil && b.set.Context().Err() == nil {
 		b.log.Debug("pgbus: expiring sessions failed", "error", err)
 	}
 }

@@ -141,9 +141,8 @@ type Backplane struct {
 	log     *slog.Logger
 
 	// set holds the mirrors and runs every goroutine of the backplane
-	// (readers, the janitor, receiveSignals); ctx is its Context.
+	// (readers, the janitor, receiveSignals) until Close.
 	set *mirror.Set[*session]
-	ctx context.Context
 
 	signals *redis.PubSub // the signal channel, read by receiveSignals
 
@@ -202,10 +201,9 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
 		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: log,
 	}, engine{b})
-	b.ctx = b.set.Context()
 	// Subscribing connects in the background: a Redis that is down now is
 	// retried by receiveSignals.
-	b.signals = client.Subscribe(b.ctx, b.signalChannel())
+	b.signals = client.Subscribe(b.set.Context(), b.signalChannel())
 	b.set.Go(b.receiveSignals)
 	return b, nil
 }
@@ -350,9 +348,4 @@ func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus
 // eventbus.StatusError wrapping the cause). Set Retry, Heartbeat,
 // WriteTimeout, Logger, CORS or Authorize on it before serving; keep
 // Lookup (wrap it to add to it).
-func (b *Backplane) Handler() *eventbus.Handler {
-	return &eventbus.Handler{
-		Lookup: b.set.Lookup,
-		Logger: b.log,
-	}
-}
+func (b *Backplane) Handler() *eventbus.Handler { return b.set.Handler() }

@@ -60,18 +60,18 @@ func (b *Backplane) Signal(ctx context.Context, session, typ, about string) erro
 // until Close (which closes the subscription, ending a blocked receive).
 func (b *Backplane) receiveSignals() {
 	var delay time.Duration
-	for b.ctx.Err() == nil {
-		msg, err := b.signals.ReceiveTimeout(b.ctx, b.opts.ReadBlock)
+	for b.set.Context().Err() == nil {
+		msg, err := b.signals.ReceiveTimeout(b.set.Context(), b.opts.ReadBlock)
 		if err != nil {
 			var ne net.Error
-			if b.ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
+			if b.set.Context().Err() != nil || errors.As(err, &ne) && ne.Timeout() {
 				continue // closing, or quiet
 			}
 			// go-redis reconnects and subscribes again on the next receive.
 			delay = min(max(2*delay, minBackoff), maxBackoff)
 			t := time.NewTimer(delay)
 			select {
-			case <-b.ctx.Done():
+			case <-b.set.Context().Done():
 			case <-t.C:
 			}
 			t.Stop()

@@ -414,6 +414,12 @@ func (t *Set[S]) Subscribe(ctx context.Context, session string, opts eventbus.Su
 	return bus.Subscribe(ctx, opts)
 }
 
+// Handler returns an SSE handler whose Lookup is Lookup and whose Logger
+// is Config.Logger.
+func (t *Set[S]) Handler() *eventbus.Handler {
+	return &eventbus.Handler{Lookup: t.Lookup, Logger: t.cfg.Logger}
+}
+
 // Lookup is an eventbus.Handler's Lookup: Bus for r.PathValue("id"), an
 // invalid id eventbus.ErrSessionNotFound, the engine unavailable 503
 // unavailable and a closed set 503 shutting_down, both with Retry-After:
