@@ -389,6 +389,9 @@ func (t *Set[S]) Bus(ctx context.Context, session string) (*eventbus.EventBus, e
 		if !m.opened.Before(start) {
 			return m.Bus, nil // opened by this call or after it: its epoch is fresh
 		}
+		// The mirror may be of an epoch the engine no longer has (a Delete
+		// or a lost log its reader has not noticed yet): a stream that
+		// joined it would miss the new epoch's events.
 		ectx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 		cur, err := t.eng.Epoch(ectx, s)
 		cancel()
