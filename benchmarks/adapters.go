@@ -11,6 +11,8 @@ import (
 	pubsub "github.com/cskr/pubsub/v2"
 	r3sse "github.com/r3labs/sse/v2"
 	gosse "github.com/tmaxmax/go-sse"
+
+	"github.com/ssebus/eventbus"
 )
 
 // benchPayload is the event data every library carries: {"n":1}.
@@ -92,10 +94,17 @@ func (b *naiveBroker) close() {
 	b.mu.Unlock()
 }
 
+// naiveFanout with encoder set encodes each event with eventbus's own
+// Encoder, which validates and encodes exactly as Publish does (one
+// allocation, the same bytes): issue 13's baseline for one subscriber is a
+// naive bus that delivers "the same encoded bytes (encode once, same
+// validation)". Without it, the event is the hand-built envelope of
+// appendEnvelope: the same bytes, no validation.
 type naiveFanout struct {
-	cfg config
-	b   naiveBroker
-	wg  sync.WaitGroup
+	cfg     config
+	encoder *eventbus.Encoder
+	b       naiveBroker
+	wg      sync.WaitGroup
 }
 
 func (f *naiveFanout) start(sinks []*sink) error {
@@ -118,6 +127,14 @@ func drainChan(ch <-chan naiveMsg, s *sink) {
 }
 
 func (f *naiveFanout) publish(seq uint64) error {
+	if f.encoder != nil {
+		e, err := f.encoder.Encode(eventbus.Event{Type: "bench", Data: benchData})
+		if err != nil {
+			return err
+		}
+		f.b.publish(naiveMsg{id: seq, data: e.Tail})
+		return nil
+	}
 	f.b.publish(naiveMsg{id: seq, data: newEnvelope(seq)})
 	return nil
 }
@@ -307,4 +324,13 @@ func (f *r3Fanout) stop() {
 	f.cancel() // each handler deregisters, which closes its channel
 	f.wg.Wait()
 	f.srv.Close()
+}
+
+// newNaiveEncoding is the naive bus that encodes with eventbus's Encoder.
+func newNaiveEncoding(c config) fanout {
+	enc, err := eventbus.NewEncoder(eventbus.Options{})
+	if err != nil {
+		panic(err) // the zero Options are valid
+	}
+	return &naiveFanout{cfg: c, encoder: enc}
 }

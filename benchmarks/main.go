@@ -24,6 +24,7 @@ import (
 var (
 	libraries = []library{
 		{name: "naive (RWMutex + chan)", new: func(c config) fanout { return &naiveFanout{cfg: c} }},
+		{name: "naive + eventbus Encoder", new: newNaiveEncoding},
 		{name: "cskr/pubsub/v2", new: func(c config) fanout { return &pubsubFanout{cfg: c} }},
 		{name: "tmaxmax/go-sse Joe", new: func(config) fanout { return &joeFanout{} }},
 		{name: "r3labs/sse/v2", new: func(config) fanout { return &r3Fanout{} }},
