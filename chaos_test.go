@@ -48,10 +48,10 @@ import (
 // still in the ring), so it leaves no gap.
 //
 // The sleeps only make slow readers slow; no check depends on timing. The
-// normal form publishes for ~5 s, -short for 2 s with 36 clients;
+// normal form publishes for ~5 s, -short for 4 s with 36 clients;
 // EVENTBUS_LONG=1 for 60 s.
 func TestChaosHTTP(t *testing.T) {
-	dur, maxEvents, nClients := pick(2*time.Second, 5*time.Second, 60*time.Second), pick(3000, 6000, 200_000), pick(36, 54, 64)
+	dur, maxEvents, nClients := pick(4*time.Second, 5*time.Second, 60*time.Second), pick(6000, 6000, 200_000), pick(36, 54, 64)
 	base := Options{
 		RingSize:          1024,
 		MaxQueuedBytes:    256 << 10,
