@@ -102,20 +102,19 @@ func (f *naiveFanout) start(sinks []*sink) error {
 	var running sync.WaitGroup
 	for _, s := range sinks {
 		ch := f.b.subscribe(f.cfg.queue)
-		f.wg.Add(1)
-		running.Add(1)
-		go func() {
-			defer f.wg.Done()
-			running.Done()
-			s.waitRelease()
-			for m := range ch {
-				s.see(m.id)
-			}
-			s.end("closed")
-		}()
+		runSink(&f.wg, &running, s, func() { drainChan(ch, s) })
 	}
 	running.Wait()
 	return nil
+}
+
+// drainChan is a channel subscriber's loop: every message's id into s
+// until the channel closes.
+func drainChan(ch <-chan naiveMsg, s *sink) {
+	for m := range ch {
+		s.see(m.id)
+	}
+	s.end("closed")
 }
 
 func (f *naiveFanout) publish(seq uint64) error {
@@ -140,17 +139,7 @@ func (f *pubsubFanout) start(sinks []*sink) error {
 	var running sync.WaitGroup
 	for _, s := range sinks {
 		ch := f.ps.Sub("bench") // synchronous: registered when Sub returns
-		f.wg.Add(1)
-		running.Add(1)
-		go func() {
-			defer f.wg.Done()
-			running.Done()
-			s.waitRelease()
-			for m := range ch {
-				s.see(m.id)
-			}
-			s.end("closed")
-		}()
+		runSink(&f.wg, &running, s, func() { drainChan(ch, s) })
 	}
 	running.Wait()
 	return nil

@@ -70,14 +70,7 @@ func (f *eventbusFanout) start(sinks []*sink) error {
 			return err
 		}
 		f.subs = append(f.subs, sub)
-		f.wg.Add(1)
-		running.Add(1)
-		go func() {
-			defer f.wg.Done()
-			running.Done()
-			s.waitRelease()
-			drainEventbus(sub, s)
-		}()
+		runSink(&f.wg, &running, s, func() { drainEventbus(sub, s) })
 	}
 	running.Wait()
 	return nil

@@ -109,6 +109,20 @@ func (s *sink) waitRelease() {
 	}
 }
 
+// runSink starts one subscriber's loop into s: a goroutine, counted by wg
+// until it ends and by running until it runs, that waits until the harness
+// releases a stalled s, then runs drain.
+func runSink(wg, running *sync.WaitGroup, s *sink, drain func()) {
+	wg.Add(1)
+	running.Add(1)
+	go func() {
+		defer wg.Done()
+		running.Done()
+		s.waitRelease()
+		drain()
+	}()
+}
+
 // fanout is one library wired for the workload: one publisher, len(sinks)
 // subscribers, each delivering into its sink.
 type fanout interface {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/ssebus/eventbus"
 )
 
 // listenPing is how long the listener waits for a notification before it
@@ -33,13 +32,12 @@ func (b *Backplane) listenerOK() time.Time {
 // wakes every reader, which reads what the notifications it missed would
 // have announced; while it is down, readers poll the table.
 func (b *Backplane) listen() {
-	defer b.wg.Done()
 	var delay time.Duration
 	failing := false
-	for b.ctx.Err() == nil {
+	for b.set.Context().Err() == nil {
 		conn, err := b.connectListener()
 		if err != nil {
-			if b.ctx.Err() != nil {
+			if b.set.Context().Err() != nil {
 				return
 			}
 			if !failing {
@@ -49,7 +47,7 @@ func (b *Backplane) listen() {
 			delay = nextBackoff(delay)
 			t := time.NewTimer(delay)
 			select {
-			case <-b.ctx.Done():
+			case <-b.set.Context().Done():
 			case <-t.C:
 			}
 			t.Stop()
@@ -69,7 +67,7 @@ func (b *Backplane) listen() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		conn.Close(ctx)
 		cancel()
-		if b.ctx.Err() == nil {
+		if b.set.Context().Err() == nil {
 			failing = true
 			b.log.Warn("pgbus: listener lost postgresql; readers poll the table meanwhile", "error", err)
 		}
@@ -81,7 +79,7 @@ func (b *Backplane) touchListener() { b.listenedAt.Store(time.Now().UnixNano()) 
 // connectListener takes a connection out of the pool (so the pool's
 // configuration and hooks apply) and LISTENs on it.
 func (b *Backplane) connectListener() (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+	ctx, cancel := context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
 	defer cancel()
 	pc, err := b.pool.Acquire(ctx)
 	if err != nil {
@@ -100,7 +98,7 @@ func (b *Backplane) connectListener() (*pgx.Conn, error) {
 // fails or times out, or Close.
 func (b *Backplane) receive(conn *pgx.Conn) error {
 	for {
-		ctx, cancel := context.WithTimeout(b.ctx, listenPing)
+		ctx, cancel := context.WithTimeout(b.set.Context(), listenPing)
 		n, err := conn.WaitForNotification(ctx)
 		cancel()
 		if n != nil {
@@ -110,14 +108,14 @@ func (b *Backplane) receive(conn *pgx.Conn) error {
 		if err == nil {
 			continue
 		}
-		if b.ctx.Err() != nil {
-			return b.ctx.Err()
+		if b.set.Context().Err() != nil {
+			return b.set.Context().Err()
 		}
 		if !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
 		// Quiet for listenPing: is PostgreSQL still there?
-		ctx, cancel = context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+		ctx, cancel = context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
 		err = conn.Ping(ctx)
 		cancel()
 		if err != nil {
@@ -129,11 +127,7 @@ func (b *Backplane) receive(conn *pgx.Conn) error {
 
 // wakeAll wakes every reader.
 func (b *Backplane) wakeAll() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, s := range b.sessions {
-		s.poke()
-	}
+	b.set.Each((*session).poke)
 }
 
 // dispatch handles one notification.
@@ -157,15 +151,8 @@ func (b *Backplane) dispatch(n *pgconn.Notification) {
 		// Not only ready sessions: a mirror being opened has its reader
 		// started (and perhaps its first read done) just before it is
 		// ready, and must not miss this wake.
-		b.mu.Lock()
-		s := b.sessions[string(session)]
-		var bus *eventbus.EventBus
-		var mine string
-		if s != nil {
-			bus, mine = s.bus, s.epoch
-		}
-		b.mu.Unlock()
-		if s != nil && (bus == nil || string(epoch) != mine || id == 0 || id > bus.LastEventID()) {
+		s, bus, mine, ok := b.set.Peek(string(session))
+		if ok && (bus == nil || string(epoch) != mine || id == 0 || id > bus.LastEventID()) {
 			s.poke()
 		}
 	case b.q.signals:
@@ -179,7 +166,7 @@ func (b *Backplane) dispatch(n *pgconn.Notification) {
 			return
 		}
 		if s := b.readySession(string(session)); s != nil {
-			_ = s.bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
+			_ = s.Bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
 		}
 	}
 }

@@ -47,8 +47,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/mirror"
 )
 
 // Defaults of Options.
@@ -135,22 +134,16 @@ type Options struct {
 // Backplane feeds local mirror buses from PostgreSQL. Create it with New;
 // it is safe for concurrent use. Close ends every reader and mirror.
 type Backplane struct {
-	pool     *pgxpool.Pool
-	opts     Options
-	q        queries
-	maxLen   int
-	maxBytes int
-	maxEvent int
-	encoder  *eventbus.Encoder
-	log      *slog.Logger
+	pool    *pgxpool.Pool
+	opts    Options
+	q       queries
+	bus     mirror.Bus // the bounds of the log
+	encoder *eventbus.Encoder
+	log     *slog.Logger
 
-	ctx    context.Context // ends every goroutine of the backplane
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // readers, the listener and the janitors
-
-	mu       sync.Mutex
-	closed   bool
-	sessions map[string]*session
+	// set holds the mirrors and runs every goroutine of the backplane
+	// (readers, the listener, the janitors) until Close.
+	set *mirror.Set[*session]
 
 	// The listener's state: whether it is LISTENing now, and when it last
 	// heard from PostgreSQL (Unix nanoseconds).
@@ -173,29 +166,14 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pool", eventbus.ErrInvalidOption)
 	}
-	if opts.RingSize != 0 {
-		opts.Bus.RingSize = opts.RingSize
-	}
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout},
-		{"OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout},
-		{"IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow},
-		{"IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout},
-		{"PollInterval", &opts.PollInterval, DefaultPollInterval},
-	} {
-		if *d.v < 0 {
-			return nil, fmt.Errorf("%w: %s is %v, must not be negative", eventbus.ErrInvalidOption, d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
-		if *d.v < time.Millisecond {
-			return nil, fmt.Errorf("%w: %s is %v, below 1ms", eventbus.ErrInvalidOption, d.name, *d.v)
-		}
+	var d mirror.Durations
+	d.Check("PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout, time.Millisecond)
+	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, time.Millisecond)
+	d.Check("IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow, time.Millisecond)
+	d.Check("IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout, time.Millisecond)
+	d.Check("PollInterval", &opts.PollInterval, DefaultPollInterval, time.Millisecond)
+	if err := d.Err(); err != nil {
+		return nil, err
 	}
 	if opts.SessionTTL < 0 || opts.ReadCount < 0 {
 		return nil, fmt.Errorf("%w: SessionTTL and ReadCount must not be negative", eventbus.ErrInvalidOption)
@@ -210,47 +188,30 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 		return nil, fmt.Errorf("%w: Schema %q is not 1 to %d bytes of [a-z0-9_] starting with a letter or '_'",
 			eventbus.ErrInvalidOption, opts.Schema, maxSchemaBytes)
 	}
-	log := opts.Logger
-	if log == nil {
-		log = opts.Bus.Logger
-	}
-	if log == nil {
-		log = slog.Default()
-	}
-	if opts.Bus.Logger == nil {
-		opts.Bus.Logger = log
-	}
-	enc, err := eventbus.NewEncoder(opts.Bus) // validates opts.Bus
+	bus, err := mirror.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
+	log := bus.Log
 	if err := migrate(ctx, pool, opts.Schema); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	b := &Backplane{
-		pool:     pool,
-		opts:     opts,
-		q:        newQueries(opts.Schema),
-		maxLen:   orInt(opts.Bus.RingSize, eventbus.DefaultRingSize),
-		maxBytes: orInt(opts.Bus.RingMaxBytes, eventbus.DefaultRingMaxBytes),
-		maxEvent: orInt(opts.Bus.MaxEventBytes, eventbus.DefaultMaxEventBytes),
-		encoder:  enc,
-		log:      log,
-		sessions: make(map[string]*session),
+		pool:    pool,
+		opts:    opts,
+		q:       newQueries(opts.Schema),
+		bus:     bus,
+		encoder: bus.Encoder,
+		log:     log,
 	}
-	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.wg.Add(3)
-	go b.listen()
-	go b.releaseIdle()
-	go b.maintain()
+	b.set = mirror.New[*session](mirror.Config{
+		Name: "pgbus", Engine: "PostgreSQL", Store: "the table",
+		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
+		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: log,
+	}, engine{b})
+	b.set.Go(b.listen)
+	b.set.Go(b.maintain)
 	return b, nil
-}
-
-func orInt(v, def int) int {
-	if v > 0 {
-		return v
-	}
-	return def
 }
 
 // Close releases every session of this replica: readers and the listener
@@ -259,29 +220,11 @@ func orInt(v, def int) int {
 // Afterwards Publish returns eventbus.ErrClosed. Idempotent. The rows
 // stay: other replicas go on.
 func (b *Backplane) Close() error {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		b.wg.Wait()
-		return nil
-	}
-	b.closed = true
-	all := b.sessions
-	b.sessions = nil
-	b.mu.Unlock()
-	b.cancel()
-	for _, s := range all {
-		s.stop()
-	}
-	b.wg.Wait()
+	b.set.Close(nil)
 	return nil
 }
 
-func (b *Backplane) isClosed() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.closed
-}
+func (b *Backplane) isClosed() bool { return b.set.Closed() }
 
 func validSession(id string) error {
 	if id == "" || len(id) > MaxSessionIDBytes {
@@ -369,15 +312,15 @@ func (b *Backplane) publish(ctx context.Context, session, key string, idem bool,
 	var epoch string
 	var dup bool
 	err = conn.QueryRow(ctx, b.q.publish, []byte(session), eventbus.NewEpoch(), []byte(ev.Type), ev.Tail,
-		b.maxLen, b.maxBytes, b.maxEvent, keyArg, fp,
+		b.bus.MaxLen, b.bus.MaxBytes, b.bus.MaxEvent, keyArg, fp,
 		b.opts.IdempotencyWindow.Milliseconds(), b.opts.PublishTimeout.Milliseconds()).Scan(&id, &epoch, &dup)
 	if err != nil {
 		return 0, "", false, b.publishError(session, err)
 	}
-	if local != nil && local.epoch != epoch {
+	if local != nil && local.Epoch != epoch {
 		// The mirror is of a deleted session: release it now rather than
 		// when its reader notices.
-		b.expire(local, "publish found a new epoch")
+		b.set.Expire(local, "publish found a new epoch")
 	}
 	return uint64(id), epoch, dup, nil
 }
@@ -388,7 +331,7 @@ func (b *Backplane) publishError(session string, err error) error {
 	if errors.As(err, &pe) {
 		switch pe.Code {
 		case "EB001":
-			return fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d", eventbus.ErrEventTooLarge, pe.Message, b.maxEvent)
+			return fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d", eventbus.ErrEventTooLarge, pe.Message, b.bus.MaxEvent)
 		case "EB002":
 			return fmt.Errorf("%w: session %q: %s", eventbus.ErrIdempotencyKeyReused, session, pe.Message)
 		}
@@ -421,7 +364,7 @@ func (b *Backplane) Delete(ctx context.Context, session string) error {
 		return unavailable("delete", session, err)
 	}
 	if s := b.readySession(session); s != nil {
-		b.expire(s, "deleted")
+		b.set.Expire(s, "deleted")
 	}
 	return nil
 }
@@ -463,23 +406,15 @@ func (b *Backplane) Info(ctx context.Context, session string) (Info, error) {
 	case !errors.Is(err, pgx.ErrNoRows):
 		return Info{}, unavailable("read", session, err)
 	}
-	if s := b.readySession(session); s != nil {
-		in.Local = true
-		in.LocalLastEventID = s.bus.LastEventID()
-		in.Subscribers = s.bus.SubscriberCount()
-	}
+	in.LocalLastEventID, in.Subscribers, in.Local = b.set.Local(session)
 	return in, nil
 }
 
 // Sessions returns how many sessions this replica holds a mirror of.
-func (b *Backplane) Sessions() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.sessions)
-}
+func (b *Backplane) Sessions() int { return b.set.Len() }
 
 // Bus returns this replica's mirror bus of session, creating it (and its
-// reader) when needed. A mirror this call did not create is first checked
+// reader) when needed. A mirror opened before this call is first checked
 // against the session's epoch in the table (one query): a mirror of an
 // epoch the table no longer has (a Delete this replica has not heard of
 // yet) is released and a new one made, so a stream never joins a dead
@@ -489,24 +424,7 @@ func (b *Backplane) Sessions() int {
 // table. Its Publish returns eventbus.ErrFed; Signal delivers to this
 // replica's subscribers only.
 func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
-	for attempt := 0; attempt < 3; attempt++ {
-		s, created, err := b.session(ctx, session)
-		if err != nil {
-			return nil, err
-		}
-		if created {
-			return s.bus, nil // its epoch was read just now
-		}
-		epoch, _, err := s.Head(ctx)
-		if err != nil {
-			return nil, unavailable("check the epoch of", session, err)
-		}
-		if epoch == s.epoch {
-			return s.bus, nil
-		}
-		b.expire(s, "a new stream found another epoch in the table")
-	}
-	return nil, unavailable("open", session, errors.New("its epoch kept changing while the stream opened"))
+	return b.set.Bus(ctx, session)
 }
 
 // Subscribe subscribes to session on this replica, as
@@ -515,11 +433,7 @@ func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus
 // answer is answered from the table. It returns an error wrapping
 // ErrUnavailable when PostgreSQL cannot be reached.
 func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
-	bus, err := b.Bus(ctx, session)
-	if err != nil {
-		return nil, err
-	}
-	return bus.Subscribe(ctx, opts)
+	return b.set.Subscribe(ctx, session, opts)
 }
 
 // Handler returns an SSE handler for a route such as
@@ -530,73 +444,13 @@ func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus
 // it returns answers resumes from the table. Set Retry, Heartbeat,
 // WriteTimeout, Logger, CORS or Authorize on it before serving; keep
 // Lookup (wrap it to add to it).
-func (b *Backplane) Handler() *eventbus.Handler {
-	return &eventbus.Handler{
-		Lookup: b.lookup,
-		Logger: b.log,
-	}
-}
-
-func (b *Backplane) lookup(r *http.Request) (*eventbus.EventBus, error) {
-	id := r.PathValue("id")
-	if validSession(id) != nil {
-		return nil, eventbus.ErrSessionNotFound
-	}
-	bus, err := b.Bus(r.Context(), id)
-	switch {
-	case errors.Is(err, ErrUnavailable):
-		se := eventbus.Unavailable(time.Second, "PostgreSQL unavailable; retry after Retry-After")
-		se.Err = err
-		return nil, se
-	case errors.Is(err, eventbus.ErrClosed):
-		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down",
-			Message: "the daemon is shutting down", RetryAfter: time.Second, Err: err}
-	}
-	return bus, err
-}
-
-// releaseIdle releases sessions without local subscribers for
-// IdleTimeout.
-func (b *Backplane) releaseIdle() {
-	defer b.wg.Done()
-	t := time.NewTicker(max(b.opts.IdleTimeout/4, 10*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-b.ctx.Done():
-			return
-		case now := <-t.C:
-			// Idle sessions leave the map under the lock that lookups take
-			// (a lookup refreshes lastActive), so a lookup either keeps a
-			// session or creates a new one.
-			var idle []*session
-			b.mu.Lock()
-			for id, s := range b.sessions {
-				if !s.isReady() {
-					continue
-				}
-				if s.bus.SubscriberCount() > 0 {
-					s.lastActive = now
-				} else if now.Sub(s.lastActive) >= b.opts.IdleTimeout {
-					delete(b.sessions, id)
-					idle = append(idle, s)
-				}
-			}
-			b.mu.Unlock()
-			for _, s := range idle {
-				b.log.Debug("pgbus: idle session released", "session", s.id, "epoch", s.epoch)
-				s.stop()
-			}
-		}
-	}
-}
+func (b *Backplane) Handler() *eventbus.Handler { return b.set.Handler() }
 
 // maintain deletes expired idempotency keys (their rows are ignored once
 // expired, and overwritten by a new use of the key; this keeps the table
 // small) and, with SessionTTL, sessions untouched for that long. Every
 // replica runs it; the deletes are idempotent.
 func (b *Backplane) maintain() {
-	defer b.wg.Done()
 	every := max(min(b.opts.IdempotencyWindow/10, time.Minute), time.Second)
 	if ttl := b.opts.SessionTTL; ttl > 0 {
 		every = min(every, max(ttl/4, 10*time.Millisecond))
@@ -606,7 +460,7 @@ func (b *Backplane) maintain() {
 	lastPurge := time.Now()
 	for {
 		select {
-		case <-b.ctx.Done():
+		case <-b.set.Context().Done():
 			return
 		case now := <-t.C:
 			if now.Sub(lastPurge) >= b.opts.IdempotencyWindow/10 {
@@ -621,12 +475,12 @@ func (b *Backplane) maintain() {
 }
 
 func (b *Backplane) purgeKeys() {
-	for b.ctx.Err() == nil {
-		ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+	for b.set.Context().Err() == nil {
+		ctx, cancel := context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
 		tag, err := b.pool.Exec(ctx, b.q.purge)
 		cancel()
 		if err != nil {
-			if b.ctx.Err() == nil {
+			if b.set.Context().Err() == nil {
 				b.log.Debug("pgbus: purging expired idempotency keys failed", "error", err)
 			}
 			return
@@ -638,7 +492,7 @@ func (b *Backplane) purgeKeys() {
 }
 
 func (b *Backplane) expireSessions() {
-	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+	ctx, cancel := context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
 	defer cancel()
 	ttl := b.opts.SessionTTL.Milliseconds()
 	rows, err := b.pool.Query(ctx, b.q.idle, ttl)
@@ -666,7 +520,7 @@ func (b *Backplane) expireSessions() {
 			b.log.Info("pgbus: session expired", "session", string(id), "ttl", b.opts.SessionTTL)
 		}
 	}
-	if err != nil && b.ctx.Err() == nil {
+	if err != nil && b.set.Context().Err() == nil {
 		b.log.Debug("pgbus: expiring sessions failed", "error", err)
 	}
 }

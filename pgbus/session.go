@@ -10,43 +10,21 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/mirror"
 )
 
 // session is this replica's mirror of one session: a mirror bus fed by one
-// reader goroutine, which the listener wakes. It is created by the first
-// lookup (which runs open); concurrent lookups wait for ready.
+// reader goroutine, which the listener wakes. The mirror set (b.set) opens
+// it with engine.Open on the first lookup.
 type session struct {
+	mirror.Session
 	b   *Backplane
-	id  string
 	key []byte // id, as the bytea parameter of every query
-
-	ready chan struct{} // closed when open has finished
-	// Set by open, under b.mu (dispatch reads bus and epoch under it),
-	// before ready is closed.
-	err    error
-	bus    *eventbus.EventBus
-	epoch  string
-	cancel context.CancelFunc
 
 	// wake tells the reader to read the table: a notification for the
 	// session, or a change of the listener's state. One pending wake is
 	// enough: a read reads everything there is.
 	wake chan struct{}
-
-	lastActive time.Time // guarded by b.mu
-}
-
-// errReleased is the error of a session released (Delete, a new epoch)
-// while it was being opened; a waiting lookup tries again.
-var errReleased = errors.New("pgbus: session released while opening")
-
-func (s *session) isReady() bool {
-	select {
-	case <-s.ready:
-		return s.err == nil
-	default:
-		return false
-	}
 }
 
 // poke wakes the reader without blocking.
@@ -58,164 +36,39 @@ func (s *session) poke() {
 }
 
 // readySession returns this replica's ready mirror of id, or nil.
-func (b *Backplane) readySession(id string) *session {
-	b.mu.Lock()
-	s := b.sessions[id]
-	b.mu.Unlock()
-	if s == nil || !s.isReady() {
-		return nil
-	}
-	return s
+func (b *Backplane) readySession(id string) *session { return b.set.Ready(id) }
+
+// engine is the PostgreSQL half of the mirror set (mirror.Engine).
+type engine struct{ b *Backplane }
+
+func (g engine) New(id string) *session {
+	return &session{b: g.b, key: []byte(id), wake: make(chan struct{}, 1)}
 }
 
-// session returns the ready session id, creating it when needed; created
-// reports whether this call made it.
-func (b *Backplane) session(ctx context.Context, id string) (s *session, created bool, err error) {
-	if err := validSession(id); err != nil {
-		return nil, false, err
-	}
-	for attempt := 0; ; attempt++ {
-		b.mu.Lock()
-		if b.closed {
-			b.mu.Unlock()
-			return nil, false, eventbus.ErrClosed
-		}
-		s = b.sessions[id]
-		created = s == nil
-		if created {
-			s = &session{b: b, id: id, key: []byte(id), ready: make(chan struct{}), wake: make(chan struct{}, 1)}
-			b.sessions[id] = s
-			s.lastActive = time.Now()
-			b.mu.Unlock()
-			s.open()
-		} else {
-			s.lastActive = time.Now()
-			b.mu.Unlock()
-			select {
-			case <-s.ready:
-			case <-ctx.Done():
-				return nil, false, ctx.Err()
-			}
-		}
-		if errors.Is(s.err, errReleased) && attempt < 3 {
-			continue
-		}
-		if s.err != nil {
-			return nil, false, s.err
-		}
-		b.mu.Lock()
-		current := b.sessions[id] == s
-		b.mu.Unlock()
-		if !current && attempt < 3 {
-			continue // released meanwhile (idle, a new epoch, Delete)
-		}
-		return s, created, nil
-	}
-}
-
-// open reads (or creates) the session's epoch and last id, builds the
-// mirror and starts the reader. It runs detached from the request that
-// asked for it: other lookups wait for it too.
-func (s *session) open() {
-	b := s.b
-	defer close(s.ready)
-	fail := func(err error) {
-		s.err = err
-		b.mu.Lock()
-		if b.sessions[s.id] == s {
-			delete(b.sessions, s.id)
-		}
-		b.mu.Unlock()
-	}
-	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
+// Open reads (or creates) the session's epoch and last id.
+func (g engine) Open(ctx context.Context, s *session) (string, uint64, error) {
 	var epoch string
 	var last int64
-	err := b.pool.QueryRow(ctx, b.q.ensure, s.key, eventbus.NewEpoch()).Scan(&epoch, &last)
-	cancel()
-	if err != nil {
-		fail(unavailable("open", s.id, err))
-		return
-	}
-	bus, err := eventbus.NewFed(b.opts.Bus, eventbus.FeedOptions{
-		Epoch: epoch, NextID: uint64(last) + 1, Log: s, LagTimeout: b.opts.PublishTimeout})
-	if err != nil {
-		fail(unavailable("open", s.id, err)) // a corrupt epoch; the options were validated by New
-		return
-	}
-	rctx, rcancel := context.WithCancel(b.ctx)
-	b.mu.Lock()
-	if b.closed || b.sessions[s.id] != s {
-		b.mu.Unlock()
-		rcancel()
-		bus.Close()
-		if b.closed {
-			s.err = eventbus.ErrClosed
-		} else {
-			s.err = errReleased
-		}
-		return
-	}
-	s.bus, s.epoch, s.cancel = bus, epoch, rcancel
-	b.wg.Add(1)
-	b.mu.Unlock()
-	// The session is in the map before the reader's first read, so a
-	// publish committed after that read is notified to a listener that
-	// finds the session: none falls between the read and the map.
-	go s.run(rctx, uint64(last))
+	err := g.b.pool.QueryRow(ctx, g.b.q.ensure, s.key, eventbus.NewEpoch()).Scan(&epoch, &last)
+	return epoch, uint64(last), err
 }
 
-// stop ends the reader and closes the mirror (its streams drain, then end).
-// The session must already be out of the backplane's map. Idempotent.
-func (s *session) stop() {
-	s.close(nil)
-}
+func (g engine) Run(ctx context.Context, s *session, last uint64) { s.run(ctx, last) }
 
-// close is stop; with why set, the mirror ends every stream with a
-// stream_error of errorKind unavailable saying why.
-func (s *session) close(why error) {
-	s.b.mu.Lock()
-	cancel, bus := s.cancel, s.bus
-	s.b.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	if bus == nil {
-		return
-	}
-	if why != nil {
-		bus.CloseWithError(eventbus.ErrorKindUnavailable, why.Error())
-	} else {
-		bus.Close()
-	}
-}
-
-// remove takes s out of the backplane's map; it reports whether s was
-// still there.
-func (b *Backplane) remove(s *session) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.sessions[s.id] == s {
-		delete(b.sessions, s.id)
-		return true
-	}
-	return false
-}
-
-// expire removes s from the backplane and stops it.
-func (b *Backplane) expire(s *session, why string) {
-	b.remove(s)
-	b.log.Info("pgbus: session released", "session", s.id, "epoch", s.epoch, "reason", why)
-	s.stop()
+func (g engine) Epoch(ctx context.Context, s *session) (string, error) {
+	epoch, _, err := s.Head(ctx)
+	return epoch, err
 }
 
 // outage removes s from the backplane and ends its streams with a
 // stream_error of errorKind unavailable: its reader could not reach
 // PostgreSQL for OutageTimeout. The next lookup opens it anew.
 func (b *Backplane) outage(s *session, down time.Duration, err error) {
-	b.remove(s)
+	b.set.Remove(s)
 	b.log.Error("pgbus: postgresql unreachable past OutageTimeout; ending the session's streams",
-		"session", s.id, "epoch", s.epoch, "down", down.Round(time.Millisecond), "error", err)
-	s.close(fmt.Errorf("pgbus: PostgreSQL unreachable for %v; reconnect with backoff and resume", down.Round(time.Second)))
+		"session", s.ID, "epoch", s.Epoch, "down", down.Round(time.Millisecond), "error", err)
+	b.set.Stop(s, eventbus.ErrorKindUnavailable,
+		fmt.Sprintf("pgbus: PostgreSQL unreachable for %v; reconnect with backoff and resume", down.Round(time.Second)))
 }
 
 // Reader backoff after a PostgreSQL error.
@@ -237,13 +90,12 @@ func nextBackoff(d time.Duration) time.Duration {
 // stream_error, errorKind unavailable).
 func (s *session) run(ctx context.Context, last uint64) {
 	b := s.b
-	defer b.wg.Done()
 	lastOK := time.Now()
 	var failingSince time.Time // zero while reads succeed
 	var delay time.Duration
 	for {
 		if h := b.readHook.Load(); h != nil {
-			(*h)(ctx, s.id)
+			(*h)(ctx, s.ID)
 		}
 		if ctx.Err() != nil {
 			return
@@ -261,7 +113,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 				// read and the listener's last word from PostgreSQL (a quiet
 				// session relies on the listener).
 				failingSince = later(lastOK, b.listenerOK())
-				b.log.Warn("pgbus: reader lost postgresql; retrying with backoff", "session", s.id, "error", err)
+				b.log.Warn("pgbus: reader lost postgresql; retrying with backoff", "session", s.ID, "error", err)
 			}
 			if down := now.Sub(failingSince); down >= b.opts.OutageTimeout {
 				b.outage(s, down, err)
@@ -270,12 +122,12 @@ func (s *session) run(ctx context.Context, last uint64) {
 			delay = nextBackoff(delay)
 			wait = time.After(delay)
 		case lost:
-			b.expire(s, "the session was deleted or has a new epoch")
+			b.set.Expire(s, "the session was deleted or has a new epoch")
 			return
 		default:
 			if !failingSince.IsZero() {
 				failingSince = time.Time{}
-				b.log.Info("pgbus: reader reconnected", "session", s.id, "lastEventId", last)
+				b.log.Info("pgbus: reader reconnected", "session", s.ID, "lastEventId", last)
 			}
 			lastOK, delay = time.Now(), 0
 			if n == b.opts.ReadCount {
@@ -322,19 +174,19 @@ func (s *session) catchUp(ctx context.Context, last *uint64) (n int, lost bool, 
 		if err := rows.Scan(&epoch, &id, &typ, &env); err != nil {
 			return n, false, err
 		}
-		if epoch != s.epoch {
+		if epoch != s.Epoch {
 			return n, true, nil
 		}
 		if !id.Valid {
 			break // nothing new
 		}
 		e := eventbus.LogEntry{ID: uint64(id.Int64), Type: string(typ), JSON: env}
-		if err := s.bus.Append(e); err != nil {
+		if err := s.Bus.Append(e); err != nil {
 			if errors.Is(err, eventbus.ErrClosed) {
 				return n, false, nil // stopped; ctx ends the reader
 			}
 			// Skipped: the next entry is a gap, which resyncs.
-			b.log.Error("pgbus: row refused by the mirror", "session", s.id, "id", e.ID, "error", err)
+			b.log.Error("pgbus: row refused by the mirror", "session", s.ID, "id", e.ID, "error", err)
 		}
 		*last = e.ID
 		n++
@@ -375,7 +227,7 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 	var out []eventbus.LogEntry
 	spent := 0
 	for from := req.After; from < req.Upto; {
-		rows, err := b.pool.Query(ctx, b.q.history, s.key, s.epoch, int64(from), int64(req.Upto), historyBatch)
+		rows, err := b.pool.Query(ctx, b.q.history, s.key, s.Epoch, int64(from), int64(req.Upto), historyBatch)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -411,11 +263,11 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 	}
 	// Nothing in (After, Upto]: trimmed away, or the epoch is gone.
 	var first pgtype.Int8
-	if err := b.pool.QueryRow(ctx, b.q.first, s.key, s.epoch).Scan(&first); err != nil {
+	if err := b.pool.QueryRow(ctx, b.q.first, s.key, s.Epoch).Scan(&first); err != nil {
 		return nil, 0, err
 	}
 	if !first.Valid {
-		return nil, 0, fmt.Errorf("pgbus: session %q holds no events of epoch %s: deleted or replaced", s.id, s.epoch)
+		return nil, 0, fmt.Errorf("pgbus: session %q holds no events of epoch %s: deleted or replaced", s.ID, s.Epoch)
 	}
 	return nil, uint64(first.Int64), nil
 }

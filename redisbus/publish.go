@@ -71,10 +71,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 	if err := validSession(session); err != nil {
 		return 0, "", false, err
 	}
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
+	if b.set.Closed() {
 		return 0, "", false, eventbus.ErrClosed
 	}
 	ev, err := b.encoder.Encode(e)
@@ -93,16 +90,11 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 	// This replica's mirror, as it was before the script ran: its epoch was
 	// read from Redis earlier, so if the script reports another one, the
 	// mirror's is the stale one.
-	b.mu.Lock()
-	local := b.sessions[session]
-	b.mu.Unlock()
-	if local != nil && !local.isReady() {
-		local = nil
-	}
+	local := b.set.Ready(session)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
 	res, err := runOnce(ctx, b.client, publishScript, publishSrc, b.keys(session),
-		eventbus.NewEpoch(), ev.Type, ev.Tail, b.maxLen, b.maxBytes, b.maxEvent, b.opts.KeyTTL.Milliseconds(),
+		eventbus.NewEpoch(), ev.Type, ev.Tail, b.bus.MaxLen, b.bus.MaxBytes, b.bus.MaxEvent, b.opts.KeyTTL.Milliseconds(),
 		key, fp, b.opts.IdempotencyWindow.Milliseconds()).StringSlice()
 	if err != nil {
 		return 0, "", false, b.publishError(session, err)
@@ -115,10 +107,10 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 		return 0, "", false, unknownOutcome(session, fmt.Errorf("unexpected id %q", res[0]))
 	}
 	epoch, duplicate = res[1], res[2] == "1"
-	if local != nil && local.epoch != epoch {
+	if local != nil && local.Epoch != epoch {
 		// The mirror is of a lost stream: release it now rather than when
 		// its reader notices.
-		b.expire(local, "publish found a new epoch")
+		b.set.Expire(local, "publish found a new epoch")
 	}
 	return id, epoch, duplicate, nil
 }
@@ -135,7 +127,7 @@ func (b *Backplane) publishError(session string, err error) error {
 		switch {
 		case strings.HasPrefix(msg, "TOOLARGE "):
 			return fmt.Errorf("%w: %s bytes encoded, MaxEventBytes is %d",
-				eventbus.ErrEventTooLarge, strings.TrimPrefix(msg, "TOOLARGE "), b.maxEvent)
+				eventbus.ErrEventTooLarge, strings.TrimPrefix(msg, "TOOLARGE "), b.bus.MaxEvent)
 		case strings.HasPrefix(msg, "KEYREUSED "):
 			return fmt.Errorf("%w: session %q, the key's first publish has id %s",
 				eventbus.ErrIdempotencyKeyReused, session, strings.TrimPrefix(msg, "KEYREUSED "))

@@ -49,15 +49,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/mirror"
 )
 
 // Defaults of Options.
@@ -135,23 +134,15 @@ type Options struct {
 // Backplane feeds local mirror buses from Redis Streams. Create it with
 // New; it is safe for concurrent use. Close ends every reader and mirror.
 type Backplane struct {
-	client   redis.UniversalClient
-	opts     Options
-	busOpts  eventbus.Options
-	maxLen   int
-	maxBytes int
-	maxEvent int
-	encoder  *eventbus.Encoder
-	log      *slog.Logger
+	client  redis.UniversalClient
+	opts    Options
+	bus     mirror.Bus // the bounds of the log
+	encoder *eventbus.Encoder
+	log     *slog.Logger
 
-	ctx    context.Context // ends every reader
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // readers, the janitor and receiveSignals
-
-	mu       sync.Mutex
-	closed   bool
-	sessions map[string]*session
-	byBus    map[*eventbus.EventBus]*session
+	// set holds the mirrors and runs every goroutine of the backplane
+	// (readers, the janitor, receiveSignals) until Close.
+	set *mirror.Set[*session]
 
 	signals *redis.PubSub // the signal channel, read by receiveSignals
 
@@ -166,32 +157,14 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil redis client", eventbus.ErrInvalidOption)
 	}
-	if opts.RingSize != 0 {
-		opts.Bus.RingSize = opts.RingSize
-	}
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout},
-		{"IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout},
-		{"ReadBlock", &opts.ReadBlock, DefaultReadBlock},
-		{"IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow},
-		{"OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout},
-	} {
-		if *d.v < 0 {
-			return nil, fmt.Errorf("%w: %s is %v, must not be negative", eventbus.ErrInvalidOption, d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
-	}
-	if opts.ReadBlock < time.Millisecond {
-		return nil, fmt.Errorf("%w: ReadBlock is %v, below 1ms", eventbus.ErrInvalidOption, opts.ReadBlock)
-	}
-	if opts.IdempotencyWindow < time.Millisecond {
-		return nil, fmt.Errorf("%w: IdempotencyWindow is %v, below 1ms", eventbus.ErrInvalidOption, opts.IdempotencyWindow)
+	var d mirror.Durations
+	d.Check("PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout, 0)
+	d.Check("IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout, 0)
+	d.Check("ReadBlock", &opts.ReadBlock, DefaultReadBlock, time.Millisecond)
+	d.Check("IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow, time.Millisecond)
+	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, 0)
+	if err := d.Err(); err != nil {
+		return nil, err
 	}
 	if opts.OutageTimeout < opts.ReadBlock {
 		return nil, fmt.Errorf("%w: OutageTimeout %v is below ReadBlock %v", eventbus.ErrInvalidOption, opts.OutageTimeout, opts.ReadBlock)
@@ -208,42 +181,30 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	if strings.ContainsAny(opts.KeyPrefix, "{}") {
 		return nil, fmt.Errorf("%w: KeyPrefix %q contains a brace", eventbus.ErrInvalidOption, opts.KeyPrefix)
 	}
-	log := opts.Logger
-	if log == nil {
-		log = opts.Bus.Logger
-	}
-	if log == nil {
-		log = slog.Default()
-	}
-	if opts.Bus.Logger == nil {
-		opts.Bus.Logger = log
-	}
-	enc, err := eventbus.NewEncoder(opts.Bus) // validates opts.Bus
+	bus, err := mirror.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
+	log := bus.Log
 	b := &Backplane{
-		client:   client,
-		opts:     opts,
-		busOpts:  opts.Bus,
-		maxLen:   orInt(opts.Bus.RingSize, eventbus.DefaultRingSize),
-		maxBytes: orInt(opts.Bus.RingMaxBytes, eventbus.DefaultRingMaxBytes),
-		maxEvent: orInt(opts.Bus.MaxEventBytes, eventbus.DefaultMaxEventBytes),
-		encoder:  enc,
-		log:      log,
-		sessions: make(map[string]*session),
-		byBus:    make(map[*eventbus.EventBus]*session),
+		client:  client,
+		opts:    opts,
+		bus:     bus,
+		encoder: bus.Encoder,
+		log:     log,
 	}
 	if !contextTimeouts(client) {
 		log.Warn("redisbus: the redis client has ContextTimeoutEnabled off: a Redis that hangs can hold Publish past PublishTimeout, up to the client's read timeout and retries")
 	}
-	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.set = mirror.New[*session](mirror.Config{
+		Name: "redisbus", Engine: "Redis", Store: "Redis",
+		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
+		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: log,
+	}, engine{b})
 	// Subscribing connects in the background: a Redis that is down now is
 	// retried by receiveSignals.
-	b.signals = client.Subscribe(b.ctx, b.signalChannel())
-	b.wg.Add(2)
-	go b.janitor()
-	go b.receiveSignals()
+	b.signals = client.Subscribe(b.set.Context(), b.signalChannel())
+	b.set.Go(b.receiveSignals)
 	return b, nil
 }
 
@@ -259,36 +220,13 @@ func contextTimeouts(client redis.UniversalClient) bool {
 	return true
 }
 
-func orInt(v, def int) int {
-	if v > 0 {
-		return v
-	}
-	return def
-}
-
 // Close releases every session of this replica: readers stop (within
 // ReadBlock), mirrors close (their streams drain what is queued, then end),
 // and Close returns when every goroutine of the backplane has ended.
 // Afterwards Publish returns eventbus.ErrClosed. Idempotent. The Redis keys
 // stay: other replicas go on.
 func (b *Backplane) Close() error {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		b.wg.Wait()
-		return nil
-	}
-	b.closed = true
-	all := b.sessions
-	b.sessions = nil
-	b.byBus = nil
-	b.mu.Unlock()
-	b.cancel()
-	b.signals.Close() // unblocks receiveSignals
-	for _, s := range all {
-		s.stop()
-	}
-	b.wg.Wait()
+	b.set.Close(func() { b.signals.Close() }) // unblocks receiveSignals
 	return nil
 }
 
@@ -324,11 +262,8 @@ func (b *Backplane) Delete(ctx context.Context, session string) error {
 	if err := deleteScript.Run(ctx, b.client, b.keys(session)).Err(); err != nil {
 		return unavailable("delete", session, err)
 	}
-	b.mu.Lock()
-	s := b.sessions[session]
-	b.mu.Unlock()
-	if s != nil {
-		b.expire(s, "deleted")
+	if s := b.set.Get(session); s != nil {
+		b.set.Expire(s, "deleted")
 	}
 	return nil
 }
@@ -371,14 +306,7 @@ func (b *Backplane) Info(ctx context.Context, session string) (Info, error) {
 		in.FirstEventID = parseUint(v[2])
 		in.Bytes = parseUint(v[3])
 	}
-	b.mu.Lock()
-	s := b.sessions[session]
-	b.mu.Unlock()
-	if s != nil && s.isReady() && s.bus != nil {
-		in.Local = true
-		in.LocalLastEventID = s.bus.LastEventID()
-		in.Subscribers = s.bus.SubscriberCount()
-	}
+	in.LocalLastEventID, in.Subscribers, in.Local = b.set.Local(session)
 	return in, nil
 }
 
@@ -389,11 +317,7 @@ func parseUint(v any) uint64 {
 }
 
 // Sessions returns how many sessions this replica holds a mirror of.
-func (b *Backplane) Sessions() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.sessions)
-}
+func (b *Backplane) Sessions() int { return b.set.Len() }
 
 // Bus returns this replica's mirror bus of session, creating it (and its
 // reader) when needed, after checking with Redis that the mirror's epoch
@@ -403,30 +327,7 @@ func (b *Backplane) Sessions() int {
 // replica's subscribers only. It returns an error wrapping ErrUnavailable
 // when Redis cannot be reached.
 func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
-	start := time.Now()
-	for attempt := 0; attempt < 3; attempt++ {
-		s, err := b.session(ctx, session)
-		if err != nil {
-			return nil, err
-		}
-		if !s.opened.Before(start) {
-			return s.bus, nil // opened by this call or after it: its epoch is fresh
-		}
-		// The mirror may be of an epoch Redis no longer has (a Delete or a
-		// lost stream its reader has not noticed yet, for up to ReadBlock):
-		// a stream that joined it would miss the new epoch's events.
-		cur, err := s.currentEpoch(ctx, b.opts.PublishTimeout)
-		if err != nil {
-			return nil, unavailable("check the epoch of", session, err)
-		}
-		if cur == s.epoch {
-			return s.bus, nil
-		}
-		// The next session opens after start, so this runs once unless
-		// another lookup's older session got in between.
-		b.expire(s, "a new stream found another epoch in Redis")
-	}
-	return nil, unavailable("open", session, errors.New("its epoch kept changing while the stream opened"))
+	return b.set.Bus(ctx, session)
 }
 
 // Subscribe subscribes to session on this replica, as
@@ -437,11 +338,7 @@ func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus
 // subscription never joins a dead epoch. It returns an error wrapping
 // ErrUnavailable when Redis cannot be reached.
 func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
-	bus, err := b.Bus(ctx, session)
-	if err != nil {
-		return nil, err
-	}
-	return bus.Subscribe(ctx, opts)
+	return b.set.Subscribe(ctx, session, opts)
 }
 
 // Handler returns an SSE handler for a route such as
@@ -451,64 +348,4 @@ func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus
 // eventbus.StatusError wrapping the cause). Set Retry, Heartbeat,
 // WriteTimeout, Logger, CORS or Authorize on it before serving; keep
 // Lookup (wrap it to add to it).
-func (b *Backplane) Handler() *eventbus.Handler {
-	return &eventbus.Handler{
-		Lookup: b.lookup,
-		Logger: b.log,
-	}
-}
-
-func (b *Backplane) lookup(r *http.Request) (*eventbus.EventBus, error) {
-	id := r.PathValue("id")
-	if validSession(id) != nil {
-		return nil, eventbus.ErrSessionNotFound
-	}
-	bus, err := b.Bus(r.Context(), id)
-	switch {
-	case errors.Is(err, ErrUnavailable):
-		se := eventbus.Unavailable(time.Second, "Redis unavailable; retry after Retry-After")
-		se.Err = err
-		return nil, se
-	case errors.Is(err, eventbus.ErrClosed):
-		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down",
-			Message: "the daemon is shutting down", RetryAfter: time.Second, Err: err}
-	}
-	return bus, err
-}
-
-// janitor releases sessions without local subscribers for IdleTimeout.
-func (b *Backplane) janitor() {
-	defer b.wg.Done()
-	every := max(b.opts.IdleTimeout/4, 10*time.Millisecond)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-b.ctx.Done():
-			return
-		case now := <-t.C:
-			// Idle sessions leave the maps under the lock that lookups
-			// take (a lookup refreshes lastActive), so a lookup either
-			// keeps a session or creates a new one.
-			var idle []*session
-			b.mu.Lock()
-			for id, s := range b.sessions {
-				if !s.isReady() || s.bus == nil {
-					continue
-				}
-				if s.bus.SubscriberCount() > 0 {
-					s.lastActive = now
-				} else if now.Sub(s.lastActive) >= b.opts.IdleTimeout {
-					delete(b.sessions, id)
-					delete(b.byBus, s.bus)
-					idle = append(idle, s)
-				}
-			}
-			b.mu.Unlock()
-			for _, s := range idle {
-				b.log.Debug("redisbus: idle session released", "session", s.id, "epoch", s.epoch)
-				s.stop()
-			}
-		}
-	}
-}
+func (b *Backplane) Handler() *eventbus.Handler { return b.set.Handler() }

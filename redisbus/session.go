@@ -11,197 +11,63 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/mirror"
 )
 
 // session is this replica's mirror of one session: a mirror bus fed by one
-// reader goroutine. It is created by the first lookup (which runs open);
-// concurrent lookups wait for ready.
+// reader goroutine. The mirror set (b.set) opens it with engine.Open on
+// the first lookup.
 type session struct {
+	mirror.Session
 	b      *Backplane
-	id     string
 	keys   []string // the scripts' KEYS (Backplane.keys)
 	meta   string   // meta hash key
 	prefix string   // stream key without the epoch
-
-	ready chan struct{} // closed when open has finished
-	// Set by open before ready is closed (bus and cancel under b.mu).
-	err    error
-	opened time.Time // when open asked Redis for the epoch
-	bus    *eventbus.EventBus
-	epoch  string
-	stream string
-	rctx   context.Context // the reader's
-	cancel context.CancelFunc
-
-	lastActive time.Time // guarded by b.mu
+	stream string   // stream key, set by Open
 }
 
-// errReleased is the error of a session released (Delete, a new epoch)
-// while it was being opened; a waiting lookup tries again.
-var errReleased = errors.New("redisbus: session released while opening")
+// engine is the Redis half of the mirror set (mirror.Engine).
+type engine struct{ b *Backplane }
 
-func (s *session) isReady() bool {
-	select {
-	case <-s.ready:
-		return s.err == nil
-	default:
-		return false
-	}
+func (g engine) New(id string) *session {
+	keys := g.b.keys(id)
+	return &session{b: g.b, keys: keys, meta: keys[0], prefix: keys[1]}
 }
 
-// session returns the ready session id, creating it when needed.
-func (b *Backplane) session(ctx context.Context, id string) (*session, error) {
-	if err := validSession(id); err != nil {
-		return nil, err
-	}
-	for attempt := 0; ; attempt++ {
-		b.mu.Lock()
-		if b.closed {
-			b.mu.Unlock()
-			return nil, eventbus.ErrClosed
-		}
-		s := b.sessions[id]
-		if s == nil {
-			keys := b.keys(id)
-			s = &session{b: b, id: id, keys: keys, meta: keys[0], prefix: keys[1], ready: make(chan struct{})}
-			b.sessions[id] = s
-			s.lastActive = time.Now()
-			b.mu.Unlock()
-			s.open()
-		} else {
-			s.lastActive = time.Now()
-			b.mu.Unlock()
-			select {
-			case <-s.ready:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		if errors.Is(s.err, errReleased) && attempt < 3 {
-			continue
-		}
-		if s.err != nil {
-			return nil, s.err
-		}
-		b.mu.Lock()
-		current := b.sessions[id] == s
-		b.mu.Unlock()
-		if !current && attempt < 3 {
-			continue // released meanwhile (idle, a new epoch, Delete)
-		}
-		return s, nil
-	}
-}
-
-// open reads (or creates) the session's epoch and last id in Redis, builds
-// the mirror and starts the reader. It runs detached from the request that
-// asked for it: other lookups wait for it too.
-func (s *session) open() {
-	b := s.b
-	defer close(s.ready)
-	fail := func(err error) {
-		s.err = err
-		b.mu.Lock()
-		if b.sessions[s.id] == s {
-			delete(b.sessions, s.id)
-		}
-		b.mu.Unlock()
-	}
-	s.opened = time.Now()
-	ctx, cancel := context.WithTimeout(b.ctx, b.opts.PublishTimeout)
-	res, err := ensureScript.Run(ctx, b.client, s.keys,
-		eventbus.NewEpoch(), b.opts.KeyTTL.Milliseconds()).StringSlice()
-	cancel()
+// Open reads (or creates) the session's epoch and last id in Redis.
+func (g engine) Open(ctx context.Context, s *session) (string, uint64, error) {
+	res, err := ensureScript.Run(ctx, g.b.client, s.keys,
+		eventbus.NewEpoch(), g.b.opts.KeyTTL.Milliseconds()).StringSlice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %q", res)
 	}
 	if err != nil {
-		fail(unavailable("open", s.id, err))
-		return
+		return "", 0, err
 	}
 	last, err := strconv.ParseUint(res[1], 10, 64)
 	if err != nil {
-		fail(unavailable("open", s.id, fmt.Errorf("unexpected last id %q", res[1])))
-		return
+		return "", 0, fmt.Errorf("unexpected last id %q", res[1])
 	}
-	bus, err := eventbus.NewFed(b.busOpts, eventbus.FeedOptions{
-		Epoch: res[0], NextID: last + 1, Log: s, LagTimeout: b.opts.PublishTimeout})
-	if err != nil {
-		fail(unavailable("open", s.id, err)) // a corrupt epoch; the options were validated by New
-		return
-	}
-	rctx, rcancel := context.WithCancel(b.ctx)
-	b.mu.Lock()
-	if b.closed || b.sessions[s.id] != s {
-		b.mu.Unlock()
-		rcancel()
-		bus.Close()
-		if b.closed {
-			s.err = eventbus.ErrClosed
-		} else {
-			s.err = errReleased
-		}
-		return
-	}
-	s.bus, s.epoch, s.stream, s.rctx, s.cancel = bus, res[0], s.prefix+res[0], rctx, rcancel
-	b.byBus[bus] = s
-	b.wg.Add(1)
-	b.mu.Unlock()
-	go s.run(rctx, last)
+	s.stream = s.prefix + res[0] // before the mirror, whose resumes read it
+	return res[0], last, nil
 }
 
-// stop ends the reader and closes the mirror (its streams drain, then end).
-// The session must already be out of the backplane's maps. Idempotent.
-func (s *session) stop() { s.stopWith("", "") }
+func (g engine) Run(ctx context.Context, s *session, last uint64) { s.run(ctx, last) }
 
-// stopWith is stop; with a kind, the mirror's streams end with a terminal
-// stream_error of that kind and message (EventBus.CloseWithError).
-func (s *session) stopWith(kind, message string) {
-	s.b.mu.Lock()
-	cancel, bus := s.cancel, s.bus
-	s.b.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	switch {
-	case bus == nil:
-	case kind != "":
-		bus.CloseWithError(kind, message)
-	default:
-		bus.Close()
-	}
-}
-
-// expire removes s from the backplane and stops it.
-func (b *Backplane) expire(s *session, why string) {
-	b.remove(s)
-	b.log.Info("redisbus: session released", "session", s.id, "epoch", s.epoch, "reason", why)
-	s.stop()
-}
-
-// remove takes s out of the backplane's maps, so that the next lookup of
-// its session makes a new one.
-func (b *Backplane) remove(s *session) {
-	b.mu.Lock()
-	if b.sessions[s.id] == s {
-		delete(b.sessions, s.id)
-	}
-	if s.bus != nil && b.byBus[s.bus] == s {
-		delete(b.byBus, s.bus)
-	}
-	b.mu.Unlock()
+func (g engine) Epoch(ctx context.Context, s *session) (string, error) {
+	return s.currentEpoch(ctx, g.b.opts.PublishTimeout)
 }
 
 // outage ends s after its reader could not reach Redis for OutageTimeout:
-// out of the maps first (a new stream then asks Redis again, and fails
+// out of the set first (a new stream then asks Redis again, and fails
 // while it is down), then every stream of the mirror gets what it had
 // queued and a terminal stream_error "unavailable", so that its client
 // reconnects with backoff and resumes from its cursor.
 func (b *Backplane) outage(s *session, err error) {
-	b.remove(s)
+	b.set.Remove(s)
 	b.log.Warn("redisbus: redis unreachable past OutageTimeout; the session's streams end",
-		"session", s.id, "epoch", s.epoch, "outageTimeout", b.opts.OutageTimeout, "error", err)
-	s.stopWith(eventbus.ErrorKindUnavailable, fmt.Sprintf(
+		"session", s.ID, "epoch", s.Epoch, "outageTimeout", b.opts.OutageTimeout, "error", err)
+	b.set.Stop(s, eventbus.ErrorKindUnavailable, fmt.Sprintf(
 		"redisbus: Redis unreachable for %v; reconnect with backoff and resume from the last event id", b.opts.OutageTimeout))
 }
 
@@ -221,7 +87,6 @@ const (
 // stream_error (outage).
 func (s *session) run(ctx context.Context, last uint64) {
 	b := s.b
-	defer b.wg.Done()
 	var delay time.Duration
 	failing := false
 	check := false
@@ -246,13 +111,13 @@ func (s *session) run(ctx context.Context, last uint64) {
 				continue
 			}
 			lastOK, check = time.Now(), false
-			if e != s.epoch {
-				b.expire(s, "epoch changed: the stream was lost or deleted")
+			if e != s.Epoch {
+				b.set.Expire(s, "epoch changed: the stream was lost or deleted")
 				return
 			}
 		}
 		if h := b.readHook.Load(); h != nil {
-			(*h)(ctx, s.id)
+			(*h)(ctx, s.ID)
 			if ctx.Err() != nil {
 				return
 			}
@@ -284,7 +149,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 		lastOK = time.Now()
 		if failing {
 			failing = false
-			b.log.Info("redisbus: reader reconnected", "session", s.id, "lastEventId", last)
+			b.log.Info("redisbus: reader reconnected", "session", s.ID, "lastEventId", last)
 		}
 		delay = 0
 		for _, st := range streams {
@@ -292,14 +157,14 @@ func (s *session) run(ctx context.Context, last uint64) {
 				e, err := parseEntry(m)
 				if err != nil {
 					// Skipped: the next entry is a gap, which resyncs.
-					b.log.Error("redisbus: malformed stream entry", "session", s.id, "entry", m.ID, "error", err)
+					b.log.Error("redisbus: malformed stream entry", "session", s.ID, "entry", m.ID, "error", err)
 					continue
 				}
-				if err := s.bus.Append(e); err != nil {
+				if err := s.Bus.Append(e); err != nil {
 					if errors.Is(err, eventbus.ErrClosed) {
 						return
 					}
-					b.log.Error("redisbus: entry refused by the mirror", "session", s.id, "id", e.ID, "error", err)
+					b.log.Error("redisbus: entry refused by the mirror", "session", s.ID, "id", e.ID, "error", err)
 				}
 				last = e.ID
 			}
@@ -312,7 +177,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 func (s *session) failed(ctx context.Context, failing *bool, delay, left time.Duration, err error) time.Duration {
 	if !*failing {
 		*failing = true
-		s.b.log.Warn("redisbus: reader lost redis; retrying with backoff", "session", s.id, "error", err)
+		s.b.log.Warn("redisbus: reader lost redis; retrying with backoff", "session", s.ID, "error", err)
 	}
 	delay = min(max(2*delay, minBackoff), maxBackoff)
 	d := delay/2 + rand.N(delay/2+1) // jitter, so replicas do not retry in step
@@ -396,7 +261,7 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 			return nil, 0, err
 		}
 		if len(msgs) == 0 {
-			return nil, 0, fmt.Errorf("redisbus: the stream of session %q (epoch %s) is lost", s.id, s.epoch)
+			return nil, 0, fmt.Errorf("redisbus: the stream of session %q (epoch %s) is lost", s.ID, s.Epoch)
 		}
 		e, err := parseEntry(msgs[0])
 		if err != nil {

@@ -38,10 +38,7 @@ func (b *Backplane) Signal(ctx context.Context, session, typ, about string) erro
 	if err := validSession(session); err != nil {
 		return err
 	}
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
+	if b.set.Closed() {
 		return eventbus.ErrClosed
 	}
 	if err := b.encoder.CheckSignal(typ, about); err != nil {
@@ -62,20 +59,19 @@ func (b *Backplane) Signal(ctx context.Context, session, typ, about string) erro
 // receiveSignals delivers the backplane's signals to the local mirrors
 // until Close (which closes the subscription, ending a blocked receive).
 func (b *Backplane) receiveSignals() {
-	defer b.wg.Done()
 	var delay time.Duration
-	for b.ctx.Err() == nil {
-		msg, err := b.signals.ReceiveTimeout(b.ctx, b.opts.ReadBlock)
+	for b.set.Context().Err() == nil {
+		msg, err := b.signals.ReceiveTimeout(b.set.Context(), b.opts.ReadBlock)
 		if err != nil {
 			var ne net.Error
-			if b.ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
+			if b.set.Context().Err() != nil || errors.As(err, &ne) && ne.Timeout() {
 				continue // closing, or quiet
 			}
 			// go-redis reconnects and subscribes again on the next receive.
 			delay = min(max(2*delay, minBackoff), maxBackoff)
 			t := time.NewTimer(delay)
 			select {
-			case <-b.ctx.Done():
+			case <-b.set.Context().Done():
 			case <-t.C:
 			}
 			t.Stop()
@@ -90,11 +86,8 @@ func (b *Backplane) receiveSignals() {
 		if json.Unmarshal([]byte(m.Payload), &sig) != nil {
 			continue
 		}
-		b.mu.Lock()
-		s := b.sessions[sig.Session]
-		b.mu.Unlock()
-		if s != nil && s.isReady() {
-			_ = s.bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
+		if s := b.set.Ready(sig.Session); s != nil {
+			_ = s.Bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
 		}
 	}
 }

@@ -151,13 +151,19 @@ func (s *Stream) Next(d time.Duration) Frame {
 }
 
 // Events returns the next n frames, all of which must carry an id, within
-// d.
+// d. A slow_client_warning among them is skipped: on a loaded machine a
+// stream's queue can pass 75% between two reads of a test that publishes
+// first and reads after, which is a warning and no loss (an eviction that
+// followed would still fail the ids).
 func (s *Stream) Events(n int, d time.Duration) []Frame {
 	s.t.Helper()
 	var out []Frame
 	deadline := time.Now().Add(d)
 	for len(out) < n {
 		f := s.Next(time.Until(deadline))
+		if f.ID == 0 && f.Event == eventbus.TypeSlowClientWarning {
+			continue
+		}
 		if f.ID == 0 {
 			s.t.Fatalf("unexpected %s frame %s after %d events", f.Event, f.Data, len(out))
 		}

@@ -1,0 +1,482 @@
+// Package mirror is the engine-independent half of a backplane module
+// (pgbus, redisbus): the set of this replica's mirror buses, one per
+// session, each an eventbus fed bus with one reader goroutine. It opens a
+// mirror once for concurrent lookups, checks a reused mirror's epoch
+// against the engine before a new stream joins it, answers the SSE
+// Handler's lookups (404, 503 unavailable, 503 shutting_down), releases
+// mirrors without local subscribers after an idle timeout, and closes
+// everything on Close. The engine (the Engine interface) reads or creates
+// a session's epoch, feeds the mirror (its reader) and is the mirror's
+// eventbus.Log.
+//
+// It imports only the standard library and package eventbus, so the root
+// module gains no dependency.
+package mirror
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/ssebus/eventbus"
+)
+
+// Session is the engine-independent state of one session's mirror. An
+// engine's session type embeds it; Set fills it in.
+type Session struct {
+	// ID is the session's id; set before the engine sees the session.
+	ID string
+	// Bus and Epoch are the mirror and its epoch, set under the set's lock
+	// before the session is ready (Set.Peek reads them earlier).
+	Bus   *eventbus.EventBus
+	Epoch string
+
+	ready      chan struct{} // closed when open has finished
+	err        error         // set by open before ready is closed
+	opened     time.Time     // when open asked the engine for the epoch
+	cancel     context.CancelFunc
+	lastActive time.Time // guarded by the set's lock
+}
+
+// Mirror returns s; an engine's session type gets it by embedding Session.
+func (s *Session) Mirror() *Session { return s }
+
+// Ready reports whether the session was opened without error.
+func (s *Session) Ready() bool {
+	select {
+	case <-s.ready:
+		return s.err == nil
+	default:
+		return false
+	}
+}
+
+// Member is an engine's session type: a pointer to a struct embedding
+// Session, which is the mirror's eventbus.Log.
+type Member interface {
+	comparable
+	eventbus.Log
+	Mirror() *Session
+}
+
+// Engine is what a backplane module supplies for its sessions of type S.
+type Engine[S Member] interface {
+	// New returns a new session named id (its Session part zero: Set
+	// fills it in).
+	New(id string) S
+	// Open reads (or creates) the session's epoch and the last id it
+	// assigned, within ctx. It runs before the mirror exists; an error is
+	// wrapped by Config.Unavailable.
+	Open(ctx context.Context, s S) (epoch string, last uint64, err error)
+	// Run is the session's reader: it feeds s.Bus from the id after last
+	// until ctx ends (Set's Close, Stop, Expire). Set starts it once the
+	// session is in the set and counts it in its WaitGroup.
+	Run(ctx context.Context, s S, last uint64)
+	// Epoch returns the session's current epoch in the engine ("" when
+	// it has none), within ctx.
+	Epoch(ctx context.Context, s S) (string, error)
+}
+
+// Config configures a Set.
+type Config struct {
+	Name   string // the module's name, e.g. "pgbus": prefixes log lines
+	Engine string // e.g. "PostgreSQL": in the Handler's 503 message
+	Store  string // e.g. "the table": where Bus found another epoch, in a log line
+	// Bus configures every mirror.
+	Bus eventbus.Options
+	// Timeout bounds Open and a Bus epoch check, and is each mirror's
+	// LagTimeout.
+	Timeout time.Duration
+	// IdleTimeout is how long a mirror may have no subscriber before it
+	// is released.
+	IdleTimeout time.Duration
+	// Valid checks a session id (the module's ErrInvalidSession).
+	Valid func(id string) error
+	// Unavailable wraps an engine failure of operation op (the module's
+	// ErrUnavailable, which ErrUnavailable must be).
+	Unavailable    func(op, session string, err error) error
+	ErrUnavailable error
+	Logger         *slog.Logger
+}
+
+// Set is a backplane's mirrors on this replica. Create it with New; it is
+// safe for concurrent use. Close ends every goroutine started by it or
+// through Go.
+type Set[S Member] struct {
+	cfg    Config
+	eng    Engine[S]
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[string]S
+}
+
+// errReleased is the error of a session released (Delete, a new epoch)
+// while it was being opened; a waiting lookup tries again.
+var errReleased = errors.New("mirror: session released while opening")
+
+// New returns an empty set and starts its idle janitor.
+func New[S Member](cfg Config, eng Engine[S]) *Set[S] {
+	t := &Set[S]{cfg: cfg, eng: eng, sessions: make(map[string]S)}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.Go(t.releaseIdle)
+	return t
+}
+
+// Context is done once Close has begun.
+func (t *Set[S]) Context() context.Context { return t.ctx }
+
+// Go runs f in a goroutine that Close waits for; f must return once
+// Context is done.
+func (t *Set[S]) Go(f func()) {
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		f()
+	}()
+}
+
+// Closed reports whether Close was called.
+func (t *Set[S]) Closed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// Close releases every session: Context ends, then (when set) runs, then
+// every mirror closes (its streams drain, then end), and Close returns
+// when every goroutine of the set has ended. Idempotent.
+func (t *Set[S]) Close(then func()) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		t.wg.Wait()
+		return
+	}
+	t.closed = true
+	all := t.sessions
+	t.sessions = nil
+	t.mu.Unlock()
+	t.cancel()
+	if then != nil {
+		then()
+	}
+	for _, s := range all {
+		t.Stop(s, "", "")
+	}
+	t.wg.Wait()
+}
+
+// Len returns how many sessions the set holds.
+func (t *Set[S]) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.sessions)
+}
+
+// Get returns the set's session id, ready or still opening, or the zero S.
+func (t *Set[S]) Get(id string) S {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sessions[id]
+}
+
+// Ready returns the set's ready session id, or the zero S.
+func (t *Set[S]) Ready(id string) S {
+	var zero S
+	s := t.Get(id)
+	if s == zero || !s.Mirror().Ready() {
+		return zero
+	}
+	return s
+}
+
+// Peek returns the set's session id, ready or still opening, with its
+// mirror and epoch as they are now (nil and "" before they are set).
+func (t *Set[S]) Peek(id string) (s S, bus *eventbus.EventBus, epoch string, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok = t.sessions[id]
+	if ok {
+		bus, epoch = s.Mirror().Bus, s.Mirror().Epoch
+	}
+	return s, bus, epoch, ok
+}
+
+// Each calls f for every session, under the set's lock: f must not block.
+func (t *Set[S]) Each(f func(S)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range t.sessions {
+		f(s)
+	}
+}
+
+// Local returns the last id delivered and the subscriber count of the
+// ready mirror of id; ok is false when there is none.
+func (t *Set[S]) Local(id string) (last uint64, subscribers int, ok bool) {
+	s := t.Get(id)
+	var zero S
+	if s == zero || !s.Mirror().Ready() {
+		return 0, 0, false
+	}
+	bus := s.Mirror().Bus
+	return bus.LastEventID(), bus.SubscriberCount(), true
+}
+
+// session returns the ready session id, creating it when needed.
+func (t *Set[S]) session(ctx context.Context, id string) (S, error) {
+	var zero S
+	if err := t.cfg.Valid(id); err != nil {
+		return zero, err
+	}
+	for attempt := 0; ; attempt++ {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return zero, eventbus.ErrClosed
+		}
+		s, ok := t.sessions[id]
+		if !ok {
+			s = t.eng.New(id)
+			m := s.Mirror()
+			m.ID, m.ready = id, make(chan struct{})
+			t.sessions[id] = s
+			m.lastActive = time.Now()
+			t.mu.Unlock()
+			t.open(s)
+		} else {
+			s.Mirror().lastActive = time.Now()
+			t.mu.Unlock()
+			select {
+			case <-s.Mirror().ready:
+			case <-ctx.Done():
+				return zero, ctx.Err()
+			}
+		}
+		m := s.Mirror()
+		if errors.Is(m.err, errReleased) && attempt < 3 {
+			continue
+		}
+		if m.err != nil {
+			return zero, m.err
+		}
+		t.mu.Lock()
+		current := t.sessions[id] == s
+		t.mu.Unlock()
+		if !current && attempt < 3 {
+			continue // released meanwhile (idle, a new epoch, Delete)
+		}
+		return s, nil
+	}
+}
+
+// open reads (or creates) the session's epoch and last id, builds the
+// mirror and starts the reader. It runs detached from the request that
+// asked for it: other lookups wait for it too.
+func (t *Set[S]) open(s S) {
+	m := s.Mirror()
+	defer close(m.ready)
+	fail := func(err error) {
+		m.err = t.cfg.Unavailable("open", m.ID, err)
+		t.mu.Lock()
+		if t.sessions[m.ID] == s {
+			delete(t.sessions, m.ID)
+		}
+		t.mu.Unlock()
+	}
+	m.opened = time.Now()
+	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.Timeout)
+	epoch, last, err := t.eng.Open(ctx, s)
+	cancel()
+	if err != nil {
+		fail(err)
+		return
+	}
+	bus, err := eventbus.NewFed(t.cfg.Bus, eventbus.FeedOptions{
+		Epoch: epoch, NextID: last + 1, Log: s, LagTimeout: t.cfg.Timeout})
+	if err != nil {
+		fail(err) // a corrupt epoch; the options were validated by the module's New
+		return
+	}
+	rctx, rcancel := context.WithCancel(t.ctx)
+	t.mu.Lock()
+	if t.closed || t.sessions[m.ID] != s {
+		t.mu.Unlock()
+		rcancel()
+		bus.Close()
+		if t.closed {
+			m.err = eventbus.ErrClosed
+		} else {
+			m.err = errReleased
+		}
+		return
+	}
+	m.Bus, m.Epoch, m.cancel = bus, epoch, rcancel
+	t.wg.Add(1)
+	t.mu.Unlock()
+	// The session is in the set before the reader's first read, so an
+	// engine that wakes readers by session finds it: no event falls
+	// between the read and the set.
+	go func() {
+		defer t.wg.Done()
+		t.eng.Run(rctx, s, last)
+	}()
+}
+
+// Stop ends the reader of s and closes its mirror (its streams drain, then
+// end); with a kind, the streams end with a terminal stream_error of that
+// kind and message (eventbus.EventBus.CloseWithError). s must already be
+// out of the set. Idempotent.
+func (t *Set[S]) Stop(s S, kind, message string) {
+	m := s.Mirror()
+	t.mu.Lock()
+	cancel, bus := m.cancel, m.Bus
+	t.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	switch {
+	case bus == nil:
+	case kind != "":
+		bus.CloseWithError(kind, message)
+	default:
+		bus.Close()
+	}
+}
+
+// Remove takes s out of the set, so that the next lookup of its session
+// makes a new one; it reports whether s was still there.
+func (t *Set[S]) Remove(s S) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	id := s.Mirror().ID
+	if t.sessions[id] == s {
+		delete(t.sessions, id)
+		return true
+	}
+	return false
+}
+
+// Expire removes s from the set and stops it, logging why.
+func (t *Set[S]) Expire(s S, why string) {
+	t.Remove(s)
+	m := s.Mirror()
+	t.cfg.Logger.Info(t.cfg.Name+": session released", "session", m.ID, "epoch", m.Epoch, "reason", why)
+	t.Stop(s, "", "")
+}
+
+// Bus returns the mirror bus of session, creating it (and its reader)
+// when needed. A mirror opened before this call is first checked against
+// the session's epoch in the engine (Engine.Epoch): a mirror of an epoch
+// the engine no longer has is released and a new one made, so a stream
+// never joins a dead epoch. Errors: Config.Valid's, eventbus.ErrClosed,
+// ctx's, or ones made by Config.Unavailable.
+func (t *Set[S]) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
+	start := time.Now()
+	for attempt := 0; attempt < 3; attempt++ {
+		s, err := t.session(ctx, session)
+		if err != nil {
+			return nil, err
+		}
+		m := s.Mirror()
+		if !m.opened.Before(start) {
+			return m.Bus, nil // opened by this call or after it: its epoch is fresh
+		}
+		// The mirror may be of an epoch the engine no longer has (a Delete
+		// or a lost log its reader has not noticed yet): a stream that
+		// joined it would miss the new epoch's events.
+		ectx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+		cur, err := t.eng.Epoch(ectx, s)
+		cancel()
+		if err != nil {
+			return nil, t.cfg.Unavailable("check the epoch of", session, err)
+		}
+		if cur == m.Epoch {
+			return m.Bus, nil
+		}
+		// The next session opens after start, so this runs once unless
+		// another lookup's older session got in between.
+		t.Expire(s, "a new stream found another epoch in "+t.cfg.Store)
+	}
+	return nil, t.cfg.Unavailable("open", session, errors.New("its epoch kept changing while the stream opened"))
+}
+
+// Subscribe subscribes to session on the mirror Bus returns.
+func (t *Set[S]) Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error) {
+	bus, err := t.Bus(ctx, session)
+	if err != nil {
+		return nil, err
+	}
+	return bus.Subscribe(ctx, opts)
+}
+
+// Handler returns an SSE handler whose Lookup is Lookup and whose Logger
+// is Config.Logger.
+func (t *Set[S]) Handler() *eventbus.Handler {
+	return &eventbus.Handler{Lookup: t.Lookup, Logger: t.cfg.Logger}
+}
+
+// Lookup is an eventbus.Handler's Lookup: Bus for r.PathValue("id"), an
+// invalid id eventbus.ErrSessionNotFound, the engine unavailable 503
+// unavailable and a closed set 503 shutting_down, both with Retry-After:
+// 1, as eventbus.StatusError wrapping the cause.
+func (t *Set[S]) Lookup(r *http.Request) (*eventbus.EventBus, error) {
+	id := r.PathValue("id")
+	if t.cfg.Valid(id) != nil {
+		return nil, eventbus.ErrSessionNotFound
+	}
+	bus, err := t.Bus(r.Context(), id)
+	switch {
+	case errors.Is(err, t.cfg.ErrUnavailable):
+		se := eventbus.Unavailable(time.Second, t.cfg.Engine+" unavailable; retry after Retry-After")
+		se.Err = err
+		return nil, se
+	case errors.Is(err, eventbus.ErrClosed):
+		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down",
+			Message: "the daemon is shutting down", RetryAfter: time.Second, Err: err}
+	}
+	return bus, err
+}
+
+// releaseIdle releases sessions without local subscribers for
+// IdleTimeout.
+func (t *Set[S]) releaseIdle() {
+	tick := time.NewTicker(max(t.cfg.IdleTimeout/4, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case now := <-tick.C:
+			// Idle sessions leave the set under the lock that lookups take
+			// (a lookup refreshes lastActive), so a lookup either keeps a
+			// session or creates a new one.
+			var idle []S
+			t.mu.Lock()
+			for id, s := range t.sessions {
+				m := s.Mirror()
+				if !m.Ready() {
+					continue
+				}
+				if m.Bus.SubscriberCount() > 0 {
+					m.lastActive = now
+				} else if now.Sub(m.lastActive) >= t.cfg.IdleTimeout {
+					delete(t.sessions, id)
+					idle = append(idle, s)
+				}
+			}
+			t.mu.Unlock()
+			for _, s := range idle {
+				t.cfg.Logger.Debug(t.cfg.Name+": idle session released", "session", s.Mirror().ID, "epoch", s.Mirror().Epoch)
+				t.Stop(s, "", "")
+			}
+		}
+	}
+}

@@ -1,0 +1,228 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ssebus/eventbus"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var errDown = errors.New("fake: down")
+
+// fakeSession is a session of fakeEngine: its log is empty.
+type fakeSession struct {
+	Session
+}
+
+func (*fakeSession) ReadHistory(context.Context, eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+	return nil, 0, nil
+}
+func (*fakeSession) Head(context.Context) (string, uint64, error) { return "", 0, nil }
+
+// fakeEngine keeps one epoch per session; down makes Open and Epoch fail.
+type fakeEngine struct {
+	mu     sync.Mutex
+	epochs map[string]string
+	opens  atomic.Int32
+	down   atomic.Bool
+	gate   chan struct{} // when set, Open waits for it
+	runs   atomic.Int32  // readers running
+}
+
+func (e *fakeEngine) New(string) *fakeSession { return &fakeSession{} }
+
+func (e *fakeEngine) Open(ctx context.Context, s *fakeSession) (string, uint64, error) {
+	e.opens.Add(1)
+	if e.gate != nil {
+		<-e.gate
+	}
+	if e.down.Load() {
+		return "", 0, errDown
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ep, ok := e.epochs[s.ID]
+	if !ok {
+		ep = eventbus.NewEpoch()
+		e.epochs[s.ID] = ep
+	}
+	return ep, 0, nil
+}
+
+func (e *fakeEngine) Run(ctx context.Context, _ *fakeSession, _ uint64) {
+	e.runs.Add(1)
+	defer e.runs.Add(-1)
+	<-ctx.Done()
+}
+
+func (e *fakeEngine) Epoch(ctx context.Context, s *fakeSession) (string, error) {
+	if e.down.Load() {
+		return "", errDown
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.epochs[s.ID], nil
+}
+
+// renew gives session id a new epoch, as a Delete on another replica does.
+func (e *fakeEngine) renew(id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.epochs[id] = eventbus.NewEpoch()
+}
+
+var errUnavailable = errors.New("fake: unavailable")
+
+func newSet(t *testing.T, idle time.Duration) (*Set[*fakeSession], *fakeEngine) {
+	t.Helper()
+	eng := &fakeEngine{epochs: map[string]string{}}
+	set := New[*fakeSession](Config{
+		Name: "fake", Engine: "Fake", Store: "the fake", Timeout: time.Second, IdleTimeout: idle,
+		Valid: func(id string) error {
+			if id == "" || len(id) > 8 {
+				return errors.New("fake: invalid session")
+			}
+			return nil
+		},
+		Unavailable: func(op, session string, err error) error {
+			return fmt.Errorf("%w: %s session %q: %v", errUnavailable, op, session, err)
+		},
+		ErrUnavailable: errUnavailable,
+		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}, eng)
+	t.Cleanup(func() { set.Close(nil) })
+	return set, eng
+}
+
+func TestConcurrentLookupsOpenOnce(t *testing.T) {
+	set, eng := newSet(t, time.Minute)
+	eng.gate = make(chan struct{})
+	var wg sync.WaitGroup
+	buses := make([]*eventbus.EventBus, 8)
+	for i := range buses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bus, err := set.Bus(context.Background(), "s")
+			if err != nil {
+				t.Errorf("Bus: %v", err)
+			}
+			buses[i] = bus
+		}()
+	}
+	for set.Len() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	close(eng.gate)
+	wg.Wait()
+	if n := eng.opens.Load(); n != 1 {
+		t.Fatalf("%d opens, want 1", n)
+	}
+	for _, b := range buses {
+		if b != buses[0] || b == nil {
+			t.Fatal("lookups got different mirrors")
+		}
+	}
+	if last, subs, ok := set.Local("s"); !ok || last != 0 || subs != 0 {
+		t.Fatalf("Local = %d, %d, %v", last, subs, ok)
+	}
+}
+
+func TestStaleEpochIsReleased(t *testing.T) {
+	set, eng := newSet(t, time.Minute)
+	old, err := set.Bus(context.Background(), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, err := set.Bus(context.Background(), "s")
+	if err != nil || same != old {
+		t.Fatalf("a second lookup of an unchanged epoch: %v, new mirror %v", err, same != old)
+	}
+	eng.renew("s")
+	fresh, err := set.Bus(context.Background(), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh == old || fresh.Epoch() == old.Epoch() {
+		t.Fatal("a lookup joined the mirror of a dead epoch")
+	}
+	if err := old.Signal("changed", "x"); !errors.Is(err, eventbus.ErrClosed) {
+		t.Fatalf("the old mirror is not closed: %v", err)
+	}
+	eng.down.Store(true)
+	if _, err := set.Bus(context.Background(), "s"); !errors.Is(err, errUnavailable) {
+		t.Fatalf("epoch check while down: %v, want errUnavailable", err)
+	}
+}
+
+func TestLookupAnswers(t *testing.T) {
+	set, eng := newSet(t, time.Minute)
+	lookup := func(id string) error {
+		r := httptest.NewRequest(http.MethodGet, "/session/x/events", nil)
+		r.SetPathValue("id", id)
+		_, err := set.Lookup(r)
+		return err
+	}
+	if err := lookup("much-too-long"); !errors.Is(err, eventbus.ErrSessionNotFound) {
+		t.Fatalf("invalid id: %v", err)
+	}
+	eng.down.Store(true)
+	var se *eventbus.StatusError
+	if err := lookup("s"); !errors.As(err, &se) || se.Status != http.StatusServiceUnavailable || se.Code != "unavailable" || !errors.Is(err, errUnavailable) {
+		t.Fatalf("engine down: %v", err)
+	}
+	if set.Len() != 0 {
+		t.Fatal("a failed open stayed in the set")
+	}
+	eng.down.Store(false)
+	if err := lookup("s"); err != nil {
+		t.Fatalf("engine back: %v", err)
+	}
+	set.Close(nil)
+	if err := lookup("t"); !errors.As(err, &se) || se.Code != "shutting_down" || !errors.Is(err, eventbus.ErrClosed) {
+		t.Fatalf("closed: %v", err)
+	}
+	if eng.runs.Load() != 0 {
+		t.Fatal("a reader outlived Close")
+	}
+}
+
+func TestIdleRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		set, eng := newSet(t, time.Second)
+		bus, err := set.Bus(context.Background(), "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		sub, err := bus.Subscribe(ctx, eventbus.SubscribeOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		if set.Len() != 1 {
+			t.Fatal("a mirror with a subscriber was released")
+		}
+		cancel()
+		sub.Close()
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if set.Len() != 0 || eng.runs.Load() != 0 {
+			t.Fatalf("idle mirror kept: %d sessions, %d readers", set.Len(), eng.runs.Load())
+		}
+		set.Close(nil)
+	})
+}
