@@ -125,9 +125,16 @@ func (f Frame) JSON() []byte {
 	return f.wire[f.json : len(f.wire)-2 : len(f.wire)-2]
 }
 
-// Size returns the length of the encoded envelope in bytes: the unit of every
-// byte cap of a bus (a Hub's MaxTotalBytes counts more: every byte the frame
-// holds, its SSE lines and its type string too; see HubOptions).
+// Size returns the bytes the frame holds that grow with its event: its
+// whole SSE encoding (what SSE returns: the id, event and data lines, so
+// the envelope and the type's copy in the event line) plus the type string
+// Type returns and, for a signal, the resource About returns. It is the
+// unit of every byte cap of a bus (Options.RingMaxBytes, MaxQueuedBytes,
+// ReplayBudgetBytes); MaxEventBytes bounds the envelope alone (len(JSON)).
+// What a frame holds beyond Size is a fixed amount per frame (its header,
+// its ring slot and at most 2*maxDigits bytes left for a longer id), which
+// the frame-count caps bound. A Hub's MaxTotalBytes counts that too (see
+// HubOptions). The zero Frame has size 0.
 func (f Frame) Size() int {
 	if f.frame == nil {
 		return 0
@@ -135,8 +142,23 @@ func (f Frame) Size() int {
 	return f.frame.size()
 }
 
-// size is Frame.Size for a frame the caller knows is not nil.
+// size is Frame.Size for a frame the caller knows is not nil. The type
+// string is counted as a copy of its own even when it shares memory with
+// the caller's (a constant type costs nothing per frame): the bus cannot
+// tell, and a daemon that decodes types from requests holds a fresh one
+// per event. The frame does not point its type into its buffer instead:
+// a Type string kept by a consumer (a metrics label, a map key) would then
+// pin the whole frame.
 func (f *frame) size() int {
+	if f.wire == nil {
+		return 0
+	}
+	return len(f.wire) + len(f.typ) + len(f.about)
+}
+
+// envelopeSize is the length of the JSON envelope, the unit of
+// MaxEventBytes.
+func (f *frame) envelopeSize() int {
 	if f.wire == nil {
 		return 0
 	}

@@ -107,12 +107,16 @@ func TestSyntheticFrameEnvelope(t *testing.T) {
 	}
 }
 
-func TestFrameSizeIsJSONLength(t *testing.T) {
+func TestFrameSizeCountsTheSSEEncodingAndTheStrings(t *testing.T) {
 	b := newBus(t, Options{})
 	f := publishEvent(t, b, Event{Type: "t", Data: "abc"})
-	assert.Equal(t, len(f.JSON()), f.Size())
+	assert.Equal(t, len(f.SSE())+len("t"), f.Size())
+	assert.Equal(t, len("id: 1\nevent: t\ndata: \n\n")+len(f.JSON())+len("t"), f.Size())
 	w := replayCompleteFrame(1, 1, "E", 1)
-	assert.Equal(t, len(w.JSON()), w.Size())
+	assert.Equal(t, len(w.SSE())+len(TypeReplayComplete), w.Size())
+	require.NoError(t, b.Signal("sig", "res/1"))
+	assert.Equal(t, len(signalFrame("sig", "res/1", testStamp).SSE())+len("sig")+len("res/1"), signalFrame("sig", "res/1", testStamp).Size())
+	assert.Equal(t, 0, Frame{}.Size())
 }
 
 func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {

@@ -14,17 +14,18 @@ const (
 	DefaultRingSize = 8000
 	// MaxRingSize is the largest RingSize New accepts.
 	MaxRingSize = 1_000_000
-	// DefaultRingMaxBytes bounds the ring's encoded bytes.
+	// DefaultRingMaxBytes bounds the bytes the ring holds (Frame.Size).
 	DefaultRingMaxBytes = 64 << 20
-	// DefaultMaxEventBytes is the largest encoded event Publish accepts.
+	// DefaultMaxEventBytes is the largest JSON envelope Publish accepts.
 	DefaultMaxEventBytes = 16 << 20
 	// DefaultMaxQueued is a subscriber's live frame cap.
 	DefaultMaxQueued = 256
-	// DefaultMaxQueuedBytes is a subscriber's live byte cap.
+	// DefaultMaxQueuedBytes is a subscriber's live byte cap (Frame.Size).
 	DefaultMaxQueuedBytes = 2 << 20
 	// DefaultMaxSubscribers is a bus's subscriber cap.
 	DefaultMaxSubscribers = 64
-	// DefaultReplayBudgetBytes is how many bytes one resume may replay.
+	// DefaultReplayBudgetBytes is how many bytes (Frame.Size) one resume
+	// may replay.
 	DefaultReplayBudgetBytes = 8 << 20
 	// WarnThresholdRatio is the fill of either cap at which a subscriber is
 	// warned.
@@ -53,23 +54,38 @@ const (
 // Options configures a bus. The zero value is valid: every field that is 0
 // takes its default. A negative value, RingSize above MaxRingSize, or an
 // option New cannot honour makes New fail with ErrInvalidOption.
+//
+// The byte caps (RingMaxBytes, MaxQueuedBytes, ReplayBudgetBytes) count
+// frames by Frame.Size: every byte a frame holds that grows with its event,
+// its whole SSE encoding (the event line's copy of the type included) plus
+// its type string and a signal's resource. What a frame holds beyond that
+// is a fixed amount per frame (its header and ring slot, 88 bytes on
+// 64-bit, and at most 38 bytes left for a longer id), bounded by the frame-count
+// caps RingSize and MaxQueued. MaxEventBytes alone counts the JSON
+// envelope: it is the size limit of the event itself.
 type Options struct {
 	// RingSize is how many recent events the bus keeps for resuming clients.
 	RingSize int
-	// RingMaxBytes bounds the ring's encoded bytes; the oldest events are
-	// dropped past it (the newest always stays).
+	// RingMaxBytes bounds the bytes the ring holds, the sum of its frames'
+	// Size; the oldest events are dropped past it (the newest always
+	// stays).
 	RingMaxBytes int
-	// MaxEventBytes is the largest encoded envelope Publish accepts.
+	// MaxEventBytes is the largest JSON envelope (Frame.JSON) Publish and
+	// Signal accept. The frame of an event has a Size up to
+	// 2*MaxTypeLen+41 bytes larger than its envelope (its id, event and
+	// data lines and its type string; a signal's counts its resource too).
 	MaxEventBytes int
 	// MaxSubscribers caps concurrent subscriptions.
 	MaxSubscribers int
 	// MaxQueued is the default live frame cap of a subscription whose
 	// SubscribeOptions.MaxQueued is 0.
 	MaxQueued int
-	// MaxQueuedBytes is every subscription's live byte cap. It is an
-	// embedder's setting only: a remote client can never raise it.
+	// MaxQueuedBytes is every subscription's live byte cap, the sum of its
+	// live frames' Size. It is an embedder's setting only: a remote client
+	// can never raise it.
 	MaxQueuedBytes int
-	// ReplayBudgetBytes is how many encoded bytes one resume may replay.
+	// ReplayBudgetBytes is how many bytes (the sum of the frames' Size) one
+	// resume may replay.
 	ReplayBudgetBytes int
 	// Logger receives diagnostics; nil means slog.Default() at the time of
 	// logging. It is never called with the bus lock held.

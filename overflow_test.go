@@ -68,15 +68,15 @@ func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
 }
 
 func TestOverflowResyncBytesVariantReason(t *testing.T) {
-	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowResync})
+	b := newBus(t, Options{MaxQueuedBytes: 2000, OverflowPolicy: OverflowResync})
 	s := subscribe(t, b, SubscribeOptions{})
-	publishSized(t, b, "e", 100)
-	publishSized(t, b, "e", 100)
+	publishSized(t, b, "e", 200)
+	publishSized(t, b, "e", 200)
 	require.Equal(t, idRange(1, 2), describe(readyNow(s)))
-	for range 10 { // #3..#12: 1000 live bytes, the warning after #10 (800 >= 750)
-		publishSized(t, b, "e", 100)
+	for range 10 { // #3..#12: 2000 live bytes, the warning after #10 (1600 >= 1500)
+		publishSized(t, b, "e", 200)
 	}
-	publishSized(t, b, "e", 100) // #13: 1000+100 > 1000, rejected
+	publishSized(t, b, "e", 200) // #13: 2000+200 > 2000, rejected
 
 	assert.Equal(t, 1, b.SubscriberCount())
 	fs := readyNow(s)

@@ -6,7 +6,7 @@ import (
 )
 
 // ring is the replay buffer: a slice ring of published frames whose ids are
-// contiguous, bounded by a count and by a number of encoded bytes. The bus
+// contiguous, bounded by a count and by a number of bytes (Frame.Size). The bus
 // guards it with its lock; only load reads it without (see below).
 //
 // The frame with id x sits in slot x&(len(slots)-1): ids in the ring are
@@ -54,7 +54,7 @@ func newRing(maxLen, maxBytes int) ring {
 // Len returns the number of frames held.
 func (r *ring) Len() int { return r.n }
 
-// Bytes returns the encoded bytes held.
+// Bytes returns the bytes held, the sum of the frames' Size.
 func (r *ring) Bytes() int { return r.bytes }
 
 // firstID returns the oldest id held, or 0 when empty.
