@@ -44,7 +44,7 @@ const (
 
 // boundedAsyncQueue is the per-subscriber queue of SPEC section 6 (the
 // original's BoundedAsyncQueue): a ring of frames that caps live frames and
-// live encoded bytes, separately from forced frames.
+// their bytes (Frame.Size), separately from forced frames.
 //
 // One producer, one consumer. The producer is whoever holds the bus lock
 // while the subscription is registered (Publish, Signal, Subscribe's
