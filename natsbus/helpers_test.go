@@ -3,8 +3,8 @@ package natsbus
 import (
 	"context"
 	"log/slog"
-	"os"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -300,3 +300,54 @@ func (p *stall) close() {
 var discardLogger = slog.New(slog.DiscardHandler)
 
 var testLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+
+// gate pauses a backplane's readers: while closed, a reader waits before
+// its next message and its next epoch check. parked reports readers
+// waiting.
+type gate struct {
+	mu     sync.Mutex
+	ch     chan struct{} // nil: open
+	parked chan string
+}
+
+func installGate(bp *Backplane) *gate {
+	g := &gate{parked: make(chan string, 16)}
+	hook := func(ctx context.Context, session string) {
+		g.mu.Lock()
+		ch := g.ch
+		g.mu.Unlock()
+		if ch == nil {
+			return
+		}
+		select {
+		case g.parked <- session:
+		default:
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}
+	bp.readHook.Store(&hook)
+	return g
+}
+
+func (g *gate) close(t testing.TB) {
+	g.mu.Lock()
+	g.ch = make(chan struct{})
+	g.mu.Unlock()
+	select {
+	case <-g.parked:
+	case <-time.After(wait):
+		t.Fatal("reader did not park")
+	}
+}
+
+func (g *gate) open() {
+	g.mu.Lock()
+	if g.ch != nil {
+		close(g.ch)
+		g.ch = nil
+	}
+	g.mu.Unlock()
+}

@@ -62,6 +62,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -182,6 +183,10 @@ type Backplane struct {
 
 	pubMu sync.Mutex
 	pubs  map[string]*publisher // by session: the publish lock and what it knows
+
+	// readHook, when set (tests), runs in a reader before each message it
+	// takes and before each epoch check.
+	readHook atomic.Pointer[func(ctx context.Context, session string)]
 }
 
 // New returns a backplane publishing to and reading from js. It creates

@@ -241,7 +241,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 // of the first publish (stream sequence seq), or ErrIdempotencyKeyReused
 // when that was another event (or can no longer be read).
 func (b *Backplane) duplicate(ctx context.Context, session string, seq uint64, epoch, fp string) (uint64, error) {
-	m, err := b.getMsg(ctx, msgGetRequest{Seq: seq})
+	m, err := b.getMsg(ctx, msgGetRequest{Seq: seq}, false)
 	switch {
 	case errors.Is(err, errNotFound):
 		return 0, fmt.Errorf("%w: session %q: the key's first publish (stream sequence %d) is in the log once, but has been trimmed since: its id can no longer be told",

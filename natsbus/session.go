@@ -121,6 +121,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 			return // the pump released the session
 		case <-t.C:
 		}
+		s.hook(ctx)
 		heard := time.Unix(0, s.heard.Load())
 		if quiet := time.Since(heard); quiet < b.opts.CheckInterval {
 			t.Reset(b.opts.CheckInterval - quiet) // the pump hears from JetStream
@@ -213,6 +214,7 @@ func (s *session) pump(ctx context.Context, last uint64) {
 		}
 		stop := context.AfterFunc(ctx, it.Stop) // ends a blocked Next
 		for {
+			s.hook(ctx)
 			msg, err := it.Next()
 			if err != nil {
 				stop()
@@ -232,7 +234,7 @@ func (s *session) pump(ctx context.Context, last uint64) {
 				b.log.Info("natsbus: reader reconnected", "session", s.ID, "lastEventId", last)
 			}
 			delay = 0
-			m, err := parseMsg(md.Sequence.Stream, msg.Subject(), msg.Headers(), msg.Data())
+			m, err := parseMsg(md.Sequence.Stream, msg.Subject(), msg.Headers(), msg.Data(), true)
 			if err != nil {
 				// Skipped: the next event is a gap, which resyncs.
 				b.log.Error("natsbus: malformed message", "session", s.ID, "seq", md.Sequence.Stream, "error", err)
@@ -259,6 +261,13 @@ func (s *session) pump(ctx context.Context, last uint64) {
 			}
 			last = m.id
 		}
+	}
+}
+
+// hook runs the test hook, if any.
+func (s *session) hook(ctx context.Context) {
+	if h := s.b.readHook.Load(); h != nil {
+		(*h)(ctx, s.ID)
 	}
 }
 

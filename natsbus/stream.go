@@ -60,8 +60,10 @@ type logMsg struct {
 	env     []byte
 }
 
-// parseMsg reads a message of a session's subject.
-func parseMsg(seq uint64, subject string, hdr nats.Header, data []byte) (logMsg, error) {
+// parseMsg reads a message of a session's subject; with body false it
+// reads the headers only (what a head needs: a malformed body is the
+// reader's and the resume's concern).
+func parseMsg(seq uint64, subject string, hdr nats.Header, data []byte, body bool) (logMsg, error) {
 	m := logMsg{seq: seq, subject: subject}
 	if hdr.Get(hdrDeleted) != "" {
 		m.deleted = true
@@ -76,7 +78,7 @@ func parseMsg(seq uint64, subject string, hdr nats.Header, data []byte) (logMsg,
 		return m, fmt.Errorf("natsbus: message %d on %s has no id", seq, subject)
 	}
 	m.id, m.fp = id, hdr.Get(hdrFp)
-	if id == 0 {
+	if id == 0 || !body {
 		return m, nil
 	}
 	for i, c := range data {
@@ -170,9 +172,9 @@ type msgGetRequest struct {
 // stream answers and which may lag): what the backplane decides by (the
 // epoch, the last id) is never stale. A missing stream is created again
 // (a lost stream: the sessions start new epochs) and reads as no message.
-func (b *Backplane) getMsg(ctx context.Context, req msgGetRequest) (logMsg, error) {
-	body, _ := json.Marshal(req)
-	resp, err := b.nc.RequestWithContext(ctx, b.api+"STREAM.MSG.GET."+b.opts.Stream, body)
+func (b *Backplane) getMsg(ctx context.Context, req msgGetRequest, body bool) (logMsg, error) {
+	q, _ := json.Marshal(req)
+	resp, err := b.nc.RequestWithContext(ctx, b.api+"STREAM.MSG.GET."+b.opts.Stream, q)
 	if err != nil {
 		return logMsg{}, err
 	}
@@ -208,12 +210,12 @@ func (b *Backplane) getMsg(ctx context.Context, req msgGetRequest) (logMsg, erro
 			return logMsg{}, err
 		}
 	}
-	return parseMsg(r.Message.Seq, r.Message.Subject, hdr, r.Message.Data)
+	return parseMsg(r.Message.Seq, r.Message.Subject, hdr, r.Message.Data, body)
 }
 
 // head reads the last message of subj.
 func (b *Backplane) head(ctx context.Context, subj string) (head, error) {
-	m, err := b.getMsg(ctx, msgGetRequest{LastFor: subj})
+	m, err := b.getMsg(ctx, msgGetRequest{LastFor: subj}, false)
 	switch {
 	case errors.Is(err, errNotFound):
 		return head{}, nil
@@ -236,7 +238,7 @@ func (b *Backplane) firstEvent(ctx context.Context, subj, epoch string) (logMsg,
 
 func (b *Backplane) nextEvent(ctx context.Context, subj, epoch string, from uint64) (logMsg, bool, error) {
 	for {
-		m, err := b.getMsg(ctx, msgGetRequest{Seq: from, NextFor: subj})
+		m, err := b.getMsg(ctx, msgGetRequest{Seq: from, NextFor: subj}, true)
 		switch {
 		case errors.Is(err, errNotFound):
 			return logMsg{}, false, nil
@@ -294,7 +296,7 @@ func (b *Backplane) directBatch(ctx context.Context, subj string, from uint64, n
 		if err != nil {
 			return nil, false, fmt.Errorf("natsbus: direct get: no sequence")
 		}
-		lm, err := parseMsg(seq, m.Header.Get(jetstream.SubjectHeader), m.Header, m.Data)
+		lm, err := parseMsg(seq, m.Header.Get(jetstream.SubjectHeader), m.Header, m.Data, true)
 		if err != nil {
 			return nil, false, err
 		}
