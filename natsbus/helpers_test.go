@@ -20,7 +20,10 @@ import (
 	"github.com/ssebus/eventbus/internal/backplanetest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	fastRaft()
+	goleak.VerifyTestMain(m)
+}
 
 const wait = 10 * time.Second // bound of every wait for frames
 
