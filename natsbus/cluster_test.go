@@ -76,7 +76,14 @@ func startCluster(t *testing.T, n int) *natsCluster {
 		nd.Start()
 		t.Cleanup(nd.Stop)
 	}
-	waitFor(t, 30*time.Second, "a JetStream meta leader", func() bool { return c.metaLeader() != nil })
+	waitFor(t, 30*time.Second, "a JetStream meta leader, every node current", func() bool {
+		for _, nd := range c.nodes {
+			if !nd.Server().JetStreamIsCurrent() {
+				return false
+			}
+		}
+		return c.metaLeader() != nil
+	})
 	return c
 }
 
@@ -125,7 +132,8 @@ func publishAll(t *testing.T, n int, reps ...*replica) uint64 {
 		start := time.Now()
 		id, _, err := rp.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e", Data: i})
 		if err != nil {
-			t.Fatalf("%s: publish %d failed after %v: %v", rp.name, i, time.Since(start), err)
+			in, ierr := rp.bp.Info(context.Background(), "s")
+			t.Fatalf("%s (on %s): publish %d failed after %v: %v (then: %+v %v)", rp.name, rp.bp.nc.ConnectedServerName(), i, time.Since(start), err, in, ierr)
 		}
 		if last != 0 && id != last+1 {
 			t.Fatalf("%s: id %d after %d", rp.name, id, last)
@@ -182,8 +190,15 @@ func TestClusterNodeLoss(t *testing.T) {
 	}
 	start := time.Now()
 	victim.Stop()
-	waitFor(t, wait, "both replicas connected", func() bool { return a.bp.nc.IsConnected() && b.bp.nc.IsConnected() })
-	t.Logf("one node (%s) down: the clients reconnected in %v", victim.opts.ServerName, time.Since(start).Round(time.Millisecond))
+	waitFor(t, wait, "both replicas connected to the others", func() bool {
+		for _, rp := range []*replica{a, b} {
+			if !rp.bp.nc.IsConnected() || rp.bp.nc.ConnectedServerName() == victim.opts.ServerName {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("one node (%s) down: the clients reconnected in %v (stream leader %s, meta leader %s)", victim.opts.ServerName, time.Since(start).Round(time.Millisecond), sl.opts.ServerName, ml.opts.ServerName)
 	start = time.Now()
 	last2 := publishAll(t, 20, a, b)
 	t.Logf("one node down: 20 publishes in %v, ids %d..%d", time.Since(start).Round(time.Millisecond), last+1, last2)

@@ -212,12 +212,13 @@ func (s *session) pump(ctx context.Context, last uint64) {
 			}
 			continue
 		}
-		stop := context.AfterFunc(ctx, it.Stop) // ends a blocked Next
+		// Next ends with ctx. (Stopping the iterator from another goroutine
+		// instead would race with the ordered consumer's own reset, which
+		// can leave a pull running after the Stop.)
 		for {
 			s.hook(ctx)
-			msg, err := it.Next()
+			msg, err := it.Next(jetstream.NextContext(ctx))
 			if err != nil {
-				stop()
 				it.Stop()
 				if !fail(err) {
 					return
@@ -242,7 +243,6 @@ func (s *session) pump(ctx context.Context, last uint64) {
 				continue
 			}
 			if m.deleted || m.epoch != s.Epoch {
-				stop()
 				it.Stop()
 				b.set.Expire(s, "the session was deleted or has a new epoch")
 				return
@@ -253,7 +253,6 @@ func (s *session) pump(ctx context.Context, last uint64) {
 			}
 			if err := s.Bus.Append(eventbus.LogEntry{ID: m.id, Type: m.typ, JSON: m.env}); err != nil {
 				if errors.Is(err, eventbus.ErrClosed) {
-					stop()
 					it.Stop()
 					return
 				}
