@@ -157,15 +157,15 @@ func (f *frame) size() int {
 
 // maxFrameExtra is the most a frame costs beyond its envelope (size),
 // whatever its kind, before the allocator's rounding: Frame.Size's figure.
-// An event's buffer holds the id line with room for the longest id twice
-// over (the encoder cannot know the id before the bus lock; the envelope
-// holds at least one digit), the event line with its type, the data line's
-// prefix and the blank line; the frame keeps its type string beside the
-// buffer (counted as a copy of its own: a daemon that decodes types from
-// requests holds one per event), and its header and ring slot
-// (frameOverhead). A synthetic frame, a signal and a frame from a log have
-// no id room and hold less; a signal also keeps its resource, which is not
-// in this figure (its envelope holds it too).
+// An event's buffer holds its id line and the envelope's id each with room
+// for the longest id (the encoder cannot know the id before the bus lock;
+// the envelope's own digits, at least one, are the envelope's), the event
+// line with its type, the data line's prefix and the blank line; the frame
+// keeps its type string beside the buffer (counted as a copy of its own: a
+// daemon that decodes types from requests holds one per event), and its
+// header and ring slot (frameOverhead). A synthetic frame, a signal and a
+// frame from a log have no id room and hold less; a signal also keeps its
+// resource, which is not in this figure (its envelope holds it too).
 const maxFrameExtra = len(headID) + 2*maxDigits - 1 + len(headEvent) + MaxTypeLen + len(headData) + len("\n\n") +
 	MaxTypeLen + frameOverhead
 
