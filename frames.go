@@ -127,7 +127,7 @@ func (f Frame) JSON() []byte {
 
 // Size returns the length of the frame's JSON envelope in bytes, len(JSON()):
 // what follows "data: " on the wire, without the line ends. It is the unit
-// of every byte cap of a bus and of every byte count on the wire (SPEC 2):
+// of every byte cap of a bus and of every byte count on the wire (SPEC 1.3):
 // Options.RingMaxBytes, MaxQueuedBytes, ReplayBudgetBytes and
 // MaxEventBytes, and the queuedBytes and eventBytes of slow_client_warning
 // and client_evicted. The zero Frame has size 0.

@@ -58,7 +58,7 @@ const (
 //
 // Every byte cap (RingMaxBytes, MaxEventBytes, MaxQueuedBytes,
 // ReplayBudgetBytes) counts a frame's JSON envelope, what follows "data: "
-// on the wire (Frame.Size, len(Frame.JSON)), as the original does (SPEC 2):
+// on the wire (Frame.Size, len(Frame.JSON)), as the original does (SPEC 1.3):
 // the queuedBytes, maxQueuedBytes and eventBytes of slow_client_warning
 // and client_evicted are in that unit, and so is where the warning's
 // thresholds fall. Replayed and synthetic frames count 0 toward a queue's

@@ -782,7 +782,7 @@ func TestEvictionDoesNotAffectSiblings(t *testing.T) {
 	b.mu.Unlock()
 }
 
-// The original's numbers (SPEC 2, 6, 7). A byte is a byte of the event's
+// The original's numbers (SPEC 1.3, 3.2, 3.3). A byte is a byte of the event's
 // JSON envelope: Buffer.byteLength(JSON.stringify(event), 'utf8') in the
 // TypeScript implementation, what follows "data: " on the wire here. These
 // are its queue scenarios with their exact numbers: session_update events

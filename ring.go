@@ -7,7 +7,7 @@ import (
 
 // ring is the replay buffer: a slice ring of published frames whose ids are
 // contiguous, bounded by a count and by a number of bytes: the sum of the
-// frames' JSON envelopes (Frame.Size, SPEC 2). What a frame costs beyond
+// frames' JSON envelopes (Frame.Size, SPEC 1.3). What a frame costs beyond
 // its envelope is at most maxFrameExtra, so the count bounds it; a Hub's
 // budget counts every byte (held, below). The bus guards the ring with its
 // lock; only load reads it without (see below).
