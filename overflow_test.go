@@ -815,62 +815,57 @@ func wantEvicted(data string) string {
 	return `{"v":1,"type":"client_evicted","data":` + data + `,"_meta":{"serverTimestamp":1719000000000}}`
 }
 
-// maxQueuedBytes 1000 and envelopes of 100 bytes: the 8th push (800 >= 750)
-// warns, the 10th fills the cap exactly and is accepted, the 11th is
-// rejected (1100 > 1000) and evicts with the counts before it.
-func TestOriginalByteCapWarnsAtThreeQuartersAndEvicts(t *testing.T) {
-	b := newBus(t, Options{MaxQueuedBytes: 1000})
-	s := subscribe(t, b, SubscribeOptions{})
-	for i := 1; i <= 10; i++ {
-		sessionUpdate(t, b, 100)
-		require.Equal(t, queueCounts{i, 256, 100 * i, 1000}, s.q.counts())
-		require.NoError(t, s.Err(), "push %d", i)
-		if i == 7 {
-			require.Equal(t, 7, s.q.len(), "700 < 750: no warning yet")
-		}
+// Envelopes of one size pushed to a subscriber that never reads: each
+// accepted push counts its envelope, the push that reaches 0.75 of a cap
+// warns, and the first one a cap rejects evicts with the counts before it.
+//
+//   - maxQueuedBytes 1000, envelopes of 100 bytes: the 8th push (800 >=
+//     750) warns, the 10th fills the cap exactly and is accepted, the 11th
+//     (1100 > 1000) evicts;
+//   - the thresholds are floats: maxQueuedBytes 1001 warns at 750.75, so
+//     six envelopes of 125 bytes (750) do not warn and the seventh does;
+//     maxQueued 17 warns at 12.75 frames, so the 13th frame does.
+func TestOriginalWarningAndEvictionNumbers(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		maxBytes, maxQueued    int
+		size, quiet, more      int // envelope size, pushes without a warning, pushes after them
+		want                   []string
+		warning, evicted       int // their indexes in want
+		warningJSON, evictJSON string
+	}{
+		{"byte cap", 1000, 256, 100, 7, 4,
+			seqOf(idRange(1, 8), TypeSlowClientWarning, idRange(9, 10), TypeClientEvicted), 8, 11,
+			`{"queueSize":8,"maxQueued":256,"lastEventId":8,"queuedBytes":800,"maxQueuedBytes":1000,"threshold":"bytes"}`,
+			`{"reason":"queue_bytes_overflow","droppedAfter":11,"queueSize":10,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1000,"eventBytes":100}`},
+		{"byte threshold 750.75", 1001, 256, 125, 6, 3,
+			seqOf(idRange(1, 7), TypeSlowClientWarning, idRange(8, 8), TypeClientEvicted), 7, 9,
+			`{"queueSize":7,"maxQueued":256,"lastEventId":7,"queuedBytes":875,"maxQueuedBytes":1001,"threshold":"bytes"}`,
+			`{"reason":"queue_bytes_overflow","droppedAfter":9,"queueSize":8,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1001,"eventBytes":125}`},
+		{"frame threshold 12.75", DefaultMaxQueuedBytes, 17, 100, 12, 6,
+			seqOf(idRange(1, 13), TypeSlowClientWarning, idRange(14, 17), TypeClientEvicted), 13, 18,
+			`{"queueSize":13,"maxQueued":17,"lastEventId":13,"queuedBytes":1300,"maxQueuedBytes":2097152,"threshold":"frames"}`,
+			`{"reason":"queue_overflow","droppedAfter":18,"queueSize":17,"maxQueued":17,"queuedBytes":1700,"maxQueuedBytes":2097152}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBus(t, Options{MaxQueuedBytes: tc.maxBytes})
+			s := subscribe(t, b, SubscribeOptions{MaxQueued: tc.maxQueued})
+			for i := 1; i < tc.quiet+tc.more; i++ {
+				sessionUpdate(t, b, tc.size)
+				require.Equal(t, queueCounts{i, tc.maxQueued, tc.size * i, tc.maxBytes}, s.q.counts(), "push %d", i)
+				if i == tc.quiet {
+					require.Equal(t, tc.quiet, s.q.len(), "no warning yet")
+				}
+			}
+			require.NoError(t, s.Err())
+			sessionUpdate(t, b, tc.size)
+			fs, open := s.AppendReady(nil)
+			require.False(t, open)
+			require.Equal(t, tc.want, describe(fs))
+			assert.Equal(t, wantWarning(tc.warningJSON), string(fs[tc.warning].JSON()))
+			assert.Equal(t, wantEvicted(tc.evictJSON), string(fs[tc.evicted].JSON()))
+		})
 	}
-	sessionUpdate(t, b, 100)
-	fs, open := s.AppendReady(nil)
-	require.False(t, open)
-	require.Equal(t, seqOf(idRange(1, 8), TypeSlowClientWarning, idRange(9, 10), TypeClientEvicted), describe(fs))
-	assert.Equal(t, wantWarning(`{"queueSize":8,"maxQueued":256,"lastEventId":8,"queuedBytes":800,"maxQueuedBytes":1000,"threshold":"bytes"}`), string(fs[8].JSON()))
-	assert.Equal(t, wantEvicted(`{"reason":"queue_bytes_overflow","droppedAfter":11,"queueSize":10,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1000,"eventBytes":100}`), string(fs[11].JSON()))
-}
-
-// The thresholds are floats: maxQueuedBytes 1001 warns at 750.75 bytes, so
-// six envelopes of 125 bytes (750) do not warn and the seventh does;
-// maxQueued 17 warns at 12.75 frames, so the 13th frame does.
-func TestOriginalThresholdsAreUnroundedFloats(t *testing.T) {
-	t.Run("bytes", func(t *testing.T) {
-		b := newBus(t, Options{MaxQueuedBytes: 1001})
-		s := subscribe(t, b, SubscribeOptions{})
-		for range 6 {
-			sessionUpdate(t, b, 125)
-		}
-		require.Equal(t, 6, s.q.len(), "750 < 750.75: no warning")
-		for range 3 {
-			sessionUpdate(t, b, 125)
-		}
-		fs, _ := s.AppendReady(nil)
-		require.Equal(t, seqOf(idRange(1, 7), TypeSlowClientWarning, idRange(8, 8), TypeClientEvicted), describe(fs))
-		assert.Equal(t, wantWarning(`{"queueSize":7,"maxQueued":256,"lastEventId":7,"queuedBytes":875,"maxQueuedBytes":1001,"threshold":"bytes"}`), string(fs[7].JSON()))
-		assert.Equal(t, wantEvicted(`{"reason":"queue_bytes_overflow","droppedAfter":9,"queueSize":8,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1001,"eventBytes":125}`), string(fs[9].JSON()))
-	})
-	t.Run("frames", func(t *testing.T) {
-		b := newBus(t, Options{})
-		s := subscribe(t, b, SubscribeOptions{MaxQueued: 17})
-		for range 12 {
-			sessionUpdate(t, b, 100)
-		}
-		require.Equal(t, 12, s.q.len(), "12 < 12.75: no warning")
-		for range 6 {
-			sessionUpdate(t, b, 100)
-		}
-		fs, _ := s.AppendReady(nil)
-		require.Equal(t, seqOf(idRange(1, 13), TypeSlowClientWarning, idRange(14, 17), TypeClientEvicted), describe(fs))
-		assert.Equal(t, wantWarning(`{"queueSize":13,"maxQueued":17,"lastEventId":13,"queuedBytes":1300,"maxQueuedBytes":2097152,"threshold":"frames"}`), string(fs[13].JSON()))
-		assert.Equal(t, wantEvicted(`{"reason":"queue_overflow","droppedAfter":18,"queueSize":17,"maxQueued":17,"queuedBytes":1700,"maxQueuedBytes":2097152}`), string(fs[18].JSON()))
-	})
 }
 
 // One warning per episode: maxQueuedBytes 1000 warns at 750 and re-arms at
@@ -880,42 +875,44 @@ func TestOriginalThresholdsAreUnroundedFloats(t *testing.T) {
 // three leaves 375, the next push makes 500, and the episode goes on to
 // the eviction without a second warning.
 func TestOriginalWarningRearmsAtThreeEighths(t *testing.T) {
-	warned := func(t *testing.T) (*EventBus, *Subscription) {
-		b := newBus(t, Options{MaxQueuedBytes: 1000})
-		s := subscribe(t, b, SubscribeOptions{})
-		for range 6 {
+	for _, tc := range []struct {
+		name      string
+		pop       int // frames the consumer takes after the warning
+		afterPush int // live bytes after the next push
+		more      int // pushes after that one
+		open      bool
+		want      []string
+		last      int    // index of the frame whose envelope is lastJSON
+		lastJSON  string // the second warning, or the eviction
+	}{
+		{"at reset", 4, 375, 3, true,
+			seqOf(idRange(5, 6), TypeSlowClientWarning, idRange(7, 10), TypeSlowClientWarning),
+			7, wantWarning(`{"queueSize":6,"maxQueued":256,"lastEventId":10,"queuedBytes":750,"maxQueuedBytes":1000,"threshold":"bytes"}`)},
+		{"above reset", 3, 500, 5, false,
+			seqOf(idRange(4, 6), TypeSlowClientWarning, idRange(7, 11), TypeClientEvicted),
+			9, wantEvicted(`{"reason":"queue_bytes_overflow","droppedAfter":12,"queueSize":8,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1000,"eventBytes":125}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBus(t, Options{MaxQueuedBytes: 1000})
+			s := subscribe(t, b, SubscribeOptions{})
+			for range 6 {
+				sessionUpdate(t, b, 125)
+			}
+			require.Equal(t, 7, s.q.len(), "750 >= 750: warned")
+			popN(t, s, tc.pop)
 			sessionUpdate(t, b, 125)
-		}
-		require.Equal(t, 7, s.q.len(), "750 >= 750: warned")
-		return b, s
+			require.Equal(t, tc.afterPush, s.q.counts().liveBytes)
+			for range tc.more {
+				sessionUpdate(t, b, 125)
+			}
+			fs, open := s.AppendReady(nil)
+			require.Equal(t, tc.open, open)
+			require.Equal(t, tc.want, describe(fs))
+			first := 6 - tc.pop
+			assert.Equal(t, wantWarning(`{"queueSize":6,"maxQueued":256,"lastEventId":6,"queuedBytes":750,"maxQueuedBytes":1000,"threshold":"bytes"}`), string(fs[first].JSON()))
+			assert.Equal(t, tc.lastJSON, string(fs[tc.last].JSON()))
+		})
 	}
-	t.Run("at reset", func(t *testing.T) {
-		b, s := warned(t)
-		popN(t, s, 4)
-		sessionUpdate(t, b, 125)
-		require.Equal(t, 375, s.q.counts().liveBytes)
-		for range 3 {
-			sessionUpdate(t, b, 125)
-		}
-		fs, open := s.AppendReady(nil)
-		require.True(t, open)
-		require.Equal(t, seqOf(idRange(5, 6), TypeSlowClientWarning, idRange(7, 10), TypeSlowClientWarning), describe(fs))
-		assert.Equal(t, wantWarning(`{"queueSize":6,"maxQueued":256,"lastEventId":6,"queuedBytes":750,"maxQueuedBytes":1000,"threshold":"bytes"}`), string(fs[2].JSON()))
-		assert.Equal(t, wantWarning(`{"queueSize":6,"maxQueued":256,"lastEventId":10,"queuedBytes":750,"maxQueuedBytes":1000,"threshold":"bytes"}`), string(fs[7].JSON()))
-	})
-	t.Run("above reset", func(t *testing.T) {
-		b, s := warned(t)
-		popN(t, s, 3)
-		sessionUpdate(t, b, 125)
-		require.Equal(t, 500, s.q.counts().liveBytes)
-		for range 5 {
-			sessionUpdate(t, b, 125)
-		}
-		fs, open := s.AppendReady(nil)
-		require.False(t, open)
-		require.Equal(t, seqOf(idRange(4, 6), TypeSlowClientWarning, idRange(7, 11), TypeClientEvicted), describe(fs))
-		assert.Equal(t, wantEvicted(`{"reason":"queue_bytes_overflow","droppedAfter":12,"queueSize":8,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1000,"eventBytes":125}`), string(fs[9].JSON()))
-	})
 }
 
 // A single event larger than the byte cap is accepted when nothing live is
