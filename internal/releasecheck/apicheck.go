@@ -71,14 +71,16 @@ var goEnvFixed = []string{"GOWORK=off", "GOTOOLCHAIN=local"}
 // the tree of a tag is no repository.)
 var apidiffEnv = append(slices.Clip(goEnvFixed), "GOFLAGS=-trimpath -buildvcs=false")
 
-// apidiff returns the path of the apidiff binary, built (and cached by the
-// go command) at the version this module's go.mod pins.
-func apidiff(ctx context.Context, cfg config) (string, error) {
+// prepareAPI returns the path of the apidiff binary, built (and cached by
+// the go command) at the version this module's go.mod pins, and the
+// surfaces of r.
+func prepareAPI(ctx context.Context, r *repo, cfg config) (string, []surface, error) {
 	out, err := command(ctx, cfg.ToolDir, goEnvFixed, "go", "tool", "-n", "apidiff")
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return strings.TrimSpace(string(out)), nil
+	ss, err := surfaces(ctx, r)
+	return strings.TrimSpace(string(out)), ss, err
 }
 
 // writeExports writes the export data of every surface found in the tree
@@ -128,11 +130,7 @@ func isModule(dir, modPath string) bool {
 // writeAPI re-cuts the baseline from the working tree: the API a release
 // promises to keep.
 func writeAPI(ctx context.Context, r *repo, cfg config) error {
-	bin, err := apidiff(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	ss, err := surfaces(ctx, r)
+	bin, ss, err := prepareAPI(ctx, r, cfg)
 	if err != nil {
 		return err
 	}
@@ -160,11 +158,7 @@ func writeAPI(ctx context.Context, r *repo, cfg config) error {
 // API; compatible changes are listed.
 func checkAPI(ctx context.Context, r *repo, cfg config) error {
 	start := time.Now()
-	bin, err := apidiff(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	ss, err := surfaces(ctx, r)
+	bin, ss, err := prepareAPI(ctx, r, cfg)
 	if err != nil {
 		return err
 	}
@@ -299,25 +293,14 @@ func extractTag(ctx context.Context, r *repo, tag, dir string) error {
 			err = os.MkdirAll(target, 0o755)
 		case tar.TypeReg:
 			if err = os.MkdirAll(filepath.Dir(target), 0o755); err == nil {
-				err = writeFrom(target, tr)
+				err = createFile(target, func(w io.Writer) error {
+					_, err := io.Copy(w, tr)
+					return err
+				})
 			}
 		}
 		if err != nil {
 			return err
 		}
 	}
-}
-
-func writeFrom(name string, r io.Reader) (err error) {
-	f, err := os.Create(name)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}()
-	_, err = io.Copy(f, r)
-	return err
 }

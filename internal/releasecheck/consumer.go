@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"golang.org/x/mod/semver"
 )
 
 // checkModules checks the requirements between the modules of r, serves
@@ -23,7 +25,8 @@ func checkModules(ctx context.Context, r *repo, cfg config) error {
 	for _, p := range problems {
 		errs = append(errs, errors.New(p))
 	}
-	if version == "" {
+	if !semver.IsValid(version) {
+		// Nothing to serve: the problems say why.
 		return errors.Join(errs...)
 	}
 	tmp, done, err := cfg.tempDir("modules")
@@ -36,6 +39,10 @@ func checkModules(ctx context.Context, r *repo, cfg config) error {
 		return errors.Join(append(errs, fmt.Errorf("writing the proxy: %v", err))...)
 	}
 	env := consumerEnv(r, cfg, proxy, filepath.Join(tmp, "modcache"))
+	// One consumer per module, as a user who wants redisbus go-gets
+	// redisbus alone: a consumer of every module would require the root
+	// at the release itself, and minimal version selection would then
+	// hide a module that still requires v0.0.0.
 	for _, m := range r.published() {
 		if err := consume(ctx, r, m, version, filepath.Join(tmp, "consumer-"+r.name(m.Path)), env); err != nil {
 			errs = append(errs, fmt.Errorf("a user's go get %s@%s: %w", m.Path, version, err))
@@ -57,7 +64,8 @@ func checkModules(ctx context.Context, r *repo, cfg config) error {
 // the module cache's download folder, then from the fallback proxy, and
 // are checked against the hashes in the repository's go.sum files (see
 // consume), so the checksum database is asked only for a module none of
-// them lists.
+// them lists. -trimpath keeps the fresh cache's folder out of the build
+// cache's keys, so a second run compiles nothing it compiled before.
 func consumerEnv(r *repo, cfg config, proxy, modcache string) []string {
 	download := (&url.URL{Scheme: "file", Path: filepath.ToSlash(filepath.Join(cfg.ModCache, "cache", "download"))}).String()
 	return []string{

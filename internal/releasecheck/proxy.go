@@ -69,7 +69,7 @@ func writeFiles(files map[string][]byte) error {
 // writeZip writes the module zip of m at version: the files of its folder
 // in the working tree, less what a module zip leaves out (nested modules,
 // vendor folders), checked by the same code the go command uses.
-func writeZip(r *repo, m *gomod, version, name string) (err error) {
+func writeZip(r *repo, m *gomod, version, name string) error {
 	var files []modzip.File
 	for _, f := range r.files(m) {
 		files = append(files, treeFile{
@@ -77,16 +77,24 @@ func writeZip(r *repo, m *gomod, version, name string) (err error) {
 			abs: filepath.Join(r.Dir, filepath.FromSlash(m.Dir), filepath.FromSlash(f)),
 		})
 	}
-	out, err := os.Create(name)
+	return createFile(name, func(w io.Writer) error {
+		return modzip.Create(w, module.Version{Path: m.Path, Version: version}, files)
+	})
+}
+
+// createFile creates the file name with what write writes, and reports the
+// first error, the close's included.
+func createFile(name string, write func(io.Writer) error) (err error) {
+	f, err := os.Create(name)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if cerr := out.Close(); err == nil {
+		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
 	}()
-	return modzip.Create(out, module.Version{Path: m.Path, Version: version}, files)
+	return write(f)
 }
 
 // treeFile is a file of the working tree, as golang.org/x/mod/zip reads it.

@@ -179,8 +179,8 @@ func (r *repo) releaseVersion(want string) (string, []string) {
 			if got, ok := replaced[dep.Path]; !ok || path.Clean(filepath.ToSlash(got)) != path.Clean(rel) {
 				problems = append(problems, fmt.Sprintf("%s: want also \"replace %s => %s\" (the working tree, for development)", where, dep.Path, rel))
 			}
-			if !dep.Published {
-				problems = append(problems, fmt.Sprintf("%s: %s is not published (-unpublished)", where, dep.Dir))
+			if m.Published && !dep.Published {
+				problems = append(problems, fmt.Sprintf("%s: a published module requires %s, which is not (-unpublished)", where, dep.Dir))
 			}
 		}
 	}
@@ -188,16 +188,10 @@ func (r *repo) releaseVersion(want string) (string, []string) {
 		return "", append(problems, "no module requires another module of the repository: nothing says the release version")
 	}
 	if want == "" {
-		if len(versions) > 1 {
-			// The most used version is the release; the others are the
-			// problems.
-			for v, w := range versions {
-				if want == "" || len(w) > len(versions[want]) || len(w) == len(versions[want]) && semver.Compare(v, want) > 0 {
-					want = v
-				}
-			}
-		} else {
-			for v := range versions {
+		// The version most requirements name is the release (the highest
+		// of a tie); the others are the problems.
+		for v, w := range versions {
+			if want == "" || len(w) > len(versions[want]) || len(w) == len(versions[want]) && semver.Compare(v, want) > 0 {
 				want = v
 			}
 		}
