@@ -97,11 +97,8 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 			s.add(bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
 			open = false
 		case !open && !terminal && ctx.Err() == nil:
-			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
-				// Ended for a reason the client would not otherwise learn
-				// (an eviction and CloseWithError queue their own terminal
-				// frame).
-				s.add(StreamErrorFrame(err.Error(), ErrorKindInternal))
+			if f, ok := endErrorFrame(sub); ok {
+				s.add(f)
 			}
 		}
 		if len(s.buf) > 0 || s.pending {
@@ -122,8 +119,7 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 			// connection right after a terminal frame the client has read.
 			// (A stream ended by itself returns with its subscription
 			// open: the deferred Close ends it, dropping what came after.)
-			s.armed = false
-			s.arm()
+			s.finish()
 			return
 		}
 		if taken > 0 {
@@ -132,11 +128,7 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 		select {
 		case <-sub.Ready():
 		case <-timer.C:
-			if s.tailField {
-				s.buf = append(s.buf, heartbeat...)
-			} else {
-				s.appendRetry()
-			}
+			s.appendHeartbeat()
 			if err := s.flushBatch(); err != nil {
 				h.dropBlocked(ctx, sub, s, err)
 				return
@@ -157,6 +149,12 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 // A write that fails because the client went away is a plain
 // cancellation; anything else is counted as dropped, reason blocked.
 func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream, err error) {
+	dropWriteFailed(ctx, sub, s.frames, err)
+}
+
+// dropWriteFailed is dropBlocked for a subscription of which unwritten
+// frames taken were in the batches that failed.
+func dropWriteFailed(ctx context.Context, sub *Subscription, unwritten int, err error) {
 	// net/http cancels the request context as soon as a write on the
 	// connection fails, a deadline included (HTTP/1.1 and HTTP/2 alike), so
 	// a done context alone does not mean the client left: a write that hit
@@ -165,7 +163,18 @@ func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream,
 		sub.Close()
 		return
 	}
-	sub.CloseBlocked(s.frames, err)
+	sub.CloseBlocked(unwritten, err)
+}
+
+// endErrorFrame returns the stream_error internal frame for a subscription
+// that ended, without a terminal frame of its own, for a reason the client
+// would not otherwise learn (an eviction and CloseWithError queue their
+// own terminal frame, and a Close needs none on a single stream).
+func endErrorFrame(sub *Subscription) (Frame, bool) {
+	if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
+		return StreamErrorFrame(err.Error(), ErrorKindInternal), true
+	}
+	return Frame{}, false
 }
 
 // idField starts an event's SSE encoding (see Frame.SSE).
@@ -214,6 +223,25 @@ func (s *stream) appendRetry() {
 	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), s.retry, 10)
 	s.buf = append(s.buf, '\n')
 	s.tailField = true
+}
+
+// appendHeartbeat adds the idle keep-alive: the retry: line again when
+// the text since the last blank line holds no field, else a comment (see
+// Handler).
+func (s *stream) appendHeartbeat() {
+	if s.tailField {
+		s.buf = append(s.buf, heartbeat...)
+	} else {
+		s.appendRetry()
+	}
+}
+
+// finish prepares the end of the response after the last batch: net/http
+// still writes the end of the response after the handler returns (the
+// last chunk), which gets a deadline of its own.
+func (s *stream) finish() {
+	s.armed = false
+	s.arm()
 }
 
 // reserve makes room in the batch buffer for the frames add will copy,
@@ -317,6 +345,13 @@ func (s *stream) flushBatch() error {
 
 // writeStreamHeaders sends SPEC 10's response headers and the 200 status.
 func writeStreamHeaders(w http.ResponseWriter, r *http.Request, bus *EventBus) {
+	writeSSEHeaders(w, r, "Event-Epoch", bus.Epoch())
+}
+
+// writeSSEHeaders sends the stream's response headers, with the epoch
+// header epochName (exposed to CORS pages) set to epoch, and the 200
+// status.
+func writeSSEHeaders(w http.ResponseWriter, r *http.Request, epochName, epoch string) {
 	hd := w.Header()
 	hd.Set("Content-Type", "text/event-stream")
 	hd.Set("Cache-Control", "no-cache, no-transform")
@@ -324,8 +359,8 @@ func writeStreamHeaders(w http.ResponseWriter, r *http.Request, bus *EventBus) {
 		hd.Set("Connection", "keep-alive")
 	}
 	hd.Set("X-Accel-Buffering", "no")
-	hd.Set("Event-Epoch", bus.Epoch())
-	hd.Set("Access-Control-Expose-Headers", "Event-Epoch")
+	hd.Set(epochName, epoch)
+	hd.Set("Access-Control-Expose-Headers", epochName)
 	w.WriteHeader(http.StatusOK)
 }
 
