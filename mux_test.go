@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -780,4 +781,94 @@ func muxRequest(t testing.TB, ids []string, h http.Header) *http.Request {
 		r.Header[k] = vs
 	}
 	return r
+}
+
+// Through a Hub: LookupSession never creates a session; a Delete ends that
+// session's part of the stream; after its re-creation a resume is
+// epoch_reset for it alone.
+func TestMuxHubDeleteAndRecreate(t *testing.T) {
+	hub := newTestHub(t, HubOptions{Bus: Options{Now: testNow}})
+	m := &MuxHandler{Handler: &Handler{RetryJitter: testJitter(0), Logger: (&logCapture{}).logger()}, Lookup: hub.LookupSession}
+	srv := httptest.NewServer(m)
+	t.Cleanup(srv.Close)
+	open := func(cursor string) *sseStream {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+muxPath([]string{"a", "b"}), nil)
+		require.NoError(t, err)
+		if cursor != "" {
+			req.Header.Set("Last-Event-ID", cursor)
+		}
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = resp.Body.Close() })
+		return newSSEStream(t, resp)
+	}
+	c := open("")
+	m404 := requireHTTPError(t, c.resp, http.StatusNotFound, "session_not_found")
+	require.Equal(t, "a", m404["session"])
+	require.Zero(t, hub.Len(), "a stream creates no session")
+
+	a, err := hub.GetOrCreate("a")
+	require.NoError(t, err)
+	b, err := hub.GetOrCreate("b")
+	require.NoError(t, err)
+	c = open("")
+	publishN(t, a, 1)
+	publishN(t, b, 1)
+	fs := readMux(c, 2)
+	cursor := fs[1].ID
+	require.True(t, hub.Delete("b"))
+	f := nextMux(c)
+	require.Equal(t, []string{"b:stream_error"}, describeMux([]muxFrame{f}))
+	require.Contains(t, f.Data, `"errorKind":"closed"`)
+	publishN(t, a, 1)
+	require.Equal(t, []string{"a#2"}, describeMux(readMux(c, 1)), "a goes on")
+	c.close()
+
+	b2, err := hub.GetOrCreate("b")
+	require.NoError(t, err)
+	publishN(t, b2, 1)
+	c = open(cursor)
+	fs = readMux(c, 5)
+	require.Equal(t, []string{"a#2", "a:replay_complete", "b:state_resync_required", "b#1", "b:replay_complete"}, describeMux(fs))
+	require.Contains(t, fs[2].Data, `"reason":"epoch_reset","detail":"epoch_mismatch","lastDeliveredId":1`)
+	c.close()
+}
+
+// CORS is the Handler's: a refused origin gets 403 before any lookup, an
+// allowed one the stream with its headers, a preflight its answer.
+func TestMuxCORS(t *testing.T) {
+	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: &CORS{Origins: []string{"https://app.example"}}}})
+	e.bus(t, "a", Options{})
+	resp := e.do(t, http.MethodGet, muxPath([]string{"a"}), hdr("Origin", "https://evil.example"))
+	requireHTTPError(t, resp, http.StatusForbidden, "origin_not_allowed")
+	resp = e.do(t, http.MethodOptions, muxPath([]string{"a"}), hdr("Origin", "https://app.example", "Access-Control-Request-Method", "GET", "Access-Control-Request-Headers", "last-event-id"))
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	require.Equal(t, "https://app.example", resp.Header.Get("Access-Control-Allow-Origin"))
+	resp = e.do(t, http.MethodPost, muxPath([]string{"a"}), nil)
+	requireHTTPError(t, resp, http.StatusMethodNotAllowed, "method_not_allowed")
+	c := e.stream(t, muxPath([]string{"a"}), hdr("Origin", "https://app.example"))
+	require.Equal(t, "https://app.example", c.resp.Header.Get("Access-Control-Allow-Origin"))
+	require.Equal(t, "Event-Epochs", c.resp.Header.Get("Access-Control-Expose-Headers"))
+	c.close()
+}
+
+// The Handler's EpochIDs changes the single stream's id lines only: the
+// multiplexed stream's cursor always carries the epochs.
+func TestMuxEpochIDsSetting(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		e := newEnv(t, envOptions{handler: &Handler{EpochIDs: on}})
+		a := e.bus(t, "a", Options{})
+		publishN(t, a, 1)
+		single := e.stream(t, "/session/a/events", hdr("Last-Event-ID", "0"))
+		want := "1"
+		if on {
+			want = a.Epoch() + ":1"
+		}
+		require.Equal(t, want, single.nextEvent().ID)
+		single.close()
+		c := e.stream(t, muxPath([]string{"a"}), hdr("Last-Event-ID", Cursor{NewCursorEntry("a", a.Epoch(), 0)}.String()))
+		f := nextMux(c)
+		requireCursor(t, f.ID, map[string]at{"a": {a, 1}})
+		c.close()
+	}
 }
