@@ -138,7 +138,10 @@ func TestReadyGroup(t *testing.T) {
 
 	publishN(t, b, 1)
 	<-g.Ready()
-	require.Equal(t, []*Subscription{s0, s1}, g.Woken(nil), "both were waiting (new)")
+	require.Equal(t, []int{0, 1}, g.Woken(nil), "both were waiting (new)")
+	require.Same(t, s1, g.Member(1))
+	require.Nil(t, g.Member(2))
+	require.Nil(t, g.Member(-1))
 	require.Empty(t, g.Woken(nil), "Woken clears the marks")
 	fs, _ := s0.TakeReady(nil)
 	require.Len(t, fs, 1)
@@ -152,11 +155,11 @@ func TestReadyGroup(t *testing.T) {
 	require.Empty(t, fs, "empty: waiting now")
 	publishN(t, b, 1)
 	<-g.Ready()
-	require.Equal(t, []*Subscription{s0}, g.Woken(nil))
+	require.Equal(t, []int{0}, g.Woken(nil))
 
 	s1.Close()
 	<-g.Ready()
-	require.Equal(t, []*Subscription{s1}, g.Woken(nil), "an end signals")
+	require.Equal(t, []int{1}, g.Woken(nil), "an end signals")
 
 	// A full bus takes no place in the group; a full group is an error.
 	subscribe(t, b, SubscribeOptions{Group: g})
@@ -167,7 +170,8 @@ func TestReadyGroup(t *testing.T) {
 	g2 := NewReadyGroup(1)
 	_, err = full.Subscribe(context.Background(), SubscribeOptions{Group: g2})
 	require.ErrorIs(t, err, ErrSubscriberLimitExceeded)
+	require.Nil(t, g2.Member(0), "the refused subscription gave its number back")
 	s1b := subscribe(t, newBus(t, Options{}), SubscribeOptions{Group: g2})
-	require.Equal(t, g2.Ready(), s1b.Ready(), "the refused subscription left its place")
+	require.Same(t, s1b, g2.Member(0))
 	require.Panics(t, func() { NewReadyGroup(0) })
 }

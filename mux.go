@@ -3,8 +3,8 @@ package eventbus
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -166,16 +166,6 @@ func (m *MuxHandler) maxSessions() int {
 // and is safe to call from any goroutine.
 func (m *MuxHandler) Revoke(subject string) int { return m.handler().Revoke(subject) }
 
-// LookupSession is Lookup for a MuxHandler: the live bus of session id,
-// never creating one. An unknown session is an error wrapping
-// ErrSessionNotFound (the MuxHandler answers 404 naming it).
-func (h *Hub) LookupSession(_ *http.Request, id string) (*EventBus, error) {
-	if b, ok := h.Lookup(id); ok {
-		return b, nil
-	}
-	return nil, fmt.Errorf("%w: %q", ErrSessionNotFound, truncate(id, 64))
-}
-
 // muxSession is one session of a multiplexed stream.
 type muxSession struct {
 	id      string
@@ -295,8 +285,7 @@ func (m *MuxHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		ms.sub = sub
-		ms.member = appendJSONString(append(make([]byte, 0, len(`"session":`)+len(ms.id)+3), `"session":`...), ms.id)
-		ms.member = append(ms.member, ',')
+		ms.member = sessionMember(ms.id)
 		ms.todo = true
 	}
 
@@ -407,6 +396,20 @@ func cursorEntryFor(c Cursor, sess []muxSession, i int) (CursorEntry, bool) {
 	return c.Entry(sess[i].id)
 }
 
+// sessionMember is `"session":<id as a JSON string>,`, the member spliced
+// into every frame of the session: its string escaped as the frames'
+// strings are (no HTML escaping).
+func sessionMember(id string) []byte {
+	var b bytes.Buffer
+	b.WriteString(`"session":`)
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(id) // a string cannot fail
+	m := b.Bytes()
+	m[len(m)-1] = ',' // in place of Encode's newline
+	return m
+}
+
 // epochList is the Event-Epochs header: the epochs in session order.
 func epochList(sess []muxSession) string {
 	var b strings.Builder
@@ -469,17 +472,16 @@ func (st *muxStream) serve(ctx context.Context, ends streamEnds) {
 	var (
 		frames []Frame
 		owners []int // the session of each frame
-		woken  []*Subscription
+		woken  []int
 		ending []int // the sessions whose subscription ended in this batch
 	)
 	active := len(st.sess)
 	end := endNone
 	for {
 		woken = st.group.Woken(woken[:0])
-		for _, sub := range woken {
-			st.sess[sub.q.member].todo = true
+		for _, i := range woken {
+			st.sess[i].todo = true // members joined in session order
 		}
-		clear(woken)
 		frames, owners, ending = frames[:0], owners[:0], ending[:0]
 		more := false
 		for i := range st.sess {
@@ -576,20 +578,13 @@ func (st *muxStream) serve(ctx context.Context, ends streamEnds) {
 		if more {
 			continue // more may have arrived while writing
 		}
-		select {
-		case <-st.group.Ready():
-		case <-timer.C:
-			s.appendHeartbeat()
-			if err := s.flushBatch(); err != nil {
-				st.dropAll(ctx, err)
-				return
-			}
-			timer.Reset(idle)
-		case <-ends.lifetime:
-			end = endLifetime
-		case <-ends.revoked:
-			end = endRevoked
-		case <-ctx.Done():
+		var gone bool
+		var err error
+		if end, gone, err = s.wait(ctx, st.group.Ready(), timer, idle, ends); err != nil {
+			st.dropAll(ctx, err)
+			return
+		}
+		if gone {
 			return // the deferred Close cancels without drain
 		}
 	}
@@ -643,17 +638,17 @@ func (st *muxStream) reserve(frames []Frame, owners []int) {
 func (st *muxStream) add(f Frame, i int) {
 	s := st.s
 	s.frames++
-	if s.err != nil || f.frame == nil {
+	wire := f.SSE()
+	if s.err != nil || wire == nil {
 		return
 	}
-	wire := f.SSE()
 	var idLine []byte
 	from := 0
 	if f.ID() != 0 {
 		idLine = st.idLine
 		from = bytes.IndexByte(wire, '\n') + 1
 	}
-	open := int(f.json) + 1 // after the envelope's "{"
+	open := len(wire) - 2 - len(f.JSON()) + 1 // after the envelope's "{"
 	member := st.sess[i].member
 	rest := wire[open:]
 	big := f.Size() >= directWriteSize

@@ -5,12 +5,10 @@ package eventbus
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -80,10 +78,7 @@ func benchMux(b *testing.B, mux bool, window int) {
 			paths = append(paths, "/session/"+id+"/events")
 		}
 	}
-	// Each client counts frames (blank lines, possibly split between two
-	// reads) and bytes, and signals when the frames reach want.
-	var frames, wire, want atomic.Int64
-	reached := make(chan struct{}, 1)
+	counter := newFrameCounter()
 	readers := make(chan struct{}, len(paths))
 	for _, p := range paths {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ln.Addr().String()+p, nil)
@@ -91,32 +86,11 @@ func benchMux(b *testing.B, mux bool, window int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		go func(body io.ReadCloser) {
+		go func() {
 			defer func() { readers <- struct{}{} }()
-			defer body.Close()
-			buf := make([]byte, 64<<10)
-			prev := byte(0)
-			for {
-				n, err := body.Read(buf)
-				c := int64(0)
-				for _, x := range buf[:n] {
-					if x == '\n' && prev == '\n' {
-						c++
-					}
-					prev = x
-				}
-				wire.Add(int64(n))
-				if c > 0 && frames.Add(c) >= want.Load() {
-					select {
-					case reached <- struct{}{}:
-					default:
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		}(resp.Body)
+			defer resp.Body.Close()
+			counter.read(resp.Body)
+		}()
 	}
 	for _, bus := range order {
 		if bus.SubscriberCount() != 1 {
@@ -124,7 +98,7 @@ func benchMux(b *testing.B, mux bool, window int) {
 		}
 	}
 	ev := Event{Type: "tick", Data: json.RawMessage(`{"n":1,"at":"2024-06-21T20:00:00.000Z"}`)}
-	cpu0, wire0 := processCPU(), wire.Load()
+	cpu0, wire0 := processCPU(), counter.bytes.Load()
 	var i int64
 	for b.Loop() {
 		if _, err := order[i%sessions].Publish(ev); err != nil {
@@ -132,22 +106,14 @@ func benchMux(b *testing.B, mux bool, window int) {
 		}
 		i++
 		if i%int64(window) == 0 {
-			want.Store(i)
-			for frames.Load() < i {
-				<-reached
-			}
+			counter.await(i)
 		}
 	}
-	want.Store(i)
-	for frames.Load() < i {
-		select {
-		case <-reached:
-		case <-time.After(10 * time.Second):
-			b.Fatalf("%d of %d events delivered", frames.Load(), i)
-		}
+	if !counter.awaitFor(i, 10*time.Second) {
+		b.Fatalf("%d of %d events delivered", counter.frames.Load(), i)
 	}
 	b.ReportMetric(float64(processCPU()-cpu0)/float64(i), "cpu-ns/event")
-	b.ReportMetric(float64(wire.Load()-wire0)/float64(i), "wire-B/event")
+	b.ReportMetric(float64(counter.bytes.Load()-wire0)/float64(i), "wire-B/event")
 	cancel()
 	for range paths {
 		<-readers

@@ -3,7 +3,7 @@ package eventbus
 import (
 	"context"
 	"encoding/json"
-	"fmt"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -545,36 +545,15 @@ func TestMuxEviction(t *testing.T) {
 	logs := &logCapture{}
 	a := newBus(t, logs.capture(Options{MaxQueued: 16}))
 	b := newBus(t, logs.capture(Options{}))
-	m := &MuxHandler{Handler: &Handler{Logger: logs.logger(), RetryJitter: testJitter(0)}, Lookup: busesByID(map[string]*EventBus{"a": a, "b": b})}
-	w := newMemWriter()
-	started, release := make(chan struct{}), make(chan struct{})
-	w.beforeWrite = func(n int, _ []byte) error {
-		if n == 2 { // the first batch after the retry: line blocks
-			close(started)
-			<-release
-		}
-		return nil
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		m.ServeHTTP(w, muxRequest(t, []string{"a", "b"}, nil))
-	}()
-	require.Eventually(t, func() bool { return a.SubscriberCount() == 1 && b.SubscriberCount() == 1 }, 10*time.Second, time.Millisecond)
+	hm := serveHeldMux(t, logs, a, b, nil)
 	publishN(t, b, 1)
-	<-started // the writer holds b's event
+	<-hm.started // the writer holds b's event
 	publishN(t, a, 17)
 	require.Zero(t, a.SubscriberCount(), "a's queue overflowed: evicted")
 	require.Equal(t, 1, b.SubscriberCount(), "b's own queue is fine")
-	close(release)
-	<-done
-	recs, err := parseSSE([]byte(w.state().body))
-	require.NoError(t, err)
-	evs := sseEvents(recs)
-	fs := make([]muxFrame, len(evs))
-	for i, ev := range evs {
-		fs[i] = splitMux(t, ev)
-	}
+	close(hm.release)
+	<-hm.done
+	fs := hm.frames(t)
 	got := describeMux(fs)
 	require.Equal(t, "b#1", got[0])
 	require.Equal(t, "a:client_evicted", got[len(got)-1], "the stream ends with a's eviction")
@@ -588,36 +567,19 @@ func TestMuxCatchUp(t *testing.T) {
 	logs := &logCapture{}
 	a := newBus(t, logs.capture(Options{MaxQueued: 16, OverflowPolicy: OverflowCatchUp}))
 	b := newBus(t, logs.capture(Options{}))
-	m := &MuxHandler{Handler: &Handler{Logger: logs.logger(), RetryJitter: testJitter(0)}, Lookup: busesByID(map[string]*EventBus{"a": a, "b": b})}
-	w := newMemWriter()
-	started, release := make(chan struct{}), make(chan struct{})
-	w.beforeWrite = func(n int, _ []byte) error {
-		if n == 2 {
-			close(started)
-			<-release
-		}
-		return nil
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		m.ServeHTTP(w, muxRequest(t, []string{"a", "b"}, nil).WithContext(ctx))
-	}()
-	require.Eventually(t, func() bool { return a.SubscriberCount() == 1 && b.SubscriberCount() == 1 }, 10*time.Second, time.Millisecond)
+	hm := serveHeldMux(t, logs, a, b, nil)
 	publishN(t, b, 1)
-	<-started
+	<-hm.started
 	publishN(t, a, 100)
 	require.Equal(t, 1, a.SubscriberCount(), "behind, not evicted")
-	close(release)
-	require.Eventually(t, func() bool { return strings.Count(w.state().body, `"session":"a","id":`) == 100 }, 10*time.Second, time.Millisecond)
-	cancel()
-	<-done
+	close(hm.release)
+	require.Eventually(t, func() bool { return strings.Count(hm.w.state().body, `"session":"a","id":`) == 100 }, 10*time.Second, time.Millisecond)
+	hm.cancel()
+	<-hm.done
 	require.Zero(t, a.Stats().Evictions.QueueOverflow)
 	require.Positive(t, a.Stats().CatchUp.Entered)
 	require.Equal(t, uint64(101), a.Stats().FramesDelivered, "100 events and the slow_client_warning")
-	require.Contains(t, w.state().body, `data: {"session":"a","v":1,"type":"slow_client_warning"`)
+	require.Contains(t, hm.w.state().body, `data: {"session":"a","v":1,"type":"slow_client_warning"`)
 }
 
 // A session whose bus closes while streaming sends its queued frames and a
@@ -692,37 +654,21 @@ func TestMuxOneWritePerBatch(t *testing.T) {
 	logs := &logCapture{}
 	a := newBus(t, logs.capture(Options{}))
 	b := newBus(t, logs.capture(Options{}))
-	m := &MuxHandler{Handler: &Handler{Logger: logs.logger(), RetryJitter: testJitter(0)}, Lookup: busesByID(map[string]*EventBus{"a": a, "b": b})}
-	w := newMemWriter()
-	started, release := make(chan struct{}), make(chan struct{})
-	w.beforeWrite = func(n int, _ []byte) error {
-		if n == 2 {
-			close(started)
-			<-release
-		}
-		return nil
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		m.ServeHTTP(w, muxRequest(t, []string{"a", "b"}, nil).WithContext(ctx))
-	}()
-	require.Eventually(t, func() bool { return a.SubscriberCount() == 1 && b.SubscriberCount() == 1 }, 10*time.Second, time.Millisecond)
+	hm := serveHeldMux(t, logs, a, b, nil)
 	publishN(t, a, 1)
-	<-started
+	<-hm.started
 	publishN(t, a, 3)
 	publishN(t, b, 3)
-	close(release)
-	require.Eventually(t, func() bool { return strings.Count(w.state().body, "\nevent: e\n") == 7 }, 10*time.Second, time.Millisecond)
-	st := w.state()
+	close(hm.release)
+	require.Eventually(t, func() bool { return strings.Count(hm.w.state().body, "\nevent: e\n") == 7 }, 10*time.Second, time.Millisecond)
+	st := hm.w.state()
 	require.Equal(t, 3, st.writes, "the retry: line, a#1, then a#2..4 and b#1..3 in one write")
 	require.Equal(t, 3, st.flushes)
-	cancel()
-	<-done
+	hm.cancel()
+	<-hm.done
 	require.Equal(t, uint64(4), a.Stats().FramesDelivered)
 	require.Equal(t, uint64(3), b.Stats().FramesDelivered)
+	require.Equal(t, []string{"a#1", "a#2", "a#3", "a#4", "b#1", "b#2", "b#3"}, describeMux(hm.frames(t)))
 }
 
 // A write that fails drops every session's subscription, counting the
@@ -731,36 +677,67 @@ func TestMuxWriteFailed(t *testing.T) {
 	logs := &logCapture{}
 	a := newBus(t, logs.capture(Options{}))
 	b := newBus(t, logs.capture(Options{}))
-	m := &MuxHandler{Handler: &Handler{Logger: logs.logger(), RetryJitter: testJitter(0)}, Lookup: busesByID(map[string]*EventBus{"a": a, "b": b})}
-	w := newMemWriter()
-	started, release := make(chan struct{}), make(chan struct{})
-	w.beforeWrite = func(n int, _ []byte) error {
-		switch n {
-		case 2:
-			close(started)
-			<-release
-		case 3:
-			return fmt.Errorf("broken pipe")
-		}
-		return nil
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		m.ServeHTTP(w, muxRequest(t, []string{"a", "b"}, nil))
-	}()
-	require.Eventually(t, func() bool { return a.SubscriberCount() == 1 && b.SubscriberCount() == 1 }, 10*time.Second, time.Millisecond)
+	hm := serveHeldMux(t, logs, a, b, errors.New("broken pipe"))
 	publishN(t, a, 1)
-	<-started
+	<-hm.started
 	publishN(t, a, 2)
 	publishN(t, b, 3)
-	close(release)
-	<-done
+	close(hm.release)
+	<-hm.done
 	require.Zero(t, a.SubscriberCount()+b.SubscriberCount())
 	require.Equal(t, uint64(2), a.Stats().Dropped.Blocked)
 	require.Equal(t, uint64(3), b.Stats().Dropped.Blocked)
 	require.Equal(t, uint64(1), a.Stats().FramesDelivered)
 	require.Len(t, logs.kind(DiagWriteFailed), 2)
+}
+
+// heldMux is a multiplexed stream of sessions "a" and "b" served into a
+// memWriter whose second write (the first batch after the retry: line)
+// blocks until release is closed; with fail set, the third write fails.
+type heldMux struct {
+	w                *memWriter
+	started, release chan struct{} // the blocked write has started; let it go on
+	done             chan struct{} // ServeHTTP returned
+	cancel           context.CancelFunc
+}
+
+// serveHeldMux starts it and returns once both sessions are subscribed.
+func serveHeldMux(t *testing.T, logs *logCapture, a, b *EventBus, fail error) *heldMux {
+	m := &MuxHandler{Handler: &Handler{Logger: logs.logger(), RetryJitter: testJitter(0)}, Lookup: busesByID(map[string]*EventBus{"a": a, "b": b})}
+	hm := &heldMux{w: newMemWriter(), started: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
+	subscribed := make(chan struct{})
+	hm.w.beforeWrite = func(n int, _ []byte) error {
+		switch n {
+		case 1: // the retry: line, after every Subscribe
+			close(subscribed)
+		case 2:
+			close(hm.started)
+			<-hm.release
+		case 3:
+			return fail
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	hm.cancel = cancel
+	t.Cleanup(func() { cancel(); <-hm.done })
+	go func() {
+		defer close(hm.done)
+		m.ServeHTTP(hm.w, muxRequest(t, []string{"a", "b"}, nil).WithContext(ctx))
+	}()
+	<-subscribed
+	return hm
+}
+
+// frames parses what the stream wrote.
+func (hm *heldMux) frames(t *testing.T) []muxFrame {
+	recs, err := parseSSE([]byte(hm.w.state().body))
+	require.NoError(t, err)
+	var fs []muxFrame
+	for _, ev := range sseEvents(recs) {
+		fs = append(fs, splitMux(t, ev))
+	}
+	return fs
 }
 
 // busesByID is a MuxHandler Lookup over a fixed map.

@@ -56,24 +56,36 @@ func NewReadyGroup(size int) *ReadyGroup {
 // frames ready or has ended (see the type for when). It is never closed.
 func (g *ReadyGroup) Ready() <-chan struct{} { return g.ready }
 
-// Woken appends to dst every member that signalled since the last call to
-// Woken, in the order they joined, and returns the extended slice; it
-// clears their signals. Call it after a receive from Ready (and at any
-// other time: it never blocks). A member appears at most once per call;
-// one that ended is still named, once per signal, so that its consumer
-// takes its last frames and learns its end.
-func (g *ReadyGroup) Woken(dst []*Subscription) []*Subscription {
+// Woken appends to dst the number of every member that signalled since
+// the last call to Woken, in increasing order, and returns the extended
+// slice; it clears their signals. Members are numbered from 0 in the order
+// their Subscribe calls joined the group (so a consumer that subscribes
+// one after another knows each number), and Member returns the member of
+// a number. Call Woken after a receive from Ready (and at any other time:
+// it never blocks). A member appears at most once per call; one that
+// ended is still named, once per signal, so that its consumer takes its
+// last frames and learns its end.
+func (g *ReadyGroup) Woken(dst []int) []int {
 	for w := range g.marks {
 		if g.marks[w].Load() == 0 {
 			continue
 		}
 		for m := g.marks[w].Swap(0); m != 0; m &= m - 1 {
-			if s := g.members[w*64+bits.TrailingZeros64(m)].Load(); s != nil {
-				dst = append(dst, s)
+			if i := w*64 + bits.TrailingZeros64(m); g.members[i].Load() != nil {
+				dst = append(dst, i)
 			}
 		}
 	}
 	return dst
+}
+
+// Member returns member i (see Woken), nil when there is none: i out of
+// range, not joined yet, or given back by a Subscribe that failed.
+func (g *ReadyGroup) Member(i int) *Subscription {
+	if i < 0 || i >= len(g.members) {
+		return nil
+	}
+	return g.members[i].Load()
 }
 
 // mark records that member i signalled. The mark is set before the token
@@ -97,8 +109,8 @@ func (g *ReadyGroup) join(s *Subscription) error {
 }
 
 // leave undoes join for a subscription that Subscribe did not return (a
-// full bus), so that it takes no place: only when it is still the last
-// member, else its place stays used (and it never signals).
+// full bus), so that it takes no place: its number goes to the next member
+// when it is still the last one, else its place stays used, empty.
 func (g *ReadyGroup) leave(s *Subscription) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -125,23 +125,39 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 		if taken > 0 {
 			continue // more may have arrived while writing
 		}
-		select {
-		case <-sub.Ready():
-		case <-timer.C:
-			s.appendHeartbeat()
-			if err := s.flushBatch(); err != nil {
-				h.dropBlocked(ctx, sub, s, err)
-				return
-			}
-			timer.Reset(idle)
-		case <-ends.lifetime:
-			end = endLifetime
-		case <-ends.revoked:
-			end = endRevoked
-		case <-ctx.Done():
+		var gone bool
+		var err error
+		if end, gone, err = s.wait(ctx, sub.Ready(), timer, idle, ends); err != nil {
+			h.dropBlocked(ctx, sub, s, err)
+			return
+		}
+		if gone {
 			return // the deferred Close cancels without drain
 		}
 	}
+}
+
+// wait is the serve loop's wait between batches: for frames (ready), the
+// heartbeat, which it writes and flushes (err is that flush's), the end of
+// the stream's lifetime or a revocation (end), or the client going away
+// (gone).
+func (s *stream) wait(ctx context.Context, ready <-chan struct{}, timer *time.Timer, idle time.Duration, ends streamEnds) (end endCause, gone bool, err error) {
+	select {
+	case <-ready:
+	case <-timer.C:
+		s.appendHeartbeat()
+		if err := s.flushBatch(); err != nil {
+			return endNone, false, err
+		}
+		timer.Reset(idle)
+	case <-ends.lifetime:
+		return endLifetime, false, nil
+	case <-ends.revoked:
+		return endRevoked, false, nil
+	case <-ctx.Done():
+		return endNone, true, nil
+	}
+	return endNone, false, nil
 }
 
 // dropBlocked ends a subscription whose write failed or hit its deadline:
