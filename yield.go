@@ -1,6 +1,9 @@
 package eventbus
 
-import "runtime"
+import (
+	"runtime"
+	"time"
+)
 
 // The publisher's yield policy. A subscriber past 75% of a cap is often
 // not slow at all: its goroutine was woken but not scheduled yet, because
@@ -8,14 +11,19 @@ import "runtime"
 // runs a tight loop). So a publish that leaves such a subscriber behind it
 // yields the processor, after the bus lock, so that the consumer can run
 // before it is evicted: once, and past 90% until the first such consumer
-// is back under 90% or maxUrgentYields more yields went by. A fixed 4
-// yields there still lost a healthy consumer in about one tight stall run
-// in sixteen once Publish got faster (BENCHMARKS.md). This never waits for
-// anyone: with nothing else to run Gosched returns at once, and a consumer
-// that runs drains its whole queue. A subscription that nobody has ever
-// read from costs one yield episode at most (yieldFor). Under
-// OverflowCatchUp an overflow loses nothing, so there is nothing to yield
-// for.
+// is back under 90%, maxUrgentYields more yields went by, or the yields
+// of this publish have lasted maxYieldTime. A fixed 4 yields there still
+// lost a healthy consumer in about one tight stall run in sixteen once
+// Publish got faster (BENCHMARKS.md). This never waits for anyone: with
+// nothing else to run Gosched returns at once, and a consumer that runs
+// drains its whole queue. A yield lasts as long as the goroutines that run
+// in its place: with many of them runnable (200 consumers that one publish
+// of a 1 MB event woke, say) one yield took a millisecond and the 17 of
+// one publish tens of milliseconds, hence the time bound (issue 22). A
+// subscription that nobody has ever read from costs one yield at most
+// (yieldFor), never the wait past 90%: its consumer has not run once, so
+// more yields do not make it drain. Under OverflowCatchUp an overflow
+// loses nothing, so there is nothing to yield for.
 //
 // The fan-out notes what it saw in a yieldPlan under the lock (note), and
 // the publish runs the plan after it (run). The consumer's own yield, when
@@ -23,6 +31,13 @@ import "runtime"
 
 // maxUrgentYields bounds the yields of one publish for a consumer past 90%.
 const maxUrgentYields = 16
+
+// maxYieldTime bounds how long the yields of one publish go on for a
+// consumer past 90%: no yield starts after it (the one under way when it
+// runs out ends when the scheduler gives the processor back). In the tight
+// loops the yields are for, one yield lets the consumers this publish woke
+// run and takes about 16 µs (BENCHMARKS.md), so all 17 fit well within it.
+const maxYieldTime = 500 * time.Microsecond
 
 // yieldProcessor is runtime.Gosched; tests count the yields through it.
 var yieldProcessor = runtime.Gosched
@@ -47,7 +62,7 @@ func (p *yieldPlan) note(s *Subscription, c queueCounts) {
 		return
 	}
 	p.behind = true
-	if p.urgent == nil && nearlyFull(c) {
+	if p.urgent == nil && nearlyFull(c) && s.q.hasLooked() {
 		p.urgent = &s.q
 		live, bytes := s.q.popped()
 		p.target = [2]int64{
@@ -63,14 +78,18 @@ func (p *yieldPlan) run() {
 	if !p.behind {
 		return
 	}
+	q := p.urgent
+	if q == nil {
+		yieldProcessor()
+		return
+	}
+	start := time.Now()
 	yieldProcessor()
-	if q := p.urgent; q != nil {
-		for range maxUrgentYields {
-			if live, bytes := q.popped(); live >= p.target[0] && bytes >= p.target[1] {
-				break
-			}
-			yieldProcessor()
+	for range maxUrgentYields {
+		if live, bytes := q.popped(); live >= p.target[0] && bytes >= p.target[1] || time.Since(start) >= maxYieldTime {
+			break
 		}
+		yieldProcessor()
 	}
 }
 
@@ -82,7 +101,7 @@ func nearlyFull(c queueCounts) bool {
 // yieldFor reports whether a publish that left s with the live counts c
 // should yield the processor: s is past the warning threshold of either
 // cap, and either its consumer has looked for frames at least once, or
-// this is the first yield for it. The yield is for consumers that run but
+// this is the first yield for it (then note does not wait past 90%). The yield is for consumers that run but
 // were not scheduled in time, a goroutine started for a new subscription
 // included: one yield lets it run. A subscription that nobody reads from
 // at all (never iterated, or stuck before its first read) gets no more
