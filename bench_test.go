@@ -499,11 +499,14 @@ func idleSubscriberBytes(bus *EventBus, n int) float64 {
 var quiet = slog.New(slog.DiscardHandler)
 
 // BenchmarkPublishStalled measures Publish alone with 1 MB events, one
-// healthy reader and 0, 20 or 200 subscribers that never read (issue 22):
-// p50, p99 and the worst publish. Every caps are the defaults, so a stalled
-// subscriber holds two events (2 MiB byte cap) and is evicted by the third;
-// it reconnects at once and stalls again, so most publishes after the first
-// few either fill or evict all of them at once. The healthy reader is kept
+// healthy reader and 0, 20 or 200 stalled subscribers (issue 22): p50, p99
+// and the worst publish. A stalled subscriber either never reads
+// (stalled=N: subscribed, never iterated) or took its first event and
+// then blocked, the way a handler blocks writing to a client that stopped
+// reading (blocked=N: a goroutine each). Every cap is the default, so a
+// stalled subscriber holds two events (2 MiB byte cap) and is evicted by
+// the next; it reconnects at once and stalls again, so all of them fill
+// up and are evicted by the same publishes. The healthy reader is kept
 // within one event of the publisher (its byte cap holds two), outside the
 // timed part. The issue's target: p99 with 200 stalled within 2x of p99
 // with none. Run it with
@@ -511,7 +514,10 @@ var quiet = slog.New(slog.DiscardHandler)
 //	go test -run '^$' -bench PublishStalled -benchtime 2000x -count 8
 func BenchmarkPublishStalled(b *testing.B) {
 	for _, stalled := range []int{0, 20, 200} {
-		b.Run(fmt.Sprintf("stalled=%d", stalled), func(b *testing.B) { benchPublishStalled(b, stalled) })
+		b.Run(fmt.Sprintf("stalled=%d", stalled), func(b *testing.B) { benchPublishStalled(b, stalled, false) })
+	}
+	for _, blocked := range []int{20, 200} {
+		b.Run(fmt.Sprintf("blocked=%d", blocked), func(b *testing.B) { benchPublishStalled(b, blocked, true) })
 	}
 }
 
@@ -526,7 +532,7 @@ var bigEventData = func() json.RawMessage {
 	return append(raw, `"}`...)
 }()
 
-func benchPublishStalled(b *testing.B, stalled int) {
+func benchPublishStalled(b *testing.B, stalled int, blocked bool) {
 	bus, err := New(Options{Logger: quiet, MaxSubscribers: stalled + 1})
 	if err != nil {
 		b.Fatal(err)
@@ -536,17 +542,46 @@ func benchPublishStalled(b *testing.B, stalled int) {
 		b.Fatal(err)
 	}
 	d := startDrainer(healthy)
-	subscribe := func() *Subscription {
+	// A blocked reader waits on its own gone, closed when its client
+	// reconnects, as a handler's blocked write ends with its connection.
+	type stalledSub struct {
+		s    *Subscription
+		gone chan struct{}
+	}
+	var readers sync.WaitGroup
+	subscribe := func() stalledSub {
 		s, err := bus.Subscribe(context.Background(), SubscribeOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		return s
+		gone := make(chan struct{})
+		if blocked {
+			readers.Go(func() {
+				var batch []Frame
+				for open := true; len(batch) == 0 && open; {
+					if batch, open = s.AppendReady(batch); len(batch) == 0 && open {
+						select {
+						case <-s.Ready():
+						case <-gone:
+							return
+						}
+					}
+				}
+				<-gone
+			})
+		}
+		return stalledSub{s, gone}
 	}
-	slow := make([]*Subscription, stalled)
+	slow := make([]stalledSub, stalled)
 	for i := range slow {
 		slow[i] = subscribe()
 	}
+	defer func() {
+		for _, x := range slow {
+			close(x.gone)
+		}
+		readers.Wait()
+	}()
 	ev := Event{Type: "bench", Data: bigEventData}
 	lat := make([]time.Duration, 0, 1<<14)
 	var n int64
@@ -564,11 +599,12 @@ func benchPublishStalled(b *testing.B, stalled int) {
 		}
 		n++
 		waitAll(n-1, func(int) int64 { return d.got.Load() }, 1)
-		for i, s := range slow {
-			if s.Err() != nil {
+		for i, x := range slow {
+			if x.s.Err() != nil {
 				// Evicted: the client reconnects and stalls again.
 				evictions++
-				s.Close()
+				x.s.Close()
+				close(x.gone)
 				slow[i] = subscribe()
 			}
 		}
