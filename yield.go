@@ -16,14 +16,16 @@ import (
 // lost a healthy consumer in about one tight stall run in sixteen once
 // Publish got faster (BENCHMARKS.md). This never waits for anyone: with
 // nothing else to run Gosched returns at once, and a consumer that runs
-// drains its whole queue. A yield lasts as long as the goroutines that run
-// in its place: with many of them runnable (200 consumers that one publish
-// of a 1 MB event woke, say) one yield took a millisecond and the 17 of
-// one publish tens of milliseconds, hence the time bound (issue 22). A
-// subscription that nobody has ever read from costs one yield at most
-// (yieldFor), never the wait past 90%: its consumer has not run once, so
-// more yields do not make it drain. Under OverflowCatchUp an overflow
-// loses nothing, so there is nothing to yield for.
+// drains its whole queue. But a yield lasts as long as the goroutines that
+// run in its place: with 200 consumers that read once and then blocked, 1
+// MB events and one CPU-bound goroutine beside them, the yields took 1.1 s
+// of 3000 publishes, hence the time bound (issue 22). A subscription that
+// nobody has ever read from costs one yield at most (yieldFor), never the
+// wait past 90%: its consumer has not run once, so more yields do not make
+// it drain (an event of half the byte cap takes it from below 75% to past
+// 90% in one publish, which cost 17 yields per reconnect). Under
+// OverflowCatchUp an overflow loses nothing, so there is nothing to yield
+// for.
 //
 // The fan-out notes what it saw in a yieldPlan under the lock (note), and
 // the publish runs the plan after it (run). The consumer's own yield, when
@@ -101,9 +103,10 @@ func nearlyFull(c queueCounts) bool {
 // yieldFor reports whether a publish that left s with the live counts c
 // should yield the processor: s is past the warning threshold of either
 // cap, and either its consumer has looked for frames at least once, or
-// this is the first yield for it (then note does not wait past 90%). The yield is for consumers that run but
-// were not scheduled in time, a goroutine started for a new subscription
-// included: one yield lets it run. A subscription that nobody reads from
+// this is the first yield for it (then note does not wait past 90%). The
+// yield is for consumers that run but were not scheduled in time, a
+// goroutine started for a new subscription included: one yield lets it
+// run. A subscription that nobody reads from
 // at all (never iterated, or stuck before its first read) gets no more
 // than that one: yielding for it on every publish until its eviction would
 // make its peers' publish latency depend on it (BenchmarkPublishLatency).
