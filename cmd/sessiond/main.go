@@ -127,6 +127,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 			IdleTimeout:   *idleTimeout,
 			MaxTotalBytes: *maxTotalBytes,
 			Logger:        logger,
+
+			ShutdownRetryAfter: f.ShutdownRetryAfter,
 		},
 		Stream:         f.Handler,
 		Logger:         logger,

@@ -75,14 +75,15 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	defer pool.Close()
 
 	bp, err := pgbus.New(ctx, pool, pgbus.Options{
-		Bus:               rf.BusOptions(rf.Logger), // its RingSize bounds each session's rows too
-		PublishTimeout:    rf.PublishTimeout,
-		OutageTimeout:     rf.OutageTimeout,
-		IdempotencyWindow: rf.IdempotencyWindow,
-		IdleTimeout:       rf.IdleTimeout,
-		Schema:            schema,
-		SessionTTL:        sessionTTL,
-		Logger:            rf.Logger,
+		Bus:                rf.BusOptions(rf.Logger), // its RingSize bounds each session's rows too
+		PublishTimeout:     rf.PublishTimeout,
+		OutageTimeout:      rf.OutageTimeout,
+		IdempotencyWindow:  rf.IdempotencyWindow,
+		IdleTimeout:        rf.IdleTimeout,
+		ShutdownRetryAfter: rf.ShutdownRetryAfter,
+		Schema:             schema,
+		SessionTTL:         sessionTTL,
+		Logger:             rf.Logger,
 	})
 	if err != nil {
 		return err

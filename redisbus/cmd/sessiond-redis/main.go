@@ -72,12 +72,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	defer client.Close()
 
 	bp, err := redisbus.New(client, redisbus.Options{
-		Bus:            rf.BusOptions(rf.Logger), // its RingSize bounds each session's stream too
-		PublishTimeout: rf.PublishTimeout,
-		IdleTimeout:    rf.IdleTimeout,
-		KeyPrefix:      prefix,
-		KeyTTL:         keyTTL,
-		Logger:         rf.Logger,
+		Bus:                rf.BusOptions(rf.Logger), // its RingSize bounds each session's stream too
+		PublishTimeout:     rf.PublishTimeout,
+		IdleTimeout:        rf.IdleTimeout,
+		ShutdownRetryAfter: rf.ShutdownRetryAfter,
+		KeyPrefix:          prefix,
+		KeyTTL:             keyTTL,
+		Logger:             rf.Logger,
 
 		IdempotencyWindow: rf.IdempotencyWindow,
 		OutageTimeout:     rf.OutageTimeout,
