@@ -118,7 +118,7 @@ type Hub struct {
 	opts        Options // every bus's, with defaults
 	maxSessions int64
 	retryAfter  time.Duration // of the shutdown frame; 0: the default
-	idle        int64 // ms; <= 0: never
+	idle        int64         // ms; <= 0: never
 	logger      *slog.Logger
 	budget      *budget
 
