@@ -460,10 +460,11 @@ func (h *Hub) LookupRequest(r *http.Request) (*EventBus, error) {
 // included, or until ctx is done: then the remaining subscriptions are
 // closed without drain and Shutdown returns ctx.Err(). It returns nil once
 // everything drained. A subscriber that never reads holds Shutdown until
-// ctx is done, never the others: each drains at its own pace. (A transport
-// blocked writing to such a client is not unblocked by that: an HTTP
-// server is closed at the same deadline, see the README.) Safe to call
-// more than once, and with Close.
+// ctx is done, never the others: each drains at its own pace. (A
+// transport blocked writing to such a client stays blocked when Shutdown
+// gives up: close its connection at the same deadline, as http.Server.Close
+// does, or let its write deadline pass.) Safe to call more than once, and
+// with Close.
 func (h *Hub) Shutdown(ctx context.Context) error {
 	var subs []*Subscription
 	for _, b := range h.end() {

@@ -25,7 +25,9 @@
 // h2c, -tls-cert/-tls-key, the header and body limits, -auth-token and
 // -token-lifetime with POST /login, /logout and /revoke; a revocation ends
 // the streams of this replica). On SIGINT or SIGTERM it closes the
-// backplane (open streams drain and end), then shuts the HTTP server down.
+// backplane (open streams drain, get stream_error shutdown with
+// -shutdown-retry-after, and end) while the HTTP server shuts down, within
+// -shutdown-timeout.
 // The rows stay.
 package main
 
