@@ -80,28 +80,48 @@ func testDaemonShutdown(t *testing.T, bin, overflow, held string) {
 		return st.Subscribers == 4, fmt.Sprint(st.Subscribers)
 	})
 
-	// 8 MiB: far more than the never-reading connection's buffers hold
-	// (its handler blocks in a write), every byte of it read by the others.
-	const events, size = 16, 512 << 10
+	// Events of 512 KiB, each read by every reader before the next goes
+	// out (no reader falls behind), until the never-reading connection's
+	// handler is blocked in a write for sure: its socket buffers (4 MiB at
+	// most here) and, under evict, its queue (2 MiB, then it is evicted)
+	// are full.
+	const size = 512 << 10
 	body := `{"type":"big","data":"` + strings.Repeat("x", size) + `"}`
-	for range events {
+	published := 0
+	publish := func() {
+		t.Helper()
 		d.Call(http.MethodPost, "/session/s/events", body, http.StatusOK, nil)
-	}
-	for i, r := range readers {
-		for n := 0; n < events; {
-			select {
-			case f, ok := <-r:
-				if !ok {
-					t.Fatalf("reader %d ended after %d events", i, n)
+		published++
+		for i, r := range readers {
+			for got := false; !got; {
+				select {
+				case f, ok := <-r:
+					if !ok {
+						t.Fatalf("reader %d ended after %d events", i, published-1)
+					}
+					got = f.frame.event == "big"
+				case <-time.After(20 * time.Second):
+					t.Fatalf("reader %d did not get event %d", i, published)
 				}
-				if f.frame.event == "big" {
-					n++
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatalf("reader %d got %d of %d events", i, n, events)
 			}
 		}
 	}
+	if overflow == "evict" {
+		for d.Status("s").Subscribers == 4 {
+			if published == 64 {
+				t.Fatalf("the never-reading client was not evicted after %d events of %d bytes", published, size)
+			}
+			publish()
+		}
+	} else {
+		for range 24 { // 12 MiB
+			publish()
+		}
+		if n := d.Status("s").Subscribers; n != 4 {
+			t.Fatalf("%d subscribers under catchup, want 4: the never-reading one stays", n)
+		}
+	}
+	t.Logf("%d events of %d bytes published", published, size)
 
 	start := time.Now()
 	exited := make(chan time.Duration, 1)
