@@ -98,7 +98,12 @@ type Handler struct {
 	// Heartbeat is the idle time before a heartbeat line (the retry: line
 	// again, or a ":" comment; see above); 0 means DefaultHeartbeat.
 	Heartbeat time.Duration
-	// WriteTimeout bounds each write and flush; 0 means DefaultWriteTimeout.
+	// WriteTimeout bounds each write and flush, and on HTTP/1.x the end of
+	// the response net/http writes after the stream ends; 0 means
+	// DefaultWriteTimeout. The deadline is cleared after every batch,
+	// failed or not, and never set once the request's context is done: on
+	// HTTP/2 a deadline left on a stream the client has reset would keep
+	// the stream in memory for the whole WriteTimeout (rapid reset).
 	WriteTimeout time.Duration
 	// RetryJitter spreads reconnections: each connection's retry: is Retry
 	// plus a random delay in [0, RetryJitter], drawn per connection, so that
@@ -331,7 +336,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s := stream{
 		w:       w,
 		rc:      http.NewResponseController(w),
+		ctx:     r.Context(),
 		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
+		http1:   r.ProtoMajor == 1,
 	}
 	if h.EpochIDs {
 		s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
