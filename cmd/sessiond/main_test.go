@@ -639,6 +639,10 @@ func TestRunFlags(t *testing.T) {
 	if err := run(context.Background(), []string{"-overflow", "drop", "-addr", "127.0.0.1:0"}, io.Discard, nil); err == nil {
 		t.Fatal("-overflow drop was accepted")
 	}
+	if err := run(context.Background(), []string{"-cors-origin", "*", "-cors-credentials", "-addr", "127.0.0.1:0"}, io.Discard, nil); err == nil ||
+		!strings.Contains(err.Error(), `-cors-origin "*" with -cors-credentials`) {
+		t.Fatalf("-cors-origin '*' -cors-credentials: %v", err)
+	}
 }
 
 // postKeyed is POST /session/{id}/events with an Idempotency-Key.
