@@ -1112,7 +1112,7 @@ func busModelSeeds(n int) [][]byte { return randomSeeds(n, 0xb05, 2, 100, 700) }
 
 // Mutants of the catch-up code that the seeds of FuzzBusModel kill (each
 // was applied by hand, the target run, the change reverted; see
-// BENCHMARKS.md): leaving catch-up one id early; ring_evicted's
+// docs/guarantees.md): leaving catch-up one id early; ring_evicted's
 // lastDeliveredId off by one; the stall check >= instead of >; a batch
 // budget that ignores the queue frames taken in the same AppendReady;
 // a signal dropped while behind without a count; falling behind past the
