@@ -25,10 +25,9 @@ import (
 // synctest bubble, so that deadlines, heartbeats and idle periods of
 // minutes take no time and fire exactly.
 
-// h2cEnv serves h on an h2c server inside the current synctest bubble and
-// returns a client that speaks HTTP/2 with prior knowledge. Cleanup closes
-// both, so the bubble's goroutines end.
-func h2cEnv(t *testing.T, h http.Handler) *http.Client {
+// h2cServe serves h on an h2c server inside the current synctest bubble and
+// returns its listener; cleanup closes the server and waits for it.
+func h2cServe(t *testing.T, h http.Handler) *pipenet.Listener {
 	ln := pipenet.Listen()
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
@@ -38,12 +37,22 @@ func h2cEnv(t *testing.T, h http.Handler) *http.Client {
 		defer close(served)
 		_ = srv.Serve(ln)
 	}()
-	tr := &http.Transport{Protocols: &p, DialContext: ln.DialContext}
 	t.Cleanup(func() {
-		tr.CloseIdleConnections()
 		_ = srv.Close()
 		<-served
 	})
+	return ln
+}
+
+// h2cEnv serves h as h2cServe does and returns a client that speaks
+// HTTP/2 with prior knowledge. Cleanup closes both, so the bubble's
+// goroutines end.
+func h2cEnv(t *testing.T, h http.Handler) *http.Client {
+	ln := h2cServe(t, h)
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &p, DialContext: ln.DialContext}
+	t.Cleanup(tr.CloseIdleConnections) // before the server closes
 	return &http.Client{Transport: tr}
 }
 
@@ -336,19 +345,7 @@ func TestHandlerHTTP2RapidResetHeap(t *testing.T) {
 			}
 			h.ServeHTTP(w, r)
 		})
-		ln := pipenet.Listen()
-		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		srv := &http.Server{Handler: counted, Protocols: &p}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = srv.Serve(ln)
-		}()
-		defer func() {
-			_ = srv.Close()
-			<-done
-		}()
+		ln := h2cServe(t, counted)
 		clients := make([]*h2Reset, conns)
 		for i := range clients {
 			clients[i] = dialH2Reset(t, ln)
