@@ -25,7 +25,8 @@ type MemoryBudget struct {
 	// stream's byte cap (-max-subscribers, the cap of one session, and
 	// Options.MaxQueuedBytes). A frame queued for a stream is the ring's
 	// own, but one the budget has trimmed from its ring lives on until the
-	// stream takes it: up to QueuedBytes per stream.
+	// stream takes it: up to QueuedBytes per stream (a cap in envelope
+	// bytes; a frame holds its SSE encoding, a few dozen bytes more).
 	Subscribers int
 	QueuedBytes int64
 	// Bodies bounds the request body bytes read at once (Limits.BodyBudget,
