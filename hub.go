@@ -44,10 +44,11 @@ type HubOptions struct {
 	// 0 means DefaultIdleTimeout, negative means sessions never expire.
 	IdleTimeout time.Duration
 	// MaxTotalBytes bounds the sum of every session's ring bytes, counting
-	// what each frame costs: its Size (the whole SSE encoding and the type
-	// string kept beside it, the unit of Options.RingMaxBytes) plus the
-	// room left in its buffer for a longer id and its header and ring
-	// slot, a fixed amount of at most 126 bytes on 64-bit; 0 means
+	// what each frame costs in memory, not only its envelope as
+	// Options.RingMaxBytes does (Frame.Size): its buffer with the whole SSE
+	// encoding and room for a longer id, the type string kept beside it,
+	// its header and ring slot, at most 2*MaxTypeLen+148 bytes (660 on
+	// 64-bit) more than its envelope; 0 means
 	// DefaultMaxTotalBytes. Negative, or too small for one event of
 	// Bus.MaxEventBytes with the longest type, is an error.
 	MaxTotalBytes int64
@@ -67,8 +68,8 @@ type HubStats struct {
 	Sessions int // live sessions now
 	// RingBytes is the sum of every ring's bytes now, as the budget
 	// counts them (see MaxTotalBytes): more than Buses.RingBytes, which
-	// counts Frame.Size, by the fixed overhead per frame. At most
-	// MaxTotalBytes.
+	// counts envelopes (Frame.Size), by at most 660 bytes per frame on
+	// 64-bit. At most MaxTotalBytes.
 	RingBytes     int64
 	MaxTotalBytes int64
 	Created       uint64 // sessions created since NewHub

@@ -299,7 +299,11 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 	}
 	// Fallen behind meanwhile with frames taken: the next take goes on
 	// from the ring.
-	if !open {
+	if !open && sizes == nil {
+		// The last frames are the caller's. The Events iterator's are not
+		// until yielded: it releases the context when it stops, so that a
+		// cancellation while it yields what a bus Close left still drops
+		// the rest (SPEC 8).
 		s.release()
 	}
 	return frames, open
@@ -317,7 +321,9 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 // holds more than MaxQueued frames and MaxQueuedBytes bytes unconsumed.
 // After a cancellation or Close (from any goroutine, the loop body
 // included) it yields nothing more; the frames it had taken and not
-// yielded are counted as Dropped.Cancelled.
+// yielded are counted as Dropped.Cancelled. This holds while it yields what
+// a bus Close left too: the subscription's context stays watched until the
+// iterator stops, so a cancellation then drops the rest (SPEC 8).
 func (s *Subscription) Events() iter.Seq[Frame] {
 	return func(yield func(Frame) bool) {
 		if s.iterated.Swap(true) {

@@ -32,7 +32,10 @@
 // -max-total-bytes bounds every replay ring together. A POST after DELETE or
 // expiry starts a new session with a new epoch. Request headers and bodies
 // are bounded (-header-timeout, -body-timeout, -body-budget; see
-// internal/daemon.Limits). With -demo
+// internal/daemon.Limits). Unless GOMEMLIMIT is set, the Go runtime's memory
+// limit is set from the budget these flags make (internal/daemon.MemoryBudget:
+// the rings, -max-subscribers streams at their byte cap, the body budget, an
+// eighth more and 32 MiB) and logged at start. With -demo
 // the daemon publishes "tick" events to session "demo". The SSE ids carry the
 // epoch (-epoch-ids, on by default, so that a browser's own Last-Event-ID
 // names it); other origins may open the stream with -cors-origin. It serves HTTP/1.1 and h2c,
@@ -164,6 +167,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Ready:           ready,
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          f.Limits(),
+		Memory:          f.MemoryBudget(srv.hub.Stats().MaxTotalBytes),
 	}
 	if f.Demo {
 		// The demo session exists from the start, so that a viewer can

@@ -100,6 +100,11 @@ type Server struct {
 	// Limits bound the headers, bodies and idle connections of clients
 	// (the zero value: every default). Run refuses invalid Limits.
 	Limits Limits
+	// Memory, when set, is the daemon's memory budget: unless GOMEMLIMIT
+	// is set, Run sets the Go runtime's soft memory limit to its Limit
+	// (its Bodies 0: Limits' body budget), logs it, and puts the previous
+	// limit back when it returns. nil leaves the limit alone.
+	Memory *MemoryBudget
 }
 
 // Run serves until ctx is done or the HTTP server fails, then shuts down
@@ -142,6 +147,13 @@ func (s *Server) Run(ctx context.Context) error {
 		ConnContext: ConnContext,
 	}
 	limits.apply(hs)
+	if s.Memory != nil {
+		m := *s.Memory
+		if m.Bodies == 0 {
+			m.Bodies = limits.BodyBudget
+		}
+		defer setMemoryLimit(logger, m, os.LookupEnv)()
+	}
 	addr := s.Listener.Addr().String()
 	logger.Info(s.Name+" listening", append([]any{"addr", addr}, s.ListenAttrs...)...)
 

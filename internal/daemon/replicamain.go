@@ -199,6 +199,9 @@ func (rf *ReplicaFlags) Serve(ctx context.Context, rs ReplicaServer) error {
 		Close:           func(context.Context) { rs.Close() },
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          f.Limits(),
+		// No bound on the rings together: each session mirrored here
+		// keeps its own; the budget counts one full ring.
+		Memory: f.MemoryBudget(eventbus.DefaultRingMaxBytes),
 	}
 	if f.Demo {
 		d.Demo = &Demo{Interval: f.DemoInterval, Replica: r.Name, Publish: r.PublishDemo, Logger: r.Logger}
