@@ -44,20 +44,15 @@ func readAll(s *sseStream) <-chan tailFrame {
 // process exits. Under the default overflow policy that client has been
 // evicted by then (only its blocked write holds the HTTP server's
 // shutdown); under catchup it is still subscribed (and holds Hub.Shutdown
-// too).
+// too, until closing its connection at the bound discards its queue).
 func TestDaemonShutdownSaysSoAndCutsAClientThatNeverReads(t *testing.T) {
 	bin := buildDaemon(t)
-	for _, c := range []struct {
-		overflow, held string // what the log shows of the never-reading client
-	}{
-		{"evict", `msg="eventbus: subscriber evicted"`},
-		{"catchup", `msg="streams did not drain in time; closed them"`},
-	} {
-		t.Run(c.overflow, func(t *testing.T) { testDaemonShutdown(t, bin, c.overflow, c.held) })
+	for _, overflow := range []string{"evict", "catchup"} {
+		t.Run(overflow, func(t *testing.T) { testDaemonShutdown(t, bin, overflow) })
 	}
 }
 
-func testDaemonShutdown(t *testing.T, bin, overflow, held string) {
+func testDaemonShutdown(t *testing.T, bin, overflow string) {
 	const bound = 3 * time.Second
 	d, addr := startDaemon(t, bin, "-shutdown-timeout", bound.String(), "-shutdown-retry-after", "1500ms", "-overflow", overflow)
 	url := d.Base + "/session/s/events"
@@ -164,9 +159,7 @@ func testDaemonShutdown(t *testing.T, bin, overflow, held string) {
 	if took < bound-100*time.Millisecond || took > bound+time.Second {
 		t.Fatalf("the daemon exited %v after SIGTERM, want at the bound %v (held by the client that never reads, no longer)", took, bound)
 	}
-	for _, want := range []string{`msg="shutdown timed out; closing connections"`, held} {
-		if !strings.Contains(d.LogText(), want) {
-			t.Fatalf("no %s in the log:\n%s", want, d.LogText())
-		}
+	if !strings.Contains(d.LogText(), `msg="shutdown timed out; closing connections"`) {
+		t.Fatalf("no timeout line in the log:\n%s", d.LogText())
 	}
 }
