@@ -198,8 +198,9 @@ func (s *Subscription) Close() { s.cancel(context.Canceled, false) }
 
 // Err returns why the subscription ended: an error wrapping ErrEvicted after
 // an eviction, the context's error (or context.Canceled after Close) after a
-// cancellation, one wrapping ErrClosed after EventBus.CloseWithError, and
-// nil while it is open or when the bus was closed by Close.
+// cancellation, one wrapping ErrClosed after EventBus.CloseWithError or
+// CloseForShutdown (which Hub.Shutdown and Hub.Close use), and nil while it
+// is open or when the bus was closed by Close.
 func (s *Subscription) Err() error {
 	if p := s.endErr.Load(); p != nil {
 		return *p

@@ -66,6 +66,9 @@ type Flags struct {
 	Demo            bool          // -demo: publish "tick" events to session DemoSession
 	DemoInterval    time.Duration // -demo-interval: interval between demo ticks
 	ShutdownTimeout time.Duration // -shutdown-timeout: how long shutdown waits for open requests
+	// -shutdown-retry-after: the retryAfter of the stream_error shutdown
+	// every stream gets at shutdown (0: eventbus.DefaultShutdownRetryAfter)
+	ShutdownRetryAfter time.Duration
 	// -idempotency-window: how long an Idempotency-Key of a POST is
 	// remembered (0: DefaultIdempotencyWindow)
 	IdempotencyWindow time.Duration
@@ -147,7 +150,8 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	fs.StringVar(&f.TLSKey, "tls-key", "", "PEM private key file of -tls-cert")
 	fs.BoolVar(&f.Demo, "demo", false, `publish "tick" events to session "`+DemoSession+`"`)
 	fs.DurationVar(&f.DemoInterval, "demo-interval", 500*time.Millisecond, "interval between demo ticks")
-	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests")
+	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests; at it the connections left are closed (a client that does not read is cut) and the daemon exits")
+	fs.DurationVar(&f.ShutdownRetryAfter, "shutdown-retry-after", 0, "at shutdown every stream ends with stream_error shutdown carrying this retryAfter: clients come back after a random delay between it and twice it (0: eventbus default 2s)")
 	fs.DurationVar(&f.IdempotencyWindow, "idempotency-window", 0, "how long a POST's Idempotency-Key is remembered (0: 10m)")
 	fs.StringVar(&f.AuthToken, "auth-token", "", "require this static bearer token on every /session route (Authorization: Bearer <token>, or the cookie POST /login sets for it); empty: no access control")
 	fs.DurationVar(&f.TokenLifetime, "token-lifetime", 0, "with -auth-token: a stream (and a login) lasts this long, then ends with stream_error reauthenticate and the client resumes with fresh credentials (0: no bound)")
