@@ -102,14 +102,16 @@ func checkOutageBound(t *testing.T, what string, s *streamT, bp *Backplane, sinc
 	return took
 }
 
-// A hung PostgreSQL (every server process stopped): the streams of a quiet
-// session, which rely on the listener, and of a busy one end within a
-// second of OutageTimeout, not a PublishTimeout and a ping later.
+// A hung PostgreSQL (every server process stopped): the streams of a
+// quiet session, which rely on the listener (on a replica of a schema
+// without traffic), and of a busy one end within a second of
+// OutageTimeout, not a PublishTimeout and a ping later.
 func TestOutageBoundHungDatabase(t *testing.T) {
 	srv := control(t)
-	url, schema := testSchema(t)
-	opts := outageOptions(schema)
-	a, b := newReplica(t, url, "A", opts), newReplica(t, url, "B", opts)
+	url, quietSchema := testSchema(t)
+	_, busySchema := testSchema(t)
+	opts := outageOptions(busySchema)
+	a, b := newReplica(t, url, "A", outageOptions(quietSchema)), newReplica(t, url, "B", opts)
 	quiet, busy := a.open(t, "quiet", nil, ""), b.open(t, "busy", nil, "")
 	a.publish(t, "quiet", "e", nil)
 	wantIDs(t, quiet.Events(1, wait), 1, 1)
@@ -130,9 +132,16 @@ func TestOutageBoundHungDatabase(t *testing.T) {
 		}
 	}()
 	busy.Next(wait)
-	srv.Pause()
+	// The quiet session's last word from PostgreSQL is then the
+	// listener's ping, somewhere in its cycle.
+	time.Sleep(5 * a.bp.ping / 2)
+	// From the start of the pause: the helper stops the processes one by
+	// one (it takes some 10 ms).
 	paused := time.Now()
+	srv.Pause()
 	defer srv.Resume()
+	t.Logf("pausing took %v; the quiet replica's listener had last heard from PostgreSQL %v before",
+		time.Since(paused).Round(time.Millisecond), paused.Sub(a.bp.listenerOK()).Round(time.Millisecond))
 	checkOutageBound(t, "a quiet session", quiet, a.bp, paused)
 	for {
 		f := busy.Next(opts.OutageTimeout + 5*time.Second)
