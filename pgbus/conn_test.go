@@ -27,7 +27,7 @@ func pgErr(severity, code string) error {
 // that may have been applied are told apart.
 func TestConnErrorClasses(t *testing.T) {
 	for _, c := range []struct {
-		err                   error
+		err                  error
 		dead, missing, maybe bool
 	}{
 		{pgErr("FATAL", "57P01"), true, false, true},
