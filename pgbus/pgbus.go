@@ -36,10 +36,14 @@
 // Failures are bounded and announced: Publish returns within
 // Options.PublishTimeout, with an error wrapping ErrOutcomeUnknown when
 // the request may have been applied (PublishIdempotent with the same key
-// applies a retry at most once), and a mirror whose reader cannot reach
+// applies a retry at most once), and a mirror that hears nothing from
 // PostgreSQL for Options.OutageTimeout ends its streams with a
 // stream_error of errorKind "unavailable" (clients reconnect with backoff
-// and resume).
+// and resume). A pooled connection the server closed (a pooler bounce, a
+// failover, pg_terminate_backend) is passed over, or the query is run
+// again on a fresh connection where that cannot apply anything twice, and
+// the pool is reset. A schema found missing (a database restarted empty)
+// is created again; its sessions start new epochs.
 package pgbus
 
 import (
@@ -99,10 +103,14 @@ type Options struct {
 	// creation and reader query (and the wait of a resume for a lagging
 	// reader); 0 means DefaultPublishTimeout.
 	PublishTimeout time.Duration
-	// OutageTimeout is how long a mirror's reader may fail to reach
-	// PostgreSQL before the mirror ends every stream with a stream_error
-	// of errorKind "unavailable" and is released; 0 means
-	// DefaultOutageTimeout.
+	// OutageTimeout is how long a mirror may go without a word from
+	// PostgreSQL (an answer to its reader, or to the listener, which
+	// pings every OutageTimeout/4, at most every second) before it ends
+	// every stream with a stream_error of errorKind "unavailable" and is
+	// released: the streams end between OutageTimeout minus one ping
+	// interval and OutageTimeout after PostgreSQL went away, whatever the
+	// reader was doing (every query and backoff is cut at the bound). 0
+	// means DefaultOutageTimeout; below 100ms is refused.
 	OutageTimeout time.Duration
 	// IdempotencyWindow is how long PublishIdempotent remembers a key,
 	// from its first publish; 0 means DefaultIdempotencyWindow.
