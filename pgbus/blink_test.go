@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ssebus/eventbus"
@@ -174,20 +173,7 @@ func TestOutageBoundSlowQuery(t *testing.T) {
 	s := a.open(t, "s", nil, "")
 	a.publish(t, "s", "e", nil)
 	wantIDs(t, s.Events(1, wait), 1, 1)
-	ctx := context.Background()
-	locker, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Close(ctx)
-	tx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+schema+".events IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	lockEvents(t, url, schema)
 	// What a publish on another replica would send: id 2 of the epoch.
 	execSQL(t, url, "SELECT pg_notify($1, $2)", schema+"_events", hex.EncodeToString([]byte("s"))+" "+s.Epoch+" 2")
 	checkOutageBound(t, "a reader's query blocked on a lock", s, a.bp, time.Now())

@@ -195,6 +195,25 @@ func cutConnections(t testing.TB, url, schema string) int {
 	return len(pids)
 }
 
+// lockEvents holds an exclusive lock on schema's events table from a
+// transaction of its own (reads and publishes of every session wait)
+// until unlock or the end of t.
+func lockEvents(t testing.TB, url, schema string) (unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	unlock = func() { once.Do(func() { locker.Close(ctx) }) } // the close rolls back
+	t.Cleanup(unlock)
+	if _, err := locker.Exec(ctx, "BEGIN; LOCK TABLE "+schema+".events IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return unlock
+}
+
 func threeReplicas(t testing.TB, url string, opts Options) (a, b, c *replica) {
 	return newReplica(t, url, "A", opts), newReplica(t, url, "B", opts), newReplica(t, url, "C", opts)
 }
