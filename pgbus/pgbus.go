@@ -135,6 +135,13 @@ type Options struct {
 	// ReadCount is the most rows one reader query returns; 0 means
 	// DefaultReadCount.
 	ReadCount int
+	// ShutdownRetryAfter is the retryAfter of the stream_error shutdown
+	// that Close gives every stream of this replica after what was queued
+	// for it: its clients come back after a random delay in
+	// [ShutdownRetryAfter, 2*ShutdownRetryAfter], through the load
+	// balancer to another replica. 0 means
+	// eventbus.DefaultShutdownRetryAfter; negative is an error.
+	ShutdownRetryAfter time.Duration
 	// Logger receives the backplane's own log lines; nil means
 	// Bus.Logger, then slog.Default().
 	Logger *slog.Logger
@@ -192,6 +199,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 	d.Check("IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow, time.Millisecond)
 	d.Check("IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout, time.Millisecond)
 	d.Check("PollInterval", &opts.PollInterval, DefaultPollInterval, time.Millisecond)
+	d.Check("ShutdownRetryAfter", &opts.ShutdownRetryAfter, eventbus.DefaultShutdownRetryAfter, 0)
 	if err := d.Err(); err != nil {
 		return nil, err
 	}
@@ -230,6 +238,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 		Name: "pgbus", Engine: "PostgreSQL", Store: "the table",
 		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
 		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: log,
+		ShutdownRetryAfter: opts.ShutdownRetryAfter,
 	}, engine{b})
 	b.set.Go(b.listen)
 	b.set.Go(b.maintain)
@@ -237,7 +246,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 }
 
 // Close releases every session of this replica: readers and the listener
-// stop, mirrors close (their streams drain what is queued, then end), and
+// stop, mirrors close (their streams drain what is queued, then get
+// stream_error shutdown with Options.ShutdownRetryAfter, and end), and
 // Close returns when every goroutine of the backplane has ended.
 // Afterwards Publish returns eventbus.ErrClosed. Idempotent. The rows
 // stay: other replicas go on.
