@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/internal/backplanetest"
 )
