@@ -31,8 +31,9 @@ Routes:
                                     -> {"id":N,"epoch":"..."}; 400 bad body, 413 too large,
                                     408 body slower than -body-timeout, 503 server_busy (-body-budget),
                                     503 unavailable (ENGINE down: not appended, retry after Retry-After),
-                                    503 publish_outcome_unknown (ENGINE did not answer in time: the
-                                    event may or may not be appended; retry with the same key).
+                                    503 publish_outcome_unknown (ENGINE's answer was lost: no answer
+                                    in time or a cut connection, named in "error"; the event may or
+                                    may not be appended; retry with the same key).
                                     Idempotency-Key: <1..255 printable ASCII> makes a retry of the
                                     same event within -idempotency-window append nothing
                                     -> {"id":<first>,"epoch":"...","duplicate":true};
