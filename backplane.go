@@ -43,10 +43,9 @@ type HistoryRequest struct {
 	After, Upto uint64
 	// MaxBytes, when positive, lets the log stop after the first entry
 	// that takes the envelope bytes returned past it: the replay stops
-	// there anyway (the replay budget, which counts Frame.Size, never less
-	// than the envelope, so the log returns at least what the replay
-	// takes). 0 means every entry is needed (a filtered resume counts only
-	// the entries that match).
+	// there anyway (the replay budget, which counts envelopes too). 0
+	// means every entry is needed (a filtered resume counts only the
+	// entries that match).
 	MaxBytes int
 }
 

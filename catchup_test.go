@@ -124,10 +124,10 @@ func TestCatchUpConsumerThatStopsThenResumesGetsEverything(t *testing.T) {
 	assert.Equal(t, []string{"#1001"}, describe(readyNow(s)))
 }
 
-// pub11Size is the Size of the frame of an event of type "e" without data
-// published as id on a newBus bus: its SSE encoding and its type.
+// pub11Size is the envelope size of an event of type "e" without data
+// published as id on a newBus bus.
 func pub11Size(b *EventBus, id uint64) int {
-	return len(fmt.Sprintf("id: %d\nevent: e\ndata: {\"id\":%d,\"v\":1,\"type\":\"e\",\"_meta\":{\"serverTimestamp\":%d}}\n\n", id, id, testStamp)) + len("e")
+	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, testStamp))
 }
 
 func TestCatchUpRingMovedPastCursorGetsOneExactRingEvicted(t *testing.T) {
@@ -167,12 +167,12 @@ func TestCatchUpRingEvictedWhileReading(t *testing.T) {
 }
 
 func TestCatchUpBytesCapEntersCatchUpAndBatchesStayWithinIt(t *testing.T) {
-	b := newBus(t, Options{MaxQueuedBytes: 2000, OverflowPolicy: OverflowCatchUp})
+	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowCatchUp})
 	s := subscribe(t, b, SubscribeOptions{})
 	for range 50 {
-		publishSized(t, b, "e", 200)
+		publishSized(t, b, "e", 100)
 	}
-	assert.Equal(t, 10, s.q.counts().liveCount, "10 x 200 bytes fill the byte cap")
+	assert.Equal(t, 10, s.q.counts().liveCount, "10 x 100 bytes fill the byte cap")
 	assert.Equal(t, uint64(1), b.Stats().CatchUp.Entered)
 	fs := drainReady(t, s) // checks every batch against the byte cap
 	requireIDs(t, seqIDs(1, 50), eventIDs(fs))
@@ -557,7 +557,7 @@ func TestEventsBatchCountsTowardTheCapsUntilYielded(t *testing.T) {
 	assert.Equal(t, seqOf(idRange(1, 13), TypeSlowClientWarning, idRange(14, 17), TypeClientEvicted), describe(fs))
 	assert.Equal(t, uint64(1), b.Stats().Warnings)
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","droppedAfter":18,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":%d}`,
-		16*pub11Size(b, 10)-16, DefaultMaxQueuedBytes), dataOf(t, fs[len(fs)-1]), "#2..#9 are two bytes shorter than #10..#17 (the id line and the envelope)")
+		16*pub11Size(b, 10)-8, DefaultMaxQueuedBytes), dataOf(t, fs[len(fs)-1]), "#2..#9 are a byte shorter than #10..#17")
 }
 
 func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
@@ -584,7 +584,7 @@ func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
 		}
 	}()
 	for range n {
-		publishSized(t, b, "e", 110)
+		publishSized(t, b, "e", 90)
 		c := s.q.counts()
 		if int64(c.liveCount) > maxSeen.Load() {
 			maxSeen.Store(int64(c.liveCount))

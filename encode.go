@@ -204,8 +204,8 @@ func (enc *Encoder) signal(typ, about string) (*frame, error) {
 		return nil, err
 	}
 	f := signalFrame(typ, about, enc.millis()).ref()
-	if n := f.envelopeSize(); n > enc.maxEventBytes {
-		return nil, fmt.Errorf("%w: signal of %d bytes, MaxEventBytes is %d", ErrEventTooLarge, n, enc.maxEventBytes)
+	if f.size() > enc.maxEventBytes {
+		return nil, fmt.Errorf("%w: signal of %d bytes, MaxEventBytes is %d", ErrEventTooLarge, f.size(), enc.maxEventBytes)
 	}
 	return f, nil
 }

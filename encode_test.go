@@ -251,22 +251,22 @@ func TestPublishRejectsEventAboveMaxEventBytes(t *testing.T) {
 	b := newBus(t, Options{MaxEventBytes: 500, Logger: logger})
 	s := subscribe(t, b, SubscribeOptions{})
 
-	_, err := b.Publish(envelopeEvent(t, 1, 501))
+	_, err := b.Publish(sizedEvent(t, 1, 501))
 	require.ErrorIs(t, err, ErrEventTooLarge)
 	assert.NotErrorIs(t, err, ErrInvalidEvent)
 	assert.Contains(t, buf.String(), "publish rejected")
 	assert.Equal(t, uint64(0), b.LastEventID())
 
-	f := publishEnvelope(t, b, "t", 500) // exactly MaxEventBytes passes
+	f := publishSized(t, b, "t", 500) // exactly MaxEventBytes passes
 	assert.Equal(t, uint64(1), f.ID())
 
 	// The boundary holds across an id digit change too.
 	for b.LastEventID() < 9 {
-		publishEnvelope(t, b, "t", 200)
+		publishSized(t, b, "t", 200)
 	}
-	_, err = b.Publish(envelopeEvent(t, 10, 501))
+	_, err = b.Publish(sizedEvent(t, 10, 501))
 	require.ErrorIs(t, err, ErrEventTooLarge)
-	f = publishEnvelope(t, b, "t", 500)
+	f = publishSized(t, b, "t", 500)
 	assert.Equal(t, uint64(10), f.ID())
 
 	fs, _ := s.AppendReady(nil)

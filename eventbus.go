@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // EventBus is one session's in-memory event bus. Create it with New.
@@ -94,9 +95,27 @@ func (b *EventBus) Close() error { return b.close(nil) }
 // client learns why its stream ended and resumes when it reconnects; its
 // Err wraps ErrClosed and names kind and message. Like Close it is
 // idempotent (only the first Close or CloseWithError counts), does not
-// block, and returns nil.
+// block, and returns nil. With ErrorKindShutdown the frame also carries
+// DefaultShutdownRetryAfter; CloseForShutdown chooses the delay.
 func (b *EventBus) CloseWithError(kind, message string) error {
 	f := streamErrorFrame(message, kind, b.now())
+	return b.close(&f)
+}
+
+// CloseForShutdown is Close for a bus that ends because its process, or
+// its replica, is going away: every subscription receives what was queued,
+// then a terminal stream_error {"error":...,"errorKind":"shutdown",
+// "retryAfter":<ms>} (ErrorKindShutdown), which tells its client that the
+// end is no failure of the stream and that it should come back after a
+// random delay in [retryAfter, 2*retryAfter] (to another replica where
+// there is one) and resume from its cursor. retryAfter <= 0 means
+// DefaultShutdownRetryAfter; it is sent in whole milliseconds, at least 1.
+// A subscription's Err then wraps ErrClosed. Hub.Shutdown and Hub.Close
+// close their buses this way. Like Close it is idempotent (only the first
+// Close, CloseWithError or CloseForShutdown counts), does not block, and
+// returns nil.
+func (b *EventBus) CloseForShutdown(retryAfter time.Duration) error {
+	f := shutdownFrame(retryAfter, b.now())
 	return b.close(&f)
 }
 

@@ -165,8 +165,8 @@ func Example_eviction() {
 	// Output:
 	// subscribers: 0
 	// events: 1 2 3 4 5 6 7 8 9 10 11 12
-	// slow_client_warning {"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":1316,"maxQueuedBytes":2097152,"threshold":"frames"} terminal: false
+	// slow_client_warning {"queueSize":12,"maxQueued":16,"lastEventId":12,"queuedBytes":953,"maxQueuedBytes":2097152,"threshold":"frames"} terminal: false
 	// events: 13 14 15 16
-	// client_evicted {"reason":"queue_overflow","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":1764,"maxQueuedBytes":2097152} terminal: true
+	// client_evicted {"reason":"queue_overflow","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":1277,"maxQueuedBytes":2097152} terminal: true
 	// evicted: true
 }

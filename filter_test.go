@@ -184,13 +184,13 @@ func TestFilterReplayCountsMatchingFramesOnly(t *testing.T) {
 }
 
 func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
-	b := newBus(t, Options{ReplayBudgetBytes: 500})
-	publishSized(t, b, "a", 200)  // #1
-	publishSized(t, b, "b", 2000) // #2: filtered out, does not spend the budget
-	publishSized(t, b, "a", 200)  // #3: 400
-	publishSized(t, b, "a", 200)  // #4: 600 > 500, not replayed
-	publishSized(t, b, "b", 200)  // #5: filtered out, not counted as dropped
-	publishSized(t, b, "a", 200)  // #6: not replayed
+	b := newBus(t, Options{ReplayBudgetBytes: 250})
+	publishSized(t, b, "a", 100)  // #1
+	publishSized(t, b, "b", 1000) // #2: filtered out, does not spend the budget
+	publishSized(t, b, "a", 100)  // #3: 200
+	publishSized(t, b, "a", 100)  // #4: 300 > 250, not replayed
+	publishSized(t, b, "b", 100)  // #5: filtered out, not counted as dropped
+	publishSized(t, b, "a", 100)  // #6: not replayed
 
 	s := subscribe(t, b, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
 	fs := readyNow(s)
@@ -204,9 +204,9 @@ func TestFilterReplayBudgetCountsMatchingFramesOnly(t *testing.T) {
 	assert.Equal(t, uint64(1), st.Resyncs.ReplayBudgetExceeded)
 
 	// The first matching frame is replayed whatever its size.
-	b2 := newBus(t, Options{ReplayBudgetBytes: 500})
-	publishSized(t, b2, "b", 200)
-	publishSized(t, b2, "a", 2000)
+	b2 := newBus(t, Options{ReplayBudgetBytes: 250})
+	publishSized(t, b2, "b", 100)
+	publishSized(t, b2, "a", 1000)
 	s2 := subscribe(t, b2, SubscribeOptions{Types: []string{"a"}, Resume: true, LastEventID: 0})
 	assert.Equal(t, []string{"#2", TypeReplayComplete}, describe(readyNow(s2)))
 }

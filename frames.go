@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"strconv"
+	"time"
 )
 
 // Synthetic frame types. Synthetic frames are local to one subscriber and
@@ -62,7 +63,21 @@ const (
 	// ErrorKindRevoked: access was revoked; reconnect once with fresh
 	// credentials, and take a 401 or 403 then as final.
 	ErrorKindRevoked = "revoked"
+	// ErrorKindShutdown: the server is going away (a restart, a deploy, a
+	// replica leaving) after the frames queued before it; the frame's data
+	// also holds "retryAfter", in milliseconds. Reconnect after a random
+	// delay in [retryAfter, 2*retryAfter] and resume from the cursor (to
+	// another replica where there is one). See EventBus.CloseForShutdown.
+	ErrorKindShutdown = "shutdown"
 )
+
+// DefaultShutdownRetryAfter is the retryAfter of a shutdown's stream_error
+// when none is chosen (HubOptions.ShutdownRetryAfter, CloseForShutdown):
+// its clients come back spread over [2s, 4s].
+const DefaultShutdownRetryAfter = 2 * time.Second
+
+// shutdownMessage is the error of a shutdown's stream_error.
+const shutdownMessage = "the server is shutting down: reconnect after retryAfter ms and resume"
 
 type frameKind uint8
 
@@ -125,16 +140,20 @@ func (f Frame) JSON() []byte {
 	return f.wire[f.json : len(f.wire)-2 : len(f.wire)-2]
 }
 
-// Size returns the bytes the frame holds that grow with its event: its
-// whole SSE encoding (what SSE returns: the id, event and data lines, so
-// the envelope and the type's copy in the event line) plus the type string
-// Type returns and, for a signal, the resource About returns. It is the
-// unit of every byte cap of a bus (Options.RingMaxBytes, MaxQueuedBytes,
-// ReplayBudgetBytes); MaxEventBytes bounds the envelope alone (len(JSON)).
-// What a frame holds beyond Size is a fixed amount per frame (its header,
-// its ring slot and at most 2*maxDigits bytes left for a longer id), which
-// the frame-count caps bound. A Hub's MaxTotalBytes counts that too (see
-// HubOptions). The zero Frame has size 0.
+// Size returns the length of the frame's JSON envelope in bytes, len(JSON()):
+// what follows "data: " on the wire, without the line ends. It is the unit
+// of every byte cap of a bus and of every byte count on the wire (SPEC 1.3):
+// Options.RingMaxBytes, MaxQueuedBytes, ReplayBudgetBytes and
+// MaxEventBytes, and the queuedBytes and eventBytes of slow_client_warning
+// and client_evicted. The zero Frame has size 0.
+//
+// A frame costs more memory than its Size, by a bounded amount: at most
+// 2*MaxTypeLen+148 bytes on 64-bit platforms (660: its id, event and data
+// lines with room for a longer id, its type string, its header and its
+// ring slot), before the allocator's rounding; a signal also keeps its
+// resource string (About), which its envelope holds too. So the frame-count
+// caps (RingSize, MaxQueued) bound what the byte caps leave out, and a
+// Hub's MaxTotalBytes counts all of it (see HubOptions).
 func (f Frame) Size() int {
 	if f.frame == nil {
 		return 0
@@ -142,28 +161,28 @@ func (f Frame) Size() int {
 	return f.frame.size()
 }
 
-// size is Frame.Size for a frame the caller knows is not nil. The type
-// string is counted as a copy of its own even when it shares memory with
-// the caller's (a constant type costs nothing per frame): the bus cannot
-// tell, and a daemon that decodes types from requests holds a fresh one
-// per event. The frame does not point its type into its buffer instead:
-// a Type string kept by a consumer (a metrics label, a map key) would then
-// pin the whole frame.
+// size is Frame.Size for a frame the caller knows is not nil: the envelope,
+// from the "data: " line to the blank line that ends the frame.
 func (f *frame) size() int {
-	if f.wire == nil {
-		return 0
-	}
-	return len(f.wire) + len(f.typ) + len(f.about)
-}
-
-// envelopeSize is the length of the JSON envelope, the unit of
-// MaxEventBytes.
-func (f *frame) envelopeSize() int {
 	if f.wire == nil {
 		return 0
 	}
 	return len(f.wire) - 2 - int(f.json)
 }
+
+// maxFrameExtra is the most a frame costs beyond its envelope (size),
+// whatever its kind, before the allocator's rounding: Frame.Size's figure.
+// An event's buffer holds its id line and the envelope's id each with room
+// for the longest id (the encoder cannot know the id before the bus lock;
+// the envelope's own digits, at least one, are the envelope's), the event
+// line with its type, the data line's prefix and the blank line; the frame
+// keeps its type string beside the buffer (counted as a copy of its own: a
+// daemon that decodes types from requests holds one per event), and its
+// header and ring slot (frameOverhead). A synthetic frame, a signal and a
+// frame from a log have no id room and hold less; a signal also keeps its
+// resource, which is not in this figure (its envelope holds it too).
+const maxFrameExtra = len(headID) + 2*maxDigits - 1 + len(headEvent) + MaxTypeLen + len(headData) + len("\n\n") +
+	MaxTypeLen + frameOverhead
 
 // ref returns the shared frame, for the ring and the queues, which hold
 // frames by pointer (see entryFlags). f must not be the zero Frame.
@@ -226,16 +245,42 @@ func (f Frame) String() string {
 // StreamErrorFrame returns a terminal stream_error frame with data
 // {"error":msg,"errorKind":kind}, stamped with the current time. The HTTP
 // handler writes it when a stream must end for a reason other than eviction,
-// close or disconnect.
+// close or disconnect. For ErrorKindShutdown the data also holds
+// "retryAfter": DefaultShutdownRetryAfter in milliseconds, so that every
+// shutdown frame carries one.
 func StreamErrorFrame(msg, kind string) Frame { return streamErrorFrame(msg, kind, nowMillis(nil)) }
 
 // streamErrorFrame is StreamErrorFrame stamped with ts.
 func streamErrorFrame(msg, kind string, ts int64) Frame {
-	d := make([]byte, 0, 48+len(msg)+len(kind))
+	var retry time.Duration
+	if kind == ErrorKindShutdown {
+		retry = DefaultShutdownRetryAfter
+	}
+	return streamErrorFrameRetry(msg, kind, retry, ts)
+}
+
+// shutdownFrame is a shutdown's stream_error, retryAfter <= 0 meaning
+// DefaultShutdownRetryAfter.
+func shutdownFrame(retryAfter time.Duration, ts int64) Frame {
+	if retryAfter <= 0 {
+		retryAfter = DefaultShutdownRetryAfter
+	}
+	return streamErrorFrameRetry(shutdownMessage, ErrorKindShutdown, retryAfter, ts)
+}
+
+// streamErrorFrameRetry builds a stream_error with data
+// {"error":msg,"errorKind":kind} and, when retryAfter > 0,
+// "retryAfter":<milliseconds, at least 1> after them.
+func streamErrorFrameRetry(msg, kind string, retryAfter time.Duration, ts int64) Frame {
+	d := make([]byte, 0, 72+len(msg)+len(kind))
 	d = append(d, `{"error":`...)
 	d = appendJSONString(d, msg)
 	d = append(d, `,"errorKind":`...)
 	d = appendJSONString(d, kind)
+	if retryAfter > 0 {
+		d = append(d, `,"retryAfter":`...)
+		d = strconv.AppendInt(d, max(retryAfter.Milliseconds(), 1), 10)
+	}
 	d = append(d, '}')
 	return syntheticFrame(TypeStreamError, kindTerminal, d, ts)
 }
@@ -253,20 +298,27 @@ func signalFrame(typ, about string, ts int64) Frame {
 
 // idlessFrame builds a frame without an id line:
 // event: T / data: {"v":1,"type":T<key><value>,"_meta":{"serverTimestamp":ts}}.
+// Its buffer is made to the exact length, so that what a frame holds
+// beyond its envelope stays within maxFrameExtra whatever its type needs
+// escaped.
 func idlessFrame(typ string, kind frameKind, key string, value []byte, ts int64, about string) Frame {
-	const ev, dl = "event: ", "\ndata: "
-	b := make([]byte, 0, len(ev)+2*len(typ)+len(dl)+len(key)+len(value)+64)
+	const ev, dl, vType, kMeta, end = "event: ", "\ndata: ", `{"v":1,"type":`, `,"_meta":{"serverTimestamp":`, "}}\n\n"
+	var tb [64]byte
+	typeJSON := appendJSONString(tb[:0], typ)
+	var sb [20]byte
+	stamp := strconv.AppendInt(sb[:0], ts, 10)
+	b := make([]byte, 0, len(ev)+len(typ)+len(dl)+len(vType)+len(typeJSON)+len(key)+len(value)+len(kMeta)+len(stamp)+len(end))
 	b = append(b, ev...)
 	b = append(b, typ...)
 	b = append(b, dl...)
 	j := len(b)
-	b = append(b, `{"v":1,"type":`...)
-	b = appendJSONString(b, typ)
+	b = append(b, vType...)
+	b = append(b, typeJSON...)
 	b = append(b, key...)
 	b = append(b, value...)
-	b = append(b, `,"_meta":{"serverTimestamp":`...)
-	b = strconv.AppendInt(b, ts, 10)
-	b = append(b, "}}\n\n"...)
+	b = append(b, kMeta...)
+	b = append(b, stamp...)
+	b = append(b, end...)
 	return Frame{&frame{wire: b, json: int32(j), kind: kind, typ: typ, about: about}}
 }
 

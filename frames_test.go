@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -107,16 +108,77 @@ func TestSyntheticFrameEnvelope(t *testing.T) {
 	}
 }
 
-func TestFrameSizeCountsTheSSEEncodingAndTheStrings(t *testing.T) {
+// Size is the envelope, what follows "data: " on the wire, for every kind
+// of frame and whatever its type: the unit of the byte caps and of the
+// numbers on the wire (SPEC 2).
+func TestFrameSizeIsTheEnvelope(t *testing.T) {
 	b := newBus(t, Options{})
-	f := publishEvent(t, b, Event{Type: "t", Data: "abc"})
-	assert.Equal(t, len(f.SSE())+len("t"), f.Size())
-	assert.Equal(t, len("id: 1\nevent: t\ndata: \n\n")+len(f.JSON())+len("t"), f.Size())
-	w := replayCompleteFrame(1, 1, "E", 1)
-	assert.Equal(t, len(w.SSE())+len(TypeReplayComplete), w.Size())
-	require.NoError(t, b.Signal("sig", "res/1"))
-	assert.Equal(t, len(signalFrame("sig", "res/1", testStamp).SSE())+len("sig")+len("res/1"), signalFrame("sig", "res/1", testStamp).Size())
-	assert.Equal(t, 0, Frame{}.Size())
+	f := publishEvent(t, b, Event{Type: "session_update", Data: json.RawMessage(`{"a":1}`)})
+	assert.Equal(t, `{"id":1,"v":1,"type":"session_update","data":{"a":1},"_meta":{"serverTimestamp":1719000000000}}`, string(f.JSON()))
+	assert.Equal(t, 95, f.Size())
+
+	long := publishEvent(t, b, Event{Type: maxType(0), Data: 1})
+	entry, err := entryFrame(LogEntry{ID: 7, Type: maxType(1), JSON: []byte(`{"id":7,"v":1,"type":"` + maxType(1) + `"}`)})
+	require.NoError(t, err)
+	for _, f := range []Frame{
+		long, entry,
+		replayCompleteFrame(1, 1, "E", 1),
+		warningFrame(queueCounts{1, 16, 100, 1000}, 1, "bytes", 1),
+		signalFrame("doc.changed", "doc/42", testStamp),
+		signalFrame(maxType(2), strings.Repeat("r", 500), testStamp),
+		StreamErrorFrame("boom", ErrorKindInternal),
+	} {
+		assert.Equal(t, len(f.JSON()), f.Size(), "%s", f.Type())
+		assert.True(t, bytes.HasSuffix(f.SSE(), []byte("\ndata: "+string(f.JSON())+"\n\n")), "the envelope is what follows data: (%s)", f.Type())
+	}
+	assert.Equal(t, len(`{"id":7,"v":1,"type":""}`)+MaxTypeLen, entry.Size())
+}
+
+// What a frame costs beyond its envelope is at most maxFrameExtra, the
+// figure the docs state (660 bytes on 64-bit), whatever the kind of frame
+// and its type, a signal's resource aside; an event of the longest type
+// and a one-digit id reaches it.
+func TestFrameCostBeyondTheEnvelopeIsBounded(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) == 8 {
+		assert.Equal(t, 660, maxFrameExtra, "the figure in Frame.Size's, Options' and HubOptions' docs")
+	}
+	assert.Equal(t, 2*MaxTypeLen+60+frameOverhead, maxFrameExtra, "Frame.Size's doc: 2*MaxTypeLen+148 with an 88-byte header and slot")
+
+	b := newBus(t, Options{})
+	worst := publishEvent(t, b, Event{Type: maxType(0), Data: 1})
+	assert.Equal(t, maxFrameExtra, worst.held()-worst.Size(), "an event of the longest type and a one-digit id")
+
+	escaped := strings.Repeat("\x01", MaxTypeLen) // six bytes each in JSON
+	entry, err := entryFrame(LogEntry{ID: 1, Type: maxType(1), JSON: []byte(`{"id":1,"v":1,"type":"` + maxType(1) + `"}`)})
+	require.NoError(t, err)
+	frames := []Frame{
+		worst, entry,
+		publishEvent(t, b, Event{Type: "t"}),
+		publishEvent(t, b, Event{Type: escaped, Data: strings.Repeat("x", 1000)}),
+		warningFrame(queueCounts{1, 16, 100, 1000}, 1, "bytes", 1),
+		evictedFrame(ReasonQueueBytesOverflow, 1, queueCounts{1, 16, 100, 1000}, 100, 1),
+		StreamErrorFrame(strings.Repeat("\x02", 300), ErrorKindInternal),
+	}
+	for i := range 20 { // ids of one to eighteen digits, each on a bus of its own
+		b2 := newBus(t, Options{})
+		b2.nextID = uint64(1) << (3 * i)
+		frames = append(frames, publishEvent(t, b2, Event{Type: maxType(i), Data: i}))
+	}
+	for _, f := range frames {
+		require.LessOrEqual(t, f.held()-f.Size(), maxFrameExtra, "%d %q", f.ID(), f.Type())
+	}
+	for _, about := range []string{"doc/42", strings.Repeat("r", 5000), strings.Repeat("\n", 100)} {
+		for _, typ := range []string{"doc.changed", maxType(3), escaped} {
+			f := signalFrame(typ, about, testStamp)
+			require.LessOrEqual(t, f.held()-len(f.About())-f.Size(), maxFrameExtra, "a signal keeps its resource beside its envelope")
+			// Synthetic frames and signals are made to their exact length:
+			// no slack past the frame, however much the type escapes.
+			require.Equal(t, len(f.SSE()), cap(f.SSE()))
+		}
+	}
+	for _, f := range frames[4:7] {
+		require.Equal(t, len(f.SSE()), cap(f.SSE()), "%s", f.Type())
+	}
 }
 
 func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {

@@ -276,14 +276,14 @@ func TestHandlerResyncReasons(t *testing.T) {
 		{"an epoch over 64 bytes is ignored", Options{}, "?epoch=" + strings.Repeat("a", 65), hdr("Last-Event-ID", "9"), func(b *EventBus) []sseEvent {
 			return []sseEvent{wantEvent(10), complete(b, 1, 10)}
 		}},
-		{"replay_budget_exceeded", Options{RingSize: 100, ReplayBudgetBytes: 2 * frameSize(wantEvent(1))}, "", hdr("Last-Event-ID", "0"), func(b *EventBus) []sseEvent {
+		{"replay_budget_exceeded", Options{RingSize: 100, ReplayBudgetBytes: 2 * len(wantEvent(1).Data)}, "", hdr("Last-Event-ID", "0"), func(b *EventBus) []sseEvent {
 			return []sseEvent{
 				wantEvent(1), wantEvent(2),
 				resync(b, `"reason":"replay_budget_exceeded","lastDeliveredId":2,"earliestAvailableId":3`, "2"),
 				complete(b, 2, 2),
 			}
 		}},
-		{"ring_evicted then replay_budget_exceeded", Options{RingSize: 5, ReplayBudgetBytes: 2*frameSize(wantEvent(1)) + 1}, "", hdr("Last-Event-ID", "1"), func(b *EventBus) []sseEvent {
+		{"ring_evicted then replay_budget_exceeded", Options{RingSize: 5, ReplayBudgetBytes: 2*len(wantEvent(1).Data) + 1}, "", hdr("Last-Event-ID", "1"), func(b *EventBus) []sseEvent {
 			return []sseEvent{
 				resync(b, `"reason":"ring_evicted","lastDeliveredId":1,"earliestAvailableId":6`, ""),
 				wantEvent(6), wantEvent(7),

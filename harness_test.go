@@ -481,16 +481,9 @@ func envelopeBase(id uint64, typ string) int {
 	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":%q,"data":"","_meta":{"serverTimestamp":%d}}`, id, typ, testStamp))
 }
 
-// frameBase is the Size of the frame of an event of type typ with data ""
-// published as id by a newBus bus: its SSE encoding (id, event and data
-// lines around the envelope) and its type string.
-func frameBase(id uint64, typ string) int {
-	return len(fmt.Sprintf("id: %d\nevent: %s\ndata: \n\n", id, typ)) + envelopeBase(id, typ) + len(typ)
-}
-
-// envelopeEvent returns an event whose envelope is exactly size bytes (the
-// unit of MaxEventBytes) when it is published as id by a newBus bus.
-func envelopeEvent(t testing.TB, id uint64, size int) Event {
+// sizedEvent returns an event whose envelope is exactly size bytes when it
+// is published as id by a newBus bus.
+func sizedEvent(t testing.TB, id uint64, size int) Event {
 	t.Helper()
 	base := envelopeBase(id, "t")
 	require.GreaterOrEqual(t, size, base, "an envelope cannot be smaller than %d bytes", base)
@@ -670,12 +663,6 @@ func wantEvent(id uint64) sseEvent {
 		Data: `{"id":` + s + `,"v":1,"type":"e","data":` + s + `,"_meta":{"serverTimestamp":1719000000000}}`,
 		ID:   s,
 	}
-}
-
-// frameSize is the Size of the frame an sseEvent of an event was encoded
-// from: its id, event and data lines, the blank line and its type string.
-func frameSize(e sseEvent) int {
-	return len("id: "+e.ID+"\nevent: "+e.Type+"\ndata: "+e.Data+"\n\n") + len(e.Type)
 }
 
 // wantSynth is a synthetic frame with data (exact JSON); lastID is the last
@@ -1162,30 +1149,24 @@ func sendSignal(t testing.TB, b *EventBus, typ, about string) {
 	require.NoError(t, b.Signal(typ, about))
 }
 
-// publishSized publishes the next event of type typ whose frame has a Size
-// of exactly size bytes (the unit of the byte caps); it needs the fixed
-// clock of newBus and a single publisher.
+// publishSized publishes the next event of type typ with an envelope of
+// exactly size bytes; it needs the fixed clock of newBus and a single
+// publisher.
 func publishSized(t testing.TB, b *EventBus, typ string, size int) Frame {
-	t.Helper()
-	base := frameBase(b.LastEventID()+1, typ)
-	require.GreaterOrEqual(t, size, base, "a frame cannot be smaller than %d bytes", base)
-	f, err := b.Publish(Event{Type: typ, Data: strings.Repeat("x", size-base)})
-	require.NoError(t, err)
-	require.Equal(t, size, f.Size())
-	require.Equal(t, len(f.SSE())+len(f.Type()), f.Size(), "Size counts the SSE encoding and the type string")
-	return f
-}
-
-// publishEnvelope publishes the next event of type typ with an envelope of
-// exactly size bytes (the unit of MaxEventBytes), as publishSized does.
-func publishEnvelope(t testing.TB, b *EventBus, typ string, size int) Frame {
 	t.Helper()
 	base := envelopeBase(b.LastEventID()+1, typ)
 	require.GreaterOrEqual(t, size, base, "an envelope cannot be smaller than %d bytes", base)
 	f, err := b.Publish(Event{Type: typ, Data: strings.Repeat("x", size-base)})
 	require.NoError(t, err)
-	require.Len(t, f.JSON(), size)
+	require.Equal(t, size, f.Size())
 	return f
+}
+
+// maxType is a fresh type of MaxTypeLen bytes: a new string each call, as a
+// daemon that decodes types from requests holds one per event.
+func maxType(i int) string {
+	s := strconv.Itoa(i)
+	return strings.Repeat("t", MaxTypeLen-len(s)) + s
 }
 
 // stampOf returns a frame's _meta.serverTimestamp.

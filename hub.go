@@ -44,15 +44,22 @@ type HubOptions struct {
 	// 0 means DefaultIdleTimeout, negative means sessions never expire.
 	IdleTimeout time.Duration
 	// MaxTotalBytes bounds the sum of every session's ring bytes, counting
-	// what each frame costs: its Size (the whole SSE encoding and the type
-	// string kept beside it, the unit of Options.RingMaxBytes) plus the
-	// room left in its buffer for a longer id and its header and ring
-	// slot, a fixed amount of at most 126 bytes on 64-bit; 0 means
+	// what each frame costs in memory, not only its envelope as
+	// Options.RingMaxBytes does (Frame.Size): its buffer with the whole SSE
+	// encoding and room for a longer id, the type string kept beside it,
+	// its header and ring slot, at most 2*MaxTypeLen+148 bytes (660 on
+	// 64-bit) more than its envelope; 0 means
 	// DefaultMaxTotalBytes. Negative, or too small for one event of
 	// Bus.MaxEventBytes with the longest type, is an error.
 	MaxTotalBytes int64
 	// Logger receives the hub's diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+	// ShutdownRetryAfter is the retryAfter of the stream_error shutdown
+	// that Shutdown and Close give every stream after what was queued for
+	// it (see EventBus.CloseForShutdown): its clients come back after a
+	// random delay in [ShutdownRetryAfter, 2*ShutdownRetryAfter]. 0 means
+	// DefaultShutdownRetryAfter; negative is an error.
+	ShutdownRetryAfter time.Duration
 }
 
 // HubStats is a snapshot of a hub's counters, read field by field without
@@ -61,8 +68,8 @@ type HubStats struct {
 	Sessions int // live sessions now
 	// RingBytes is the sum of every ring's bytes now, as the budget
 	// counts them (see MaxTotalBytes): more than Buses.RingBytes, which
-	// counts Frame.Size, by the fixed overhead per frame. At most
-	// MaxTotalBytes.
+	// counts envelopes (Frame.Size), by at most 660 bytes per frame on
+	// 64-bit. At most MaxTotalBytes.
 	RingBytes     int64
 	MaxTotalBytes int64
 	Created       uint64 // sessions created since NewHub
@@ -111,7 +118,8 @@ type HubStats struct {
 type Hub struct {
 	opts        Options // every bus's, with defaults
 	maxSessions int64
-	idle        int64 // ms; <= 0: never
+	retryAfter  time.Duration // of the shutdown frame; 0: the default
+	idle        int64         // ms; <= 0: never
 	logger      *slog.Logger
 	budget      *budget
 
@@ -166,6 +174,9 @@ func NewHub(opts HubOptions) (*Hub, error) {
 	if opts.MaxTotalBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxTotalBytes is %d, must not be negative", ErrInvalidOption, opts.MaxTotalBytes)
 	}
+	if opts.ShutdownRetryAfter < 0 {
+		return nil, fmt.Errorf("%w: ShutdownRetryAfter is %v, must not be negative", ErrInvalidOption, opts.ShutdownRetryAfter)
+	}
 	if opts.MaxSessions == 0 {
 		opts.MaxSessions = DefaultMaxSessions
 	}
@@ -188,6 +199,7 @@ func NewHub(opts HubOptions) (*Hub, error) {
 	h := &Hub{
 		opts:        bo,
 		maxSessions: int64(opts.MaxSessions),
+		retryAfter:  opts.ShutdownRetryAfter,
 		logger:      opts.Logger,
 		seed:        maphash.MakeSeed(),
 	}
@@ -442,15 +454,22 @@ func (h *Hub) LookupRequest(r *http.Request) (*EventBus, error) {
 }
 
 // Shutdown refuses new sessions (GetOrCreate returns ErrClosed), ends the
-// hub's goroutine, forgets every session and closes its bus with drain,
-// then waits until every subscriber has taken what was queued for it, or
-// until ctx is done: then the remaining subscriptions are closed without
-// drain and Shutdown returns ctx.Err(). It returns nil once everything
-// drained. Safe to call more than once, and with Close.
+// hub's goroutine, forgets every session and closes its bus with drain
+// (EventBus.CloseForShutdown with ShutdownRetryAfter: each subscriber gets
+// what was queued, then a stream_error shutdown), then waits until every
+// subscriber has taken what was queued for it, the shutdown frame
+// included, or until ctx is done: then the remaining subscriptions are
+// closed without drain and Shutdown returns ctx.Err(). It returns nil once
+// everything drained. A subscriber that never reads holds Shutdown until
+// ctx is done, never the others: each drains at its own pace. (A
+// transport blocked writing to such a client stays blocked when Shutdown
+// gives up: close its connection at the same deadline, as http.Server.Close
+// does, or let its write deadline pass.) Safe to call more than once, and
+// with Close.
 func (h *Hub) Shutdown(ctx context.Context) error {
 	var subs []*Subscription
 	for _, b := range h.end() {
-		s, _ := b.closeIf(nil, nil)
+		s, _ := h.closeBus(b)
 		subs = append(subs, s...)
 	}
 	drained := func() bool {
@@ -484,15 +503,21 @@ func (h *Hub) Shutdown(ctx context.Context) error {
 	}
 }
 
-// Close closes every session's bus (its subscribers get what is queued,
-// then their end, at their own pace), forgets them, refuses new ones and
-// ends the hub's goroutine. It does not wait for subscribers. Idempotent;
-// it returns nil.
+// Close closes every session's bus as Shutdown does (its subscribers get
+// what is queued, then the stream_error shutdown, at their own pace),
+// forgets them, refuses new ones and ends the hub's goroutine. It does not
+// wait for subscribers. Idempotent; it returns nil.
 func (h *Hub) Close() error {
 	for _, b := range h.end() {
-		_ = b.Close()
+		_, _ = h.closeBus(b)
 	}
 	return nil
+}
+
+// closeBus closes b for the hub's end: with drain, then the shutdown frame.
+func (h *Hub) closeBus(b *EventBus) ([]*Subscription, bool) {
+	f := shutdownFrame(h.retryAfter, b.now())
+	return b.closeIf(&f, nil)
 }
 
 // end marks the hub closed, stops its goroutine and empties the map,

@@ -183,14 +183,14 @@ func (r *ring) appendCharged(f *frame, reserved int64) {
 const frameOverhead = int(unsafe.Sizeof(frame{})) + int(unsafe.Sizeof((*frame)(nil)))
 
 // held is every byte a frame in a ring costs, the unit of a Hub's budget:
-// its size (the whole SSE encoding and the strings it keeps beside it, its
-// type and a signal's resource), the room the encoder left in the buffer
-// for the longest id, and its header and ring slot, so that many small
-// events count as what they cost. The bus's own byte caps count size: what
-// held adds is at most 2*maxDigits + frameOverhead per frame, which the
-// count caps bound.
+// its buffer (the whole SSE encoding: envelope, id, event and data lines,
+// the type's second copy among them, and for an event the room the
+// encoder left for the longest id), the strings it keeps beside it (its
+// type, a signal's resource) and its header and ring slot, so that many
+// small events count as what they cost. The bus's own byte caps count
+// envelopes (size): held is at most size + maxFrameExtra for an event.
 func (f *frame) held() int {
-	return f.size() + int(f.room) + frameOverhead
+	return len(f.wire) + int(f.room) + len(f.typ) + len(f.about) + frameOverhead
 }
 
 // maxSize is the held of the frame p becomes, whatever its id: p.buf is

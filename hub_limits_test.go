@@ -120,8 +120,8 @@ func TestMaxTypeLen(t *testing.T) {
 
 // A frame's type is in its event: line, its envelope and its type string:
 // the budget counts all three (frame.held), with the frame's buffer, header
-// and ring slot; the bus's byte caps (Size) count all three too, and leave
-// out only a fixed amount per event: the header, the slot and the id room.
+// and ring slot; the bus's byte caps, which count the envelope, leave out a
+// bounded amount per event.
 func TestFrameHeldCountsEveryByte(t *testing.T) {
 	b, err := New(Options{})
 	require.NoError(t, err)
@@ -132,8 +132,8 @@ func TestFrameHeldCountsEveryByte(t *testing.T) {
 		wire := f.AppendSSE(nil)
 		room := 2 * (maxDigits - len(strconv.FormatUint(f.ID(), 10))) // before the wire, in its buffer
 		assert.Equal(t, len(wire)+room+len(typ)+frameOverhead, f.held())
-		assert.Equal(t, len(wire)+len(typ), f.Size())
-		assert.LessOrEqual(t, f.held()-f.Size()-frameOverhead, 2*maxDigits)
+		assert.Equal(t, len(f.JSON()), f.Size())
+		assert.LessOrEqual(t, f.held()-f.Size(), maxFrameExtra)
 	}
 	// The reservation a publish makes is the frame's held, whatever its id.
 	for _, id := range []uint64{1, 12345, 1<<64 - 1} {

@@ -15,6 +15,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // raceEnabled reports whether the test binary was built with -race.
@@ -214,6 +217,89 @@ func heldFrameBytes(b *EventBus, subs []*Subscription) uint64 {
 		s.q.mu.Unlock()
 	}
 	return total
+}
+
+// The byte caps count envelopes; what a frame costs beyond its envelope is
+// at most maxFrameExtra (660 bytes on 64-bit), so the caps and the count
+// caps together bound the heap. Events of the longest type, each a fresh
+// string as a daemon decoding requests holds it, are the worst case: their
+// envelopes are ~340 bytes and each costs twice that again. Measured with
+// runtime.ReadMemStats after a collection:
+//
+//   - ring: buses whose RingMaxBytes (8 KiB) holds 24 such events grow by
+//     at most the sum of RingBytes + RingLen*maxFrameExtra, an eighth more
+//     for the allocator's size classes, and each ring's slot array;
+//   - queue: buses that keep one event (RingSize 1), each with a
+//     subscriber that never reads, whose queue (MaxQueued 12,
+//     MaxQueuedBytes 4 KiB) is full: at most MaxQueuedBytes +
+//     MaxQueued*maxFrameExtra per subscriber, plus its one warning (a
+//     forced frame, outside the caps), an eighth, and the queue's slots.
+func TestMemoryWithinEnvelopeCapsPlusPerFrameExtra(t *testing.T) {
+	buses := pick(64, 400, 1000)
+	measure := func(t *testing.T, opts Options, subscribe bool, events int) (grown int64, bs []*EventBus, subs []*Subscription) {
+		bs = make([]*EventBus, buses)
+		for i := range bs {
+			bs[i] = newBus(t, opts)
+			if subscribe {
+				s, err := bs[i].Subscribe(context.Background(), SubscribeOptions{MaxQueued: 12})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(s.Close)
+				subs = append(subs, s)
+			}
+		}
+		before := liveHeap()
+		for _, b := range bs {
+			for i := range events {
+				typ := string([]byte(maxType(i))) // a fresh copy per event
+				if _, err := b.Publish(Event{Type: typ, Data: json.RawMessage(`{"n":1}`)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return int64(liveHeap()) - int64(before), bs, subs
+	}
+
+	t.Run("ring", func(t *testing.T) {
+		const ringCap = 8 << 10
+		grown, bs, _ := measure(t, Options{RingMaxBytes: ringCap}, false, 40)
+		var envelopes, frames, bound int64
+		for _, b := range bs {
+			st := b.Stats()
+			require.LessOrEqual(t, st.RingBytes, ringCap)
+			require.Equal(t, 24, st.RingLen, "8 KiB of ~340-byte envelopes")
+			envelopes += int64(st.RingBytes)
+			frames += int64(st.RingLen)
+			bound += int64(len(b.ring.slots)) * 8
+		}
+		bound += (envelopes + frames*int64(maxFrameExtra)) * 9 / 8
+		t.Logf("%d buses x 24 events of a %d-byte type: heap +%d bytes (%d per frame) for %d envelope bytes (%d per frame); bound %d",
+			buses, MaxTypeLen, grown, grown/frames, envelopes, envelopes/frames, bound)
+		assert.LessOrEqual(t, grown, bound)
+		runtime.KeepAlive(bs)
+	})
+
+	t.Run("queue", func(t *testing.T) {
+		const queueCap = 4 << 10
+		grown, bs, subs := measure(t, Options{RingSize: 1, MaxQueuedBytes: queueCap}, true, 12)
+		var bound int64
+		for i, s := range subs {
+			c := s.q.counts()
+			require.Equal(t, queueCounts{12, 12, c.liveBytes, queueCap}, c, "a full queue")
+			require.NoError(t, s.Err())
+			require.Equal(t, 13, s.q.len(), "12 events and the warning")
+			warning := s.q.entry(9).f
+			require.Equal(t, TypeSlowClientWarning, warning.typ)
+			bound += int64(queueCap+12*maxFrameExtra+warning.size()+maxFrameExtra) * 9 / 8
+			bound += int64(len(s.q.buf))*9 + int64(len(bs[i].ring.slots))*8
+		}
+		t.Logf("%d stalled subscribers with 12 events of a %d-byte type queued: heap +%d bytes (%d per subscriber); bound %d",
+			buses, MaxTypeLen, grown, grown/int64(buses), bound)
+		assert.LessOrEqual(t, grown, bound)
+		runtime.KeepAlive(bs)
+		runtime.KeepAlive(subs)
+	})
 }
 
 // TestPublisherIsolationHealthyReceiveEverything is the correctness side of

@@ -14,18 +14,19 @@ const (
 	DefaultRingSize = 8000
 	// MaxRingSize is the largest RingSize New accepts.
 	MaxRingSize = 1_000_000
-	// DefaultRingMaxBytes bounds the bytes the ring holds (Frame.Size).
+	// DefaultRingMaxBytes bounds the ring's envelope bytes (Frame.Size).
 	DefaultRingMaxBytes = 64 << 20
 	// DefaultMaxEventBytes is the largest JSON envelope Publish accepts.
 	DefaultMaxEventBytes = 16 << 20
 	// DefaultMaxQueued is a subscriber's live frame cap.
 	DefaultMaxQueued = 256
-	// DefaultMaxQueuedBytes is a subscriber's live byte cap (Frame.Size).
+	// DefaultMaxQueuedBytes is a subscriber's live byte cap, in envelope
+	// bytes (Frame.Size).
 	DefaultMaxQueuedBytes = 2 << 20
 	// DefaultMaxSubscribers is a bus's subscriber cap.
 	DefaultMaxSubscribers = 64
-	// DefaultReplayBudgetBytes is how many bytes (Frame.Size) one resume
-	// may replay.
+	// DefaultReplayBudgetBytes is how many envelope bytes (Frame.Size) one
+	// resume may replay.
 	DefaultReplayBudgetBytes = 8 << 20
 	// WarnThresholdRatio is the fill of either cap at which a subscriber is
 	// warned.
@@ -55,25 +56,33 @@ const (
 // takes its default. A negative value, RingSize above MaxRingSize, or an
 // option New cannot honour makes New fail with ErrInvalidOption.
 //
-// The byte caps (RingMaxBytes, MaxQueuedBytes, ReplayBudgetBytes) count
-// frames by Frame.Size: every byte a frame holds that grows with its event,
-// its whole SSE encoding (the event line's copy of the type included) plus
-// its type string and a signal's resource. What a frame holds beyond that
-// is a fixed amount per frame (its header and ring slot, 88 bytes on
-// 64-bit, and at most 38 bytes left for a longer id), bounded by the frame-count
-// caps RingSize and MaxQueued. MaxEventBytes alone counts the JSON
-// envelope: it is the size limit of the event itself.
+// Every byte cap (RingMaxBytes, MaxEventBytes, MaxQueuedBytes,
+// ReplayBudgetBytes) counts a frame's JSON envelope, what follows "data: "
+// on the wire (Frame.Size, len(Frame.JSON)), as the original does (SPEC 1.3):
+// the queuedBytes, maxQueuedBytes and eventBytes of slow_client_warning
+// and client_evicted are in that unit, and so is where the warning's
+// thresholds fall. Replayed and synthetic frames count 0 toward a queue's
+// caps.
+//
+// Memory stays bounded by the byte and count caps together: each frame the
+// ring or a queue holds costs its envelope plus at most 2*MaxTypeLen+148
+// bytes on 64-bit platforms (660: its id, event and data lines, its type
+// string, its header and a ring slot), before the allocator's rounding; a
+// queued signal also keeps its resource string, which its envelope holds
+// too. So the ring's frames cost at most RingMaxBytes + RingSize*660 bytes
+// (or one event larger than RingMaxBytes, and 660), and a subscriber's
+// live frames MaxQueuedBytes + MaxQueued*660 (or one oversized event),
+// besides the ring's and the queue's slot arrays. A Hub's MaxTotalBytes
+// counts every byte of its rings' frames.
 type Options struct {
 	// RingSize is how many recent events the bus keeps for resuming clients.
 	RingSize int
-	// RingMaxBytes bounds the bytes the ring holds, the sum of its frames'
-	// Size; the oldest events are dropped past it (the newest always
-	// stays).
+	// RingMaxBytes bounds the ring's bytes, the sum of its frames'
+	// envelopes (Size); the oldest events are dropped past it (the newest
+	// always stays).
 	RingMaxBytes int
-	// MaxEventBytes is the largest JSON envelope (Frame.JSON) Publish and
-	// Signal accept. The frame of an event has a Size up to
-	// 2*MaxTypeLen+41 bytes larger than its envelope (its id, event and
-	// data lines and its type string; a signal's counts its resource too).
+	// MaxEventBytes is the largest JSON envelope (Frame.Size) Publish and
+	// Signal accept.
 	MaxEventBytes int
 	// MaxSubscribers caps concurrent subscriptions.
 	MaxSubscribers int
@@ -81,11 +90,12 @@ type Options struct {
 	// SubscribeOptions.MaxQueued is 0.
 	MaxQueued int
 	// MaxQueuedBytes is every subscription's live byte cap, the sum of its
-	// live frames' Size. It is an embedder's setting only: a remote client
-	// can never raise it.
+	// live frames' envelopes (Size): a live push that would take it past
+	// the cap is rejected unless nothing live is queued. It is an
+	// embedder's setting only: a remote client can never raise it.
 	MaxQueuedBytes int
-	// ReplayBudgetBytes is how many bytes (the sum of the frames' Size) one
-	// resume may replay.
+	// ReplayBudgetBytes is how many bytes (the sum of the replayed frames'
+	// envelopes, Size) one resume may replay; the first frame always is.
 	ReplayBudgetBytes int
 	// Logger receives diagnostics; nil means slog.Default() at the time of
 	// logging. It is never called with the bus lock held.

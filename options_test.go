@@ -94,8 +94,8 @@ func TestNewRingMaxBytesBoundsTheRing(t *testing.T) {
 
 func TestNewMaxEventBytesLimitsPublish(t *testing.T) {
 	b := newBus(t, Options{MaxEventBytes: 200})
-	publishEnvelope(t, b, "t", 200)
-	_, err := b.Publish(envelopeEvent(t, 2, 201))
+	publishSized(t, b, "t", 200)
+	_, err := b.Publish(sizedEvent(t, 2, 201))
 	assert.ErrorIs(t, err, ErrEventTooLarge)
 }
 

@@ -68,15 +68,15 @@ func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
 }
 
 func TestOverflowResyncBytesVariantReason(t *testing.T) {
-	b := newBus(t, Options{MaxQueuedBytes: 2000, OverflowPolicy: OverflowResync})
+	b := newBus(t, Options{MaxQueuedBytes: 1000, OverflowPolicy: OverflowResync})
 	s := subscribe(t, b, SubscribeOptions{})
-	publishSized(t, b, "e", 200)
-	publishSized(t, b, "e", 200)
+	publishSized(t, b, "e", 100)
+	publishSized(t, b, "e", 100)
 	require.Equal(t, idRange(1, 2), describe(readyNow(s)))
-	for range 10 { // #3..#12: 2000 live bytes, the warning after #10 (1600 >= 1500)
-		publishSized(t, b, "e", 200)
+	for range 10 { // #3..#12: 1000 live bytes, the warning after #10 (800 >= 750)
+		publishSized(t, b, "e", 100)
 	}
-	publishSized(t, b, "e", 200) // #13: 2000+200 > 2000, rejected
+	publishSized(t, b, "e", 100) // #13: 1000+100 > 1000, rejected
 
 	assert.Equal(t, 1, b.SubscriberCount())
 	fs := readyNow(s)
@@ -894,4 +894,212 @@ func TestEvictionDoesNotAffectSiblings(t *testing.T) {
 	b.mu.Lock()
 	assert.Equal(t, []*Subscription{before, fast, after}, b.subs, "subscription order kept")
 	b.mu.Unlock()
+}
+
+// The original's numbers (SPEC 1.3, 3.2, 3.3). A byte is a byte of the event's
+// JSON envelope: Buffer.byteLength(JSON.stringify(event), 'utf8') in the
+// TypeScript implementation, what follows "data: " on the wire here. These
+// are its queue scenarios with their exact numbers: session_update events
+// whose envelopes have a known length, small byte caps, and the frames
+// each push produces, with the warning's and the eviction's counts in
+// that unit and its thresholds at 0.75 and 0.375 of the caps, unrounded.
+
+// sessionUpdate publishes the next session_update event with an envelope
+// of exactly size bytes (its data a string of x's, one fewer for each
+// further digit of its id) and checks the envelope literally.
+func sessionUpdate(t *testing.T, b *EventBus, size int) Frame {
+	t.Helper()
+	id := b.LastEventID() + 1
+	data := strings.Repeat("x", size-89-len(strconv.FormatUint(id, 10)))
+	want := `{"id":` + strconv.FormatUint(id, 10) + `,"v":1,"type":"session_update","data":"` + data + `","_meta":{"serverTimestamp":1719000000000}}`
+	require.Len(t, want, size)
+	f := publishEvent(t, b, Event{Type: "session_update", Data: data})
+	require.Equal(t, want, string(f.JSON()))
+	require.Equal(t, size, f.Size())
+	return f
+}
+
+// wantWarning and wantEvicted are the envelopes of slow_client_warning and
+// client_evicted with the given data, stamped by newBus's clock.
+func wantWarning(data string) string {
+	return `{"v":1,"type":"slow_client_warning","data":` + data + `,"_meta":{"serverTimestamp":1719000000000}}`
+}
+
+func wantEvicted(data string) string {
+	return `{"v":1,"type":"client_evicted","data":` + data + `,"_meta":{"serverTimestamp":1719000000000}}`
+}
+
+// Envelopes of one size pushed to a subscriber that never reads: each
+// accepted push counts its envelope, the push that reaches 0.75 of a cap
+// warns, and the first one a cap rejects evicts with the counts before it.
+//
+//   - maxQueuedBytes 1000, envelopes of 100 bytes: the 8th push (800 >=
+//     750) warns, the 10th fills the cap exactly and is accepted, the 11th
+//     (1100 > 1000) evicts;
+//   - the thresholds are floats: maxQueuedBytes 1001 warns at 750.75, so
+//     six envelopes of 125 bytes (750) do not warn and the seventh does;
+//     maxQueued 17 warns at 12.75 frames, so the 13th frame does.
+func TestOriginalWarningAndEvictionNumbers(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		maxBytes, maxQueued    int
+		size, quiet, more      int // envelope size, pushes without a warning, pushes after them
+		want                   []string
+		warning, evicted       int // their indexes in want
+		warningJSON, evictJSON string
+	}{
+		{"byte cap", 1000, 256, 100, 7, 4,
+			seqOf(idRange(1, 8), TypeSlowClientWarning, idRange(9, 10), TypeClientEvicted), 8, 11,
+			`{"queueSize":8,"maxQueued":256,"lastEventId":8,"queuedBytes":800,"maxQueuedBytes":1000,"threshold":"bytes"}`,
+			`{"reason":"queue_bytes_overflow","droppedAfter":11,"queueSize":10,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1000,"eventBytes":100}`},
+		{"byte threshold 750.75", 1001, 256, 125, 6, 3,
+			seqOf(idRange(1, 7), TypeSlowClientWarning, idRange(8, 8), TypeClientEvicted), 7, 9,
+			`{"queueSize":7,"maxQueued":256,"lastEventId":7,"queuedBytes":875,"maxQueuedBytes":1001,"threshold":"bytes"}`,
+			`{"reason":"queue_bytes_overflow","droppedAfter":9,"queueSize":8,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1001,"eventBytes":125}`},
+		{"frame threshold 12.75", DefaultMaxQueuedBytes, 17, 100, 12, 6,
+			seqOf(idRange(1, 13), TypeSlowClientWarning, idRange(14, 17), TypeClientEvicted), 13, 18,
+			`{"queueSize":13,"maxQueued":17,"lastEventId":13,"queuedBytes":1300,"maxQueuedBytes":2097152,"threshold":"frames"}`,
+			`{"reason":"queue_overflow","droppedAfter":18,"queueSize":17,"maxQueued":17,"queuedBytes":1700,"maxQueuedBytes":2097152}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBus(t, Options{MaxQueuedBytes: tc.maxBytes})
+			s := subscribe(t, b, SubscribeOptions{MaxQueued: tc.maxQueued})
+			for i := 1; i < tc.quiet+tc.more; i++ {
+				sessionUpdate(t, b, tc.size)
+				require.Equal(t, queueCounts{i, tc.maxQueued, tc.size * i, tc.maxBytes}, s.q.counts(), "push %d", i)
+				if i == tc.quiet {
+					require.Equal(t, tc.quiet, s.q.len(), "no warning yet")
+				}
+			}
+			require.NoError(t, s.Err())
+			sessionUpdate(t, b, tc.size)
+			fs, open := s.AppendReady(nil)
+			require.False(t, open)
+			require.Equal(t, tc.want, describe(fs))
+			assert.Equal(t, wantWarning(tc.warningJSON), string(fs[tc.warning].JSON()))
+			assert.Equal(t, wantEvicted(tc.evictJSON), string(fs[tc.evicted].JSON()))
+		})
+	}
+}
+
+// One warning per episode: maxQueuedBytes 1000 warns at 750 and re-arms at
+// 375 bytes or less (and 96 frames or less) after a push. With envelopes of
+// 125 bytes the 6th push warns; a consumer that takes four leaves 250, the
+// next push makes 375 and re-arms, so the 10th warns again; one that takes
+// three leaves 375, the next push makes 500, and the episode goes on to
+// the eviction without a second warning.
+func TestOriginalWarningRearmsAtThreeEighths(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		pop       int // frames the consumer takes after the warning
+		afterPush int // live bytes after the next push
+		more      int // pushes after that one
+		open      bool
+		want      []string
+		last      int    // index of the frame whose envelope is lastJSON
+		lastJSON  string // the second warning, or the eviction
+	}{
+		{"at reset", 4, 375, 3, true,
+			seqOf(idRange(5, 6), TypeSlowClientWarning, idRange(7, 10), TypeSlowClientWarning),
+			7, wantWarning(`{"queueSize":6,"maxQueued":256,"lastEventId":10,"queuedBytes":750,"maxQueuedBytes":1000,"threshold":"bytes"}`)},
+		{"above reset", 3, 500, 5, false,
+			seqOf(idRange(4, 6), TypeSlowClientWarning, idRange(7, 11), TypeClientEvicted),
+			9, wantEvicted(`{"reason":"queue_bytes_overflow","droppedAfter":12,"queueSize":8,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1000,"eventBytes":125}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBus(t, Options{MaxQueuedBytes: 1000})
+			s := subscribe(t, b, SubscribeOptions{})
+			for range 6 {
+				sessionUpdate(t, b, 125)
+			}
+			require.Equal(t, 7, s.q.len(), "750 >= 750: warned")
+			popN(t, s, tc.pop)
+			sessionUpdate(t, b, 125)
+			require.Equal(t, tc.afterPush, s.q.counts().liveBytes)
+			for range tc.more {
+				sessionUpdate(t, b, 125)
+			}
+			fs, open := s.AppendReady(nil)
+			require.Equal(t, tc.open, open)
+			require.Equal(t, tc.want, describe(fs))
+			first := 6 - tc.pop
+			assert.Equal(t, wantWarning(`{"queueSize":6,"maxQueued":256,"lastEventId":6,"queuedBytes":750,"maxQueuedBytes":1000,"threshold":"bytes"}`), string(fs[first].JSON()))
+			assert.Equal(t, tc.lastJSON, string(fs[tc.last].JSON()))
+		})
+	}
+}
+
+// A single event larger than the byte cap is accepted when nothing live is
+// queued (and warns at once, 300 >= 150); the next live push evicts.
+func TestOriginalOversizedEventAloneIsAccepted(t *testing.T) {
+	b := newBus(t, Options{MaxQueuedBytes: 200})
+	s := subscribe(t, b, SubscribeOptions{})
+	sessionUpdate(t, b, 300)
+	require.NoError(t, s.Err())
+	sessionUpdate(t, b, 100)
+	fs, _ := s.AppendReady(nil)
+	require.Equal(t, seqOf(idRange(1, 1), TypeSlowClientWarning, TypeClientEvicted), describe(fs))
+	assert.Equal(t, wantWarning(`{"queueSize":1,"maxQueued":256,"lastEventId":1,"queuedBytes":300,"maxQueuedBytes":200,"threshold":"bytes"}`), string(fs[1].JSON()))
+	assert.Equal(t, wantEvicted(`{"reason":"queue_bytes_overflow","droppedAfter":2,"queueSize":1,"maxQueued":256,"queuedBytes":300,"maxQueuedBytes":200,"eventBytes":100}`), string(fs[2].JSON()))
+}
+
+// Replayed frames are forced: 20 replayed envelopes of 100 bytes (2000,
+// twice the cap) count 0, so the live pushes after them warn at the 8th
+// with 800 queued bytes and nobody is evicted.
+func TestOriginalReplayCountsZeroTowardTheByteCap(t *testing.T) {
+	b := newBus(t, Options{MaxQueuedBytes: 1000})
+	for range 20 {
+		sessionUpdate(t, b, 100)
+	}
+	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
+	require.Equal(t, queueCounts{0, 256, 0, 1000}, s.q.counts())
+	for range 8 {
+		sessionUpdate(t, b, 100)
+	}
+	fs, open := s.AppendReady(nil)
+	require.True(t, open)
+	require.Equal(t, seqOf(idRange(1, 20), TypeReplayComplete, idRange(21, 28), TypeSlowClientWarning), describe(fs))
+	assert.Equal(t, wantWarning(`{"queueSize":8,"maxQueued":256,"lastEventId":28,"queuedBytes":800,"maxQueuedBytes":1000,"threshold":"bytes"}`), string(fs[29].JSON()))
+}
+
+// The same numbers on the Handler's wire: a stream whose writer is held at
+// its first flush while eleven 100-byte events are published under
+// maxQueuedBytes 1000 carries, once let go, events 1..8 (each data: line
+// 100 bytes), the warning at 800, events 9 and 10, and client_evicted
+// with queuedBytes 1000 and eventBytes 100.
+func TestOriginalNumbersOnTheWire(t *testing.T) {
+	logs := &logCapture{}
+	b := newBus(t, logs.capture(Options{MaxQueuedBytes: 1000}))
+	w := newMemWriter()
+	reached, release := gateFirstFlush(w)
+	defer release()
+	cancel, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
+	defer cancel()
+	waitClosed(t, reached, "handler did not reach its first flush")
+	var pub []Frame
+	for range 11 {
+		pub = append(pub, sessionUpdate(t, b, 100))
+	}
+	release()
+	waitClosed(t, done, "the evicted stream did not end")
+
+	recs := parseBody(t, w.state().body)
+	require.Len(t, recs, 1+12)
+	var got []sseEvent
+	for _, r := range recs[1:] {
+		got = append(got, r.Event)
+	}
+	event := func(i int) sseEvent {
+		return sseEvent{Type: "session_update", Data: string(pub[i-1].JSON()), ID: strconv.Itoa(i)}
+	}
+	want := []sseEvent{event(1), event(2), event(3), event(4), event(5), event(6), event(7), event(8),
+		wantSynth(TypeSlowClientWarning, `{"queueSize":8,"maxQueued":256,"lastEventId":8,"queuedBytes":800,"maxQueuedBytes":1000,"threshold":"bytes"}`, "8"),
+		event(9), event(10),
+		wantSynth(TypeClientEvicted, `{"reason":"queue_bytes_overflow","droppedAfter":11,"queueSize":10,"maxQueued":256,"queuedBytes":1000,"maxQueuedBytes":1000,"eventBytes":100}`, "10"),
+	}
+	require.Equal(t, want, got)
+	for i := range 10 {
+		require.Len(t, got[i+i/8].Data, 100, "the data: line of event %d", i+1)
+	}
+	assert.Contains(t, w.state().body, "\ndata: "+wantWarning(`{"queueSize":8,"maxQueued":256,"lastEventId":8,"queuedBytes":800,"maxQueuedBytes":1000,"threshold":"bytes"}`)+"\n\n")
 }

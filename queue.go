@@ -44,7 +44,10 @@ const (
 
 // boundedAsyncQueue is the per-subscriber queue of SPEC section 6 (the
 // original's BoundedAsyncQueue): a ring of frames that caps live frames and
-// their bytes (Frame.Size), separately from forced frames.
+// their bytes, the sum of their JSON envelopes (Frame.Size: the original's
+// Buffer.byteLength(JSON.stringify(event)), SPEC 1.3), separately from forced
+// frames. What a frame costs beyond its envelope is at most maxFrameExtra
+// (a signal's resource aside), so maxQueued bounds it.
 //
 // One producer, one consumer. The producer is whoever holds the bus lock
 // while the subscription is registered (Publish, Signal, Subscribe's

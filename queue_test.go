@@ -1,7 +1,6 @@
 package eventbus
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 
@@ -9,21 +8,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// coreQueueFrame is an event frame with id whose Size (the unit of the byte
-// caps) is size bytes. The queue and the ring only look at the id, the kind
-// and the size.
+// coreQueueFrame is an event frame with id whose envelope is size bytes. The
+// queue and the ring only look at the id, the kind and the size.
 func coreQueueFrame(id uint64, size int) Frame {
 	const pre = "data: "
-	if size < coreFrameBase {
-		panic(fmt.Sprintf("a queue test frame has at least %d bytes, not %d", coreFrameBase, size))
-	}
-	wire := pre + strings.Repeat("x", size-coreFrameBase) + "\n\n"
+	wire := pre + strings.Repeat("x", size) + "\n\n"
 	return Frame{&frame{wire: []byte(wire), json: int32(len(pre)), kind: kindEvent, id: id, typ: "t"}}
 }
-
-// coreFrameBase is the smallest Size of a coreQueueFrame: its data line,
-// its blank line and its type "t".
-const coreFrameBase = len("data: \n\n") + len("t")
 
 // hasToken reports whether a ready token is waiting, and takes it.
 func hasToken(q *boundedAsyncQueue) bool {
@@ -94,7 +85,7 @@ func TestQueuePushRejectsAtFrameCap(t *testing.T) {
 
 	// The frame rule comes first when both caps are exceeded.
 	q = newQueue(1, 10)
-	q.pushNow(coreQueueFrame(1, coreFrameBase).ref())
+	q.pushNow(coreQueueFrame(1, 5).ref())
 	res, _ = q.pushNow(coreQueueFrame(2, 100).ref())
 	assert.Equal(t, pushRejectedFrames, res)
 }
@@ -120,25 +111,25 @@ func TestQueueAcceptsOversizedEventWhenNoLiveEntries(t *testing.T) {
 	assert.Equal(t, 1, c.liveCount)
 	assert.Equal(t, 500, c.liveBytes)
 
-	res, c = q.pushNow(coreQueueFrame(2, coreFrameBase).ref())
+	res, c = q.pushNow(coreQueueFrame(2, 1).ref())
 	assert.Equal(t, pushRejectedBytes, res, "the next live push behind it is rejected")
 	assert.Equal(t, 500, c.liveBytes)
 
 	q.popAll(nil)
-	res, _ = q.pushNow(coreQueueFrame(3, coreFrameBase).ref())
+	res, _ = q.pushNow(coreQueueFrame(3, 1).ref())
 	assert.Equal(t, pushAccepted, res)
 }
 
 func TestQueueForcePushBypassesCapsAndCountsZero(t *testing.T) {
 	q := newQueue(1, 10)
-	res, _ := q.pushNow(coreQueueFrame(1, coreFrameBase).ref())
+	res, _ := q.pushNow(coreQueueFrame(1, 5).ref())
 	require.Equal(t, pushAccepted, res)
 	for range 5 {
 		require.True(t, q.forcePush(coreQueueFrame(0, 1000).ref()))
 	}
-	assert.Equal(t, queueCounts{liveCount: 1, maxQueued: 1, liveBytes: coreFrameBase, maxBytes: 10}, q.counts())
+	assert.Equal(t, queueCounts{liveCount: 1, maxQueued: 1, liveBytes: 5, maxBytes: 10}, q.counts())
 	assert.Equal(t, 6, q.len())
-	res, _ = q.pushNow(coreQueueFrame(2, coreFrameBase).ref())
+	res, _ = q.pushNow(coreQueueFrame(2, 1).ref())
 	assert.Equal(t, pushRejectedFrames, res)
 }
 
@@ -197,12 +188,12 @@ func TestQueuePushesAfterCloseIgnored(t *testing.T) {
 	for _, drain := range []bool{true, false} {
 		q := newQueue(1, 10)
 		q.close(drain)
-		res, _ := q.pushNow(coreQueueFrame(1, coreFrameBase).ref())
+		res, _ := q.pushNow(coreQueueFrame(1, 5).ref())
 		assert.Equal(t, pushIgnored, res, "never a rejection, so never an eviction")
 		// Even a push that would overflow is ignored, not rejected.
 		res, _ = q.pushNow(coreQueueFrame(2, 500).ref())
 		assert.Equal(t, pushIgnored, res)
-		assert.False(t, q.forcePush(coreQueueFrame(0, coreFrameBase).ref()))
+		assert.False(t, q.forcePush(coreQueueFrame(0, 5).ref()))
 		assert.Equal(t, 0, q.len())
 		assert.Equal(t, 0, q.counts().liveCount)
 	}
@@ -362,7 +353,7 @@ func TestQueuePopAll(t *testing.T) {
 	q.pushNow(coreQueueFrame(1, 10).ref())
 	q.forcePush(coreQueueFrame(0, 10).ref())
 	q.pushNow(coreQueueFrame(2, 10).ref())
-	dst := []Frame{coreQueueFrame(99, coreFrameBase)}
+	dst := []Frame{coreQueueFrame(99, 1)}
 	fs, open := q.popAll(dst)
 	assert.True(t, open)
 	require.Len(t, fs, 4)
@@ -398,9 +389,9 @@ func TestQueueWrapsAroundKeepingOrder(t *testing.T) {
 		// grows while wrapped.
 		for range round%7 + 3 {
 			if round%3 == 0 {
-				q.forcePush(coreQueueFrame(next, coreFrameBase).ref())
+				q.forcePush(coreQueueFrame(next, 1).ref())
 			} else {
-				q.pushNow(coreQueueFrame(next, coreFrameBase).ref())
+				q.pushNow(coreQueueFrame(next, 1).ref())
 			}
 			next++
 		}
@@ -425,12 +416,12 @@ func TestQueueWrapsAroundKeepingOrder(t *testing.T) {
 
 func TestQueueReserveAvoidsRegrowth(t *testing.T) {
 	q := newQueue(16, 1000)
-	q.pushNow(coreQueueFrame(1, coreFrameBase).ref())
+	q.pushNow(coreQueueFrame(1, 1).ref())
 	q.reserve(1000)
 	require.GreaterOrEqual(t, len(q.buf), 1001)
 	first := &q.buf[0]
 	for i := range 1000 {
-		q.forcePush(coreQueueFrame(uint64(i+2), coreFrameBase).ref())
+		q.forcePush(coreQueueFrame(uint64(i+2), 1).ref())
 	}
 	assert.Same(t, first, &q.buf[0], "no reallocation after reserve")
 	e, _ := q.pop()

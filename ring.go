@@ -6,8 +6,11 @@ import (
 )
 
 // ring is the replay buffer: a slice ring of published frames whose ids are
-// contiguous, bounded by a count and by a number of bytes (Frame.Size). The bus
-// guards it with its lock; only load reads it without (see below).
+// contiguous, bounded by a count and by a number of bytes: the sum of the
+// frames' JSON envelopes (Frame.Size, SPEC 1.3). What a frame costs beyond
+// its envelope is at most maxFrameExtra, so the count bounds it; a Hub's
+// budget counts every byte (held, below). The bus guards the ring with its
+// lock; only load reads it without (see below).
 //
 // The frame with id x sits in slot x&(len(slots)-1): ids in the ring are
 // contiguous (each append is the next id) and the slots are a power of two
@@ -54,7 +57,7 @@ func newRing(maxLen, maxBytes int) ring {
 // Len returns the number of frames held.
 func (r *ring) Len() int { return r.n }
 
-// Bytes returns the bytes held, the sum of the frames' Size.
+// Bytes returns the bytes held, the sum of the frames' envelopes (size).
 func (r *ring) Bytes() int { return r.bytes }
 
 // firstID returns the oldest id held, or 0 when empty.

@@ -50,7 +50,7 @@ func TestRingIndexOfIsConstantTime(t *testing.T) {
 	skipIfShort(t, "a timing check of 100,000 lookups")
 	const n = 100_000
 	r := newRing(n, 1<<30)
-	appendRange(&r, 1, n, coreFrameBase)
+	appendRange(&r, 1, n, 1)
 	// n lookups: a few milliseconds when O(1), seconds when each scans the
 	// ring (n*n/2 = 5e9 steps). The bound is loose for -race and slow CI.
 	start := time.Now()
@@ -129,7 +129,7 @@ func TestRingGrowsByDoublingUpToMaxLen(t *testing.T) {
 	assert.Empty(t, r.slots, "a quiet session pays for nothing")
 	var sizes []int
 	for id := uint64(1); id <= 250; id++ {
-		r.append(coreQueueFrame(id, coreFrameBase).ref())
+		r.append(coreQueueFrame(id, 1).ref())
 		if len(sizes) == 0 || sizes[len(sizes)-1] != len(r.slots) {
 			sizes = append(sizes, len(r.slots))
 		}
@@ -139,10 +139,10 @@ func TestRingGrowsByDoublingUpToMaxLen(t *testing.T) {
 	assert.Equal(t, uint64(151), r.firstID())
 
 	small := newRing(3, 1<<20)
-	small.append(coreQueueFrame(1, coreFrameBase).ref())
+	small.append(coreQueueFrame(1, 1).ref())
 	assert.Len(t, small.slots, 4, "never above the power of two at or above maxLen")
 	one := newRing(1, 1<<20)
-	appendRange(&one, 1, 3, coreFrameBase)
+	appendRange(&one, 1, 3, 1)
 	assert.Len(t, one.slots, 1)
 	assert.Equal(t, []uint64{3}, ringIDs(&one))
 }
@@ -150,7 +150,7 @@ func TestRingGrowsByDoublingUpToMaxLen(t *testing.T) {
 func TestRingLoadWithoutTheLock(t *testing.T) {
 	r := newRing(8, 1<<20)
 	assert.Nil(t, r.load(1), "empty")
-	appendRange(&r, 1, 20, coreFrameBase) // holds 13..20 in 8 slots
+	appendRange(&r, 1, 20, 1) // holds 13..20 in 8 slots
 	for id := uint64(13); id <= 20; id++ {
 		assert.Equal(t, id, r.load(id).id)
 	}
@@ -161,9 +161,9 @@ func TestRingLoadWithoutTheLock(t *testing.T) {
 	// A reader that holds the slots from before a grow finds what it wants
 	// in the new ones.
 	g := newRing(64, 1<<20)
-	appendRange(&g, 1, 16, coreFrameBase)
+	appendRange(&g, 1, 16, 1)
 	old := g.view.Load()
-	appendRange(&g, 17, 17, coreFrameBase) // grows to 32
+	appendRange(&g, 17, 17, 1) // grows to 32
 	require.NotSame(t, old, g.view.Load())
 	assert.Nil(t, old.s[17&15].Load().idIf(17), "the old slots never see 17")
 	assert.Equal(t, uint64(17), g.load(17).id)

@@ -36,7 +36,9 @@ type Stats struct {
 	Dropped DroppedStats
 	// CatchUp counts what OverflowCatchUp did.
 	CatchUp CatchUpStats
-	// RingLen and RingBytes are the replay ring's current size.
+	// RingLen and RingBytes are the replay ring's current size: its
+	// events, and the sum of their envelopes (Frame.Size), the unit of
+	// Options.RingMaxBytes.
 	RingLen, RingBytes int
 }
 

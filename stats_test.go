@@ -200,10 +200,10 @@ func TestStatsEvictionsByReason(t *testing.T) {
 		assert.Equal(t, EvictionStats{QueueOverflow: 1}, b.Stats().Evictions)
 	})
 	t.Run("queue_bytes_overflow", func(t *testing.T) {
-		b := newBus(t, Options{MaxQueuedBytes: 2000})
+		b := newBus(t, Options{MaxQueuedBytes: 1000})
 		s := subscribe(t, b, SubscribeOptions{})
 		for range 11 {
-			publishSized(t, b, "e", 200)
+			publishSized(t, b, "e", 100)
 		}
 		assert.Contains(t, dataOf(t, ofType(collectEvents(s), TypeClientEvicted)[0]), `"reason":"queue_bytes_overflow"`)
 		assert.Equal(t, EvictionStats{QueueBytesOverflow: 1}, b.Stats().Evictions)
@@ -300,9 +300,9 @@ func TestStatsDroppedOverflow(t *testing.T) {
 }
 
 func TestStatsDroppedReplayBudget(t *testing.T) {
-	b := newBus(t, Options{ReplayBudgetBytes: 500})
+	b := newBus(t, Options{ReplayBudgetBytes: 250})
 	for range 5 {
-		publishSized(t, b, "e", 200)
+		publishSized(t, b, "e", 100)
 	}
 	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 0})
 	fs := readyNow(s)
@@ -362,26 +362,26 @@ func TestStatsDroppedBlockedCountsTheFailedBatch(t *testing.T) {
 func TestStatsRingLenAndBytes(t *testing.T) {
 	b := newBus(t, Options{RingSize: 5})
 	for range 3 {
-		publishSized(t, b, "e", 200)
+		publishSized(t, b, "e", 100)
 	}
 	st := b.Stats()
 	assert.Equal(t, 3, st.RingLen)
-	assert.Equal(t, 600, st.RingBytes)
+	assert.Equal(t, 300, st.RingBytes)
 	for range 4 {
-		publishSized(t, b, "e", 240)
+		publishSized(t, b, "e", 120)
 	}
 	sendSignal(t, b, "x", "a")
 	st = b.Stats()
 	assert.Equal(t, 5, st.RingLen)
-	assert.Equal(t, 200+4*240, st.RingBytes)
+	assert.Equal(t, 100+4*120, st.RingBytes)
 
-	b2 := newBus(t, Options{RingMaxBytes: 700})
+	b2 := newBus(t, Options{RingMaxBytes: 350})
 	for range 5 {
-		publishSized(t, b2, "e", 200)
+		publishSized(t, b2, "e", 100)
 	}
 	st = b2.Stats()
 	assert.Equal(t, 3, st.RingLen)
-	assert.Equal(t, 600, st.RingBytes)
+	assert.Equal(t, 300, st.RingBytes)
 
 	require.NoError(t, b.Close())
 	st = b.Stats()

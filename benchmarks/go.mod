@@ -2,6 +2,10 @@ module github.com/ssebus/eventbus/benchmarks
 
 go 1.25
 
+// Users get the root module at the release this file requires (one version
+// for every module of the repository, RELEASING.md); inside the
+// repository it builds against the working tree: a replace applies
+// only to the main module.
 replace github.com/ssebus/eventbus => ../
 
 require (
@@ -13,7 +17,7 @@ require (
 require go.yaml.in/yaml/v3 v3.0.6 // indirect
 
 require (
-	github.com/ssebus/eventbus v0.0.0-00010101000000-000000000000
+	github.com/ssebus/eventbus v0.1.0
 	golang.org/x/net v0.0.0-20191116160921-f9c825593386 // indirect
 	gopkg.in/cenkalti/backoff.v1 v1.1.0 // indirect
 )

@@ -130,7 +130,7 @@ type fanout interface {
 	// them is registered (an event published afterwards reaches all of them)
 	// and every subscriber goroutine it starts is running: the workload is
 	// subscribers that drain, and a tight publisher on 2 cores can otherwise
-	// fill a goroutine that was never scheduled yet (see RESULTS.md).
+	// fill a goroutine that was never scheduled yet (see BENCHMARKS.md).
 	start(sinks []*sink) error
 	// publish publishes event seq (1-based). It may block if the library blocks.
 	publish(seq uint64) error

@@ -3,7 +3,8 @@
 //
 //	go run . [-events N] [-subs 1,64,1000] [-count 3] [-timeout 30s] ...
 //
-// It prints markdown tables. See RESULTS.md for a recorded run.
+// It prints markdown tables. BENCHMARKS.md (repository root) has the recorded
+// runs, docs/bench/peers-default.md their raw output.
 package main
 
 import (

@@ -2,11 +2,15 @@ module github.com/ssebus/eventbus/prometheus
 
 go 1.26.0
 
+// Users get the root module at the release this file requires (one version
+// for every module of the repository, RELEASING.md); inside the
+// repository it builds against the working tree: a replace applies
+// only to the main module.
 replace github.com/ssebus/eventbus => ../
 
 require (
 	github.com/prometheus/client_golang v1.25.0
-	github.com/ssebus/eventbus v0.0.0
+	github.com/ssebus/eventbus v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 

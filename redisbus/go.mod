@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/ssebus/eventbus v0.0.0
+	github.com/ssebus/eventbus v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 

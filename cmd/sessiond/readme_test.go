@@ -40,23 +40,49 @@ func readmeProgram(t *testing.T, root, heading string) string {
 	return code + "\n"
 }
 
-// TestREADMEDaemon builds each of the README's daemons ("In twenty lines"
-// and "A complete daemon"), exactly as the README has them, in a module of
-// their own that uses this repository, runs each on a free port, publishes
-// an event and reads it back from the stream, and checks that a GET of an
-// unknown session is a 404. The complete one is stopped with SIGTERM with
-// a stream open and must exit 0; the short one, which has no shutdown, is
-// killed.
+// completeDaemon is the README's complete daemon: the program in
+// examples/daemon, which the README links.
+const completeDaemon = "examples/daemon/main.go"
+
+// exampleProgram returns the Go code of the README's complete daemon, after
+// checking that the README still links to it.
+func exampleProgram(t *testing.T, root string) string {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "("+completeDaemon+")") {
+		t.Fatalf("README.md does not link %s", completeDaemon)
+	}
+	b, err := os.ReadFile(filepath.Join(root, completeDaemon))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestREADMEDaemon builds each of the README's daemons (the one of "In
+// twenty lines", exactly as the README has it, and the complete one the
+// README links, examples/daemon), in a module of their own that uses this
+// repository, runs each on a free port, publishes an event and reads it
+// back from the stream, and checks that a GET of an unknown session is a
+// 404. The complete one is stopped with SIGTERM with a stream open and must
+// exit 0; the short one, which has no shutdown, is killed.
 func TestREADMEDaemon(t *testing.T) {
 	for _, c := range []struct {
-		heading  string
+		name     string
+		program  func(t *testing.T, root string) string
 		graceful bool
-	}{{"In twenty lines", false}, {"A complete daemon", true}} {
-		t.Run(strings.ReplaceAll(c.heading, " ", "_"), func(t *testing.T) { testREADMEDaemon(t, c.heading, c.graceful) })
+	}{
+		{"In_twenty_lines", func(t *testing.T, root string) string { return readmeProgram(t, root, "In twenty lines") }, false},
+		{"A_complete_daemon", exampleProgram, true},
+	} {
+		t.Run(c.name, func(t *testing.T) { testREADMEDaemon(t, c.program, c.graceful) })
 	}
 }
 
-func testREADMEDaemon(t *testing.T, heading string, graceful bool) {
+func testREADMEDaemon(t *testing.T, program func(t *testing.T, root string) string, graceful bool) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("needs the go command")
@@ -67,7 +93,7 @@ func testREADMEDaemon(t *testing.T, heading string, graceful bool) {
 	}
 	dir := t.TempDir()
 	gomod := fmt.Sprintf("module example.com/readmedaemon\n\ngo 1.25\n\nrequire github.com/ssebus/eventbus v0.0.0\n\nreplace github.com/ssebus/eventbus => %s\n", root)
-	for name, text := range map[string]string{"go.mod": gomod, "main.go": readmeProgram(t, root, heading)} {
+	for name, text := range map[string]string{"go.mod": gomod, "main.go": program(t, root)} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,100 @@
+// Command sessiond-nats is a demo daemon for package natsbus: the session
+// event routes of sessiond-redis and sessiond-pg, with every session's
+// events in a NATS JetStream stream, so that several replicas serve the
+// same sessions and a client may resume with Last-Event-ID on any of them.
+// Its HTTP surface (routes, bodies, status codes, headers) is theirs,
+// served by the same code (internal/daemon.Replica): a client cannot tell
+// which engine is behind it.
+//
+// Usage:
+//
+//	go run ./cmd/sessiond-nats [-addr 127.0.0.1:8081] [-nats nats://127.0.0.1:4222] [flags]
+//
+// (from the natsbus module: cd natsbus first). Routes:
+//
+//	GET    /session/{id}/events       the SSE stream (eventbus.Handler, resumes from the stream)
+//	POST   /session/{id}/events       publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...}
+//	                                  (an Idempotency-Key header makes a retry safe: see natsbus/README.md)
+//	GET    /session/{id}              the session as the stream and this replica see it (404 if it has none)
+//	DELETE /session/{id}              forget the session; every replica's streams of it end -> 204
+//	POST   /session/{id}/disconnect   cut this replica's open streams of the session -> {"disconnected":N,"mode":...}
+//	                                  (?mode=clean ends the responses, ?mode=abort resets the connections)
+//	POST   /session/{id}/signal       send {"type":..., "about":...} to the session's streams on every replica -> 204
+//
+// The flags of cmd/sessiond apply (epoch ids on by default, -cors-origin,
+// h2c, -tls-cert/-tls-key, the header and body limits, -auth-token and
+// -token-lifetime with POST /login, /logout and /revoke; a revocation ends
+// the streams of this replica). On SIGINT or SIGTERM it closes the
+// backplane (open streams drain, get stream_error shutdown with
+// -shutdown-retry-after, and end) while the HTTP server shuts down, within
+// -shutdown-timeout.
+// The stream stays.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	shared "github.com/ssebus/eventbus/internal/daemon" // not "daemon": main_test.go has a func daemon
+	"github.com/ssebus/eventbus/natsbus"
+)
+
+func main() { shared.Main("sessiond-nats", run) }
+
+// run serves a replica until ctx is done, then closes the backplane
+// (streams drain) and the HTTP server; ready, when set, learns the address.
+func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr string)) error {
+	var (
+		natsURL, stream, subject string
+		replicas                 int
+	)
+	rf, err := shared.ParseReplicaFlags("sessiond-nats", "github.com/ssebus/eventbus/natsbus", "natsbus", "NATS", args, logOut, func(fs *flag.FlagSet) {
+		fs.StringVar(&natsURL, "nats", nats.DefaultURL, "NATS server URL, or a comma-separated list of a cluster's")
+		fs.StringVar(&stream, "stream", natsbus.DefaultStream, "JetStream stream of the sessions (created when missing)")
+		fs.StringVar(&subject, "subject", natsbus.DefaultSubject, "prefix of the backplane's subjects (<subject>.s.<session>, <subject>.sig.<session>)")
+		fs.IntVar(&replicas, "replicas", 1, "replicas of the stream when this replica creates it (3 on a three-node cluster)")
+	})
+	if err != nil {
+		return err
+	}
+	// A publish must never be buffered while the connection reconnects:
+	// it would be sent after its caller gave up.
+	nc, err := nats.Connect(natsURL, nats.Name("sessiond-nats "+rf.Name), nats.ReconnectBufSize(-1),
+		nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("-nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("-nats: %w", err)
+	}
+	nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	bp, err := natsbus.New(nctx, js, natsbus.Options{
+		Bus:                rf.BusOptions(rf.Logger), // its RingSize is each session's MaxMsgsPerSubject too
+		PublishTimeout:     rf.PublishTimeout,
+		IdleTimeout:        rf.IdleTimeout,
+		OutageTimeout:      rf.OutageTimeout,
+		IdempotencyWindow:  rf.IdempotencyWindow,
+		ShutdownRetryAfter: rf.ShutdownRetryAfter,
+		Stream:             stream,
+		Subject:            subject,
+		Replicas:           replicas,
+		Logger:             rf.Logger,
+	})
+	if err != nil {
+		return err
+	}
+	return rf.Serve(ctx, shared.ReplicaServer{
+		Backplane: shared.BackplaneOf(bp),
+		Errors:    shared.ReplicaErrors(natsbus.ErrOutcomeUnknown, natsbus.ErrInvalidSession, natsbus.ErrUnavailable),
+		Events:    bp.Handler(), Close: func() { bp.Close() }, Ready: ready,
+		ListenAttrs: []any{"nats", natsURL, "stream", stream},
+	})
+}

@@ -1,0 +1,80 @@
+package natsbus
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+
+	"github.com/ssebus/eventbus"
+)
+
+// signalMsg is the payload of a signal on "<Subject>.sig.<token>": the
+// session is the subject's token, so any id survives.
+type signalMsg struct {
+	Type  string `json:"t"`
+	About string `json:"a"`
+}
+
+// Signal sends a change signal (SPEC 11: a type and the resource it is
+// about, no id, no data) to the subscribers of session on every replica,
+// as a core NATS publish (not stored in the stream). Each replica that
+// mirrors the session delivers it with eventbus.EventBus.Signal: never
+// stored, never replayed, coalesced in subscriber queues as on a single
+// bus. Replicas without a mirror of the session ignore it.
+//
+// Signals are best effort, as on a single bus: a replica whose connection
+// is reconnecting misses them, and a signal may reach a replica before
+// events published ahead of it (a client refetches the resource anyway).
+// Signal returns within PublishTimeout, once the server has the signal (a
+// flush): an error wrapping eventbus.ErrInvalidEvent or
+// eventbus.ErrEventTooLarge for a signal the bus would refuse,
+// ErrUnavailable when NATS cannot be reached, eventbus.ErrClosed after
+// Close.
+func (b *Backplane) Signal(ctx context.Context, session, typ, about string) error {
+	if err := validSession(session); err != nil {
+		return err
+	}
+	if b.set.Closed() {
+		return eventbus.ErrClosed
+	}
+	if err := b.encoder.CheckSignal(typ, about); err != nil {
+		return err
+	}
+	payload, err := json.Marshal(signalMsg{typ, about})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	defer cancel()
+	if err := b.nc.Publish(b.opts.Subject+".sig."+token(session), payload); err != nil {
+		return unavailable("signal", session, err)
+	}
+	if err := b.nc.FlushWithContext(ctx); err != nil {
+		return unavailable("signal", session, err)
+	}
+	return nil
+}
+
+// receiveSignals delivers the backplane's signals to the local mirrors
+// until Close.
+func (b *Backplane) receiveSignals() {
+	prefix := b.opts.Subject + ".sig."
+	for {
+		select {
+		case <-b.set.Context().Done():
+			return
+		case m := <-b.signalMsgs:
+			id, ok := untoken(strings.TrimPrefix(m.Subject, prefix))
+			if !ok {
+				continue
+			}
+			var sig signalMsg
+			if json.Unmarshal(m.Data, &sig) != nil {
+				continue
+			}
+			if s := b.set.Ready(id); s != nil {
+				_ = s.Bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
+			}
+		}
+	}
+}
