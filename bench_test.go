@@ -306,17 +306,7 @@ func benchPublishLatency(b *testing.B, policy OverflowPolicy, kind string) {
 			var n int64
 			evictions := 0
 			for b.Loop() {
-				t0 := time.Now()
-				_, err := bus.Publish(ev)
-				d := time.Since(t0)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if len(lat) < cap(lat) {
-					lat = append(lat, d)
-				} else {
-					lat[n%int64(len(lat))] = d
-				}
+				lat = publishTimed(b, bus, ev, lat, n)
 				n++
 				if n%flowWindow == 0 {
 					waitAll(n-flowLag, got, healthy)
@@ -330,9 +320,7 @@ func benchPublishLatency(b *testing.B, policy OverflowPolicy, kind string) {
 				}
 			}
 			waitAll(n, got, healthy)
-			slices.Sort(lat)
-			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
-			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+			reportLatency(b, lat, false)
 			switch {
 			case policy == OverflowEvict && kind != "" && n > 1000 && evictions == 0:
 				b.Fatalf("the %s subscriber was never evicted in %d publishes", kind, n)
@@ -347,6 +335,33 @@ func benchPublishLatency(b *testing.B, policy OverflowPolicy, kind string) {
 				}
 			}
 		}
+	}
+}
+
+// publishTimed publishes ev and records how long Publish took: lat keeps
+// the last cap(lat) durations (n counts the publishes before this one).
+func publishTimed(b *testing.B, bus *EventBus, ev Event, lat []time.Duration, n int64) []time.Duration {
+	t0 := time.Now()
+	_, err := bus.Publish(ev)
+	d := time.Since(t0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(lat) < cap(lat) {
+		return append(lat, d)
+	}
+	lat[n%int64(len(lat))] = d
+	return lat
+}
+
+// reportLatency sorts lat and reports its p50 and p99, and with worst its
+// maximum.
+func reportLatency(b *testing.B, lat []time.Duration, worst bool) {
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+	if worst {
+		b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "max-ns")
 	}
 }
 
@@ -588,15 +603,7 @@ func benchPublishStalled(b *testing.B, stalled int, blocked bool) {
 	evictions := 0
 	b.ReportAllocs()
 	for b.Loop() {
-		t0 := time.Now()
-		_, err := bus.Publish(ev)
-		dt := time.Since(t0)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if len(lat) < cap(lat) {
-			lat = append(lat, dt)
-		}
+		lat = publishTimed(b, bus, ev, lat, n)
 		n++
 		waitAll(n-1, func(int) int64 { return d.got.Load() }, 1)
 		for i, x := range slow {
@@ -610,10 +617,7 @@ func benchPublishStalled(b *testing.B, stalled int, blocked bool) {
 		}
 	}
 	waitAll(n, func(int) int64 { return d.got.Load() }, 1)
-	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
-	b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "max-ns")
+	reportLatency(b, lat, true)
 	if stalled > 0 && n > 10 && evictions == 0 {
 		b.Fatalf("no stalled subscriber was evicted in %d publishes", n)
 	}
