@@ -308,8 +308,8 @@ func (s *Subscription) takeBehind(dst []Frame, sizes *[]int) (frames []Frame, op
 			taken.liveBytes = int(bytes - bytes0)
 		}
 		frames = s.catchUp(frames, sizes, taken)
-	} else {
-		s.release()
+	} else if sizes == nil {
+		s.release() // the Events iterator releases it itself (see take)
 	}
 	return frames, open
 }

@@ -1,6 +1,7 @@
 package eventbus
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -41,13 +42,15 @@ var corsHeaders = []string{"Last-Event-ID", "Event-Epoch", "Cache-Control", "Acc
 // a preflight gets 204 with Allow.
 //
 // The zero CORS allows no other origin (only same-host pages and clients
-// without an Origin).
+// without an Origin). Origins "*" together with Credentials is refused (see
+// Validate): a Handler so configured serves nothing.
 type CORS struct {
 	// Origins are the allowed origins, each compared exactly with the
 	// request's Origin header: scheme, host and port as a browser sends
 	// them, such as "https://app.example.com" or "http://localhost:5173"
 	// (no path, no trailing slash). "*" allows every origin, "null"
-	// included (sandboxed frames, file: pages).
+	// included (sandboxed frames, file: pages), and cannot go with
+	// Credentials.
 	Origins []string
 	// AllowOrigin, when set, decides about an origin that Origins does not
 	// list. It is called on the request's goroutine, must be safe for
@@ -55,7 +58,8 @@ type CORS struct {
 	AllowOrigin func(origin string) bool
 	// Credentials allows credentialed requests (cookies, HTTP auth, an
 	// EventSource opened withCredentials: true): allowed origins also get
-	// Access-Control-Allow-Credentials: true.
+	// Access-Control-Allow-Credentials: true. It needs origins named in
+	// Origins or chosen by AllowOrigin, never "*" (see Validate).
 	Credentials bool
 	// AllowHeaders are request headers a preflight may name besides
 	// Last-Event-ID, Event-Epoch, Cache-Control and Accept, such as
@@ -65,6 +69,25 @@ type CORS struct {
 	// DefaultCORSMaxAge, a negative value sends none (the browser's default,
 	// 5 seconds in Chromium).
 	MaxAge time.Duration
+}
+
+// Validate reports whether c may be served: it returns an error wrapping
+// ErrInvalidOption when Origins holds "*" and Credentials is set. The
+// handler answers an allowed origin with that origin, never "*", so the
+// pair would let every site a visitor opens read the stream with the
+// visitor's cookies; the Fetch standard refuses "*" with credentials for
+// that reason. Name the origins instead, or decide with AllowOrigin.
+//
+// A Handler calls Validate on every request: with a CORS that does not
+// validate it answers every request, preflights included, 500
+// {"code":"invalid_cors"} and logs the error once (at Error). Call it when
+// setting up, to fail at start instead. A nil CORS is valid. Validate only
+// reads c.
+func (c *CORS) Validate() error {
+	if c != nil && c.Credentials && slices.Contains(c.Origins, "*") {
+		return fmt.Errorf(`%w: CORS Origins "*" with Credentials would let every site read the stream with its visitors' cookies; list the allowed origins, or choose them with AllowOrigin`, ErrInvalidOption)
+	}
+	return nil
 }
 
 func (c *CORS) allowed(origin string) bool {

@@ -63,10 +63,14 @@ func TestCORSStream(t *testing.T) {
 }
 
 func TestCORSCredentials(t *testing.T) {
-	const page = "https://app.example"
-	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: &CORS{Origins: []string{"*"}, Credentials: true}}})
+	const page, other = "https://app.example", "https://other.example"
+	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: &CORS{
+		Origins:     []string{page},
+		AllowOrigin: func(o string) bool { return o == other },
+		Credentials: true,
+	}}})
 	e.bus(t, "s", Options{})
-	for _, origin := range []string{page, "https://other.example"} {
+	for _, origin := range []string{page, other} {
 		c := e.stream(t, "/session/s/events", hdr("Origin", origin, "Cookie", "session=1"))
 		require.Equal(t, []string{origin}, c.resp.Header.Values("Access-Control-Allow-Origin"), "never * with credentials")
 		require.Equal(t, []string{"true"}, c.resp.Header.Values("Access-Control-Allow-Credentials"))
@@ -76,6 +80,47 @@ func TestCORSCredentials(t *testing.T) {
 	require.Equal(t, http.StatusNoContent, resp.StatusCode)
 	require.Equal(t, page, resp.Header.Get("Access-Control-Allow-Origin"))
 	require.Equal(t, "true", resp.Header.Get("Access-Control-Allow-Credentials"))
+	resp = e.do(t, http.MethodGet, "/session/s/events", hdr("Origin", "https://evil.example", "Cookie", "session=1"))
+	requireHTTPError(t, resp, http.StatusForbidden, "origin_not_allowed")
+	require.Empty(t, resp.Header.Values("Access-Control-Allow-Credentials"))
+}
+
+// "*" with Credentials would answer every site with its own origin and
+// Allow-Credentials: true, so that any page a visitor opens reads the
+// stream with the visitor's cookies (issue 22). Validate refuses it, and a
+// Handler so configured serves nothing: every request, a preflight or one
+// without Origin too, is 500 invalid_cors, logged once.
+func TestCORSStarWithCredentialsRefused(t *testing.T) {
+	for _, c := range []*CORS{nil, {}, {Origins: []string{"*"}}, {Origins: []string{"https://app.example"}, Credentials: true},
+		{AllowOrigin: func(string) bool { return true }, Credentials: true}} {
+		require.NoError(t, c.Validate(), "%+v", c)
+	}
+	bad := &CORS{Origins: []string{"https://app.example", "*"}, Credentials: true}
+	err := bad.Validate()
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorContains(t, err, `eventbus: invalid option: CORS Origins "*" with Credentials`)
+
+	e := newEnv(t, envOptions{anyMethod: true, handler: &Handler{CORS: bad}})
+	b := e.bus(t, "s", Options{})
+	for _, h := range []http.Header{
+		hdr("Origin", "https://evil.example", "Cookie", "session=1"),
+		hdr("Origin", "https://app.example"),
+		nil,
+		hdr("Origin", "https://evil.example", "Access-Control-Request-Method", "GET"),
+	} {
+		method := http.MethodGet
+		if h.Get("Access-Control-Request-Method") != "" {
+			method = http.MethodOptions
+		}
+		resp := e.do(t, method, "/session/s/events", h)
+		requireHTTPError(t, resp, http.StatusInternalServerError, "invalid_cors")
+		require.Empty(t, resp.Header.Values("Access-Control-Allow-Origin"), "%v", h)
+		require.Empty(t, resp.Header.Values("Access-Control-Allow-Credentials"), "%v", h)
+	}
+	require.Zero(t, b.Stats().PeakSubscribers, "nothing subscribed")
+	logged := e.logs.find("invalid Handler.CORS")
+	require.Len(t, logged, 1, "logged once")
+	require.Contains(t, logged[0].Attrs["error"], `Origins "*" with Credentials`)
 }
 
 func TestCORSPreflight(t *testing.T) {

@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"strconv"
+	"time"
 )
 
 // Synthetic frame types. Synthetic frames are local to one subscriber and
@@ -62,7 +63,21 @@ const (
 	// ErrorKindRevoked: access was revoked; reconnect once with fresh
 	// credentials, and take a 401 or 403 then as final.
 	ErrorKindRevoked = "revoked"
+	// ErrorKindShutdown: the server is going away (a restart, a deploy, a
+	// replica leaving) after the frames queued before it; the frame's data
+	// also holds "retryAfter", in milliseconds. Reconnect after a random
+	// delay in [retryAfter, 2*retryAfter] and resume from the cursor (to
+	// another replica where there is one). See EventBus.CloseForShutdown.
+	ErrorKindShutdown = "shutdown"
 )
+
+// DefaultShutdownRetryAfter is the retryAfter of a shutdown's stream_error
+// when none is chosen (HubOptions.ShutdownRetryAfter, CloseForShutdown):
+// its clients come back spread over [2s, 4s].
+const DefaultShutdownRetryAfter = 2 * time.Second
+
+// shutdownMessage is the error of a shutdown's stream_error.
+const shutdownMessage = "the server is shutting down: reconnect after retryAfter ms and resume"
 
 type frameKind uint8
 
@@ -230,16 +245,42 @@ func (f Frame) String() string {
 // StreamErrorFrame returns a terminal stream_error frame with data
 // {"error":msg,"errorKind":kind}, stamped with the current time. The HTTP
 // handler writes it when a stream must end for a reason other than eviction,
-// close or disconnect.
+// close or disconnect. For ErrorKindShutdown the data also holds
+// "retryAfter": DefaultShutdownRetryAfter in milliseconds, so that every
+// shutdown frame carries one.
 func StreamErrorFrame(msg, kind string) Frame { return streamErrorFrame(msg, kind, nowMillis(nil)) }
 
 // streamErrorFrame is StreamErrorFrame stamped with ts.
 func streamErrorFrame(msg, kind string, ts int64) Frame {
-	d := make([]byte, 0, 48+len(msg)+len(kind))
+	var retry time.Duration
+	if kind == ErrorKindShutdown {
+		retry = DefaultShutdownRetryAfter
+	}
+	return streamErrorFrameRetry(msg, kind, retry, ts)
+}
+
+// shutdownFrame is a shutdown's stream_error, retryAfter <= 0 meaning
+// DefaultShutdownRetryAfter.
+func shutdownFrame(retryAfter time.Duration, ts int64) Frame {
+	if retryAfter <= 0 {
+		retryAfter = DefaultShutdownRetryAfter
+	}
+	return streamErrorFrameRetry(shutdownMessage, ErrorKindShutdown, retryAfter, ts)
+}
+
+// streamErrorFrameRetry builds a stream_error with data
+// {"error":msg,"errorKind":kind} and, when retryAfter > 0,
+// "retryAfter":<milliseconds, at least 1> after them.
+func streamErrorFrameRetry(msg, kind string, retryAfter time.Duration, ts int64) Frame {
+	d := make([]byte, 0, 72+len(msg)+len(kind))
 	d = append(d, `{"error":`...)
 	d = appendJSONString(d, msg)
 	d = append(d, `,"errorKind":`...)
 	d = appendJSONString(d, kind)
+	if retryAfter > 0 {
+		d = append(d, `,"retryAfter":`...)
+		d = strconv.AppendInt(d, max(retryAfter.Milliseconds(), 1), 10)
+	}
 	d = append(d, '}')
 	return syntheticFrame(TypeStreamError, kindTerminal, d, ts)
 }

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -98,7 +99,12 @@ type Handler struct {
 	// Heartbeat is the idle time before a heartbeat line (the retry: line
 	// again, or a ":" comment; see above); 0 means DefaultHeartbeat.
 	Heartbeat time.Duration
-	// WriteTimeout bounds each write and flush; 0 means DefaultWriteTimeout.
+	// WriteTimeout bounds each write and flush, and on HTTP/1.x the end of
+	// the response net/http writes after the stream ends; 0 means
+	// DefaultWriteTimeout. The deadline is cleared after every batch,
+	// failed or not, and never set once the request's context is done: on
+	// HTTP/2 a deadline left on a stream the client has reset would keep
+	// the stream in memory for the whole WriteTimeout (rapid reset).
 	WriteTimeout time.Duration
 	// RetryJitter spreads reconnections: each connection's retry: is Retry
 	// plus a random delay in [0, RetryJitter], drawn per connection, so that
@@ -119,10 +125,13 @@ type Handler struct {
 	EpochIDs bool
 	// CORS, when set, lets pages of other origins open the stream (see
 	// CORS). nil: no CORS headers but Access-Control-Expose-Headers, no
-	// preflight (OPTIONS is 405), no origin check.
+	// preflight (OPTIONS is 405), no origin check. One that does not
+	// validate (CORS.Validate: "*" with Credentials) makes every request
+	// 500 invalid_cors.
 	CORS *CORS
 
-	reg registry // the authorized streams, by subject, for Revoke
+	reg        registry    // the authorized streams, by subject, for Revoke
+	corsLogged atomic.Bool // an invalid CORS was logged (see CORS.Validate)
 }
 
 func (h *Handler) logger() *slog.Logger {
@@ -238,7 +247,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	writeStreamHeaders(w, r, bus)
 
-	s := h.newStream(w)
+	s := h.newStream(w, r)
 	if h.EpochIDs {
 		s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
 		s.idPrefix = append(append(append(s.idPrefix, idField...), bus.Epoch()...), ':')
@@ -264,8 +273,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // it refuses, is answered), the method (GET or HEAD, else 405) and a writer
 // that can flush (else 500). It reports whether the request goes on.
 func (h *Handler) precheck(w http.ResponseWriter, r *http.Request) bool {
-	if h.CORS != nil && !h.CORS.handle(w, r) {
-		return false // a preflight, or an origin it refuses: answered
+	if h.CORS != nil {
+		if err := h.CORS.Validate(); err != nil {
+			// Fail closed: no request is served, so the mistake shows at
+			// once instead of reflecting every origin with credentials.
+			if h.corsLogged.CompareAndSwap(false, true) {
+				h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: refusing every request: invalid Handler.CORS", slog.String("error", err.Error()))
+			}
+			writeJSONError(w, http.StatusInternalServerError, "invalid CORS configuration", "invalid_cors", 0)
+			return false
+		}
+		if !h.CORS.handle(w, r) {
+			return false // a preflight, or an origin it refuses: answered
+		}
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		allow := "GET, HEAD"
@@ -423,11 +443,13 @@ func writeSubscribeError(w http.ResponseWriter, err error, session string) {
 // connection's retry: line in its buffer (no blank line after it: a block
 // of its own would be an empty event in lenient clients, see the type's
 // doc), ready for its first flushBatch.
-func (h *Handler) newStream(w http.ResponseWriter) stream {
+func (h *Handler) newStream(w http.ResponseWriter, r *http.Request) stream {
 	s := stream{
 		w:       w,
 		rc:      http.NewResponseController(w),
+		ctx:     r.Context(),
 		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
+		http1:   r.ProtoMajor == 1,
 		retry:   h.retryMillis(),
 	}
 	s.appendRetry()

@@ -54,6 +54,12 @@ type HubOptions struct {
 	MaxTotalBytes int64
 	// Logger receives the hub's diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+	// ShutdownRetryAfter is the retryAfter of the stream_error shutdown
+	// that Shutdown and Close give every stream after what was queued for
+	// it (see EventBus.CloseForShutdown): its clients come back after a
+	// random delay in [ShutdownRetryAfter, 2*ShutdownRetryAfter]. 0 means
+	// DefaultShutdownRetryAfter; negative is an error.
+	ShutdownRetryAfter time.Duration
 }
 
 // HubStats is a snapshot of a hub's counters, read field by field without
@@ -112,7 +118,8 @@ type HubStats struct {
 type Hub struct {
 	opts        Options // every bus's, with defaults
 	maxSessions int64
-	idle        int64 // ms; <= 0: never
+	retryAfter  time.Duration // of the shutdown frame; 0: the default
+	idle        int64         // ms; <= 0: never
 	logger      *slog.Logger
 	budget      *budget
 
@@ -167,6 +174,9 @@ func NewHub(opts HubOptions) (*Hub, error) {
 	if opts.MaxTotalBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxTotalBytes is %d, must not be negative", ErrInvalidOption, opts.MaxTotalBytes)
 	}
+	if opts.ShutdownRetryAfter < 0 {
+		return nil, fmt.Errorf("%w: ShutdownRetryAfter is %v, must not be negative", ErrInvalidOption, opts.ShutdownRetryAfter)
+	}
 	if opts.MaxSessions == 0 {
 		opts.MaxSessions = DefaultMaxSessions
 	}
@@ -189,6 +199,7 @@ func NewHub(opts HubOptions) (*Hub, error) {
 	h := &Hub{
 		opts:        bo,
 		maxSessions: int64(opts.MaxSessions),
+		retryAfter:  opts.ShutdownRetryAfter,
 		logger:      opts.Logger,
 		seed:        maphash.MakeSeed(),
 	}
@@ -453,15 +464,22 @@ func (h *Hub) LookupSession(_ *http.Request, id string) (*EventBus, error) {
 }
 
 // Shutdown refuses new sessions (GetOrCreate returns ErrClosed), ends the
-// hub's goroutine, forgets every session and closes its bus with drain,
-// then waits until every subscriber has taken what was queued for it, or
-// until ctx is done: then the remaining subscriptions are closed without
-// drain and Shutdown returns ctx.Err(). It returns nil once everything
-// drained. Safe to call more than once, and with Close.
+// hub's goroutine, forgets every session and closes its bus with drain
+// (EventBus.CloseForShutdown with ShutdownRetryAfter: each subscriber gets
+// what was queued, then a stream_error shutdown), then waits until every
+// subscriber has taken what was queued for it, the shutdown frame
+// included, or until ctx is done: then the remaining subscriptions are
+// closed without drain and Shutdown returns ctx.Err(). It returns nil once
+// everything drained. A subscriber that never reads holds Shutdown until
+// ctx is done, never the others: each drains at its own pace. (A
+// transport blocked writing to such a client stays blocked when Shutdown
+// gives up: close its connection at the same deadline, as http.Server.Close
+// does, or let its write deadline pass.) Safe to call more than once, and
+// with Close.
 func (h *Hub) Shutdown(ctx context.Context) error {
 	var subs []*Subscription
 	for _, b := range h.end() {
-		s, _ := b.closeIf(nil, nil)
+		s, _ := h.closeBus(b)
 		subs = append(subs, s...)
 	}
 	drained := func() bool {
@@ -495,15 +513,21 @@ func (h *Hub) Shutdown(ctx context.Context) error {
 	}
 }
 
-// Close closes every session's bus (its subscribers get what is queued,
-// then their end, at their own pace), forgets them, refuses new ones and
-// ends the hub's goroutine. It does not wait for subscribers. Idempotent;
-// it returns nil.
+// Close closes every session's bus as Shutdown does (its subscribers get
+// what is queued, then the stream_error shutdown, at their own pace),
+// forgets them, refuses new ones and ends the hub's goroutine. It does not
+// wait for subscribers. Idempotent; it returns nil.
 func (h *Hub) Close() error {
 	for _, b := range h.end() {
-		_ = b.Close()
+		_, _ = h.closeBus(b)
 	}
 	return nil
+}
+
+// closeBus closes b for the hub's end: with drain, then the shutdown frame.
+func (h *Hub) closeBus(b *EventBus) ([]*Subscription, bool) {
+	f := shutdownFrame(h.retryAfter, b.now())
+	return b.closeIf(&f, nil)
 }
 
 // end marks the hub closed, stops its goroutine and empties the map,

@@ -283,7 +283,11 @@ func TestHubShutdownDrains(t *testing.T) {
 		go func() {
 			time.Sleep(time.Second) // a consumer that comes late
 			n := 0
-			for range s.Events() {
+			for f := range s.Events() {
+				if f.Terminal() {
+					assert.Contains(t, string(f.JSON()), `"errorKind":"shutdown"`)
+					continue
+				}
 				n++
 			}
 			got <- n
@@ -293,7 +297,7 @@ func TestHubShutdownDrains(t *testing.T) {
 		start := time.Now()
 		require.NoError(t, h.Shutdown(ctx))
 		assert.Less(t, time.Since(start), 2*time.Second)
-		assert.Equal(t, 5, <-got, "every queued frame reached the consumer")
+		assert.Equal(t, 5, <-got, "every queued frame reached the consumer, then the shutdown frame")
 		_, err := h.GetOrCreate("t")
 		require.ErrorIs(t, err, ErrClosed)
 		_, err = h.Publish("s", hubEvent(1))

@@ -290,7 +290,7 @@ func (m *MuxHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	writeSSEHeaders(w, r, "Event-Epochs", epochList(sess))
-	s := h.newStream(w)
+	s := h.newStream(w, r)
 	st := muxStream{h: h, sess: sess, group: group, s: &s}
 	st.buildIDLine()
 	if err := s.flushBatch(); err != nil {
@@ -465,6 +465,9 @@ func (st *muxStream) serve(ctx context.Context, ends streamEnds) {
 			st.add(StreamErrorFrame("internal error", ErrorKindInternal), st.current)
 			_ = s.flushBatch()
 		}
+		if !s.lastChunk {
+			s.disarm() // as Handler.serve: no deadline outlives the loop
+		}
 	}()
 	idle := orDefault(st.h.Heartbeat, DefaultHeartbeat)
 	timer := time.NewTimer(idle)
@@ -572,7 +575,7 @@ func (st *muxStream) serve(ctx context.Context, ends streamEnds) {
 			}
 		}
 		if evicted || active == 0 || end != endNone {
-			s.finish()
+			s.armLastChunk()
 			return // the deferred Close ends the subscriptions left
 		}
 		if more {

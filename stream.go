@@ -54,6 +54,14 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 			s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
 			_ = s.flushBatch()
 		}
+		// Whatever the exit, no write deadline of ours outlives the loop
+		// but the last chunk's (see armLastChunk): on HTTP/2 a deadline
+		// armed on a stream the client has reset is a timer that nothing
+		// stops, and it keeps the stream alive for the whole WriteTimeout
+		// (rapid reset, issue 22).
+		if !s.lastChunk {
+			s.disarm()
+		}
 	}()
 	idle := orDefault(h.Heartbeat, DefaultHeartbeat)
 	timer := time.NewTimer(idle)
@@ -113,13 +121,9 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 		// batch are counted as dropped (blocked) instead, never as both.
 		sub.MarkWritten(taken)
 		if !open || end != endNone {
-			// net/http still writes the end of the response after we
-			// return (the last chunk); give it a deadline of its own, or
-			// one that expired while the last batch went out would cut the
-			// connection right after a terminal frame the client has read.
 			// (A stream ended by itself returns with its subscription
 			// open: the deferred Close ends it, dropping what came after.)
-			s.finish()
+			s.armLastChunk()
 			return
 		}
 		if taken > 0 {
@@ -207,10 +211,16 @@ const heartbeat = ":\n"
 // out from their shared bytes) and flushed once, under one write deadline,
 // which is cleared after the flush.
 type stream struct {
-	w       http.ResponseWriter
-	rc      *http.ResponseController
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	// ctx is the request's context: once it is done no deadline is armed
+	// (see arm).
+	ctx     context.Context
 	timeout time.Duration
-	buf     []byte
+	// http1: the response is HTTP/1.x, whose last chunk net/http writes
+	// after the handler returns (see armLastChunk).
+	http1 bool
+	buf   []byte
 	// idPrefix is "id: <epoch>:" with Handler.EpochIDs, else nil. An
 	// event's shared bytes start with "id: N"; the writer puts idPrefix
 	// in front of the bytes after "id: ", so the frames stay encoded once.
@@ -221,7 +231,8 @@ type stream struct {
 	tailField bool
 	err       error // the first write error; later writes are skipped
 	pending   bool  // written since the last flush
-	armed     bool  // the deadline of this batch is set
+	armed     bool  // a write deadline is set and not yet cleared
+	lastChunk bool  // the deadline armed is the last chunk's, kept on return
 	frames    int   // frames in this batch
 }
 
@@ -250,14 +261,6 @@ func (s *stream) appendHeartbeat() {
 	} else {
 		s.appendRetry()
 	}
-}
-
-// finish prepares the end of the response after the last batch: net/http
-// still writes the end of the response after the handler returns (the
-// last chunk), which gets a deadline of its own.
-func (s *stream) finish() {
-	s.armed = false
-	s.arm()
 }
 
 // reserve makes room in the batch buffer for the frames add will copy,
@@ -324,8 +327,16 @@ func (s *stream) write(p []byte) {
 	}
 }
 
+// arm sets the batch's write deadline, once per batch. A request whose
+// context is done gets none, and the batch fails with the context's error:
+// the client has gone (or a write failed), and on HTTP/2 a deadline set on a
+// stream already closed is a timer that nothing stops (see disarm).
 func (s *stream) arm() {
-	if s.armed {
+	if s.armed || s.err != nil {
+		return
+	}
+	if err := s.ctx.Err(); err != nil {
+		s.err = err
 		return
 	}
 	s.armed = true
@@ -335,22 +346,54 @@ func (s *stream) arm() {
 	}
 }
 
+// disarm clears the write deadline if one is set, whether or not the batch
+// failed. Go's HTTP/2 server (1.26) stops a stream's deadline timer when the
+// stream closes, but a deadline set after that (the client reset the stream
+// while the batch was being armed) starts a new timer, which only a clear
+// stops: the clear goes to the connection's serve loop after the set, in
+// order, so it always finds the timer.
+func (s *stream) disarm() {
+	if !s.armed {
+		return
+	}
+	s.armed = false
+	if err := s.rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) && s.err == nil {
+		s.err = err
+	}
+}
+
+// armLastChunk gives net/http's end of an HTTP/1.x response, written after
+// the handler returns (the last chunk), a deadline of its own: without one a
+// client that stopped reading holds the connection for good, and one that
+// expired while the last batch went out would cut the connection right after
+// a terminal frame the client has read. HTTP/2 needs none: the end of its
+// stream is an empty DATA frame, which flow control does not hold, so only a
+// stuck connection can hold it, and a stream's deadline cannot unstick that
+// (its RST_STREAM would wait behind it); armed there after a reset it would
+// only pin the stream. None is armed once the request's context is done.
+func (s *stream) armLastChunk() {
+	if !s.http1 || s.err != nil || s.ctx.Err() != nil {
+		return
+	}
+	s.armed = false
+	s.arm()
+	s.lastChunk = s.armed
+}
+
 // flushBatch writes what is buffered, flushes once, clears the write
-// deadline, and returns the first error of the batch.
+// deadline (also when the batch failed), and returns the first error of
+// the batch.
 func (s *stream) flushBatch() error {
 	s.write(nil)
 	if s.err == nil && s.pending {
 		s.err = s.rc.Flush()
 	}
-	if s.err == nil && s.armed {
-		// Go's HTTP/2 server resets a stream when its write deadline passes
-		// even while nothing is being written; an idle stream must have none,
-		// whatever Heartbeat and WriteTimeout are.
-		if err := s.rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			s.err = err
-		}
-	}
-	s.pending, s.armed = false, false
+	// Go's HTTP/2 server resets a stream when its write deadline passes even
+	// while nothing is being written; an idle stream must have none, whatever
+	// Heartbeat and WriteTimeout are. A failed batch clears it too: its
+	// stream may have been reset before the deadline was set (see disarm).
+	s.disarm()
+	s.pending = false
 	if s.err == nil {
 		// On an error the caller still needs the count: the frames of the
 		// failed batch are counted as dropped, reason blocked.

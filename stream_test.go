@@ -2,12 +2,14 @@ package eventbus
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
@@ -261,6 +263,109 @@ func TestHandlerWriteDeadline(t *testing.T) {
 
 				// The bus is unharmed.
 				publishN(t, b, 1)
+			})
+		})
+	}
+}
+
+// cancelOnHeader ends the request's context as the handler writes the
+// status, after subscribing and before its first write: the client reset
+// the stream in between.
+type cancelOnHeader struct {
+	*deadlineWriter
+	cancel func()
+}
+
+func (w cancelOnHeader) WriteHeader(code int) {
+	w.cancel()
+	w.deadlineWriter.WriteHeader(code)
+}
+
+// No exit of the stream loop leaves a write deadline behind, but the one an
+// HTTP/1.x response's last chunk gets; none is set once the request is
+// done. On HTTP/2 a deadline left on a reset stream is a timer that keeps
+// the stream alive for the whole WriteTimeout (rapid reset, see
+// TestHandlerHTTP2RapidResetHeap).
+func TestHandlerWriteDeadlineOnExit(t *testing.T) {
+	serve := func(h *Handler, w http.ResponseWriter, protoMajor int) (cancel func(), done <-chan struct{}) {
+		ctx, cancelCtx := context.WithCancel(context.Background())
+		req := httptest.NewRequest(http.MethodGet, "/session/s/events", nil).WithContext(ctx)
+		req.ProtoMajor, req.ProtoMinor = protoMajor, 0
+		ch := make(chan struct{})
+		go func() {
+			defer close(ch)
+			h.ServeHTTP(w, req)
+		}()
+		return cancelCtx, ch
+	}
+	cleared := func(t *testing.T, sets []deadlineSet) {
+		t.Helper()
+		require.NotEmpty(t, sets)
+		require.Zero(t, sets[len(sets)-1].deadline, "the last deadline set is cleared: %v", sets)
+	}
+	t.Run("a failed write", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := newBus(t, Options{})
+			w := newDeadlineWriter(2)
+			h := busHandler(b, &logCapture{})
+			_, done := serve(h, w, 2)
+			synctest.Wait()
+			publishN(t, b, 1)
+			<-done
+			sets := w.deadlineSets()
+			require.Len(t, sets, 4, "retry:, cleared, the batch, cleared after it failed: %v", sets)
+			cleared(t, sets)
+			require.EqualValues(t, 1, b.Stats().Dropped.Blocked)
+		})
+	})
+	t.Run("the client leaves while idle", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := newBus(t, Options{})
+			w := newDeadlineWriter(0)
+			cancel, done := serve(busHandler(b, &logCapture{}), w, 2)
+			synctest.Wait()
+			cancel()
+			<-done
+			require.Len(t, w.deadlineSets(), 2, "retry: and its clear")
+			cleared(t, w.deadlineSets())
+		})
+	})
+	t.Run("the client left before the first write", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			b := newBus(t, Options{})
+			ctx, cancel := context.WithCancel(context.Background())
+			w := cancelOnHeader{newDeadlineWriter(0), cancel}
+			req := httptest.NewRequest(http.MethodGet, "/session/s/events", nil).WithContext(ctx)
+			req.ProtoMajor, req.ProtoMinor = 2, 0
+			busHandler(b, &logCapture{}).ServeHTTP(w, req)
+			require.Empty(t, w.deadlineSets(), "no deadline once the request is done")
+			require.Empty(t, w.state().body, "nothing written")
+			require.Zero(t, b.SubscriberCount())
+			require.Zero(t, b.Stats().Dropped.Blocked, "a client that left is no blocked writer")
+		})
+	})
+	for _, tc := range []struct {
+		protoMajor int
+		lastChunk  bool
+	}{{1, true}, {2, false}} {
+		t.Run(fmt.Sprintf("the bus closes, HTTP/%d", tc.protoMajor), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := newBus(t, Options{})
+				w := newDeadlineWriter(0)
+				start := time.Now()
+				_, done := serve(busHandler(b, &logCapture{}), w, tc.protoMajor)
+				synctest.Wait()
+				publishN(t, b, 1)
+				require.NoError(t, b.Close())
+				<-done
+				sets := w.deadlineSets()
+				if !tc.lastChunk {
+					cleared(t, sets)
+					return
+				}
+				require.Equal(t, deadlineSet{start, start.Add(DefaultWriteTimeout)}, sets[len(sets)-1],
+					"net/http's last chunk has a deadline of its own: %v", sets)
+				require.Zero(t, sets[len(sets)-2].deadline, "after the last batch's was cleared")
 			})
 		})
 	}

@@ -206,8 +206,9 @@ func (s *Subscription) Close() { s.cancel(context.Canceled, false) }
 
 // Err returns why the subscription ended: an error wrapping ErrEvicted after
 // an eviction, the context's error (or context.Canceled after Close) after a
-// cancellation, one wrapping ErrClosed after EventBus.CloseWithError, and
-// nil while it is open or when the bus was closed by Close.
+// cancellation, one wrapping ErrClosed after EventBus.CloseWithError or
+// CloseForShutdown (which Hub.Shutdown and Hub.Close use), and nil while it
+// is open or when the bus was closed by Close.
 func (s *Subscription) Err() error {
 	if p := s.endErr.Load(); p != nil {
 		return *p
@@ -306,7 +307,11 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 	}
 	// Fallen behind meanwhile with frames taken: the next take goes on
 	// from the ring.
-	if !open {
+	if !open && sizes == nil {
+		// The last frames are the caller's. The Events iterator's are not
+		// until yielded: it releases the context when it stops, so that a
+		// cancellation while it yields what a bus Close left still drops
+		// the rest (SPEC 8).
 		s.release()
 	}
 	return frames, open
@@ -324,7 +329,9 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 // holds more than MaxQueued frames and MaxQueuedBytes bytes unconsumed.
 // After a cancellation or Close (from any goroutine, the loop body
 // included) it yields nothing more; the frames it had taken and not
-// yielded are counted as Dropped.Cancelled.
+// yielded are counted as Dropped.Cancelled. This holds while it yields what
+// a bus Close left too: the subscription's context stays watched until the
+// iterator stops, so a cancellation then drops the rest (SPEC 8).
 func (s *Subscription) Events() iter.Seq[Frame] {
 	return func(yield func(Frame) bool) {
 		if s.iterated.Swap(true) {

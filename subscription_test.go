@@ -532,3 +532,97 @@ func TestDefaultClockStampsWallTimeBetweenRebases(t *testing.T) {
 		}
 	})
 }
+
+// A cancellation (the context, or Subscription.Close) drops what is left and
+// counts it as cancelled, before a bus Close or while the subscription
+// drains what Close left, whoever consumes it: the Events iterator (also
+// when the cancellation comes while it yields, from its loop body), or
+// AppendReady and TakeReady (SPEC 8; issue 22: Events yielded all 99 others
+// after a cancel that came once the bus was closed).
+func TestCancellationWhileDrainingDropsTheRest(t *testing.T) {
+	const n = 100
+	type consumer struct {
+		name string
+		// consume takes what is there, calling end after the first frame
+		// when endAt is set; it returns how many frames it got.
+		consume func(s *Subscription, end func()) int
+	}
+	consumers := []consumer{
+		{"Events", func(s *Subscription, end func()) int {
+			got := 0
+			for range s.Events() {
+				got++
+				if got == 1 && end != nil {
+					end()
+				}
+			}
+			return got
+		}},
+		{"AppendReady", func(s *Subscription, _ func()) int {
+			fs, open := s.AppendReady(nil)
+			if open {
+				panic("still open")
+			}
+			return len(fs)
+		}},
+		{"TakeReady", func(s *Subscription, _ func()) int {
+			fs, open := s.TakeReady(nil)
+			if open {
+				panic("still open")
+			}
+			s.MarkWritten(len(fs))
+			return len(fs)
+		}},
+	}
+	for _, c := range consumers {
+		for _, how := range []string{"context", "Subscription.Close"} {
+			for _, when := range []string{"before bus Close", "after bus Close", "while yielding after bus Close"} {
+				if when == "while yielding after bus Close" && c.name != "Events" {
+					continue // AppendReady and TakeReady hand over all at once
+				}
+				t.Run(c.name+"/"+how+"/"+when, func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						b := newBus(t, Options{})
+						ctx, cancel := context.WithCancel(context.Background())
+						defer cancel()
+						s, err := b.Subscribe(ctx, SubscribeOptions{})
+						require.NoError(t, err)
+						publishNumbered(t, b, n)
+						end := func() {
+							if how == "context" {
+								cancel()
+							} else {
+								s.Close()
+							}
+							synctest.Wait() // the context's callback has run
+						}
+						var endInLoop func()
+						switch when {
+						case "before bus Close":
+							end()
+							require.NoError(t, b.Close())
+						case "after bus Close":
+							require.NoError(t, b.Close())
+							end()
+						default:
+							require.NoError(t, b.Close())
+							endInLoop = end
+						}
+						got := c.consume(s, endInLoop)
+						want := 0
+						if endInLoop != nil {
+							want = 1 // the frame the loop body ended on
+						}
+						require.Equal(t, want, got)
+						st := b.Stats()
+						require.EqualValues(t, n-want, st.Dropped.Cancelled, "what was left is dropped, counted as cancelled")
+						require.EqualValues(t, want, st.FramesDelivered)
+						fs, open := s.AppendReady(nil)
+						require.Empty(t, fs)
+						require.False(t, open)
+					})
+				})
+			}
+		}
+	}
+}

@@ -31,8 +31,10 @@ const idleBeforeCut = 500 * time.Millisecond
 // events live, through a clean end of its stream, an abrupt TCP reset, and a
 // daemon restart (a new epoch), and must have seen exactly the published
 // events of both epochs, each once and in order, with "<epoch>:<id>" SSE
-// ids, plus the synthetic frames (a replay_complete per resume, one
-// epoch_reset after the restart), and nothing else: neither retry: nor the
+// ids, plus the synthetic frames (a replay_complete per resume, at most one
+// stream_error shutdown as the old daemon goes, one epoch_reset after the
+// restart; sseclient reports the shutdown as an error, the others as an
+// event), and nothing else: neither retry: nor the
 // heartbeats may surface as an event. The one exception is r3labs, which
 // turns the unterminated tail of a stream (heartbeat lines after the last
 // event) into an empty event when the connection ends; that is checked to be
@@ -192,7 +194,7 @@ func verify(t *testing.T, c *client, epoch1, epoch2 string, counts []int, resume
 	recs := c.records()
 	epochs := []string{epoch1, epoch2}
 	phase, next := 0, uint64(1)
-	replays, resets := 0, 0
+	replays, resets, shutdowns := 0, 0, 0
 	idRE := regexp.MustCompile(`^([0-9a-f]{32}):([0-9]+)$`)
 	for i, r := range recs {
 		switch r.Kind {
@@ -243,6 +245,18 @@ func verify(t *testing.T, c *client, epoch1, epoch2 string, counts []int, resume
 				}
 				resets++
 				phase, next = 1, 1
+			case "stream_error":
+				// The restart's SIGTERM: the old daemon says it is going
+				// away, once, after every event of its epoch.
+				var d struct {
+					ErrorKind  string `json:"errorKind"`
+					RetryAfter int64  `json:"retryAfter"`
+				}
+				json.Unmarshal(env.Data, &d)
+				if phase != 0 || next != uint64(counts[0])+1 || d.ErrorKind != "shutdown" || d.RetryAfter <= 0 || shutdowns > 0 {
+					t.Fatalf("record %d: stream_error %+v after %d events of epoch %d (%d before)", i, d, next-1, phase+1, shutdowns)
+				}
+				shutdowns++
 			default:
 				t.Fatalf("record %d: synthetic %q", i, typ)
 			}
@@ -258,8 +272,8 @@ func verify(t *testing.T, c *client, epoch1, epoch2 string, counts []int, resume
 		t.Fatalf("ended in epoch %d at id %d, %d epoch_reset, %d replay_complete; want epoch 2, %d events, 1, %d",
 			phase+1, next-1, resets, replays, counts[1], resumes)
 	}
-	t.Logf("%s: %d events of epoch 1 and %d of epoch 2 exactly once, 1 epoch_reset, %d replay_complete, %d connection ends",
-		c.name, counts[0], counts[1], replays, strings.Count(kinds(recs), "end"))
+	t.Logf("%s: %d events of epoch 1 and %d of epoch 2 exactly once, 1 epoch_reset, %d replay_complete, %d stream_error shutdown (as an event), %d connection ends",
+		c.name, counts[0], counts[1], replays, shutdowns, strings.Count(kinds(recs), "end"))
 	return tails
 }
 

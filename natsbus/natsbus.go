@@ -155,6 +155,13 @@ type Options struct {
 	// ReadCount is the most messages a reader's pull asks for at once; 0
 	// means DefaultReadCount.
 	ReadCount int
+	// ShutdownRetryAfter is the retryAfter of the stream_error shutdown
+	// that Close gives every stream of this replica after what was queued
+	// for it: its clients come back after a random delay in
+	// [ShutdownRetryAfter, 2*ShutdownRetryAfter], through the load
+	// balancer to another replica. 0 means
+	// eventbus.DefaultShutdownRetryAfter; negative is an error.
+	ShutdownRetryAfter time.Duration
 	// Logger receives the backplane's own log lines; nil means
 	// Bus.Logger, then slog.Default().
 	Logger *slog.Logger
@@ -208,6 +215,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Backplane,
 	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, time.Millisecond)
 	d.Check("IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow, 100*time.Millisecond)
 	d.Check("CheckInterval", &opts.CheckInterval, DefaultCheckInterval, time.Millisecond)
+	d.Check("ShutdownRetryAfter", &opts.ShutdownRetryAfter, eventbus.DefaultShutdownRetryAfter, 0)
 	if err := d.Err(); err != nil {
 		return nil, err
 	}
@@ -264,6 +272,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Backplane,
 		Name: "natsbus", Engine: "NATS", Store: "the stream",
 		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
 		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: b.log,
+		ShutdownRetryAfter: opts.ShutdownRetryAfter,
 	}, engine{b})
 	b.set.Go(b.receiveSignals)
 	return b, nil
@@ -281,7 +290,8 @@ func apiPrefix(o jetstream.JetStreamOptions) string {
 }
 
 // Close releases every session of this replica: readers stop, mirrors
-// close (their streams drain what is queued, then end), and Close returns
+// close (their streams drain what is queued, then get stream_error
+// shutdown with Options.ShutdownRetryAfter, and end), and Close returns
 // when every goroutine of the backplane has ended. Afterwards Publish
 // returns eventbus.ErrClosed. Idempotent. The stream stays: other replicas
 // go on.

@@ -391,7 +391,8 @@ func TestOptionsValidation(t *testing.T) {
 	pool := newPool(t, url)
 	for _, o := range []Options{
 		{Schema: "Has-Upper"}, {Schema: "1x"}, {Schema: strings.Repeat("s", 49)},
-		{PublishTimeout: -1}, {OutageTimeout: time.Microsecond}, {ReadCount: -1}, {SessionTTL: -1},
+		{PublishTimeout: -1}, {OutageTimeout: time.Microsecond}, {OutageTimeout: minOutageTimeout - time.Millisecond},
+		{ReadCount: -1}, {SessionTTL: -1},
 		{Bus: eventbus.Options{RingSize: -1}},
 	} {
 		if _, err := New(context.Background(), pool, o); !errors.Is(err, eventbus.ErrInvalidOption) {

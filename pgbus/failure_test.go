@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/internal/backplanetest"
 )
@@ -247,19 +245,7 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 	opts.PublishTimeout = time.Second
 	a, _, c := threeReplicas(t, url, opts)
 	live := backplanetest.LateMirror(t, a.shared, c.shared) // C's ring starts at 11
-	ctx := context.Background()
-	locker, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Close(ctx)
-	tx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+schema+".events IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	unlock := lockEvents(t, url, schema)
 	sc := c.open(t, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
 	rs := sc.Next(wait)
 	if rs.Event != eventbus.TypeStateResyncRequired || rs.Str(t, "data", "reason") != "ring_evicted" ||
@@ -270,9 +256,7 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 0 {
 		t.Fatalf("want an empty replay_complete, got %+v", rc)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	a.publish(t, "s", "e", nil)
 	wantIDs(t, sc.Events(1, wait), 21, 21)
 }

@@ -150,7 +150,12 @@ func newReplica(t testing.TB, url, name string, opts Options) *replica {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("replica", name)
 	}
-	pool := newPool(t, url)
+	// The schema names the replica's connections (cutConnections).
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	pool := newPool(t, url+sep+"application_name="+opts.Schema)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	bp, err := New(ctx, pool, opts)
@@ -160,6 +165,53 @@ func newReplica(t testing.TB, url, name string, opts Options) *replica {
 	t.Cleanup(func() { bp.Close() })
 	shared := backplanetest.NewReplica(t, name, bp)
 	return &replica{name: name, pool: pool, bp: bp, srv: shared.Server, shared: shared}
+}
+
+// cutConnections terminates every connection of the replicas of schema
+// (their pools' and listeners', named by application_name; see
+// newReplica) while the server stays up, as a pooler bounce or a failover
+// does, and returns how many once those backends have exited (their FATAL
+// 57P01 is then in the clients' sockets).
+func cutConnections(t testing.TB, url, schema string) int {
+	t.Helper()
+	var pids []int32
+	withConn(t, url, func(ctx context.Context, conn *pgx.Conn) error {
+		err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), '{}') "+
+			"FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND application_name = $1", schema).Scan(&pids)
+		if err != nil {
+			return err
+		}
+		for {
+			var left int
+			if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)", pids).Scan(&left); err != nil {
+				return err
+			}
+			if left == 0 {
+				return nil
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	return len(pids)
+}
+
+// lockEvents holds an exclusive lock on schema's events table from a
+// transaction of its own (reads and publishes of every session wait)
+// until unlock or the end of t.
+func lockEvents(t testing.TB, url, schema string) (unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	unlock = func() { once.Do(func() { locker.Close(ctx) }) } // the close rolls back
+	t.Cleanup(unlock)
+	if _, err := locker.Exec(ctx, "BEGIN; LOCK TABLE "+schema+".events IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return unlock
 }
 
 func threeReplicas(t testing.TB, url string, opts Options) (a, b, c *replica) {

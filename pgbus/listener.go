@@ -13,10 +13,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// listenPing is how long the listener waits for a notification before it
-// pings its connection: a PostgreSQL that hangs (rather than closing the
-// connection) is noticed within listenPing plus PublishTimeout.
+// listenPing is the most the listener waits for a notification before it
+// pings its connection (Backplane.ping: a quarter of OutageTimeout, at
+// most this): a PostgreSQL that hangs (rather than closing the
+// connection) is noticed within two pings.
 const listenPing = time.Second
+
+// minOutageTimeout is the smallest Options.OutageTimeout: the listener
+// pings every quarter of it.
+const minOutageTimeout = 100 * time.Millisecond
 
 // listenerOK returns when the listener last heard from PostgreSQL (the
 // zero time if never).
@@ -95,10 +100,14 @@ func (b *Backplane) connectListener() (*pgx.Conn, error) {
 }
 
 // receive dispatches notifications until the connection fails, a ping
-// fails or times out, or Close.
+// fails or times out, or Close. It waits b.ping for a notification, then
+// pings, and gives the ping a quarter of OutageTimeout (at most
+// PublishTimeout): a hung PostgreSQL is noticed within half of
+// OutageTimeout of the last word, so the readers it then wakes read, and
+// fail, within the bound.
 func (b *Backplane) receive(conn *pgx.Conn) error {
 	for {
-		ctx, cancel := context.WithTimeout(b.set.Context(), listenPing)
+		ctx, cancel := context.WithTimeout(b.set.Context(), b.ping)
 		n, err := conn.WaitForNotification(ctx)
 		cancel()
 		if n != nil {
@@ -114,8 +123,8 @@ func (b *Backplane) receive(conn *pgx.Conn) error {
 		if !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) {
 			return err
 		}
-		// Quiet for listenPing: is PostgreSQL still there?
-		ctx, cancel = context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
+		// Quiet for a ping: is PostgreSQL still there?
+		ctx, cancel = context.WithTimeout(b.set.Context(), min(b.opts.OutageTimeout/4, b.opts.PublishTimeout))
 		err = conn.Ping(ctx)
 		cancel()
 		if err != nil {

@@ -36,10 +36,14 @@
 // Failures are bounded and announced: Publish returns within
 // Options.PublishTimeout, with an error wrapping ErrOutcomeUnknown when
 // the request may have been applied (PublishIdempotent with the same key
-// applies a retry at most once), and a mirror whose reader cannot reach
+// applies a retry at most once), and a mirror that hears nothing from
 // PostgreSQL for Options.OutageTimeout ends its streams with a
 // stream_error of errorKind "unavailable" (clients reconnect with backoff
-// and resume).
+// and resume). A pooled connection the server closed (a pooler bounce, a
+// failover, pg_terminate_backend) is passed over, or the query is run
+// again on a fresh connection where that cannot apply anything twice, and
+// the pool is reset. A schema found missing (a database restarted empty)
+// is created again; its sessions start new epochs.
 package pgbus
 
 import (
@@ -47,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -98,10 +103,14 @@ type Options struct {
 	// creation and reader query (and the wait of a resume for a lagging
 	// reader); 0 means DefaultPublishTimeout.
 	PublishTimeout time.Duration
-	// OutageTimeout is how long a mirror's reader may fail to reach
-	// PostgreSQL before the mirror ends every stream with a stream_error
-	// of errorKind "unavailable" and is released; 0 means
-	// DefaultOutageTimeout.
+	// OutageTimeout is how long a mirror may go without a word from
+	// PostgreSQL (an answer to its reader, or to the listener, which
+	// pings every OutageTimeout/4, at most every second) before it ends
+	// every stream with a stream_error of errorKind "unavailable" and is
+	// released: the streams end between OutageTimeout minus one ping
+	// interval and OutageTimeout after PostgreSQL went away, whatever the
+	// reader was doing (every query and backoff is cut at the bound). 0
+	// means DefaultOutageTimeout; below 100ms is refused.
 	OutageTimeout time.Duration
 	// IdempotencyWindow is how long PublishIdempotent remembers a key,
 	// from its first publish; 0 means DefaultIdempotencyWindow.
@@ -126,6 +135,13 @@ type Options struct {
 	// ReadCount is the most rows one reader query returns; 0 means
 	// DefaultReadCount.
 	ReadCount int
+	// ShutdownRetryAfter is the retryAfter of the stream_error shutdown
+	// that Close gives every stream of this replica after what was queued
+	// for it: its clients come back after a random delay in
+	// [ShutdownRetryAfter, 2*ShutdownRetryAfter], through the load
+	// balancer to another replica. 0 means
+	// eventbus.DefaultShutdownRetryAfter; negative is an error.
+	ShutdownRetryAfter time.Duration
 	// Logger receives the backplane's own log lines; nil means
 	// Bus.Logger, then slog.Default().
 	Logger *slog.Logger
@@ -152,6 +168,17 @@ type Backplane struct {
 
 	// readHook, when set (tests), runs before every query of a reader.
 	readHook atomic.Pointer[func(ctx context.Context, session string)]
+
+	// ping is how long the listener waits for a notification before it
+	// pings its connection: a quarter of OutageTimeout, at most
+	// listenPing.
+	ping time.Duration
+
+	// Dead connections and a missing schema (conn.go).
+	maxConns  int          // the pool's MaxConns
+	resetAt   atomic.Int64 // when the pool was last reset (Unix nanoseconds)
+	schemaMu  sync.Mutex   // held while the schema is created again
+	schemaGen atomic.Uint64
 }
 
 // New returns a backplane publishing to and reading from pool. It creates
@@ -168,10 +195,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 	}
 	var d mirror.Durations
 	d.Check("PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout, time.Millisecond)
-	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, time.Millisecond)
+	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, minOutageTimeout)
 	d.Check("IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow, time.Millisecond)
 	d.Check("IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout, time.Millisecond)
 	d.Check("PollInterval", &opts.PollInterval, DefaultPollInterval, time.Millisecond)
+	d.Check("ShutdownRetryAfter", &opts.ShutdownRetryAfter, eventbus.DefaultShutdownRetryAfter, 0)
 	if err := d.Err(); err != nil {
 		return nil, err
 	}
@@ -197,17 +225,20 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	b := &Backplane{
-		pool:    pool,
-		opts:    opts,
-		q:       newQueries(opts.Schema),
-		bus:     bus,
-		encoder: bus.Encoder,
-		log:     log,
+		pool:     pool,
+		opts:     opts,
+		q:        newQueries(opts.Schema),
+		bus:      bus,
+		encoder:  bus.Encoder,
+		log:      log,
+		ping:     min(opts.OutageTimeout/4, listenPing),
+		maxConns: int(pool.Config().MaxConns),
 	}
 	b.set = mirror.New[*session](mirror.Config{
 		Name: "pgbus", Engine: "PostgreSQL", Store: "the table",
 		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
 		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: log,
+		ShutdownRetryAfter: opts.ShutdownRetryAfter,
 	}, engine{b})
 	b.set.Go(b.listen)
 	b.set.Go(b.maintain)
@@ -215,7 +246,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 }
 
 // Close releases every session of this replica: readers and the listener
-// stop, mirrors close (their streams drain what is queued, then end), and
+// stop, mirrors close (their streams drain what is queued, then get
+// stream_error shutdown with Options.ShutdownRetryAfter, and end), and
 // Close returns when every goroutine of the backplane has ended.
 // Afterwards Publish returns eventbus.ErrClosed. Idempotent. The rows
 // stay: other replicas go on.
@@ -303,19 +335,28 @@ func (b *Backplane) publish(ctx context.Context, session, key string, idem bool,
 	local := b.readySession(session)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return 0, "", false, unavailable("publish to", session, err) // nothing was sent
-	}
-	defer conn.Release()
 	var id int64
 	var epoch string
 	var dup bool
-	err = conn.QueryRow(ctx, b.q.publish, []byte(session), eventbus.NewEpoch(), []byte(ev.Type), ev.Tail,
-		b.bus.MaxLen, b.bus.MaxBytes, b.bus.MaxEvent, keyArg, fp,
-		b.opts.IdempotencyWindow.Milliseconds(), b.opts.PublishTimeout.Milliseconds()).Scan(&id, &epoch, &dup)
+	// With a key, a publish may run twice (the second run finds the key
+	// if the first was applied); without one, only when the first was not
+	// sent.
+	r := retryUnsent
+	if idem {
+		r = retryAlways
+	}
+	var unknown error // the error of an attempt that may have been applied
+	err = b.withConn(ctx, r, func(conn *pgxpool.Conn) error {
+		err := conn.QueryRow(ctx, b.q.publish, []byte(session), eventbus.NewEpoch(), []byte(ev.Type), ev.Tail,
+			b.bus.MaxLen, b.bus.MaxBytes, b.bus.MaxEvent, keyArg, fp,
+			b.opts.IdempotencyWindow.Milliseconds(), b.opts.PublishTimeout.Milliseconds()).Scan(&id, &epoch, &dup)
+		if err != nil && mayHaveApplied(err) {
+			unknown = err
+		}
+		return err
+	})
 	if err != nil {
-		return 0, "", false, b.publishError(session, err)
+		return 0, "", false, b.publishError(session, err, unknown)
 	}
 	if local != nil && local.Epoch != epoch {
 		// The mirror is of a deleted session: release it now rather than
@@ -325,8 +366,22 @@ func (b *Backplane) publish(ctx context.Context, session, key string, idem bool,
 	return uint64(id), epoch, dup, nil
 }
 
-// publishError classifies the error of the publish function's call.
-func (b *Backplane) publishError(session string, err error) error {
+// mayHaveApplied reports whether a publish that failed with err may have
+// been applied all the same. An ERROR aborted its transaction; pgconn
+// knows when nothing was sent (no connection, a failed write). A FATAL
+// (the backend terminated: a restart, pg_terminate_backend), a cut
+// connection or a timeout may come after the commit.
+func mayHaveApplied(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Severity == "ERROR" {
+		return false
+	}
+	return !pgconn.SafeToRetry(err)
+}
+
+// publishError classifies the error of a publish; unknown is the error of
+// an attempt that may have been applied (nil: none).
+func (b *Backplane) publishError(session string, err, unknown error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		switch pe.Code {
@@ -335,16 +390,20 @@ func (b *Backplane) publishError(session string, err error) error {
 		case "EB002":
 			return fmt.Errorf("%w: session %q: %s", eventbus.ErrIdempotencyKeyReused, session, pe.Message)
 		}
-		// An ERROR aborted the transaction: nothing was appended. A FATAL
-		// (the backend terminated: a restart, pg_terminate_backend) may
-		// come after the commit.
-		if pe.Severity == "ERROR" {
-			return unavailable("publish to", session, err)
-		}
-	} else if pgconn.SafeToRetry(err) {
-		return unavailable("publish to", session, err) // nothing was sent
 	}
-	return fmt.Errorf("%w: %w: session %q: %v", ErrUnavailable, ErrOutcomeUnknown, session, err)
+	if unknown == nil {
+		return unavailable("publish to", session, err) // nothing was appended
+	}
+	var why string
+	switch {
+	case deadConn(unknown):
+		why = deadReason(unknown) + " after the request was sent"
+	case pgconn.Timeout(unknown) || errors.Is(unknown, context.DeadlineExceeded):
+		why = fmt.Sprintf("no answer within PublishTimeout %v (%v)", b.opts.PublishTimeout, unknown)
+	default:
+		why = fmt.Sprintf("the answer was lost (%v)", unknown)
+	}
+	return fmt.Errorf("%w: %w: session %q: %s", ErrUnavailable, ErrOutcomeUnknown, session, why)
 }
 
 // Delete forgets session in PostgreSQL (its epoch, events and idempotency
@@ -360,7 +419,10 @@ func (b *Backplane) Delete(ctx context.Context, session string) error {
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
 	var deleted bool
-	if err := b.pool.QueryRow(ctx, b.q.del, []byte(session), 0).Scan(&deleted); err != nil {
+	err := b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, b.q.del, []byte(session), 0).Scan(&deleted)
+	})
+	if err != nil {
 		return unavailable("delete", session, err)
 	}
 	if s := b.readySession(session); s != nil {
@@ -398,7 +460,9 @@ func (b *Backplane) Info(ctx context.Context, session string) (Info, error) {
 	defer cancel()
 	var in Info
 	var last, first, bytes int64
-	err := b.pool.QueryRow(ctx, b.q.info, []byte(session)).Scan(&in.Epoch, &last, &first, &bytes)
+	err := b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, b.q.info, []byte(session)).Scan(&in.Epoch, &last, &first, &bytes)
+	})
 	switch {
 	case err == nil:
 		in.Exists = true
@@ -477,7 +541,11 @@ func (b *Backplane) maintain() {
 func (b *Backplane) purgeKeys() {
 	for b.set.Context().Err() == nil {
 		ctx, cancel := context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
-		tag, err := b.pool.Exec(ctx, b.q.purge)
+		var tag pgconn.CommandTag
+		err := b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) (err error) {
+			tag, err = c.Exec(ctx, b.q.purge)
+			return err
+		})
 		cancel()
 		if err != nil {
 			if b.set.Context().Err() == nil {
@@ -495,28 +563,33 @@ func (b *Backplane) expireSessions() {
 	ctx, cancel := context.WithTimeout(b.set.Context(), b.opts.PublishTimeout)
 	defer cancel()
 	ttl := b.opts.SessionTTL.Milliseconds()
-	rows, err := b.pool.Query(ctx, b.q.idle, ttl)
 	var idle [][]byte
-	if err == nil {
+	err := b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) error {
+		idle = idle[:0]
+		rows, err := c.Query(ctx, b.q.idle, ttl)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
 		for rows.Next() {
 			var id []byte
 			if err = rows.Scan(&id); err != nil {
-				break
+				return err
 			}
 			idle = append(idle, id)
 		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-	}
+		return rows.Err()
+	})
 	for _, id := range idle {
 		if err != nil {
 			break
 		}
 		// Under the session's lock, and only if still untouched.
 		var deleted bool
-		if err = b.pool.QueryRow(ctx, b.q.del, id, ttl).Scan(&deleted); err == nil && deleted {
+		err = b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) error {
+			return c.QueryRow(ctx, b.q.del, id, ttl).Scan(&deleted)
+		})
+		if err == nil && deleted {
 			b.log.Info("pgbus: session expired", "session", string(id), "ttl", b.opts.SessionTTL)
 		}
 	}

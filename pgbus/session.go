@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/internal/mirror"
 )
@@ -49,7 +50,10 @@ func (g engine) New(id string) *session {
 func (g engine) Open(ctx context.Context, s *session) (string, uint64, error) {
 	var epoch string
 	var last int64
-	err := g.b.pool.QueryRow(ctx, g.b.q.ensure, s.key, eventbus.NewEpoch()).Scan(&epoch, &last)
+	// Safe to run twice: the second run finds the session the first made.
+	err := g.b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, g.b.q.ensure, s.key, eventbus.NewEpoch()).Scan(&epoch, &last)
+	})
 	return epoch, uint64(last), err
 }
 
@@ -83,11 +87,19 @@ func nextBackoff(d time.Duration) time.Duration {
 }
 
 // run is the session's reader: it reads the rows after the last id it fed
-// into the mirror whenever the listener wakes it (and every PollInterval
-// while the listener is down), until ctx ends, the session is lost (its
-// epoch changed or it was deleted: the mirror is released), or PostgreSQL
-// stays unreachable for OutageTimeout (the mirror's streams end with a
-// stream_error, errorKind unavailable).
+// into the mirror whenever the listener wakes it (and, while the listener
+// is down, every PollInterval, at most OutageTimeout/2), until ctx ends,
+// the session is lost (its epoch changed or it was deleted: the mirror is
+// released), or nothing was heard from PostgreSQL for OutageTimeout (the
+// mirror's streams end with a stream_error, errorKind unavailable).
+//
+// The bound counts from the last word from PostgreSQL: this reader's last
+// read, or the listener's (a quiet session relies on it), and, once reads
+// fail, from the last word before the first failure. Every query and
+// every backoff is cut at the bound, so neither a hung server nor a slow
+// query stretches it; a quiet session whose listener hangs is woken when
+// the listener gives up, which it does within a quarter of OutageTimeout
+// after its ping was due (see receive).
 func (s *session) run(ctx context.Context, last uint64) {
 	b := s.b
 	lastOK := time.Now()
@@ -100,27 +112,34 @@ func (s *session) run(ctx context.Context, last uint64) {
 		if ctx.Err() != nil {
 			return
 		}
-		n, lost, err := s.catchUp(ctx, &last)
+		heard := failingSince
+		if heard.IsZero() {
+			heard = later(lastOK, b.listenerOK())
+		}
+		left := time.Until(heard.Add(b.opts.OutageTimeout))
+		if failingSince.IsZero() {
+			// Reads were fine: a reader woken late (a stalled process) may
+			// still try once.
+			left = max(left, b.ping)
+		}
+		n, lost, err := s.catchUp(ctx, &last, min(b.opts.PublishTimeout, left))
 		if ctx.Err() != nil {
 			return
 		}
 		var wait <-chan time.Time
 		switch {
 		case err != nil:
-			now := time.Now()
 			if failingSince.IsZero() {
-				// The session was fine until the later of this reader's last
-				// read and the listener's last word from PostgreSQL (a quiet
-				// session relies on the listener).
-				failingSince = later(lastOK, b.listenerOK())
+				failingSince = heard
 				b.log.Warn("pgbus: reader lost postgresql; retrying with backoff", "session", s.ID, "error", err)
 			}
-			if down := now.Sub(failingSince); down >= b.opts.OutageTimeout {
-				b.outage(s, down, err)
+			left := time.Until(failingSince.Add(b.opts.OutageTimeout))
+			if left <= 0 {
+				b.outage(s, time.Since(failingSince), err)
 				return
 			}
 			delay = nextBackoff(delay)
-			wait = time.After(delay)
+			wait = time.After(min(delay, left))
 		case lost:
 			b.set.Expire(s, "the session was deleted or has a new epoch")
 			return
@@ -134,7 +153,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 				continue // there may be more
 			}
 			if !b.listening.Load() {
-				wait = time.After(b.opts.PollInterval)
+				wait = time.After(min(b.opts.PollInterval, b.opts.OutageTimeout/2))
 			}
 		}
 		select {
@@ -153,48 +172,55 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// catchUp reads the rows after *last (at most ReadCount) and feeds them to
-// the mirror, moving *last. lost reports that the table no longer holds
-// the mirror's epoch.
-func (s *session) catchUp(ctx context.Context, last *uint64) (n int, lost bool, err error) {
+// catchUp reads the rows after *last (at most ReadCount), within timeout,
+// and feeds them to the mirror, moving *last. lost reports that the table
+// no longer holds the mirror's epoch.
+func (s *session) catchUp(ctx context.Context, last *uint64, timeout time.Duration) (n int, lost bool, err error) {
 	b := s.b
-	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	rows, err := b.pool.Query(ctx, b.q.catchUp, s.key, int64(*last), b.opts.ReadCount)
-	if err != nil {
-		return 0, false, err
-	}
-	defer rows.Close()
-	seen := false
-	var epoch string
-	var id pgtype.Int8
-	var typ, env pgtype.DriverBytes // Append copies what it keeps
-	for rows.Next() {
-		seen = true
-		if err := rows.Scan(&epoch, &id, &typ, &env); err != nil {
-			return n, false, err
+	// A second run (on a fresh connection) goes on from where the first
+	// stopped feeding.
+	err = b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) error {
+		rows, err := c.Query(ctx, b.q.catchUp, s.key, int64(*last), b.opts.ReadCount-n)
+		if err != nil {
+			return err
 		}
-		if epoch != s.Epoch {
-			return n, true, nil
-		}
-		if !id.Valid {
-			break // nothing new
-		}
-		e := eventbus.LogEntry{ID: uint64(id.Int64), Type: string(typ), JSON: env}
-		if err := s.Bus.Append(e); err != nil {
-			if errors.Is(err, eventbus.ErrClosed) {
-				return n, false, nil // stopped; ctx ends the reader
+		defer rows.Close()
+		seen := false
+		var epoch string
+		var id pgtype.Int8
+		var typ, env pgtype.DriverBytes // Append copies what it keeps
+		for rows.Next() {
+			seen = true
+			if err := rows.Scan(&epoch, &id, &typ, &env); err != nil {
+				return err
 			}
-			// Skipped: the next entry is a gap, which resyncs.
-			b.log.Error("pgbus: row refused by the mirror", "session", s.ID, "id", e.ID, "error", err)
+			if epoch != s.Epoch {
+				lost = true
+				return nil
+			}
+			if !id.Valid {
+				break // nothing new
+			}
+			e := eventbus.LogEntry{ID: uint64(id.Int64), Type: string(typ), JSON: env}
+			if err := s.Bus.Append(e); err != nil {
+				if errors.Is(err, eventbus.ErrClosed) {
+					return nil // stopped; ctx ends the reader
+				}
+				// Skipped: the next entry is a gap, which resyncs.
+				b.log.Error("pgbus: row refused by the mirror", "session", s.ID, "id", e.ID, "error", err)
+			}
+			*last = e.ID
+			n++
 		}
-		*last = e.ID
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		return n, false, err
-	}
-	return n, !seen, nil
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		lost = !seen
+		return nil
+	})
+	return n, lost, err
 }
 
 // Head implements eventbus.Log: the session's epoch and last id in the
@@ -203,7 +229,11 @@ func (s *session) Head(ctx context.Context) (epoch string, last uint64, err erro
 	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
 	defer cancel()
 	var l int64
-	err = s.b.pool.QueryRow(ctx, s.b.q.head, s.key).Scan(&epoch, &l)
+	// The epoch check of a new stream: a read, run again on a fresh
+	// connection when its connection was dead.
+	err = s.b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, s.b.q.head, s.key).Scan(&epoch, &l)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", 0, nil
 	}
@@ -221,13 +251,23 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 	if req.Upto <= req.After {
 		return nil, 0, nil
 	}
-	b := s.b
-	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
 	defer cancel()
+	var out []eventbus.LogEntry
+	var first uint64
+	err := s.b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) (err error) {
+		out, first, err = s.readHistory(ctx, c, req)
+		return err
+	})
+	return out, first, err
+}
+
+func (s *session) readHistory(ctx context.Context, c *pgxpool.Conn, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+	b := s.b
 	var out []eventbus.LogEntry
 	spent := 0
 	for from := req.After; from < req.Upto; {
-		rows, err := b.pool.Query(ctx, b.q.history, s.key, s.Epoch, int64(from), int64(req.Upto), historyBatch)
+		rows, err := c.Query(ctx, b.q.history, s.key, s.Epoch, int64(from), int64(req.Upto), historyBatch)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -263,7 +303,7 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 	}
 	// Nothing in (After, Upto]: trimmed away, or the epoch is gone.
 	var first pgtype.Int8
-	if err := b.pool.QueryRow(ctx, b.q.first, s.key, s.Epoch).Scan(&first); err != nil {
+	if err := c.QueryRow(ctx, b.q.first, s.key, s.Epoch).Scan(&first); err != nil {
 		return nil, 0, err
 	}
 	if !first.Valid {

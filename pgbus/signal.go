@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ssebus/eventbus"
 )
 
@@ -57,7 +59,11 @@ func (b *Backplane) Signal(ctx context.Context, session, typ, about string) erro
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
-	if _, err := b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", b.q.signals, string(payload)); err != nil {
+	err = b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) error {
+		_, err := c.Exec(ctx, "SELECT pg_notify($1, $2)", b.q.signals, string(payload))
+		return err
+	})
+	if err != nil {
 		return unavailable("signal", session, err)
 	}
 	return nil

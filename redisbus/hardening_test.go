@@ -427,6 +427,39 @@ func TestOutageRedisDown(t *testing.T) {
 	sa.EndedUnavailable(wait)
 }
 
+// The outage bound with the demo daemon's -outage-timeout 2s (and its
+// other defaults: ReadBlock 1s, PublishTimeout 2s), measured from the
+// moment Redis goes away (hung, then stopped) to the stream's terminal
+// frame: within a second of OutageTimeout. The bound counts from the
+// reader's last answer, which a quiet session's XREAD had at most a
+// ReadBlock before.
+func TestOutageBound(t *testing.T) {
+	opts := testOptions(t)
+	opts.ReadBlock = DefaultReadBlock
+	opts.PublishTimeout = DefaultPublishTimeout
+	opts.OutageTimeout = 2 * time.Second
+	for _, how := range []string{"paused", "stopped"} {
+		r := startRedis(t)
+		_, s := liveReplica(t, r, opts)
+		if how == "paused" {
+			r.pause()
+		} else {
+			r.stop()
+		}
+		gone := time.Now()
+		s.EndedUnavailable(opts.OutageTimeout + 5*time.Second)
+		took := time.Since(gone)
+		t.Logf("Redis %s: the stream's terminal frame came %v later (OutageTimeout %v, ReadBlock %v)",
+			how, took.Round(time.Millisecond), opts.OutageTimeout, opts.ReadBlock)
+		if took < opts.OutageTimeout-opts.ReadBlock-200*time.Millisecond || took > opts.OutageTimeout+time.Second {
+			t.Fatalf("Redis %s: the stream ended %v later, want within a second of OutageTimeout %v", how, took, opts.OutageTimeout)
+		}
+		if how == "paused" {
+			r.resume()
+		}
+	}
+}
+
 // A short blip (shorter than OutageTimeout) ends nothing.
 func TestShortOutageEndsNothing(t *testing.T) {
 	r := startRedis(t)

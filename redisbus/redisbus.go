@@ -126,6 +126,13 @@ type Options struct {
 	// stream_error (errorKind "unavailable") and releases the session;
 	// 0 means DefaultOutageTimeout. It must not be below ReadBlock.
 	OutageTimeout time.Duration
+	// ShutdownRetryAfter is the retryAfter of the stream_error shutdown
+	// that Close gives every stream of this replica after what was queued
+	// for it: its clients come back after a random delay in
+	// [ShutdownRetryAfter, 2*ShutdownRetryAfter], through the load
+	// balancer to another replica. 0 means
+	// eventbus.DefaultShutdownRetryAfter; negative is an error.
+	ShutdownRetryAfter time.Duration
 	// Logger receives the backplane's own log lines; nil means
 	// Bus.Logger, then slog.Default().
 	Logger *slog.Logger
@@ -163,6 +170,7 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	d.Check("ReadBlock", &opts.ReadBlock, DefaultReadBlock, time.Millisecond)
 	d.Check("IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow, time.Millisecond)
 	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, 0)
+	d.Check("ShutdownRetryAfter", &opts.ShutdownRetryAfter, eventbus.DefaultShutdownRetryAfter, 0)
 	if err := d.Err(); err != nil {
 		return nil, err
 	}
@@ -200,6 +208,7 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 		Name: "redisbus", Engine: "Redis", Store: "Redis",
 		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
 		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: log,
+		ShutdownRetryAfter: opts.ShutdownRetryAfter,
 	}, engine{b})
 	// Subscribing connects in the background: a Redis that is down now is
 	// retried by receiveSignals.
@@ -221,8 +230,9 @@ func contextTimeouts(client redis.UniversalClient) bool {
 }
 
 // Close releases every session of this replica: readers stop (within
-// ReadBlock), mirrors close (their streams drain what is queued, then end),
-// and Close returns when every goroutine of the backplane has ended.
+// ReadBlock), mirrors close (their streams drain what is queued, then get
+// stream_error shutdown with Options.ShutdownRetryAfter, and end), and
+// Close returns when every goroutine of the backplane has ended.
 // Afterwards Publish returns eventbus.ErrClosed. Idempotent. The Redis keys
 // stay: other replicas go on.
 func (b *Backplane) Close() error {

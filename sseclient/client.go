@@ -36,6 +36,9 @@ const (
 	quickConn = time.Second
 	// maxErrorBody bounds what is read of a non-200 answer.
 	maxErrorBody = 64 << 10
+	// defaultShutdownRetryAfter is a shutdown's retryAfter when its frame
+	// has none (eventbus.DefaultShutdownRetryAfter).
+	defaultShutdownRetryAfter = 2 * time.Second
 	// Bounds of ?maxQueued= (eventbus.MinClientMaxQueued, MaxClientMaxQueued).
 	minMaxQueued, maxMaxQueued = 16, 2048
 )
@@ -115,7 +118,12 @@ type StateChange struct {
 // (both id forms: "N" and "<epoch>:<N>"), resumes with them, drops
 // duplicates by id, follows the server's retry:, backs off with full
 // jitter, honours Retry-After on 429 and 503, and turns the synthetic
-// frames into typed callbacks. The epoch comes from the Event-Epoch header,
+// frames into typed callbacks. A stream_error shutdown (the server is going
+// away: a restart, a deploy, a replica leaving) is no failure: the client
+// waits a random delay in [retryAfter, 2*retryAfter] (the frame's hint,
+// capped at MaxDelay/2), resets its backoff and resumes from its cursor.
+// It knows one URL: with several replicas, the load balancer in front of
+// them chooses where it lands. The epoch comes from the Event-Epoch header,
 // the id line, or the epoch of replay_complete and state_resync_required,
 // never from application data; a frame is classified by its envelope (an
 // id is an event, "about" a signal), never by its SSE event name.
@@ -162,8 +170,9 @@ type Client struct {
 	// InitialDelay is the backoff base until the server sends retry:
 	// (which replaces it); 0 means DefaultInitialDelay.
 	InitialDelay time.Duration
-	// MaxDelay caps the backoff (the server's retry: when that is larger);
-	// 0 means DefaultMaxDelay.
+	// MaxDelay caps the backoff (the server's retry: when that is larger)
+	// and the wait after a stream_error shutdown (whose retryAfter it caps
+	// at MaxDelay/2); 0 means DefaultMaxDelay.
 	MaxDelay time.Duration
 	// IdleTimeout: a connection on which nothing (not even a heartbeat)
 	// arrives for this long is dropped and resumed; 0 means
@@ -351,14 +360,15 @@ const (
 )
 
 type result struct {
-	end       end
-	err       error
-	opened    bool
-	openedAt  time.Time
-	delivered bool
-	kind      string // errorKind of a stream_error
-	status    int
-	httpErr   *HTTPError
+	end        end
+	err        error
+	opened     bool
+	openedAt   time.Time
+	delivered  bool
+	kind       string        // errorKind of a stream_error
+	retryAfter time.Duration // of a stream_error shutdown
+	status     int
+	httpErr    *HTTPError
 }
 
 func (r *run) state(s State, delay time.Duration, err error) {
@@ -490,6 +500,12 @@ func (r *run) decide(res result) step {
 		st := immediate(ReasonRevoked)
 		r.authFinal = true
 		return st
+	case res.end == endStreamError && res.kind == kindShutdown:
+		// The server is going away, not failing: the next attempt starts
+		// the backoff afresh (a daemon restarting refuses it a while).
+		r.lastImmediate = false
+		r.failures = 0
+		return step{delay: r.shutdownDelay(res.retryAfter)}
 	}
 	r.lastImmediate = false
 	stable := time.Since(res.openedAt) >= stableAfter || (res.end == endCut && res.delivered)
@@ -519,6 +535,18 @@ func (r *run) backoff(stable bool) time.Duration {
 		return 0
 	}
 	return rand.N(capd)
+}
+
+// shutdownDelay is the wait after a stream_error shutdown: uniform in
+// [ra, 2*ra], with ra the server's retryAfter capped at half of MaxDelay, so
+// that the clients of a replica that leaves come back spread out, never
+// later than MaxDelay.
+func (r *run) shutdownDelay(retryAfter time.Duration) time.Duration {
+	ra := min(retryAfter, r.maxDelay/2)
+	if ra <= 0 {
+		return 0
+	}
+	return ra + rand.N(ra+1)
 }
 
 func (r *run) url() string {
@@ -764,11 +792,25 @@ func (r *run) frame(m Message, cn *conn) {
 		if d.ErrorKind == "" {
 			d.ErrorKind = "internal"
 		}
+		se := &StreamError{Kind: d.ErrorKind, Message: d.Error}
+		if d.ErrorKind == kindShutdown {
+			se.RetryAfter = retryAfterMillis(d.RetryAfter)
+		}
 		cn.stop = endStreamError
-		cn.res.kind = d.ErrorKind
-		cn.res.err = &StreamError{Kind: d.ErrorKind, Message: d.Error}
+		cn.res.kind, cn.res.retryAfter = d.ErrorKind, se.RetryAfter
+		cn.res.err = se
 	}
 	// Any other id-less type: a synthetic frame of a newer server, skipped.
+}
+
+// retryAfterMillis reads a shutdown's retryAfter: milliseconds, at most a
+// day (a larger hint is capped by MaxDelay anyway);
+// defaultShutdownRetryAfter when absent, negative or not a number.
+func retryAfterMillis(ms *float64) time.Duration {
+	if ms == nil || !(*ms >= 0) {
+		return defaultShutdownRetryAfter
+	}
+	return time.Duration(min(*ms, float64(24*time.Hour/time.Millisecond)) * float64(time.Millisecond))
 }
 
 func (r *run) decode(env envelope, v any) bool {

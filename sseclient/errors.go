@@ -59,13 +59,18 @@ func (e *HTTPError) Error() string {
 }
 
 // StreamError is a stream_error frame: the server ended the stream. Kind is
-// its errorKind: internal, reauthenticate, revoked, unavailable, or a newer
-// server's kind. It is reported through OnError; the client reconnects (at
-// once with fresh credentials for reauthenticate and revoked, with backoff
-// for the others).
+// its errorKind: internal, reauthenticate, revoked, unavailable, shutdown,
+// or a newer server's kind. It is reported through OnError; the client
+// reconnects and resumes from its cursor: at once with fresh credentials
+// for reauthenticate and revoked, after a random delay in [RetryAfter,
+// 2*RetryAfter] for shutdown (see Client), with backoff for the others.
 type StreamError struct {
 	Kind    string
 	Message string
+	// RetryAfter is, for Kind shutdown, the frame's retryAfter (the server
+	// is going away: come back after it), 2s when the frame had none; 0 for
+	// the other kinds.
+	RetryAfter time.Duration
 }
 
 // Error returns "sseclient: the server ended the stream (<kind>): <message>".

@@ -145,7 +145,14 @@ type resyncData struct {
 type streamErrorData struct {
 	Error     string `json:"error"`
 	ErrorKind string `json:"errorKind"`
+	// RetryAfter is the milliseconds of a shutdown's retryAfter; nil when
+	// absent. A float, so that a fraction does not fail the whole frame.
+	RetryAfter *float64 `json:"retryAfter"`
 }
+
+// kindShutdown is the errorKind of a server going away (eventbus
+// ErrorKindShutdown).
+const kindShutdown = "shutdown"
 
 // id returns the envelope's id, which must be an integer in [0, 2^53-1].
 func (e *envelope) id() (uint64, error) {

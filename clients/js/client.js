@@ -25,6 +25,8 @@ const STABLE_MS = 10_000;
 // must not get a tight loop.
 const QUICK_MS = 1_000;
 const MAX_ERROR_BODY = 64 * 1024;
+// A shutdown's retryAfter when its frame has none (the server's default).
+const SHUTDOWN_RETRY_AFTER_MS = 2_000;
 
 /** What an EventBusClient reports through onError and resolves done with. */
 export class EventBusError extends Error {
@@ -334,6 +336,15 @@ export class EventBusClient {
       this.#authFinal = true;
       return next;
     }
+    if (r.end === "stream_error" && r.errorKind === "shutdown") {
+      // The server is going away, not failing: come back spread over
+      // [retryAfter, 2*retryAfter] (retryAfter capped at maxDelay/2), and
+      // start the backoff afresh (a daemon restarting refuses a while).
+      this.#lastImmediate = false;
+      this.#failures = 0;
+      const ra = Math.min(r.retryAfter, this.#maxDelay / 2);
+      return { delay: ra * (1 + Math.random()) };
+    }
     this.#lastImmediate = false;
     const stable = Date.now() - r.openedAt >= STABLE_MS || (r.end === "cut" && r.delivered);
     return { delay: this.#backoff(stable) };
@@ -396,6 +407,7 @@ export class EventBusClient {
       budgetCut: false,
       stop: null, // "budget" | "evicted" | "stream_error"
       errorKind: undefined,
+      retryAfter: undefined, // of a stream_error shutdown, in ms
       error: undefined,
     };
   }
@@ -424,6 +436,7 @@ export class EventBusClient {
       openedAt: conn.openedAt,
       delivered: conn.delivered,
       errorKind: conn.errorKind,
+      retryAfter: conn.retryAfter,
       error: error ?? conn.error,
     };
   }
@@ -663,7 +676,13 @@ export class EventBusClient {
       case "stream_error":
         conn.stop = "stream_error";
         conn.errorKind = typeof d.errorKind === "string" ? d.errorKind : "internal";
-        conn.error = new EventBusError("stream_error", "eventbus: the server ended the stream (" + conn.errorKind + "): " + (d.error ?? ""), { errorKind: conn.errorKind });
+        if (conn.errorKind === "shutdown") {
+          conn.retryAfter = Number.isFinite(d.retryAfter) && d.retryAfter >= 0 ? d.retryAfter : SHUTDOWN_RETRY_AFTER_MS;
+        }
+        conn.error = new EventBusError("stream_error", "eventbus: the server ended the stream (" + conn.errorKind + "): " + (d.error ?? ""), {
+          errorKind: conn.errorKind,
+          retryAfter: conn.retryAfter,
+        });
         return undefined;
       default:
         return undefined; // a synthetic frame of a newer server

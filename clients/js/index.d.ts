@@ -132,9 +132,12 @@ export declare class EventBusError extends Error {
   readonly status: number | undefined;
   /** The JSON error body's "code" (session_not_found, subscriber_limit_exceeded, ...). */
   readonly code: string | undefined;
-  /** For kind "stream_error": internal | reauthenticate | revoked | unavailable | ... */
+  /** For kind "stream_error": internal | reauthenticate | revoked | unavailable | shutdown | ... */
   readonly errorKind: string | undefined;
-  /** Retry-After, in milliseconds, when the answer had one. */
+  /**
+   * In milliseconds: Retry-After, when the answer had one; for a
+   * stream_error shutdown, the frame's retryAfter (2000 when it had none).
+   */
   readonly retryAfter: number | undefined;
   /**
    * The WWW-Authenticate header a 401 carries (what the credentials lacked,
@@ -216,7 +219,10 @@ export interface ClientOptions {
   transport?: "auto" | "fetch" | "eventsource";
   /** Backoff base in ms until the server sends retry: (which replaces it). Default 1000. */
   initialDelay?: number;
-  /** Backoff cap in ms (the server's retry: when that is larger). Default 30000. */
+  /**
+   * Backoff cap in ms (the server's retry: when that is larger); half of it
+   * caps a stream_error shutdown's retryAfter. Default 30000.
+   */
   maxDelay?: number;
   /** Reconnect when nothing (not even a heartbeat) arrives for this long, in ms; 0 disables. Default 45000. fetch transport only. */
   idleTimeout?: number;

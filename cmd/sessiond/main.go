@@ -32,14 +32,20 @@
 // -max-total-bytes bounds every replay ring together. A POST after DELETE or
 // expiry starts a new session with a new epoch. Request headers and bodies
 // are bounded (-header-timeout, -body-timeout, -body-budget; see
-// internal/daemon.Limits). With -demo
+// internal/daemon.Limits). Unless GOMEMLIMIT is set, the Go runtime's memory
+// limit is set from the budget these flags make (internal/daemon.MemoryBudget:
+// the rings, -max-subscribers streams at their byte cap, the body budget, an
+// eighth more and 32 MiB) and logged at start. With -demo
 // the daemon publishes "tick" events to session "demo". The SSE ids carry the
 // epoch (-epoch-ids, on by default, so that a browser's own Last-Event-ID
 // names it); other origins may open the stream with -cors-origin. It serves HTTP/1.1 and h2c,
 // or HTTPS with HTTP/2 with -tls-cert and -tls-key. A route answers a wrong
 // method with a JSON 405 and an unknown path with a JSON 404. On SIGINT or
-// SIGTERM it shuts the hub down (every bus closes; open streams drain within
-// -shutdown-timeout and end), then the HTTP server.
+// SIGTERM it stops accepting connections and shuts the hub down: every open
+// stream gets what is queued, then stream_error shutdown with
+// -shutdown-retry-after (its client comes back after a random delay between
+// that and twice it), and ends; at -shutdown-timeout the connections left (a
+// client that does not read) are closed and the daemon exits.
 package main
 
 import (
@@ -89,8 +95,9 @@ Flags:
 `
 
 // run parses args, serves until ctx is done, then shuts down: every bus is
-// closed first (open streams drain and end), then the HTTP server. ready,
-// when set, is called with the listen address once the daemon serves.
+// closed (open streams drain, get stream_error shutdown and end) while the
+// HTTP server shuts down, within -shutdown-timeout. ready, when set, is
+// called with the listen address once the daemon serves.
 func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr string)) error {
 	fs, f := daemon.NewFlags("sessiond", usageText, logOut, daemon.FlagDocs{
 		DefaultAddr:    "127.0.0.1:8080",
@@ -127,6 +134,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 			IdleTimeout:   *idleTimeout,
 			MaxTotalBytes: *maxTotalBytes,
 			Logger:        logger,
+
+			ShutdownRetryAfter: f.ShutdownRetryAfter,
 		},
 		Stream:         f.Handler,
 		Logger:         logger,
@@ -158,6 +167,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Ready:           ready,
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          f.Limits(),
+		Memory:          f.MemoryBudget(srv.hub.Stats().MaxTotalBytes),
 	}
 	if f.Demo {
 		// The demo session exists from the start, so that a viewer can

@@ -611,6 +611,31 @@ func TestRunServesTheDemoAndShutsDownOnCancel(t *testing.T) {
 	}
 }
 
+// The daemon sets the Go memory limit from its budget and says so: at
+// -max-total-bytes 64 MiB and -max-subscribers 8 with the default body
+// budget (4 bodies of 17 MiB), (64 + 8*2 + 68) MiB, an eighth more and
+// 32 MiB.
+func TestRunSetsTheMemoryLimit(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "") // empty counts as unset
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-max-total-bytes", "67108864", "-max-subscribers", "8"}, &logs, nil)
+	}()
+	waitFor(t, "the listening log line", func() bool { return strings.Contains(logs.String(), "sessiond listening") })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	const mib = 1 << 20
+	want := fmt.Sprintf(`msg="memory limit from the budget" bytes=%d MiB=198 rings=%d subscribers=8 queuedBytes=%d bodies=%d`,
+		148*mib+148*mib/8+32*mib, 64*mib, 2*mib, 68*mib)
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("no %q in the logs:\n%s", want, logs.String())
+	}
+}
+
 func TestRunFlags(t *testing.T) {
 	var out lockedBuffer
 	if err := run(context.Background(), []string{"-h"}, &out, nil); !errors.Is(err, flag.ErrHelp) {
@@ -638,6 +663,10 @@ func TestRunFlags(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"-overflow", "drop", "-addr", "127.0.0.1:0"}, io.Discard, nil); err == nil {
 		t.Fatal("-overflow drop was accepted")
+	}
+	if err := run(context.Background(), []string{"-cors-origin", "*", "-cors-credentials", "-addr", "127.0.0.1:0"}, io.Discard, nil); err == nil ||
+		!strings.Contains(err.Error(), `-cors-origin "*" with -cors-credentials`) {
+		t.Fatalf("-cors-origin '*' -cors-credentials: %v", err)
 	}
 }
 

@@ -99,10 +99,14 @@ func main() {
 		}
 	}()
 	<-ctx.Done()
-	// Close every bus first (each stream gets what is queued, then ends),
-	// so that the server's Shutdown finds idle connections.
+	// Every stream gets what is queued, then stream_error shutdown (its
+	// client comes back after retryAfter, here or elsewhere), and ends; the
+	// server stops accepting at once and waits for those. At the bound the
+	// connections left (a client that does not read) are closed.
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	hub.Shutdown(shutdown)
-	srv.Shutdown(shutdown)
+	go hub.Shutdown(shutdown)
+	if srv.Shutdown(shutdown) != nil {
+		srv.Close()
+	}
 }

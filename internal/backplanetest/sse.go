@@ -208,10 +208,30 @@ func (s *Stream) Quiet(d time.Duration) {
 // be reached past its bound).
 func (s *Stream) EndedUnavailable(d time.Duration) {
 	s.t.Helper()
-	rest := s.Ended(d)
-	if len(rest) != 1 || rest[0].Event != eventbus.TypeStreamError || rest[0].Str(s.t, "data", "errorKind") != eventbus.ErrorKindUnavailable {
-		s.t.Fatalf("the stream ended with %+v, want one stream_error (unavailable)", rest)
+	if f := s.endedWith(d, eventbus.ErrorKindUnavailable); f.Num(s.t, "data", "retryAfter") != -1 {
+		s.t.Fatalf("a stream_error unavailable with a retryAfter: %s", f.Data)
 	}
+}
+
+// EndedShutdown checks that the stream ends within d with exactly one
+// frame, a stream_error of errorKind shutdown carrying retryAfter (the
+// backplane was closed: its replica goes away).
+func (s *Stream) EndedShutdown(d, retryAfter time.Duration) {
+	s.t.Helper()
+	if f := s.endedWith(d, eventbus.ErrorKindShutdown); f.Num(s.t, "data", "retryAfter") != retryAfter.Milliseconds() {
+		s.t.Fatalf("the shutdown frame %s, want retryAfter %d", f.Data, retryAfter.Milliseconds())
+	}
+}
+
+// endedWith checks that the stream ends within d with exactly one frame,
+// a stream_error of errorKind kind, and returns it.
+func (s *Stream) endedWith(d time.Duration, kind string) Frame {
+	s.t.Helper()
+	rest := s.Ended(d)
+	if len(rest) != 1 || rest[0].Event != eventbus.TypeStreamError || rest[0].Str(s.t, "data", "errorKind") != kind {
+		s.t.Fatalf("the stream ended with %+v, want one stream_error (%s)", rest, kind)
+	}
+	return rest[0]
 }
 
 // Close ends the stream and waits for its reader. Idempotent.

@@ -191,7 +191,8 @@ func Run(t *testing.T, cluster Cluster) {
 	t.Run("ResumeWhilePublishing", func(t *testing.T) { checkResumeWhilePublishing(t, cluster) })
 }
 
-// checkClose: Close ends open streams and every goroutine; Publish then fails.
+// checkClose: Close ends open streams, each with stream_error shutdown (at
+// the default retryAfter), and every goroutine; Publish then fails.
 func checkClose(t *testing.T, cluster Cluster) {
 	a := cluster(t, 1, nil)[0]
 	s := a.Open(t, "s", nil, "")
@@ -205,7 +206,7 @@ func checkClose(t *testing.T, cluster Cluster) {
 	if took := time.Since(start); took > time.Second {
 		t.Fatalf("Close took %v", took)
 	}
-	s.Ended(wait)
+	s.EndedShutdown(wait, eventbus.DefaultShutdownRetryAfter)
 	if _, _, err := a.BP.Publish(context.Background(), "s", eventbus.Event{Type: "e"}); !errors.Is(err, eventbus.ErrClosed) {
 		t.Fatalf("Publish after Close: %v", err)
 	}

@@ -81,28 +81,38 @@ type Server struct {
 	// it to return before it calls Close.
 	Demo *Demo
 	// Close closes every bus, after which the daemon refuses new sessions:
-	// each open stream receives what it has queued, then its handler
-	// returns. Run calls it exactly once, after the demo has stopped and
-	// before the HTTP server shuts down, so that the shutdown finds idle
-	// connections instead of waiting on streams that never end by
-	// themselves. Its ctx ends at the shutdown's deadline (ShutdownTimeout
-	// from the start of the shutdown, shared with the HTTP server's): a
-	// Close that waits for streams to drain (Hub.Shutdown) stops waiting
-	// then. Required.
+	// each open stream receives what it has queued and the stream_error
+	// shutdown (Hub.Shutdown, a backplane's Close), then its handler
+	// returns. Run calls it exactly once, on a goroutine of its own, once
+	// the demo has stopped, while the HTTP server shuts down gracefully
+	// beside it (which stops accepting at once and waits for those
+	// streams to end). Its ctx ends at the shutdown's deadline
+	// (ShutdownTimeout from the start of the shutdown, shared with the
+	// HTTP server's): a Close that waits for streams to drain
+	// (Hub.Shutdown) stops waiting then. Run returns only after Close has.
+	// Required.
 	Close func(ctx context.Context)
-	// ShutdownTimeout bounds how long the shutdown waits for open
-	// requests; past it the remaining connections are closed.
+	// ShutdownTimeout bounds the whole shutdown, from ctx's end: how long
+	// it waits for open requests and streams to end by themselves. At it
+	// the remaining connections are closed, a stream blocked writing to a
+	// client that does not read included, and Run returns.
 	ShutdownTimeout time.Duration
 	// Limits bound the headers, bodies and idle connections of clients
 	// (the zero value: every default). Run refuses invalid Limits.
 	Limits Limits
+	// Memory, when set, is the daemon's memory budget: unless GOMEMLIMIT
+	// is set, Run sets the Go runtime's soft memory limit to its Limit
+	// (its Bodies 0: Limits' body budget), logs it, and puts the previous
+	// limit back when it returns. nil leaves the limit alone.
+	Memory *MemoryBudget
 }
 
-// Run serves until ctx is done or the HTTP server fails, then shuts down:
-// it stops the demo, calls Close (so open streams drain and end), then
-// shuts the HTTP server down gracefully, waiting at most ShutdownTimeout
-// before it closes the connections that remain. It blocks until all of
-// that is done and every goroutine it started has returned.
+// Run serves until ctx is done or the HTTP server fails, then shuts down
+// within ShutdownTimeout: it stops the demo, then calls Close (so open
+// streams drain, get the shutdown frame and end) while it shuts the HTTP
+// server down gracefully, and at the deadline closes the connections that
+// remain. It blocks until all of that is done and every goroutine it
+// started has returned.
 //
 // Run returns the HTTP server's error when it failed while serving (Close
 // has been called all the same). After ctx is done it returns nil, also
@@ -137,6 +147,13 @@ func (s *Server) Run(ctx context.Context) error {
 		ConnContext: ConnContext,
 	}
 	limits.apply(hs)
+	if s.Memory != nil {
+		m := *s.Memory
+		if m.Bodies == 0 {
+			m.Bodies = limits.BodyBudget
+		}
+		defer setMemoryLimit(logger, m, os.LookupEnv)()
+	}
 	addr := s.Listener.Addr().String()
 	logger.Info(s.Name+" listening", append([]any{"addr", addr}, s.ListenAttrs...)...)
 
@@ -176,19 +193,30 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 
 	logger.Info(s.Name + " shutting down")
-	stopDemo()
-	<-demoDone
+	// The bound runs from the signal: a demo publish in flight counts.
 	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
-	// Close the buses first: each stream receives what it has queued, then
-	// its handler returns, so Shutdown finds idle connections instead of
-	// waiting on streams that would never end by themselves.
-	s.Close(sctx)
+	stopDemo()
+	<-demoDone
+	// Close and the HTTP server's shutdown run side by side. The listener
+	// closes at once (a client told to come back finds another replica, or
+	// a refused connection, never a 503 loop), idle connections close, and
+	// each stream ends as soon as it has written what its bus queued and
+	// the shutdown frame; hs.Shutdown waits for those alone. A stream whose
+	// client does not read is blocked in a write, which only its
+	// connection closing ends: hs.Close does that at the deadline, and
+	// nothing else waits for it.
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		s.Close(sctx)
+	}()
 	err = hs.Shutdown(sctx)
 	if err != nil {
 		logger.Warn("shutdown timed out; closing connections", "err", err)
 		err = hs.Close()
 	}
+	<-closed
 	if serr := <-serveErr; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}

@@ -376,6 +376,18 @@ func TestFlagsHandlerAndTLSErrors(t *testing.T) {
 	if err := (&Flags{CORSCredentials: true}).Handler(h); err == nil {
 		t.Fatal("-cors-credentials without -cors-origin")
 	}
+	// "*" with credentials would reflect every origin with
+	// Allow-Credentials: true (issue 22).
+	for _, origins := range []string{"*", "https://a.example, *"} {
+		h := &eventbus.Handler{}
+		err := (&Flags{CORSOrigin: origins, CORSCredentials: true}).Handler(h)
+		if err == nil || !strings.Contains(err.Error(), `-cors-origin "*" with -cors-credentials would let every site read the streams`) || h.CORS != nil {
+			t.Fatalf("-cors-origin %q -cors-credentials: %v, CORS %+v", origins, err, h.CORS)
+		}
+	}
+	if err := (&Flags{CORSOrigin: "*"}).Handler(h); err != nil || !reflect.DeepEqual(h.CORS, &eventbus.CORS{Origins: []string{"*"}}) {
+		t.Fatalf(`-cors-origin "*" alone: %v, CORS %+v`, err, h.CORS)
+	}
 	if c, err := (&Flags{}).TLSConfig(); c != nil || err != nil {
 		t.Fatalf("no TLS: %v %v", c, err)
 	}

@@ -66,6 +66,9 @@ type Flags struct {
 	Demo            bool          // -demo: publish "tick" events to session DemoSession
 	DemoInterval    time.Duration // -demo-interval: interval between demo ticks
 	ShutdownTimeout time.Duration // -shutdown-timeout: how long shutdown waits for open requests
+	// -shutdown-retry-after: the retryAfter of the stream_error shutdown
+	// every stream gets at shutdown (0: eventbus.DefaultShutdownRetryAfter)
+	ShutdownRetryAfter time.Duration
 	// -idempotency-window: how long an Idempotency-Key of a POST is
 	// remembered (0: DefaultIdempotencyWindow)
 	IdempotencyWindow time.Duration
@@ -141,13 +144,14 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	fs.DurationVar(&f.RetryJitter, "retry-jitter", 0, "each connection's retry: is -retry plus a random delay up to this (0: handler default, half of -retry; negative: none)")
 	fs.DurationVar(&f.WriteTimeout, "write-timeout", 0, docs.WriteTimeout)
 	fs.BoolVar(&f.EpochIDs, "epoch-ids", true, `SSE id lines "<epoch>:<N>", so that a browser's own Last-Event-ID names the epoch (-epoch-ids=false: "N", the SPEC wire)`)
-	fs.StringVar(&f.CORSOrigin, "cors-origin", "", `origins allowed to open the SSE stream from other pages, comma-separated (e.g. "https://app.example,http://localhost:5173"), or "*" for any; empty: no CORS`)
-	fs.BoolVar(&f.CORSCredentials, "cors-credentials", false, "allow cross-origin streams with credentials (cookies, withCredentials); needs -cors-origin")
+	fs.StringVar(&f.CORSOrigin, "cors-origin", "", `origins allowed to open the SSE stream from other pages, comma-separated (e.g. "https://app.example,http://localhost:5173"), or "*" for any (not with -cors-credentials); empty: no CORS`)
+	fs.BoolVar(&f.CORSCredentials, "cors-credentials", false, "allow cross-origin streams with credentials (cookies, withCredentials); needs -cors-origin naming the origins (not \"*\")")
 	fs.StringVar(&f.TLSCert, "tls-cert", "", "PEM certificate file: serve HTTPS, with HTTP/2 (needs -tls-key); without it the daemon serves HTTP/1.1 and h2c (HTTP/2 with prior knowledge)")
 	fs.StringVar(&f.TLSKey, "tls-key", "", "PEM private key file of -tls-cert")
 	fs.BoolVar(&f.Demo, "demo", false, `publish "tick" events to session "`+DemoSession+`"`)
 	fs.DurationVar(&f.DemoInterval, "demo-interval", 500*time.Millisecond, "interval between demo ticks")
-	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests")
+	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long shutdown waits for open requests; at it the connections left are closed (a client that does not read is cut) and the daemon exits")
+	fs.DurationVar(&f.ShutdownRetryAfter, "shutdown-retry-after", 0, "at shutdown every stream ends with stream_error shutdown carrying this retryAfter: clients come back after a random delay between it and twice it (0: eventbus default 2s)")
 	fs.DurationVar(&f.IdempotencyWindow, "idempotency-window", 0, "how long a POST's Idempotency-Key is remembered (0: 10m)")
 	fs.StringVar(&f.AuthToken, "auth-token", "", "require this static bearer token on every /session route (Authorization: Bearer <token>, or the cookie POST /login sets for it); empty: no access control")
 	fs.DurationVar(&f.TokenLifetime, "token-lifetime", 0, "with -auth-token: a stream (and a login) lasts this long, then ends with stream_error reauthenticate and the client resumes with fresh credentials (0: no bound)")
@@ -186,7 +190,9 @@ func (f *Flags) Logger(out io.Writer) *slog.Logger {
 
 // Handler sets the stream settings the flags give on h: Heartbeat, Retry,
 // RetryJitter, WriteTimeout, EpochIDs and CORS. It returns an error for
-// -cors-credentials without -cors-origin.
+// -cors-credentials without -cors-origin, and for -cors-origin "*" with
+// -cors-credentials (eventbus.CORS.Validate refuses it: every site would
+// read the streams with its visitors' cookies).
 func (f *Flags) Handler(h *eventbus.Handler) error {
 	h.Heartbeat, h.Retry, h.RetryJitter, h.WriteTimeout = f.Heartbeat, f.Retry, f.RetryJitter, f.WriteTimeout
 	h.EpochIDs = f.EpochIDs
@@ -199,7 +205,11 @@ func (f *Flags) Handler(h *eventbus.Handler) error {
 	}
 	switch {
 	case len(origins) > 0:
-		h.CORS = &eventbus.CORS{Origins: origins, Credentials: f.CORSCredentials}
+		cors := &eventbus.CORS{Origins: origins, Credentials: f.CORSCredentials}
+		if cors.Validate() != nil {
+			return errors.New(`-cors-origin "*" with -cors-credentials would let every site read the streams with its visitors' cookies: list the allowed origins in -cors-origin, or drop -cors-credentials`)
+		}
+		h.CORS = cors
 	case f.CORSCredentials:
 		return errors.New("-cors-credentials needs -cors-origin")
 	}

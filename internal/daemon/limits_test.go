@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,11 +11,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/internal/pipenet"
 )
 
@@ -325,5 +328,103 @@ func TestLimitsInvalid(t *testing.T) {
 		if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
 			t.Errorf("Limits %+v: the listener is not closed: %v", l, err)
 		}
+	}
+}
+
+// The memory limit is the budget's sum, an eighth more and 32 MiB; at the
+// defaults (-max-total-bytes 256 MiB, 64 subscribers of 2 MiB, 4 bodies of
+// 17 MiB) 540.5 MiB.
+func TestMemoryBudgetLimit(t *testing.T) {
+	const mib = 1 << 20
+	m := (&Flags{}).MemoryBudget(eventbus.DefaultMaxTotalBytes)
+	if *m != (MemoryBudget{Rings: 256 * mib, Subscribers: 64, QueuedBytes: 2 * mib}) {
+		t.Fatalf("default budget %+v", *m)
+	}
+	m.Bodies = DefaultBodyBudgetBodies * MaxBody(0)
+	if got, want := m.Limit(), int64(452*mib+452*mib/8+32*mib); got != want {
+		t.Fatalf("default limit %d, want %d (540.5 MiB)", got, want)
+	}
+	m = (&Flags{MaxSubscribers: 8, BodyBudget: 10 * mib}).MemoryBudget(64 * mib)
+	if got, want := m.Limit(), int64(90*mib+90*mib/8+32*mib); got != want {
+		t.Fatalf("limit of %+v: %d, want %d", *m, got, want)
+	}
+}
+
+// GOMEMLIMIT, when set, wins: the runtime has applied it and the budget
+// does not replace it. Without it the limit is the budget's, logged, and
+// restore puts the previous one back.
+func TestSetMemoryLimit(t *testing.T) {
+	prev := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prev)
+	m := MemoryBudget{Rings: 64 << 20, Subscribers: 2, QueuedBytes: 1 << 20, Bodies: 4 << 20}
+	env := func(v string, set bool) func(string) (string, bool) {
+		return func(k string) (string, bool) {
+			if k != "GOMEMLIMIT" {
+				t.Errorf("looked up %q", k)
+			}
+			return v, set
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		env  func(string) (string, bool)
+	}{{"unset", env("", false)}, {"empty", env("", true)}} {
+		var logs bytes.Buffer
+		restore := setMemoryLimit(slog.New(slog.NewTextHandler(&logs, nil)), m, tc.env)
+		if got := debug.SetMemoryLimit(-1); got != m.Limit() {
+			t.Errorf("%s: limit %d, want %d", tc.name, got, m.Limit())
+		}
+		if !strings.Contains(logs.String(), "memory limit from the budget") || !strings.Contains(logs.String(), fmt.Sprintf("bytes=%d", m.Limit())) {
+			t.Errorf("%s: log %q", tc.name, logs.String())
+		}
+		restore()
+		if got := debug.SetMemoryLimit(-1); got != prev {
+			t.Errorf("%s: restored %d, want %d", tc.name, got, prev)
+		}
+	}
+
+	debug.SetMemoryLimit(123 << 20) // as the runtime would have from GOMEMLIMIT=123MiB
+	var logs bytes.Buffer
+	restore := setMemoryLimit(slog.New(slog.NewTextHandler(&logs, nil)), m, env("123MiB", true))
+	if got := debug.SetMemoryLimit(-1); got != 123<<20 {
+		t.Errorf("GOMEMLIMIT set: limit %d, want %d", got, 123<<20)
+	}
+	if !strings.Contains(logs.String(), "memory limit from GOMEMLIMIT") || !strings.Contains(logs.String(), "GOMEMLIMIT=123MiB") {
+		t.Errorf("GOMEMLIMIT set: log %q", logs.String())
+	}
+	restore()
+	if got := debug.SetMemoryLimit(-1); got != 123<<20 {
+		t.Errorf("GOMEMLIMIT set: restore changed the limit to %d", got)
+	}
+}
+
+// Run sets the limit of its Memory while it serves, its Bodies from the
+// body budget of its Limits, and puts the previous limit back.
+func TestServerRunSetsMemoryLimit(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "") // empty counts as unset
+	prev := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(prev)
+	var logs bytes.Buffer
+	m := MemoryBudget{Rings: 64 << 20, Subscribers: 4, QueuedBytes: 1 << 20}
+	want := MemoryBudget{Rings: 64 << 20, Subscribers: 4, QueuedBytes: 1 << 20, Bodies: 3 << 20}.Limit()
+	ctx, cancel := context.WithCancel(context.Background())
+	var during int64
+	done := runServer(ctx, &Server{
+		Name: "testd", Listener: pipenet.Listen(), Handler: http.NotFoundHandler(), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Close: func(context.Context) {}, ShutdownTimeout: time.Second,
+		Limits: Limits{MaxBody: 1 << 20, BodyBudget: 3 << 20}, Memory: &m,
+		Ready: func(string) { during = debug.SetMemoryLimit(-1); cancel() },
+	})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if during != want {
+		t.Errorf("limit while serving %d, want %d", during, want)
+	}
+	if got := debug.SetMemoryLimit(-1); got != prev {
+		t.Errorf("limit after Run %d, want the previous %d", got, prev)
+	}
+	if !strings.Contains(logs.String(), fmt.Sprintf(`msg="memory limit from the budget" bytes=%d`, want)) {
+		t.Errorf("log: %s", logs.String())
 	}
 }

@@ -31,8 +31,11 @@ func IdempotencyKey(r *http.Request) (key string, ok bool) {
 // RetryAfterSeconds is the Retry-After of the daemons' 503 answers.
 const RetryAfterSeconds = "1"
 
-// OutcomeUnknownMessage is the "error" of a 503 publish_outcome_unknown.
-const OutcomeUnknownMessage = "the backplane did not answer in time: the event may or may not have been appended; " +
+// OutcomeUnknownMessage starts the "error" of a 503
+// publish_outcome_unknown; the backplane's error (why the answer was lost)
+// follows in parentheses.
+const OutcomeUnknownMessage = "the backplane's answer was lost (no answer in time, or the connection was cut): " +
+	"the event may or may not have been appended; " +
 	"retry with the same Idempotency-Key to apply it at most once (a retry without one may append it twice)"
 
 // PublishErrors maps the errors of a publish to HTTP answers, in one place
@@ -42,7 +45,8 @@ const OutcomeUnknownMessage = "the backplane did not answer in time: the event m
 type PublishErrors struct {
 	// OutcomeUnknown: sent but not answered (a timeout, a broken
 	// connection): 503 publish_outcome_unknown with Retry-After and
-	// OutcomeUnknownMessage. Checked first: it may also wrap Unavailable.
+	// OutcomeUnknownMessage, then the error. Checked first: it may also
+	// wrap Unavailable.
 	OutcomeUnknown error
 	// KeyReused: the key was used for a different event: 422
 	// idempotency_key_reused.
@@ -67,7 +71,7 @@ func (pe PublishErrors) Write(w http.ResponseWriter, err error) bool {
 	is := func(target error) bool { return target != nil && errors.Is(err, target) }
 	switch {
 	case is(pe.OutcomeUnknown):
-		WriteUnavailable(w, "publish_outcome_unknown", OutcomeUnknownMessage)
+		WriteUnavailable(w, "publish_outcome_unknown", OutcomeUnknownMessage+" ("+err.Error()+")")
 	case is(pe.KeyReused):
 		WriteError(w, http.StatusUnprocessableEntity, "idempotency_key_reused", err.Error())
 	case is(pe.InvalidKey):

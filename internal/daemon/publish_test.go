@@ -70,8 +70,9 @@ func TestPublishErrorsWrite(t *testing.T) {
 		if w.Code != c.status || body["code"] != c.code || (w.Header().Get("Retry-After") != "") != c.retryAfter {
 			t.Fatalf("%v: %d %v Retry-After %q; want %d %s", c.err, w.Code, body, w.Header().Get("Retry-After"), c.status, c.code)
 		}
-		if c.code == "publish_outcome_unknown" && (!strings.Contains(body["error"], "may or may not") || !strings.Contains(body["error"], "same Idempotency-Key")) {
-			t.Fatalf("outcome unknown body %q does not say what happened and how to retry", body["error"])
+		if c.code == "publish_outcome_unknown" && (!strings.Contains(body["error"], "may or may not") ||
+			!strings.Contains(body["error"], "same Idempotency-Key") || !strings.Contains(body["error"], c.err.Error())) {
+			t.Fatalf("outcome unknown body %q does not say what happened, why and how to retry", body["error"])
 		}
 	}
 	w := httptest.NewRecorder()

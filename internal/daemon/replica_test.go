@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -285,5 +286,23 @@ func TestReplicaAuth(t *testing.T) {
 	rest := s.Ended(5 * time.Second)
 	if len(rest) != 1 || rest[0].Event != eventbus.TypeStreamError || rest[0].Str(t, "data", "errorKind") != eventbus.ErrorKindRevoked {
 		t.Fatalf("the stream ended with %+v, want stream_error revoked", rest)
+	}
+}
+
+// A replica daemon refuses -cors-origin "*" with -cors-credentials before it
+// listens, and closes its backplane (issue 22).
+func TestReplicaServeRefusesStarWithCredentials(t *testing.T) {
+	rf, err := ParseReplicaFlags("testd-replica", "example.com/testd", "testbus", "TestDB",
+		[]string{"-addr", "127.0.0.1:0", "-cors-origin", "*", "-cors-credentials"}, io.Discard, func(*flag.FlagSet) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := 0
+	err = rf.Serve(context.Background(), ReplicaServer{Events: &eventbus.Handler{}, Close: func() { closed++ }})
+	if err == nil || !strings.Contains(err.Error(), `-cors-origin "*" with -cors-credentials`) {
+		t.Fatalf("Serve: %v", err)
+	}
+	if closed != 1 {
+		t.Fatalf("the backplane was closed %d times, want 1", closed)
 	}
 }

@@ -31,8 +31,9 @@ Routes:
                                     -> {"id":N,"epoch":"..."}; 400 bad body, 413 too large,
                                     408 body slower than -body-timeout, 503 server_busy (-body-budget),
                                     503 unavailable (ENGINE down: not appended, retry after Retry-After),
-                                    503 publish_outcome_unknown (ENGINE did not answer in time: the
-                                    event may or may not be appended; retry with the same key).
+                                    503 publish_outcome_unknown (ENGINE's answer was lost: no answer
+                                    in time or a cut connection, named in "error"; the event may or
+                                    may not be appended; retry with the same key).
                                     Idempotency-Key: <1..255 printable ASCII> makes a retry of the
                                     same event within -idempotency-window append nothing
                                     -> {"id":<first>,"epoch":"...","duplicate":true};
@@ -141,8 +142,9 @@ type ReplicaServer struct {
 	// the logger, the flags' stream settings (Flags.Handler), the access
 	// control and the replica's Lookup on it.
 	Events *eventbus.Handler
-	// Close closes the backplane (its mirrors: open streams drain and
-	// end); Serve calls it exactly once, whatever the outcome.
+	// Close closes the backplane (its mirrors: open streams drain, get
+	// stream_error shutdown and end); Serve calls it exactly once,
+	// whatever the outcome.
 	Close       func()
 	ListenAttrs []any             // after "addr" on the listening line, before "replica"
 	Ready       func(addr string) // see Server.Ready
@@ -192,11 +194,15 @@ func (rf *ReplicaFlags) Serve(ctx context.Context, rs ReplicaServer) error {
 		Logger:      r.Logger,
 		ListenAttrs: append(rs.ListenAttrs, "replica", r.Name),
 		Ready:       rs.Ready,
-		// Close the mirrors first: each stream gets what it has queued,
-		// then its handler returns, so Shutdown finds idle connections.
+		// Closing the mirrors ends each stream after what it has queued
+		// and the shutdown frame, so the HTTP server's shutdown beside it
+		// waits only for a client that does not read.
 		Close:           func(context.Context) { rs.Close() },
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          f.Limits(),
+		// No bound on the rings together: each session mirrored here
+		// keeps its own; the budget counts one full ring.
+		Memory: f.MemoryBudget(eventbus.DefaultRingMaxBytes),
 	}
 	if f.Demo {
 		d.Demo = &Demo{Interval: f.DemoInterval, Replica: r.Name, Publish: r.PublishDemo, Logger: r.Logger}

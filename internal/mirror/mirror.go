@@ -100,6 +100,10 @@ type Config struct {
 	Unavailable    func(op, session string, err error) error
 	ErrUnavailable error
 	Logger         *slog.Logger
+	// ShutdownRetryAfter is the retryAfter of the stream_error shutdown
+	// that Close gives every stream (eventbus.EventBus.CloseForShutdown);
+	// 0 means eventbus.DefaultShutdownRetryAfter.
+	ShutdownRetryAfter time.Duration
 }
 
 // Set is a backplane's mirrors on this replica. Create it with New; it is
@@ -149,9 +153,12 @@ func (t *Set[S]) Closed() bool {
 	return t.closed
 }
 
-// Close releases every session: Context ends, then (when set) runs, then
-// every mirror closes (its streams drain, then end), and Close returns
-// when every goroutine of the set has ended. Idempotent.
+// Close releases every session, because this replica is going away:
+// Context ends, then (when set) runs, then every mirror closes with
+// eventbus.EventBus.CloseForShutdown (its streams get what was queued, then
+// stream_error shutdown with Config.ShutdownRetryAfter, and end), and Close
+// returns when every goroutine of the set has ended. It does not wait for
+// the streams to drain. Idempotent.
 func (t *Set[S]) Close(then func()) {
 	t.mu.Lock()
 	if t.closed {
@@ -168,7 +175,9 @@ func (t *Set[S]) Close(then func()) {
 		then()
 	}
 	for _, s := range all {
-		t.Stop(s, "", "")
+		if bus := t.halt(s); bus != nil {
+			bus.CloseForShutdown(t.cfg.ShutdownRetryAfter)
+		}
 	}
 	t.wg.Wait()
 }
@@ -335,13 +344,7 @@ func (t *Set[S]) open(s S) {
 // kind and message (eventbus.EventBus.CloseWithError). s must already be
 // out of the set. Idempotent.
 func (t *Set[S]) Stop(s S, kind, message string) {
-	m := s.Mirror()
-	t.mu.Lock()
-	cancel, bus := m.cancel, m.Bus
-	t.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
+	bus := t.halt(s)
 	switch {
 	case bus == nil:
 	case kind != "":
@@ -349,6 +352,19 @@ func (t *Set[S]) Stop(s S, kind, message string) {
 	default:
 		bus.Close()
 	}
+}
+
+// halt ends the reader of s and returns its mirror, for the caller to
+// close (nil while s is still opening).
+func (t *Set[S]) halt(s S) *eventbus.EventBus {
+	m := s.Mirror()
+	t.mu.Lock()
+	cancel, bus := m.cancel, m.Bus
+	t.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	return bus
 }
 
 // Remove takes s out of the set, so that the next lookup of its session

@@ -25,7 +25,9 @@
 // h2c, -tls-cert/-tls-key, the header and body limits, -auth-token and
 // -token-lifetime with POST /login, /logout and /revoke; a revocation ends
 // the streams of this replica). On SIGINT or SIGTERM it closes the
-// backplane (open streams drain and end), then shuts the HTTP server down.
+// backplane (open streams drain, get stream_error shutdown with
+// -shutdown-retry-after, and end) while the HTTP server shuts down, within
+// -shutdown-timeout.
 // The stream stays.
 package main
 
@@ -75,15 +77,16 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	bp, err := natsbus.New(nctx, js, natsbus.Options{
-		Bus:               rf.BusOptions(rf.Logger), // its RingSize is each session's MaxMsgsPerSubject too
-		PublishTimeout:    rf.PublishTimeout,
-		IdleTimeout:       rf.IdleTimeout,
-		OutageTimeout:     rf.OutageTimeout,
-		IdempotencyWindow: rf.IdempotencyWindow,
-		Stream:            stream,
-		Subject:           subject,
-		Replicas:          replicas,
-		Logger:            rf.Logger,
+		Bus:                rf.BusOptions(rf.Logger), // its RingSize is each session's MaxMsgsPerSubject too
+		PublishTimeout:     rf.PublishTimeout,
+		IdleTimeout:        rf.IdleTimeout,
+		OutageTimeout:      rf.OutageTimeout,
+		IdempotencyWindow:  rf.IdempotencyWindow,
+		ShutdownRetryAfter: rf.ShutdownRetryAfter,
+		Stream:             stream,
+		Subject:            subject,
+		Replicas:           replicas,
+		Logger:             rf.Logger,
 	})
 	if err != nil {
 		return err

@@ -25,7 +25,9 @@
 // h2c, -tls-cert/-tls-key, the header and body limits, -auth-token and
 // -token-lifetime with POST /login, /logout and /revoke; a revocation ends
 // the streams of this replica). On SIGINT or SIGTERM it closes the
-// backplane (open streams drain and end), then shuts the HTTP server down.
+// backplane (open streams drain, get stream_error shutdown with
+// -shutdown-retry-after, and end) while the HTTP server shuts down, within
+// -shutdown-timeout.
 // The rows stay.
 package main
 
@@ -75,14 +77,15 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	defer pool.Close()
 
 	bp, err := pgbus.New(ctx, pool, pgbus.Options{
-		Bus:               rf.BusOptions(rf.Logger), // its RingSize bounds each session's rows too
-		PublishTimeout:    rf.PublishTimeout,
-		OutageTimeout:     rf.OutageTimeout,
-		IdempotencyWindow: rf.IdempotencyWindow,
-		IdleTimeout:       rf.IdleTimeout,
-		Schema:            schema,
-		SessionTTL:        sessionTTL,
-		Logger:            rf.Logger,
+		Bus:                rf.BusOptions(rf.Logger), // its RingSize bounds each session's rows too
+		PublishTimeout:     rf.PublishTimeout,
+		OutageTimeout:      rf.OutageTimeout,
+		IdempotencyWindow:  rf.IdempotencyWindow,
+		IdleTimeout:        rf.IdleTimeout,
+		ShutdownRetryAfter: rf.ShutdownRetryAfter,
+		Schema:             schema,
+		SessionTTL:         sessionTTL,
+		Logger:             rf.Logger,
 	})
 	if err != nil {
 		return err

@@ -23,7 +23,9 @@
 // h2c, -tls-cert/-tls-key, the header and body limits, -auth-token and
 // -token-lifetime with POST /login, /logout and /revoke; a revocation ends
 // the streams of this replica). On SIGINT or SIGTERM it closes the
-// backplane (open streams drain and end), then shuts the HTTP server down.
+// backplane (open streams drain, get stream_error shutdown with
+// -shutdown-retry-after, and end) while the HTTP server shuts down, within
+// -shutdown-timeout.
 // The Redis keys stay.
 package main
 
@@ -72,12 +74,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	defer client.Close()
 
 	bp, err := redisbus.New(client, redisbus.Options{
-		Bus:            rf.BusOptions(rf.Logger), // its RingSize bounds each session's stream too
-		PublishTimeout: rf.PublishTimeout,
-		IdleTimeout:    rf.IdleTimeout,
-		KeyPrefix:      prefix,
-		KeyTTL:         keyTTL,
-		Logger:         rf.Logger,
+		Bus:                rf.BusOptions(rf.Logger), // its RingSize bounds each session's stream too
+		PublishTimeout:     rf.PublishTimeout,
+		IdleTimeout:        rf.IdleTimeout,
+		ShutdownRetryAfter: rf.ShutdownRetryAfter,
+		KeyPrefix:          prefix,
+		KeyTTL:             keyTTL,
+		Logger:             rf.Logger,
 
 		IdempotencyWindow: rf.IdempotencyWindow,
 		OutageTimeout:     rf.OutageTimeout,

@@ -1,0 +1,92 @@
+package mirror
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ssebus/eventbus"
+)
+
+// streamTail reads an SSE response to its end and returns the data lines
+// of its frames, in order.
+func streamTail(t *testing.T, resp *http.Response) []string {
+	t.Helper()
+	var out []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out = append(out, d)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("reading the stream: %v", err)
+	}
+	return out
+}
+
+// Close is a replica going away: every stream of every mirror gets what
+// was queued, then stream_error shutdown with Config.ShutdownRetryAfter,
+// through the set's Handler. Releasing one mirror (Expire) is no shutdown:
+// a plain end.
+func TestCloseEndsStreamsWithTheShutdownFrame(t *testing.T) {
+	set, _ := newSet(t, time.Minute)
+	set.cfg.ShutdownRetryAfter = 1500 * time.Millisecond // read by Close alone
+	mux := http.NewServeMux()
+	mux.Handle("GET /session/{id}/events", set.Handler())
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	open := func(id string) *http.Response {
+		t.Helper()
+		resp, err := srv.Client().Get(srv.URL + "/session/" + id + "/events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d", id, resp.StatusCode)
+		}
+		return resp
+	}
+	a, b, released := open("a"), open("b"), open("c")
+	for _, id := range []string{"a", "b"} {
+		bus, err := set.Bus(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := bus.Append(eventbus.LogEntry{ID: 1, Type: "e", JSON: []byte(`{"id":1,"v":1,"type":"e"}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set.Expire(set.Get("c"), "a test")
+	if got := streamTail(t, released); len(got) != 0 {
+		t.Fatalf("a released mirror's stream ended with %q, want a plain end", got)
+	}
+
+	set.Close(nil)
+	for name, resp := range map[string]*http.Response{"a": a, "b": b} {
+		got := streamTail(t, resp)
+		if len(got) != 2 || got[0] != `{"id":1,"v":1,"type":"e"}` {
+			t.Fatalf("stream %s: %q, want its event, then the shutdown frame", name, got)
+		}
+		var env struct {
+			Type string `json:"type"`
+			Data struct {
+				ErrorKind  string `json:"errorKind"`
+				RetryAfter int64  `json:"retryAfter"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal([]byte(got[1]), &env); err != nil {
+			t.Fatal(err)
+		}
+		if env.Type != eventbus.TypeStreamError || env.Data.ErrorKind != eventbus.ErrorKindShutdown || env.Data.RetryAfter != 1500 {
+			t.Fatalf("stream %s ended with %s, want stream_error shutdown, retryAfter 1500", name, got[1])
+		}
+	}
+}
