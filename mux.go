@@ -20,14 +20,6 @@ import (
 // stream when MaxStreamSessions is 0.
 const DefaultMaxStreamSessions = 32
 
-// ErrorKindClosed is the errorKind of the stream_error frame a
-// multiplexed stream writes for a session whose bus was closed while the
-// stream served it (a Hub's Delete, an EventBus.Close), after the frames
-// queued for it: that session leaves the stream, the others go on. The
-// client drops the session, or opens it again later (a 404 naming it then
-// says it is gone). A single-session stream ends instead, as before.
-const ErrorKindClosed = "closed"
-
 // MuxHandler serves several sessions' buses as one Server-Sent Events
 // stream, so that a page watching many sessions needs one connection (a
 // browser opens at most 6 HTTP/1.1 connections per host), typically on a

@@ -849,3 +849,32 @@ func TestMuxEpochIDsSetting(t *testing.T) {
 		c.close()
 	}
 }
+
+// A Hub's Shutdown: every session of the stream gets its own shutdown
+// frame, after what was queued for it, and the stream ends with the last.
+func TestMuxHubShutdown(t *testing.T) {
+	hub := newTestHub(t, HubOptions{Bus: Options{Now: testNow}})
+	m := &MuxHandler{Handler: &Handler{RetryJitter: testJitter(0), Logger: (&logCapture{}).logger()}, Lookup: hub.LookupSession}
+	srv := httptest.NewServer(m)
+	t.Cleanup(srv.Close)
+	a, err := hub.GetOrCreate("a")
+	require.NoError(t, err)
+	_, err = hub.GetOrCreate("b")
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+muxPath([]string{"a", "b"}), nil)
+	require.NoError(t, err)
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	c := newSSEStream(t, resp)
+	t.Cleanup(c.close)
+	publishN(t, a, 1)
+	require.NoError(t, hub.Shutdown(t.Context()))
+	var fs []muxFrame
+	for _, ev := range sseEvents(c.rest()) {
+		fs = append(fs, splitMux(t, ev))
+	}
+	require.Equal(t, []string{"a#1", "a:stream_error", "b:stream_error"}, describeMux(fs))
+	for _, f := range fs[1:] {
+		require.Contains(t, f.Data, `"errorKind":"shutdown"`)
+	}
+}
