@@ -90,7 +90,9 @@ type Handler struct {
 	// An error that is or wraps a *StatusError is answered as that says
 	// (Unauthorized, Forbidden, Unavailable); another error is a 500 whose
 	// cause is logged. nil: every request that passes Lookup is served,
-	// without subject or lifetime.
+	// without subject or lifetime. A MuxHandler that shares this Handler
+	// and has no Authorize of its own calls it once per session of its
+	// request, with that session's bus.
 	Authorize func(r *http.Request, bus *EventBus) (Grant, error)
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
