@@ -12,6 +12,11 @@
 //	                                      (the files of clients/js, embedded)
 //	GET    /session/{id}/events           the SSE stream (eventbus.Handler); 404 session_not_found for a
 //	                                      session that does not exist (never creates one; HEAD neither)
+//	GET    /events?session=ID&session=ID… several sessions on one SSE stream (eventbus.MuxHandler): 1 to
+//	                                      -max-stream-sessions distinct ids, else 400 invalid_sessions; 404
+//	                                      session_not_found naming the first unknown one; every frame's
+//	                                      envelope names its session, every event's id line is the
+//	                                      composite cursor that resumes each session exactly
 //	POST   /session/{id}/events           publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...};
 //	                                      creates the session; 503 too_many_sessions when -max-sessions are live
 //	GET    /session/{id}                  status of a session as JSON (404 if it does not exist)
@@ -51,6 +56,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 
@@ -69,6 +75,14 @@ Routes:
   GET    /session/{id}/events       SSE stream (Last-Event-ID or ?lastEventId= resumes;
                                     ?maxQueued=16..2048); 404 session_not_found when the
                                     session does not exist: a GET or HEAD never creates one
+  GET    /events?session=ID&...     several sessions on one SSE stream (one connection: a
+                                    browser opens at most 6 per host over HTTP/1.1). 1 to
+                                    -max-stream-sessions distinct ids, else 400 invalid_sessions;
+                                    404 session_not_found with "session" naming the first unknown
+                                    one; every frame's JSON starts with "session":"<id>"; each
+                                    event's id: is a cursor of every session (m1...), which
+                                    Last-Event-ID or ?lastEventId= gives back to resume each
+                                    session exactly (?types=, ?maxQueued= as above, per session)
   POST   /session/{id}/events       publish {"type":"...","data":...,"originatorClientId":"..."}
                                     -> {"id":N,"epoch":"..."}, creating the session; 400 bad body
                                     or type, 413 too large, 408 body slower than -body-timeout,
@@ -104,6 +118,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Ring:           "replay ring size in events per session (0: eventbus default 8000)",
 		MaxSubscribers: "concurrent streams per session (0: eventbus default 64)",
 		WriteTimeout:   "deadline of one SSE write+flush; a stream that blocks past it is dropped (0: handler default 30s)",
+		StreamSessions: "the most sessions one multiplexed stream (GET /events?session=...) serves, 1 to 256; more is 400 invalid_sessions",
 	})
 	var (
 		maxSessions   = fs.Int("max-sessions", 0, "sessions held at once; a new one beyond this, when none is idle, gets 503 too_many_sessions (0: eventbus default 1000)")
@@ -114,6 +129,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	)
 	if err := daemon.Parse(fs, args); err != nil {
 		return err
+	}
+	if n := f.MaxStreamSessions; n < 1 || n > eventbus.MaxCursorEntries {
+		return fmt.Errorf("-max-stream-sessions %d: must be 1 to %d", n, eventbus.MaxCursorEntries)
 	}
 	logger := f.Logger(logOut)
 	tlsConfig, err := f.TLSConfig()
@@ -141,6 +159,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Logger:         logger,
 		Auth:           auth,
 		CreateOnStream: *createStream,
+
+		MaxStreamSessions: f.MaxStreamSessions,
 
 		IdempotencyWindow: f.IdempotencyWindow,
 	})
