@@ -125,7 +125,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		idleTimeout   = fs.Duration("idle-timeout", 0, "close and forget a session after this long without a publish and without a stream; its next publish starts a new epoch (0: eventbus default 10m; negative: never)")
 		maxTotalBytes = fs.Int64("max-total-bytes", 0, "bound on the sum of every session's replay ring bytes; past it the oldest events of the largest rings go, and resumes past them get ring_evicted (0: eventbus default 256 MiB)")
 		maxAge        = fs.Duration("max-age", 0, "events older than this leave the replay ring; resumes past them get ring_evicted (0: no age bound)")
-		createStream  = fs.Bool("create-on-stream", false, "a GET or HEAD of the stream creates its session, as a POST does: the behavior before the hub, for tests of clients that reconnect across restarts (it lets a client fill -max-sessions with idle sessions for -idle-timeout)")
+		createStream  = fs.Bool("create-on-stream", false, "a GET or HEAD of a stream (of /session/{id}/events, or of /events for each of its sessions) creates its session, as a POST does: the behavior before the hub, for tests of clients that reconnect across restarts (it lets a client fill -max-sessions with idle sessions for -idle-timeout)")
 	)
 	if err := daemon.Parse(fs, args); err != nil {
 		return err

@@ -53,8 +53,9 @@ type config struct {
 	// Idempotency-Key (at most daemon.DefaultIdempotencyKeys of them);
 	// 0: daemon.DefaultIdempotencyWindow.
 	IdempotencyWindow time.Duration
-	// CreateOnStream (-create-on-stream) makes a GET or HEAD of the
-	// stream get-or-create its session, as before the hub. For tests of
+	// CreateOnStream (-create-on-stream) makes a GET or HEAD of a
+	// stream (single, or each session of a multiplexed one) get-or-create
+	// its session, as before the hub. For tests of
 	// clients that reconnect across restarts and DELETEs (and learn the
 	// epoch with a HEAD); it lets a client fill MaxSessions with sessions
 	// that stay until they are idle for IdleTimeout.
