@@ -10,7 +10,12 @@
 // "<epoch>:<N>"), drops duplicates by id, follows the server's retry: with
 // full-jitter exponential backoff, honours Retry-After on 429 and 503, stops
 // on answers that retrying cannot fix (400, 404), and asks a credentials
-// callback again when the server says to re-authenticate.
+// callback again when the server says to re-authenticate. With
+// Client.Sessions it reads several sessions on one multiplexed stream
+// (eventbus.MuxHandler, e.g. GET /events?session=a&session=b): every
+// callback's value names its session, each session is resumed, deduplicated
+// and epoch-checked on its own from the composite cursor, and a session
+// the server says is gone is dropped from the URL (OnSessionGone).
 //
 // A [Parser] reads any text/event-stream by the WHATWG rules, with no line
 // length limit below its MaxEventBytes: a test helper for handlers as much
