@@ -304,12 +304,6 @@ func (c *Client) setCursor(p *position, epoch string, id uint64, has bool) {
 	c.mu.Unlock()
 }
 
-func (c *Client) setEpoch(p *position, epoch string) {
-	c.mu.Lock()
-	p.setEpoch(epoch)
-	c.mu.Unlock()
-}
-
 // Run streams until ctx is done (it then returns ctx.Err()) or a final
 // error: a 400, 404, or other 4xx than 408, 425 and 429 (*HTTPError); a
 // 401 or 403 without Credentials, or right after fresh ones; a response

@@ -62,7 +62,7 @@ func (c *Client) validateMux() error {
 		}
 	}
 	if c.Resume || c.LastEventID != 0 || c.Epoch != "" {
-		return errors.New("Resume, LastEventID or Epoch with Sessions: a multiplexed stream resumes from ResumeCursor")
+		return errors.New("sessions with Resume, LastEventID or Epoch: a multiplexed stream resumes from ResumeCursor")
 	}
 	if c.ResumeCursor != "" {
 		if _, err := muxcursor.Parse(c.ResumeCursor, maxMuxSessions, nil); err != nil {
