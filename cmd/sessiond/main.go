@@ -71,7 +71,7 @@ const usageText = `sessiond: a demo daemon for github.com/ssebus/eventbus.
 Routes:
   GET    /                          viewer page (?session=ID, default "demo"; ?transport=fetch,
                                     ?maxQueued=N, ?types=a,b), read with the JavaScript client
-  GET    /static/eventbus-client/F  the JavaScript client's modules (index.js, client.js, parser.js)
+  GET    /static/eventbus-client/F  the JavaScript client's modules (index.js, client.js, cursor.js, parser.js)
   GET    /session/{id}/events       SSE stream (Last-Event-ID or ?lastEventId= resumes;
                                     ?maxQueued=16..2048); 404 session_not_found when the
                                     session does not exist: a GET or HEAD never creates one

@@ -527,7 +527,7 @@ func TestIndexPage(t *testing.T) {
 		}
 	}
 	// The client's modules the page imports, from the files of clients/js.
-	for _, name := range []string{"index.js", "client.js", "parser.js"} {
+	for _, name := range []string{"index.js", "client.js", "cursor.js", "parser.js"} {
 		want, err := os.ReadFile("../../clients/js/" + name)
 		if err != nil {
 			t.Fatal(err)
