@@ -970,7 +970,10 @@ func (r *run) event(p *position, env *envelope, m Message, cn *conn) {
 	shown := p.streamEpoch
 	switch {
 	case r.mux != nil:
-		shown = r.mux.event(r.c, p, m)
+		var changed *Resync
+		if shown, changed = r.mux.event(r.c, p, m, id); changed != nil && r.c.OnResync != nil {
+			r.c.OnResync(*changed)
+		}
 	case m.HasID:
 		// The id line agrees with the envelope: its form (and epoch) count.
 		if e, n, ok := ParseEventID(m.ID); ok && n == id {

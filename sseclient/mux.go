@@ -185,18 +185,21 @@ func (m *muxState) budgetCut() bool {
 	return false
 }
 
-// event takes in the composite cursor of an event of p (its id line):
+// event takes in the composite cursor of event id of p (its id line):
 // sessions without a position yet take theirs from it, the live position
 // the server holds for them, so that a reconnect loses none of their
-// events. It returns the epoch the event shows: the stream's epoch of p
+// events; p takes its epoch's tag from it while neither it nor the
+// stream's headers know the epoch (a server without Event-Epochs), and a
+// tag other than its cursor's is then an epoch change, returned to report.
+// It returns the epoch the event shows: the stream's epoch of p
 // (Event-Epochs), as a single stream with plain ids does.
-func (m *muxState) event(c *Client, p *position, msg Message) string {
+func (m *muxState) event(c *Client, p *position, msg Message, id uint64) (shown string, changed *Resync) {
 	if !msg.HasID {
-		return p.streamEpoch
+		return p.streamEpoch, nil
 	}
 	entries, err := muxcursor.Parse(msg.ID, maxMuxSessions, m.cursor[:0])
 	if err != nil {
-		return p.streamEpoch
+		return p.streamEpoch, nil
 	}
 	m.cursor = entries
 	c.mu.Lock()
@@ -212,7 +215,19 @@ func (m *muxState) event(c *Client, p *position, msg Message) string {
 			}
 		}
 	}
-	return p.streamEpoch
+	own, ok := entryOf(entries, muxcursor.SessionTag(p.session))
+	if p.epoch != "" || p.streamEpoch != "" || !ok || own.ID != id || (p.hasCursor && own.Epoch == p.tag) {
+		return p.streamEpoch, nil
+	}
+	if p.hasCursor {
+		changed = &Resync{Session: p.session, Reason: "epoch_reset", Detail: "epoch_changed", LastDeliveredID: p.cursor, EarliestAvailableID: id}
+		if id > 1 {
+			changed.Missing = IDRange{From: 1, To: id - 1}
+		}
+		p.cursor = 0
+	}
+	p.tag = own.Epoch
+	return "", changed
 }
 
 // gone drops session id from the stream: the server says it is gone. It
@@ -257,11 +272,14 @@ func (c *Client) SessionCursor(session string) (epoch string, lastEventID uint64
 	return p.epoch, p.cursor, p.hasCursor
 }
 
-// CompositeCursor returns the composite cursor of every session of a
-// multiplexed stream the client has a position in (those of its last Run
-// included), as the server's id lines write it: what a later client's
-// ResumeCursor, or a plain EventSource's Last-Event-ID, resumes from. ""
-// when it has none. Safe to call from any goroutine, also while Run runs.
+// CompositeCursor returns the composite cursor of the sessions the
+// current (or last) Run streams that the client has a position in, as the
+// server's id lines write it: what the next connection resumes from, and
+// what a later client's ResumeCursor, or a plain EventSource's
+// Last-Event-ID, may resume from. "" when it has none. (Sessions gone or
+// no longer in Sessions are left out: the server refuses a cursor of more
+// entries than its sessions' bound.) Safe to call from any goroutine, also
+// while Run runs.
 func (c *Client) CompositeCursor() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -269,9 +287,9 @@ func (c *Client) CompositeCursor() string {
 		return ""
 	}
 	var entries []muxcursor.Entry
-	for id, p := range c.mux.pos {
-		if p.hasCursor && len(entries) < maxMuxSessions {
-			entries = append(entries, muxcursor.Entry{Session: muxcursor.SessionTag(id), Epoch: p.tag, ID: p.cursor})
+	for _, p := range c.mux.order {
+		if p.hasCursor {
+			entries = append(entries, muxcursor.Entry{Session: muxcursor.SessionTag(p.session), Epoch: p.tag, ID: p.cursor})
 		}
 	}
 	b, err := muxcursor.Append(nil, entries)

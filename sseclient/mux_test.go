@@ -2,10 +2,13 @@ package sseclient_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -415,4 +418,45 @@ func TestMuxClientShutdownComesBackAfterRetryAfter(t *testing.T) {
 			t.Fatalf("resyncs %+v, events %v: the next replica loses nothing", rc.snap().resyncs, rc.snap().ids())
 		}
 	})
+}
+
+// A server that sends no Event-Epochs header: the client takes each
+// session's epoch tag from the id lines, so its cursor stays exact, and a
+// tag other than its cursor's is reported as an epoch change.
+func TestMuxClientWithoutEventEpochs(t *testing.T) {
+	epochB := strings.Repeat("b", 32)
+	line := func(id uint64) string { return eventbus.Cursor{}.Set("a", epochB, id).String() }
+	var mu sync.Mutex
+	var cursors []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		cursors = append(cursors, r.URL.Query().Get("lastEventId"))
+		n := len(cursors)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		if n == 1 {
+			fmt.Fprintf(w, "retry: 10\n\nid: %s\nevent: e\ndata: {\"session\":\"a\",\"id\":5,\"v\":1,\"type\":\"e\"}\n\n", line(5))
+			return // the response ends: a cut
+		}
+		fmt.Fprintf(w, "id: %s\nevent: e\ndata: {\"session\":\"a\",\"id\":6,\"v\":1,\"type\":\"e\"}\n\n", line(6))
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close) // after the client's stop, which start's cleanup does first
+	c := &sseclient.Client{URL: srv.URL + "/events", Sessions: []string{"a"},
+		ResumeCursor: eventbus.Cursor{}.Set("a", strings.Repeat("a", 32), 3).String()}
+	rc := newRecorder()
+	rc.attach(c)
+	start(t, c)
+	rc.wait(t, "2 events", waitLong, func() bool { return len(rc.events) == 2 })
+	got := rc.snap()
+	if len(got.resyncs) != 1 || got.resyncs[0].Reason != "epoch_reset" || got.resyncs[0].Detail != "epoch_changed" ||
+		got.resyncs[0].LastDeliveredID != 3 || got.resyncs[0].Missing != (sseclient.IDRange{From: 1, To: 4}) {
+		t.Fatalf("resyncs %+v", got.resyncs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if cursors[1] != line(5) {
+		t.Fatalf("resumed from %q, want %q: the tag of the id line", cursors[1], line(5))
+	}
 }

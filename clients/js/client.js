@@ -970,7 +970,7 @@ export class EventBusClient {
   // other than its cursor's is an epoch change it reports.
   #muxLine(p, idField, id) {
     const others = this.#mux.order.some((q) => q !== p && q.cursor === null && !q.budgetCut);
-    if (!others && p.epoch !== null) return;
+    if (!others && (p.epoch !== null || p.streamEpoch !== null)) return;
     const entries = parseCursor(idField ?? "");
     if (!entries) return;
     for (const q of this.#mux.order) {
@@ -982,7 +982,7 @@ export class EventBusClient {
       if (q.streamEpoch && epochTag(q.streamEpoch) === e.epoch) q.epoch = q.streamEpoch;
     }
     const own = entryOf(entries, p.sessionTag);
-    if (p.epoch !== null || !own || own.id !== id || own.epoch === p.tag) return;
+    if (p.epoch !== null || p.streamEpoch !== null || !own || own.id !== id || own.epoch === p.tag) return;
     if (p.cursor !== null && p.tag !== null) {
       const last = p.cursor;
       p.cursor = 0;
