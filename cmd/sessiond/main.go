@@ -7,7 +7,8 @@
 //
 // Routes (Go 1.22 ServeMux patterns):
 //
-//	GET    /                              a viewer page that watches one session live
+//	GET    /                              a viewer page that watches one session live, or several on one
+//	                                      connection (?sessions=a,b,c: one column each)
 //	GET    /static/eventbus-client/{file} the JavaScript client's modules the viewer imports
 //	                                      (the files of clients/js, embedded)
 //	GET    /session/{id}/events           the SSE stream (eventbus.Handler); 404 session_not_found for a
@@ -69,7 +70,8 @@ func main() { daemon.Main("sessiond", run) }
 const usageText = `sessiond: a demo daemon for github.com/ssebus/eventbus.
 
 Routes:
-  GET    /                          viewer page (?session=ID, default "demo"; ?transport=fetch,
+  GET    /                          viewer page (?session=ID, default "demo"; ?sessions=A,B,... watches
+                                    several on one connection, one column each; ?transport=fetch,
                                     ?maxQueued=N, ?types=a,b), read with the JavaScript client
   GET    /static/eventbus-client/F  the JavaScript client's modules (index.js, client.js, cursor.js, parser.js)
   GET    /session/{id}/events       SSE stream (Last-Event-ID or ?lastEventId= resumes;
