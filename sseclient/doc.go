@@ -1,6 +1,7 @@
 // Package sseclient is a client of eventbus Server-Sent Events streams
 // (github.com/ssebus/eventbus, SPEC sections 5, 9 and 10), and the strict
-// SSE parser it is built on. It imports only the standard library and not
+// SSE parser it is built on. It imports only the standard library and this
+// module's internal codec of the composite cursor (internal/muxcursor), not
 // package eventbus, so eventbus's own tests can use it.
 //
 // A [Client] connects, turns frames into typed callbacks (events, signals,
