@@ -349,7 +349,10 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 		b.ring.dropOlder(now - b.opts.MaxAge.Milliseconds())
 	}
 	b.ring.append(f)
-	b.ringChangedLocked(reserved)
+	if b.owner != nil {
+		b.owner.ringChangedLocked(reserved) // a Hub settles with its budget
+	}
+	b.storeRingStatsLocked()
 	// Before the fan-out: a consumer catching up reads the ring up to it
 	// without the lock, and either it sees this id or the fan-out sees it
 	// waiting (see catchUpFast).
@@ -409,6 +412,11 @@ func (b *EventBus) ringChangedLocked(reserved int64) {
 	if b.owner != nil {
 		b.owner.ringChangedLocked(reserved)
 	}
+	b.storeRingStatsLocked()
+}
+
+// storeRingStatsLocked mirrors the ring's size for Stats.
+func (b *EventBus) storeRingStatsLocked() {
 	b.stats.ringLen.Store(int64(b.ring.Len()))
 	b.stats.ringBytes.Store(int64(b.ring.Bytes()))
 }

@@ -195,8 +195,13 @@ func (s *hubSession) publishing(size, now int64) (int64, error) {
 	return s.hub.budget.admit(size), nil
 }
 
+// ringChangedLocked settles the ring's change with the budget. At a ring's
+// bound, a publish whose event costs what the ring dropped for it has
+// nothing to settle: no atomic write.
 func (s *hubSession) ringChangedLocked(reserved int64) {
-	s.hub.budget.settleLocked(s, reserved)
+	if reserved != 0 || int64(s.bus.ring.Held()) != s.held.Load() {
+		s.hub.budget.settleLocked(s, reserved)
+	}
 }
 
 func (s *hubSession) used() { s.activity.Store(s.hub.nowMillis()) }

@@ -69,6 +69,12 @@ func (bg *budget) admit(n int64) int64 {
 	if bg.used.Load()+n <= bg.max {
 		return 0
 	}
+	return bg.reserve(n)
+}
+
+// reserve charges n bytes for a frame about to enter a ring and makes room
+// when that takes the budget over. It returns n.
+func (bg *budget) reserve(n int64) int64 {
 	if bg.used.Add(n) > bg.max {
 		bg.reclaim()
 	}
@@ -80,14 +86,12 @@ func (bg *budget) admit(n int64) int64 {
 // reserved for the frame just appended; 0 for any other change). A ring
 // that grew while used is over max drops its own oldest events, and the
 // newest one too when nothing else is left: then it is delivered live but
-// not kept.
+// not kept. The session calls it only when there is something to settle
+// (see hubSession.ringChangedLocked).
 func (bg *budget) settleLocked(s *hubSession, reserved int64) {
 	r := &s.bus.ring
 	held := int64(r.Held())
 	grown := held - s.held.Load()
-	if grown == 0 && reserved == 0 {
-		return // the frame cost what the ring dropped for it
-	}
 	var used int64
 	if d := grown - reserved; d != 0 {
 		used = bg.used.Add(d)
