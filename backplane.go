@@ -99,8 +99,9 @@ type feed struct {
 
 // NewFed returns a bus whose epoch and ids come from a shared log: the
 // backplane feeds it with Append, and a resume its ring cannot answer is
-// read from fo.Log. Its Publish returns ErrFed (a backplane publishes to
-// its log, and its reader feeds every replica's bus, this one included);
+// read from fo.Log. Its Publish returns ErrFed for an event it would
+// otherwise accept (a backplane publishes to its log, and its reader feeds
+// every replica's bus, this one included);
 // Signal delivers to this bus's subscribers only (a backplane spreads
 // signals by calling Signal on every replica). Subscribe, Close, Stats and
 // every other method behave as on a bus made by New.
@@ -140,6 +141,8 @@ func (b *EventBus) fed() *feed {
 // reader feeds every replica's bus with Append.
 func (*feed) publishing(_, _ int64) (int64, error) { return 0, ErrFed }
 
+// ringChangedLocked and used have nothing to do: the log, not the feed,
+// keeps the history, and a fed bus's use is its backplane's to watch.
 func (*feed) ringChangedLocked(int64) {}
 
 func (*feed) used() {}

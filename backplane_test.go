@@ -106,6 +106,8 @@ func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
 
 	_, err := b.Publish(Event{Type: "x"})
 	assert.ErrorIs(t, err, ErrFed, "ids come from the log, not from Publish")
+	_, err = b.Publish(Event{})
+	assert.ErrorIs(t, err, ErrInvalidEvent, "an event Publish refuses anyway says why")
 
 	s := subscribe(t, b, SubscribeOptions{})
 	log := &fakeLog{}

@@ -204,8 +204,13 @@ func (s *hubSession) ringChangedLocked(reserved int64) {
 	}
 }
 
+// used stamps the session's use: a signal, or its last subscriber leaving
+// (then its idle time starts).
 func (s *hubSession) used() { s.activity.Store(s.hub.nowMillis()) }
 
+// closed has nothing to do: Close gave the ring's bytes back as it reset
+// the ring (ringChangedLocked), and the hub forgets a closed bus at its
+// next sweep, or when GetOrCreate finds it.
 func (s *hubSession) closed() {}
 
 // NewHub returns an open hub. It returns an error wrapping ErrInvalidOption
