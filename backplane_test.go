@@ -100,7 +100,7 @@ func summary(fs []Frame) []string {
 }
 
 func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
-	b := newFed(t, Options{}, 41, nil)
+	b := newFed(t, Options{Logger: quiet}, 41, nil)
 	assert.Equal(t, testEpoch, b.Epoch())
 	assert.Equal(t, uint64(40), b.LastEventID())
 
