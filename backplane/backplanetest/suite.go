@@ -2,24 +2,26 @@ package backplanetest
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 )
 
-// Backplane is what every backplane module's Backplane has (redisbus,
-// pgbus): the shared tests drive a backplane through it alone.
+// Backplane is what the suite drives: the methods of a backplane module's
+// Backplane built on package backplane (redisbus, pgbus and natsbus have
+// them all). Their contracts are in package backplane's documentation.
 type Backplane interface {
 	Publish(ctx context.Context, session string, e eventbus.Event) (id uint64, epoch string, err error)
+	PublishIdempotent(ctx context.Context, session, key string, e eventbus.Event) (id uint64, epoch string, duplicate bool, err error)
 	Signal(ctx context.Context, session, typ, about string) error
+	Delete(ctx context.Context, session string) error
+	Info(ctx context.Context, session string) (backplane.Info, error)
 	Subscribe(ctx context.Context, session string, opts eventbus.SubscribeOptions) (*eventbus.Subscription, error)
 	Bus(ctx context.Context, session string) (*eventbus.EventBus, error)
 	Sessions() int
@@ -27,12 +29,235 @@ type Backplane interface {
 	Close() error
 }
 
-// Replica is one daemon replica in-process: a backplane and an HTTP server
-// with its Handler on "GET /session/{id}/events".
+// Options is what a check asks of the replicas it starts. A zero field
+// leaves the harness's own setting; a harness maps the others onto its
+// module's options (RingSize and the other bus fields onto its
+// Options.Bus, with Bus).
+type Options struct {
+	RingSize          int // events a session's log keeps: the engine trims to it
+	RingMaxBytes      int // envelope bytes a session's log keeps (Harness.TrimsBytes)
+	MaxEventBytes     int
+	ReplayBudgetBytes int
+	MaxQueued         int // a subscriber's queue: the checks that publish bursts raise it
+
+	PublishTimeout    time.Duration
+	OutageTimeout     time.Duration
+	IdleTimeout       time.Duration
+	IdempotencyWindow time.Duration
+}
+
+// Bus returns opts with o's bus fields set where they are not zero.
+func (o Options) Bus(opts eventbus.Options) eventbus.Options {
+	set := func(dst *int, v int) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	set(&opts.RingSize, o.RingSize)
+	set(&opts.RingMaxBytes, o.RingMaxBytes)
+	set(&opts.MaxEventBytes, o.MaxEventBytes)
+	set(&opts.ReplayBudgetBytes, o.ReplayBudgetBytes)
+	set(&opts.MaxQueued, o.MaxQueued)
+	return opts
+}
+
+// Or returns v, or def when v is 0: a harness sets
+// opts.OutageTimeout = backplanetest.Or(o.OutageTimeout, opts.OutageTimeout).
+func Or(v, def time.Duration) time.Duration {
+	if v != 0 {
+		return v
+	}
+	return def
+}
+
+// Cluster is what a harness started for one check: replicas of the
+// backplane sharing one engine, and a namespace of their own in it (a key
+// prefix, a schema, a stream), with the controls the harness has. Each
+// control is optional: the checks that need one it lacks are skipped,
+// saying which.
+type Cluster struct {
+	// Replicas are the n replicas, in the order of the replica names the
+	// suite gives them (A, B, C ...).
+	Replicas []Backplane
+	// Gates, when set, holds each replica's readers: Gates[i]'s Wait is
+	// the hook Replicas[i]'s readers call before they read the log and
+	// before they check the epoch (see Gate). The checks of a replica
+	// that lags behind the log need them.
+	Gates []*Gate
+	// Down and Up make the engine unreachable from every replica, without
+	// losing what it holds (hung, or refusing connections, as the harness
+	// can), and reachable again. The outage checks need them. Up runs
+	// once for every Down, and is not called twice in a row.
+	Down, Up func()
+	// Lose makes the engine lose every session it holds, the way the
+	// engine can lose data (a restart without persistence, its stream
+	// deleted): the checks of a lost log need it. An engine whose logs
+	// cannot be lost but by Delete leaves it nil.
+	Lose func()
+}
+
+// Harness is what a module's test gives Run.
+type Harness struct {
+	// Start starts n replicas with o applied, in a namespace no other
+	// check uses, and returns them; they and what Start started end with
+	// t (t.Cleanup). It fails t when it cannot start them.
+	Start func(t testing.TB, n int, o Options) Cluster
+	// ErrUnavailable, ErrOutcomeUnknown and ErrInvalidSession are the
+	// module's sentinels: the checks match errors with them (errors.Is).
+	ErrUnavailable, ErrOutcomeUnknown, ErrInvalidSession error
+	// TrimsBytes reports that the engine trims a session's log to
+	// RingMaxBytes too, and that Info.Bytes counts the envelope bytes it
+	// holds (a JetStream subject has no byte limit: natsbus leaves it
+	// false).
+	TrimsBytes bool
+}
+
+// wait bounds every wait for frames.
+const wait = 10 * time.Second
+
+// A check tests one promise of the backplane contract on a cluster of its
+// own (a check that needs a control the harness lacks skips). Its
+// failures say which promise broke (promised).
+type check struct {
+	name   string // the subtest's name
+	broken string // what a failure means, as the start of its message
+	needs  string // "bytes": skipped unless Harness.TrimsBytes
+	run    func(t testing.TB, h *harness)
+}
+
+// checks are the suite, in the order Run runs them.
+var checks = []check{
+	{"IDsContiguous", "ids are not contiguous from 1 across replicas", "", checkIDsContiguous},
+	{"OneOrderEverywhere", "replicas do not deliver one order", "", checkOneOrderEverywhere},
+	{"EpochKept", "the session's epoch is not kept", "", checkEpochKept},
+	{"Envelope", "the envelope delivered is not what a plain bus publishes", "", checkEnvelope},
+	{"PublishValidation", "an invalid publish is not refused without using an id", "", checkPublishValidation},
+	{"ResumeOnAnotherReplica", "a resume on another replica is not exact", "", checkResumeOnAnotherReplica},
+	{"ResumeBehindALateMirror", "a resume from before a mirror's ring is not answered from the log", "", checkResumeBehindALateMirror},
+	{"ResumeWhilePublishing", "the hand-over from history to live has a gap or a duplicate", "", checkResumeWhilePublishing},
+	{"ResumeOnALaggingReplica", "a resume on a replica whose reader lags is not exact", "", checkResumeOnALaggingReplica},
+	{"TrimRingEvicted", "a trimmed log does not answer ring_evicted", "", checkTrimRingEvicted},
+	{"TrimByBytes", "the log is not trimmed to RingMaxBytes", "bytes", checkTrimByBytes},
+	{"ReaderGap", "a reader that fell behind a trim does not tell its subscribers", "", checkReaderGap},
+	{"ReplayBudget", "the replay budget does not hold for resumes from the log", "", checkReplayBudget},
+	{"SlowSubscriberEvictedLocally", "a slow subscriber's eviction is not local", "", checkSlowSubscriberEvictedLocally},
+	{"Signals", "a signal does not reach every replica, without an id", "", checkSignals},
+	{"Delete", "DELETE does not start a new epoch on every replica", "", checkDelete},
+	{"DeleteThenNewStream", "a new stream joined a deleted epoch", "", checkDeleteThenNewStream},
+	{"PublishReleasesStaleMirror", "a publish left a mirror of a deleted epoch open", "", checkPublishReleasesStaleMirror},
+	{"IdempotentPublish", "an idempotent publish is not applied once", "", checkIdempotentPublish},
+	{"IdempotencyKeys", "idempotency keys are not checked", "", checkIdempotencyKeys},
+	{"IdempotentConcurrent", "concurrent publishes of one key did not append once", "", checkIdempotentConcurrent},
+	{"IdempotencyWindow", "an idempotency key is not forgotten after its window", "", checkIdempotencyWindow},
+	{"IdempotentRetryAfterOutage", "a publish retried with its key across an outage is not appended once", "", checkIdempotentRetryAfterOutage},
+	{"Outage", "an engine outage is not bounded and announced", "", checkOutage},
+	{"ShortOutage", "an outage shorter than the bound ended streams", "", checkShortOutage},
+	{"LostLog", "a lost log does not start a new epoch", "", checkLostLog},
+	{"ResumeOfALostEpoch", "a stream joined a mirror of a lost epoch", "", checkResumeOfALostEpoch},
+	{"IdleRelease", "an idle mirror is not released, or its session changed", "", checkIdleRelease},
+	{"Close", "Close does not end the replica's streams with stream_error shutdown", "", checkClose},
+}
+
+// Run runs the conformance suite on the backplane h starts: every check
+// as a subtest of t (go test -run 'TestX/Outage' runs one), each on a
+// cluster of its own. A check whose control the harness lacks is skipped.
+// A failure's message starts with "backplanetest: " and the promise the
+// backplane broke, then what the check saw.
+func Run(t *testing.T, h Harness) {
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) { runCheck(t, c, h) })
+	}
+}
+
+// runCheck runs c on t; the suite's own tests run it on a recorder.
+func runCheck(t testing.TB, c check, h Harness) {
+	if c.needs == "bytes" && !h.TrimsBytes {
+		t.Skipf("backplanetest: %s: the engine does not trim by bytes (Harness.TrimsBytes)", c.name)
+	}
+	p := promised{TB: t, broken: c.broken}
+	c.run(p, &harness{Harness: h, t: p})
+}
+
+// harness is a Harness during one check.
+type harness struct {
+	Harness
+	t testing.TB
+}
+
+// cluster starts n replicas with o and serves each (Replica); names are
+// A, B, C ... needs are the controls the check needs ("gates", "outage",
+// "lose"): without one the check is skipped.
+func (h *harness) cluster(n int, o Options, needs ...string) ([]*Replica, Cluster) {
+	t := h.t
+	t.Helper()
+	c := h.Start(t, n, o)
+	if len(c.Replicas) != n {
+		t.Fatalf("Harness.Start returned %d replicas, want %d", len(c.Replicas), n)
+	}
+	for _, need := range needs {
+		switch {
+		case need == "gates" && len(c.Gates) != n:
+			t.Skip("backplanetest: the harness has no Cluster.Gates")
+		case need == "outage" && (c.Down == nil || c.Up == nil):
+			t.Skip("backplanetest: the harness has no Cluster.Down and Up")
+		case need == "lose" && c.Lose == nil:
+			t.Skip("backplanetest: the harness has no Cluster.Lose")
+		}
+	}
+	out := make([]*Replica, n)
+	for i, bp := range c.Replicas {
+		out[i] = NewReplica(t, string(rune('A'+i)), bp)
+		if i < len(c.Gates) {
+			out[i].Gate = c.Gates[i]
+		}
+	}
+	return out, c
+}
+
+// three starts three replicas with o.
+func (h *harness) three(o Options) (a, b, c *Replica) {
+	h.t.Helper()
+	rs, _ := h.cluster(3, o)
+	return rs[0], rs[1], rs[2]
+}
+
+// promised is a check's testing.TB: its failures start with
+// "backplanetest: " and the promise the backplane broke.
+type promised struct {
+	testing.TB
+	broken string
+}
+
+func (p promised) prefix() string { return "backplanetest: " + p.broken + ": " }
+
+func (p promised) Fatalf(format string, args ...any) {
+	p.TB.Helper()
+	p.TB.Fatalf(p.prefix()+format, args...)
+}
+
+func (p promised) Errorf(format string, args ...any) {
+	p.TB.Helper()
+	p.TB.Errorf(p.prefix()+format, args...)
+}
+
+func (p promised) Fatal(args ...any) {
+	p.TB.Helper()
+	p.TB.Fatal(p.prefix() + fmt.Sprint(args...))
+}
+
+func (p promised) Error(args ...any) {
+	p.TB.Helper()
+	p.TB.Error(p.prefix() + fmt.Sprint(args...))
+}
+
+// Replica is one daemon replica in-process: a backplane and an HTTP
+// server with its Handler on "GET /session/{id}/events" (heartbeats off).
 type Replica struct {
 	Name   string
 	BP     Backplane
 	Server *httptest.Server
+	// Gate holds the replica's readers (Cluster.Gates), nil without one.
+	Gate *Gate
 }
 
 // NewReplica serves bp's Handler (heartbeats off: an hour) on a test
@@ -48,10 +273,10 @@ func NewReplica(t testing.TB, name string, bp Backplane) *Replica {
 	return &Replica{Name: name, BP: bp, Server: srv}
 }
 
-// URL returns the replica's stream URL of session, with query when it is
-// not empty.
+// URL returns the replica's stream URL of session (path-escaped), with
+// query when it is not empty.
 func (rp *Replica) URL(session, query string) string {
-	u := rp.Server.URL + "/session/" + session + "/events"
+	u := rp.Server.URL + "/session/" + url.PathEscape(session) + "/events"
 	if query != "" {
 		u += "?" + query
 	}
@@ -76,12 +301,6 @@ func (rp *Replica) Publish(t testing.TB, session, typ string, data any) uint64 {
 	return id
 }
 
-// Cluster starts n replicas of one backplane that share one engine and a
-// namespace of their own (a key prefix, a schema), with the module's test
-// options, then tune (when not nil) applied to their mirror buses'
-// options. The replicas and the engine end with t.
-type Cluster func(t *testing.T, n int, tune func(*eventbus.Options)) []*Replica
-
 // LateMirror publishes 20 events of session "s" on a while c's only live
 // stream of it opens after the 10th, so that c's ring starts at 11; it
 // returns that stream, which has read 11 to 20.
@@ -96,362 +315,4 @@ func LateMirror(t testing.TB, a, c *Replica) *Stream {
 	}
 	WantIDs(t, live.Events(10, wait), 11, 20)
 	return live
-}
-
-// ThreeReplicasOneOrder publishes concurrently on a, b and c (two
-// publishers of 100 events each per replica, to session "s1") and checks
-// that every subscriber on every replica (two each) gets every event with
-// the same ids, bytes and order, each publisher's events in its own order,
-// and one epoch. It returns how many events were published.
-func ThreeReplicasOneOrder(t testing.TB, a, b, c *Replica) (total uint64) {
-	t.Helper()
-	reps := []*Replica{a, b, c}
-	var subs []*Stream
-	for _, rp := range reps {
-		for range 2 {
-			subs = append(subs, rp.Open(t, "s1", nil, ""))
-		}
-	}
-	const per, publishers = 100, 2 // per replica: 2 publishers of 100 each
-	var wg sync.WaitGroup
-	ids := make([][]uint64, len(reps)*publishers)
-	for i := range ids {
-		rp := reps[i%len(reps)]
-		wg.Go(func() {
-			for n := range per {
-				id, _, err := rp.BP.Publish(context.Background(), "s1", eventbus.Event{
-					Type: "e", Data: map[string]int{"p": i, "n": n}})
-				if err != nil {
-					t.Errorf("%s: %v", rp.Name, err)
-					return
-				}
-				ids[i] = append(ids[i], id)
-			}
-		})
-	}
-	wg.Wait()
-	seen := map[uint64]bool{}
-	for i := range ids {
-		for k, id := range ids[i] {
-			if seen[id] {
-				t.Fatalf("id %d assigned twice", id)
-			}
-			seen[id] = true
-			if k > 0 && id <= ids[i][k-1] {
-				t.Fatalf("publisher %d got id %d after %d", i, id, ids[i][k-1])
-			}
-		}
-	}
-	total = uint64(len(ids) * per)
-	var ref []Frame
-	for i, s := range subs {
-		got := s.Events(int(total), wait)
-		WantIDs(t, got, 1, total)
-		if i == 0 {
-			ref = got
-			continue
-		}
-		for k := range got {
-			if got[k] != ref[k] {
-				t.Fatalf("subscriber %d frame %d = %+v, subscriber 0 has %+v", i, k, got[k], ref[k])
-			}
-		}
-	}
-	next := make([]int64, len(ids))
-	for _, f := range ref {
-		p, n := f.Num(t, "data", "p"), f.Num(t, "data", "n")
-		if n != next[p] {
-			t.Fatalf("publisher %d: event n=%d at id %d, want n=%d", p, n, f.ID, next[p])
-		}
-		next[p]++
-	}
-	if subs[0].Epoch == "" || subs[0].Epoch != subs[5].Epoch {
-		t.Fatalf("epochs differ across replicas: %q, %q", subs[0].Epoch, subs[5].Epoch)
-	}
-	return total
-}
-
-// wait bounds every wait for frames.
-const wait = 10 * time.Second
-
-func three(t *testing.T, cluster Cluster, tune func(*eventbus.Options)) (a, b, c *Replica) {
-	rs := cluster(t, 3, tune)
-	return rs[0], rs[1], rs[2]
-}
-
-// Run runs the tests every backplane must pass, each as a subtest on a
-// cluster of its own.
-func Run(t *testing.T, cluster Cluster) {
-	t.Run("Close", func(t *testing.T) { checkClose(t, cluster) })
-	t.Run("ResumeOnAnotherReplica", func(t *testing.T) { checkResumeOnAnotherReplica(t, cluster) })
-	t.Run("ResumeBehindALateMirror", func(t *testing.T) { checkResumeBehindALateMirror(t, cluster) })
-	t.Run("SlowSubscriberEvictedLocally", func(t *testing.T) { checkSlowSubscriberEvictedLocally(t, cluster) })
-	t.Run("ResumeReplayBudget", func(t *testing.T) { checkResumeReplayBudget(t, cluster) })
-	t.Run("SignalReachesEveryReplica", func(t *testing.T) { checkSignalReachesEveryReplica(t, cluster) })
-	t.Run("ResumeWhilePublishing", func(t *testing.T) { checkResumeWhilePublishing(t, cluster) })
-}
-
-// checkClose: Close ends open streams, each with stream_error shutdown (at
-// the default retryAfter), and every goroutine; Publish then fails.
-func checkClose(t *testing.T, cluster Cluster) {
-	a := cluster(t, 1, nil)[0]
-	s := a.Open(t, "s", nil, "")
-	for i := range 5 {
-		a.Publish(t, "s"+strconv.Itoa(i), "e", nil)
-	}
-	a.Publish(t, "s", "e", nil)
-	WantIDs(t, s.Events(1, wait), 1, 1)
-	start := time.Now()
-	a.BP.Close()
-	if took := time.Since(start); took > time.Second {
-		t.Fatalf("Close took %v", took)
-	}
-	s.EndedShutdown(wait, eventbus.DefaultShutdownRetryAfter)
-	if _, _, err := a.BP.Publish(context.Background(), "s", eventbus.Event{Type: "e"}); !errors.Is(err, eventbus.ErrClosed) {
-		t.Fatalf("Publish after Close: %v", err)
-	}
-	if _, err := a.BP.Bus(context.Background(), "s"); !errors.Is(err, eventbus.ErrClosed) {
-		t.Fatalf("Bus after Close: %v", err)
-	}
-	a.BP.Close()
-}
-
-// A client reading from A disconnects and resumes on C, which has no
-// mirror of the session: it gets exactly the ids it missed, then live.
-func checkResumeOnAnotherReplica(t *testing.T, cluster Cluster) {
-	a, b, c := three(t, cluster, nil)
-	sa := a.Open(t, "s", nil, "")
-	for range 30 {
-		b.Publish(t, "s", "e", nil)
-	}
-	got := sa.Events(20, wait)
-	WantIDs(t, got, 1, 20)
-	sa.Close() // the client saw 20
-	for range 15 {
-		b.Publish(t, "s", "e", nil)
-	}
-	if n := c.BP.Sessions(); n != 0 {
-		t.Fatalf("C holds %d sessions before the resume", n)
-	}
-	sc := c.Open(t, "s", map[string]string{"Last-Event-ID": "20", "Event-Epoch": sa.Epoch}, "")
-	if sc.Epoch != sa.Epoch {
-		t.Fatalf("C's epoch %q, A's %q", sc.Epoch, sa.Epoch)
-	}
-	WantIDs(t, sc.Events(25, wait), 21, 45)
-	rc := sc.Next(wait)
-	if rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 25 || rc.Num(t, "data", "lastReplayedEventId") != 45 {
-		t.Fatalf("want replay_complete of 25 up to 45, got %+v", rc)
-	}
-	a.Publish(t, "s", "e", nil)
-	WantIDs(t, sc.Events(1, wait), 46, 46)
-}
-
-// C already mirrors the session, but only from a late id: a resume from
-// before it is answered from the stream, ahead of the live frames.
-func checkResumeBehindALateMirror(t *testing.T, cluster Cluster) {
-	a, _, c := three(t, cluster, nil)
-	live := LateMirror(t, a, c) // C's mirror starts at 11
-	sc := c.Open(t, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": live.Epoch}, "")
-	WantIDs(t, sc.Events(15, wait), 6, 20)
-	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != 15 {
-		t.Fatalf("want replay_complete of 15, got %+v", rc)
-	}
-	a.Publish(t, "s", "e", nil)
-	WantIDs(t, sc.Events(1, wait), 21, 21)
-}
-
-// A slow subscriber on B is evicted there; every other subscriber, on
-// every replica, gets everything, and the other mirrors evict nobody.
-func checkSlowSubscriberEvictedLocally(t *testing.T, cluster Cluster) {
-	a, b, c := three(t, cluster, nil)
-	var fast []*Stream
-	for _, rp := range []*Replica{a, b, c} {
-		fast = append(fast, rp.Open(t, "s", nil, ""))
-	}
-	slow, err := b.BP.Subscribe(context.Background(), "s", eventbus.SubscribeOptions{MaxQueued: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Close()
-	for range 100 {
-		a.Publish(t, "s", "e", nil)
-	}
-	for _, s := range fast {
-		var got []Frame
-		for len(got) < 100 {
-			f := s.Next(wait)
-			if f.ID == 0 {
-				if f.Event != eventbus.TypeSlowClientWarning {
-					t.Fatalf("fast subscriber got %s %s", f.Event, f.Data)
-				}
-				continue
-			}
-			got = append(got, f)
-		}
-		WantIDs(t, got, 1, 100)
-	}
-	var ids []uint64
-	var types []string
-	for f := range slow.Events() {
-		if f.ID() != 0 {
-			ids = append(ids, f.ID())
-		} else {
-			types = append(types, f.Type())
-		}
-	}
-	if len(ids) != 16 || ids[0] != 1 || ids[15] != 16 {
-		t.Fatalf("slow subscriber got ids %v, want 1..16", ids)
-	}
-	if len(types) != 2 || types[0] != eventbus.TypeSlowClientWarning || types[1] != eventbus.TypeClientEvicted {
-		t.Fatalf("slow subscriber got synthetic frames %v", types)
-	}
-	if !errors.Is(slow.Err(), eventbus.ErrEvicted) {
-		t.Fatalf("slow subscriber ended with %v", slow.Err())
-	}
-	for _, rp := range []*Replica{a, b, c} {
-		bus, err := rp.BP.Bus(context.Background(), "s")
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := uint64(0)
-		if rp == b {
-			want = 1
-		}
-		if got := bus.Stats().Evictions.QueueOverflow; got != want {
-			t.Fatalf("%s evicted %d, want %d", rp.Name, got, want)
-		}
-	}
-}
-
-// The replay budget holds for resumes from the stream.
-func checkResumeReplayBudget(t *testing.T, cluster Cluster) {
-	a, _, c := three(t, cluster, func(o *eventbus.Options) { o.ReplayBudgetBytes = 1000 })
-	for range 40 {
-		a.Publish(t, "s", "e", strings.Repeat("z", 100))
-	}
-	sc := c.Open(t, "s", map[string]string{"Last-Event-ID": "0"}, "")
-	var got []Frame
-	for {
-		f := sc.Next(wait)
-		if f.ID == 0 {
-			if f.Event != eventbus.TypeStateResyncRequired || f.Str(t, "data", "reason") != "replay_budget_exceeded" {
-				t.Fatalf("want replay_budget_exceeded, got %+v", f)
-			}
-			n := uint64(len(got))
-			if f.Num(t, "data", "lastDeliveredId") != int64(n) || f.Num(t, "data", "earliestAvailableId") != int64(n+1) {
-				t.Fatalf("budget resync %+v after %d events", f, n)
-			}
-			break
-		}
-		got = append(got, f)
-	}
-	// The budget counts envelopes (eventbus.Frame.Size, what follows
-	// "data: "): the replayed ones fit in it, and one more would not (the
-	// next id's envelope is at least as long as the first's).
-	spent := 0
-	for _, f := range got {
-		spent += len(f.Data)
-	}
-	if spent > 1000 || spent+len(got[0].Data) <= 1000 {
-		t.Fatalf("replayed %d events of %d envelope bytes within a budget of 1000", len(got), spent)
-	}
-	WantIDs(t, got, 1, uint64(len(got)))
-	if rc := sc.Next(wait); rc.Event != eventbus.TypeReplayComplete || rc.Num(t, "data", "replayedCount") != int64(len(got)) {
-		t.Fatalf("want replay_complete, got %+v", rc)
-	}
-	// With a type filter the whole range is read; the budget still holds.
-	sf := c.Open(t, "s", map[string]string{"Last-Event-ID": "0"}, "types=e")
-	n := 0
-	for f := sf.Next(wait); f.ID != 0; f = sf.Next(wait) {
-		n++
-	}
-	if n != len(got) {
-		t.Fatalf("filtered resume replayed %d, unfiltered %d", n, len(got))
-	}
-}
-
-// A signal sent on one replica reaches the session's subscribers on every
-// replica, without an id.
-func checkSignalReachesEveryReplica(t *testing.T, cluster Cluster) {
-	a, b, c := three(t, cluster, nil)
-	var subs []*Stream
-	for _, rp := range []*Replica{a, b, c} {
-		subs = append(subs, rp.Open(t, "s", nil, ""))
-	}
-	if err := b.BP.Signal(context.Background(), "s", "doc.changed", "doc/1"); err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range subs {
-		f := s.Next(wait)
-		if f.ID != 0 || f.Event != "doc.changed" || f.Str(t, "about") != "doc/1" {
-			t.Fatalf("replica %d got %+v", i, f)
-		}
-	}
-	if err := a.BP.Signal(context.Background(), "s", "", "x"); !errors.Is(err, eventbus.ErrInvalidEvent) {
-		t.Fatalf("empty signal type: %v", err)
-	}
-	a.Publish(t, "s", "e", nil)
-	for _, s := range subs {
-		WantIDs(t, s.Events(1, wait), 1, 1)
-	}
-}
-
-// Live publishing during a resume from the engine's history: the
-// hand-over from history to live has no gap and no duplicate.
-func checkResumeWhilePublishing(t *testing.T, cluster Cluster) {
-	a, b, c := three(t, cluster, nil)
-	for range 200 {
-		a.Publish(t, "s", "e", nil)
-	}
-	warm := c.Open(t, "s", nil, "") // C's mirror, ring from 201
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var published atomic.Uint64
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			published.Store(b.Publish(t, "s", "e", nil))
-		}
-	})
-	time.Sleep(20 * time.Millisecond)
-	var resumed []*Stream
-	for _, from := range []string{"0", "50", "199"} {
-		resumed = append(resumed, c.Open(t, "s", map[string]string{"Last-Event-ID": from, "Event-Epoch": warm.Epoch}, ""))
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	last := published.Load()
-	for i, s := range resumed {
-		from := []uint64{1, 51, 200}[i]
-		var ids []uint64
-		sawComplete := false
-		for len(ids) == 0 || ids[len(ids)-1] < last {
-			f := s.Next(wait)
-			if f.Event == eventbus.TypeSlowClientWarning {
-				continue // the queue behind the replay filled up for a while
-			}
-			if f.ID == 0 {
-				if f.Event != eventbus.TypeReplayComplete || sawComplete {
-					t.Fatalf("resume %d: unexpected %s %s", i, f.Event, f.Data)
-				}
-				sawComplete = true
-				continue
-			}
-			ids = append(ids, f.ID)
-		}
-		if !sawComplete {
-			t.Fatalf("resume %d: no replay_complete", i)
-		}
-		for k, id := range ids {
-			if id != from+uint64(k) {
-				t.Fatalf("resume %d: event %d has id %d, want %d", i, k, id, from+uint64(k))
-			}
-		}
-	}
 }
