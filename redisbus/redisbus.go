@@ -141,11 +141,10 @@ type Options struct {
 // Backplane feeds local mirror buses from Redis Streams. Create it with
 // New; it is safe for concurrent use. Close ends every reader and mirror.
 type Backplane struct {
-	client  redis.UniversalClient
-	opts    Options
-	bus     backplane.Bus // the bounds of the log
-	encoder *eventbus.Encoder
-	log     *slog.Logger
+	client redis.UniversalClient
+	opts   Options
+	bus    backplane.Bus // the bounds of the log
+	log    *slog.Logger
 
 	// set holds the mirrors and runs every goroutine of the backplane
 	// (readers, the janitor, receiveSignals) until Close.
@@ -195,11 +194,10 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	}
 	log := bus.Log
 	b := &Backplane{
-		client:  client,
-		opts:    opts,
-		bus:     bus,
-		encoder: bus.Encoder,
-		log:     log,
+		client: client,
+		opts:   opts,
+		bus:    bus,
+		log:    log,
 	}
 	if !contextTimeouts(client) {
 		log.Warn("redisbus: the redis client has ContextTimeoutEnabled off: a Redis that hangs can hold Publish past PublishTimeout, up to the client's read timeout and retries")
