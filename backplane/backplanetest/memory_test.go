@@ -114,8 +114,10 @@ func newMemBackplane(st *memStore, opts memOptions) (*memBackplane, error) {
 	b.set = backplane.New[*memSession](backplane.Config{
 		Name: "mem", Engine: "Memory", Store: "memory", Bus: bus,
 		Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout, OutageTimeout: opts.OutageTimeout,
-		Valid:          memValid,
-		Unavailable:    func(op, session string, err error) error { return fmt.Errorf("%w: %s session %q: %v", errMemDown, op, session, err) },
+		Valid: memValid,
+		Unavailable: func(op, session string, err error) error {
+			return fmt.Errorf("%w: %s session %q: %v", errMemDown, op, session, err)
+		},
 		ErrUnavailable: errMemDown,
 	}, memEngine{b})
 	st.mu.Lock()
