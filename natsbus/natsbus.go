@@ -2,7 +2,7 @@
 // session's events get their ids from one shared log, so a client may
 // resume with Last-Event-ID on any replica of a daemon behind a load
 // balancer. It is the twin of redisbus and pgbus for daemons that already
-// run NATS, built on the engine-independent mirror set and the public
+// run NATS, built on the public backplane kit (package backplane) and the
 // backplane seam of package eventbus (NewFed, Append, Log, Encoder).
 //
 // Per session, one subject of one stream is the log: "<Subject>.s.<token>"
