@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,9 +103,13 @@ func (e *StatusError) message() string {
 // route of the same daemon) uses it to answer alike. It writes nothing but
 // the answer and must be called before anything was written to w; a
 // Status outside [400, 599] is answered as 500 internal.
-func (e *StatusError) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+func (e *StatusError) ServeHTTP(w http.ResponseWriter, _ *http.Request) { e.serve(w, "") }
+
+// serve is ServeHTTP with the body naming session when it is not empty
+// (the multiplexed stream's answers).
+func (e *StatusError) serve(w http.ResponseWriter, session string) {
 	if e.Status < 400 || e.Status > 599 {
-		writeJSONError(w, http.StatusInternalServerError, "internal error", "internal", 0)
+		writeJSONErrorFor(w, http.StatusInternalServerError, "internal error", "internal", 0, session)
 		return
 	}
 	h := w.Header()
@@ -122,7 +127,7 @@ func (e *StatusError) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 		// is exposed, and a client must honour Retry-After.
 		h.Set("Access-Control-Expose-Headers", strings.Join(exposed, ", "))
 	}
-	writeJSONError(w, e.Status, e.message(), e.code(), 0)
+	writeJSONErrorFor(w, e.Status, e.message(), e.code(), 0, session)
 }
 
 // Grant is what Handler.Authorize allows a stream: who it is for, and how
@@ -149,15 +154,20 @@ type Grant struct {
 const maxRevokedDuring = 64
 
 // liveStream is one stream of a Handler with Authorize, in the registry
-// from before Authorize is called until the stream ends.
+// from before Authorize is called until the stream ends. A multiplexed
+// stream is one liveStream filed under the subject of each of its grants.
 type liveStream struct {
 	revoked chan struct{} // closed by Revoke (or at commit), once
 	// Guarded by registry.mu:
-	subject string
-	pending bool     // Authorize has not returned yet
-	during  []string // subjects revoked while pending
-	all     bool     // more than maxRevokedDuring of them
-	listed  bool     // in bySubject (a Revoke has not taken it out)
+	subjects []string
+	pending  bool     // Authorize has not returned yet
+	during   []string // subjects revoked while pending
+	all      bool     // more than maxRevokedDuring of them
+	listed   bool     // in bySubject (a Revoke has not taken it out)
+	// by is the subject whose Revoke closed revoked ("" when unknown: more
+	// than maxRevokedDuring revoked meanwhile). Written before the close,
+	// so a reader that saw revoked closed may read it without the lock.
+	by string
 }
 
 // registry holds a Handler's authorized streams by subject. Its lock is
@@ -181,23 +191,30 @@ func (g *registry) begin() *liveStream {
 	return ls
 }
 
-// commit files ls under subject once Authorize has granted it. A stream
-// whose subject was revoked while it was being authorized is revoked at
-// once (its channel is closed and it is not filed).
-func (g *registry) commit(ls *liveStream, subject string) {
+// commit files ls under each of subjects once Authorize has granted it
+// (empty ones are not filed). A stream one of whose subjects was revoked
+// while it was being authorized is revoked at once (its channel is closed
+// and it is not filed).
+func (g *registry) commit(ls *liveStream, subjects ...string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.pending, ls)
-	ls.pending, ls.subject = false, subject
+	ls.pending = false
 	revokedMeanwhile := ls.all
 	for _, s := range ls.during {
-		revokedMeanwhile = revokedMeanwhile || s == subject
+		if !revokedMeanwhile && slices.Contains(subjects, s) {
+			revokedMeanwhile, ls.by = true, s
+		}
 	}
 	ls.during = nil
-	switch {
-	case revokedMeanwhile:
+	if revokedMeanwhile {
 		close(ls.revoked)
-	case subject != "":
+		return
+	}
+	for _, subject := range subjects {
+		if subject == "" || slices.Contains(ls.subjects, subject) {
+			continue
+		}
 		if g.bySubject == nil {
 			g.bySubject = make(map[string]map[*liveStream]struct{})
 		}
@@ -207,6 +224,7 @@ func (g *registry) commit(ls *liveStream, subject string) {
 			g.bySubject[subject] = set
 		}
 		set[ls] = struct{}{}
+		ls.subjects = append(ls.subjects, subject)
 		ls.listed = true
 	}
 }
@@ -216,14 +234,24 @@ func (g *registry) remove(ls *liveStream) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.pending, ls)
+	g.unlistLocked(ls, "")
+}
+
+// unlistLocked takes ls out of bySubject, under every subject but skip.
+func (g *registry) unlistLocked(ls *liveStream, skip string) {
 	if !ls.listed {
 		return
 	}
 	ls.listed = false
-	set := g.bySubject[ls.subject]
-	delete(set, ls)
-	if len(set) == 0 {
-		delete(g.bySubject, ls.subject)
+	for _, subject := range ls.subjects {
+		if subject == skip {
+			continue
+		}
+		set := g.bySubject[subject]
+		delete(set, ls)
+		if len(set) == 0 {
+			delete(g.bySubject, subject)
+		}
 	}
 }
 
@@ -240,7 +268,8 @@ func (g *registry) revoke(subject string) int {
 	}
 	set := g.bySubject[subject]
 	for ls := range set {
-		ls.listed = false
+		g.unlistLocked(ls, subject)
+		ls.by = subject
 		close(ls.revoked)
 	}
 	delete(g.bySubject, subject)

@@ -44,11 +44,17 @@
 // sessions keeps their buses in a [Hub] ([NewHub]): [Hub.GetOrCreate] or
 // [Hub.Publish] where it publishes, [Hub.LookupRequest] as the Handler's
 // Lookup (an unknown session is a 404, never a new bus), a session cap,
-// idle expiry and one byte budget over every ring.
+// idle expiry and one byte budget over every ring. A page that watches
+// several sessions opens one multiplexed stream instead, served by a
+// [MuxHandler] ("GET /events?session=a&session=b", [Hub.LookupSession] as
+// its Lookup): one connection, one goroutine, every frame naming its
+// session, and one [Cursor] in the id: lines that resumes each session
+// exactly.
 //
 // In-process consumers range over [Subscription.Events]. A consumer that
 // must also wait on something else uses [Subscription.Ready] and
-// [Subscription.AppendReady]. A transport of another kind (WebSocket, say)
+// [Subscription.AppendReady]; one that serves many subscriptions on one
+// goroutine makes them members of one [ReadyGroup]. A transport of another kind (WebSocket, say)
 // is written as the Handler is, with exported API only:
 // [Subscription.TakeReady] to take a batch into its own slice, then
 // [Subscription.MarkWritten] once it is written, [Subscription.MarkDiscarded]

@@ -223,14 +223,58 @@ type fanout struct {
 	// now is the publish's clock reading (Unix ms), read before the lock,
 	// for the catch-up stall check; 0 when there was none (the fan-out
 	// reads the clock itself then, if a subscriber is behind).
-	now     int64
-	diags   []Diagnostic
-	evicted []eviction
+	now int64
+	// lists holds the diagnostics and evictions, from listsPool, nil if
+	// none.
+	lists *fanoutLists
+	// warning is the last warning frame built (see checkWarningLocked).
+	warning warningCache
 	// yield is the publisher's yield after the lock (see yield.go).
 	yield yieldPlan
 	// wake holds the queues whose consumers push reported waiting, woken
 	// by finish (see boundedAsyncQueue.push); from wakePool, nil if none.
 	wake *[]*boundedAsyncQueue
+}
+
+// fanoutLists are a fan-out's diagnostics and evictions. They are pooled:
+// a publish that evicts 200 subscribers would otherwise grow them under
+// the lock, allocating as it goes.
+type fanoutLists struct {
+	notes   []diagNote
+	evicted []eviction
+}
+
+// diagNote is a diagnostic the fan-out decided on under the lock: a
+// warning, kept as its numbers (threshold set) so that its Diagnostic is
+// built after the lock, or another one, built already (d).
+type diagNote struct {
+	d         Diagnostic
+	threshold string
+	counts    queueCounts
+	id        uint64
+}
+
+var listsPool = sync.Pool{New: func() any { return new(fanoutLists) }}
+
+// list returns out's lists, taking them from the pool on first use.
+func (out *fanout) list() *fanoutLists {
+	if out.lists == nil {
+		out.lists = listsPool.Get().(*fanoutLists)
+	}
+	return out.lists
+}
+
+// addDiag adds a diagnostic built under the lock.
+func (out *fanout) addDiag(d Diagnostic) {
+	l := out.list()
+	l.notes = append(l.notes, diagNote{d: d})
+}
+
+// addEviction adds a subscriber that the fan-out unregistered, for finish
+// to end.
+func (out *fanout) addEviction(ev eviction) {
+	l := out.list()
+	l.evicted = append(l.evicted, ev)
 }
 
 // addWake adds q to the consumers finish wakes.
@@ -397,7 +441,7 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 				now = b.now()
 			}
 			if s.stalledLocked(now, b.nextID-1) {
-				out.evicted = append(out.evicted, eviction{s: s, reason: ReasonCatchUpStalled, id: s.dropCatchUpLocked(), counts: s.q.liveCounts(), bytes: -1})
+				out.addEviction(eviction{s: s, reason: ReasonCatchUpStalled, id: s.dropCatchUpLocked(), counts: s.q.liveCounts(), bytes: -1})
 				b.subs[i] = nil
 				removed = true
 				continue
@@ -427,8 +471,9 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			if !s.warned && !s.anyPastWarning(c) {
 				continue
 			}
-			if d, ok := s.checkWarningLocked(c, lastID); ok {
-				out.diags = append(out.diags, d)
+			if th := s.checkWarningLocked(c, lastID, &out.warning); th != "" {
+				l := out.list()
+				l.notes = append(l.notes, diagNote{threshold: th, counts: c, id: lastID})
 			}
 			out.yield.note(s, c)
 		case pushCoalesced:
@@ -457,12 +502,12 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			}
 			if s.policy == OverflowResync {
 				if d, ok := s.overflowResyncLocked(f, res, lastID); ok {
-					out.diags = append(out.diags, d)
+					out.addDiag(d)
 					continue
 				}
 				ev.reason, ev.bytes = ReasonRepeatedOverflow, -1
 			}
-			out.evicted = append(out.evicted, ev)
+			out.addEviction(ev)
 			b.subs[i] = nil
 			removed = true
 		}
@@ -475,6 +520,11 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 // finish wakes the consumers a publish queued frames for, ends the
 // subscribers it evicted, emits its diagnostics and yields the processor
 // if its plan says so (see yield.go), after the lock is released.
+//
+// Evictions come before any diagnostic, so that a slow logger does not
+// delay the end of a stream, and evictions with the same numbers share
+// one client_evicted frame: when a publish evicts 200 subscribers that
+// never read, they all overflowed on the same event with the same counts.
 func (b *EventBus) finish(out *fanout) {
 	if w := out.wake; w != nil {
 		for _, q := range *w {
@@ -484,10 +534,41 @@ func (b *EventBus) finish(out *fanout) {
 		*w = (*w)[:0]
 		wakePool.Put(w)
 	}
-	for _, ev := range out.evicted {
-		out.diags = append(out.diags, ev.s.evict(ev))
+	if l := out.lists; l != nil {
+		var last *eviction
+		var term *frame
+		now := int64(0)
+		for i := range l.evicted {
+			ev := &l.evicted[i]
+			if last == nil || !ev.sameTerminal(last) {
+				if now == 0 {
+					now = b.now()
+				}
+				term = evictedFrame(ev.reason, ev.id, ev.counts, ev.bytes, now).ref()
+				last = ev
+			}
+			ev.s.evictWith(*ev, term)
+		}
+		for i := range l.notes {
+			n := &l.notes[i]
+			if n.threshold != "" {
+				b.emit(slowClientDiagnostic(n.counts, n.id, n.threshold))
+			} else {
+				b.emit(n.d)
+			}
+		}
+		for i := range l.evicted {
+			b.emit(l.evicted[i].diagnostic())
+		}
+		// Pooled lists must not pin subscriptions or attributes; a huge one
+		// is left to the collector.
+		if cap(l.notes)+cap(l.evicted) <= 1024 {
+			clear(l.notes)
+			clear(l.evicted)
+			l.notes, l.evicted = l.notes[:0], l.evicted[:0]
+			listsPool.Put(l)
+		}
 	}
-	b.emit(out.diags...)
 	out.yield.run()
 }
 

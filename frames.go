@@ -69,6 +69,13 @@ const (
 	// delay in [retryAfter, 2*retryAfter] and resume from the cursor (to
 	// another replica where there is one). See EventBus.CloseForShutdown.
 	ErrorKindShutdown = "shutdown"
+	// ErrorKindClosed: the session's bus was closed while a multiplexed
+	// stream (MuxHandler) served it, by a Hub's Delete or an
+	// EventBus.Close, after the frames queued for it. Only that session
+	// leaves the stream; the others go on. Drop the session, or open it
+	// again later (a 404 naming it then says it is gone). A single
+	// stream ends without a frame instead, as before.
+	ErrorKindClosed = "closed"
 )
 
 // DefaultShutdownRetryAfter is the retryAfter of a shutdown's stream_error

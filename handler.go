@@ -90,7 +90,9 @@ type Handler struct {
 	// An error that is or wraps a *StatusError is answered as that says
 	// (Unauthorized, Forbidden, Unavailable); another error is a 500 whose
 	// cause is logged. nil: every request that passes Lookup is served,
-	// without subject or lifetime.
+	// without subject or lifetime. A MuxHandler that shares this Handler
+	// and has no Authorize of its own calls it once per session of its
+	// request, with that session's bus.
 	Authorize func(r *http.Request, bus *EventBus) (Grant, error)
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
@@ -168,42 +170,17 @@ func (h *Handler) retryMillis() int64 {
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if h.CORS != nil {
-		if err := h.CORS.Validate(); err != nil {
-			// Fail closed: no request is served, so the mistake shows at
-			// once instead of reflecting every origin with credentials.
-			if h.corsLogged.CompareAndSwap(false, true) {
-				h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: refusing every request: invalid Handler.CORS", slog.String("error", err.Error()))
-			}
-			writeJSONError(w, http.StatusInternalServerError, "invalid CORS configuration", "invalid_cors", 0)
-			return
-		}
-		if !h.CORS.handle(w, r) {
-			return // a preflight, or an origin it refuses: answered
-		}
-	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		allow := "GET, HEAD"
-		if h.CORS != nil {
-			allow = "GET, HEAD, OPTIONS"
-		}
-		w.Header().Set("Allow", allow)
-		writeJSONError(w, http.StatusMethodNotAllowed, "method not allowed", "method_not_allowed", 0)
+	if !h.precheck(w, r) {
 		return
 	}
-	if !canFlush(w) {
-		writeJSONError(w, http.StatusInternalServerError, "response writer cannot flush", "streaming_unsupported", 0)
+	sq, ok := parseStreamQuery(w, r)
+	if !ok {
 		return
 	}
-	query, qerr := url.ParseQuery(r.URL.RawQuery) // a malformed pair is skipped, the rest kept
+	query := sq.query
 
-	opts := SubscribeOptions{}
-	raw := r.Header.Get("Last-Event-ID")
-	if raw == "" {
-		if v := query["lastEventId"]; len(v) > 0 {
-			raw = v[0]
-		}
-	}
+	opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued}
+	raw := sq.cursor
 	idEpoch := ""
 	if raw != "" {
 		if epoch, id, ok := ParseEventID(raw); ok {
@@ -228,51 +205,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			opts.Resume, opts.LastEventID, opts.Epoch = false, 0, ""
 		}
 	}
-	if v := query["types"]; len(v) > 0 {
-		for _, list := range v {
-			for t := range strings.SplitSeq(list, ",") {
-				if t != "" {
-					opts.Types = append(opts.Types, t)
-				}
-			}
-		}
-		if err := CheckTypeFilters(opts.Types); err != nil {
-			writeJSONError(w, http.StatusBadRequest, err.Error(), "invalid_filter", 0)
-			return
-		}
-	}
-	if qerr != nil && rawParamCount(r.URL.RawQuery, "maxQueued") != len(query["maxQueued"]) {
-		// ParseQuery skipped a maxQueued pair it could not decode ("%zz",
-		// a ';' in the pair). Taking the default then would turn a value
-		// that is not decimal into a 200 instead of SPEC 10's 400.
-		writeJSONError(w, http.StatusBadRequest, "maxQueued must be a decimal number", "invalid_max_queued", 0)
-		return
-	}
-	if v, ok := query["maxQueued"]; ok {
-		n, err := parseMaxQueued(v)
-		if err != nil {
-			writeJSONError(w, http.StatusBadRequest, err.Error(), "invalid_max_queued", 0)
-			return
-		}
-		opts.MaxQueued = n
-	}
 
 	var bus *EventBus
 	var err error
 	if h.Lookup != nil {
 		bus, err = h.Lookup(r)
 	}
-	var se *StatusError
-	switch {
-	case errors.As(err, &se):
-		h.refused(w, r, "eventbus: session lookup refused", se)
-		return
-	case errors.Is(err, ErrSessionNotFound) || (err == nil && bus == nil):
-		writeJSONError(w, http.StatusNotFound, "session not found", "session_not_found", 0)
-		return
-	case err != nil:
-		h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: session lookup failed", slog.String("error", err.Error()))
-		writeJSONError(w, http.StatusInternalServerError, "session lookup failed", "internal", 0)
+	if !h.lookedUp(w, r, bus, err, "") {
 		return
 	}
 
@@ -285,25 +224,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			ls = h.reg.begin()
 			defer h.reg.remove(ls)
 		}
-		if grant, err = h.Authorize(r, bus); err != nil {
-			if errors.As(err, &se) {
-				h.refused(w, r, "eventbus: authorization refused", se)
-			} else {
-				h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: authorization failed", slog.String("error", err.Error()))
-				writeJSONError(w, http.StatusInternalServerError, "authorization failed", "internal", 0)
-			}
-			return
-		}
-		if !grant.Expires.IsZero() && !time.Now().Before(grant.Expires) {
-			// A stream that would end at once would have its client
-			// reconnect at once, in a loop. A 401 must carry a challenge
-			// (RFC 9110 11.6.1): the scheme the client used, else Bearer.
-			scheme, _, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-			if scheme == "" {
-				scheme = "Bearer"
-			}
-			(&StatusError{Status: http.StatusUnauthorized, Code: "credentials_expired", Message: "credentials expired",
-				Challenge: scheme + ` error="invalid_token", error_description="credentials expired"`}).ServeHTTP(w, r)
+		if grant, err = h.Authorize(r, bus); !h.authorized(w, r, grant, err, "") {
 			return
 		}
 		if ls != nil {
@@ -318,51 +239,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	// The subscription watches the request context only while subscribing
-	// (a fed bus's read of its log must stop when the client leaves). After
-	// that the handler ends it itself: it waits on r.Context() in serve,
-	// and on a failed write decides between cancelled and blocked. Left to
-	// the context, the net/http cancellation that follows every failed
-	// write, a deadline included, would race dropBlocked and count the
-	// buffered frames of a blocked writer as cancelled.
-	subCtx, cancelSub := context.WithCancel(context.WithoutCancel(r.Context()))
+	sub, cancelSub, err := subscribeRequest(r, bus, opts)
 	defer cancelSub()
-	unwatch := context.AfterFunc(r.Context(), cancelSub)
-	if r.Context().Err() != nil {
-		cancelSub() // at once: AfterFunc calls it on another goroutine
-	}
-	sub, err := bus.Subscribe(subCtx, opts)
-	unwatch()
 	if err != nil {
-		var limit *SubscriberLimitError
-		if errors.As(err, &limit) {
-			w.Header().Set("Retry-After", "5")
-			w.Header().Set("Access-Control-Expose-Headers", "Retry-After")
-			writeJSONError(w, http.StatusTooManyRequests, "subscriber limit exceeded", "subscriber_limit_exceeded", limit.Limit)
-			return
-		}
-		writeJSONError(w, http.StatusInternalServerError, err.Error(), "internal", 0)
+		writeSubscribeError(w, err, "")
 		return
 	}
 	defer sub.Close()
 
 	writeStreamHeaders(w, r, bus)
 
-	s := stream{
-		w:       w,
-		rc:      http.NewResponseController(w),
-		ctx:     r.Context(),
-		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
-		http1:   r.ProtoMajor == 1,
-	}
+	s := h.newStream(w, r)
 	if h.EpochIDs {
 		s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
 		s.idPrefix = append(append(append(s.idPrefix, idField...), bus.Epoch()...), ':')
 	}
-	// No blank line after it: a block of its own would be an empty event
-	// in lenient clients (see the type's doc).
-	s.retry = h.retryMillis()
-	s.appendRetry()
 	if err := s.flushBatch(); err != nil {
 		h.dropBlocked(r.Context(), sub, &s, err)
 		return
@@ -379,16 +270,209 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.serve(r.Context(), bus, sub, &s, ends)
 }
 
-// refused answers a request that Lookup or Authorize refused with se, and
-// logs it: at Warn for a 5xx (something the daemon depends on failed), at
-// Debug otherwise (a client without access is no event of the daemon's).
-func (h *Handler) refused(w http.ResponseWriter, r *http.Request, msg string, se *StatusError) {
+// precheck applies the checks that come before anything else, for the
+// single and the multiplexed stream alike: CORS (a preflight, or an origin
+// it refuses, is answered), the method (GET or HEAD, else 405) and a writer
+// that can flush (else 500). It reports whether the request goes on.
+func (h *Handler) precheck(w http.ResponseWriter, r *http.Request) bool {
+	if h.CORS != nil {
+		if err := h.CORS.Validate(); err != nil {
+			// Fail closed: no request is served, so the mistake shows at
+			// once instead of reflecting every origin with credentials.
+			if h.corsLogged.CompareAndSwap(false, true) {
+				h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: refusing every request: invalid Handler.CORS", slog.String("error", err.Error()))
+			}
+			writeJSONError(w, http.StatusInternalServerError, "invalid CORS configuration", "invalid_cors", 0)
+			return false
+		}
+		if !h.CORS.handle(w, r) {
+			return false // a preflight, or an origin it refuses: answered
+		}
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		allow := "GET, HEAD"
+		if h.CORS != nil {
+			allow = "GET, HEAD, OPTIONS"
+		}
+		w.Header().Set("Allow", allow)
+		writeJSONError(w, http.StatusMethodNotAllowed, "method not allowed", "method_not_allowed", 0)
+		return false
+	}
+	if !canFlush(w) {
+		writeJSONError(w, http.StatusInternalServerError, "response writer cannot flush", "streaming_unsupported", 0)
+		return false
+	}
+	return true
+}
+
+// streamQuery is what the single and the multiplexed stream read from a
+// request alike.
+type streamQuery struct {
+	query     url.Values // a malformed pair is skipped, the rest kept
+	queryErr  error      // url.ParseQuery's
+	cursor    string     // Last-Event-ID, else ?lastEventId=; "" when neither
+	types     []string   // ?types=, checked
+	maxQueued int        // ?maxQueued=, checked; 0 when absent
+}
+
+// parseStreamQuery reads the cursor, types and maxQueued of a stream
+// request, and answers 400 invalid_filter or invalid_max_queued itself
+// (then ok is false).
+func parseStreamQuery(w http.ResponseWriter, r *http.Request) (sq streamQuery, ok bool) {
+	sq.query, sq.queryErr = url.ParseQuery(r.URL.RawQuery)
+	query := sq.query
+	sq.cursor = r.Header.Get("Last-Event-ID")
+	if sq.cursor == "" {
+		if v := query["lastEventId"]; len(v) > 0 {
+			sq.cursor = v[0]
+		}
+	}
+	if v := query["types"]; len(v) > 0 {
+		for _, list := range v {
+			for t := range strings.SplitSeq(list, ",") {
+				if t != "" {
+					sq.types = append(sq.types, t)
+				}
+			}
+		}
+		if err := CheckTypeFilters(sq.types); err != nil {
+			writeJSONError(w, http.StatusBadRequest, err.Error(), "invalid_filter", 0)
+			return sq, false
+		}
+	}
+	if sq.queryErr != nil && rawParamCount(r.URL.RawQuery, "maxQueued") != len(query["maxQueued"]) {
+		// ParseQuery skipped a maxQueued pair it could not decode ("%zz",
+		// a ';' in the pair). Taking the default then would turn a value
+		// that is not decimal into a 200 instead of SPEC 10's 400.
+		writeJSONError(w, http.StatusBadRequest, "maxQueued must be a decimal number", "invalid_max_queued", 0)
+		return sq, false
+	}
+	if v, ok := query["maxQueued"]; ok {
+		n, err := parseMaxQueued(v)
+		if err != nil {
+			writeJSONError(w, http.StatusBadRequest, err.Error(), "invalid_max_queued", 0)
+			return sq, false
+		}
+		sq.maxQueued = n
+	}
+	return sq, true
+}
+
+// lookedUp answers a Lookup that found no bus (404 session_not_found, the
+// StatusError it returned, or 500), naming session in the body when it is
+// not empty, and reports whether the request goes on.
+func (h *Handler) lookedUp(w http.ResponseWriter, r *http.Request, bus *EventBus, err error, session string) bool {
+	var se *StatusError
+	switch {
+	case errors.As(err, &se):
+		h.refused(w, r, "eventbus: session lookup refused", se, session)
+		return false
+	case errors.Is(err, ErrSessionNotFound) || (err == nil && bus == nil):
+		writeJSONErrorFor(w, http.StatusNotFound, "session not found", "session_not_found", 0, session)
+		return false
+	case err != nil:
+		h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: session lookup failed", slog.String("error", err.Error()))
+		writeJSONErrorFor(w, http.StatusInternalServerError, "session lookup failed", "internal", 0, session)
+		return false
+	}
+	return true
+}
+
+// authorized answers an Authorize that refused (its StatusError, or 500)
+// or granted a lifetime that has ended already (401 credentials_expired),
+// naming session in the body when it is not empty, and reports whether the
+// request goes on.
+func (h *Handler) authorized(w http.ResponseWriter, r *http.Request, grant Grant, err error, session string) bool {
+	if err != nil {
+		var se *StatusError
+		if errors.As(err, &se) {
+			h.refused(w, r, "eventbus: authorization refused", se, session)
+		} else {
+			h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: authorization failed", slog.String("error", err.Error()))
+			writeJSONErrorFor(w, http.StatusInternalServerError, "authorization failed", "internal", 0, session)
+		}
+		return false
+	}
+	if !grant.Expires.IsZero() && !time.Now().Before(grant.Expires) {
+		// A stream that would end at once would have its client
+		// reconnect at once, in a loop. A 401 must carry a challenge
+		// (RFC 9110 11.6.1): the scheme the client used, else Bearer.
+		scheme, _, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		if scheme == "" {
+			scheme = "Bearer"
+		}
+		(&StatusError{Status: http.StatusUnauthorized, Code: "credentials_expired", Message: "credentials expired",
+			Challenge: scheme + ` error="invalid_token", error_description="credentials expired"`}).serve(w, session)
+		return false
+	}
+	return true
+}
+
+// subscribeRequest subscribes to bus for request r. The subscription
+// watches the request context only while subscribing (a fed bus's read of
+// its log must stop when the client leaves). After that the handler ends
+// it itself: it waits on r.Context() in serve, and on a failed write
+// decides between cancelled and blocked. Left to the context, the net/http
+// cancellation that follows every failed write, a deadline included, would
+// race dropBlocked and count the buffered frames of a blocked writer as
+// cancelled. The caller calls cancel when the stream ends, whatever err.
+func subscribeRequest(r *http.Request, bus *EventBus, opts SubscribeOptions) (sub *Subscription, cancel context.CancelFunc, err error) {
+	subCtx, cancelSub := context.WithCancel(context.WithoutCancel(r.Context()))
+	unwatch := context.AfterFunc(r.Context(), cancelSub)
+	if r.Context().Err() != nil {
+		cancelSub() // at once: AfterFunc calls it on another goroutine
+	}
+	sub, err = bus.Subscribe(subCtx, opts)
+	unwatch()
+	return sub, cancelSub, err
+}
+
+// writeSubscribeError answers a Subscribe that failed: 429
+// subscriber_limit_exceeded with Retry-After for a full bus, else 500;
+// the body names session when it is not empty.
+func writeSubscribeError(w http.ResponseWriter, err error, session string) {
+	var limit *SubscriberLimitError
+	if errors.As(err, &limit) {
+		w.Header().Set("Retry-After", "5")
+		w.Header().Set("Access-Control-Expose-Headers", "Retry-After")
+		writeJSONErrorFor(w, http.StatusTooManyRequests, "subscriber limit exceeded", "subscriber_limit_exceeded", limit.Limit, session)
+		return
+	}
+	writeJSONErrorFor(w, http.StatusInternalServerError, err.Error(), "internal", 0, session)
+}
+
+// newStream returns the batching writer of a response, with this
+// connection's retry: line in its buffer (no blank line after it: a block
+// of its own would be an empty event in lenient clients, see the type's
+// doc), ready for its first flushBatch.
+func (h *Handler) newStream(w http.ResponseWriter, r *http.Request) stream {
+	s := stream{
+		w:       w,
+		rc:      http.NewResponseController(w),
+		ctx:     r.Context(),
+		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
+		http1:   r.ProtoMajor == 1,
+		retry:   h.retryMillis(),
+	}
+	s.appendRetry()
+	return s
+}
+
+// refused answers a request that Lookup or Authorize refused with se (its
+// body naming session when that is not empty), and logs it: at Warn for a
+// 5xx (something the daemon depends on failed), at Debug otherwise (a
+// client without access is no event of the daemon's).
+func (h *Handler) refused(w http.ResponseWriter, r *http.Request, msg string, se *StatusError, session string) {
 	level := slog.LevelDebug
 	if se.Status >= 500 || se.Status < 400 {
 		level = slog.LevelWarn
 	}
-	h.logger().LogAttrs(r.Context(), level, msg, slog.Int("status", se.Status), slog.String("error", se.Error()))
-	se.ServeHTTP(w, r)
+	attrs := []slog.Attr{slog.Int("status", se.Status), slog.String("error", se.Error())}
+	if session != "" {
+		attrs = append(attrs, slog.String("session", quoteHead(session, 64)))
+	}
+	h.logger().LogAttrs(r.Context(), level, msg, attrs...)
+	se.serve(w, session)
 }
 
 // ParseLastEventID parses a Last-Event-ID value strictly: one or more ASCII
@@ -471,14 +555,22 @@ func parseMaxQueued(v []string) (int, error) {
 // writeJSONError answers an error with {"error":msg,"code":code} and, for a
 // positive limit, "limit", on one line.
 func writeJSONError(w http.ResponseWriter, status int, msg, code string, limit int) {
+	writeJSONErrorFor(w, status, msg, code, limit, "")
+}
+
+// writeJSONErrorFor is writeJSONError with "session" after the others when
+// session is not empty: the multiplexed stream names the session an answer
+// is about.
+func writeJSONErrorFor(w http.ResponseWriter, status int, msg, code string, limit int, session string) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false) // as the frames' JSON strings
 	_ = enc.Encode(struct {
-		Error string `json:"error"`
-		Code  string `json:"code"`
-		Limit int    `json:"limit,omitempty"`
-	}{msg, code, limit}) // cannot fail: strings and an int
+		Error   string `json:"error"`
+		Code    string `json:"code"`
+		Limit   int    `json:"limit,omitempty"`
+		Session string `json:"session,omitempty"`
+	}{msg, code, limit, session}) // cannot fail: strings and an int
 	b := buf.Bytes()
 	h := w.Header()
 	h.Set("Content-Type", "application/json")

@@ -3,6 +3,7 @@ package eventbus
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -72,34 +73,11 @@ func benchHandler(b *testing.B, h2c, epochIDs, grant bool) {
 	}
 	defer resp.Body.Close()
 
-	// The client counts frames (blank lines: "\n\n", possibly split
-	// between two reads) and signals when it reaches want.
-	var frames, want atomic.Int64
-	reached := make(chan struct{}, 1)
+	counter := newFrameCounter()
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
-		buf := make([]byte, 64<<10)
-		prev := byte(0)
-		for {
-			n, err := resp.Body.Read(buf)
-			c := int64(0)
-			for _, x := range buf[:n] {
-				if x == '\n' && prev == '\n' {
-					c++
-				}
-				prev = x
-			}
-			if c > 0 && frames.Add(c) >= want.Load() {
-				select {
-				case reached <- struct{}{}:
-				default:
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
+		counter.read(resp.Body)
 	}()
 	if bus.SubscriberCount() != 1 { // RoundTrip returns with the headers, after Subscribe
 		b.Fatal("no subscriber")
@@ -113,12 +91,69 @@ func benchHandler(b *testing.B, h2c, epochIDs, grant bool) {
 		}
 		i++
 		if i%window == 0 {
-			want.Store(i)
-			for frames.Load() < i {
-				<-reached
-			}
+			counter.await(i)
 		}
 	}
 	cancel()
 	<-readDone
+}
+
+// frameCounter counts the frames its readers read (blank lines, "\n\n",
+// possibly split between two reads) and their bytes, and wakes await when
+// the frames reach what it waits for. Its methods are safe for concurrent
+// use, one read per body.
+type frameCounter struct {
+	frames, bytes, want atomic.Int64
+	reached             chan struct{}
+}
+
+func newFrameCounter() *frameCounter { return &frameCounter{reached: make(chan struct{}, 1)} }
+
+// read counts what body holds, until it ends or fails.
+func (c *frameCounter) read(body io.Reader) {
+	buf := make([]byte, 64<<10)
+	prev := byte(0)
+	for {
+		n, err := body.Read(buf)
+		k := int64(0)
+		for _, x := range buf[:n] {
+			if x == '\n' && prev == '\n' {
+				k++
+			}
+			prev = x
+		}
+		c.bytes.Add(int64(n))
+		if k > 0 && c.frames.Add(k) >= c.want.Load() {
+			select {
+			case c.reached <- struct{}{}:
+			default:
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// await waits until n frames were read in all.
+func (c *frameCounter) await(n int64) { c.awaitFor(n, 0) }
+
+// awaitFor is await for at most timeout (0: no bound); it reports whether
+// the frames were read.
+func (c *frameCounter) awaitFor(n int64, timeout time.Duration) bool {
+	c.want.Store(n)
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	for c.frames.Load() < n {
+		select {
+		case <-c.reached:
+		case <-expired:
+			return false
+		}
+	}
+	return true
 }

@@ -60,8 +60,13 @@ func h2cEnv(t *testing.T, h http.Handler) *http.Client {
 // strict parser on a goroutine of the bubble; records arrive on the
 // returned channel, which is closed with the read error at the end.
 func h2Stream(t *testing.T, client *http.Client, hdr http.Header) (recs <-chan sseRecord, end func() error, cancel func()) {
+	return h2StreamAt(t, client, "/session/s/events", hdr)
+}
+
+// h2StreamAt is h2Stream for the stream at path.
+func h2StreamAt(t *testing.T, client *http.Client, path string, hdr http.Header) (recs <-chan sseRecord, end func() error, cancel func()) {
 	ctx, cancelReq := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://pipe/session/s/events", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://pipe"+path, nil)
 	require.NoError(t, err)
 	for k, vs := range hdr {
 		req.Header[k] = vs

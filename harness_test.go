@@ -686,11 +686,15 @@ func wantReplayComplete(b *EventBus, count int, last uint64, lastID string) sseE
 }
 
 // testEnv is a loopback HTTP server with the Handler on
-// "GET /session/{id}/events" and a Lookup over a map of buses.
+// "GET /session/{id}/events", the MuxHandler (sharing its settings) on
+// "GET /events", and a Lookup over a map of buses.
 type testEnv struct {
-	srv  *httptest.Server
-	h    *Handler
-	logs *logCapture
+	srv    *httptest.Server // nil with envOptions.h2c
+	client *http.Client
+	base   string // the URL the paths of do are under
+	h      *Handler
+	mux    *MuxHandler
+	logs   *logCapture
 
 	mu    sync.Mutex
 	buses map[string]*EventBus
@@ -710,7 +714,14 @@ type envOptions struct {
 	wrap           func(http.Handler) http.Handler
 	maxHeaderBytes int
 	http2          bool
-	anyMethod      bool // route every method to the handler, not only GET/HEAD
+	// h2c serves over HTTP/2 with prior knowledge on in-memory pipes
+	// (h2cEnv), inside the current synctest bubble, instead of a loopback
+	// server.
+	h2c       bool
+	anyMethod bool // route every method to the handler, not only GET/HEAD
+	// mux: the MuxHandler's Authorize, Sessions and MaxStreamSessions
+	// are used; nil: none.
+	mux *MuxHandler
 }
 
 func newEnv(t *testing.T, o envOptions) *testEnv {
@@ -730,15 +741,31 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 		CORS:         o.handler.CORS,
 		Authorize:    o.handler.Authorize,
 	}
-	var h http.Handler = e.h
+	if o.mux == nil {
+		o.mux = &MuxHandler{}
+	}
+	e.mux = &MuxHandler{
+		Handler:           e.h,
+		Lookup:            e.lookupSession,
+		Authorize:         o.mux.Authorize,
+		Sessions:          o.mux.Sessions,
+		MaxStreamSessions: o.mux.MaxStreamSessions,
+	}
+	var h, mh http.Handler = e.h, e.mux
 	if o.wrap != nil {
-		h = o.wrap(h)
+		h, mh = o.wrap(h), o.wrap(mh)
 	}
 	mux := http.NewServeMux()
 	if o.anyMethod {
 		mux.Handle("/session/{id}/events", h)
+		mux.Handle("/events", mh)
 	} else {
 		mux.Handle("GET /session/{id}/events", h)
+		mux.Handle("GET /events", mh)
+	}
+	if o.h2c {
+		e.client, e.base = h2cEnv(t, mux), "http://pipe"
+		return e
 	}
 	e.srv = httptest.NewUnstartedServer(mux)
 	if o.maxHeaderBytes > 0 {
@@ -751,11 +778,16 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 		e.srv.Start()
 	}
 	t.Cleanup(e.srv.Close)
+	e.client, e.base = e.srv.Client(), e.srv.URL
 	return e
 }
 
 func (e *testEnv) lookup(r *http.Request) (*EventBus, error) {
-	id := r.PathValue("id")
+	return e.lookupSession(r, r.PathValue("id"))
+}
+
+// lookupSession is the MuxHandler's Lookup over the same map.
+func (e *testEnv) lookupSession(_ *http.Request, id string) (*EventBus, error) {
 	e.mu.Lock()
 	b, ok := e.buses[id]
 	e.mu.Unlock()
@@ -790,12 +822,12 @@ func (e *testEnv) do(t *testing.T, method, path string, hdr http.Header) *http.R
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
-	req, err := http.NewRequestWithContext(ctx, method, e.srv.URL+path, nil)
+	req, err := http.NewRequestWithContext(ctx, method, e.base+path, nil)
 	require.NoError(t, err)
 	for k, vs := range hdr {
 		req.Header[k] = vs
 	}
-	resp, err := e.srv.Client().Do(req)
+	resp, err := e.client.Do(req)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = resp.Body.Close() })
 	return resp

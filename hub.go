@@ -453,6 +453,16 @@ func (h *Hub) LookupRequest(r *http.Request) (*EventBus, error) {
 	return nil, fmt.Errorf("%w: %q", ErrSessionNotFound, truncate(id, 64))
 }
 
+// LookupSession is Lookup for a MuxHandler: the live bus of session id,
+// never creating one. An unknown session is an error wrapping
+// ErrSessionNotFound (the MuxHandler answers 404 naming it).
+func (h *Hub) LookupSession(_ *http.Request, id string) (*EventBus, error) {
+	if b, ok := h.Lookup(id); ok {
+		return b, nil
+	}
+	return nil, fmt.Errorf("%w: %q", ErrSessionNotFound, truncate(id, 64))
+}
+
 // Shutdown refuses new sessions (GetOrCreate returns ErrClosed), ends the
 // hub's goroutine, forgets every session and closes its bus with drain
 // (EventBus.CloseForShutdown with ShutdownRetryAfter: each subscriber gets

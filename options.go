@@ -233,6 +233,11 @@ type SubscribeOptions struct {
 	// for this subscription; 0 keeps the bus's, below a millisecond is an
 	// error wrapping ErrInvalidOption.
 	CatchUpStallTimeout time.Duration
+	// Group, when set, makes the subscription a member of g: it signals
+	// the group's one channel instead of a channel of its own (its Ready
+	// returns the group's), so that one goroutine waits for all the
+	// members at once (see ReadyGroup). nil: the subscription has its own.
+	Group *ReadyGroup
 }
 
 // checkPolicy checks an OverflowPolicy of Options or SubscribeOptions (0

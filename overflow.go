@@ -6,16 +6,20 @@ import (
 )
 
 // checkWarningLocked runs SPEC 6's warning check after an accepted live
-// push with the counts c after it. It builds and force-pushes the warning
-// under the lock, so the warning sits right after its triggering event even
-// with concurrent publishers; the diagnostic is returned for later.
-func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic, bool) {
+// push with the counts c after it. It force-pushes the warning under the
+// lock, so the warning sits right after its triggering event even with
+// concurrent publishers, and returns the threshold it crossed ("" for
+// none) for the diagnostic, which finish builds after the lock. Warnings
+// with the same numbers in one fan-out share one frame (cache): when one
+// publish takes 200 subscribers that never read past the threshold at
+// once, it builds one warning, not 200, under the lock (issue 22).
+func (s *Subscription) checkWarningLocked(c queueCounts, id uint64, cache *warningCache) string {
 	lc, lb := float64(c.liveCount), float64(c.liveBytes)
 	if s.warned && lc <= s.resetFrames && lb <= s.resetBytes {
 		s.warned = false
 	}
 	if s.warned {
-		return Diagnostic{}, false
+		return ""
 	}
 	frames, bytes := s.pastWarning(c)
 	var threshold string
@@ -27,16 +31,41 @@ func (s *Subscription) checkWarningLocked(c queueCounts, id uint64) (Diagnostic,
 	case bytes:
 		threshold = "bytes"
 	default:
-		return Diagnostic{}, false
+		return ""
 	}
 	s.warned = true
-	s.q.forcePushMarker(warningFrame(c, id, threshold, s.bus.now()).ref())
+	s.q.forcePushMarker(cache.frame(c, id, threshold, s.bus))
 	s.bus.stats.warnings.Add(1)
+	return threshold
+}
+
+// warningCache is the last warning frame a fan-out built, for the next
+// warning with the same numbers. The zero value is empty.
+type warningCache struct {
+	f         *frame
+	c         queueCounts
+	id        uint64
+	threshold string
+}
+
+// frame returns the warning frame for c, id and threshold, built with b's
+// clock unless the last one had the same numbers. Frames are immutable, so
+// queues share them.
+func (w *warningCache) frame(c queueCounts, id uint64, threshold string, b *EventBus) *frame {
+	if w.f == nil || w.c != c || w.id != id || w.threshold != threshold {
+		*w = warningCache{warningFrame(c, id, threshold, b.now()).ref(), c, id, threshold}
+	}
+	return w.f
+}
+
+// slowClientDiagnostic is the diagnostic of a warning that the fan-out
+// force-pushed (checkWarningLocked), built after the lock.
+func slowClientDiagnostic(c queueCounts, id uint64, threshold string) Diagnostic {
 	return Diagnostic{DiagSlowClient, "eventbus: slow client", []slog.Attr{
 		slog.String("threshold", threshold), slog.Uint64("lastEventId", id),
 		slog.Int("queueSize", c.liveCount), slog.Int("maxQueued", c.maxQueued),
 		slog.Int("queuedBytes", c.liveBytes), slog.Int("maxQueuedBytes", c.maxBytes),
-	}}, true
+	}}
 }
 
 // overflowResyncLocked applies OverflowResync after f was rejected: unless
@@ -85,19 +114,55 @@ func (s *Subscription) anyPastWarning(c queueCounts) bool {
 	return frames || bytes
 }
 
-// evict ends s after a publish unregistered it under the lock: the
-// terminal frame goes behind what is queued, and the queue closes with
-// drain.
+// evict ends s after a publish unregistered it under the lock (see
+// evictWith), with its own client_evicted frame, and returns its
+// diagnostic.
 func (s *Subscription) evict(ev eviction) Diagnostic {
-	b := s.bus
-	s.end(fmt.Errorf("%w: %s", ErrEvicted, ev.reason))
-	s.q.forcePush(evictedFrame(ev.reason, ev.id, ev.counts, ev.bytes, b.now()).ref())
+	s.evictWith(ev, evictedFrame(ev.reason, ev.id, ev.counts, ev.bytes, s.bus.now()).ref())
+	return ev.diagnostic()
+}
+
+// evictWith ends s after a publish unregistered it under the lock: term,
+// its client_evicted frame, goes behind what is queued, and the queue
+// closes with drain. Evictions with the same numbers may share term (see
+// EventBus.finish).
+func (s *Subscription) evictWith(ev eviction, term *frame) {
+	s.end(evictedError(ev.reason))
+	s.q.forcePush(term)
 	s.q.close(true)
 	s.release()
-	b.stats.eviction(ev.reason)
+	s.bus.stats.eviction(ev.reason)
+}
+
+// sameTerminal reports whether ev's client_evicted frame says what o's
+// does (its clock stamp aside).
+func (ev *eviction) sameTerminal(o *eviction) bool {
+	return ev.reason == o.reason && ev.id == o.id && ev.counts == o.counts && ev.bytes == o.bytes
+}
+
+// diagnostic is ev's DiagEvicted diagnostic.
+func (ev *eviction) diagnostic() Diagnostic {
 	return Diagnostic{DiagEvicted, "eventbus: subscriber evicted", []slog.Attr{
 		slog.String("reason", ev.reason), slog.Uint64("droppedAfter", ev.id),
 		slog.Int("queueSize", ev.counts.liveCount), slog.Int("maxQueued", ev.counts.maxQueued),
 		slog.Int("queuedBytes", ev.counts.liveBytes), slog.Int("maxQueuedBytes", ev.counts.maxBytes),
 	}}
+}
+
+// evictedErrors are what Err returns after an eviction, one per reason:
+// they say the same for every subscriber, so an eviction allocates none.
+var evictedErrors = func() map[string]error {
+	m := make(map[string]error)
+	for _, r := range []string{ReasonQueueOverflow, ReasonQueueBytesOverflow, ReasonRepeatedOverflow, ReasonCatchUpStalled} {
+		m[r] = fmt.Errorf("%w: %s", ErrEvicted, r)
+	}
+	return m
+}()
+
+// evictedError returns the error of an eviction for reason.
+func evictedError(reason string) error {
+	if err, ok := evictedErrors[reason]; ok {
+		return err
+	}
+	return fmt.Errorf("%w: %s", ErrEvicted, reason)
 }

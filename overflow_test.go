@@ -443,6 +443,120 @@ func TestPublishYieldsPastNinetyPercentUntilTheConsumerDrains(t *testing.T) {
 	assert.NoError(t, s.Err())
 }
 
+// An unread subscription that one event takes past 90% at once (large
+// events against the byte cap) is worth the one yield of an unread
+// subscription, not the wait past 90%: it used to cost 17 yields, and 200
+// such subscriptions reconnecting cost their peers that on every cycle
+// (issue 22).
+func TestPublishYieldsOnceForAnUnreadSubscriptionPastNinetyPercent(t *testing.T) {
+	ev := Event{Type: "e", Data: strings.Repeat("x", 400)}
+	f, err := newBus(t, Options{}).Publish(ev)
+	require.NoError(t, err)
+	// Two such frames fill 95% of the byte cap.
+	b := newBus(t, Options{MaxQueuedBytes: 2 * f.Size() * 20 / 19})
+	s := subscribe(t, b, SubscribeOptions{})
+	yields := 0
+	defer func(f func()) { yieldProcessor = f }(yieldProcessor)
+	yieldProcessor = func() { yields++ }
+
+	_, err = b.Publish(ev)
+	require.NoError(t, err)
+	assert.Zero(t, yields, "below 75%")
+	_, err = b.Publish(ev)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, s.q.counts().liveBytes*10, 9000, "the second event takes it past 90%")
+	assert.Equal(t, 1, yields, "one yield for a subscription nobody read from")
+	_, err = b.Publish(ev)
+	require.NoError(t, err)
+	assert.Equal(t, 1, yields, "evicted: no yield")
+	assert.ErrorIs(t, s.Err(), ErrEvicted)
+
+	// One that was read from gets the wait past 90% (16 more yields when
+	// it does not drain).
+	s2 := subscribe(t, b, SubscribeOptions{})
+	_, _ = s2.AppendReady(nil)
+	yields = 0
+	for range 2 {
+		_, err = b.Publish(ev)
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 1+maxUrgentYields, yields)
+}
+
+// The yields of one publish past 90% stop once they have lasted
+// maxYieldTime: a yield lasts as long as the goroutines that run in its
+// place, and 17 of them while many goroutines are runnable took tens of
+// milliseconds (issue 22).
+func TestPublishYieldsForAtMostMaxYieldTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBus(t, Options{MaxQueued: 100})
+		s := subscribe(t, b, SubscribeOptions{})
+		_, _ = s.AppendReady(nil) // its consumer runs
+		yields := 0
+		defer func(f func()) { yieldProcessor = f }(yieldProcessor)
+		yieldProcessor = func() {
+			yields++
+			time.Sleep(100 * time.Microsecond) // others run meanwhile
+		}
+		for range 89 {
+			_, err := b.Publish(Event{Type: "e"})
+			require.NoError(t, err)
+		}
+		yields = 0
+		start := time.Now()
+		_, err := b.Publish(Event{Type: "e"})
+		require.NoError(t, err)
+		assert.Equal(t, int(maxYieldTime/(100*time.Microsecond)), yields, "no yield starts after maxYieldTime")
+		assert.Equal(t, maxYieldTime, time.Since(start))
+		assert.NoError(t, s.Err())
+	})
+}
+
+// Subscribers evicted by the same publish with the same numbers share one
+// client_evicted frame and one error, and warnings with the same numbers
+// share one frame; each still says what its own queue held.
+func TestEvictionsAndWarningsShareTheirFrames(t *testing.T) {
+	logs := &logCapture{}
+	b := newBus(t, logs.capture(Options{MaxQueued: 4, MaxSubscribers: 8}))
+	var subs []*Subscription
+	for range 3 {
+		subs = append(subs, subscribe(t, b, SubscribeOptions{}))
+	}
+	other := subscribe(t, b, SubscribeOptions{MaxQueued: 8}) // other numbers
+	for range 5 {
+		_, err := b.Publish(Event{Type: "e"})
+		require.NoError(t, err)
+	}
+	var warnings, terms []*frame
+	for _, s := range subs {
+		require.ErrorIs(t, s.Err(), ErrEvicted)
+		assert.Equal(t, "eventbus: subscriber evicted: queue_overflow", s.Err().Error())
+		fs := collectEvents(s)
+		assert.Equal(t, seqOf(idRange(1, 3), TypeSlowClientWarning, "#4", TypeClientEvicted), describe(fs))
+		warnings = append(warnings, fs[3].ref())
+		terms = append(terms, fs[len(fs)-1].ref())
+		assert.Contains(t, dataOf(t, fs[3]), `{"queueSize":3,"maxQueued":4,"lastEventId":3,`)
+		assert.Contains(t, dataOf(t, fs[len(fs)-1]), `"reason":"queue_overflow","droppedAfter":5,"queueSize":4,"maxQueued":4`)
+	}
+	for i := 1; i < len(subs); i++ {
+		assert.Same(t, warnings[0], warnings[i], "one warning frame for the same numbers")
+		assert.Same(t, terms[0], terms[i], "one client_evicted frame for the same numbers")
+		assert.Same(t, subs[0].Err(), subs[i].Err())
+	}
+	assert.NoError(t, other.Err())
+	for range 4 {
+		_, err := b.Publish(Event{Type: "e"})
+		require.NoError(t, err)
+	}
+	require.ErrorIs(t, other.Err(), ErrEvicted)
+	fs := collectEvents(other)
+	assert.Contains(t, dataOf(t, fs[len(fs)-1]), `"droppedAfter":9,"queueSize":8,"maxQueued":8`)
+	assert.NotSame(t, terms[0], fs[len(fs)-1].ref())
+	assert.Len(t, logs.kind(DiagSlowClient), 4)
+	assert.Len(t, logs.kind(DiagEvicted), 4)
+	assert.Equal(t, uint64(4), b.Stats().Evictions.QueueOverflow)
+}
+
 func TestNearlyFullAtNinetyPercentOfEitherCap(t *testing.T) {
 	c := func(live, bytes int) queueCounts {
 		return queueCounts{liveCount: live, maxQueued: 100, liveBytes: bytes, maxBytes: 1000}

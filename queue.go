@@ -120,6 +120,10 @@ type boundedAsyncQueue struct {
 	maxQueued int
 	maxBytes  int
 	ready     chan struct{}
+	// group, when set, is the ReadyGroup the consumer waits on: ready is
+	// its channel, and wake marks member there first.
+	group  *ReadyGroup
+	member int
 }
 
 type signalKey struct{ typ, about string }
@@ -325,6 +329,9 @@ func (q *boundedAsyncQueue) claimWake() bool {
 // or close: a spurious wake-up, never a lost one, because push clears
 // waiting only when it hands its caller this send.
 func (q *boundedAsyncQueue) wake() {
+	if q.group != nil {
+		q.group.mark(q.member) // before the token: see ReadyGroup.Woken
+	}
 	select {
 	case q.ready <- struct{}{}:
 	default:

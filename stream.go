@@ -105,11 +105,8 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 			s.add(bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
 			open = false
 		case !open && !terminal && ctx.Err() == nil:
-			if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
-				// Ended for a reason the client would not otherwise learn
-				// (an eviction and CloseWithError queue their own terminal
-				// frame).
-				s.add(StreamErrorFrame(err.Error(), ErrorKindInternal))
+			if f, ok := endErrorFrame(sub); ok {
+				s.add(f)
 			}
 		}
 		if len(s.buf) > 0 || s.pending {
@@ -132,27 +129,39 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 		if taken > 0 {
 			continue // more may have arrived while writing
 		}
-		select {
-		case <-sub.Ready():
-		case <-timer.C:
-			if s.tailField {
-				s.buf = append(s.buf, heartbeat...)
-			} else {
-				s.appendRetry()
-			}
-			if err := s.flushBatch(); err != nil {
-				h.dropBlocked(ctx, sub, s, err)
-				return
-			}
-			timer.Reset(idle)
-		case <-ends.lifetime:
-			end = endLifetime
-		case <-ends.revoked:
-			end = endRevoked
-		case <-ctx.Done():
+		var gone bool
+		var err error
+		if end, gone, err = s.wait(ctx, sub.Ready(), timer, idle, ends); err != nil {
+			h.dropBlocked(ctx, sub, s, err)
+			return
+		}
+		if gone {
 			return // the deferred Close cancels without drain
 		}
 	}
+}
+
+// wait is the serve loop's wait between batches: for frames (ready), the
+// heartbeat, which it writes and flushes (err is that flush's), the end of
+// the stream's lifetime or a revocation (end), or the client going away
+// (gone).
+func (s *stream) wait(ctx context.Context, ready <-chan struct{}, timer *time.Timer, idle time.Duration, ends streamEnds) (end endCause, gone bool, err error) {
+	select {
+	case <-ready:
+	case <-timer.C:
+		s.appendHeartbeat()
+		if err := s.flushBatch(); err != nil {
+			return endNone, false, err
+		}
+		timer.Reset(idle)
+	case <-ends.lifetime:
+		return endLifetime, false, nil
+	case <-ends.revoked:
+		return endRevoked, false, nil
+	case <-ctx.Done():
+		return endNone, true, nil
+	}
+	return endNone, false, nil
 }
 
 // dropBlocked ends a subscription whose write failed or hit its deadline:
@@ -160,6 +169,12 @@ func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s
 // A write that fails because the client went away is a plain
 // cancellation; anything else is counted as dropped, reason blocked.
 func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream, err error) {
+	dropWriteFailed(ctx, sub, s.frames, err)
+}
+
+// dropWriteFailed is dropBlocked for a subscription of which unwritten
+// frames taken were in the batches that failed.
+func dropWriteFailed(ctx context.Context, sub *Subscription, unwritten int, err error) {
 	// net/http cancels the request context as soon as a write on the
 	// connection fails, a deadline included (HTTP/1.1 and HTTP/2 alike), so
 	// a done context alone does not mean the client left: a write that hit
@@ -168,7 +183,18 @@ func (h *Handler) dropBlocked(ctx context.Context, sub *Subscription, s *stream,
 		sub.Close()
 		return
 	}
-	sub.CloseBlocked(s.frames, err)
+	sub.CloseBlocked(unwritten, err)
+}
+
+// endErrorFrame returns the stream_error internal frame for a subscription
+// that ended, without a terminal frame of its own, for a reason the client
+// would not otherwise learn (an eviction and CloseWithError queue their
+// own terminal frame, and a Close needs none on a single stream).
+func endErrorFrame(sub *Subscription) (Frame, bool) {
+	if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
+		return StreamErrorFrame(err.Error(), ErrorKindInternal), true
+	}
+	return Frame{}, false
 }
 
 // idField starts an event's SSE encoding (see Frame.SSE).
@@ -224,6 +250,17 @@ func (s *stream) appendRetry() {
 	s.buf = strconv.AppendInt(append(s.buf, "retry: "...), s.retry, 10)
 	s.buf = append(s.buf, '\n')
 	s.tailField = true
+}
+
+// appendHeartbeat adds the idle keep-alive: the retry: line again when
+// the text since the last blank line holds no field, else a comment (see
+// Handler).
+func (s *stream) appendHeartbeat() {
+	if s.tailField {
+		s.buf = append(s.buf, heartbeat...)
+	} else {
+		s.appendRetry()
+	}
 }
 
 // reserve makes room in the batch buffer for the frames add will copy,
@@ -367,6 +404,13 @@ func (s *stream) flushBatch() error {
 
 // writeStreamHeaders sends SPEC 10's response headers and the 200 status.
 func writeStreamHeaders(w http.ResponseWriter, r *http.Request, bus *EventBus) {
+	writeSSEHeaders(w, r, "Event-Epoch", bus.Epoch())
+}
+
+// writeSSEHeaders sends the stream's response headers, with the epoch
+// header epochName (exposed to CORS pages) set to epoch, and the 200
+// status.
+func writeSSEHeaders(w http.ResponseWriter, r *http.Request, epochName, epoch string) {
 	hd := w.Header()
 	hd.Set("Content-Type", "text/event-stream")
 	hd.Set("Cache-Control", "no-cache, no-transform")
@@ -374,8 +418,8 @@ func writeStreamHeaders(w http.ResponseWriter, r *http.Request, bus *EventBus) {
 		hd.Set("Connection", "keep-alive")
 	}
 	hd.Set("X-Accel-Buffering", "no")
-	hd.Set("Event-Epoch", bus.Epoch())
-	hd.Set("Access-Control-Expose-Headers", "Event-Epoch")
+	hd.Set(epochName, epoch)
+	hd.Set("Access-Control-Expose-Headers", epochName)
 	w.WriteHeader(http.StatusOK)
 }
 

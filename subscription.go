@@ -64,8 +64,8 @@ type Subscription struct {
 // When ctx is done the subscription is cancelled (its buffer dropped). On a
 // closed bus Subscribe returns an ended subscription and no error; with a
 // ctx already done, an ended subscription that was never registered. It
-// returns an error wrapping ErrInvalidOption for a negative MaxQueued or an
-// unknown OverflowPolicy, one wrapping ErrInvalidFilter for an invalid
+// returns an error wrapping ErrInvalidOption for a negative MaxQueued, an
+// unknown OverflowPolicy or a full Group, one wrapping ErrInvalidFilter for an invalid
 // Types entry, and a *SubscriberLimitError when the bus is full. Subscribe does not block on
 // other subscribers.
 //
@@ -90,6 +90,11 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 	s.resetFrames = WarnResetRatio * float64(maxQueued)
 	s.warnBytes = WarnThresholdRatio * float64(b.opts.MaxQueuedBytes)
 	s.resetBytes = WarnResetRatio * float64(b.opts.MaxQueuedBytes)
+	if opts.Group != nil {
+		if err := opts.Group.join(s); err != nil {
+			return nil, err
+		}
+	}
 
 	if b.closedOrZero() {
 		s.end(nil)
@@ -138,6 +143,9 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		s.end(ErrSubscriberLimitExceeded)
 		s.q.close(false)
 		s.release()
+		if opts.Group != nil {
+			opts.Group.leave(s)
+		}
 		return nil, &SubscriberLimitError{Limit: b.opts.MaxSubscribers}
 	}
 	b.addLocked(s)
@@ -212,7 +220,7 @@ func (s *Subscription) Err() error {
 // the subscription has ended. Call AppendReady until it returns no frames
 // before waiting on Ready again: the channel is signalled when the queue
 // goes from empty to non-empty, not for every frame. The channel is never
-// closed.
+// closed. For a member of a ReadyGroup it is the group's channel.
 func (s *Subscription) Ready() <-chan struct{} { return s.q.ready }
 
 // AppendReady appends every frame that is ready, without waiting, to dst and

@@ -1,6 +1,9 @@
 package eventbus
 
-import "runtime"
+import (
+	"runtime"
+	"time"
+)
 
 // The publisher's yield policy. A subscriber past 75% of a cap is often
 // not slow at all: its goroutine was woken but not scheduled yet, because
@@ -8,12 +11,19 @@ import "runtime"
 // runs a tight loop). So a publish that leaves such a subscriber behind it
 // yields the processor, after the bus lock, so that the consumer can run
 // before it is evicted: once, and past 90% until the first such consumer
-// is back under 90% or maxUrgentYields more yields went by. A fixed 4
-// yields there still lost a healthy consumer in about one tight stall run
-// in sixteen once Publish got faster (BENCHMARKS.md). This never waits for
-// anyone: with nothing else to run Gosched returns at once, and a consumer
-// that runs drains its whole queue. A subscription that nobody has ever
-// read from costs one yield episode at most (yieldFor). Under
+// is back under 90%, maxUrgentYields more yields went by, or the yields
+// of this publish have lasted maxYieldTime. A fixed 4 yields there still
+// lost a healthy consumer in about one tight stall run in sixteen once
+// Publish got faster (BENCHMARKS.md). This never waits for anyone: with
+// nothing else to run Gosched returns at once, and a consumer that runs
+// drains its whole queue. But a yield lasts as long as the goroutines that
+// run in its place: with 200 consumers that read once and then blocked, 1
+// MB events and one CPU-bound goroutine beside them, the yields took 1.1 s
+// of 3000 publishes, hence the time bound (issue 22). A subscription that
+// nobody has ever read from costs one yield at most (yieldFor), never the
+// wait past 90%: its consumer has not run once, so more yields do not make
+// it drain (an event of half the byte cap takes it from below 75% to past
+// 90% in one publish, which cost 17 yields per reconnect). Under
 // OverflowCatchUp an overflow loses nothing, so there is nothing to yield
 // for.
 //
@@ -23,6 +33,13 @@ import "runtime"
 
 // maxUrgentYields bounds the yields of one publish for a consumer past 90%.
 const maxUrgentYields = 16
+
+// maxYieldTime bounds how long the yields of one publish go on for a
+// consumer past 90%: no yield starts after it (the one under way when it
+// runs out ends when the scheduler gives the processor back). In the tight
+// loops the yields are for, one yield lets the consumers this publish woke
+// run and takes about 16 µs (BENCHMARKS.md), so all 17 fit well within it.
+const maxYieldTime = 500 * time.Microsecond
 
 // yieldProcessor is runtime.Gosched; tests count the yields through it.
 var yieldProcessor = runtime.Gosched
@@ -47,7 +64,7 @@ func (p *yieldPlan) note(s *Subscription, c queueCounts) {
 		return
 	}
 	p.behind = true
-	if p.urgent == nil && nearlyFull(c) {
+	if p.urgent == nil && nearlyFull(c) && s.q.hasLooked() {
 		p.urgent = &s.q
 		live, bytes := s.q.popped()
 		p.target = [2]int64{
@@ -63,14 +80,18 @@ func (p *yieldPlan) run() {
 	if !p.behind {
 		return
 	}
+	q := p.urgent
+	if q == nil {
+		yieldProcessor()
+		return
+	}
+	start := time.Now()
 	yieldProcessor()
-	if q := p.urgent; q != nil {
-		for range maxUrgentYields {
-			if live, bytes := q.popped(); live >= p.target[0] && bytes >= p.target[1] {
-				break
-			}
-			yieldProcessor()
+	for range maxUrgentYields {
+		if live, bytes := q.popped(); live >= p.target[0] && bytes >= p.target[1] || time.Since(start) >= maxYieldTime {
+			break
 		}
+		yieldProcessor()
 	}
 }
 
@@ -82,9 +103,10 @@ func nearlyFull(c queueCounts) bool {
 // yieldFor reports whether a publish that left s with the live counts c
 // should yield the processor: s is past the warning threshold of either
 // cap, and either its consumer has looked for frames at least once, or
-// this is the first yield for it. The yield is for consumers that run but
-// were not scheduled in time, a goroutine started for a new subscription
-// included: one yield lets it run. A subscription that nobody reads from
+// this is the first yield for it (then note does not wait past 90%). The
+// yield is for consumers that run but were not scheduled in time, a
+// goroutine started for a new subscription included: one yield lets it
+// run. A subscription that nobody reads from
 // at all (never iterated, or stuck before its first read) gets no more
 // than that one: yielding for it on every publish until its eviction would
 // make its peers' publish latency depend on it (BenchmarkPublishLatency).

@@ -1,0 +1,662 @@
+package eventbus
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ssebus/eventbus/internal/muxcursor"
+)
+
+// DefaultMaxStreamSessions is how many sessions a MuxHandler serves on one
+// stream when MaxStreamSessions is 0.
+const DefaultMaxStreamSessions = 32
+
+// MuxHandler serves several sessions' buses as one Server-Sent Events
+// stream, so that a page watching many sessions needs one connection (a
+// browser opens at most 6 HTTP/1.1 connections per host), typically on a
+// route such as "GET /events?session=a&session=b". One goroutine, the
+// request's, serves every session of a stream: it waits on one ReadyGroup
+// and takes from the sessions that are ready, with no goroutine per
+// session.
+//
+// The stream follows the single-session Handler's rules (see Handler):
+// the retry: line with its jitter, heartbeats, one write and one flush per
+// batch under a write deadline that is cleared after the flush, HEAD,
+// CORS, the JSON error answers, HTTP/1.1 and HTTP/2 alike, the Grant's
+// lifetime and Revoke. What differs:
+//
+// Request rules, in this order: CORS, the method and a writer that can
+// flush, as Handler; the sessions (Sessions, by default every "session"
+// query parameter, in order) must be 1 to MaxStreamSessions distinct,
+// non-empty ids, else 400 invalid_sessions; ?types= and ?maxQueued= as
+// Handler, applying to every session; then for each session in order,
+// Lookup (never creating a session: a Hub's LookupSession), whose
+// ErrSessionNotFound is 404 session_not_found for the first unknown id;
+// then Authorize for each session in order, the first refusal answering
+// the request; then the subscriptions, all or none (a full bus is 429
+// subscriber_limit_exceeded, and the subscriptions already made are
+// closed). Every error answer about one session names it: its JSON body is
+// {"error":...,"code":...,"session":"<id>"}. A HEAD makes the same checks
+// and subscribes to nothing.
+//
+// The cursor: the stream reads Last-Event-ID, else ?lastEventId=, as a
+// Cursor (ParseCursor); Event-Epoch and ?epoch= are not used. A session the
+// cursor names resumes as its own single stream would, independently of
+// the others: what it missed and its replay_complete, or its
+// state_resync_required (ring_evicted with exact ids,
+// replay_budget_exceeded, or epoch_reset when the entry's epoch is not its
+// bus's: a restart, a DELETE and re-creation). A session the cursor does
+// not name starts live, without replay_complete. A cursor that cannot be
+// parsed is logged and every session starts live; it is never an error.
+//
+// The wire: every event frame's id: line is the composite cursor after
+// that event (every session's last delivered id and epoch); synthetic
+// frames and signals carry no id line, as on a single stream. The event:
+// line is the frame's type. Every frame's data: envelope, events, signals
+// and synthetic frames alike, starts with the member "session":"<id>",
+// then the single stream's envelope members in their order:
+// {"session":"a","id":7,"v":1,"type":...}. The session member is spliced
+// in as the frame is copied into the batch: the shared encoding of an
+// event is never re-encoded or copied for it. The stream's headers are a
+// single stream's, with Event-Epochs (the sessions' epochs, in the order
+// of the request's sessions, comma-separated) instead of Event-Epoch.
+// Within a session, frames come in the bus's order; across sessions
+// nothing is promised.
+//
+// Backpressure stays per session: each session is its own subscription
+// of its bus, with its own caps and overflow policy (SubscribeOptions of
+// Subscribe: ?maxQueued= for each). The stream holds no more than what its
+// subscriptions had queued (one batch, written before the next take), so
+// at most the sum of their caps. An eviction (client_evicted) ends the
+// whole stream after that frame: the client resumes every session with its
+// cursor. A session whose bus closes leaves the stream after its queued
+// frames and its terminal frame (the bus's own, from CloseWithError, else
+// stream_error with errorKind "closed", ErrorKindClosed); the others go on,
+// and the stream ends when no session is left. A stream that ends by
+// itself for every session (its lifetime, Revoke, an internal error)
+// writes one stream_error naming the session it is about: for the
+// lifetime the session whose Grant expires first, for Revoke the first
+// session whose Grant named the subject, else the first session.
+//
+// A MuxHandler is safe for concurrent use once its fields are set; they
+// must not change while it serves. It must not be copied after first use.
+// Its zero value answers 404 session_not_found to a request with valid
+// sessions, since it has no Lookup.
+type MuxHandler struct {
+	// Handler holds the stream's settings: Logger, Retry, RetryJitter,
+	// Heartbeat, WriteTimeout and CORS, and Authorize when this
+	// MuxHandler's is nil. Its Lookup and EpochIDs are not used. Its
+	// Revoke ends this MuxHandler's streams too (they share its
+	// registry), so a daemon that serves both routes from one Handler
+	// revokes both with one call. nil: the defaults, no CORS, no
+	// Authorize but this MuxHandler's.
+	Handler *Handler
+	// Sessions returns the session ids of a request, in the stream's
+	// order. nil: every "session" query parameter, in order (a pair that
+	// cannot be decoded is 400 invalid_sessions). An error that is or
+	// wraps a *StatusError is answered as that says; another is 400
+	// invalid_sessions with its message. The ids it returns must then be
+	// 1 to MaxStreamSessions distinct, non-empty strings.
+	Sessions func(r *http.Request) ([]string, error)
+	// Lookup finds the bus of one session of a request, never creating
+	// one (Hub.LookupSession fits). It returns an error wrapping
+	// ErrSessionNotFound (or a nil bus) for an unknown session: 404
+	// session_not_found naming it; one that is or wraps a *StatusError
+	// is answered as that says, naming the session; another error is a
+	// 500 whose cause is logged. It is called once per session, in
+	// order, on the request's goroutine; the first failure answers.
+	Lookup func(r *http.Request, session string) (*EventBus, error)
+	// Authorize, when set, decides whether the request may stream
+	// session's bus: once per session, in order, after every Lookup and
+	// before subscribing (for a HEAD too; never for a CORS preflight),
+	// on the request's goroutine; it may block. Its Grant and its errors
+	// are those of Handler.Authorize: the first refusal answers the
+	// request, naming the session; every Grant's Subject files the stream
+	// for Revoke, and the earliest Expires ends it. nil: Handler's
+	// Authorize, when set, is called the same way (with the bus; it is
+	// not given the session id), else every session is served.
+	Authorize func(r *http.Request, session string, bus *EventBus) (Grant, error)
+	// MaxStreamSessions is the most sessions one stream serves; 0 (or a
+	// negative value) means DefaultMaxStreamSessions, above
+	// MaxCursorEntries means MaxCursorEntries.
+	MaxStreamSessions int
+
+	def Handler // when Handler is nil
+}
+
+// handler returns the Handler whose settings and registry m uses.
+func (m *MuxHandler) handler() *Handler {
+	if m.Handler != nil {
+		return m.Handler
+	}
+	return &m.def
+}
+
+// maxSessions is MaxStreamSessions with its default and bound applied.
+func (m *MuxHandler) maxSessions() int {
+	switch n := m.MaxStreamSessions; {
+	case n <= 0:
+		return DefaultMaxStreamSessions
+	case n > MaxCursorEntries:
+		return MaxCursorEntries
+	default:
+		return n
+	}
+}
+
+// Revoke is Handler.Revoke for the streams of m (and, when m.Handler is
+// set, of that Handler too: they share it). It never blocks on a stream
+// and is safe to call from any goroutine.
+func (m *MuxHandler) Revoke(subject string) int { return m.handler().Revoke(subject) }
+
+// muxSession is one session of a multiplexed stream.
+type muxSession struct {
+	id      string
+	bus     *EventBus
+	sub     *Subscription
+	subject string // its Grant's
+	// member is `"session":"<id>",`, spliced into every frame's envelope.
+	member []byte
+	// entry is its position in the cursor; group the offset of its group
+	// in the stream's id line.
+	entry CursorEntry
+	group int
+	// Serve loop state.
+	todo     bool // take from it before waiting: its last take had frames, or it was woken
+	left     bool // it has left the stream (its subscription ended)
+	terminal bool // its terminal frame was written
+	pending  int  // frames taken that are in the unflushed batch
+}
+
+// ServeHTTP implements http.Handler.
+func (m *MuxHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := m.handler()
+	if !h.precheck(w, r) {
+		return
+	}
+	ids, ok := m.sessions(w, r)
+	if !ok {
+		return
+	}
+	sq, ok := parseStreamQuery(w, r)
+	if !ok {
+		return
+	}
+
+	sess := make([]muxSession, len(ids))
+	for i, id := range ids {
+		var bus *EventBus
+		var err error
+		if m.Lookup != nil {
+			bus, err = m.Lookup(r, id)
+		}
+		if !h.lookedUp(w, r, bus, err, id) {
+			return
+		}
+		sess[i].id, sess[i].bus = id, bus
+	}
+
+	var ls *liveStream
+	lifetime := -1 // the session whose Grant expires first
+	var expires time.Time
+	authorize := m.Authorize
+	if authorize == nil && h.Authorize != nil {
+		authorize = func(r *http.Request, _ string, bus *EventBus) (Grant, error) { return h.Authorize(r, bus) }
+	}
+	if authorize != nil {
+		if r.Method != http.MethodHead {
+			// Filed before the first Authorize, as Handler does.
+			ls = h.reg.begin()
+			defer h.reg.remove(ls)
+		}
+		subjects := make([]string, 0, len(sess))
+		for i := range sess {
+			grant, err := authorize(r, sess[i].id, sess[i].bus)
+			if !h.authorized(w, r, grant, err, sess[i].id) {
+				return
+			}
+			sess[i].subject = grant.Subject
+			subjects = append(subjects, grant.Subject)
+			if !grant.Expires.IsZero() && (lifetime < 0 || grant.Expires.Before(expires)) {
+				lifetime, expires = i, grant.Expires
+			}
+		}
+		if ls != nil {
+			h.reg.commit(ls, subjects...)
+		}
+	}
+
+	if r.Method == http.MethodHead {
+		writeSSEHeaders(w, r, "Event-Epochs", epochList(sess))
+		return
+	}
+
+	cursor := m.parseCursor(r, h, sq.cursor)
+	group := NewReadyGroup(len(sess))
+	defer func() {
+		for i := range sess {
+			if sess[i].sub != nil {
+				sess[i].sub.Close()
+			}
+		}
+	}()
+	for i := range sess {
+		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: group}
+		ms := &sess[i]
+		epoch := ms.bus.Epoch()
+		ms.entry = CursorEntry{Session: SessionTag(ms.id), Epoch: EpochTag(epoch)}
+		switch e, named := cursorEntryFor(cursor, sess, i); {
+		case !named:
+			// Live. Its entry is the bus's last id before subscribing:
+			// every later event is delivered, so a resume from it loses
+			// nothing (it may replay an event published while the stream
+			// opened, which the client never had).
+			ms.entry.ID = ms.bus.LastEventID()
+		case e.Epoch == ms.entry.Epoch:
+			opts.Resume, opts.LastEventID, opts.Epoch = true, e.ID, epoch
+			ms.entry.ID = e.ID
+		default:
+			// Another epoch: epoch_reset, and the replay of this epoch
+			// from its start. Any epoch of another bus will do for the bus
+			// to see the mismatch; the tag's hex names it in logs.
+			opts.Resume, opts.LastEventID, opts.Epoch = true, e.ID, strconv.FormatUint(e.Epoch, 16)
+		}
+		sub, cancel, err := subscribeRequest(r, ms.bus, opts)
+		defer cancel()
+		if err != nil {
+			writeSubscribeError(w, err, ms.id) // the deferred Close ends the others
+			return
+		}
+		ms.sub = sub
+		ms.member = sessionMember(ms.id)
+		ms.todo = true
+	}
+
+	writeSSEHeaders(w, r, "Event-Epochs", epochList(sess))
+	s := h.newStream(w, r)
+	st := muxStream{h: h, sess: sess, group: group, s: &s}
+	st.buildIDLine()
+	if err := s.flushBatch(); err != nil {
+		st.dropAll(r.Context(), err)
+		return
+	}
+	var ends streamEnds
+	if ls != nil {
+		ends.revoked = ls.revoked
+	}
+	if lifetime >= 0 {
+		t := time.NewTimer(time.Until(expires))
+		defer t.Stop()
+		ends.lifetime = t.C
+	}
+	st.lifetime, st.ls = max(lifetime, 0), ls
+	st.serve(r.Context(), ends)
+}
+
+// sessions returns the request's session ids, or answers 400
+// invalid_sessions (or the StatusError of Sessions) and reports false.
+func (m *MuxHandler) sessions(w http.ResponseWriter, r *http.Request) ([]string, bool) {
+	var ids []string
+	if m.Sessions != nil {
+		var err error
+		if ids, err = m.Sessions(r); err != nil {
+			var se *StatusError
+			if errors.As(err, &se) {
+				m.handler().refused(w, r, "eventbus: sessions refused", se, "")
+			} else {
+				writeJSONError(w, http.StatusBadRequest, err.Error(), "invalid_sessions", 0)
+			}
+			return nil, false
+		}
+	} else {
+		query, err := url.ParseQuery(r.URL.RawQuery)
+		ids = query["session"]
+		if err != nil && rawParamCount(r.URL.RawQuery, "session") != len(ids) {
+			writeJSONError(w, http.StatusBadRequest, "a session parameter cannot be decoded", "invalid_sessions", 0)
+			return nil, false
+		}
+	}
+	if msg := checkSessions(ids, m.maxSessions()); msg != "" {
+		writeJSONError(w, http.StatusBadRequest, msg, "invalid_sessions", 0)
+		return nil, false
+	}
+	return ids, true
+}
+
+// checkSessions applies the rules of a stream's session list, and returns
+// what is wrong with it ("" when nothing is).
+func checkSessions(ids []string, maxSessions int) string {
+	switch {
+	case len(ids) == 0:
+		return "no session: give 1 to " + strconv.Itoa(maxSessions) + " session parameters"
+	case len(ids) > maxSessions:
+		return strconv.Itoa(len(ids)) + " sessions, more than " + strconv.Itoa(maxSessions)
+	}
+	for i, id := range ids {
+		if id == "" {
+			return "session " + strconv.Itoa(i+1) + " is empty"
+		}
+		if slices.Contains(ids[:i], id) {
+			return "session " + quoteHead(id, 64) + " is given twice"
+		}
+	}
+	return ""
+}
+
+// parseCursor parses the request's cursor, nil when there is none or it
+// cannot be parsed (logged: the stream is then served live).
+func (m *MuxHandler) parseCursor(r *http.Request, h *Handler, raw string) Cursor {
+	if raw == "" {
+		return nil
+	}
+	if len(raw) > muxcursor.Len(m.maxSessions()) {
+		h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: multiplexed cursor too long, serving live only",
+			slog.String("value", quoteHead(raw, 64)), slog.Int("bytes", len(raw)))
+		return nil
+	}
+	c, err := ParseCursor(raw)
+	if err != nil {
+		h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed multiplexed cursor, serving live only",
+			slog.String("value", quoteHead(raw, 64)), slog.String("error", err.Error()))
+		return nil
+	}
+	return c
+}
+
+// cursorEntryFor returns the cursor's entry for session i, and false when
+// the cursor names it not or not unambiguously: another session of the
+// stream with the same tag, or two entries with its tag.
+func cursorEntryFor(c Cursor, sess []muxSession, i int) (CursorEntry, bool) {
+	if c == nil {
+		return CursorEntry{}, false
+	}
+	tag := SessionTag(sess[i].id)
+	for j := range sess {
+		if j != i && SessionTag(sess[j].id) == tag {
+			return CursorEntry{}, false
+		}
+	}
+	return c.Entry(sess[i].id)
+}
+
+// sessionMember is `"session":<id as a JSON string>,`, the member spliced
+// into every frame of the session: its string escaped as the frames'
+// strings are (no HTML escaping).
+func sessionMember(id string) []byte {
+	var b bytes.Buffer
+	b.WriteString(`"session":`)
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(id) // a string cannot fail
+	m := b.Bytes()
+	m[len(m)-1] = ',' // in place of Encode's newline
+	return m
+}
+
+// epochList is the Event-Epochs header: the epochs in session order.
+func epochList(sess []muxSession) string {
+	var b strings.Builder
+	for i := range sess {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(sess[i].bus.Epoch())
+	}
+	return b.String()
+}
+
+// muxStream is the serve loop's state.
+type muxStream struct {
+	h     *Handler
+	sess  []muxSession
+	group *ReadyGroup
+	s     *stream
+	// idLine is "id: " + the cursor + "\n", rewritten one group at a
+	// time: the group of the session whose event is written.
+	idLine []byte
+	// lifetime is the session whose Grant expires first; ls the stream's
+	// registry entry (nil without Authorize).
+	lifetime int
+	ls       *liveStream
+	// current is the session whose frame is being written, for a panic's
+	// frame.
+	current int
+}
+
+// buildIDLine lays out the id line with every session's entry.
+func (st *muxStream) buildIDLine() {
+	st.idLine = make([]byte, 0, len(idField)+muxcursor.Len(len(st.sess))+1)
+	st.idLine = append(append(st.idLine, idField...), muxcursor.Prefix...)
+	for i := range st.sess {
+		st.sess[i].group = len(st.idLine)
+		st.idLine = append(st.idLine, make([]byte, muxcursor.EntryLen)...)
+		muxcursor.Put(st.idLine[st.sess[i].group:], muxcursor.Entry(st.sess[i].entry))
+	}
+	st.idLine = append(st.idLine, '\n')
+}
+
+// serve is the multiplexed stream loop: take from every session that may
+// have frames, write what was taken as one batch, else wait for the group,
+// the heartbeat, the end of the stream's lifetime, a revocation or the
+// client going away. It is Handler.serve for several subscriptions.
+func (st *muxStream) serve(ctx context.Context, ends streamEnds) {
+	s := st.s
+	defer func() {
+		if p := recover(); p != nil {
+			st.h.logger().LogAttrs(ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
+			s.buf = s.buf[:0]
+			st.add(StreamErrorFrame("internal error", ErrorKindInternal), st.current)
+			_ = s.flushBatch()
+		}
+		if !s.lastChunk {
+			s.disarm() // as Handler.serve: no deadline outlives the loop
+		}
+	}()
+	idle := orDefault(st.h.Heartbeat, DefaultHeartbeat)
+	timer := time.NewTimer(idle)
+	defer timer.Stop()
+	var (
+		frames []Frame
+		owners []int // the session of each frame
+		woken  []int
+		ending []int // the sessions whose subscription ended in this batch
+	)
+	active := len(st.sess)
+	end := endNone
+	for {
+		woken = st.group.Woken(woken[:0])
+		for _, i := range woken {
+			st.sess[i].todo = true // members joined in session order
+		}
+		frames, owners, ending = frames[:0], owners[:0], ending[:0]
+		more := false
+		for i := range st.sess {
+			ms := &st.sess[i]
+			if !ms.todo || ms.left {
+				continue
+			}
+			n := len(frames)
+			var open bool
+			frames, open = ms.sub.TakeReady(frames)
+			for range len(frames) - n {
+				owners = append(owners, i)
+			}
+			ms.pending += len(frames) - n
+			// A take with frames leaves the queue not waiting: it signals
+			// nothing until a take finds it empty, so it is taken from
+			// again before the loop waits.
+			ms.todo = len(frames) > n
+			more = more || ms.todo
+			if !open {
+				ms.left, ms.todo = true, false
+				ending = append(ending, i)
+				active--
+			}
+		}
+		if end == endNone {
+			end = ends.poll() // after the takes, as Handler.serve
+		}
+		if end == endRevoked {
+			for i := range st.sess {
+				st.sess[i].sub.MarkDiscarded(st.sess[i].pending)
+				st.sess[i].pending = 0
+			}
+			clear(frames)
+			frames, owners, ending = frames[:0], owners[:0], ending[:0]
+		}
+		st.reserve(frames, owners)
+		evicted := false
+		for k, f := range frames {
+			i := owners[k]
+			st.current = i
+			if f.ID() != 0 {
+				st.sess[i].entry.ID = f.ID()
+				muxcursor.Put(st.idLine[st.sess[i].group:], muxcursor.Entry(st.sess[i].entry))
+			}
+			st.add(f, i)
+			if f.Terminal() {
+				evicted = evicted || f.Type() == TypeClientEvicted
+				st.sess[i].terminal = true
+			}
+		}
+		clear(frames) // do not pin delivered frames while idle
+		if ctx.Err() == nil {
+			for _, i := range ending {
+				if st.sess[i].terminal {
+					continue
+				}
+				// The bus closed (its own terminal frame, if any, came
+				// above): tell the client this session leaves.
+				f, ok := endErrorFrame(st.sess[i].sub)
+				if !ok {
+					f = st.sess[i].bus.StreamErrorFrame("session closed", ErrorKindClosed)
+				}
+				st.add(f, i)
+			}
+		}
+		switch {
+		case end == endRevoked && ctx.Err() == nil:
+			i := st.revokedSession()
+			st.add(st.sess[i].bus.StreamErrorFrame(revokedMessage, ErrorKindRevoked), i)
+		case end == endLifetime && active > 0 && !evicted:
+			// After what was queued: the client resumes after its cursor.
+			i := st.lifetime
+			st.add(st.sess[i].bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate), i)
+		}
+		if len(s.buf) > 0 || s.pending {
+			if err := s.flushBatch(); err != nil {
+				st.dropAll(ctx, err)
+				return
+			}
+			s.tailField = false // every frame ends with a blank line
+			timer.Reset(idle)
+		}
+		for i := range st.sess {
+			if ms := &st.sess[i]; ms.pending > 0 {
+				ms.sub.MarkWritten(ms.pending)
+				ms.pending = 0
+			}
+		}
+		if evicted || active == 0 || end != endNone {
+			s.armLastChunk()
+			return // the deferred Close ends the subscriptions left
+		}
+		if more {
+			continue // more may have arrived while writing
+		}
+		var gone bool
+		var err error
+		if end, gone, err = s.wait(ctx, st.group.Ready(), timer, idle, ends); err != nil {
+			st.dropAll(ctx, err)
+			return
+		}
+		if gone {
+			return // the deferred Close cancels without drain
+		}
+	}
+}
+
+// revokedSession is the session a revocation's frame names: the first
+// whose Grant named the revoked subject, else the first.
+func (st *muxStream) revokedSession() int {
+	if st.ls != nil && st.ls.by != "" {
+		for i := range st.sess {
+			if st.sess[i].subject == st.ls.by {
+				return i
+			}
+		}
+	}
+	return 0
+}
+
+// dropAll ends every subscription after a write failed or blocked: the
+// frames of each session in the failed batch are counted as blocked.
+func (st *muxStream) dropAll(ctx context.Context, err error) {
+	for i := range st.sess {
+		if ms := &st.sess[i]; !ms.left || ms.pending > 0 {
+			dropWriteFailed(ctx, ms.sub, ms.pending, err)
+			ms.pending = 0
+		}
+	}
+}
+
+// reserve makes room in the batch buffer for the frames add will copy,
+// in one allocation, as stream.reserve does for a single stream.
+func (st *muxStream) reserve(frames []Frame, owners []int) {
+	need := 0
+	for k, f := range frames {
+		if f.Size() < directWriteSize {
+			need += len(f.SSE())
+		}
+		need += len(st.sess[owners[k]].member)
+		if f.ID() != 0 {
+			need += len(st.idLine)
+		}
+	}
+	if s := st.s; len(s.buf)+need <= maxBatchBuffer {
+		s.buf = slices.Grow(s.buf, need)
+	}
+}
+
+// add adds frame f of session i to the batch: for an event, the id line
+// with the cursor in place of the frame's own; then the frame's bytes up
+// to its envelope's "{", the session member, and the rest of the frame.
+func (st *muxStream) add(f Frame, i int) {
+	s := st.s
+	s.frames++
+	wire := f.SSE()
+	if s.err != nil || wire == nil {
+		return
+	}
+	var idLine []byte
+	from := 0
+	if f.ID() != 0 {
+		idLine = st.idLine
+		from = bytes.IndexByte(wire, '\n') + 1
+	}
+	open := len(wire) - 2 - len(f.JSON()) + 1 // after the envelope's "{"
+	member := st.sess[i].member
+	rest := wire[open:]
+	big := f.Size() >= directWriteSize
+	if big || len(s.buf)+len(idLine)+open-from+len(member)+len(rest) > maxBatchBuffer {
+		s.write(nil)
+	}
+	s.buf = append(s.buf, idLine...)
+	s.buf = append(s.buf, wire[from:open]...)
+	s.buf = append(s.buf, member...)
+	if big {
+		s.write(nil)
+		s.write(rest)
+		return
+	}
+	s.buf = append(s.buf, rest...)
+}

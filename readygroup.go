@@ -1,0 +1,121 @@
+package eventbus
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+// A ReadyGroup is one wake-up shared by several subscriptions, so that one
+// goroutine serves all of them, waiting on a single channel instead of a
+// select over their Ready channels (what the multiplexed stream,
+// MuxHandler, does). A subscription joins a group when it is made, with
+// SubscribeOptions.Group; its Ready then returns the group's channel.
+//
+// The protocol is each subscription's own, with one channel for all: a
+// member signals the group when frames may be ready for it and its
+// consumer had found it empty (its last TakeReady or AppendReady returned
+// no frames), and when it ends. So the consumer takes from every member
+// until a take returns no frames, then waits on Ready, then takes from the
+// members Woken names, again until their takes return nothing. A member
+// whose last take returned frames is not signalled again: take from it
+// before waiting. A wake-up can be stale (the frames were taken already);
+// none is ever lost. Signalling costs a member an atomic OR beside the
+// channel send it does anyway, and no lock.
+//
+// Every member of a group must be consumed by one goroutine, the group's:
+// do not use Events on a member, and do not wait on Ready for one member
+// while another goroutine consumes the others. Make a group with
+// NewReadyGroup; its zero value is not usable. Subscribe, Ready and Woken
+// are safe to call concurrently; a group is never closed, and is
+// collected with its members.
+type ReadyGroup struct {
+	ready   chan struct{}
+	marks   []atomic.Uint64 // bit i of word i/64: member i signalled
+	members []atomic.Pointer[Subscription]
+	mu      sync.Mutex // joining
+	n       int        // members joined, under mu
+}
+
+// NewReadyGroup returns a group for at most size subscriptions. A
+// Subscribe that would make it larger fails with ErrInvalidOption. size
+// must be positive (it panics otherwise: it is the caller's constant).
+func NewReadyGroup(size int) *ReadyGroup {
+	if size <= 0 {
+		panic("eventbus: NewReadyGroup size must be positive")
+	}
+	return &ReadyGroup{
+		ready:   make(chan struct{}, 1),
+		marks:   make([]atomic.Uint64, (size+63)/64),
+		members: make([]atomic.Pointer[Subscription], size),
+	}
+}
+
+// Ready returns the channel that receives a value when a member may have
+// frames ready or has ended (see the type for when). It is never closed.
+func (g *ReadyGroup) Ready() <-chan struct{} { return g.ready }
+
+// Woken appends to dst the number of every member that signalled since
+// the last call to Woken, in increasing order, and returns the extended
+// slice; it clears their signals. Members are numbered from 0 in the order
+// their Subscribe calls joined the group (so a consumer that subscribes
+// one after another knows each number), and Member returns the member of
+// a number. Call Woken after a receive from Ready (and at any other time:
+// it never blocks). A member appears at most once per call; one that
+// ended is still named, once per signal, so that its consumer takes its
+// last frames and learns its end.
+func (g *ReadyGroup) Woken(dst []int) []int {
+	for w := range g.marks {
+		if g.marks[w].Load() == 0 {
+			continue
+		}
+		for m := g.marks[w].Swap(0); m != 0; m &= m - 1 {
+			if i := w*64 + bits.TrailingZeros64(m); g.members[i].Load() != nil {
+				dst = append(dst, i)
+			}
+		}
+	}
+	return dst
+}
+
+// Member returns member i (see Woken), nil when there is none: i out of
+// range, not joined yet, or given back by a Subscribe that failed.
+func (g *ReadyGroup) Member(i int) *Subscription {
+	if i < 0 || i >= len(g.members) {
+		return nil
+	}
+	return g.members[i].Load()
+}
+
+// mark records that member i signalled. The mark is set before the token
+// is sent (boundedAsyncQueue.wake), so a consumer that receives a token
+// and then calls Woken sees every mark made before that token was sent.
+func (g *ReadyGroup) mark(i int) { g.marks[i/64].Or(1 << (i % 64)) }
+
+// join makes s a member, before it is registered with its bus (a push may
+// signal it as soon as it is). It returns an error wrapping
+// ErrInvalidOption when the group is full.
+func (g *ReadyGroup) join(s *Subscription) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n == len(g.members) {
+		return fmt.Errorf("%w: ReadyGroup is full (%d members)", ErrInvalidOption, len(g.members))
+	}
+	s.q.group, s.q.member, s.q.ready = g, g.n, g.ready
+	g.members[g.n].Store(s)
+	g.n++
+	return nil
+}
+
+// leave undoes join for a subscription that Subscribe did not return (a
+// full bus), so that it takes no place: its number goes to the next member
+// when it is still the last one, else its place stays used, empty.
+func (g *ReadyGroup) leave(s *Subscription) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if i := s.q.member; i == g.n-1 && g.members[i].Load() == s {
+		g.members[i].Store(nil)
+		g.n--
+	}
+}
