@@ -299,11 +299,7 @@ var harness = backplanetest.Harness{
 	Start: func(t testing.TB, n int, o backplanetest.Options) backplanetest.Cluster {
 		srv := startServer(t)
 		opts := testOptions()
-		opts.Bus = o.Bus(opts.Bus)
-		opts.PublishTimeout = backplanetest.Or(o.PublishTimeout, opts.PublishTimeout)
-		opts.OutageTimeout = backplanetest.Or(o.OutageTimeout, opts.OutageTimeout)
-		opts.IdleTimeout = backplanetest.Or(o.IdleTimeout, opts.IdleTimeout)
-		opts.IdempotencyWindow = backplanetest.Or(o.IdempotencyWindow, opts.IdempotencyWindow)
+		o.Apply(&opts.Bus, &opts.PublishTimeout, &opts.OutageTimeout, &opts.IdleTimeout, &opts.IdempotencyWindow)
 		c := backplanetest.Cluster{Down: srv.Stop, Up: srv.Start}
 		var first *Backplane
 		for i := range n {

@@ -267,11 +267,7 @@ var harness = backplanetest.Harness{
 	Start: func(t testing.TB, n int, o backplanetest.Options) backplanetest.Cluster {
 		url, schema := testSchema(t)
 		opts := testOptions(schema)
-		opts.Bus = o.Bus(opts.Bus)
-		opts.PublishTimeout = backplanetest.Or(o.PublishTimeout, opts.PublishTimeout)
-		opts.OutageTimeout = backplanetest.Or(o.OutageTimeout, opts.OutageTimeout)
-		opts.IdleTimeout = backplanetest.Or(o.IdleTimeout, opts.IdleTimeout)
-		opts.IdempotencyWindow = backplanetest.Or(o.IdempotencyWindow, opts.IdempotencyWindow)
+		o.Apply(&opts.Bus, &opts.PublishTimeout, &opts.OutageTimeout, &opts.IdleTimeout, &opts.IdempotencyWindow)
 		var c backplanetest.Cluster
 		for i := range n {
 			rp := newReplica(t, url, string(rune('A'+i)), opts)

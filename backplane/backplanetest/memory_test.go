@@ -385,13 +385,9 @@ func memHarness(f memFaults) Harness {
 	return Harness{
 		Start: func(t testing.TB, n int, o Options) Cluster {
 			st := newMemStore(f)
-			opts := memOptions{
-				Bus:               o.Bus(eventbus.Options{}),
-				PublishTimeout:    Or(o.PublishTimeout, time.Second),
-				OutageTimeout:     Or(o.OutageTimeout, 30*time.Second),
-				IdleTimeout:       Or(o.IdleTimeout, time.Hour),
-				IdempotencyWindow: Or(o.IdempotencyWindow, 10*time.Minute),
-			}
+			opts := memOptions{PublishTimeout: time.Second, OutageTimeout: 30 * time.Second,
+				IdleTimeout: time.Hour, IdempotencyWindow: 10 * time.Minute}
+			o.Apply(&opts.Bus, &opts.PublishTimeout, &opts.OutageTimeout, &opts.IdleTimeout, &opts.IdempotencyWindow)
 			var c Cluster
 			for range n {
 				b, err := newMemBackplane(st, opts)

@@ -30,9 +30,8 @@ type Backplane interface {
 }
 
 // Options is what a check asks of the replicas it starts. A zero field
-// leaves the harness's own setting; a harness maps the others onto its
-// module's options (RingSize and the other bus fields onto its
-// Options.Bus, with Bus).
+// leaves the harness's own setting; a harness sets the others on its
+// module's options (Apply).
 type Options struct {
 	RingSize          int // events a session's log keeps: the engine trims to it
 	RingMaxBytes      int // envelope bytes a session's log keeps (Harness.TrimsBytes)
@@ -46,28 +45,27 @@ type Options struct {
 	IdempotencyWindow time.Duration
 }
 
-// Bus returns opts with o's bus fields set where they are not zero.
-func (o Options) Bus(opts eventbus.Options) eventbus.Options {
-	set := func(dst *int, v int) {
+// Apply sets o's non-zero fields on a module's options: the bus fields
+// on bus, the durations on the four (nil for one the module lacks).
+func (o Options) Apply(bus *eventbus.Options, publishTimeout, outageTimeout, idleTimeout, idempotencyWindow *time.Duration) {
+	setInt := func(dst *int, v int) {
 		if v != 0 {
 			*dst = v
 		}
 	}
-	set(&opts.RingSize, o.RingSize)
-	set(&opts.RingMaxBytes, o.RingMaxBytes)
-	set(&opts.MaxEventBytes, o.MaxEventBytes)
-	set(&opts.ReplayBudgetBytes, o.ReplayBudgetBytes)
-	set(&opts.MaxQueued, o.MaxQueued)
-	return opts
-}
-
-// Or returns v, or def when v is 0: a harness sets
-// opts.OutageTimeout = backplanetest.Or(o.OutageTimeout, opts.OutageTimeout).
-func Or(v, def time.Duration) time.Duration {
-	if v != 0 {
-		return v
+	setInt(&bus.RingSize, o.RingSize)
+	setInt(&bus.RingMaxBytes, o.RingMaxBytes)
+	setInt(&bus.MaxEventBytes, o.MaxEventBytes)
+	setInt(&bus.ReplayBudgetBytes, o.ReplayBudgetBytes)
+	setInt(&bus.MaxQueued, o.MaxQueued)
+	for _, d := range []struct {
+		dst *time.Duration
+		v   time.Duration
+	}{{publishTimeout, o.PublishTimeout}, {outageTimeout, o.OutageTimeout}, {idleTimeout, o.IdleTimeout}, {idempotencyWindow, o.IdempotencyWindow}} {
+		if d.dst != nil && d.v != 0 {
+			*d.dst = d.v
+		}
 	}
-	return def
 }
 
 // Cluster is what a harness started for one check: replicas of the
