@@ -31,7 +31,8 @@ type owner interface {
 	// used is called when the bus is used without a publish: a signal
 	// (without the lock), or the last subscriber leaving (under it).
 	used()
-	// closed is called once, without the lock, after Close or
-	// CloseWithError ended every subscription.
+	// closed is called once, without the lock, when the bus has closed
+	// (any of the Close methods, a Hub's expiry): after the ring's reset,
+	// before the subscriptions get their end.
 	closed()
 }
