@@ -24,8 +24,8 @@ type owner interface {
 	publishing(size, now int64) (reserved int64, err error)
 	// ringChangedLocked is called under the bus lock whenever the ring
 	// changed: Publish's append (with what publishing reserved, also when
-	// the bus turned out closed and the frame went nowhere), a drop by age,
-	// Close's reset, a trim (reserved 0). The owner may drop more of the
+	// the bus turned out closed and the frame went nowhere), Append's, a
+	// drop by age, Close's reset, a trim (reserved 0). The owner may drop more of the
 	// ring, oldest first, the newest frame too (a Hub's budget).
 	ringChangedLocked(reserved int64)
 	// used is called when the bus is used without a publish: a signal
