@@ -3,10 +3,7 @@ package eventbus
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -87,7 +84,9 @@ type FeedOptions struct {
 	LagTimeout time.Duration
 }
 
-// feed is what NewFed adds to a bus.
+// feed is a fed bus's owner (owner.go): the log it answers resumes from,
+// and the Subscribes waiting for the feed to reach their cursor
+// (awaitFeed). Append and the replay reach it through fed.
 type feed struct {
 	log Log
 	lag time.Duration
@@ -100,8 +99,9 @@ type feed struct {
 
 // NewFed returns a bus whose epoch and ids come from a shared log: the
 // backplane feeds it with Append, and a resume its ring cannot answer is
-// read from fo.Log. Its Publish returns ErrFed (a backplane publishes to
-// its log, and its reader feeds every replica's bus, this one included);
+// read from fo.Log. Its Publish returns ErrFed for an event it would
+// otherwise accept (a backplane publishes to its log, and its reader feeds
+// every replica's bus, this one included);
 // Signal delivers to this bus's subscribers only (a backplane spreads
 // signals by calling Signal on every replica). Subscribe, Close, Stats and
 // every other method behave as on a bus made by New.
@@ -115,19 +115,40 @@ func NewFed(opts Options, fo FeedOptions) (*EventBus, error) {
 	if fo.LagTimeout < 0 {
 		return nil, fmt.Errorf("%w: LagTimeout is %v, must not be negative", ErrInvalidOption, fo.LagTimeout)
 	}
-	b, err := New(opts)
+	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
+	f := &feed{log: fo.Log, lag: fo.LagTimeout}
+	if f.lag == 0 {
+		f.lag = DefaultLagTimeout
+	}
+	b := new(EventBus)
+	b.init(o, f)
 	b.epoch = fo.Epoch
 	b.nextID = max(fo.NextID, 1)
 	b.lastID.Store(b.nextID - 1)
-	b.feed = &feed{log: fo.Log, lag: fo.LagTimeout}
-	if b.feed.lag == 0 {
-		b.feed.lag = DefaultLagTimeout
-	}
 	return b, nil
 }
+
+// fed returns the bus's feed, nil for a bus not made by NewFed.
+func (b *EventBus) fed() *feed {
+	f, _ := b.owner.(*feed)
+	return f
+}
+
+// publishing refuses Publish: a backplane publishes to its log, and its
+// reader feeds every replica's bus with Append.
+func (*feed) publishing(_, _ int64) (int64, error) { return 0, ErrFed }
+
+// ringChangedLocked and used have nothing to do: the log, not the feed,
+// keeps the history, and a fed bus's use is its backplane's to watch.
+func (*feed) ringChangedLocked(int64) {}
+
+func (*feed) used() {}
+
+// closed releases the Subscribes waiting for the feed: they give up.
+func (f *feed) closed() { f.wake() }
 
 // validEpoch reports whether e is an epoch token as NewEpoch makes them.
 func validEpoch(e string) bool {
@@ -177,7 +198,8 @@ func entryFrame(e LogEntry) (Frame, error) {
 // entry whose type is invalid or whose envelope holds CR or LF (nothing is
 // delivered then).
 func (b *EventBus) Append(e LogEntry) error {
-	if b.feed == nil {
+	fd := b.fed()
+	if fd == nil {
 		if b.closedOrZero() {
 			return ErrClosed
 		}
@@ -215,12 +237,11 @@ func (b *EventBus) Append(e LogEntry) error {
 	b.ring.append(f)     // restarts itself on a gap, keeping ids contiguous
 	b.lastID.Store(e.ID) // before the fan-out, as in Publish
 	b.stats.published.Add(1)
-	b.stats.ringLen.Store(int64(b.ring.Len()))
-	b.stats.ringBytes.Store(int64(b.ring.Bytes()))
+	b.ringChangedLocked(0)
 	b.fanOutLocked(f, e.ID, &out)
 	b.mu.Unlock()
 	b.finish(&out)
-	b.feed.wake()
+	fd.wake()
 	return nil
 }
 
@@ -242,45 +263,4 @@ func (f *feed) next() <-chan struct{} {
 		f.fed = make(chan struct{})
 	}
 	return f.fed
-}
-
-// MaxIdempotencyKeyBytes bounds an idempotency key (CheckIdempotencyKey).
-const MaxIdempotencyKeyBytes = 255
-
-// CheckIdempotencyKey checks an idempotency key with the rule every
-// backplane and demo daemon applies: 1 to MaxIdempotencyKeyBytes bytes of
-// printable ASCII (0x20 to 0x7E). It returns nil or an error wrapping
-// ErrInvalidIdempotencyKey. Idempotent publish itself is a backplane's
-// (redisbus.PublishIdempotent): within its window, a publish with a key
-// already used appends nothing and answers the first publish's id.
-func CheckIdempotencyKey(key string) error {
-	if len(key) == 0 || len(key) > MaxIdempotencyKeyBytes {
-		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidIdempotencyKey, len(key), MaxIdempotencyKeyBytes)
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] < 0x20 || key[i] > 0x7e {
-			return fmt.Errorf("%w: byte %d is %#x, want printable ASCII", ErrInvalidIdempotencyKey, i, key[i])
-		}
-	}
-	return nil
-}
-
-// Fingerprint is the identity of e for idempotent publish: a hash (32 hex
-// characters) of its encoding without the id and with serverTimestamp set
-// to 0, so its type, data (compacted: {"a": 1} is {"a":1}), the other _meta
-// keys and originatorClientId count, and the time of the attempt does not.
-// Two attempts with one key and different fingerprints are a reused key
-// (ErrIdempotencyKeyReused). It returns Encode's error for an event
-// Publish would refuse.
-func (enc *Encoder) Fingerprint(e Event) (string, error) {
-	meta := make(map[string]any, len(e.Meta)+1)
-	maps.Copy(meta, e.Meta)
-	meta["serverTimestamp"] = 0
-	e.Meta = meta
-	ev, err := enc.Encode(e)
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(ev.Tail)
-	return hex.EncodeToString(sum[:16]), nil
 }

@@ -2,7 +2,6 @@ package eventbus
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
@@ -101,12 +100,14 @@ func summary(fs []Frame) []string {
 }
 
 func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
-	b := newFed(t, Options{}, 41, nil)
+	b := newFed(t, Options{Logger: quiet}, 41, nil)
 	assert.Equal(t, testEpoch, b.Epoch())
 	assert.Equal(t, uint64(40), b.LastEventID())
 
 	_, err := b.Publish(Event{Type: "x"})
 	assert.ErrorIs(t, err, ErrFed, "ids come from the log, not from Publish")
+	_, err = b.Publish(Event{})
+	assert.ErrorIs(t, err, ErrInvalidEvent, "an event Publish refuses anyway says why")
 
 	s := subscribe(t, b, SubscribeOptions{})
 	log := &fakeLog{}
@@ -381,58 +382,4 @@ func testFrame(id uint64, size int) Frame {
 	}
 	f, _ := entryFrame(LogEntry{ID: id, Type: "t", JSON: json})
 	return f
-}
-
-func TestCheckIdempotencyKey(t *testing.T) {
-	for _, k := range []string{"", strings.Repeat("k", 256), "a\nb", "caf\u00e9", "\x7f"} {
-		if !errors.Is(CheckIdempotencyKey(k), ErrInvalidIdempotencyKey) {
-			t.Errorf("%q accepted", k)
-		}
-	}
-	for _, k := range []string{"k", strings.Repeat("k", 255), " ~!"} {
-		if err := CheckIdempotencyKey(k); err != nil {
-			t.Errorf("%q: %v", k, err)
-		}
-	}
-}
-
-func TestEncoderFingerprint(t *testing.T) {
-	enc, err := NewEncoder(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fp := func(e Event) string {
-		t.Helper()
-		s, err := enc.Fingerprint(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	base := Event{Type: "e", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c"}
-	same := []Event{
-		{Type: "e", Data: json.RawMessage(`{ "a" : 1 }`), OriginatorClientID: "c"},
-		{Type: "e", Data: map[string]int{"a": 1}, OriginatorClientID: "c"},
-		{Type: "e", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c", Meta: map[string]any{"serverTimestamp": 99}},
-	}
-	for _, e := range same {
-		if fp(e) != fp(base) {
-			t.Errorf("%+v differs from %+v", e, base)
-		}
-	}
-	differ := []Event{
-		{Type: "f", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c"},
-		{Type: "e", Data: json.RawMessage(`{"a":2}`), OriginatorClientID: "c"},
-		{Type: "e", OriginatorClientID: "c"},
-		{Type: "e", Data: json.RawMessage(`{"a":1}`)},
-		{Type: "e", Data: json.RawMessage(`{"a":1}`), OriginatorClientID: "c", Meta: map[string]any{"k": 1}},
-	}
-	for _, e := range differ {
-		if fp(e) == fp(base) {
-			t.Errorf("%+v is taken for %+v", e, base)
-		}
-	}
-	if _, err := enc.Fingerprint(Event{}); !errors.Is(err, ErrInvalidEvent) {
-		t.Errorf("invalid event: %v", err)
-	}
 }

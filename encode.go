@@ -254,6 +254,11 @@ func (p *encoded) build(id uint64) frame {
 	return frame{wire: wire, json: int32(j - i), kind: kindEvent, room: uint8(i), id: id, typ: p.typ}
 }
 
+// maxSize is the held of the frame p becomes, whatever its id: p.buf is
+// the frame's buffer, with room for the id lines of the longest id (see
+// assemble).
+func (p *encoded) maxSize() int64 { return int64(len(p.buf) + len(p.typ) + frameOverhead) }
+
 // scratch holds reusable encoding buffers; the data is copied into the
 // event's own buffer, so a scratch never escapes a Publish.
 type scratch struct {

@@ -48,6 +48,11 @@ var (
 	// different event (another Fingerprint) used within the key's window.
 	ErrIdempotencyKeyReused = errors.New("eventbus: idempotency key reused for a different event")
 
+	// ErrSessionNotFound is what a Handler's or MuxHandler's Lookup returns
+	// (or wraps) for an unknown session, and what Hub.LookupRequest and
+	// Hub.LookupSession wrap; the handlers answer 404.
+	ErrSessionNotFound = errors.New("eventbus: session not found")
+
 	// ErrEvicted is wrapped by Subscription.Err after the bus evicted the
 	// subscription because its queue overflowed.
 	ErrEvicted = errors.New("eventbus: subscriber evicted")

@@ -27,7 +27,6 @@ type EventBus struct {
 	ring   ring
 	subs   []*Subscription
 	closed bool
-	feed   *feed // set by NewFed: ids, epoch and history come from a shared log
 
 	// Mirrors of guarded state, for lock-free reads.
 	lastID     atomic.Uint64
@@ -37,11 +36,10 @@ type EventBus struct {
 	stats counters
 	enc   Encoder // Publish's; its clock stamps synthetic frames too
 
-	// Set by a Hub before it hands the bus out (hub.go): hubbed turns on
-	// activity, the Unix ms of the last publish or of the last subscriber
-	// leaving, which idle expiry reads; the ring's budget is the hub's.
-	hubbed   bool
-	activity atomic.Int64
+	// owner is what the bus belongs to (owner.go): a Hub's session, a
+	// shared log's feed (NewFed), nil for a bus of its own. Set when the
+	// bus is built, never changed.
+	owner owner
 }
 
 // New returns an open bus configured by opts. It returns an error wrapping
@@ -51,13 +49,23 @@ func New(opts Options) (*EventBus, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &EventBus{
+	b := new(EventBus)
+	b.init(o, nil)
+	return b, nil
+}
+
+// init makes b an open bus with options o (with defaults, validated) that
+// belongs to own (nil: to nobody), in place: a Hub allocates a session and
+// its bus as one.
+func (b *EventBus) init(o Options, own owner) {
+	*b = EventBus{
 		opts:   o,
 		epoch:  NewEpoch(),
 		nextID: 1,
 		ring:   newRing(o.RingSize, o.RingMaxBytes),
 		enc:    Encoder{maxEventBytes: o.MaxEventBytes, now: o.Now},
-	}, nil
+		owner:  own,
+	}
 }
 
 // NewEpoch returns a new epoch token: 32 lowercase hex characters from
@@ -162,11 +170,10 @@ func (b *EventBus) closeIf(terminal *Frame, allow func() bool) ([]*Subscription,
 	}
 	next := b.nextID
 	b.ring.reset()
-	b.stats.ringLen.Store(0)
-	b.stats.ringBytes.Store(0)
+	b.ringChangedLocked(0)
 	b.mu.Unlock()
-	if b.feed != nil {
-		b.feed.wake() // a Subscribe waiting for the feed gives up
+	if b.owner != nil {
+		b.owner.closed()
 	}
 	var why error
 	if terminal != nil {
@@ -296,15 +303,13 @@ var wakePool = sync.Pool{New: func() any { return new([]*boundedAsyncQueue) }}
 // Publish never blocks on a subscriber and never panics. It returns an
 // error wrapping ErrInvalidEvent for an empty type, a type with CR or LF, or
 // data or metadata that cannot be encoded (the diagnostic is logged too), an
-// error wrapping ErrEventTooLarge above MaxEventBytes, and ErrClosed after
-// Close. A rejected event uses no id and reaches nobody.
+// error wrapping ErrEventTooLarge above MaxEventBytes, ErrFed for a valid
+// event on a bus made by NewFed, and ErrClosed after Close. A rejected
+// event uses no id and reaches nobody.
 func (b *EventBus) Publish(e Event) (Frame, error) {
 	if b.closedOrZero() {
 		b.stats.rejClosed.Add(1)
 		return Frame{}, ErrClosed
-	}
-	if b.feed != nil {
-		return Frame{}, ErrFed
 	}
 	p, err := b.enc.encode(e, b.lastID.Load()+1)
 	if err != nil {
@@ -312,20 +317,16 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 		return Frame{}, err
 	}
 	now := p.now
-	if now == 0 && (b.hubbed || b.opts.MaxAge > 0) {
+	if now == 0 && b.opts.MaxAge > 0 {
 		now = b.now()
 	}
-	if b.hubbed {
-		// Before the lock: an idle expiry that closes the bus first makes
-		// this publish fail with ErrClosed (a Hub then retries on a new
-		// bus); one that comes later sees the bus active.
-		b.activity.Store(now)
-	}
-	// A bus in a Hub charges its frame to the hub's byte budget before it
-	// enters the ring, making room outside the lock (see budget).
 	var reserved int64
-	if bg := b.ring.budget; bg != nil {
-		reserved = bg.reserve(p.maxSize())
+	if b.owner != nil {
+		// Before the lock: a Hub stamps the session's use and makes room
+		// in its budget here, where it may take other buses' locks.
+		if reserved, err = b.owner.publishing(p.maxSize(), now); err != nil {
+			return Frame{}, err
+		}
 	}
 
 	out := fanout{now: p.now}
@@ -335,8 +336,8 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	f := new(frame)
 	b.mu.Lock()
 	if b.closed {
+		b.ringChangedLocked(reserved) // the owner takes its reservation back
 		b.mu.Unlock()
-		b.ring.budget.release(reserved)
 		b.stats.rejClosed.Add(1)
 		return Frame{}, ErrClosed
 	}
@@ -347,17 +348,16 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	if b.opts.MaxAge > 0 {
 		b.ring.dropOlder(now - b.opts.MaxAge.Milliseconds())
 	}
-	if b.ring.budget != nil {
-		b.ring.appendCharged(f, reserved)
-	} else {
-		b.ring.append(f)
+	b.ring.append(f)
+	if b.owner != nil {
+		b.owner.ringChangedLocked(reserved) // a Hub settles with its budget
 	}
+	b.storeRingStatsLocked()
 	// Before the fan-out: a consumer catching up reads the ring up to it
 	// without the lock, and either it sees this id or the fan-out sees it
 	// waiting (see catchUpFast).
 	b.lastID.Store(id)
 	b.stats.published.Add(1)
-	b.storeRingStatsLocked()
 	b.fanOutLocked(f, id, &out)
 	b.mu.Unlock()
 
@@ -387,8 +387,8 @@ func (b *EventBus) Signal(typ, about string) error {
 		b.rejected(typ, err)
 		return err
 	}
-	if b.hubbed {
-		b.activity.Store(b.now()) // a signal is a use of the session too
+	if b.owner != nil {
+		b.owner.used() // a signal is a use of the session too
 	}
 	var out fanout // the fan-out reads the clock if a subscriber is behind
 	b.mu.Lock()
@@ -402,6 +402,17 @@ func (b *EventBus) Signal(typ, about string) error {
 	b.mu.Unlock()
 	b.finish(&out)
 	return nil
+}
+
+// ringChangedLocked is called under the lock whenever the ring changed:
+// it tells the owner (see owner.ringChangedLocked; reserved is what its
+// publishing reserved for the frame just appended, else 0), which may drop
+// more of the ring, then mirrors the ring's size for Stats.
+func (b *EventBus) ringChangedLocked(reserved int64) {
+	if b.owner != nil {
+		b.owner.ringChangedLocked(reserved)
+	}
+	b.storeRingStatsLocked()
 }
 
 // storeRingStatsLocked mirrors the ring's size for Stats.
@@ -588,11 +599,11 @@ func (b *EventBus) compactSubsLocked() {
 	b.leftLocked()
 }
 
-// leftLocked starts a hub bus's idle time when its last subscriber has
-// left (see Hub).
+// leftLocked tells the owner when the last subscriber has left: a Hub's
+// session starts its idle time then.
 func (b *EventBus) leftLocked() {
-	if b.hubbed && len(b.subs) == 0 {
-		b.activity.Store(b.now())
+	if b.owner != nil && len(b.subs) == 0 {
+		b.owner.used()
 	}
 }
 

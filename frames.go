@@ -3,6 +3,7 @@ package eventbus
 import (
 	"strconv"
 	"time"
+	"unsafe"
 )
 
 // Synthetic frame types. Synthetic frames are local to one subscriber and
@@ -190,6 +191,28 @@ func (f *frame) size() int {
 // resource, which is not in this figure (its envelope holds it too).
 const maxFrameExtra = len(headID) + 2*maxDigits - 1 + len(headEvent) + MaxTypeLen + len(headData) + len("\n\n") +
 	MaxTypeLen + frameOverhead
+
+// frameOverhead is what a frame costs beyond its bytes: its header and
+// its slot in the ring.
+const frameOverhead = int(unsafe.Sizeof(frame{})) + int(unsafe.Sizeof((*frame)(nil)))
+
+// held is every byte a frame in a ring costs, the unit of a Hub's budget:
+// its buffer (the whole SSE encoding: envelope, id, event and data lines,
+// the type's second copy among them, and for an event the room the
+// encoder left for the longest id), the strings it keeps beside it (its
+// type, a signal's resource) and its header and ring slot, so that many
+// small events count as what they cost. The bus's own byte caps count
+// envelopes (size): held is at most size + maxFrameExtra for an event.
+func (f *frame) held() int {
+	return len(f.wire) + int(f.room) + len(f.typ) + len(f.about) + frameOverhead
+}
+
+// maxFrameSize is the largest held of an event whose envelope has
+// maxEventBytes bytes: the envelope, the id and event lines with room for
+// the longest id and type, the data line, the type again and the header.
+func maxFrameSize(maxEventBytes int) int {
+	return len(headID) + 2*maxDigits + len(headEvent) + 2*MaxTypeLen + len(headData) + maxEventBytes + 2 + frameOverhead
+}
 
 // ref returns the shared frame, for the ring and the queues, which hold
 // frames by pointer (see entryFlags). f must not be the zero Frame.

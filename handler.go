@@ -15,10 +15,6 @@ import (
 	"time"
 )
 
-// ErrSessionNotFound is what a Handler's Lookup returns (or wraps) for an
-// unknown session; the handler answers 404.
-var ErrSessionNotFound = errors.New("eventbus: session not found")
-
 // Handler serves one bus per request as a resumable Server-Sent Events
 // stream (SPEC section 10), typically on a route such as
 // "GET /session/{id}/events" of an [http.ServeMux].

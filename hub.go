@@ -155,9 +155,63 @@ const hubShards = 64
 
 type hubShard struct {
 	mu sync.RWMutex
-	m  map[string]*EventBus
+	m  map[string]*hubSession
 	_  [40]byte // a shard per cache line
 }
+
+// hubSession is one session of a hub: its bus, and what the hub keeps of
+// it. It is the bus's owner (owner.go), the one way the bus reaches its
+// hub: Publish stamps the session's use and settles its frame with the
+// budget (hub_budget.go) through it. One allocation holds both.
+type hubSession struct {
+	bus EventBus
+	hub *Hub
+	// activity is the Unix ms of the last publish or signal, or of the
+	// last subscriber leaving, which idle expiry reads.
+	activity atomic.Int64
+	// held is what the ring held when it last settled with the budget
+	// (ring.Held), for the budget's trim and Stats to read without the bus
+	// lock; written under it.
+	held atomic.Int64
+}
+
+// newSession makes a session with a new bus, used as of now.
+func (h *Hub) newSession() *hubSession {
+	s := &hubSession{hub: h}
+	s.bus.init(h.opts, s)
+	s.activity.Store(h.nowMillis())
+	return s
+}
+
+// publishing stamps the session's use and admits the frame to the budget.
+// Before the bus lock: an idle expiry that closes the bus first makes this
+// publish fail with ErrClosed (Hub.Publish then retries on a new bus); one
+// that comes later sees the session used.
+func (s *hubSession) publishing(size, now int64) (int64, error) {
+	if now == 0 {
+		now = s.hub.nowMillis()
+	}
+	s.activity.Store(now)
+	return s.hub.budget.admit(size), nil
+}
+
+// ringChangedLocked settles the ring's change with the budget. At a ring's
+// bound, a publish whose event costs what the ring dropped for it has
+// nothing to settle: no atomic write.
+func (s *hubSession) ringChangedLocked(reserved int64) {
+	if reserved != 0 || int64(s.bus.ring.Held()) != s.held.Load() {
+		s.hub.budget.settleLocked(s, reserved)
+	}
+}
+
+// used stamps the session's use: a signal, or its last subscriber leaving
+// (then its idle time starts).
+func (s *hubSession) used() { s.activity.Store(s.hub.nowMillis()) }
+
+// closed has nothing to do: Close gave the ring's bytes back as it reset
+// the ring (ringChangedLocked), and the hub forgets a closed bus at its
+// next sweep, or when GetOrCreate finds it.
+func (s *hubSession) closed() {}
 
 // NewHub returns an open hub. It returns an error wrapping ErrInvalidOption
 // for an invalid option (of the hub or of its buses). When IdleTimeout or
@@ -208,7 +262,7 @@ func NewHub(opts HubOptions) (*Hub, error) {
 	}
 	h.budget = newBudget(h, opts.MaxTotalBytes)
 	for i := range h.shards {
-		h.shards[i].m = make(map[string]*EventBus)
+		h.shards[i].m = make(map[string]*hubSession)
 	}
 	if period := h.sweepPeriod(opts.IdleTimeout); period > 0 {
 		h.stop, h.done = make(chan struct{}), make(chan struct{})
@@ -261,12 +315,12 @@ func (h *Hub) nowMillis() int64 { return nowMillis(h.opts.Now) }
 func (h *Hub) Lookup(id string) (*EventBus, bool) {
 	sh := h.shard(id)
 	sh.mu.RLock()
-	b := sh.m[id]
+	s := sh.m[id]
 	sh.mu.RUnlock()
-	if b == nil || b.isClosed.Load() {
+	if s == nil || s.bus.isClosed.Load() {
 		return nil, false
 	}
-	return b, true
+	return &s.bus, true
 }
 
 // GetOrCreate returns the live bus of session id, creating it (with a new
@@ -285,7 +339,7 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 	}
 	// Made before the shard lock (New draws an epoch from crypto/rand),
 	// dropped if another GetOrCreate of id wins.
-	fresh := h.newBus()
+	fresh := h.newSession()
 	sh := h.shard(id)
 	for swept := false; ; {
 		sh.mu.Lock()
@@ -297,8 +351,8 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 		}
 		if old := sh.m[id]; old != nil {
 			sh.mu.Unlock()
-			if !old.isClosed.Load() {
-				return old, nil // fresh holds nothing: the collector takes it
+			if !old.bus.isClosed.Load() {
+				return &old.bus, nil // fresh holds nothing: the collector takes it
 			}
 			// Closed by its owner, or expired and not yet forgotten: it
 			// gives its place to the new one.
@@ -309,7 +363,7 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 			sh.m[id] = fresh
 			sh.mu.Unlock()
 			h.created.Add(1)
-			return fresh, nil
+			return &fresh.bus, nil
 		}
 		h.n.Add(-1)
 		sh.mu.Unlock()
@@ -320,18 +374,6 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 		h.sweep()
 		swept = true
 	}
-}
-
-// newBus makes a session's bus, hooked to the hub.
-func (h *Hub) newBus() *EventBus {
-	b, err := New(h.opts)
-	if err != nil {
-		panic(err) // unreachable: NewHub validated the options
-	}
-	b.hubbed = true
-	b.ring.budget = h.budget
-	b.activity.Store(h.nowMillis())
-	return b
 }
 
 // Publish publishes e to session id, creating the session if needed (see
@@ -358,20 +400,20 @@ func (h *Hub) Delete(id string) bool {
 	h.retireMu.Lock()
 	sh := h.shard(id)
 	sh.mu.Lock()
-	b := sh.m[id]
-	if b != nil {
+	s := sh.m[id]
+	if s != nil {
 		delete(sh.m, id)
 		h.n.Add(-1)
 	}
 	sh.mu.Unlock()
-	if b != nil {
-		h.ended.addCounters(b.Stats())
+	if s != nil {
+		h.ended.addCounters(s.bus.Stats())
 	}
 	h.retireMu.Unlock()
-	if b == nil || b.isClosed.Load() {
+	if s == nil || s.bus.isClosed.Load() {
 		return false
 	}
-	_ = b.Close()
+	_ = s.bus.Close()
 	h.deleted.Add(1)
 	return true
 }
@@ -381,8 +423,8 @@ func (h *Hub) Len() int { return int(h.n.Load()) }
 
 // hubEntry is one session of a snapshot.
 type hubEntry struct {
-	id  string
-	bus *EventBus
+	id string
+	s  *hubSession
 }
 
 // snapshot returns the sessions, reading one shard at a time.
@@ -391,8 +433,8 @@ func (h *Hub) snapshot() []hubEntry {
 	for i := range h.shards {
 		sh := &h.shards[i]
 		sh.mu.RLock()
-		for id, b := range sh.m {
-			out = append(out, hubEntry{id, b})
+		for id, s := range sh.m {
+			out = append(out, hubEntry{id, s})
 		}
 		sh.mu.RUnlock()
 	}
@@ -405,10 +447,10 @@ func (h *Hub) snapshot() []hubEntry {
 func (h *Hub) Sessions() iter.Seq2[string, *EventBus] {
 	return func(yield func(string, *EventBus) bool) {
 		for _, e := range h.snapshot() {
-			if e.bus.isClosed.Load() {
+			if e.s.bus.isClosed.Load() {
 				continue
 			}
-			if !yield(e.id, e.bus) {
+			if !yield(e.id, &e.s.bus) {
 				return
 			}
 		}
@@ -432,11 +474,11 @@ func (h *Hub) Stats() HubStats {
 	for _, e := range h.snapshot() {
 		// A bus closed and not yet forgotten still counts (its current
 		// values are 0), or the counters would dip until it is.
-		if !e.bus.isClosed.Load() {
+		if !e.s.bus.isClosed.Load() {
 			st.Sessions++
 		}
-		st.Buses.add(e.bus.Stats())
-		st.RingBytes += e.bus.ring.heldNow.Load()
+		st.Buses.add(e.s.bus.Stats())
+		st.RingBytes += e.s.held.Load()
 	}
 	return st
 }
@@ -546,11 +588,11 @@ func (h *Hub) end() []*EventBus {
 	for i := range h.shards {
 		sh := &h.shards[i]
 		sh.mu.Lock()
-		for id, b := range sh.m {
-			out = append(out, b)
+		for id, s := range sh.m {
+			out = append(out, &s.bus)
 			delete(sh.m, id)
 			h.n.Add(-1)
-			h.ended.addCounters(b.Stats())
+			h.ended.addCounters(s.bus.Stats())
 		}
 		sh.mu.Unlock()
 	}
@@ -571,17 +613,17 @@ func (h *Hub) sweep() {
 	soonest := now + h.idle
 	defer func() { h.nextEligible.Store(soonest) }()
 	for _, e := range h.snapshot() {
-		b := e.bus
-		if a := b.activity.Load(); a > deadline && b.SubscriberCount() == 0 {
+		s, b := e.s, &e.s.bus
+		if a := s.activity.Load(); a > deadline && b.SubscriberCount() == 0 {
 			soonest = min(soonest, a+h.idle)
 		}
 		switch {
 		case b.isClosed.Load():
 			h.forget(e)
-		case h.idle > 0 && b.SubscriberCount() == 0 && b.activity.Load() <= deadline:
+		case h.idle > 0 && b.SubscriberCount() == 0 && s.activity.Load() <= deadline:
 			// Decided again under the bus lock, atomically with Subscribe:
 			// a subscriber that came meanwhile keeps the session.
-			if _, ok := b.closeIf(nil, func() bool { return len(b.subs) == 0 && b.activity.Load() <= deadline }); ok {
+			if _, ok := b.closeIf(nil, func() bool { return len(b.subs) == 0 && s.activity.Load() <= deadline }); ok {
 				h.forget(e) // unless a GetOrCreate replaced it already
 				h.expired.Add(1)
 				h.logger.LogAttrs(context.Background(), slog.LevelDebug, "eventbus: session expired", slog.String("session", truncate(e.id, 64)))
@@ -589,7 +631,7 @@ func (h *Hub) sweep() {
 		case maxAge > 0:
 			b.mu.Lock()
 			if b.ring.dropOlder(now-maxAge) > 0 {
-				b.storeRingStatsLocked()
+				b.ringChangedLocked(0)
 			}
 			b.mu.Unlock()
 		}
@@ -602,14 +644,14 @@ func (h *Hub) forget(e hubEntry) {
 	h.retireMu.Lock()
 	sh := h.shard(e.id)
 	sh.mu.Lock()
-	gone := sh.m[e.id] == e.bus
+	gone := sh.m[e.id] == e.s
 	if gone {
 		delete(sh.m, e.id)
 		h.n.Add(-1)
 	}
 	sh.mu.Unlock()
 	if gone {
-		h.ended.addCounters(e.bus.Stats())
+		h.ended.addCounters(e.s.bus.Stats())
 	}
 	h.retireMu.Unlock()
 }

@@ -56,6 +56,26 @@ func TestHubBudgetNeverExceeded(t *testing.T) {
 	t.Logf("ring bytes %d of %d, %d events trimmed", st.RingBytes, st.MaxTotalBytes, st.BudgetTrimmed)
 }
 
+// A ring at its own bounds (RingSize, RingMaxBytes, MaxAge) drops its
+// oldest for each publish: the budget counts the ring's net change, so it
+// stays exact, and those drops are not the budget's trims.
+func TestHubBudgetCountsTheRingsOwnDrops(t *testing.T) {
+	h := newTestHub(t, HubOptions{Bus: Options{RingSize: 4, RingMaxBytes: 3000}})
+	for i := range 40 {
+		// Same-sized events, then sizes that make RingMaxBytes drop more
+		// than one at a time.
+		_, err := h.Publish("s", Event{Type: "t", Data: sizedData(100 + (i/10)*(i%3)*400)})
+		require.NoError(t, err)
+		require.Equal(t, ringsHeld(h), h.budget.used.Load(), "after publish %d", i)
+	}
+	b, _ := h.Lookup("s")
+	assert.LessOrEqual(t, b.Stats().RingLen, 4)
+	assert.Equal(t, ringsHeld(h), h.Stats().RingBytes)
+	assert.Zero(t, h.Stats().BudgetTrimmed, "the ring's own bounds are not the budget's")
+	require.NoError(t, b.Close())
+	assert.Zero(t, h.budget.used.Load(), "Close gives every byte back")
+}
+
 // Concurrent publishers: once they stop, the rings are within the budget
 // and the budget's count is exact (no reservation leaked).
 func TestHubBudgetConcurrent(t *testing.T) {

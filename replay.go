@@ -106,7 +106,7 @@ func (b *EventBus) replay(s *Subscription, opts SubscribeOptions, src replaySour
 // that it would not get a moment later. A cursor the log does not hold (of
 // an older epoch, or a Head that fails) is left to the replay rules.
 func (b *EventBus) awaitFeed(ctx context.Context, opts SubscribeOptions) {
-	f := b.feed
+	f := b.fed()
 	n := opts.LastEventID
 	if f == nil || f.log == nil || !opts.Resume || n <= b.lastID.Load() || epochMismatch(opts, b.epoch) {
 		return
@@ -149,7 +149,7 @@ func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts Subsc
 	var first uint64
 	var err error
 	if upto > after {
-		entries, first, err = b.feed.log.ReadHistory(ctx, req)
+		entries, first, err = b.fed().log.ReadHistory(ctx, req)
 	}
 	frames := make([]Frame, 0, len(entries))
 	for _, e := range entries {

@@ -8,9 +8,11 @@ import (
 // ring is the replay buffer: a slice ring of published frames whose ids are
 // contiguous, bounded by a count and by a number of bytes: the sum of the
 // frames' JSON envelopes (Frame.Size, SPEC 1.3). What a frame costs beyond
-// its envelope is at most maxFrameExtra, so the count bounds it; a Hub's
-// budget counts every byte (held, below). The bus guards the ring with its
-// lock; only load reads it without (see below).
+// its envelope is at most maxFrameExtra, so the count bounds it; the ring
+// also sums what its frames cost in memory (frame.held), which a Hub's
+// budget counts. The bus guards the ring with its lock; only load reads it
+// without (see below). The ring knows nothing of who owns its bus: what
+// leaves it, the bus tells its owner (EventBus.ringChangedLocked).
 //
 // The frame with id x sits in slot x&(len(slots)-1): ids in the ring are
 // contiguous (each append is the next id) and the slots are a power of two
@@ -34,15 +36,9 @@ type ring struct {
 	first    uint64                    // id of the oldest frame, when n > 0
 	n        int
 	bytes    int
+	held     int // the frames' frame.held, summed
 	maxLen   int
 	maxBytes int
-	// budget is the byte budget of the Hub the bus belongs to, nil for a
-	// bus on its own: every byte leaving the ring is given back to it. It
-	// counts frames by what they hold (frame.held): held is the ring's
-	// total in that unit, mirrored in heldNow for the budget's trim.
-	budget  *budget
-	held    int
-	heldNow atomic.Int64
 }
 
 // ringSlots is a published slice of slots. A grown or reset ring publishes
@@ -59,6 +55,10 @@ func (r *ring) Len() int { return r.n }
 
 // Bytes returns the bytes held, the sum of the frames' envelopes (size).
 func (r *ring) Bytes() int { return r.bytes }
+
+// Held returns what the frames held cost in memory, the sum of their
+// frame.held.
+func (r *ring) Held() int { return r.held }
 
 // firstID returns the oldest id held, or 0 when empty.
 func (r *ring) firstID() uint64 {
@@ -109,9 +109,6 @@ func (r *ring) append(f *frame) {
 	for r.n > 1 && r.bytes > r.maxBytes {
 		r.dropOldest()
 	}
-	if r.budget != nil {
-		r.heldNow.Store(int64(r.held))
-	}
 }
 
 func (r *ring) grow() {
@@ -136,10 +133,6 @@ func (r *ring) dropOldest() {
 	s.Store(nil) // clear, so the ring does not pin evicted bytes
 	r.first++
 	r.n--
-	if r.budget != nil {
-		r.heldNow.Store(int64(r.held))
-		r.budget.release(int64(f.held()))
-	}
 }
 
 // dropOlder drops the oldest frames appended before cutoff (Unix ms), the
@@ -155,10 +148,6 @@ func (r *ring) dropOlder(cutoff int64) int {
 
 // reset empties the ring and releases its memory.
 func (r *ring) reset() {
-	if r.budget != nil {
-		r.budget.release(int64(r.held))
-		r.heldNow.Store(0)
-	}
 	r.slots, r.first, r.n, r.bytes, r.held = nil, 0, 0, 0, 0
 	r.view.Store(nil)
 }

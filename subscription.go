@@ -125,7 +125,7 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 	}
 	b.mu.Lock()
 	if now != 0 && b.ring.dropOlder(now-b.opts.MaxAge.Milliseconds()) > 0 {
-		b.storeRingStatsLocked()
+		b.ringChangedLocked(0)
 	}
 	switch {
 	case b.closed:
@@ -149,7 +149,7 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		return nil, &SubscriberLimitError{Limit: b.opts.MaxSubscribers}
 	}
 	b.addLocked(s)
-	remote := opts.Resume && b.feed != nil && b.feed.log != nil && !b.ringCoversLocked(opts)
+	remote := opts.Resume && b.fed() != nil && b.fed().log != nil && !b.ringCoversLocked(opts)
 	upto := b.nextID - 1
 	switch {
 	case remote:

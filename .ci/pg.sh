@@ -105,6 +105,7 @@ if [ "${1:-}" = "shell" ]; then
 fi
 
 export CI="${CI:-true}"
+bash .ci/no-internal.sh pgbus
 cd pgbus
 go vet ./...
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...

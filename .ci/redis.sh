@@ -19,6 +19,7 @@ fi
 redis-server --version
 
 export CI="${CI:-true}"
+bash .ci/no-internal.sh redisbus
 cd redisbus
 go vet ./...
 go test -race -count=1 -timeout 5m ./...

@@ -16,8 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/backplanetest"
+	"github.com/ssebus/eventbus/backplane/backplanetest"
 )
 
 func TestMain(m *testing.M) {
@@ -140,6 +139,7 @@ func testOptions() Options {
 type replica struct {
 	name   string
 	bp     *Backplane
+	gate   *backplanetest.Gate // its readers wait at it
 	shared *backplanetest.Replica
 }
 
@@ -152,7 +152,10 @@ func newReplica(t testing.TB, url, name string, opts Options) *replica {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bp.Close() })
-	return &replica{name: name, bp: bp, shared: backplanetest.NewReplica(t, name, bp)}
+	g := backplanetest.NewGate()
+	hook := g.Wait
+	bp.readHook.Store(&hook)
+	return &replica{name: name, bp: bp, gate: g, shared: backplanetest.NewReplica(t, name, bp)}
 }
 
 func (rp *replica) publish(t testing.TB, session, typ string, data any) uint64 {
@@ -165,23 +168,8 @@ func (rp *replica) open(t testing.TB, session string, header map[string]string, 
 	return rp.shared.Open(t, session, header, query)
 }
 
-func threeReplicas(t *testing.T, url string, opts Options) (a, b, c *replica) {
+func threeReplicas(t testing.TB, url string, opts Options) (a, b, c *replica) {
 	return newReplica(t, url, "A", opts), newReplica(t, url, "B", opts), newReplica(t, url, "C", opts)
-}
-
-// cluster is backplanetest's Cluster: n replicas on a nats-server of
-// their own.
-func cluster(t *testing.T, n int, tune func(*eventbus.Options)) []*backplanetest.Replica {
-	srv := startServer(t)
-	opts := testOptions()
-	if tune != nil {
-		tune(&opts.Bus)
-	}
-	var out []*backplanetest.Replica
-	for i := range n {
-		out = append(out, newReplica(t, srv.URL(), string(rune('A'+i)), opts).shared)
-	}
-	return out
 }
 
 // Short names for the shared client and checks.
@@ -304,53 +292,33 @@ var discardLogger = slog.New(slog.DiscardHandler)
 
 var testLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
-// gate pauses a backplane's readers: while closed, a reader waits before
-// its next message and its next epoch check. parked reports readers
-// waiting.
-type gate struct {
-	mu     sync.Mutex
-	ch     chan struct{} // nil: open
-	parked chan string
-}
-
-func installGate(bp *Backplane) *gate {
-	g := &gate{parked: make(chan string, 16)}
-	hook := func(ctx context.Context, session string) {
-		g.mu.Lock()
-		ch := g.ch
-		g.mu.Unlock()
-		if ch == nil {
-			return
+// harness is the conformance suite's: n replicas on an embedded
+// nats-server of their own; Down stops it (its store kept: clients see
+// the connection refused), Lose deletes the stream.
+var harness = backplanetest.Harness{
+	Start: func(t testing.TB, n int, o backplanetest.Options) backplanetest.Cluster {
+		srv := startServer(t)
+		opts := testOptions()
+		o.Apply(&opts.Bus, &opts.PublishTimeout, &opts.OutageTimeout, &opts.IdleTimeout, &opts.IdempotencyWindow)
+		c := backplanetest.Cluster{Down: srv.Stop, Up: srv.Start}
+		var first *Backplane
+		for i := range n {
+			rp := newReplica(t, srv.URL(), string(rune('A'+i)), opts)
+			c.Replicas = append(c.Replicas, rp.bp)
+			c.Gates = append(c.Gates, rp.gate)
+			if first == nil {
+				first = rp.bp
+			}
 		}
-		select {
-		case g.parked <- session:
-		default:
+		c.Lose = func() {
+			if err := first.js.DeleteStream(context.Background(), opts.Stream); err != nil {
+				t.Fatalf("delete the stream: %v", err)
+			}
 		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-		}
-	}
-	bp.readHook.Store(&hook)
-	return g
-}
-
-func (g *gate) close(t testing.TB) {
-	g.mu.Lock()
-	g.ch = make(chan struct{})
-	g.mu.Unlock()
-	select {
-	case <-g.parked:
-	case <-time.After(wait):
-		t.Fatal("reader did not park")
-	}
-}
-
-func (g *gate) open() {
-	g.mu.Lock()
-	if g.ch != nil {
-		close(g.ch)
-		g.ch = nil
-	}
-	g.mu.Unlock()
+		return c
+	},
+	ErrUnavailable:    ErrUnavailable,
+	ErrOutcomeUnknown: ErrOutcomeUnknown,
+	ErrInvalidSession: ErrInvalidSession,
+	TrimsBytes:        false, // JetStream has no per-subject byte limit
 }

@@ -2,7 +2,7 @@
 // session's events get their ids from one shared log, so a client may
 // resume with Last-Event-ID on any replica of a daemon behind a load
 // balancer. It is the twin of redisbus and pgbus for daemons that already
-// run NATS, built on the engine-independent mirror set and the public
+// run NATS, built on the public backplane kit (package backplane) and the
 // backplane seam of package eventbus (NewFed, Append, Log, Encoder).
 //
 // Per session, one subject of one stream is the log: "<Subject>.s.<token>"
@@ -68,7 +68,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/mirror"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // Defaults of Options.
@@ -171,17 +171,16 @@ type Options struct {
 // with New; it is safe for concurrent use. Close ends every reader and
 // mirror.
 type Backplane struct {
-	js      jetstream.JetStream
-	nc      *nats.Conn
-	opts    Options
-	bus     mirror.Bus // the bounds of the log
-	encoder *eventbus.Encoder
-	log     *slog.Logger
-	api     string // the JetStream API prefix, with its trailing dot
+	js   jetstream.JetStream
+	nc   *nats.Conn
+	opts Options
+	bus  backplane.Bus // the bounds of the log
+	log  *slog.Logger
+	api  string // the JetStream API prefix, with its trailing dot
 
 	// set holds the mirrors and runs every goroutine of the backplane
 	// (readers, the janitor, receiveSignals) until Close.
-	set *mirror.Set[*session]
+	set *backplane.Set[*session]
 
 	signals    *nats.Subscription // "<Subject>.sig.>", read by receiveSignals
 	signalMsgs chan *nats.Msg
@@ -209,7 +208,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Backplane,
 	if js == nil || js.Conn() == nil {
 		return nil, fmt.Errorf("%w: nil JetStream", eventbus.ErrInvalidOption)
 	}
-	var d mirror.Durations
+	var d backplane.Durations
 	d.Check("PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout, time.Millisecond)
 	d.Check("IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout, time.Millisecond)
 	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, time.Millisecond)
@@ -243,19 +242,18 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Backplane,
 	if !validSubject(opts.Subject) {
 		return nil, fmt.Errorf("%w: Subject %q is not a subject without wildcards", eventbus.ErrInvalidOption, opts.Subject)
 	}
-	bus, err := mirror.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
+	bus, err := backplane.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
 	b := &Backplane{
-		js:      js,
-		nc:      js.Conn(),
-		opts:    opts,
-		bus:     bus,
-		encoder: bus.Encoder,
-		log:     bus.Log,
-		api:     apiPrefix(js.Options()),
-		pubs:    map[string]*publisher{},
+		js:   js,
+		nc:   js.Conn(),
+		opts: opts,
+		bus:  bus,
+		log:  bus.Log,
+		api:  apiPrefix(js.Options()),
+		pubs: map[string]*publisher{},
 	}
 	if b.nc.Opts.ReconnectBufSize >= 0 {
 		b.log.Warn("natsbus: the nats connection buffers publishes while it reconnects (ReconnectBufSize is not -1): a publish then reads as outcome unknown, and may be sent after its caller gave up")
@@ -268,10 +266,10 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Backplane,
 	if err != nil {
 		return nil, fmt.Errorf("%w: subscribe to signals: %v", ErrUnavailable, err)
 	}
-	b.set = mirror.New[*session](mirror.Config{
-		Name: "natsbus", Engine: "NATS", Store: "the stream",
-		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
-		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: b.log,
+	b.set = backplane.New[*session](backplane.Config{
+		Name: "natsbus", Engine: "NATS", Store: "the stream", Bus: bus,
+		Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout, OutageTimeout: opts.OutageTimeout,
+		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable,
 		ShutdownRetryAfter: opts.ShutdownRetryAfter,
 	}, engine{b})
 	b.set.Go(b.receiveSignals)
@@ -408,30 +406,14 @@ func (b *Backplane) Delete(ctx context.Context, session string) error {
 	if err := b.tombstone(ctx, b.subject(session)); err != nil {
 		return unavailable("delete", session, err)
 	}
-	if s := b.set.Get(session); s != nil {
-		b.set.Expire(s, "deleted")
-	}
+	b.set.Deleted(session)
 	return nil
 }
 
-// Info describes a session as the stream and this replica see it.
-type Info struct {
-	// Exists reports whether the stream holds the session (an epoch).
-	Exists bool
-	// Epoch, LastEventID and FirstEventID are the log's: its epoch, the
-	// last id assigned, and the oldest id it holds (0: none). Bytes is
-	// always 0: JetStream keeps no per-subject byte count.
-	Epoch        string
-	LastEventID  uint64
-	FirstEventID uint64
-	Bytes        uint64
-	// Local reports whether this replica holds a mirror of the session;
-	// then LocalLastEventID is the last id it delivered and Subscribers
-	// its subscriber count.
-	Local            bool
-	LocalLastEventID uint64
-	Subscribers      int
-}
+// Info describes a session as the stream and this replica see it (see
+// backplane.Info). Bytes is always 0: JetStream keeps no per-subject byte
+// count.
+type Info = backplane.Info
 
 // Info returns what the stream and this replica hold of session (two
 // reads from the stream's leader). It does not create the session.

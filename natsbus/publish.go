@@ -154,31 +154,16 @@ func (b *Backplane) PublishIdempotent(ctx context.Context, session, key string, 
 
 // publish is Publish and PublishIdempotent; key "" is none.
 func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus.Event) (uint64, string, bool, error) {
-	if err := validSession(session); err != nil {
-		return 0, "", false, err
-	}
-	if b.set.Closed() {
-		return 0, "", false, eventbus.ErrClosed
-	}
-	ev, err := b.encoder.Encode(e)
+	pub, err := b.set.Prepare(ctx, session, key, e)
 	if err != nil {
 		return 0, "", false, err
 	}
-	var fp, keyHash string
+	ev, fp := pub.Event, pub.Fingerprint
+	var keyHash string
 	if key != "" {
-		if fp, err = b.encoder.Fingerprint(e); err != nil {
-			return 0, "", false, err
-		}
 		sum := sha256.Sum256([]byte(session + "\x00" + key))
 		keyHash = hex.EncodeToString(sum[:16])
 	}
-	if err := ctx.Err(); err != nil {
-		return 0, "", false, unavailable("publish to", session, err) // nothing sent
-	}
-	// This replica's mirror, as it was before the publish: its epoch was
-	// read earlier, so if the publish reports another one, the mirror's is
-	// the stale one.
-	local := b.set.Ready(session)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
 	p, err := b.acquire(ctx, session)
@@ -215,11 +200,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 		ack, err := b.js.PublishMsg(ctx, msg, opts...)
 		if err == nil && !ack.Duplicate {
 			p.h = head{seq: ack.Sequence, epoch: epoch, id: id}
-			if local != nil && local.Epoch != epoch {
-				// The mirror is of a deleted session: release it now rather
-				// than when its reader notices.
-				b.set.Expire(local, "publish found a new epoch")
-			}
+			pub.Appended(epoch)
 			return id, epoch, false, nil
 		}
 		p.known = false // a duplicate, or an error: the head is not ours

@@ -4,31 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/mirror"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // session is this replica's mirror of one session: a mirror bus fed by an
 // ordered consumer on the session's subject. The mirror set (b.set) opens
 // it with engine.Open on the first lookup.
 type session struct {
-	mirror.Session
+	backplane.Session
 	b    *Backplane
 	subj string
-	// seq is the stream sequence of the subject's last message when Open
-	// read it: the reader starts after it. Set by Open, before Run.
-	seq uint64
 	// heard is when the reader last heard from JetStream (Unix
 	// nanoseconds): a message, or an answer to its epoch check.
 	heard atomic.Int64
 }
 
-// engine is the JetStream half of the mirror set (mirror.Engine).
+// engine is the JetStream half of the mirror set (backplane.Engine).
 type engine struct{ b *Backplane }
 
 func (g engine) New(id string) *session { return &session{b: g.b, subj: g.b.subject(id)} }
@@ -37,44 +33,43 @@ func (g engine) New(id string) *session { return &session{b: g.b, subj: g.b.subj
 // message; a session without one (new, or deleted) gets a marker with a
 // new epoch, appended only if the subject is still as read (one replica
 // wins; the others read its marker).
-func (g engine) Open(ctx context.Context, s *session) (string, uint64, error) {
+//
+// The Start's Cursor is the stream sequence of that message: the reader
+// starts after it.
+func (g engine) Open(ctx context.Context, s *session) (backplane.Start, error) {
 	b := g.b
 	for {
 		h, err := b.head(ctx, s.subj)
 		if err != nil {
-			return "", 0, err
+			return backplane.Start{}, err
 		}
 		if h.epoch != "" {
-			s.seq = h.seq
-			return h.epoch, h.id, nil
+			return backplane.Start{Epoch: h.epoch, Last: h.id, Cursor: h.seq}, nil
 		}
 		epoch := eventbus.NewEpoch()
 		ack, err := b.js.PublishMsg(ctx, newMsg(s.subj, epoch, 0, nil), jetstream.WithExpectLastSequencePerSubject(h.seq))
 		if err == nil {
-			s.seq = ack.Sequence
-			return epoch, 0, nil
+			return backplane.Start{Epoch: epoch, Cursor: ack.Sequence}, nil
 		}
 		ae := apiError(err)
 		if ae == nil || !conflict(ae) {
-			return "", 0, err
+			return backplane.Start{}, err
 		}
 		if err := pause(ctx, ae); err != nil {
-			return "", 0, err
+			return backplane.Start{}, err
 		}
 	}
 }
 
-func (g engine) Run(ctx context.Context, s *session, last uint64) { s.run(ctx, last) }
+func (g engine) Run(ctx context.Context, s *session, from backplane.Start) { s.run(ctx, from) }
 
 func (g engine) Epoch(ctx context.Context, s *session) (string, error) {
 	h, err := g.b.head(ctx, s.subj)
 	return h.epoch, err
 }
 
-// Reader backoff after a JetStream error, and the pulls of a reader.
+// The pulls of a reader.
 const (
-	minBackoff = 50 * time.Millisecond
-	maxBackoff = 2 * time.Second
 	// pullHeartbeat is the idle heartbeat of a reader's pulls: a reader
 	// whose consumer is gone (its server died) notices within two.
 	pullHeartbeat = time.Second
@@ -84,11 +79,6 @@ const (
 	consumerInactive = 10 * time.Second
 )
 
-func nextBackoff(d time.Duration) time.Duration {
-	d = min(max(2*d, minBackoff), maxBackoff)
-	return d/2 + rand.N(d/2+1) // jitter, so replicas do not retry in step
-}
-
 // run is the session's reader: an ordered consumer from the stream
 // sequence after Open's (the pump, its own goroutine) feeds the mirror,
 // while this goroutine checks the session's epoch whenever the pump has
@@ -96,13 +86,13 @@ func nextBackoff(d time.Duration) time.Duration {
 // missed, a lost stream) releases the mirror, and no answer from JetStream
 // for OutageTimeout (pump and checks alike) ends it with a terminal
 // stream_error (outage). run returns when ctx ends, after the pump.
-func (s *session) run(ctx context.Context, last uint64) {
+func (s *session) run(ctx context.Context, from backplane.Start) {
 	b := s.b
 	pctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.pump(pctx, last)
+		s.pump(pctx, from.Cursor, from.Last)
 	}()
 	defer func() {
 		cancel()
@@ -129,7 +119,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 		}
 		left := time.Until(heard.Add(b.opts.OutageTimeout))
 		if left <= 0 {
-			b.outage(s, lastErr)
+			b.set.Outage(s, heard, lastErr)
 			return
 		}
 		cctx, ccancel := context.WithTimeout(ctx, min(b.opts.PublishTimeout, left))
@@ -164,11 +154,11 @@ func (s *session) run(ctx context.Context, last uint64) {
 // session is released (a tombstone, or a message of another epoch). The
 // ordered consumer recreates itself once after a gap or a lost heartbeat;
 // past that pump makes a new one, from the last sequence it fed, with
-// backoff. last is the last id the mirror has.
-func (s *session) pump(ctx context.Context, last uint64) {
+// backoff. seq is the stream sequence of the last message the mirror has
+// (or Open read), last its id.
+func (s *session) pump(ctx context.Context, seq, last uint64) {
 	b := s.b
-	seq := s.seq
-	var delay time.Duration
+	var backoff backplane.Backoff
 	failing := false
 	fail := func(err error) bool {
 		if ctx.Err() != nil {
@@ -178,15 +168,7 @@ func (s *session) pump(ctx context.Context, last uint64) {
 			failing = true
 			b.log.Warn("natsbus: reader lost its consumer; retrying with backoff", "session", s.ID, "error", err)
 		}
-		delay = nextBackoff(delay)
-		t := time.NewTimer(delay)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return true
-		}
+		return backoff.Sleep(ctx, 0)
 	}
 	for ctx.Err() == nil {
 		cctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
@@ -216,7 +198,6 @@ func (s *session) pump(ctx context.Context, last uint64) {
 		// instead would race with the ordered consumer's own reset, which
 		// can leave a pull running after the Stop.)
 		for {
-			s.hook(ctx)
 			msg, err := it.Next(jetstream.NextContext(ctx))
 			if err != nil {
 				it.Stop()
@@ -224,6 +205,13 @@ func (s *session) pump(ctx context.Context, last uint64) {
 					return
 				}
 				break
+			}
+			// The test hook holds the reader with what it got, before it
+			// feeds anything of it.
+			s.hook(ctx)
+			if ctx.Err() != nil {
+				it.Stop()
+				return
 			}
 			md, err := msg.Metadata()
 			if err != nil {
@@ -234,7 +222,7 @@ func (s *session) pump(ctx context.Context, last uint64) {
 				failing = false
 				b.log.Info("natsbus: reader reconnected", "session", s.ID, "lastEventId", last)
 			}
-			delay = 0
+			backoff.Reset()
 			m, err := parseMsg(md.Sequence.Stream, msg.Subject(), msg.Headers(), msg.Data(), true)
 			if err != nil {
 				// Skipped: the next event is a gap, which resyncs.
@@ -268,20 +256,6 @@ func (s *session) hook(ctx context.Context) {
 	if h := s.b.readHook.Load(); h != nil {
 		(*h)(ctx, s.ID)
 	}
-}
-
-// outage ends s after its reader could not reach JetStream for
-// OutageTimeout: out of the set first (a new stream then asks JetStream
-// again, and fails while it is unreachable), then every stream of the
-// mirror gets what it had queued and a terminal stream_error
-// "unavailable", so that its client reconnects with backoff and resumes
-// from its cursor.
-func (b *Backplane) outage(s *session, err error) {
-	b.set.Remove(s)
-	b.log.Warn("natsbus: jetstream unreachable past OutageTimeout; the session's streams end",
-		"session", s.ID, "epoch", s.Epoch, "outageTimeout", b.opts.OutageTimeout, "error", err)
-	b.set.Stop(s, eventbus.ErrorKindUnavailable, fmt.Sprintf(
-		"natsbus: NATS unreachable for %v; reconnect with backoff and resume from the last event id", b.opts.OutageTimeout))
 }
 
 // Head implements eventbus.Log: the session's epoch and last id, from the

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-
-	"github.com/ssebus/eventbus"
 )
 
 // signalMsg is the payload of a signal on "<Subject>.sig.<token>": the
@@ -31,13 +29,7 @@ type signalMsg struct {
 // ErrUnavailable when NATS cannot be reached, eventbus.ErrClosed after
 // Close.
 func (b *Backplane) Signal(ctx context.Context, session, typ, about string) error {
-	if err := validSession(session); err != nil {
-		return err
-	}
-	if b.set.Closed() {
-		return eventbus.ErrClosed
-	}
-	if err := b.encoder.CheckSignal(typ, about); err != nil {
+	if err := b.set.PrepareSignal(session, typ, about); err != nil {
 		return err
 	}
 	payload, err := json.Marshal(signalMsg{typ, about})
@@ -72,9 +64,7 @@ func (b *Backplane) receiveSignals() {
 			if json.Unmarshal(m.Data, &sig) != nil {
 				continue
 			}
-			if s := b.set.Ready(id); s != nil {
-				_ = s.Bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
-			}
+			b.set.DeliverSignal(id, sig.Type, sig.About)
 		}
 	}
 }

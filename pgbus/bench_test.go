@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/backplanetest"
+	"github.com/ssebus/eventbus/backplane/backplanetest"
 )
 
 // BenchmarkPublishToDelivery measures the backplane end to end, as

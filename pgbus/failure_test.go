@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/backplanetest"
+	"github.com/ssebus/eventbus/backplane/backplanetest"
 )
 
 // publishUntilApplied publishes event n with an idempotency key of its
@@ -165,76 +165,6 @@ func TestReplicaPoolClosed(t *testing.T) {
 	}
 }
 
-// A hung database (every server process stopped): Publish answers within
-// its timeout, saying the outcome is unknown; past OutageTimeout every
-// stream ends with stream_error unavailable; once the database is back a
-// client resumes where it was.
-func TestHungDatabase(t *testing.T) {
-	srv := control(t)
-	url, schema := testSchema(t)
-	opts := testOptions(schema)
-	opts.PublishTimeout = 500 * time.Millisecond
-	opts.OutageTimeout = 2 * time.Second
-	a, b, _ := threeReplicas(t, url, opts)
-	sa, sb := a.open(t, "s", nil, ""), b.open(t, "s", nil, "")
-	for range 5 {
-		a.publish(t, "s", "e", nil)
-	}
-	wantIDs(t, sa.Events(5, wait), 1, 5)
-	wantIDs(t, sb.Events(5, wait), 1, 5)
-
-	srv.Pause()
-	paused := time.Now()
-	unknown := 0 // publishes whose outcome is unknown: each may be applied later
-	for i := range 3 {
-		start := time.Now()
-		_, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
-		took := time.Since(start)
-		if errors.Is(err, ErrOutcomeUnknown) {
-			unknown++
-		}
-		if !errors.Is(err, ErrUnavailable) {
-			t.Fatalf("publish %d on a hung database: %v", i, err)
-		}
-		if i == 0 && !errors.Is(err, ErrOutcomeUnknown) {
-			t.Fatalf("publish sent to a hung database: %v, want ErrOutcomeUnknown", err)
-		}
-		if took > opts.PublishTimeout+300*time.Millisecond {
-			t.Fatalf("publish %d took %v, PublishTimeout %v", i, took, opts.PublishTimeout)
-		}
-	}
-	for _, s := range []*streamT{sa, sb} {
-		s.EndedUnavailable(opts.OutageTimeout + 5*time.Second)
-		took := time.Since(paused)
-		// The bound counts from the last word from PostgreSQL, which the
-		// listener's ping had at most listenPing before the pause.
-		if took < opts.OutageTimeout-listenPing || took > opts.OutageTimeout+listenPing+opts.PublishTimeout+3*time.Second {
-			t.Fatalf("stream ended %v after the pause, OutageTimeout %v", took, opts.OutageTimeout)
-		}
-	}
-	if a.bp.Sessions() != 0 || b.bp.Sessions() != 0 {
-		t.Fatalf("mirrors left after the outage: %d, %d", a.bp.Sessions(), b.bp.Sessions())
-	}
-	srv.Resume()
-	var id uint64
-	waitFor(t, wait, "publish after resume", func() bool {
-		var err error
-		id, _, err = a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
-		if errors.Is(err, ErrOutcomeUnknown) {
-			unknown++ // a retry right after the resume can time out too
-		}
-		return err == nil
-	})
-	// Each publish whose outcome was unknown may have been applied after
-	// the resume (the first one was sent to the hung database for sure);
-	// none that failed otherwise was.
-	if id < 6 || id > uint64(6+unknown) {
-		t.Fatalf("id after the outage %d, want 6 to %d (%d publishes of unknown outcome)", id, 6+unknown, unknown)
-	}
-	s := b.open(t, "s", map[string]string{"Last-Event-ID": "5", "Event-Epoch": sa.Epoch}, "")
-	wantIDs(t, s.Events(int(id-5), wait), 6, id)
-}
-
 // A resume the mirror's ring cannot answer while the events table cannot
 // be read (another transaction holds an exclusive lock on it; the epoch
 // check, on the sessions table, passes): the client is told at once what
@@ -259,70 +189,4 @@ func TestResumeHistoryUnavailable(t *testing.T) {
 	unlock()
 	a.publish(t, "s", "e", nil)
 	wantIDs(t, sc.Events(1, wait), 21, 21)
-}
-
-// A hung database refuses new streams (the epoch check cannot be made)
-// rather than joining a mirror that may be of a dead epoch.
-func TestNewStreamOnHungDatabase(t *testing.T) {
-	srv := control(t)
-	url, schema := testSchema(t)
-	opts := testOptions(schema)
-	opts.PublishTimeout = 500 * time.Millisecond
-	a := newReplica(t, url, "A", opts)
-	live := a.open(t, "s", nil, "")
-	a.publish(t, "s", "e", nil)
-	wantIDs(t, live.Events(1, wait), 1, 1)
-	srv.Pause()
-	start := time.Now()
-	if _, err := a.bp.Subscribe(context.Background(), "s", eventbus.SubscribeOptions{}); !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("Subscribe on a hung database: %v", err)
-	}
-	if took := time.Since(start); took > opts.PublishTimeout+500*time.Millisecond {
-		t.Fatalf("Subscribe took %v", took)
-	}
-	srv.Resume()
-	a.publish(t, "s", "e", nil)
-	wantIDs(t, live.Events(1, wait), 2, 2)
-}
-
-// A publish that timed out on a hung database and is retried with the
-// same idempotency key once the database is back is appended once: the
-// first attempt may have been applied after all (then the retry answers
-// duplicate with its id), or not (then the retry appends it).
-func TestIdempotentRetryAfterTimeout(t *testing.T) {
-	srv := control(t)
-	url, schema := testSchema(t)
-	opts := testOptions(schema)
-	opts.PublishTimeout = time.Second
-	a, b, _ := threeReplicas(t, url, opts)
-	sb := b.open(t, "s", nil, "")
-	a.publish(t, "s", "e", nil)
-	wantIDs(t, sb.Events(1, wait), 1, 1)
-	ev := eventbus.Event{Type: "order.placed", Data: map[string]string{"order": "o-1"}}
-	srv.Pause()
-	_, _, _, err := a.bp.PublishIdempotent(context.Background(), "s", "order-o-1", ev)
-	if !errors.Is(err, ErrOutcomeUnknown) {
-		t.Fatalf("publish to a hung database: %v, want ErrOutcomeUnknown", err)
-	}
-	srv.Resume()
-	var id uint64
-	var dup bool
-	waitFor(t, wait, "the retry", func() bool {
-		// The retry goes to another replica, as a client's would.
-		id, _, dup, err = b.bp.PublishIdempotent(context.Background(), "s", "order-o-1", ev)
-		return err == nil
-	})
-	if id != 2 {
-		t.Fatalf("retry: id %d (duplicate %v), want 2", id, dup)
-	}
-	if n := queryInt(t, url, "SELECT count(*) FROM "+schema+".events WHERE session = $1", []byte("s")); n != 2 {
-		t.Fatalf("table holds %d events, want 2", n)
-	}
-	got := sb.Events(1, wait)
-	wantIDs(t, got, 2, 2)
-	if got[0].Str(t, "data", "order") != "o-1" {
-		t.Fatalf("event %+v", got[0])
-	}
-	sb.Quiet(100 * time.Millisecond)
-	t.Logf("the timed-out attempt was applied: %v", dup)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/backplanetest"
+	"github.com/ssebus/eventbus/backplane/backplanetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -117,14 +118,15 @@ func testOptions(schema string) Options {
 	}
 }
 
-// replica is one daemon replica in-process: its own pool, backplane and
-// HTTP server.
+// replica is one daemon replica in-process: its own pool, backplane,
+// readers' gate and HTTP server.
 type replica struct {
 	name   string
 	pool   *pgxpool.Pool
 	bp     *Backplane
+	gate   *backplanetest.Gate
 	srv    *httptest.Server
-	shared *backplanetest.Replica // the same, for the shared tests
+	shared *backplanetest.Replica // the same, for the shared helpers
 }
 
 // newPool returns a pool for url, closed when t ends (after everything
@@ -163,8 +165,18 @@ func newReplica(t testing.TB, url, name string, opts Options) *replica {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bp.Close() })
+	// The gate wakes the reader it is to hold: a quiet reader sleeps until
+	// a notification.
+	g := backplanetest.NewGate()
+	g.Poke = func(session string) {
+		if s := bp.set.Ready(session); s != nil {
+			s.poke()
+		}
+	}
+	hook := g.Wait
+	bp.readHook.Store(&hook)
 	shared := backplanetest.NewReplica(t, name, bp)
-	return &replica{name: name, pool: pool, bp: bp, srv: shared.Server, shared: shared}
+	return &replica{name: name, pool: pool, bp: bp, gate: g, srv: shared.Server, shared: shared}
 }
 
 // cutConnections terminates every connection of the replicas of schema
@@ -239,88 +251,38 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// cluster is backplanetest's Cluster: n replicas on a schema of their own.
-func cluster(t *testing.T, n int, tune func(*eventbus.Options)) []*backplanetest.Replica {
-	url, schema := testSchema(t)
-	opts := testOptions(schema)
-	if tune != nil {
-		tune(&opts.Bus)
-	}
-	var out []*backplanetest.Replica
-	for i := range n {
-		out = append(out, newReplica(t, url, string(rune('A'+i)), opts).shared)
-	}
-	return out
-}
-
 // Short names for the shared checks.
 var (
 	wantIDs = backplanetest.WantIDs
 	waitFor = backplanetest.WaitFor
 )
 
-// gate pauses a backplane's readers: while closed, a reader waits before
-// its next query. parked reports readers waiting.
-type gate struct {
-	mu     sync.Mutex
-	ch     chan struct{} // nil: open
-	parked chan string
-}
-
-func installGate(bp *Backplane) *gate {
-	g := &gate{parked: make(chan string, 16)}
-	hook := func(ctx context.Context, session string) {
-		g.mu.Lock()
-		ch := g.ch
-		g.mu.Unlock()
-		if ch == nil {
-			return
-		}
-		select {
-		case g.parked <- session:
-		default:
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-		}
-	}
-	bp.readHook.Store(&hook)
-	return g
-}
-
-// close makes the readers of bp wait before their next query and returns
-// once the reader of session has parked (woken, it finishes a query in
-// flight first): from then on it reads nothing until open.
-func (g *gate) close(t testing.TB, bp *Backplane, session string) {
-	t.Helper()
-	g.mu.Lock()
-	g.ch = make(chan struct{})
-	g.mu.Unlock()
-	s := bp.readySession(session)
-	if s == nil {
-		t.Fatalf("no mirror of %q to park", session)
-	}
-	s.poke()
-	for {
-		select {
-		case p := <-g.parked:
-			if p == session {
-				return
-			}
-		case <-time.After(wait):
-			t.Fatal("reader did not park")
-		}
-	}
-}
-
-func (g *gate) open() {
-	g.mu.Lock()
-	if g.ch != nil {
-		close(g.ch)
-		g.ch = nil
-	}
-	g.mu.Unlock()
-}
-
 type streamT = backplanetest.Stream
+
+// harness is the conformance suite's: n replicas on a schema of their own
+// in the test server; with .ci/pg.sh's control helper, Down pauses the
+// server (a hung database); Lose drops the schema (a database back empty:
+// the backplane creates it again, and every session a new epoch).
+var harness = backplanetest.Harness{
+	Start: func(t testing.TB, n int, o backplanetest.Options) backplanetest.Cluster {
+		url, schema := testSchema(t)
+		opts := testOptions(schema)
+		o.Apply(&opts.Bus, &opts.PublishTimeout, &opts.OutageTimeout, &opts.IdleTimeout, &opts.IdempotencyWindow)
+		var c backplanetest.Cluster
+		for i := range n {
+			rp := newReplica(t, url, string(rune('A'+i)), opts)
+			c.Replicas = append(c.Replicas, rp.bp)
+			c.Gates = append(c.Gates, rp.gate)
+		}
+		if ctl := os.Getenv("PGBUS_TEST_PGCTL"); ctl != "" {
+			srv := backplanetest.NewControl(t, ctl)
+			c.Down, c.Up = srv.Pause, srv.Resume
+		}
+		c.Lose = func() { execSQL(t, url, "DROP SCHEMA "+schema+" CASCADE") }
+		return c
+	},
+	ErrUnavailable:    ErrUnavailable,
+	ErrOutcomeUnknown: ErrOutcomeUnknown,
+	ErrInvalidSession: ErrInvalidSession,
+	TrimsBytes:        true,
+}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // listenPing is the most the listener waits for a notification before it
@@ -37,7 +39,7 @@ func (b *Backplane) listenerOK() time.Time {
 // wakes every reader, which reads what the notifications it missed would
 // have announced; while it is down, readers poll the table.
 func (b *Backplane) listen() {
-	var delay time.Duration
+	var backoff backplane.Backoff
 	failing := false
 	for b.set.Context().Err() == nil {
 		conn, err := b.connectListener()
@@ -49,20 +51,14 @@ func (b *Backplane) listen() {
 				failing = true
 				b.log.Warn("pgbus: listener cannot reach postgresql; readers poll the table meanwhile", "error", err)
 			}
-			delay = nextBackoff(delay)
-			t := time.NewTimer(delay)
-			select {
-			case <-b.set.Context().Done():
-			case <-t.C:
-			}
-			t.Stop()
+			backoff.Sleep(b.set.Context(), 0)
 			continue
 		}
 		if failing {
 			failing = false
 			b.log.Info("pgbus: listener reconnected")
 		}
-		delay = 0
+		backoff.Reset()
 		b.touchListener()
 		b.listening.Store(true)
 		b.wakeAll() // catch up on what was missed while not listening
@@ -174,8 +170,6 @@ func (b *Backplane) dispatch(n *pgconn.Notification) {
 		if err != nil {
 			return
 		}
-		if s := b.readySession(string(session)); s != nil {
-			_ = s.Bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
-		}
+		b.set.DeliverSignal(string(session), sig.Type, sig.About)
 	}
 }

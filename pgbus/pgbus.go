@@ -59,7 +59,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/mirror"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // Defaults of Options.
@@ -150,16 +150,15 @@ type Options struct {
 // Backplane feeds local mirror buses from PostgreSQL. Create it with New;
 // it is safe for concurrent use. Close ends every reader and mirror.
 type Backplane struct {
-	pool    *pgxpool.Pool
-	opts    Options
-	q       queries
-	bus     mirror.Bus // the bounds of the log
-	encoder *eventbus.Encoder
-	log     *slog.Logger
+	pool *pgxpool.Pool
+	opts Options
+	q    queries
+	bus  backplane.Bus // the bounds of the log
+	log  *slog.Logger
 
 	// set holds the mirrors and runs every goroutine of the backplane
 	// (readers, the listener, the janitors) until Close.
-	set *mirror.Set[*session]
+	set *backplane.Set[*session]
 
 	// The listener's state: whether it is LISTENing now, and when it last
 	// heard from PostgreSQL (Unix nanoseconds).
@@ -193,7 +192,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pool", eventbus.ErrInvalidOption)
 	}
-	var d mirror.Durations
+	var d backplane.Durations
 	d.Check("PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout, time.Millisecond)
 	d.Check("OutageTimeout", &opts.OutageTimeout, DefaultOutageTimeout, minOutageTimeout)
 	d.Check("IdempotencyWindow", &opts.IdempotencyWindow, DefaultIdempotencyWindow, time.Millisecond)
@@ -216,7 +215,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 		return nil, fmt.Errorf("%w: Schema %q is not 1 to %d bytes of [a-z0-9_] starting with a letter or '_'",
 			eventbus.ErrInvalidOption, opts.Schema, maxSchemaBytes)
 	}
-	bus, err := mirror.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
+	bus, err := backplane.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -229,15 +228,14 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Backplane, err
 		opts:     opts,
 		q:        newQueries(opts.Schema),
 		bus:      bus,
-		encoder:  bus.Encoder,
 		log:      log,
 		ping:     min(opts.OutageTimeout/4, listenPing),
 		maxConns: int(pool.Config().MaxConns),
 	}
-	b.set = mirror.New[*session](mirror.Config{
-		Name: "pgbus", Engine: "PostgreSQL", Store: "the table",
-		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
-		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: log,
+	b.set = backplane.New[*session](backplane.Config{
+		Name: "pgbus", Engine: "PostgreSQL", Store: "the table", Bus: bus,
+		Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout, OutageTimeout: opts.OutageTimeout,
+		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable,
 		ShutdownRetryAfter: opts.ShutdownRetryAfter,
 	}, engine{b})
 	b.set.Go(b.listen)
@@ -255,8 +253,6 @@ func (b *Backplane) Close() error {
 	b.set.Close(nil)
 	return nil
 }
-
-func (b *Backplane) isClosed() bool { return b.set.Closed() }
 
 func validSession(id string) error {
 	if id == "" || len(id) > MaxSessionIDBytes {
@@ -311,28 +307,15 @@ func (b *Backplane) PublishIdempotent(ctx context.Context, session, key string, 
 }
 
 func (b *Backplane) publish(ctx context.Context, session, key string, idem bool, e eventbus.Event) (uint64, string, bool, error) {
-	if err := validSession(session); err != nil {
-		return 0, "", false, err
-	}
-	if b.isClosed() {
-		return 0, "", false, eventbus.ErrClosed
-	}
-	ev, err := b.encoder.Encode(e)
+	p, err := b.set.Prepare(ctx, session, key, e)
 	if err != nil {
 		return 0, "", false, err
 	}
+	ev := p.Event
 	var keyArg, fp any // nil: SQL NULL, no key
 	if idem {
-		f, err := b.encoder.Fingerprint(e)
-		if err != nil {
-			return 0, "", false, err
-		}
-		keyArg, fp = key, f
+		keyArg, fp = key, p.Fingerprint
 	}
-	// This replica's mirror, as it was before the publish: its epoch was
-	// read earlier, so if the publish reports another one, the mirror's is
-	// the stale one.
-	local := b.readySession(session)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
 	var id int64
@@ -358,11 +341,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, idem bool,
 	if err != nil {
 		return 0, "", false, b.publishError(session, err, unknown)
 	}
-	if local != nil && local.Epoch != epoch {
-		// The mirror is of a deleted session: release it now rather than
-		// when its reader notices.
-		b.set.Expire(local, "publish found a new epoch")
-	}
+	p.Appended(epoch)
 	return uint64(id), epoch, dup, nil
 }
 
@@ -425,30 +404,13 @@ func (b *Backplane) Delete(ctx context.Context, session string) error {
 	if err != nil {
 		return unavailable("delete", session, err)
 	}
-	if s := b.readySession(session); s != nil {
-		b.set.Expire(s, "deleted")
-	}
+	b.set.Deleted(session)
 	return nil
 }
 
-// Info describes a session as PostgreSQL and this replica see it.
-type Info struct {
-	// Exists reports whether PostgreSQL holds the session (an epoch).
-	Exists bool
-	// Epoch, LastEventID, FirstEventID and Bytes are the log's: its epoch,
-	// the last id assigned, the oldest id it holds (0: none), and the
-	// envelope bytes it holds.
-	Epoch        string
-	LastEventID  uint64
-	FirstEventID uint64
-	Bytes        uint64
-	// Local reports whether this replica holds a mirror of the session;
-	// then LocalLastEventID is the last id it delivered and Subscribers
-	// its subscriber count.
-	Local            bool
-	LocalLastEventID uint64
-	Subscribers      int
-}
+// Info describes a session as PostgreSQL and this replica see it (see
+// backplane.Info); Bytes is the envelope bytes its rows hold.
+type Info = backplane.Info
 
 // Info returns what PostgreSQL and this replica hold of session. It does
 // not create the session.

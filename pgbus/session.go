@@ -4,21 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/mirror"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // session is this replica's mirror of one session: a mirror bus fed by one
 // reader goroutine, which the listener wakes. The mirror set (b.set) opens
 // it with engine.Open on the first lookup.
 type session struct {
-	mirror.Session
+	backplane.Session
 	b   *Backplane
 	key []byte // id, as the bytea parameter of every query
 
@@ -36,10 +35,7 @@ func (s *session) poke() {
 	}
 }
 
-// readySession returns this replica's ready mirror of id, or nil.
-func (b *Backplane) readySession(id string) *session { return b.set.Ready(id) }
-
-// engine is the PostgreSQL half of the mirror set (mirror.Engine).
+// engine is the PostgreSQL half of the mirror set (backplane.Engine).
 type engine struct{ b *Backplane }
 
 func (g engine) New(id string) *session {
@@ -47,43 +43,21 @@ func (g engine) New(id string) *session {
 }
 
 // Open reads (or creates) the session's epoch and last id.
-func (g engine) Open(ctx context.Context, s *session) (string, uint64, error) {
+func (g engine) Open(ctx context.Context, s *session) (backplane.Start, error) {
 	var epoch string
 	var last int64
 	// Safe to run twice: the second run finds the session the first made.
 	err := g.b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) error {
 		return c.QueryRow(ctx, g.b.q.ensure, s.key, eventbus.NewEpoch()).Scan(&epoch, &last)
 	})
-	return epoch, uint64(last), err
+	return backplane.Start{Epoch: epoch, Last: uint64(last)}, err // the rows' ids are the cursor
 }
 
-func (g engine) Run(ctx context.Context, s *session, last uint64) { s.run(ctx, last) }
+func (g engine) Run(ctx context.Context, s *session, from backplane.Start) { s.run(ctx, from.Last) }
 
 func (g engine) Epoch(ctx context.Context, s *session) (string, error) {
 	epoch, _, err := s.Head(ctx)
 	return epoch, err
-}
-
-// outage removes s from the backplane and ends its streams with a
-// stream_error of errorKind unavailable: its reader could not reach
-// PostgreSQL for OutageTimeout. The next lookup opens it anew.
-func (b *Backplane) outage(s *session, down time.Duration, err error) {
-	b.set.Remove(s)
-	b.log.Error("pgbus: postgresql unreachable past OutageTimeout; ending the session's streams",
-		"session", s.ID, "epoch", s.Epoch, "down", down.Round(time.Millisecond), "error", err)
-	b.set.Stop(s, eventbus.ErrorKindUnavailable,
-		fmt.Sprintf("pgbus: PostgreSQL unreachable for %v; reconnect with backoff and resume", down.Round(time.Second)))
-}
-
-// Reader backoff after a PostgreSQL error.
-const (
-	minBackoff = 50 * time.Millisecond
-	maxBackoff = 2 * time.Second
-)
-
-func nextBackoff(d time.Duration) time.Duration {
-	d = min(max(2*d, minBackoff), maxBackoff)
-	return d/2 + rand.N(d/2+1) // jitter, so replicas do not retry in step
 }
 
 // run is the session's reader: it reads the rows after the last id it fed
@@ -104,7 +78,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 	b := s.b
 	lastOK := time.Now()
 	var failingSince time.Time // zero while reads succeed
-	var delay time.Duration
+	var backoff backplane.Backoff
 	for {
 		if h := b.readHook.Load(); h != nil {
 			(*h)(ctx, s.ID)
@@ -135,11 +109,10 @@ func (s *session) run(ctx context.Context, last uint64) {
 			}
 			left := time.Until(failingSince.Add(b.opts.OutageTimeout))
 			if left <= 0 {
-				b.outage(s, time.Since(failingSince), err)
+				b.set.Outage(s, failingSince, err)
 				return
 			}
-			delay = nextBackoff(delay)
-			wait = time.After(min(delay, left))
+			wait = time.After(min(backoff.Next(), left))
 		case lost:
 			b.set.Expire(s, "the session was deleted or has a new epoch")
 			return
@@ -148,7 +121,8 @@ func (s *session) run(ctx context.Context, last uint64) {
 				failingSince = time.Time{}
 				b.log.Info("pgbus: reader reconnected", "session", s.ID, "lastEventId", last)
 			}
-			lastOK, delay = time.Now(), 0
+			lastOK = time.Now()
+			backoff.Reset()
 			if n == b.opts.ReadCount {
 				continue // there may be more
 			}

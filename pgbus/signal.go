@@ -40,13 +40,7 @@ const maxNotifyPayload = 7999
 // type and about, JSON-escaped, about 7900 bytes together),
 // ErrUnavailable when PostgreSQL fails, eventbus.ErrClosed after Close.
 func (b *Backplane) Signal(ctx context.Context, session, typ, about string) error {
-	if err := validSession(session); err != nil {
-		return err
-	}
-	if b.isClosed() {
-		return eventbus.ErrClosed
-	}
-	if err := b.encoder.CheckSignal(typ, about); err != nil {
+	if err := b.set.PrepareSignal(session, typ, about); err != nil {
 		return err
 	}
 	payload, err := json.Marshal(signalMsg{hex.EncodeToString([]byte(session)), typ, about})

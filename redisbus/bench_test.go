@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/backplanetest"
+	"github.com/ssebus/eventbus/backplane/backplanetest"
 )
 
 // BenchmarkPublishToDelivery measures the backplane end to end: Publish

@@ -5,17 +5,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/backplanetest"
+	"github.com/ssebus/eventbus/backplane/backplanetest"
 )
 
 // replica is one daemon replica in-process: its own Redis client,
-// backplane and HTTP server.
+// backplane, readers' gate and HTTP server.
 type replica struct {
 	name   string
 	bp     *Backplane
+	gate   *backplanetest.Gate
 	srv    *httptest.Server
-	shared *backplanetest.Replica // the same, for the shared tests
+	shared *backplanetest.Replica // the same, for the shared helpers
 }
 
 // testOptions are quick to notice changes and to close.
@@ -28,16 +28,30 @@ func testOptions(t testing.TB) Options {
 	}
 }
 
-func newReplica(t testing.TB, r *redisServer, name string, opts Options) *replica {
+// newBackplane returns a backplane on r with opts, closed when t ends,
+// and the gate its readers wait at.
+func newBackplane(t testing.TB, r *redisServer, opts Options) (*Backplane, *backplanetest.Gate) {
 	t.Helper()
-	client := r.client(t)
-	bp, err := New(client, opts)
+	bp, err := New(r.client(t), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bp.Close() })
+	g := backplanetest.NewGate()
+	hook := g.Wait
+	bp.readHook.Store(&hook)
+	return bp, g
+}
+
+func newReplica(t testing.TB, r *redisServer, name string, opts Options) *replica {
+	t.Helper()
+	bp, g := newBackplane(t, r, opts)
 	shared := backplanetest.NewReplica(t, name, bp)
-	return &replica{name: name, bp: bp, srv: shared.Server, shared: shared}
+	return &replica{name: name, bp: bp, gate: g, srv: shared.Server, shared: shared}
+}
+
+func threeReplicas(t *testing.T, r *redisServer, opts Options) (a, b, c *replica) {
+	return newReplica(t, r, "A", opts), newReplica(t, r, "B", opts), newReplica(t, r, "C", opts)
 }
 
 func (rp *replica) publish(t testing.TB, session, typ string, data any) uint64 {
@@ -53,19 +67,26 @@ func openSSE(t testing.TB, rp *replica, session string, header map[string]string
 	return rp.shared.Open(t, session, header, query)
 }
 
-// cluster is backplanetest's Cluster: n replicas on a redis-server of
-// their own.
-func cluster(t *testing.T, n int, tune func(*eventbus.Options)) []*backplanetest.Replica {
-	r := startRedis(t)
-	opts := testOptions(t)
-	if tune != nil {
-		tune(&opts.Bus)
-	}
-	var out []*backplanetest.Replica
-	for i := range n {
-		out = append(out, newReplica(t, r, string(rune('A'+i)), opts).shared)
-	}
-	return out
+// harness is the conformance suite's: n replicas on a redis-server of
+// their own; Down pauses it (a hung Redis), Lose restarts it (without
+// persistence: every stream is lost).
+var harness = backplanetest.Harness{
+	Start: func(t testing.TB, n int, o backplanetest.Options) backplanetest.Cluster {
+		r := startRedis(t)
+		opts := testOptions(t)
+		o.Apply(&opts.Bus, &opts.PublishTimeout, &opts.OutageTimeout, &opts.IdleTimeout, &opts.IdempotencyWindow)
+		c := backplanetest.Cluster{Down: r.pause, Up: r.resume, Lose: r.restart}
+		for range n {
+			bp, g := newBackplane(t, r, opts)
+			c.Replicas = append(c.Replicas, bp)
+			c.Gates = append(c.Gates, g)
+		}
+		return c
+	},
+	ErrUnavailable:    ErrUnavailable,
+	ErrOutcomeUnknown: ErrOutcomeUnknown,
+	ErrInvalidSession: ErrInvalidSession,
+	TrimsBytes:        true,
 }
 
 // Short names for the shared client and checks.

@@ -68,34 +68,15 @@ func (b *Backplane) PublishIdempotent(ctx context.Context, session, key string, 
 
 // publish is Publish and PublishIdempotent; key "" is none.
 func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus.Event) (id uint64, epoch string, duplicate bool, err error) {
-	if err := validSession(session); err != nil {
-		return 0, "", false, err
-	}
-	if b.set.Closed() {
-		return 0, "", false, eventbus.ErrClosed
-	}
-	ev, err := b.encoder.Encode(e)
+	p, err := b.set.Prepare(ctx, session, key, e)
 	if err != nil {
 		return 0, "", false, err
 	}
-	var fp string
-	if key != "" {
-		if fp, err = b.encoder.Fingerprint(e); err != nil {
-			return 0, "", false, err
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, "", false, unavailable("publish to", session, err) // nothing sent
-	}
-	// This replica's mirror, as it was before the script ran: its epoch was
-	// read from Redis earlier, so if the script reports another one, the
-	// mirror's is the stale one.
-	local := b.set.Ready(session)
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
 	res, err := runOnce(ctx, b.client, publishScript, publishSrc, b.keys(session),
-		eventbus.NewEpoch(), ev.Type, ev.Tail, b.bus.MaxLen, b.bus.MaxBytes, b.bus.MaxEvent, b.opts.KeyTTL.Milliseconds(),
-		key, fp, b.opts.IdempotencyWindow.Milliseconds()).StringSlice()
+		eventbus.NewEpoch(), p.Event.Type, p.Event.Tail, b.bus.MaxLen, b.bus.MaxBytes, b.bus.MaxEvent, b.opts.KeyTTL.Milliseconds(),
+		key, p.Fingerprint, b.opts.IdempotencyWindow.Milliseconds()).StringSlice()
 	if err != nil {
 		return 0, "", false, b.publishError(session, err)
 	}
@@ -107,11 +88,7 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 		return 0, "", false, unknownOutcome(session, fmt.Errorf("unexpected id %q", res[0]))
 	}
 	epoch, duplicate = res[1], res[2] == "1"
-	if local != nil && local.Epoch != epoch {
-		// The mirror is of a lost stream: release it now rather than when
-		// its reader notices.
-		b.set.Expire(local, "publish found a new epoch")
-	}
+	p.Appended(epoch)
 	return id, epoch, duplicate, nil
 }
 

@@ -56,7 +56,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/mirror"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // Defaults of Options.
@@ -141,15 +141,14 @@ type Options struct {
 // Backplane feeds local mirror buses from Redis Streams. Create it with
 // New; it is safe for concurrent use. Close ends every reader and mirror.
 type Backplane struct {
-	client  redis.UniversalClient
-	opts    Options
-	bus     mirror.Bus // the bounds of the log
-	encoder *eventbus.Encoder
-	log     *slog.Logger
+	client redis.UniversalClient
+	opts   Options
+	bus    backplane.Bus // the bounds of the log
+	log    *slog.Logger
 
 	// set holds the mirrors and runs every goroutine of the backplane
 	// (readers, the janitor, receiveSignals) until Close.
-	set *mirror.Set[*session]
+	set *backplane.Set[*session]
 
 	signals *redis.PubSub // the signal channel, read by receiveSignals
 
@@ -164,7 +163,7 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil redis client", eventbus.ErrInvalidOption)
 	}
-	var d mirror.Durations
+	var d backplane.Durations
 	d.Check("PublishTimeout", &opts.PublishTimeout, DefaultPublishTimeout, 0)
 	d.Check("IdleTimeout", &opts.IdleTimeout, DefaultIdleTimeout, 0)
 	d.Check("ReadBlock", &opts.ReadBlock, DefaultReadBlock, time.Millisecond)
@@ -189,25 +188,24 @@ func New(client redis.UniversalClient, opts Options) (*Backplane, error) {
 	if strings.ContainsAny(opts.KeyPrefix, "{}") {
 		return nil, fmt.Errorf("%w: KeyPrefix %q contains a brace", eventbus.ErrInvalidOption, opts.KeyPrefix)
 	}
-	bus, err := mirror.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
+	bus, err := backplane.PrepareBus(&opts.Bus, opts.RingSize, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
 	log := bus.Log
 	b := &Backplane{
-		client:  client,
-		opts:    opts,
-		bus:     bus,
-		encoder: bus.Encoder,
-		log:     log,
+		client: client,
+		opts:   opts,
+		bus:    bus,
+		log:    log,
 	}
 	if !contextTimeouts(client) {
 		log.Warn("redisbus: the redis client has ContextTimeoutEnabled off: a Redis that hangs can hold Publish past PublishTimeout, up to the client's read timeout and retries")
 	}
-	b.set = mirror.New[*session](mirror.Config{
-		Name: "redisbus", Engine: "Redis", Store: "Redis",
-		Bus: opts.Bus, Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout,
-		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable, Logger: log,
+	b.set = backplane.New[*session](backplane.Config{
+		Name: "redisbus", Engine: "Redis", Store: "Redis", Bus: bus,
+		Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout, OutageTimeout: opts.OutageTimeout,
+		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable,
 		ShutdownRetryAfter: opts.ShutdownRetryAfter,
 	}, engine{b})
 	// Subscribing connects in the background: a Redis that is down now is
@@ -272,30 +270,13 @@ func (b *Backplane) Delete(ctx context.Context, session string) error {
 	if err := deleteScript.Run(ctx, b.client, b.keys(session)).Err(); err != nil {
 		return unavailable("delete", session, err)
 	}
-	if s := b.set.Get(session); s != nil {
-		b.set.Expire(s, "deleted")
-	}
+	b.set.Deleted(session)
 	return nil
 }
 
-// Info describes a session as Redis and this replica see it.
-type Info struct {
-	// Exists reports whether Redis holds the session (an epoch).
-	Exists bool
-	// Epoch, LastEventID, FirstEventID and Bytes are the stream's: its
-	// epoch, the last id assigned, the oldest id it holds (0: none), and
-	// the envelope bytes it holds.
-	Epoch        string
-	LastEventID  uint64
-	FirstEventID uint64
-	Bytes        uint64
-	// Local reports whether this replica holds a mirror of the session;
-	// then LocalLastEventID is the last id it delivered and Subscribers
-	// its subscriber count.
-	Local            bool
-	LocalLastEventID uint64
-	Subscribers      int
-}
+// Info describes a session as Redis and this replica see it (see
+// backplane.Info); Bytes is the envelope bytes the stream holds.
+type Info = backplane.Info
 
 // Info returns what Redis and this replica hold of session. It does not
 // create the session.

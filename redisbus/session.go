@@ -4,21 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/mirror"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // session is this replica's mirror of one session: a mirror bus fed by one
 // reader goroutine. The mirror set (b.set) opens it with engine.Open on
 // the first lookup.
 type session struct {
-	mirror.Session
+	backplane.Session
 	b      *Backplane
 	keys   []string // the scripts' KEYS (Backplane.keys)
 	meta   string   // meta hash key
@@ -26,7 +25,7 @@ type session struct {
 	stream string   // stream key, set by Open
 }
 
-// engine is the Redis half of the mirror set (mirror.Engine).
+// engine is the Redis half of the mirror set (backplane.Engine).
 type engine struct{ b *Backplane }
 
 func (g engine) New(id string) *session {
@@ -35,49 +34,31 @@ func (g engine) New(id string) *session {
 }
 
 // Open reads (or creates) the session's epoch and last id in Redis.
-func (g engine) Open(ctx context.Context, s *session) (string, uint64, error) {
+func (g engine) Open(ctx context.Context, s *session) (backplane.Start, error) {
 	res, err := ensureScript.Run(ctx, g.b.client, s.keys,
 		eventbus.NewEpoch(), g.b.opts.KeyTTL.Milliseconds()).StringSlice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("unexpected reply %q", res)
 	}
 	if err != nil {
-		return "", 0, err
+		return backplane.Start{}, err
 	}
 	last, err := strconv.ParseUint(res[1], 10, 64)
 	if err != nil {
-		return "", 0, fmt.Errorf("unexpected last id %q", res[1])
+		return backplane.Start{}, fmt.Errorf("unexpected last id %q", res[1])
 	}
-	s.stream = s.prefix + res[0] // before the mirror, whose resumes read it
-	return res[0], last, nil
+	s.stream = s.prefix + res[0]                           // before the mirror, whose resumes read it
+	return backplane.Start{Epoch: res[0], Last: last}, nil // entry "<id>-0": the id is the cursor
 }
 
-func (g engine) Run(ctx context.Context, s *session, last uint64) { s.run(ctx, last) }
+func (g engine) Run(ctx context.Context, s *session, from backplane.Start) { s.run(ctx, from.Last) }
 
 func (g engine) Epoch(ctx context.Context, s *session) (string, error) {
 	return s.currentEpoch(ctx, g.b.opts.PublishTimeout)
 }
 
-// outage ends s after its reader could not reach Redis for OutageTimeout:
-// out of the set first (a new stream then asks Redis again, and fails
-// while it is down), then every stream of the mirror gets what it had
-// queued and a terminal stream_error "unavailable", so that its client
-// reconnects with backoff and resumes from its cursor.
-func (b *Backplane) outage(s *session, err error) {
-	b.set.Remove(s)
-	b.log.Warn("redisbus: redis unreachable past OutageTimeout; the session's streams end",
-		"session", s.ID, "epoch", s.Epoch, "outageTimeout", b.opts.OutageTimeout, "error", err)
-	b.set.Stop(s, eventbus.ErrorKindUnavailable, fmt.Sprintf(
-		"redisbus: Redis unreachable for %v; reconnect with backoff and resume from the last event id", b.opts.OutageTimeout))
-}
-
-// Reader backoff after a Redis error.
-const (
-	minBackoff = 50 * time.Millisecond
-	maxBackoff = 2 * time.Second
-	// readSlack is added to ReadBlock for the deadline of one XREAD.
-	readSlack = 2 * time.Second
-)
+// readSlack is added to ReadBlock for the deadline of one XREAD.
+const readSlack = 2 * time.Second
 
 // run is the session's reader: XREAD BLOCK from the last id it fed, into
 // the mirror, until ctx ends or the epoch changes. After a timeout or an
@@ -87,7 +68,7 @@ const (
 // stream_error (outage).
 func (s *session) run(ctx context.Context, last uint64) {
 	b := s.b
-	var delay time.Duration
+	var backoff backplane.Backoff
 	failing := false
 	check := false
 	lastOK := time.Now() // the last answer from Redis
@@ -97,7 +78,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 		// hung Redis ends the streams at OutageTimeout, not one call later.
 		left := time.Until(lastOK.Add(b.opts.OutageTimeout))
 		if left <= 0 {
-			b.outage(s, lastErr)
+			b.set.Outage(s, lastOK, lastErr)
 			return
 		}
 		if check {
@@ -107,7 +88,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 					return
 				}
 				lastErr = err
-				delay = s.failed(ctx, &failing, delay, left, err)
+				s.failed(ctx, &failing, &backoff, left, err)
 				continue
 			}
 			lastOK, check = time.Now(), false
@@ -142,7 +123,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 				return
 			}
 			lastErr = err
-			delay = s.failed(ctx, &failing, delay, left, err)
+			s.failed(ctx, &failing, &backoff, left, err)
 			check = true
 			continue
 		}
@@ -151,7 +132,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 			failing = false
 			b.log.Info("redisbus: reader reconnected", "session", s.ID, "lastEventId", last)
 		}
-		delay = 0
+		backoff.Reset()
 		for _, st := range streams {
 			for _, m := range st.Messages {
 				e, err := parseEntry(m)
@@ -173,21 +154,13 @@ func (s *session) run(ctx context.Context, last uint64) {
 }
 
 // failed logs a Redis error (the first of a streak as a warning) and
-// sleeps the next backoff, at most left; it returns that backoff.
-func (s *session) failed(ctx context.Context, failing *bool, delay, left time.Duration, err error) time.Duration {
+// sleeps the next backoff, at most left.
+func (s *session) failed(ctx context.Context, failing *bool, backoff *backplane.Backoff, left time.Duration, err error) {
 	if !*failing {
 		*failing = true
 		s.b.log.Warn("redisbus: reader lost redis; retrying with backoff", "session", s.ID, "error", err)
 	}
-	delay = min(max(2*delay, minBackoff), maxBackoff)
-	d := delay/2 + rand.N(delay/2+1) // jitter, so replicas do not retry in step
-	t := time.NewTimer(min(d, left))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-	return delay
+	backoff.Sleep(ctx, left)
 }
 
 // currentEpoch returns the session's epoch in Redis, "" when it has none

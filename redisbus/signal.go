@@ -5,10 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
-	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // signalMsg is a signal on the backplane's Redis Pub/Sub channel.
@@ -35,13 +34,7 @@ func (b *Backplane) signalChannel() string { return b.opts.KeyPrefix + "signals"
 // would refuse, ErrUnavailable when Redis fails, eventbus.ErrClosed after
 // Close.
 func (b *Backplane) Signal(ctx context.Context, session, typ, about string) error {
-	if err := validSession(session); err != nil {
-		return err
-	}
-	if b.set.Closed() {
-		return eventbus.ErrClosed
-	}
-	if err := b.encoder.CheckSignal(typ, about); err != nil {
+	if err := b.set.PrepareSignal(session, typ, about); err != nil {
 		return err
 	}
 	payload, err := json.Marshal(signalMsg{session, typ, about})
@@ -59,7 +52,7 @@ func (b *Backplane) Signal(ctx context.Context, session, typ, about string) erro
 // receiveSignals delivers the backplane's signals to the local mirrors
 // until Close (which closes the subscription, ending a blocked receive).
 func (b *Backplane) receiveSignals() {
-	var delay time.Duration
+	var backoff backplane.Backoff
 	for b.set.Context().Err() == nil {
 		msg, err := b.signals.ReceiveTimeout(b.set.Context(), b.opts.ReadBlock)
 		if err != nil {
@@ -68,16 +61,10 @@ func (b *Backplane) receiveSignals() {
 				continue // closing, or quiet
 			}
 			// go-redis reconnects and subscribes again on the next receive.
-			delay = min(max(2*delay, minBackoff), maxBackoff)
-			t := time.NewTimer(delay)
-			select {
-			case <-b.set.Context().Done():
-			case <-t.C:
-			}
-			t.Stop()
+			backoff.Sleep(b.set.Context(), 0)
 			continue
 		}
-		delay = 0
+		backoff.Reset()
 		m, ok := msg.(*redis.Message)
 		if !ok {
 			continue // subscription confirmations, pongs
@@ -86,8 +73,6 @@ func (b *Backplane) receiveSignals() {
 		if json.Unmarshal([]byte(m.Payload), &sig) != nil {
 			continue
 		}
-		if s := b.set.Ready(sig.Session); s != nil {
-			_ = s.Bus.Signal(sig.Type, sig.About) // refused ones are logged by the bus
-		}
+		b.set.DeliverSignal(sig.Session, sig.Type, sig.About)
 	}
 }

@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 )
 
-// Backplane is what a backplane daemon serves: the methods that
-// redisbus.Backplane and pgbus.Backplane share. Info is adapted by the
-// daemon (the engines' Info structs convert to SessionInfo).
+// Backplane is what a backplane daemon serves: the methods every
+// backplane module's Backplane has (redisbus, pgbus, natsbus), whose Info
+// is backplane.Info.
 type Backplane interface {
 	Bus(ctx context.Context, session string) (*eventbus.EventBus, error)
 	Publish(ctx context.Context, session string, e eventbus.Event) (id uint64, epoch string, err error)
@@ -26,23 +27,8 @@ type Backplane interface {
 	Info(ctx context.Context, session string) (SessionInfo, error)
 }
 
-// SessionInfo describes a session as the engine and this replica see it;
-// its fields are those of redisbus.Info and pgbus.Info, which convert to
-// it.
-type SessionInfo sessionInfoFields
-
-// sessionInfoFields are SessionInfo's fields, named so that an engine's
-// Info struct can be constrained to them (Engine).
-type sessionInfoFields = struct {
-	Exists           bool
-	Epoch            string
-	LastEventID      uint64
-	FirstEventID     uint64
-	Bytes            uint64
-	Local            bool
-	LocalLastEventID uint64
-	Subscribers      int
-}
+// SessionInfo describes a session as the engine and this replica see it.
+type SessionInfo = backplane.Info
 
 // Replica serves the routes of one replica of a backplane daemon
 // (sessiond-pg; sessiond-redis has the same routes), so that every engine

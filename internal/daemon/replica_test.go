@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/backplanetest"
+	"github.com/ssebus/eventbus/backplane/backplanetest"
 )
 
 // fakeBackplane is a one-process Backplane: a plain bus per session, and

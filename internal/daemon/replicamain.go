@@ -94,32 +94,6 @@ type ReplicaFlags struct {
 	daemon, engine string // ParseReplicaFlags's
 }
 
-// sessionInfo is the constraint of an engine's Info struct: the fields of
-// SessionInfo, to which it converts.
-type sessionInfo interface{ ~sessionInfoFields }
-
-// Engine is a backplane as its package has it (*redisbus.Backplane,
-// *pgbus.Backplane): Backplane but for Info, which returns the package's
-// own Info struct.
-type Engine[I sessionInfo] interface {
-	Bus(ctx context.Context, session string) (*eventbus.EventBus, error)
-	Publish(ctx context.Context, session string, e eventbus.Event) (id uint64, epoch string, err error)
-	PublishIdempotent(ctx context.Context, session, key string, e eventbus.Event) (id uint64, epoch string, duplicate bool, err error)
-	Signal(ctx context.Context, session, typ, about string) error
-	Delete(ctx context.Context, session string) error
-	Info(ctx context.Context, session string) (I, error)
-}
-
-// BackplaneOf returns e as the Backplane a Replica serves.
-func BackplaneOf[I sessionInfo](e Engine[I]) Backplane { return engineBackplane[I]{e} }
-
-type engineBackplane[I sessionInfo] struct{ Engine[I] }
-
-func (e engineBackplane[I]) Info(ctx context.Context, session string) (SessionInfo, error) {
-	in, err := e.Engine.Info(ctx, session)
-	return SessionInfo(in), err
-}
-
 // ReplicaErrors returns the PublishErrors of a backplane package whose
 // sentinels are outcomeUnknown, invalidSession and unavailable; the
 // idempotency errors are eventbus's.
@@ -136,7 +110,7 @@ func ReplicaErrors(outcomeUnknown, invalidSession, unavailable error) PublishErr
 // ReplicaServer is a backplane replica daemon's engine, made after its
 // flags are parsed: what ReplicaFlags.Serve serves.
 type ReplicaServer struct {
-	Backplane Backplane     // BackplaneOf the package's *Backplane
+	Backplane Backplane     // the package's *Backplane
 	Errors    PublishErrors // ReplicaErrors of the package's sentinels
 	// Events is the backplane's SSE handler (its Handler()); Serve sets
 	// the logger, the flags' stream settings (Flags.Handler), the access

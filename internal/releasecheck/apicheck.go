@@ -21,9 +21,9 @@ import (
 // surface is what the API check compares: a published module, or an
 // internal package that a library package of a published module imports
 // from another module.
-// The latter is API too: redisbus v0.1.0 builds against whatever root
-// version a user's build selects, and so against that version's
-// internal/mirror.
+// The latter is API too: a module v0.1.0 builds against whatever root
+// version a user's build selects, and so against that version's internal
+// package (the backplane modules import none since the kit is public).
 type surface struct {
 	Path  string // module path, or the package's import path
 	Owner *gomod // the module that holds it

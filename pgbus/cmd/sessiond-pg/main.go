@@ -91,7 +91,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		return err
 	}
 	return rf.Serve(ctx, shared.ReplicaServer{
-		Backplane: shared.BackplaneOf(bp),
+		Backplane: bp,
 		Errors:    shared.ReplicaErrors(pgbus.ErrOutcomeUnknown, pgbus.ErrInvalidSession, pgbus.ErrUnavailable),
 		Events:    bp.Handler(), Close: func() { bp.Close() }, Ready: ready,
 		ListenAttrs: []any{"pg", cfg.ConnConfig.Host, "schema", schema},

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/ssebus/eventbus/internal/backplanetest"
+	"github.com/ssebus/eventbus/backplane/backplanetest"
 	"go.uber.org/goleak"
 )
 

@@ -8,8 +8,10 @@ import (
 )
 
 // Env returns the environment variable name, which the CI script of a
-// backplane sets (the URL of the engine it started, say). When it is
-// unset the test is skipped with hint, unless CI=true, where it fails.
+// backplane sets (the URL of the engine server it started, say), for a
+// harness whose engine the test binary cannot start itself. When it is
+// unset the test is skipped with hint, unless CI=true, where it fails: a
+// CI run never passes for want of its engine.
 func Env(t testing.TB, name, hint string) string {
 	t.Helper()
 	v := os.Getenv(name)
@@ -22,9 +24,10 @@ func Env(t testing.TB, name, hint string) string {
 	return v
 }
 
-// Control runs the verbs of a command that controls a test server
-// (.ci/pg.sh's helper: restart, pause, resume). A Control that has paused
-// the server resumes it when its test ends.
+// Control runs the verbs of a command that controls an engine server a
+// CI script started ("restart", "pause", "resume": .ci/pg.sh writes one),
+// for a harness's Cluster.Down and Up. A Control that has paused the
+// server resumes it when its test ends.
 type Control struct {
 	t   testing.TB
 	cmd string

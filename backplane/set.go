@@ -1,22 +1,8 @@
-// Package mirror is the engine-independent half of a backplane module
-// (pgbus, redisbus): the set of this replica's mirror buses, one per
-// session, each an eventbus fed bus with one reader goroutine. It opens a
-// mirror once for concurrent lookups, checks a reused mirror's epoch
-// against the engine before a new stream joins it, answers the SSE
-// Handler's lookups (404, 503 unavailable, 503 shutting_down), releases
-// mirrors without local subscribers after an idle timeout, and closes
-// everything on Close. The engine (the Engine interface) reads or creates
-// a session's epoch, feeds the mirror (its reader) and is the mirror's
-// eventbus.Log.
-//
-// It imports only the standard library and package eventbus, so the root
-// module gains no dependency.
-package mirror
+package backplane
 
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -24,13 +10,15 @@ import (
 	"github.com/ssebus/eventbus"
 )
 
-// Session is the engine-independent state of one session's mirror. An
-// engine's session type embeds it; Set fills it in.
+// Session is the engine-independent state of one session's mirror on this
+// replica. An engine's session type embeds it (see Member); the Set fills
+// it in. Its fields are read-only for the engine.
 type Session struct {
-	// ID is the session's id; set before the engine sees the session.
+	// ID is the session's id; set before Engine.Open sees the session.
 	ID string
-	// Bus and Epoch are the mirror and its epoch, set under the set's lock
-	// before the session is ready (Set.Peek reads them earlier).
+	// Bus and Epoch are the mirror and its epoch, set before Engine.Run
+	// starts (Set.Peek may see them zero while the session opens). A
+	// session's Bus is an eventbus fed bus: Run feeds it with Append.
 	Bus   *eventbus.EventBus
 	Epoch string
 
@@ -55,60 +43,109 @@ func (s *Session) Ready() bool {
 }
 
 // Member is an engine's session type: a pointer to a struct embedding
-// Session, which is the mirror's eventbus.Log.
+// Session, which is also the mirror's eventbus.Log (ReadHistory answers a
+// resume the mirror's ring cannot, Head tells a lagging mirror how far
+// the log is; see eventbus.Log). Its ReadHistory and Head may read the
+// embedded Session's Epoch: they run only once the mirror exists.
 type Member interface {
 	comparable
 	eventbus.Log
 	Mirror() *Session
 }
 
-// Engine is what a backplane module supplies for its sessions of type S.
+// Start is where a session's mirror begins: what Engine.Open read from
+// the log, for the mirror (Epoch, Last) and for the engine's reader
+// (Cursor).
+type Start struct {
+	// Epoch is the session's epoch in the log (32 hex characters,
+	// eventbus.NewEpoch), created by Open when the session had none.
+	Epoch string
+	// Last is the last id the log assigned in Epoch (0: none yet): the
+	// mirror delivers from Last+1.
+	Last uint64
+	// Cursor is the engine's own position of Last in its log (a stream
+	// sequence, an offset, an LSN), for Run to read from; the Set never
+	// reads it. An engine whose ids are its positions leaves it 0.
+	Cursor uint64
+}
+
+// Engine is what a backplane module supplies for its sessions of type S:
+// the engine half of a backplane. The Set calls its methods from its own
+// goroutines, for different sessions at once: they must be safe for
+// concurrent use. None is called with the Set's lock held.
 type Engine[S Member] interface {
-	// New returns a new session named id (its Session part zero: Set
-	// fills it in).
+	// New returns a new session named id, with its Session part zero (the
+	// Set fills it in). It must not block or do I/O: it runs once per
+	// session, before Open, while other lookups of id wait.
 	New(id string) S
-	// Open reads (or creates) the session's epoch and the last id it
-	// assigned, within ctx. It runs before the mirror exists; an error is
-	// wrapped by Config.Unavailable.
-	Open(ctx context.Context, s S) (epoch string, last uint64, err error)
-	// Run is the session's reader: it feeds s.Bus from the id after last
-	// until ctx ends (Set's Close, Stop, Expire). Set starts it once the
-	// session is in the set and counts it in its WaitGroup.
-	Run(ctx context.Context, s S, last uint64)
+	// Open reads the session's epoch and the last id its log assigned,
+	// creating the epoch when the log has none (the session is new, or
+	// was deleted or lost): every replica that opens the session must get
+	// the same epoch, so the creation must be atomic in the engine (one
+	// replica wins, the others read its epoch). ctx bounds it
+	// (Config.Timeout); an error is wrapped by Config.Unavailable and
+	// answered 503 unavailable, and the next lookup calls Open again.
+	// Open runs before the mirror exists: it may set fields of s that Run
+	// and the Log methods read.
+	Open(ctx context.Context, s S) (Start, error)
+	// Run is the session's reader: it appends to s.Bus (eventbus.EventBus.
+	// Append), in id order, every entry of the log after from.Last (from
+	// from.Cursor, in the engine's terms), until ctx ends, and returns
+	// then. An id gap it cannot fill is no error: Append tells the
+	// subscribers (state_resync_required, ring_evicted). When the log no
+	// longer holds the mirror's epoch (deleted, lost), Run calls
+	// Set.Expire and returns; when it cannot reach the engine for the
+	// outage bound, Set.Outage and returns; between failures it waits a
+	// Backoff. The Set starts Run once the session is in the set (so an
+	// engine that wakes readers by session finds it) and waits for it in
+	// Close.
+	Run(ctx context.Context, s S, from Start)
 	// Epoch returns the session's current epoch in the engine ("" when
-	// it has none), within ctx.
+	// it has none), within ctx. Set.Bus calls it before a new stream
+	// joins a mirror opened earlier, so that the stream never joins an
+	// epoch the log no longer has; an error refuses the stream (503).
 	Epoch(ctx context.Context, s S) (string, error)
 }
 
 // Config configures a Set.
 type Config struct {
-	Name   string // the module's name, e.g. "pgbus": prefixes log lines
-	Engine string // e.g. "PostgreSQL": in the Handler's 503 message
+	Name   string // the module's name, e.g. "pgbus": prefixes log lines and messages
+	Engine string // e.g. "PostgreSQL": in the Handler's 503 message and the outage message
 	Store  string // e.g. "the table": where Bus found another epoch, in a log line
-	// Bus configures every mirror.
-	Bus eventbus.Options
+	// Bus is the module's bus options as PrepareBus completed them: every
+	// mirror's options, the logger of the Set's log lines, and the
+	// encoder of Prepare and PrepareSignal.
+	Bus Bus
 	// Timeout bounds Open and a Bus epoch check, and is each mirror's
-	// LagTimeout.
+	// LagTimeout (how long a resume waits for a lagging reader).
 	Timeout time.Duration
 	// IdleTimeout is how long a mirror may have no subscriber before it
 	// is released.
 	IdleTimeout time.Duration
-	// Valid checks a session id (the module's ErrInvalidSession).
+	// OutageTimeout is the engine's outage bound, named in Outage's
+	// messages.
+	OutageTimeout time.Duration
+	// Valid checks a session id (failing with the module's
+	// ErrInvalidSession).
 	Valid func(id string) error
 	// Unavailable wraps an engine failure of operation op (the module's
 	// ErrUnavailable, which ErrUnavailable must be).
 	Unavailable    func(op, session string, err error) error
 	ErrUnavailable error
-	Logger         *slog.Logger
 	// ShutdownRetryAfter is the retryAfter of the stream_error shutdown
 	// that Close gives every stream (eventbus.EventBus.CloseForShutdown);
 	// 0 means eventbus.DefaultShutdownRetryAfter.
 	ShutdownRetryAfter time.Duration
 }
 
-// Set is a backplane's mirrors on this replica. Create it with New; it is
-// safe for concurrent use. Close ends every goroutine started by it or
-// through Go.
+// Set is a backplane's mirrors on this replica, one per session with
+// subscribers here: it opens a mirror once however many lookups ask at
+// once, checks a reused mirror's epoch with the engine before a stream
+// joins it, answers the SSE Handler's lookups, releases idle mirrors, and
+// holds what every backplane's Publish, Signal and Delete do around the
+// engine's call (Prepare, PrepareSignal, DeliverSignal, Deleted). Create
+// it with New; it is safe for concurrent use. Close ends every goroutine
+// started by it or through Go.
 type Set[S Member] struct {
 	cfg    Config
 	eng    Engine[S]
@@ -123,9 +160,11 @@ type Set[S Member] struct {
 
 // errReleased is the error of a session released (Delete, a new epoch)
 // while it was being opened; a waiting lookup tries again.
-var errReleased = errors.New("mirror: session released while opening")
+var errReleased = errors.New("backplane: session released while opening")
 
-// New returns an empty set and starts its idle janitor.
+// New returns an empty set of eng's sessions and starts its idle
+// janitor; Close stops it. cfg's Valid, Unavailable and ErrUnavailable
+// must be set.
 func New[S Member](cfg Config, eng Engine[S]) *Set[S] {
 	t := &Set[S]{cfg: cfg, eng: eng, sessions: make(map[string]S)}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
@@ -302,14 +341,14 @@ func (t *Set[S]) open(s S) {
 	}
 	m.opened = time.Now()
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.Timeout)
-	epoch, last, err := t.eng.Open(ctx, s)
+	from, err := t.eng.Open(ctx, s)
 	cancel()
 	if err != nil {
 		fail(err)
 		return
 	}
-	bus, err := eventbus.NewFed(t.cfg.Bus, eventbus.FeedOptions{
-		Epoch: epoch, NextID: last + 1, Log: s, LagTimeout: t.cfg.Timeout})
+	bus, err := eventbus.NewFed(t.cfg.Bus.Options, eventbus.FeedOptions{
+		Epoch: from.Epoch, NextID: from.Last + 1, Log: s, LagTimeout: t.cfg.Timeout})
 	if err != nil {
 		fail(err) // a corrupt epoch; the options were validated by the module's New
 		return
@@ -327,7 +366,7 @@ func (t *Set[S]) open(s S) {
 		}
 		return
 	}
-	m.Bus, m.Epoch, m.cancel = bus, epoch, rcancel
+	m.Bus, m.Epoch, m.cancel = bus, from.Epoch, rcancel
 	t.wg.Add(1)
 	t.mu.Unlock()
 	// The session is in the set before the reader's first read, so an
@@ -335,7 +374,7 @@ func (t *Set[S]) open(s S) {
 	// between the read and the set.
 	go func() {
 		defer t.wg.Done()
-		t.eng.Run(rctx, s, last)
+		t.eng.Run(rctx, s, from)
 	}()
 }
 
@@ -384,7 +423,7 @@ func (t *Set[S]) Remove(s S) bool {
 func (t *Set[S]) Expire(s S, why string) {
 	t.Remove(s)
 	m := s.Mirror()
-	t.cfg.Logger.Info(t.cfg.Name+": session released", "session", m.ID, "epoch", m.Epoch, "reason", why)
+	t.cfg.Bus.Log.Info(t.cfg.Name+": session released", "session", m.ID, "epoch", m.Epoch, "reason", why)
 	t.Stop(s, "", "")
 }
 
@@ -433,10 +472,10 @@ func (t *Set[S]) Subscribe(ctx context.Context, session string, opts eventbus.Su
 	return bus.Subscribe(ctx, opts)
 }
 
-// Handler returns an SSE handler whose Lookup is Lookup and whose Logger
-// is Config.Logger.
+// Handler returns a new SSE handler whose Lookup is Lookup and whose
+// Logger is Config.Bus.Log; the caller sets the rest of it before serving.
 func (t *Set[S]) Handler() *eventbus.Handler {
-	return &eventbus.Handler{Lookup: t.Lookup, Logger: t.cfg.Logger}
+	return &eventbus.Handler{Lookup: t.Lookup, Logger: t.cfg.Bus.Log}
 }
 
 // Lookup is an eventbus.Handler's Lookup: Bus for r.PathValue("id"), an
@@ -490,7 +529,7 @@ func (t *Set[S]) releaseIdle() {
 			}
 			t.mu.Unlock()
 			for _, s := range idle {
-				t.cfg.Logger.Debug(t.cfg.Name+": idle session released", "session", s.Mirror().ID, "epoch", s.Mirror().Epoch)
+				t.cfg.Bus.Log.Debug(t.cfg.Name+": idle session released", "session", s.Mirror().ID, "epoch", s.Mirror().Epoch)
 				t.Stop(s, "", "")
 			}
 		}

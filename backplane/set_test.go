@@ -1,4 +1,4 @@
-package mirror
+package backplane
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,13 +45,13 @@ type fakeEngine struct {
 
 func (e *fakeEngine) New(string) *fakeSession { return &fakeSession{} }
 
-func (e *fakeEngine) Open(ctx context.Context, s *fakeSession) (string, uint64, error) {
+func (e *fakeEngine) Open(ctx context.Context, s *fakeSession) (Start, error) {
 	e.opens.Add(1)
 	if e.gate != nil {
 		<-e.gate
 	}
 	if e.down.Load() {
-		return "", 0, errDown
+		return Start{}, errDown
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -59,10 +60,10 @@ func (e *fakeEngine) Open(ctx context.Context, s *fakeSession) (string, uint64, 
 		ep = eventbus.NewEpoch()
 		e.epochs[s.ID] = ep
 	}
-	return ep, 0, nil
+	return Start{Epoch: ep}, nil
 }
 
-func (e *fakeEngine) Run(ctx context.Context, _ *fakeSession, _ uint64) {
+func (e *fakeEngine) Run(ctx context.Context, _ *fakeSession, _ Start) {
 	e.runs.Add(1)
 	defer e.runs.Add(-1)
 	<-ctx.Done()
@@ -89,8 +90,12 @@ var errUnavailable = errors.New("fake: unavailable")
 func newSet(t *testing.T, idle time.Duration) (*Set[*fakeSession], *fakeEngine) {
 	t.Helper()
 	eng := &fakeEngine{epochs: map[string]string{}}
+	bus, err := PrepareBus(&eventbus.Options{}, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	set := New[*fakeSession](Config{
-		Name: "fake", Engine: "Fake", Store: "the fake", Timeout: time.Second, IdleTimeout: idle,
+		Name: "fake", Engine: "Fake", Store: "the fake", Bus: bus, Timeout: time.Second, IdleTimeout: idle,
 		Valid: func(id string) error {
 			if id == "" || len(id) > 8 {
 				return errors.New("fake: invalid session")
@@ -101,7 +106,6 @@ func newSet(t *testing.T, idle time.Duration) (*Set[*fakeSession], *fakeEngine) 
 			return fmt.Errorf("%w: %s session %q: %v", errUnavailable, op, session, err)
 		},
 		ErrUnavailable: errUnavailable,
-		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, eng)
 	t.Cleanup(func() { set.Close(nil) })
 	return set, eng
@@ -225,4 +229,117 @@ func TestIdleRelease(t *testing.T) {
 		}
 		set.Close(nil)
 	})
+}
+
+func TestBackoffDoublesWithJitter(t *testing.T) {
+	b := Backoff{Min: 10 * time.Millisecond, Max: 80 * time.Millisecond}
+	for i, ceil := range []time.Duration{10, 20, 40, 80, 80} {
+		ceil *= time.Millisecond
+		if d := b.Next(); d < ceil/2 || d > ceil {
+			t.Fatalf("wait %d: %v, want within [%v, %v]", i, d, ceil/2, ceil)
+		}
+	}
+	b.Reset()
+	if d := b.Next(); d > 10*time.Millisecond {
+		t.Fatalf("after Reset: %v", d)
+	}
+	var zero Backoff
+	if d := zero.Next(); d < DefaultMinBackoff/2 || d > DefaultMinBackoff {
+		t.Fatalf("zero Backoff: %v", d)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		start := time.Now()
+		if !b.Sleep(ctx, 3*time.Millisecond) || time.Since(start) > 3*time.Millisecond {
+			t.Fatalf("Sleep with a limit took %v", time.Since(start))
+		}
+		cancel()
+		if b.Sleep(ctx, 0) {
+			t.Fatal("Sleep after ctx ended reported true")
+		}
+	})
+}
+
+// Prepare checks and encodes as Publish would; Appended releases a mirror
+// of another epoch.
+func TestPrepareAndAppended(t *testing.T) {
+	set, eng := newSet(t, time.Minute)
+	ctx := context.Background()
+	if _, err := set.Prepare(ctx, "much-too-long", "", eventbus.Event{Type: "e"}); err == nil {
+		t.Fatal("an invalid session was prepared")
+	}
+	if _, err := set.Prepare(ctx, "s", "", eventbus.Event{}); !errors.Is(err, eventbus.ErrInvalidEvent) {
+		t.Fatalf("empty type: %v", err)
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := set.Prepare(done, "s", "", eventbus.Event{Type: "e"}); !errors.Is(err, errUnavailable) {
+		t.Fatalf("a done context: %v", err)
+	}
+	p, err := set.Prepare(ctx, "s", "", eventbus.Event{Type: "e", Data: 1})
+	if err != nil || p.Fingerprint != "" || !strings.HasPrefix(string(p.Event.Envelope(7)), `{"id":7,`) {
+		t.Fatalf("Prepare: %+v %v", p, err)
+	}
+	bus, err := set.Bus(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err = set.Prepare(ctx, "s", "k", eventbus.Event{Type: "e", Data: 1})
+	if err != nil || p.Fingerprint == "" || p.Key != "k" {
+		t.Fatalf("keyed Prepare: %+v %v", p, err)
+	}
+	p.Appended(bus.Epoch())
+	if set.Len() != 1 {
+		t.Fatal("Appended in the mirror's epoch released it")
+	}
+	eng.renew("s")
+	p.Appended("another")
+	if set.Len() != 0 {
+		t.Fatal("Appended in another epoch kept the stale mirror")
+	}
+	set.Close(nil)
+	if _, err := set.Prepare(ctx, "s", "", eventbus.Event{Type: "e"}); !errors.Is(err, eventbus.ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// A signal is checked before it is sent and delivered to the local
+// mirror's subscribers only; Deleted and Outage end the mirror's streams.
+func TestSignalsDeletedAndOutage(t *testing.T) {
+	set, _ := newSet(t, time.Minute)
+	ctx := context.Background()
+	if err := set.PrepareSignal("s", "", "x"); !errors.Is(err, eventbus.ErrInvalidEvent) {
+		t.Fatalf("empty signal type: %v", err)
+	}
+	if err := set.PrepareSignal("s", "changed", "doc/1"); err != nil {
+		t.Fatal(err)
+	}
+	set.DeliverSignal("s", "changed", "doc/1") // no mirror: nothing
+	sub, err := set.Subscribe(ctx, "s", eventbus.SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.DeliverSignal("s", "changed", "doc/1")
+	<-sub.Ready()
+	if fs, _ := sub.AppendReady(nil); len(fs) != 1 || fs[0].Type() != "changed" || fs[0].ID() != 0 {
+		t.Fatalf("delivered %v", fs)
+	}
+	set.Deleted("s")
+	for range sub.Events() {
+	}
+	if set.Len() != 0 {
+		t.Fatal("Deleted kept the mirror")
+	}
+	sub, err = set.Subscribe(ctx, "s", eventbus.SubscribeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.Outage(set.Get("s"), time.Now().Add(-time.Second), errDown)
+	var last eventbus.Frame
+	for f := range sub.Events() {
+		last = f
+	}
+	if set.Len() != 0 || last.Type() != eventbus.TypeStreamError || !strings.Contains(string(last.JSON()), `"errorKind":"unavailable"`) {
+		t.Fatalf("after Outage: %d sessions, last frame %s", set.Len(), last.JSON())
+	}
 }

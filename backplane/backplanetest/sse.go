@@ -1,12 +1,3 @@
-// Package backplanetest is what the tests and benchmarks of the backplane
-// modules share: an SSE client (a test opens a stream on a replica's HTTP
-// server, reads its frames from a channel, and checks ids and synthetic
-// frames by their envelope fields) and the publish-to-delivery benchmark
-// harness (Delivery).
-//
-// It is internal to github.com/ssebus/eventbus; the backplane modules
-// (redisbus, pgbus) may import it because their import paths lie under
-// that prefix. It is for tests only.
 package backplanetest
 
 import (
@@ -141,7 +132,7 @@ func (s *Stream) Next(d time.Duration) Frame {
 	select {
 	case f, ok := <-s.frames:
 		if !ok {
-			s.t.Fatalf("stream ended, want a frame")
+			s.t.Fatalf("the stream ended, want a frame")
 		}
 		return f
 	case <-time.After(d):

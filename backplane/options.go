@@ -1,4 +1,4 @@
-package mirror
+package backplane
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 
 // Durations defaults and checks the duration options of a backplane's
 // constructor, in the order they are given; Err reports the first invalid
-// one. The zero value is ready.
+// one. The zero value is ready; it is not safe for concurrent use.
 type Durations struct{ err error }
 
 // Check sets *v to def when it is 0, then records an error wrapping
@@ -35,9 +35,11 @@ func (d *Durations) Check(name string, v *time.Duration, def, min time.Duration)
 // Err returns the first error Check recorded, or nil.
 func (d *Durations) Err() error { return d.err }
 
-// Bus is what a backplane derives from its bus options: its logger, the
-// encoder of published events, and the bounds of its log.
+// Bus is what a backplane derives from its bus options (PrepareBus): the
+// options of every mirror, its logger, the encoder of published events,
+// and the bounds of its log, which the engine trims a session's log to.
 type Bus struct {
+	Options  eventbus.Options // every mirror's; Logger is set
 	Log      *slog.Logger
 	Encoder  *eventbus.Encoder
 	MaxLen   int // events a session's log keeps (the ring's RingSize)
@@ -45,11 +47,12 @@ type Bus struct {
 	MaxEvent int // the largest encoded event (MaxEventBytes)
 }
 
-// PrepareBus completes a backplane's bus options: ringSize, when set,
-// overrides opts.RingSize; logger, else opts.Logger, else slog.Default()
-// is the backplane's logger and the default of opts.Logger. It fails with
-// eventbus.NewEncoder's error (wrapping eventbus.ErrInvalidOption) when
-// opts is invalid.
+// PrepareBus completes a backplane's bus options in place and returns
+// what the backplane derives from them: ringSize, when set, overrides
+// opts.RingSize (a module's Options.RingSize); logger, else opts.Logger,
+// else slog.Default() is the backplane's logger and the default of
+// opts.Logger. It fails with eventbus.NewEncoder's error (wrapping
+// eventbus.ErrInvalidOption) when opts is invalid.
 func PrepareBus(opts *eventbus.Options, ringSize int, logger *slog.Logger) (Bus, error) {
 	if ringSize != 0 {
 		opts.RingSize = ringSize
@@ -69,6 +72,7 @@ func PrepareBus(opts *eventbus.Options, ringSize int, logger *slog.Logger) (Bus,
 		return Bus{}, err
 	}
 	return Bus{
+		Options:  *opts,
 		Log:      log,
 		Encoder:  enc,
 		MaxLen:   orInt(opts.RingSize, eventbus.DefaultRingSize),

@@ -1,0 +1,57 @@
+package eventbus
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+)
+
+// Idempotent publish: within a key's window, a publish retried with the
+// same key appends nothing and answers the first one's id. The publish
+// itself belongs to whoever keeps the keys (each backplane's
+// PublishIdempotent, cmd/sessiond); this file is what they share: the
+// key's rule (CheckIdempotencyKey) and the event's identity
+// (Encoder.Fingerprint). Its sentinels, ErrInvalidIdempotencyKey and
+// ErrIdempotencyKeyReused, are in errors.go with the others.
+
+// MaxIdempotencyKeyBytes bounds an idempotency key (CheckIdempotencyKey).
+const MaxIdempotencyKeyBytes = 255
+
+// CheckIdempotencyKey checks an idempotency key with the rule every
+// backplane and demo daemon applies: 1 to MaxIdempotencyKeyBytes bytes of
+// printable ASCII (0x20 to 0x7E). It returns nil or an error wrapping
+// ErrInvalidIdempotencyKey. Idempotent publish itself is a backplane's
+// (redisbus.PublishIdempotent): within its window, a publish with a key
+// already used appends nothing and answers the first publish's id.
+func CheckIdempotencyKey(key string) error {
+	if len(key) == 0 || len(key) > MaxIdempotencyKeyBytes {
+		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidIdempotencyKey, len(key), MaxIdempotencyKeyBytes)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return fmt.Errorf("%w: byte %d is %#x, want printable ASCII", ErrInvalidIdempotencyKey, i, key[i])
+		}
+	}
+	return nil
+}
+
+// Fingerprint is the identity of e for idempotent publish: a hash (32 hex
+// characters) of its encoding without the id and with serverTimestamp set
+// to 0, so its type, data (compacted: {"a": 1} is {"a":1}), the other _meta
+// keys and originatorClientId count, and the time of the attempt does not.
+// Two attempts with one key and different fingerprints are a reused key
+// (ErrIdempotencyKeyReused). It returns Encode's error for an event
+// Publish would refuse.
+func (enc *Encoder) Fingerprint(e Event) (string, error) {
+	meta := make(map[string]any, len(e.Meta)+1)
+	maps.Copy(meta, e.Meta)
+	meta["serverTimestamp"] = 0
+	e.Meta = meta
+	ev, err := enc.Encode(e)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(ev.Tail)
+	return hex.EncodeToString(sum[:16]), nil
+}
