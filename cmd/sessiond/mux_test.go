@@ -541,3 +541,35 @@ func TestMuxAcrossAKill9(t *testing.T) {
 		})
 	}
 }
+
+// With -auth-token and -cors-origin a CORS preflight of the multiplexed
+// stream needs no credentials (the stream itself does), as on the single
+// stream.
+func TestMuxPreflightWithAuth(t *testing.T) {
+	auth, err := daemon.NewAuth(daemon.AuthOptions{Token: testToken, Realm: "sessiond"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newServer(config{Logger: slog.New(slog.DiscardHandler), Auth: auth, Stream: func(h *eventbus.Handler) error {
+		h.CORS = &eventbus.CORS{Origins: []string{"https://app.example"}}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s.routes())
+	t.Cleanup(func() {
+		s.closeAll()
+		ts.Close()
+	})
+	s.create(t, "a")
+	target := muxURL(ts.URL, []string{"a"})
+	r := call(t, http.MethodOptions, target, http.Header{"Origin": {"https://app.example"}, "Access-Control-Request-Method": {"GET"},
+		"Access-Control-Request-Headers": {"authorization, last-event-id"}}, "")
+	if r.status != http.StatusNoContent || r.header.Get("Access-Control-Allow-Origin") != "https://app.example" ||
+		!strings.Contains(strings.ToLower(r.header.Get("Access-Control-Allow-Headers")), "authorization") {
+		t.Fatalf("preflight: %d %v", r.status, r.header)
+	}
+	r = call(t, http.MethodGet, target, http.Header{"Origin": {"https://app.example"}}, "")
+	requireError(t, r, http.StatusUnauthorized, "unauthorized", "a")
+}
