@@ -25,52 +25,21 @@ import (
 func TestThirdPartyClientsOnTheMultiplexedStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	clients := []struct {
-		c     *client
-		start starter
-		node  bool
-	}{
+	clients := []driven{
 		{&client{name: "tmaxmax/go-sse", session: "mgosse"}, startGoSSE, false},
 		{&client{name: "npm eventsource", session: "mnpmes"}, startNode("eventsource-client.mjs"), true},
 	}
-	for _, cl := range clients {
-		if cl.node {
-			nodeAvailable(t)
-		}
-	}
+	needNode(t, clients)
 	sessionsOf := func(c *client) []string { return []string{c.session + "-a", c.session + "-b"} }
 	bin := daemontest.Build(ctx, t, "..", raceEnabled)
 	addr := daemontest.FreeAddr(t)
 	args := append([]string{"-addr", addr}, daemonArgs...)
 	d := daemontest.Start(ctx, t, bin, args...)
 
-	cctx, stopClients := context.WithCancel(ctx)
-	var waits []func()
-	for _, cl := range clients {
-		u := d.Base + "/events?" + url.Values{"session": sessionsOf(cl.c)}.Encode()
-		waits = append(waits, cl.start(t, cctx, cl.c, u))
-	}
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			stopClients()
-			for _, w := range waits {
-				w()
-			}
-		}
-	}
+	stop, all := drive(t, ctx, clients, func(c *client) string {
+		return d.Base + "/events?" + url.Values{"session": sessionsOf(c)}.Encode()
+	})
 	defer stop()
-
-	all := func(what string, cond func(c *client) (bool, string)) {
-		t.Helper()
-		for _, cl := range clients {
-			daemontest.WaitUntil(t, 30*time.Second, cl.c.name+": "+what, func() (bool, string) {
-				ok, state := cond(cl.c)
-				return ok, fmt.Sprintf("%s; records %+v", state, cl.c.records())
-			})
-		}
-	}
 	subscribed := func(c *client) (bool, string) {
 		n := 0
 		for _, id := range sessionsOf(c) {

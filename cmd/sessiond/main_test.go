@@ -75,6 +75,12 @@ func do(t *testing.T, method, url, body string) response {
 // call sends a request with header and body and returns the answer.
 func call(t *testing.T, method, url string, header http.Header, body string) response {
 	t.Helper()
+	return callWith(t, http.DefaultClient, method, url, header, body)
+}
+
+// callWith is call with client.
+func callWith(t *testing.T, client *http.Client, method, url string, header http.Header, body string) response {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var rd io.Reader
@@ -88,7 +94,7 @@ func call(t *testing.T, method, url string, header http.Header, body string) res
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

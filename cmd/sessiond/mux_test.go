@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -87,23 +86,7 @@ func muxURL(base string, ids []string, extra ...string) string {
 // get answers a request of m's client.
 func (m *muxServer) get(t *testing.T, method, target string, header http.Header) response {
 	t.Helper()
-	req, err := http.NewRequest(method, target, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	resp, err := m.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return response{resp.StatusCode, resp.Header, b}
+	return callWith(t, m.client, method, target, header, "")
 }
 
 // open opens the multiplexed stream of ids, resuming from cursor when set.
@@ -546,22 +529,10 @@ func TestMuxAcrossAKill9(t *testing.T) {
 // stream needs no credentials (the stream itself does), as on the single
 // stream.
 func TestMuxPreflightWithAuth(t *testing.T) {
-	auth, err := daemon.NewAuth(daemon.AuthOptions{Token: testToken, Realm: "sessiond"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := newServer(config{Logger: slog.New(slog.DiscardHandler), Auth: auth, Stream: func(h *eventbus.Handler) error {
+	s, ts := newAuthServerWith(t, 0, config{Stream: func(h *eventbus.Handler) error {
 		h.CORS = &eventbus.CORS{Origins: []string{"https://app.example"}}
 		return nil
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s.routes())
-	t.Cleanup(func() {
-		s.closeAll()
-		ts.Close()
-	})
 	s.create(t, "a")
 	target := muxURL(ts.URL, []string{"a"})
 	r := call(t, http.MethodOptions, target, http.Header{"Origin": {"https://app.example"}, "Access-Control-Request-Method": {"GET"},
