@@ -155,12 +155,17 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 	return id, epoch, nil
 }
 
-// take returns the next n frames of sub.
+// take returns the next n frames of sub (fewer if it ends first). Ready
+// is signalled when the queue goes from empty to non-empty, so it is
+// waited on only after a take found nothing.
 func take(sub *eventbus.Subscription, n int) []eventbus.Frame {
 	var out []eventbus.Frame
-	for len(out) < n {
-		<-sub.Ready()
-		out, _ = sub.AppendReady(out)
+	for open := true; open && len(out) < n; {
+		before := len(out)
+		out, open = sub.AppendReady(out)
+		if open && len(out) == before {
+			<-sub.Ready()
+		}
 	}
 	return out
 }
@@ -175,7 +180,10 @@ func Example() {
 	defer b.set.Close(nil)
 	ctx := context.Background()
 
-	onB, _ := b.set.Subscribe(ctx, "s1", eventbus.SubscribeOptions{})
+	onB, err := b.set.Subscribe(ctx, "s1", eventbus.SubscribeOptions{})
+	if err != nil {
+		panic(err)
+	}
 	a.Publish(ctx, "s1", eventbus.Event{Type: "note", Data: "hello"})
 	a.Publish(ctx, "s1", eventbus.Event{Type: "note", Data: "again"})
 	for _, f := range take(onB, 2) {
@@ -183,7 +191,10 @@ func Example() {
 	}
 	onB.Close()
 
-	onA, _ := a.set.Subscribe(ctx, "s1", eventbus.SubscribeOptions{Resume: true, LastEventID: 1, Epoch: b.set.Get("s1").Epoch})
+	onA, err := a.set.Subscribe(ctx, "s1", eventbus.SubscribeOptions{Resume: true, LastEventID: 1, Epoch: b.set.Get("s1").Epoch})
+	if err != nil {
+		panic(err)
+	}
 	for _, f := range take(onA, 2) {
 		fmt.Println("A resumed:", f.ID(), f.Type())
 	}
