@@ -143,31 +143,6 @@ func TestNewFedValidates(t *testing.T) {
 	assert.Zero(t, f.LastEventID(), "a refused entry is not delivered")
 }
 
-func TestEncoderEncodesAsPublish(t *testing.T) {
-	now := func() time.Time { return time.UnixMilli(1719000000000) }
-	enc, err := NewEncoder(Options{Now: now})
-	require.NoError(t, err)
-	b, err := New(Options{Now: now})
-	require.NoError(t, err)
-	defer b.Close()
-	ev := Event{Type: "t", Data: map[string]int{"a": 1}, OriginatorClientID: "c"}
-	e, err := enc.Encode(ev)
-	require.NoError(t, err)
-	f, err := b.Publish(ev)
-	require.NoError(t, err)
-	assert.Equal(t, "t", e.Type)
-	assert.Equal(t, string(f.JSON()), string(e.Envelope(1)))
-
-	_, err = enc.Encode(Event{Type: "a\nb"})
-	assert.ErrorIs(t, err, ErrInvalidEvent)
-	small, err := NewEncoder(Options{MaxEventBytes: 40})
-	require.NoError(t, err)
-	_, err = small.Encode(Event{Type: "t", Data: strings.Repeat("x", 40)})
-	assert.ErrorIs(t, err, ErrEventTooLarge)
-	_, err = NewEncoder(Options{MaxEventBytes: -1})
-	assert.ErrorIs(t, err, ErrInvalidOption)
-}
-
 func TestFedAppendGapSendsRingEvictedResync(t *testing.T) {
 	b := newFed(t, Options{}, 1, nil)
 	s := subscribe(t, b, SubscribeOptions{})

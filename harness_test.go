@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -1264,4 +1266,287 @@ func openStream(t testing.TB, ts *httptest.Server, pathQuery string, hdr http.He
 		cancel()
 	})
 	return newSSEStream(t, resp)
+}
+
+// Queue operations that only tests need: the library itself consumes with
+// popAll and sizes replays with reserveLocked under its own locking.
+
+func newQueue(maxQueued, maxBytes int) *boundedAsyncQueue {
+	q := &boundedAsyncQueue{}
+	q.init(maxQueued, maxBytes)
+	return q
+}
+
+// reserve is reserveLocked with the lock taken.
+func (q *boundedAsyncQueue) reserve(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.reserveLocked(n)
+}
+
+// poppedEntry is a dequeued entry with its frame by value (the zero Frame
+// when nothing was dequeued), for comparisons.
+type poppedEntry struct {
+	f              Frame
+	forced, marker bool
+}
+
+// popState is the outcome of a pop.
+type popState uint8
+
+const (
+	popOK    popState = iota // an entry was returned
+	popEmpty                 // nothing ready now; wait on ready
+	popEnded                 // closed and nothing left: the end of the stream
+)
+
+// pop removes the oldest entry: popAll limited to one.
+func (q *boundedAsyncQueue) pop() (poppedEntry, popState) {
+	q.mu.Lock()
+	var e queueEntry
+	n := q.length()
+	if n > 0 {
+		e = q.entry(0) // its tags; take returns the frame only
+	}
+	ended := n == 0 && q.closed.Load()
+	q.mu.Unlock()
+	if ended {
+		return poppedEntry{}, popEnded
+	}
+	if fs, _ := q.take(nil, true, 1, nil); len(fs) == 1 {
+		return poppedEntry{fs[0], e.forced, e.marker}, popOK
+	}
+	return poppedEntry{}, popEmpty
+}
+
+// refs returns pointers to copies of fs, the form unhold takes.
+func refs(fs []Frame) []*frame {
+	out := make([]*frame, len(fs))
+	for i, f := range fs {
+		out[i] = f.ref()
+	}
+	return out
+}
+
+// counts returns the live counts and caps.
+func (q *boundedAsyncQueue) counts() queueCounts {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.liveCounts()
+}
+
+// len returns the number of buffered entries, live and forced.
+func (q *boundedAsyncQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.length()
+}
+
+// queueEntry is one buffered frame with its tags, as the tests see it.
+type queueEntry struct {
+	f      *frame
+	forced bool
+	marker bool
+}
+
+// entry returns the i-th queued entry from the head (under mu).
+func (q *boundedAsyncQueue) entry(i int) queueEntry {
+	j := (q.head.Load() + uint64(i)) & uint64(len(q.buf)-1)
+	fl := q.flags[j]
+	return queueEntry{f: q.buf[j], forced: fl&entryForced != 0, marker: fl&entryMarker != 0}
+}
+
+// freeSlotsClear reports the first slot outside [head, next) that holds a
+// frame or a tag, or -1: a free slot must neither pin a frame nor hand its
+// tags to the live entry that a push writes there without touching flags.
+func (q *boundedAsyncQueue) freeSlotsClear() int {
+	used := make(map[uint64]bool)
+	mask := uint64(len(q.buf) - 1)
+	for p := q.head.Load(); p != q.next; p++ {
+		used[p&mask] = true
+	}
+	for i := range q.buf {
+		if !used[uint64(i)] && (q.buf[i] != nil || q.flags[i] != 0) {
+			return i
+		}
+	}
+	return -1
+}
+
+// pushNow is push followed at once by the wake it asks for: the order every
+// caller of push keeps, with nothing in between.
+func (q *boundedAsyncQueue) pushNow(f *frame) (pushResult, queueCounts) {
+	res, c, wake := q.push(f)
+	if wake {
+		q.wake()
+	}
+	return res, c
+}
+
+// A shutdown says so (issue 22, point 4): every stream of a bus closed by
+// CloseForShutdown, Hub.Shutdown or Hub.Close gets what was queued, then
+// one stream_error {"errorKind":"shutdown","retryAfter":ms}; a client that
+// never reads holds Hub.Shutdown until its deadline, and nobody else.
+
+// shutdownData is the data of a shutdown frame with retryAfter ms.
+func shutdownData(ms int) string {
+	return `{"error":"` + shutdownMessage + `","errorKind":"shutdown","retryAfter":` + strconv.Itoa(ms) + `}`
+}
+
+// raceEnabled reports whether the test binary was built with -race.
+func raceEnabled() bool {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "-race" {
+				return s.Value == "true"
+			}
+		}
+	}
+	return false
+}
+
+// liveHeap returns HeapAlloc after two full collections (the second frees
+// what the first one's finalizers and sync.Pool victim caches released).
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// waitGoroutines waits until runtime.NumGoroutine is at most n and returns
+// the last count. Goroutines that end asynchronously (a context's
+// AfterFunc, net/http's connection goroutines) get up to 10 s; the test
+// checks the count, not the time.
+func waitGoroutines(n int) int {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := runtime.NumGoroutine()
+		if got <= n || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Hostile input over HTTP: what a remote client or a careless producer can
+// throw at the bus and its SSE route, end to end on a real loopback server.
+
+// waitSubscribers waits until b has n subscribers (a stream registers
+// before its headers are read, but this makes the order explicit).
+func waitSubscribers(t *testing.T, b *EventBus, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for b.SubscriberCount() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d subscribers, want %d", b.SubscriberCount(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// The Hub (hub.go): lookup without create, get-or-create, the session cap,
+// idle expiry, shutdown and stats. The budget and age tests are in
+// hub_budget_test.go.
+
+func newTestHub(t testing.TB, opts HubOptions) *Hub {
+	t.Helper()
+	h, err := NewHub(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
+	return h
+}
+
+// newHubClock is the tests' settable clock (Options.Now): a test moves
+// time and calls sweep itself.
+func newHubClock() *fakeClock { return newFakeClock(testStamp) }
+
+func hubEvent(i int) Event {
+	return Event{Type: "t", Data: json.RawMessage(`{"i":` + strconv.Itoa(i) + `}`)}
+}
+
+// hubStream GETs url with hdr and returns its events up to and with the
+// first of type until.
+func hubStream(t *testing.T, url string, hdr http.Header, until string) []sseEvent {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	c := newSSEStream(t, resp)
+	defer c.close()
+	var out []sseEvent
+	for {
+		ev := c.skipToEvent()
+		out = append(out, ev)
+		if ev.Type == until {
+			return out
+		}
+	}
+}
+
+// overflow11 publishes events until the subscriber's next overflow (or
+// eviction) and returns the id of the rejected one.
+func overflow11(t testing.TB, b *EventBus, s *Subscription) uint64 {
+	t.Helper()
+	before := b.Stats()
+	for range 10_000 {
+		id := publishType(t, b, "e").ID()
+		st := b.Stats()
+		if st.Resyncs != before.Resyncs || st.Evictions != before.Evictions {
+			return id
+		}
+	}
+	t.Fatal("no overflow")
+	return 0
+}
+
+// eventIDs returns the ids of the events among fs, in order.
+func eventIDs(fs []Frame) []uint64 {
+	var ids []uint64
+	for _, f := range fs {
+		if f.ID() != 0 {
+			ids = append(ids, f.ID())
+		}
+	}
+	return ids
+}
+
+// requireIDs fails with the first difference between want and got, not
+// with thousands of ids.
+func requireIDs(t testing.TB, want, got []uint64, msgAndArgs ...any) {
+	t.Helper()
+	for i := range min(len(want), len(got)) {
+		if want[i] != got[i] {
+			require.FailNow(t, fmt.Sprintf("id %d of %d: got %d, want %d (got %d ids, want %d)", i, len(want), got[i], want[i], len(got), len(want)), msgAndArgs...)
+		}
+	}
+	if len(want) != len(got) {
+		last := "none"
+		if len(got) > 0 {
+			last = strconv.FormatUint(got[len(got)-1], 10)
+		}
+		require.FailNow(t, fmt.Sprintf("got %d ids (the last %s), want %d", len(got), last, len(want)), msgAndArgs...)
+	}
+}
+
+func seqIDs(from, to uint64) []uint64 {
+	var ids []uint64
+	for i := from; i <= to; i++ {
+		ids = append(ids, i)
+	}
+	return ids
+}
+
+// pub11Size is the envelope size of an event of type "e" without data
+// published as id on a newBus bus.
+func pub11Size(b *EventBus, id uint64) int {
+	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, testStamp))
 }
