@@ -13,70 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// fakeLog is a backplane log in memory: entries first..last, numbered by it.
-type fakeLog struct {
-	epoch   string
-	entries []LogEntry
-	calls   int
-	reqs    []HistoryRequest
-	err     error
-	onRead  func() // runs at the start of every ReadHistory
-	onHead  func() // runs at the start of every Head
-}
-
-func (l *fakeLog) add(t *testing.T, typ string) LogEntry {
-	t.Helper()
-	enc, err := NewEncoder(Options{})
-	require.NoError(t, err)
-	ev, err := enc.Encode(Event{Type: typ})
-	require.NoError(t, err)
-	id := uint64(1)
-	if n := len(l.entries); n > 0 {
-		id = l.entries[n-1].ID + 1
-	}
-	e := LogEntry{ID: id, Type: typ, JSON: ev.Envelope(id)}
-	l.entries = append(l.entries, e)
-	return e
-}
-
-func (l *fakeLog) trim(keep int) { l.entries = l.entries[len(l.entries)-keep:] }
-
-func (l *fakeLog) ReadHistory(_ context.Context, req HistoryRequest) ([]LogEntry, uint64, error) {
-	if l.onRead != nil {
-		l.onRead()
-	}
-	l.calls++
-	l.reqs = append(l.reqs, req)
-	if l.err != nil {
-		return nil, 0, l.err
-	}
-	var out []LogEntry
-	for _, e := range l.entries {
-		if e.ID > req.After && e.ID <= req.Upto {
-			out = append(out, e)
-		}
-	}
-	first := uint64(0)
-	if len(l.entries) > 0 {
-		first = l.entries[0].ID
-	}
-	return out, first, nil
-}
-
-func (l *fakeLog) Head(context.Context) (string, uint64, error) {
-	if l.onHead != nil {
-		l.onHead()
-	}
-	if l.err != nil {
-		return "", 0, l.err
-	}
-	last := uint64(0)
-	if n := len(l.entries); n > 0 {
-		last = l.entries[n-1].ID
-	}
-	return l.epoch, last, nil
-}
-
 const testEpoch = "0123456789abcdef0123456789abcdef"
 
 func newFed(t *testing.T, opts Options, next uint64, log Log) *EventBus {
@@ -110,7 +46,7 @@ func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidEvent, "an event Publish refuses anyway says why")
 
 	s := subscribe(t, b, SubscribeOptions{})
-	log := &fakeLog{}
+	log := &memLog{}
 	for range 41 {
 		log.add(t, "tick")
 	}
@@ -146,7 +82,7 @@ func TestNewFedValidates(t *testing.T) {
 func TestFedAppendGapSendsRingEvictedResync(t *testing.T) {
 	b := newFed(t, Options{}, 1, nil)
 	s := subscribe(t, b, SubscribeOptions{})
-	log := &fakeLog{}
+	log := &memLog{}
 	for range 5 {
 		log.add(t, "tick")
 	}
@@ -161,7 +97,7 @@ func TestFedAppendGapSendsRingEvictedResync(t *testing.T) {
 func TestFedAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T) {
 	b := newFed(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp}, 1, nil)
 	s := subscribe(t, b, SubscribeOptions{})
-	log := &fakeLog{}
+	log := &memLog{}
 	for range 10 {
 		log.add(t, "tick")
 	}
@@ -185,7 +121,7 @@ func TestFedAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T) {
 }
 
 func TestRemoteResumeReplaysFromTheLogAheadOfLiveFrames(t *testing.T) {
-	log := &fakeLog{epoch: testEpoch}
+	log := &memLog{epoch: testEpoch}
 	for range 10 {
 		log.add(t, "tick")
 	}
@@ -215,7 +151,7 @@ func TestRemoteResumeReplaysFromTheLogAheadOfLiveFrames(t *testing.T) {
 
 func TestResumeAheadOfTheFeedWaitsForIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		log := &fakeLog{epoch: testEpoch}
+		log := &memLog{epoch: testEpoch}
 		for range 6 {
 			log.add(t, "tick")
 		}
@@ -254,7 +190,7 @@ func TestResumeAheadOfTheFeedWaitsForIt(t *testing.T) {
 
 func TestResumeAheadOfTheFeedGivesUpAfterLagTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		log := &fakeLog{epoch: testEpoch}
+		log := &memLog{epoch: testEpoch}
 		for range 6 {
 			log.add(t, "tick")
 		}
@@ -280,7 +216,7 @@ func TestResumeAheadOfTheFeedGivesUpAfterLagTimeout(t *testing.T) {
 }
 
 func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
-	log := &fakeLog{epoch: testEpoch}
+	log := &memLog{epoch: testEpoch}
 	for range 10 {
 		log.add(t, "tick")
 	}
@@ -324,7 +260,7 @@ func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
 }
 
 func TestRemoteResumeHistoryErrorIsAnExplicitResync(t *testing.T) {
-	log := &fakeLog{err: errors.New("connection refused")}
+	log := &memLog{err: errors.New("connection refused")}
 	var diags []Diagnostic
 	b := newFed(t, Options{OnDiagnostic: func(d Diagnostic) bool { diags = append(diags, d); return true }}, 5, log)
 	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})

@@ -641,6 +641,10 @@ func chaosLine(br *bufio.Reader) (string, error) {
 	return string(b), nil
 }
 
+// ---------------------------------------------------------------------------
+// In process: publishers, and subscribers that join, resume, cancel and are
+// evicted at random, checked frame by frame.
+
 // TestStressPublishSubscribeResumeCancelEvict runs several publishers while
 // subscribers join, resume with their last id, cancel (context, Close,
 // breaking out of the loop) and get evicted (small MaxQueued, slow readers)

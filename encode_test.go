@@ -414,9 +414,9 @@ func FuzzAppendJSONString(f *testing.F) {
 	})
 }
 
-// The zero Frame (what Publish returns with an error) has no type and
-// encodes to nothing: every method answers without a frame behind it.
-
+// Compact pre-encoded data takes Publish's fast path, anything else the
+// scratch path; both must lay out byte-identical envelopes, escapes in the
+// type and the originator included.
 func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 	for _, c := range []struct{ typ, orig, compact, spaced string }{
 		{"e", "", `{"n":1}`, `{ "n" : 1 }`},
@@ -447,6 +447,10 @@ func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 		assert.Contains(t, fast, c.compact)
 	}
 }
+
+// ---------------------------------------------------------------------------
+// The clock, MaxTypeLen, the Encoder a backplane uses, and hostile input
+// end to end.
 
 func TestDefaultClockStampsWallTimeBetweenRebases(t *testing.T) {
 	// Without Options.Now the bus reads one monotonic clock per stamp and
@@ -620,8 +624,3 @@ func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
 		t.Errorf("signal arrived as %+v", ev)
 	}
 }
-
-// Publish makes two allocations for a pre-encoded event, the envelope's
-// bytes and the frame, and the same number at any subscriber count: the
-// frame is shared, and a push into a queue that has room allocates
-// nothing.

@@ -136,6 +136,9 @@ func TestSubscriberCountTracksSubscriptions(t *testing.T) {
 	assert.NoError(t, s3.Err())
 }
 
+// ---------------------------------------------------------------------------
+// Publish under load: concurrent publishers, allocations, a stalled subscriber.
+
 func TestConcurrentPublishersDeliverIncreasingIDs(t *testing.T) {
 	b := newBus(t, Options{})
 	const publishers, each = 8, 500
@@ -172,9 +175,10 @@ func coreEventsOnly(fs []Frame) []Frame {
 	return out
 }
 
-// Compact pre-encoded data takes Publish's fast path, anything else the
-// scratch path; both must lay out byte-identical envelopes, escapes in the
-// type and the originator included.
+// Publish makes two allocations for a pre-encoded event, the envelope's
+// bytes and the frame, and the same number at any subscriber count: the
+// frame is shared, and a push into a queue that has room allocates
+// nothing.
 func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
 	ev := Event{Type: "e", Data: json.RawMessage(`{"session":"s1","seq":12345,"text":"hello, world"}`)}
 	for _, subs := range []int{0, 1, 64} {
@@ -345,7 +349,8 @@ wait:
 		n, healthy, time.Duration(slowest.Load()))
 }
 
-// Options.MaxAge, MaxTypeLen, and the hub's lifecycle over many sessions.
+// ---------------------------------------------------------------------------
+// Options.MaxAge at publish and resume (the hub's sweep: hub_test.go).
 
 func TestMaxAgeResumePastItIsRingEvicted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -667,6 +672,10 @@ func TestSignalOnClosedBusReturnsErrClosed(t *testing.T) {
 	assert.Equal(t, uint64(1), b.Stats().Rejected.Closed)
 	assert.Zero(t, b.Stats().Signals)
 }
+
+// ---------------------------------------------------------------------------
+// Close, CloseWithError, CloseForShutdown, and the zero EventBus (what a
+// subscription does once its bus is closed: subscription_test.go).
 
 func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -193,6 +193,8 @@ func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {
 	assert.Equal(t, wire, f.String())
 }
 
+// The zero Frame (what Publish returns with an error) has no type and
+// encodes to nothing: every method answers without a frame behind it.
 func TestZeroFrame(t *testing.T) {
 	var f Frame
 	assert.Zero(t, f.ID())
@@ -222,6 +224,9 @@ func TestFrameIsOnePointer(t *testing.T) {
 	assert.Same(t, f.frame, got[0].frame, "the consumer gets the frame Publish made")
 	assert.Same(t, &f.JSON()[0], &got[0].JSON()[0])
 }
+
+// ---------------------------------------------------------------------------
+// The shutdown frame, what a frame holds, and fuzzed frames.
 
 func TestShutdownFrameWire(t *testing.T) {
 	for _, c := range []struct {

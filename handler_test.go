@@ -305,6 +305,9 @@ func TestHandlerMethods(t *testing.T) {
 // package's exported API, plus their own unexported declarations.
 var handlerFiles = []string{"handler.go", "stream.go", "auth.go", "cors.go", "mux.go"}
 
+// ---------------------------------------------------------------------------
+// The Handler is built on exported API only.
+
 // TestHandlerUsesOnlyExportedAPI type-checks the package (its non-test
 // files, importing the standard library from the compiler's export data) and fails for every
 // identifier in a Handler file that resolves to an unexported object of
@@ -859,6 +862,87 @@ func TestHandlerEpochIDsAcrossARestart(t *testing.T) {
 	require.Equal(t, epochEvent(restarted.Epoch(), 4), c.nextEvent(), "what EpochIDs prevents")
 }
 
+// refParseEventID is the reference: the plain form, or 32 characters of
+// [0-9a-f], a colon and the plain form.
+var refEventIDPattern = regexp.MustCompile(`^(?:([0-9a-f]{32}):)?([0-9]+)$`)
+
+func refParseEventID(s string) (string, uint64, bool) {
+	m := refEventIDPattern.FindStringSubmatch(s)
+	if m == nil {
+		return "", 0, false
+	}
+	id, ok := refParseLastEventID(m[2])
+	if !ok {
+		return "", 0, false
+	}
+	return m[1], id, true
+}
+
+func TestParseEventID(t *testing.T) {
+	const ep = "0123456789abcdef0123456789abcdef"
+	for _, tc := range []struct {
+		in    string
+		epoch string
+		id    uint64
+		ok    bool
+	}{
+		{"7", "", 7, true},
+		{"0", "", 0, true},
+		{ep + ":7", ep, 7, true},
+		{ep + ":0", ep, 0, true},
+		{ep + ":007", ep, 7, true},
+		{ep + ":9007199254740991", ep, 1<<53 - 1, true},
+		{ep + ":9007199254740992", "", 0, false},
+		{ep + ":18446744073709551616", "", 0, false},
+		{"9007199254740992", "", 0, false},
+		{ep + ":", "", 0, false},
+		{ep, "", 0, false},
+		{":7", "", 0, false},
+		{ep[:31] + ":7", "", 0, false},
+		{ep + "0:7", "", 0, false},
+		{strings.ToUpper(ep) + ":7", "", 0, false},
+		{"0123456789ABCDEF0123456789abcdef:7", "", 0, false},
+		{"g123456789abcdef0123456789abcdef:7", "", 0, false},
+		{ep + ": 7", "", 0, false},
+		{ep + ":7 ", "", 0, false},
+		{ep + ":+7", "", 0, false},
+		{ep + ":-7", "", 0, false},
+		{ep + ":7:8", "", 0, false},
+		{ep + "::7", "", 0, false},
+		{" " + ep + ":7", "", 0, false},
+		{ep + ":\u0667", "", 0, false},
+		{ep + ":7\x00", "", 0, false},
+		{"", "", 0, false},
+	} {
+		epoch, id, ok := ParseEventID(tc.in)
+		require.Equal(t, tc.ok, ok, "%q", tc.in)
+		require.Equal(t, tc.epoch, epoch, "%q", tc.in)
+		require.Equal(t, tc.id, id, "%q", tc.in)
+	}
+	huge := ep + ":" + strings.Repeat("9", 10<<20)
+	ok := true
+	require.Zero(t, testing.AllocsPerRun(10, func() { _, _, ok = ParseEventID(huge) }), "a hostile value allocates nothing")
+	require.False(t, ok)
+}
+
+func FuzzParseEventID(f *testing.F) {
+	const ep = "0123456789abcdef0123456789abcdef"
+	for _, s := range []string{"", "1", ep + ":1", ep + ":", ep + ":9007199254740992", strings.ToUpper(ep) + ":1", ep[:31] + "::1", ep + ":1:2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		epoch, id, ok := ParseEventID(s)
+		wantEpoch, wantID, wantOK := refParseEventID(s)
+		require.Equal(t, wantOK, ok, "%q", s)
+		require.Equal(t, wantEpoch, epoch, "%q", s)
+		require.Equal(t, wantID, id, "%q", s)
+	})
+}
+
+// ---------------------------------------------------------------------------
+// Hostile input over HTTP: what a remote client can throw at the SSE route,
+// end to end on a real loopback server.
+
 // TestHostileHugeLastEventID sends a 10 MB Last-Event-ID header (1 MB with
 // -short; the server
 // accepts 16 MiB of headers): the stream is live only (no replay, no
@@ -883,7 +967,7 @@ func TestHostileHugeLastEventID(t *testing.T) {
 		if s.resp.StatusCode != http.StatusOK {
 			t.Fatalf("value %d: status %d", i, s.resp.StatusCode)
 		}
-		waitSubscribers(t, b, 1)
+		require.Eventually(t, func() bool { return b.SubscriberCount() == 1 }, 20*time.Second, time.Millisecond)
 		f, err := b.Publish(Event{Type: "live"})
 		if err != nil {
 			t.Fatal(err)
@@ -892,7 +976,7 @@ func TestHostileHugeLastEventID(t *testing.T) {
 			t.Fatalf("value %d: first event %+v, want the live event %d only", i, ev, f.ID())
 		}
 		s.close()
-		waitSubscribers(t, b, 0)
+		require.Eventually(t, func() bool { return b.SubscriberCount() == 0 }, 20*time.Second, time.Millisecond)
 		recs := logs.find("malformed Last-Event-ID")
 		if len(recs) != i+1 {
 			t.Fatalf("value %d: %d log records, want one per request", i, len(recs))
@@ -938,7 +1022,7 @@ func TestHostileQueryParameters(t *testing.T) {
 		}
 		s.close()
 	}
-	waitSubscribers(t, b, 0)
+	require.Eventually(t, func() bool { return b.SubscriberCount() == 0 }, 20*time.Second, time.Millisecond)
 
 	for range 9 {
 		if _, err := b.Publish(Event{Type: "t"}); err != nil {
@@ -1033,82 +1117,8 @@ func TestHostileFloodPastSubscriberLimit(t *testing.T) {
 	t.Logf("%d requests past the limit answered 429 in %v", attempts, elapsed.Round(time.Millisecond))
 }
 
-// refParseEventID is the reference: the plain form, or 32 characters of
-// [0-9a-f], a colon and the plain form.
-var refEventIDPattern = regexp.MustCompile(`^(?:([0-9a-f]{32}):)?([0-9]+)$`)
-
-func refParseEventID(s string) (string, uint64, bool) {
-	m := refEventIDPattern.FindStringSubmatch(s)
-	if m == nil {
-		return "", 0, false
-	}
-	id, ok := refParseLastEventID(m[2])
-	if !ok {
-		return "", 0, false
-	}
-	return m[1], id, true
-}
-
-func TestParseEventID(t *testing.T) {
-	const ep = "0123456789abcdef0123456789abcdef"
-	for _, tc := range []struct {
-		in    string
-		epoch string
-		id    uint64
-		ok    bool
-	}{
-		{"7", "", 7, true},
-		{"0", "", 0, true},
-		{ep + ":7", ep, 7, true},
-		{ep + ":0", ep, 0, true},
-		{ep + ":007", ep, 7, true},
-		{ep + ":9007199254740991", ep, 1<<53 - 1, true},
-		{ep + ":9007199254740992", "", 0, false},
-		{ep + ":18446744073709551616", "", 0, false},
-		{"9007199254740992", "", 0, false},
-		{ep + ":", "", 0, false},
-		{ep, "", 0, false},
-		{":7", "", 0, false},
-		{ep[:31] + ":7", "", 0, false},
-		{ep + "0:7", "", 0, false},
-		{strings.ToUpper(ep) + ":7", "", 0, false},
-		{"0123456789ABCDEF0123456789abcdef:7", "", 0, false},
-		{"g123456789abcdef0123456789abcdef:7", "", 0, false},
-		{ep + ": 7", "", 0, false},
-		{ep + ":7 ", "", 0, false},
-		{ep + ":+7", "", 0, false},
-		{ep + ":-7", "", 0, false},
-		{ep + ":7:8", "", 0, false},
-		{ep + "::7", "", 0, false},
-		{" " + ep + ":7", "", 0, false},
-		{ep + ":\u0667", "", 0, false},
-		{ep + ":7\x00", "", 0, false},
-		{"", "", 0, false},
-	} {
-		epoch, id, ok := ParseEventID(tc.in)
-		require.Equal(t, tc.ok, ok, "%q", tc.in)
-		require.Equal(t, tc.epoch, epoch, "%q", tc.in)
-		require.Equal(t, tc.id, id, "%q", tc.in)
-	}
-	huge := ep + ":" + strings.Repeat("9", 10<<20)
-	ok := true
-	require.Zero(t, testing.AllocsPerRun(10, func() { _, _, ok = ParseEventID(huge) }), "a hostile value allocates nothing")
-	require.False(t, ok)
-}
-
-func FuzzParseEventID(f *testing.F) {
-	const ep = "0123456789abcdef0123456789abcdef"
-	for _, s := range []string{"", "1", ep + ":1", ep + ":", ep + ":9007199254740992", strings.ToUpper(ep) + ":1", ep[:31] + "::1", ep + ":1:2"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		epoch, id, ok := ParseEventID(s)
-		wantEpoch, wantID, wantOK := refParseEventID(s)
-		require.Equal(t, wantOK, ok, "%q", s)
-		require.Equal(t, wantEpoch, epoch, "%q", s)
-		require.Equal(t, wantID, id, "%q", s)
-	})
-}
+// ---------------------------------------------------------------------------
+// Fuzzed request values.
 
 // refParseLastEventID is the reference: one or more ASCII digits whose
 // value, by strconv.ParseUint, is at most 2^53-1.

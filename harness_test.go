@@ -1117,15 +1117,6 @@ func busHandler(b *EventBus, logs *logCapture) *Handler {
 	}
 }
 
-func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(10 * time.Second):
-		require.FailNow(t, what)
-	}
-}
-
 // gateFirstFlush makes the handler's first flush (the "retry:" line, which
 // comes after Subscribe) wait until the returned release is called; reached
 // is closed when the handler is waiting there.
@@ -1268,8 +1259,10 @@ func openStream(t testing.TB, ts *httptest.Server, pathQuery string, hdr http.He
 	return newSSEStream(t, resp)
 }
 
-// Queue operations that only tests need: the library itself consumes with
-// popAll and sizes replays with reserveLocked under its own locking.
+// ---------------------------------------------------------------------------
+// The queue, from the tests: operations that only tests need (the library
+// itself consumes with popAll and sizes replays with reserveLocked under its
+// own locking; export_test.go has popAll, tryPopAll and ring.indexOf).
 
 func newQueue(maxQueued, maxBytes int) *boundedAsyncQueue {
 	q := &boundedAsyncQueue{}
@@ -1383,12 +1376,12 @@ func (q *boundedAsyncQueue) pushNow(f *frame) (pushResult, queueCounts) {
 	return res, c
 }
 
-// A shutdown says so (issue 22, point 4): every stream of a bus closed by
-// CloseForShutdown, Hub.Shutdown or Hub.Close gets what was queued, then
-// one stream_error {"errorKind":"shutdown","retryAfter":ms}; a client that
-// never reads holds Hub.Shutdown until its deadline, and nobody else.
+// ---------------------------------------------------------------------------
+// Shutdown frames, and what a test may measure of the process.
 
-// shutdownData is the data of a shutdown frame with retryAfter ms.
+// shutdownData is the data of a shutdown frame with retryAfter ms: what
+// every stream of a bus closed by CloseForShutdown, Hub.Shutdown or
+// Hub.Close gets after what was queued.
 func shutdownData(ms int) string {
 	return `{"error":"` + shutdownMessage + `","errorKind":"shutdown","retryAfter":` + strconv.Itoa(ms) + `}`
 }
@@ -1415,6 +1408,25 @@ func liveHeap() uint64 {
 	return ms.HeapAlloc
 }
 
+// ---------------------------------------------------------------------------
+// Waiting. waitClosed is the one wait helper: for a channel to close. A
+// condition that comes true by itself is waited for with require.Eventually
+// (or assert.Eventually), polling every millisecond or so; under
+// testing/synctest, synctest.Wait. Never a sleep that hopes. The one
+// exception is a goroutine count (waitGoroutines): Eventually runs its
+// condition on goroutines of its own, which the count would include.
+
+// waitClosed waits up to 10 s for ch to close and fails the test with what
+// when it does not.
+func waitClosed(t testing.TB, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, what)
+	}
+}
+
 // waitGoroutines waits until runtime.NumGoroutine is at most n and returns
 // the last count. Goroutines that end asynchronously (a context's
 // AfterFunc, net/http's connection goroutines) get up to 10 s; the test
@@ -1430,26 +1442,10 @@ func waitGoroutines(n int) int {
 	}
 }
 
-// Hostile input over HTTP: what a remote client or a careless producer can
-// throw at the bus and its SSE route, end to end on a real loopback server.
+// ---------------------------------------------------------------------------
+// The Hub.
 
-// waitSubscribers waits until b has n subscribers (a stream registers
-// before its headers are read, but this makes the order explicit).
-func waitSubscribers(t *testing.T, b *EventBus, n int) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for b.SubscriberCount() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d subscribers, want %d", b.SubscriberCount(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// The Hub (hub.go): lookup without create, get-or-create, the session cap,
-// idle expiry, shutdown and stats. The budget and age tests are in
-// hub_budget_test.go.
-
+// newTestHub makes a hub that the test's cleanup closes.
 func newTestHub(t testing.TB, opts HubOptions) *Hub {
 	t.Helper()
 	h, err := NewHub(opts)
@@ -1462,6 +1458,7 @@ func newTestHub(t testing.TB, opts HubOptions) *Hub {
 // time and calls sweep itself.
 func newHubClock() *fakeClock { return newFakeClock(testStamp) }
 
+// hubEvent is an event of type "t" with data {"i":i}.
 func hubEvent(i int) Event {
 	return Event{Type: "t", Data: json.RawMessage(`{"i":` + strconv.Itoa(i) + `}`)}
 }
@@ -1491,6 +1488,9 @@ func hubStream(t *testing.T, url string, hdr http.Header, until string) []sseEve
 		}
 	}
 }
+
+// ---------------------------------------------------------------------------
+// Overflows and ids.
 
 // overflow11 publishes events until the subscriber's next overflow (or
 // eviction) and returns the id of the rejected one.
@@ -1537,6 +1537,7 @@ func requireIDs(t testing.TB, want, got []uint64, msgAndArgs ...any) {
 	}
 }
 
+// seqIDs is from..to.
 func seqIDs(from, to uint64) []uint64 {
 	var ids []uint64
 	for i := from; i <= to; i++ {
@@ -1549,4 +1550,128 @@ func seqIDs(from, to uint64) []uint64 {
 // published as id on a newBus bus.
 func pub11Size(b *EventBus, id uint64) int {
 	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, testStamp))
+}
+
+// ---------------------------------------------------------------------------
+// A backplane's log.
+
+// memLog is the tests' backplane log in memory, the one Log fake of the
+// package's tests (the tests outside the package reach it as MemLog). It
+// numbers its entries from 1 under its own lock, as an engine's atomic
+// append would, keeps the newest keep of them (0: all), and closes the
+// channel after returns at every append, for the readers that feed
+// replicas. When err is set, ReadHistory and Head fail with it; onRead and
+// onHead run at the start of each, outside the lock (they may append);
+// calls and reqs count and record the ReadHistory calls. The zero value is
+// an empty log of no epoch that keeps everything.
+type memLog struct {
+	epoch  string
+	keep   int
+	err    error
+	onRead func()
+	onHead func()
+
+	mu      sync.Mutex
+	entries []LogEntry
+	next    uint64 // the id of the next entry; 0 means 1
+	changed chan struct{}
+	calls   int
+	reqs    []HistoryRequest
+}
+
+// newMemLog is a log of a new epoch that keeps the newest keep entries.
+func newMemLog(keep int) *memLog { return &memLog{epoch: NewEpoch(), keep: keep} }
+
+// append numbers an encoded event and returns its id.
+func (l *memLog) append(ev EncodedEvent) uint64 { return l.put(ev).ID }
+
+// add appends an event of type typ, encoded as Publish would, and returns
+// its entry.
+func (l *memLog) add(t testing.TB, typ string) LogEntry {
+	t.Helper()
+	enc, err := NewEncoder(Options{})
+	require.NoError(t, err)
+	ev, err := enc.Encode(Event{Type: typ})
+	require.NoError(t, err)
+	return l.put(ev)
+}
+
+// put numbers ev and appends it.
+func (l *memLog) put(ev EncodedEvent) LogEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	id := max(l.next, 1)
+	l.next = id + 1
+	e := LogEntry{ID: id, Type: ev.Type, JSON: ev.Envelope(id)}
+	l.entries = append(l.entries, e)
+	if l.keep > 0 && len(l.entries) > l.keep {
+		l.entries = l.entries[len(l.entries)-l.keep:]
+	}
+	if l.changed != nil {
+		close(l.changed)
+	}
+	l.changed = make(chan struct{})
+	return e
+}
+
+// trim drops all but the newest keep entries.
+func (l *memLog) trim(keep int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entries = l.entries[len(l.entries)-keep:]
+}
+
+// after returns the entries after id and a channel closed at the next
+// append.
+func (l *memLog) after(id uint64) ([]LogEntry, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []LogEntry
+	for _, e := range l.entries {
+		if e.ID > id {
+			out = append(out, e)
+		}
+	}
+	if l.changed == nil {
+		l.changed = make(chan struct{})
+	}
+	return out, l.changed
+}
+
+// ReadHistory implements Log.
+func (l *memLog) ReadHistory(_ context.Context, req HistoryRequest) ([]LogEntry, uint64, error) {
+	if l.onRead != nil {
+		l.onRead()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls++
+	l.reqs = append(l.reqs, req)
+	if l.err != nil {
+		return nil, 0, l.err
+	}
+	var out []LogEntry
+	for _, e := range l.entries {
+		if e.ID > req.After && e.ID <= req.Upto {
+			out = append(out, e)
+		}
+	}
+	first := uint64(0)
+	if len(l.entries) > 0 {
+		first = l.entries[0].ID
+	}
+	return out, first, nil
+}
+
+// Head implements Log.
+func (l *memLog) Head(context.Context) (string, uint64, error) {
+	if l.onHead != nil {
+		l.onHead()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return "", 0, l.err
+	}
+	return l.epoch, max(l.next, 1) - 1, nil
 }

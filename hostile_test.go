@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestHostileClientNeverReads: a client sends its request and never reads
@@ -37,18 +39,16 @@ func TestHostileClientNeverReads(t *testing.T) {
 	if _, err := io.WriteString(conn, "GET /session/s/events HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	waitSubscribers(t, b, 1)
+	require.Eventually(t, func() bool { return b.SubscriberCount() == 1 }, 20*time.Second, time.Millisecond)
 	if _, err := b.Publish(Event{Type: "big", Data: strings.Repeat("b", 12<<20)}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	waitSubscribers(t, b, 0)
+	require.Eventually(t, func() bool { return b.SubscriberCount() == 0 }, 20*time.Second, time.Millisecond)
 	gone := time.Since(start)
 	// The subscription is unregistered first; the drop is counted and the
 	// diagnostic emitted right after, on the handler's goroutine.
-	for deadline := time.Now().Add(5 * time.Second); diags.Load() == 0 && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
+	require.Eventually(t, func() bool { return diags.Load() > 0 }, 5*time.Second, time.Millisecond, "no write_failed diagnostic")
 	st := b.Stats()
 	if st.Dropped.Blocked == 0 || st.Evictions != (EvictionStats{}) || diags.Load() != 1 {
 		t.Errorf("dropped %+v, evictions %+v, %d write_failed diagnostics", st.Dropped, st.Evictions, diags.Load())

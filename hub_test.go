@@ -22,6 +22,10 @@ import (
 	"github.com/ssebus/eventbus/internal/pipenet"
 )
 
+// The Hub (hub.go): lookup without create, get-or-create, the session cap,
+// idle expiry, age retention, shutdown and stats. The byte budget's tests
+// are in hub_budget_test.go.
+
 func mustJSON(v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -606,6 +610,9 @@ func TestHubFullSweepsOnlyWhenSomethingCanHaveExpired(t *testing.T) {
 	assert.Equal(t, uint64(2), h.Stats().Refused)
 }
 
+// ---------------------------------------------------------------------------
+// Age retention and the hub's lifecycle over many sessions.
+
 // A publish drops what aged meanwhile, and a quiet session's ring is
 // emptied by the hub's sweep.
 func TestMaxAgeAtPublishAndSweep(t *testing.T) {
@@ -672,6 +679,12 @@ func TestHubCreateExpireCyclesLeaveNothing(t *testing.T) {
 	assert.LessOrEqual(t, runtime.NumGoroutine(), goroutines)
 	assert.Less(t, float64(heap), float64(base)+1<<20, "no memory left behind")
 }
+
+// ---------------------------------------------------------------------------
+// A shutdown says so (issue 22, point 4): every stream of a bus closed by
+// CloseForShutdown, Hub.Shutdown or Hub.Close gets what was queued, then
+// one stream_error {"errorKind":"shutdown","retryAfter":ms}; a client that
+// never reads holds Hub.Shutdown until its deadline, and nobody else.
 
 func TestHubShutdownAndCloseSendTheShutdownFrame(t *testing.T) {
 	_, err := NewHub(HubOptions{ShutdownRetryAfter: -time.Second})

@@ -1101,6 +1101,9 @@ func TestOriginalNumbersOnTheWire(t *testing.T) {
 // frame headroom and allocator slack.
 const memOverhead = 8 << 20
 
+// ---------------------------------------------------------------------------
+// Memory stays bounded whatever stalled subscribers do.
+
 // TestMemoryBoundStalledSubscribers publishes 1 MiB events to 64
 // subscribers that never read, with the default RingSize (8000),
 // RingMaxBytes (64 MiB) and MaxQueuedBytes (2 MiB), and checks the live heap

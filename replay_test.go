@@ -305,6 +305,9 @@ func TestResumeUnderConcurrentPublishHasNoGapOrDuplicate(t *testing.T) {
 	}
 }
 
+// ---------------------------------------------------------------------------
+// Allocations.
+
 // A resume replays from the ring with the same allocations for 100 events
 // as for 4000: none per replayed event.
 func TestResumeAllocationsDoNotGrowWithEvents(t *testing.T) {

@@ -480,6 +480,9 @@ func TestCancellationWhileDrainingDropsTheRest(t *testing.T) {
 	}
 }
 
+// ---------------------------------------------------------------------------
+// Delivery allocates nothing.
+
 // A consumer takes and frames its events without allocating: a delivery
 // costs nothing beyond the publish.
 func TestDeliveryDoesNotAllocate(t *testing.T) {
