@@ -1,9 +1,13 @@
 package eventbus
 
-// The test harness every test file of the package shares: the fixed and the
-// fake clock, the bus constructor, the log capture, the SSE reader and
-// client (on the repository's own sseclient.Parser), and how long a test
-// runs (-short, EVENTBUS_LONG=1).
+// The test harness every test file of the package shares: how long a test
+// runs (-short, EVENTBUS_LONG=1), the fixed and the fake clock, the bus
+// constructor, the log capture, the SSE reader and client (on the
+// repository's own sseclient.Parser), the Handler's test environment and
+// writers, the queue's test accessors, the Hub's constructors, the one
+// wait helper (waitClosed), and the one in-memory backplane Log (memLog).
+// A helper that the tests of more than one code file use lives here; one
+// that serves a single file's tests lives in that file.
 
 import (
 	"bytes"
