@@ -476,7 +476,7 @@ func (c *chaosClient) connect(hc *http.Client) bool {
 						return false
 					}
 					if d.LastDeliveredID != c.cursor {
-						// SPEC 11 says the last id the subscriber
+						// SPEC 3.5 says the last id the subscriber
 						// dequeued: 0 while the handler has dequeued
 						// no event of this subscription yet, although
 						// the client holds its cursor (and the replay).

@@ -21,7 +21,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Encoding an event: the envelope, its validation, once for everyone (SPEC 3, 4).
+// Encoding an event: the envelope, its validation, once for everyone (SPEC 5.1, 2.1).
 
 func TestPublishStampsSchemaVersion(t *testing.T) {
 	b := newBus(t, Options{})

@@ -26,7 +26,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Publish (SPEC 3, 4).
+// Publish (SPEC 2.1; the envelope, 5.1).
 
 func TestPublishAssignsContiguousIDsFromOne(t *testing.T) {
 	b := newBus(t, Options{})
@@ -395,7 +395,7 @@ func TestMaxAgeResumePastItIsRingEvicted(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// Signals (SPEC 11).
+// Signals (SPEC 3.8).
 
 func TestSignalHasNoIDAndExactEnvelope(t *testing.T) {
 	b := newBus(t, Options{})

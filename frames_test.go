@@ -112,7 +112,7 @@ func TestSyntheticFrameEnvelope(t *testing.T) {
 
 // Size is the envelope, what follows "data: " on the wire, for every kind
 // of frame and whatever its type: the unit of the byte caps and of the
-// numbers on the wire (SPEC 2).
+// numbers on the wire (SPEC 1.3).
 func TestFrameSizeIsTheEnvelope(t *testing.T) {
 	b := newBus(t, Options{})
 	f := publishEvent(t, b, Event{Type: "session_update", Data: json.RawMessage(`{"a":1}`)})

@@ -861,7 +861,7 @@ func (e *testEnv) stream(t *testing.T, path string, hdr http.Header) *sseStream 
 	return c
 }
 
-// requireJSONError checks an error answer of SPEC 10 and returns its body.
+// requireJSONError checks an error answer of SPEC 6.1 and returns its body.
 func requireJSONError(t *testing.T, status int, hdr http.Header, body []byte, wantStatus int, code string) map[string]any {
 	t.Helper()
 	require.Equal(t, wantStatus, status, "body %s", body)

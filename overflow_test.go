@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Overflow policy (SPEC 11).
+// Overflow policies and the resync policy (SPEC 3.4, 3.5).
 
 func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
@@ -63,7 +63,7 @@ func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
 	fs := readyNow(s)
 	assert.Equal(t, seqOf(idRange(1, 3), TypeReplayComplete, TypeStateResyncRequired, "#20"), describe(fs),
 		"replayed (forced) frames survive the drop")
-	// lastDeliveredId is the last id the consumer dequeued (SPEC 11): none
+	// lastDeliveredId is the last id the consumer dequeued (SPEC 3.5): none
 	// yet, although #1..#3 sit before the resync frame in the queue.
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
 		dataOf(t, fs[4]))
@@ -554,7 +554,7 @@ func TestNearlyFullAtNinetyPercentOfEitherCap(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// The warning (SPEC 6).
+// The warning (SPEC 3.2).
 
 func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
 	buf := &logCapture{}
@@ -739,7 +739,7 @@ func TestForcedFramesDoNotSkewLiveCount(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// Eviction (SPEC 7).
+// Eviction (SPEC 3.3).
 
 func TestEvictionOnFrameCap(t *testing.T) {
 	buf := &logCapture{}

@@ -13,7 +13,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Resume (SPEC 5.1 - 5.4).
+// Resume (SPEC 4.1 - 4.4).
 
 func TestResumeWithoutLastIDIsLiveOnly(t *testing.T) {
 	b := newBus(t, Options{})

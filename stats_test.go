@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Stats counters and diagnostics (SPEC 11).
+// Stats counters and diagnostics (SPEC 1.5).
 
 // failWriter11 is a flushable ResponseWriter whose writes succeed ok times
 // and then fail, like a connection the client stopped reading.

@@ -17,7 +17,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Subscribe (SPEC 5).
+// Subscribe (SPEC 2.3).
 
 func TestSubscribeRegistersSynchronously(t *testing.T) {
 	b := newBus(t, Options{})
@@ -172,7 +172,7 @@ func TestSubscribeResumeFalseDiffersFromResumeFromZero(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// Cancellation and Close (SPEC 8).
+// Cancellation and Close (SPEC 2.5).
 
 func TestContextCancelDropsBufferAndEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -390,7 +390,7 @@ func TestBusCloseReleasesContextWatchWhenDrained(t *testing.T) {
 // counts it as cancelled, before a bus Close or while the subscription
 // drains what Close left, whoever consumes it: the Events iterator (also
 // when the cancellation comes while it yields, from its loop body), or
-// AppendReady and TakeReady (SPEC 8; issue 22: Events yielded all 99 others
+// AppendReady and TakeReady (SPEC 2.5; issue 22: Events yielded all 99 others
 // after a cancel that came once the bus was closed).
 func TestCancellationWhileDrainingDropsTheRest(t *testing.T) {
 	const n = 100
