@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Third-party SSE clients against the demo daemon binary (module ./interop):
 # tmaxmax/go-sse and r3labs/sse/v2 in Go, npm eventsource and
-# eventsource-parser in Node (versions pinned by interop/node/package-lock.json).
+# eventsource-parser in Node (versions pinned by interop/node/package-lock.json),
+# on single streams and on the multiplexed one (GET /events?session=...).
 # Installs Debian's nodejs and npm when node is missing, then runs the tests
 # with CI=true so that a missing client fails instead of skipping.
 set -euo pipefail

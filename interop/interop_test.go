@@ -42,54 +42,22 @@ const idleBeforeCut = 500 * time.Millisecond
 func TestThirdPartyClients(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	clients := []struct {
-		c     *client
-		start starter
-		node  bool
-	}{
+	clients := []driven{
 		{&client{name: "sseclient (ours, the reference)", session: "sseclient"}, startSSEClient, false},
 		{&client{name: "tmaxmax/go-sse", session: "gosse"}, startGoSSE, false},
 		{&client{name: "r3labs/sse", session: "r3labs"}, startR3labs, false},
 		{&client{name: "npm eventsource", session: "npmes"}, startNode("eventsource-client.mjs"), true},
 		{&client{name: "npm eventsource-parser", session: "npmparser"}, startNode("parser-client.mjs"), true},
 	}
-	for _, cl := range clients {
-		if cl.node {
-			nodeAvailable(t)
-		}
-	}
+	needNode(t, clients)
 	bin := daemontest.Build(ctx, t, "..", raceEnabled)
 	addr := daemontest.FreeAddr(t)
 	args := append([]string{"-addr", addr}, daemonArgs...)
 	d := daemontest.Start(ctx, t, bin, args...)
 
-	cctx, stopClients := context.WithCancel(ctx)
-	var waits []func()
-	for _, cl := range clients {
-		waits = append(waits, cl.start(t, cctx, cl.c, d.Base+"/session/"+cl.c.session+"/events"))
-	}
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			stopClients()
-			for _, w := range waits {
-				w()
-			}
-		}
-	}
+	stop, all := drive(t, ctx, clients, func(c *client) string { return d.Base + "/session/" + c.session + "/events" })
 	defer stop()
-
-	all := func(what string, cond func(d *daemontest.Daemon, c *client) (bool, string)) {
-		t.Helper()
-		for _, cl := range clients {
-			daemontest.WaitUntil(t, 30*time.Second, cl.c.name+": "+what, func() (bool, string) {
-				ok, state := cond(d, cl.c)
-				return ok, fmt.Sprintf("%s; records %+v", state, cl.c.records())
-			})
-		}
-	}
-	subscribed := func(d *daemontest.Daemon, c *client) (bool, string) {
+	subscribed := func(c *client) (bool, string) {
 		var st struct {
 			Subscribers int `json:"subscribers"`
 		}
@@ -105,8 +73,8 @@ func TestThirdPartyClients(t *testing.T) {
 			}
 		}
 	}
-	seenAll := func(total int) func(*daemontest.Daemon, *client) (bool, string) {
-		return func(_ *daemontest.Daemon, c *client) (bool, string) {
+	seenAll := func(total int) func(*client) (bool, string) {
+		return func(c *client) (bool, string) {
 			return c.events() == total, fmt.Sprintf("%d events seen, want %d", c.events(), total)
 		}
 	}
@@ -275,6 +243,54 @@ func verify(t *testing.T, c *client, epoch1, epoch2 string, counts []int, resume
 	t.Logf("%s: %d events of epoch 1 and %d of epoch 2 exactly once, 1 epoch_reset, %d replay_complete, %d stream_error shutdown (as an event), %d connection ends",
 		c.name, counts[0], counts[1], replays, shutdowns, strings.Count(kinds(recs), "end"))
 	return tails
+}
+
+// driven is a client with its starter; node: it needs Node.
+type driven struct {
+	c     *client
+	start starter
+	node  bool
+}
+
+// needNode skips (or with CI=true fails) the test when a client needs Node
+// and it is missing.
+func needNode(t *testing.T, clients []driven) {
+	for _, cl := range clients {
+		if cl.node {
+			nodeAvailable(t)
+		}
+	}
+}
+
+// drive starts every client on its URL; stop ends them all and waits for
+// them (once; later calls do nothing), all waits until cond holds for
+// every client, failing the test with its records after 30 s.
+func drive(t *testing.T, ctx context.Context, clients []driven, urlOf func(*client) string) (stop func(), all func(what string, cond func(*client) (bool, string))) {
+	cctx, stopClients := context.WithCancel(ctx)
+	var waits []func()
+	for _, cl := range clients {
+		waits = append(waits, cl.start(t, cctx, cl.c, urlOf(cl.c)))
+	}
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			stopClients()
+			for _, w := range waits {
+				w()
+			}
+		}
+	}
+	all = func(what string, cond func(c *client) (bool, string)) {
+		t.Helper()
+		for _, cl := range clients {
+			daemontest.WaitUntil(t, 30*time.Second, cl.c.name+": "+what, func() (bool, string) {
+				ok, state := cond(cl.c)
+				return ok, fmt.Sprintf("%s; records %+v", state, cl.c.records())
+			})
+		}
+	}
+	return stop, all
 }
 
 func kinds(recs []record) string {

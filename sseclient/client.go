@@ -128,6 +128,9 @@ type StateChange struct {
 // never from application data; a frame is classified by its envelope (an
 // id is an event, "about" a signal), never by its SSE event name.
 //
+// With Sessions it reads several sessions on one multiplexed stream
+// instead (see Sessions): the same rules, per session.
+//
 // Set the fields, then call Run. The fields must not change while Run
 // runs. Callbacks run on Run's goroutine, one at a time, in stream order; a
 // callback that blocks holds the stream (the server then warns, and evicts
@@ -153,7 +156,8 @@ type Client struct {
 	// Resume, LastEventID and Epoch are the cursor the first Run starts
 	// from: with Resume, the stream resumes after LastEventID (0 replays
 	// from the start) of Epoch (empty: unknown); without it, live only.
-	// Later Runs continue from where the previous one stopped.
+	// Later Runs continue from where the previous one stopped. Not with
+	// Sessions (see ResumeCursor).
 	Resume      bool
 	LastEventID uint64
 	Epoch       string
@@ -199,34 +203,104 @@ type Client struct {
 	// ErrProtocol. Run's final error is its result (and StateClosed's Err).
 	OnError func(error)
 
+	// Sessions, when set, makes the client read these sessions on one
+	// multiplexed stream (eventbus.MuxHandler): URL is its route, e.g.
+	// "http://127.0.0.1:8080/events", to which the client adds one
+	// session=<id> parameter per session, in order (its session
+	// parameters are replaced). Every callback's value then names its
+	// session (Event.Session...), each session is resumed, deduplicated
+	// and epoch-checked on its own, and the client sends the composite
+	// cursor of them all (CompositeCursor) as ?lastEventId=. A session the
+	// server says is gone (a 404 session_not_found naming it, or a
+	// stream_error "closed" for it: deleted) is dropped from the URL and
+	// reported to OnSessionGone, never retried by this Run; when none is
+	// left Run returns ErrNoSessions. Every Run starts from Sessions
+	// again, keeping the cursor of each session it still names: to add or
+	// remove sessions, end Run, change Sessions and Run again. At most
+	// 256 distinct, non-empty ids (the server's own bound, 32 by default,
+	// answers 400). Resume, LastEventID and Epoch must not be set with it.
+	Sessions []string
+	// ResumeCursor is, with Sessions, the composite cursor the first Run
+	// starts from (an id line of a multiplexed stream, or CompositeCursor
+	// of an earlier client); a session it does not name starts live.
+	// Empty: every session starts live.
+	ResumeCursor string
+	// OnSessionGone is told that a session of Sessions is gone and was
+	// dropped from the stream.
+	OnSessionGone func(SessionGone)
+
 	running atomic.Bool
 
-	mu        sync.Mutex // guards the cursor below, for Cursor
-	started   bool       // the cursor fields have been read
-	epoch     string     // the epoch of cursor, or of the stream without one
+	mu      sync.Mutex // guards the positions below, for Cursor and the multiplexed accessors
+	started bool       // the cursor fields have been read
+	pos     position   // a single stream's
+	mux     *muxState  // a multiplexed stream's, from its first Run on
+}
+
+// position is where a client stands in one sequence of events: a single
+// stream, or one session of a multiplexed stream. Its cursor fields are
+// guarded by Client.mu; the per-connection fields belong to Run.
+type position struct {
+	session   string // "" on a single stream
+	epoch     string // the epoch of cursor, or of the stream without one; "" unknown
 	cursor    uint64
 	hasCursor bool
-	epochForm bool // the server last sent ids as <epoch>:<N>
+	epochForm bool // single stream: the server last sent ids as <epoch>:<N>
+	// tag is, on a multiplexed stream, the epoch's tag in the composite
+	// cursor (EpochTag of epoch when that is known): with hasCursor, what
+	// the next connection resumes from.
+	tag uint64
+	mux bool
+
+	// Per connection (Run's goroutine only).
+	streamEpoch string // the epoch the server's headers or id lines gave
+	replaying   bool   // resumed: until its replay_complete
+	budgetCut   bool   // its replay was cut by the server's budget
+}
+
+// unknownEpoch reports whether p's epoch is not known at all: no epoch,
+// and on a multiplexed stream no tag of one either.
+func (p *position) unknownEpoch() bool { return p.epoch == "" && !(p.mux && p.hasCursor) }
+
+// is reports whether e is p's epoch (on a multiplexed stream, the epoch
+// of its tag when the full epoch is not known).
+func (p *position) is(e string) bool {
+	if p.epoch != "" || !p.mux {
+		return e == p.epoch
+	}
+	return p.hasCursor && epochTag(e) == p.tag
+}
+
+// setEpoch sets p's epoch (and its tag).
+func (p *position) setEpoch(e string) {
+	p.epoch = e
+	if e != "" {
+		p.tag = epochTag(e)
+	}
 }
 
 // Cursor returns where the client stands: the epoch of the last delivered
 // event and its id, with ok false when it has none (a live-only start).
-// It is safe to call from any goroutine, also while Run runs.
+// On a multiplexed stream (Sessions) it reports none: see SessionCursor
+// and CompositeCursor. It is safe to call from any goroutine, also while
+// Run runs.
 func (c *Client) Cursor() (epoch string, lastEventID uint64, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.epoch, c.cursor, c.hasCursor
+	return c.pos.epoch, c.pos.cursor, c.pos.hasCursor
 }
 
-func (c *Client) setCursor(epoch string, id uint64, has bool) {
+// cursorOf returns p's cursor fields under the client's lock.
+func (c *Client) cursorOf(p *position) (epoch string, id uint64, has bool) {
 	c.mu.Lock()
-	c.epoch, c.cursor, c.hasCursor = epoch, id, has
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	return p.epoch, p.cursor, p.hasCursor
 }
 
-func (c *Client) setEpoch(epoch string) {
+func (c *Client) setCursor(p *position, epoch string, id uint64, has bool) {
 	c.mu.Lock()
-	c.epoch = epoch
+	p.setEpoch(epoch)
+	p.cursor, p.hasCursor = id, has
 	c.mu.Unlock()
 }
 
@@ -235,7 +309,9 @@ func (c *Client) setEpoch(epoch string) {
 // 401 or 403 without Credentials, or right after fresh ones; a response
 // that is not an event stream (ErrNotEventStream); an event above
 // MaxEventBytes (ErrEventTooLarge); an error from Credentials; an invalid
-// field (ErrInvalidOption). Everything else it recovers from, reporting it
+// field (ErrInvalidOption); with Sessions, every session gone
+// (ErrNoSessions: a 404 naming one of them drops it and reconnects at
+// once, it is not final). Everything else it recovers from, reporting it
 // through OnError. Run blocks; when it returns, every goroutine and
 // connection it started has ended (with a caller's HTTPClient, its idle
 // connections stay in its pool). Run must not be called again while it
@@ -250,9 +326,14 @@ func (c *Client) Run(ctx context.Context) error {
 		return err
 	}
 	c.mu.Lock()
-	if !c.started {
+	first := !c.started
+	if first {
 		c.started = true
-		c.epoch, c.cursor, c.hasCursor = c.Epoch, c.LastEventID, c.Resume
+		c.pos.epoch, c.pos.cursor, c.pos.hasCursor = c.Epoch, c.LastEventID, c.Resume
+	}
+	var mux *muxState
+	if len(c.Sessions) > 0 {
+		mux = c.startMux(first)
 	}
 	c.mu.Unlock()
 	hc := c.HTTPClient
@@ -271,6 +352,7 @@ func (c *Client) Run(ctx context.Context) error {
 		idle:      orDefault(c.IdleTimeout, DefaultIdleTimeout),
 		maxEvent:  c.MaxEventBytes,
 		lastRetry: -1,
+		mux:       mux,
 	}
 	return r.loop()
 }
@@ -312,9 +394,15 @@ func (c *Client) validate() (*url.URL, error) {
 			return nil, bad("type filter %q is empty or holds a comma", t)
 		}
 	}
+	if err := c.validateMux(); err != nil {
+		return nil, bad("%v", err)
+	}
 	q := u.Query()
 	q.Del("lastEventId")
 	q.Del("epoch")
+	if len(c.Sessions) > 0 {
+		q.Del("session") // the client's own, at each connection
+	}
 	if c.MaxQueued != 0 {
 		q.Set("maxQueued", strconv.Itoa(c.MaxQueued))
 	}
@@ -342,6 +430,7 @@ type run struct {
 	authFinal     bool // fresh credentials were just fetched: a 401/403 now is final
 	creds         Credentials
 	attempt       int
+	mux           *muxState // nil on a single stream
 }
 
 // how a connection ended
@@ -357,6 +446,7 @@ const (
 	endEvicted
 	endStreamError
 	endCancelled
+	endGone // a session of a multiplexed stream is gone: reconnect at once without it
 )
 
 type result struct {
@@ -465,6 +555,11 @@ func (r *run) decide(res result) step {
 	switch res.end {
 	case endFatal:
 		return step{final: res.err}
+	case endGone:
+		// Each one drops a session, so this repeats at most once per
+		// session of the URL.
+		r.lastImmediate = false
+		return step{}
 	case endHTTP:
 		r.lastImmediate = false
 		s := res.status
@@ -550,9 +645,13 @@ func (r *run) shutdownDelay(retryAfter time.Duration) time.Duration {
 }
 
 func (r *run) url() string {
+	if r.mux != nil {
+		return r.mux.url(r.c, r.base)
+	}
 	u := *r.base
 	r.c.mu.Lock()
-	epoch, cursor, has, form := r.c.epoch, r.c.cursor, r.c.hasCursor, r.c.epochForm
+	p := &r.c.pos
+	epoch, cursor, has, form := p.epoch, p.cursor, p.hasCursor, p.epochForm
 	r.c.mu.Unlock()
 	if has {
 		q := u.Query()
@@ -571,11 +670,8 @@ func (r *run) url() string {
 
 // conn is the state of one open stream.
 type conn struct {
-	res         *result
-	streamEpoch string
-	replaying   bool
-	budgetCut   bool
-	stop        end
+	res  *result
+	stop end
 }
 
 // connect makes one attempt and, when the server answers 200, reads the
@@ -608,6 +704,9 @@ func (r *run) connect() (res result) {
 			return result{end: endFatal, err: fmt.Errorf("%w: 204 No Content", ErrNotEventStream)}
 		}
 		he := httpError(resp)
+		if r.mux != nil && he.StatusCode == http.StatusNotFound && he.Code == "session_not_found" && r.mux.active(he.Session) {
+			return r.gone(he.Session, "session_not_found", he)
+		}
 		return result{end: endHTTP, err: he, status: resp.StatusCode, httpErr: he}
 	}
 	if mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || mt != "text/event-stream" {
@@ -618,15 +717,10 @@ func (r *run) connect() (res result) {
 	res = result{opened: true, openedAt: time.Now()}
 	cn := &conn{res: &res}
 	r.c.mu.Lock()
-	cn.replaying = r.c.hasCursor
-	if e := resp.Header.Get("Event-Epoch"); validEpoch(e) {
-		cn.streamEpoch = e
-		// Only a client without a position adopts the header's epoch at
-		// once; with a cursor, the first frame says whether the server
-		// accepted it (an epoch_reset says it did not).
-		if !r.c.hasCursor {
-			r.c.epoch = e
-		}
+	if r.mux != nil {
+		r.mux.opened(resp.Header.Get("Event-Epochs"))
+	} else {
+		r.c.pos.opened(resp.Header.Get("Event-Epoch"))
 	}
 	r.c.mu.Unlock()
 	r.state(StateOpen, 0, nil)
@@ -665,15 +759,32 @@ func (r *run) connect() (res result) {
 	}
 }
 
+// opened starts a connection of p, under the client's lock: it is
+// replaying when it has a cursor, and takes in the stream's epoch, e (the
+// header's: "" when there is none).
+func (p *position) opened(e string) {
+	p.replaying, p.budgetCut, p.streamEpoch = p.hasCursor, false, ""
+	if validEpoch(e) {
+		p.streamEpoch = e
+		// Only a client without a position adopts the header's epoch at
+		// once; with a cursor, the first frame says whether the server
+		// accepted it (an epoch_reset says it did not).
+		if !p.hasCursor {
+			p.setEpoch(e)
+		}
+	}
+}
+
 func httpError(resp *http.Response) *HTTPError {
 	he := &HTTPError{StatusCode: resp.StatusCode}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	var j struct {
-		Error string `json:"error"`
-		Code  string `json:"code"`
+		Error   string `json:"error"`
+		Code    string `json:"code"`
+		Session string `json:"session"`
 	}
 	if json.Unmarshal(body, &j) == nil {
-		he.Code, he.Message = j.Code, j.Error
+		he.Code, he.Message, he.Session = j.Code, j.Error, j.Session
 	}
 	if he.Message == "" {
 		he.Message = http.StatusText(resp.StatusCode)
@@ -731,24 +842,32 @@ func (r *run) protocol(format string, args ...any) {
 // frame handles one SSE event by its JSON envelope: an id makes it an
 // application event, "about" a signal, anything else a synthetic frame.
 // The SSE event name is never trusted: a publisher may use any type,
-// "replay_complete" included.
+// "replay_complete" included. On a multiplexed stream the envelope's
+// "session" says whose position it moves.
 func (r *run) frame(m Message, cn *conn) {
 	var env envelope
 	if err := json.Unmarshal(m.Data, &env); err != nil || env.Type == "" {
 		r.protocol("a frame that is not an event envelope: %.64q", m.Data)
 		return
 	}
+	p := &r.c.pos
+	if r.mux != nil {
+		if p = r.mux.of(env.Session); p == nil {
+			r.protocol("a frame of no session of the stream: %.64q", m.Data)
+			return
+		}
+	}
 	if env.ID != nil {
-		r.event(&env, m, cn)
+		r.event(p, &env, m, cn)
 		return
 	}
 	if env.About != nil {
-		if cn.budgetCut {
+		if p.budgetCut {
 			return
 		}
 		cn.res.delivered = true
 		if f := r.c.OnSignal; f != nil {
-			f(Signal{Type: env.Type, About: *env.About, Meta: env.Meta, ServerTimestamp: serverTimestamp(env.Meta)})
+			f(Signal{Session: p.session, Type: env.Type, About: *env.About, Meta: env.Meta, ServerTimestamp: serverTimestamp(env.Meta)})
 		}
 		return
 	}
@@ -758,30 +877,40 @@ func (r *run) frame(m Message, cn *conn) {
 		if !r.decode(env, &d) {
 			return
 		}
-		r.observeEpoch(d.Epoch, 0, false)
-		cn.replaying = false
-		if cn.budgetCut {
-			cn.stop = endBudget
+		r.observeEpoch(p, d.Epoch, 0, false)
+		p.replaying = false
+		if p.budgetCut {
+			// Resume at once from the cursor, once no other session's
+			// replay is still under way.
+			if r.mux == nil || !r.mux.replaying() {
+				cn.stop = endBudget
+			}
 			return
 		}
+		if r.mux != nil && r.mux.budgetCut() && !r.mux.replaying() {
+			cn.stop = endBudget
+		}
 		cn.res.delivered = true
-		d.Epoch, _, _ = r.c.Cursor()
+		d.Epoch, _, _ = r.c.cursorOf(p)
+		d.Session = p.session
 		if f := r.c.OnCaughtUp; f != nil {
 			f(d)
 		}
 	case TypeStateResyncRequired:
 		var d resyncData
 		if r.decode(env, &d) {
-			r.resync(d, cn)
+			r.resync(p, d)
 		}
 	case TypeSlowClientWarning:
 		var d SlowWarning
 		if r.decode(env, &d) && r.c.OnSlow != nil {
+			d.Session = p.session
 			r.c.OnSlow(d)
 		}
 	case TypeClientEvicted:
 		var d Eviction
 		r.decode(env, &d)
+		d.Session = p.session
 		cn.stop = endEvicted
 		if f := r.c.OnEvicted; f != nil {
 			f(d)
@@ -792,7 +921,15 @@ func (r *run) frame(m Message, cn *conn) {
 		if d.ErrorKind == "" {
 			d.ErrorKind = "internal"
 		}
-		se := &StreamError{Kind: d.ErrorKind, Message: d.Error}
+		se := &StreamError{Session: p.session, Kind: d.ErrorKind, Message: d.Error}
+		if r.mux != nil && d.ErrorKind == kindClosed {
+			// This session is gone (deleted); the others go on.
+			if res := r.gone(p.session, kindClosed, se); res.end != endGone {
+				cn.stop = res.end
+				cn.res.err = res.err
+			}
+			return
+		}
 		if d.ErrorKind == kindShutdown {
 			se.RetryAfter = retryAfterMillis(d.RetryAfter)
 		}
@@ -824,35 +961,43 @@ func (r *run) decode(env envelope, v any) bool {
 	return true
 }
 
-func (r *run) event(env *envelope, m Message, cn *conn) {
+func (r *run) event(p *position, env *envelope, m Message, cn *conn) {
 	id, err := env.id()
 	if err != nil {
 		r.report(err)
 		return
 	}
-	if m.HasID {
+	shown := p.streamEpoch
+	switch {
+	case r.mux != nil:
+		var changed *Resync
+		if shown, changed = r.mux.event(r.c, p, m, id); changed != nil && r.c.OnResync != nil {
+			r.c.OnResync(*changed)
+		}
+	case m.HasID:
 		// The id line agrees with the envelope: its form (and epoch) count.
 		if e, n, ok := ParseEventID(m.ID); ok && n == id {
 			r.c.mu.Lock()
-			r.c.epochForm = e != ""
+			p.epochForm = e != ""
 			r.c.mu.Unlock()
 			if e != "" {
-				cn.streamEpoch = e
+				p.streamEpoch, shown = e, e
 			}
 		}
 	}
-	r.observeEpoch(cn.streamEpoch, id, true)
-	if cn.budgetCut {
+	r.observeEpoch(p, shown, id, true)
+	if p.budgetCut {
 		return
 	}
-	epoch, cursor, has := r.c.Cursor()
+	epoch, cursor, has := r.c.cursorOf(p)
 	if has && id <= cursor {
 		return // a duplicate
 	}
-	r.c.setCursor(epoch, id, true)
+	r.c.setCursor(p, epoch, id, true)
 	cn.res.delivered = true
 	if f := r.c.OnEvent; f != nil {
 		f(Event{
+			Session:            p.session,
 			ID:                 id,
 			Epoch:              epoch,
 			Type:               env.Type,
@@ -860,31 +1005,34 @@ func (r *run) event(env *envelope, m Message, cn *conn) {
 			Meta:               env.Meta,
 			ServerTimestamp:    serverTimestamp(env.Meta),
 			OriginatorClientID: env.OriginatorClientID,
-			Replayed:           cn.replaying,
+			Replayed:           p.replaying,
 		})
 	}
 }
 
-// observeEpoch takes in the epoch a frame shows. An epoch that differs from
-// the cursor's without an epoch_reset first means the server did not see
-// (or ignored) the client's epoch: the client resets itself and says so.
-// firstID is the id of the event that showed it, when isEvent.
-func (r *run) observeEpoch(e string, firstID uint64, isEvent bool) {
+// observeEpoch takes in the epoch a frame of p shows. An epoch that
+// differs from the cursor's without an epoch_reset first means the server
+// did not see (or ignored) the client's epoch: the client resets itself
+// and says so. firstID is the id of the event that showed it, when
+// isEvent.
+func (r *run) observeEpoch(p *position, e string, firstID uint64, isEvent bool) {
 	if !validEpoch(e) {
 		return
 	}
-	epoch, cursor, has := r.c.Cursor()
-	if e == epoch {
-		return
+	r.c.mu.Lock()
+	epoch, cursor, has, same, unknown := p.epoch, p.cursor, p.hasCursor, p.is(e), p.unknownEpoch()
+	if same || unknown || !has {
+		p.setEpoch(e) // the epoch itself, where the client knew its tag only
 	}
-	if epoch == "" || !has {
-		r.c.setEpoch(e)
+	r.c.mu.Unlock()
+	if same || unknown || !has {
 		return
 	}
 	// From the start of the new epoch: what this connection delivers next
 	// moves the cursor on; a drop before that replays the whole new epoch.
-	r.c.setCursor(e, 0, true)
+	r.c.setCursor(p, e, 0, true)
 	rs := Resync{
+		Session:         p.session,
 		Reason:          "epoch_reset",
 		Detail:          "epoch_changed",
 		LastDeliveredID: cursor,
@@ -902,22 +1050,23 @@ func (r *run) observeEpoch(e string, firstID uint64, isEvent bool) {
 	}
 }
 
-func (r *run) resync(d resyncData, cn *conn) {
+func (r *run) resync(p *position, d resyncData) {
 	switch d.Reason {
 	case "replay_budget_exceeded":
 		// Nothing is lost: the rest is still in the ring. The client takes
 		// replay_complete, drops what follows and resumes from its cursor.
-		r.observeEpoch(d.Epoch, 0, false)
-		cn.budgetCut = true
+		r.observeEpoch(p, d.Epoch, 0, false)
+		p.budgetCut = true
 		return
 	case "epoch_reset":
-		previous, _, _ := r.c.Cursor()
+		previous, _, _ := r.c.cursorOf(p)
 		e := d.Epoch
 		if !validEpoch(e) {
-			e = cn.streamEpoch
+			e = p.streamEpoch
 		}
-		r.c.setCursor(e, 0, true) // the whole ring of the new epoch follows
+		r.c.setCursor(p, e, 0, true) // the whole ring of the new epoch follows
 		rs := Resync{
+			Session:             p.session,
 			Reason:              d.Reason,
 			Detail:              d.Detail,
 			LastDeliveredID:     d.LastDeliveredID,
@@ -933,17 +1082,18 @@ func (r *run) resync(d resyncData, cn *conn) {
 		}
 		return
 	}
-	r.observeEpoch(d.Epoch, 0, false)
+	r.observeEpoch(p, d.Epoch, 0, false)
 	// The server's lastDeliveredId can be behind what this client holds
 	// (under the resync overflow policy it is the last id the server
 	// dequeued); what is missing starts after the later of the two.
-	epoch, cursor, _ := r.c.Cursor()
+	epoch, cursor, _ := r.c.cursorOf(p)
 	from := max(d.LastDeliveredID, cursor) + 1
 	if d.EarliestAvailableID == 0 || from > d.EarliestAvailableID-1 {
 		return
 	}
 	if f := r.c.OnResync; f != nil {
 		f(Resync{
+			Session:             p.session,
 			Reason:              d.Reason,
 			Detail:              d.Detail,
 			LastDeliveredID:     d.LastDeliveredID,

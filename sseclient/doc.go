@@ -1,6 +1,7 @@
 // Package sseclient is a client of eventbus Server-Sent Events streams
 // (github.com/ssebus/eventbus, SPEC sections 5, 9 and 10), and the strict
-// SSE parser it is built on. It imports only the standard library and not
+// SSE parser it is built on. It imports only the standard library and this
+// module's internal codec of the composite cursor (internal/muxcursor), not
 // package eventbus, so eventbus's own tests can use it.
 //
 // A [Client] connects, turns frames into typed callbacks (events, signals,
@@ -10,7 +11,12 @@
 // "<epoch>:<N>"), drops duplicates by id, follows the server's retry: with
 // full-jitter exponential backoff, honours Retry-After on 429 and 503, stops
 // on answers that retrying cannot fix (400, 404), and asks a credentials
-// callback again when the server says to re-authenticate.
+// callback again when the server says to re-authenticate. With
+// Client.Sessions it reads several sessions on one multiplexed stream
+// (eventbus.MuxHandler, e.g. GET /events?session=a&session=b): every
+// callback's value names its session, each session is resumed, deduplicated
+// and epoch-checked on its own from the composite cursor, and a session
+// the server says is gone is dropped from the URL (OnSessionGone).
 //
 // A [Parser] reads any text/event-stream by the WHATWG rules, with no line
 // length limit below its MaxEventBytes: a test helper for handlers as much

@@ -25,6 +25,9 @@ var (
 	// an open stream ends without a terminal frame (a clean end of the
 	// response, or the connection failing); the client resumes.
 	ErrStreamCut = errors.New("sseclient: the stream was cut")
+	// ErrNoSessions is Run's final error on a multiplexed stream
+	// (Client.Sessions) once every session is gone (OnSessionGone).
+	ErrNoSessions = errors.New("sseclient: every session of the multiplexed stream is gone")
 )
 
 // HTTPError is a non-200 answer. Run returns it as its final error for
@@ -37,6 +40,10 @@ type HTTPError struct {
 	// body was not one.
 	Code    string
 	Message string
+	// Session is the body's "session": on a multiplexed stream, the
+	// session the answer is about (the unknown one of a 404, the refused
+	// one of a 403, the full one of a 429); "" when it names none.
+	Session string
 	// RetryAfter is the Retry-After header's delay, when HasRetryAfter.
 	RetryAfter    time.Duration
 	HasRetryAfter bool
@@ -60,11 +67,14 @@ func (e *HTTPError) Error() string {
 
 // StreamError is a stream_error frame: the server ended the stream. Kind is
 // its errorKind: internal, reauthenticate, revoked, unavailable, shutdown,
-// or a newer server's kind. It is reported through OnError; the client
+// closed (on a multiplexed stream: one session was deleted, the others go
+// on; see SessionGone), or a newer server's kind. It is reported through OnError; the client
 // reconnects and resumes from its cursor: at once with fresh credentials
 // for reauthenticate and revoked, after a random delay in [RetryAfter,
 // 2*RetryAfter] for shutdown (see Client), with backoff for the others.
 type StreamError struct {
+	// Session is, on a multiplexed stream, the session the frame named.
+	Session string
 	Kind    string
 	Message string
 	// RetryAfter is, for Kind shutdown, the frame's retryAfter (the server

@@ -92,6 +92,45 @@ func ExampleClient_credentials() {
 	// open
 }
 
+// Several sessions on one connection (eventbus.MuxHandler): every value
+// names its session, and each session resumes from its own place in the
+// composite cursor. A session the server says is gone is dropped.
+func ExampleClient_sessions() {
+	hub, _ := eventbus.NewHub(eventbus.HubOptions{})
+	defer hub.Close()
+	srv := httptest.NewServer(&eventbus.MuxHandler{Lookup: hub.LookupSession})
+	defer srv.Close()
+	a, _ := hub.GetOrCreate("a")
+	b, _ := hub.GetOrCreate("b")
+	a.Publish(eventbus.Event{Type: "note", Data: 1})
+	b.Publish(eventbus.Event{Type: "note", Data: 2})
+	cursor := eventbus.Cursor{}.Set("a", a.Epoch(), 0).Set("b", b.Epoch(), 0)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	caught := 0
+	c := &sseclient.Client{
+		URL:          srv.URL + "/events",
+		Sessions:     []string{"a", "b", "gone"},
+		ResumeCursor: cursor.String(), // from the start of a and b
+		OnEvent: func(e sseclient.Event) {
+			fmt.Println(e.Session, e.ID, string(e.Data))
+		},
+		OnCaughtUp: func(cu sseclient.CaughtUp) {
+			if caught++; caught == 2 {
+				cancel()
+			}
+		},
+		OnSessionGone: func(g sseclient.SessionGone) { fmt.Println(g.Session, "is gone:", g.Reason) },
+	}
+	c.Run(ctx)
+	fmt.Println(c.ActiveSessions())
+	// Output:
+	// gone is gone: session_not_found
+	// a 1 1
+	// b 1 2
+	// [a b]
+}
+
 // The Parser reads any text/event-stream, here one with every line end and
 // a comment.
 func ExampleParser() {

@@ -21,6 +21,9 @@ const (
 // Event is a published event, delivered once: duplicates are dropped by id
 // within an epoch.
 type Event struct {
+	// Session is, on a multiplexed stream (Client.Sessions), the session
+	// the event belongs to; "" on a single stream.
+	Session string
 	// ID is the per-session id, 1, 2, 3 ... within Epoch.
 	ID uint64
 	// Epoch is the epoch the id belongs to; empty while the client does not
@@ -44,6 +47,7 @@ type Event struct {
 // Signal is a change notification (eventbus EventBus.Signal): a type and
 // the resource it is about, without id or data, never replayed.
 type Signal struct {
+	Session         string // its session on a multiplexed stream, else ""
 	Type            string
 	About           string
 	Meta            json.RawMessage
@@ -53,6 +57,9 @@ type Signal struct {
 // CaughtUp is replay_complete: what the server could replay after a resume
 // has been delivered; live events follow.
 type CaughtUp struct {
+	// Session is its session on a multiplexed stream (each session that
+	// resumed has its own), else "".
+	Session             string `json:"-"`
 	ReplayedCount       int    `json:"replayedCount"`
 	LastReplayedEventID uint64 `json:"lastReplayedEventId"`
 	LastEventID         uint64 `json:"lastEventId"`
@@ -74,6 +81,8 @@ func (r IDRange) Empty() bool { return r.From == 0 || r.From > r.To }
 // replay_budget_exceeded resync is not reported: the client resumes on its
 // own and loses nothing.
 type Resync struct {
+	// Session is its session on a multiplexed stream, else "".
+	Session string
 	// Reason is epoch_reset, ring_evicted, queue_overflow,
 	// queue_bytes_overflow, or a newer server's reason.
 	Reason string
@@ -97,6 +106,7 @@ type Resync struct {
 // SlowWarning is slow_client_warning: the server's queue for this client
 // passed 75% of a cap.
 type SlowWarning struct {
+	Session        string `json:"-"` // its session on a multiplexed stream, else ""
 	QueueSize      int    `json:"queueSize"`
 	MaxQueued      int    `json:"maxQueued"`
 	LastEventID    uint64 `json:"lastEventId"`
@@ -109,6 +119,9 @@ type SlowWarning struct {
 // Eviction is client_evicted: the server dropped this client. The Client
 // reconnects with backoff and resumes from its cursor.
 type Eviction struct {
+	// Session is, on a multiplexed stream, the session whose queue
+	// overflowed: the whole stream ends, and every session resumes.
+	Session string `json:"-"`
 	// Reason is queue_overflow, queue_bytes_overflow or repeated_overflow.
 	Reason string `json:"reason"`
 	// DroppedAfter is the first id not delivered on that connection.
@@ -124,6 +137,7 @@ type Eviction struct {
 
 // envelope is the JSON of every frame (SPEC section 3 and 9).
 type envelope struct {
+	Session            string          `json:"session"` // multiplexed streams only
 	ID                 *json.Number    `json:"id"`
 	Type               string          `json:"type"`
 	Data               json.RawMessage `json:"data"`
@@ -153,6 +167,10 @@ type streamErrorData struct {
 // kindShutdown is the errorKind of a server going away (eventbus
 // ErrorKindShutdown).
 const kindShutdown = "shutdown"
+
+// kindClosed is the errorKind of one session of a multiplexed stream whose
+// bus closed (deleted) while the others go on (eventbus ErrorKindClosed).
+const kindClosed = "closed"
 
 // id returns the envelope's id, which must be an integer in [0, 2^53-1].
 func (e *envelope) id() (uint64, error) {

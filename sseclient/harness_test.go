@@ -76,30 +76,67 @@ func newServer(t testing.TB, cfg serverConfig) *server {
 	return s
 }
 
+// muxStreams is the name under which the streams of GET /events (the
+// multiplexed stream, MuxHandler on the Handler) are filed, for cut.
+const muxStreams = "events"
+
 func (s *server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /session/{id}/events", func(w http.ResponseWriter, r *http.Request) {
-		if s.before != nil && !s.before(w, r) {
-			return
-		}
-		ctx, cancel := context.WithCancel(r.Context())
-		defer cancel()
-		st := &stream{cancel: cancel}
-		s.mu.Lock()
-		s.streams[st] = r.PathValue("id")
-		s.mu.Unlock()
-		s.handler.ServeHTTP(w, r.WithContext(ctx))
-		s.mu.Lock()
-		delete(s.streams, st)
-		epilogue := st.epilogue
-		s.mu.Unlock()
-		if epilogue != nil && r.Context().Err() == nil {
-			w.Write(epilogue)
-			http.NewResponseController(w).Flush()
-		}
+		s.serve(w, r, r.PathValue("id"), s.handler)
 	})
+	m := &eventbus.MuxHandler{Handler: s.handler, Lookup: s.existing}
+	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, muxStreams, m) })
 	return mux
 }
+
+// serve serves a stream with h, filed under id for cut.
+func (s *server) serve(w http.ResponseWriter, r *http.Request, id string, h http.Handler) {
+	if s.before != nil && !s.before(w, r) {
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	st := &stream{cancel: cancel}
+	s.mu.Lock()
+	s.streams[st] = id
+	s.mu.Unlock()
+	h.ServeHTTP(w, r.WithContext(ctx))
+	s.mu.Lock()
+	delete(s.streams, st)
+	epilogue := st.epilogue
+	s.mu.Unlock()
+	if epilogue != nil && r.Context().Err() == nil {
+		w.Write(epilogue)
+		http.NewResponseController(w).Flush()
+	}
+}
+
+// existing is the multiplexed stream's Lookup: a session's bus, never
+// created (a publish creates it).
+func (s *server) existing(_ *http.Request, id string) (*eventbus.EventBus, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b := s.buses[id]; b != nil {
+		return b, nil
+	}
+	return nil, eventbus.ErrSessionNotFound
+}
+
+// remove closes session id's bus and forgets it, as a Hub's Delete does:
+// its streams get what is queued, then its end.
+func (s *server) remove(id string) {
+	s.mu.Lock()
+	b := s.buses[id]
+	delete(s.buses, id)
+	s.mu.Unlock()
+	if b != nil {
+		b.Close()
+	}
+}
+
+// muxURL is the multiplexed stream's URL (the client adds the sessions).
+func (s *server) muxURL() string { return s.srv.URL + "/events" }
 
 // close stops the server as a daemon does: every bus is closed (open
 // streams receive what is queued, then end), then the HTTP server.

@@ -2,6 +2,7 @@
 // library github.com/ssebus/eventbus and its demo daemons). See README.md
 // for the rules it follows and index.d.ts for the API.
 
+import { entryOf, epochTag, formatCursor, parseCursor, sessionTag } from "./cursor.js";
 import { DEFAULT_MAX_EVENT_BYTES, SSEParseError, SSEParser } from "./parser.js";
 
 /** The frames the server synthesises; they carry no id. */
@@ -27,6 +28,8 @@ const QUICK_MS = 1_000;
 const MAX_ERROR_BODY = 64 * 1024;
 // A shutdown's retryAfter when its frame has none (the server's default).
 const SHUTDOWN_RETRY_AFTER_MS = 2_000;
+// The most sessions one multiplexed stream holds (eventbus.MaxCursorEntries).
+const MAX_SESSIONS = 256;
 
 /** What an EventBusClient reports through onError and resolves done with. */
 export class EventBusError extends Error {
@@ -39,6 +42,7 @@ export class EventBusError extends Error {
     this.errorKind = fields.errorKind;
     this.retryAfter = fields.retryAfter;
     this.challenge = fields.challenge;
+    this.session = fields.session;
     this.final = false;
   }
 }
@@ -75,6 +79,47 @@ export function parseRetryAfter(v, now = Date.now()) {
   return Math.max(0, t - now);
 }
 
+// A position is where the client stands in one sequence of events: the
+// single stream, or one session of a multiplexed stream. epoch is the
+// epoch of cursor (or of the stream when there is no cursor), null while
+// unknown; cursor the last event id delivered, null: none (live only); on a
+// multiplexed stream tag is the epoch's tag in the composite cursor (known
+// with cursor even while the epoch itself is not). The rest is per
+// connection.
+function newPosition(session) {
+  return {
+    session,
+    sessionTag: session === null ? null : sessionTag(session),
+    epoch: null,
+    cursor: null,
+    tag: null,
+    idForm: "plain", // single stream: the id form the server last used
+    streamEpoch: null, // the epoch the stream's headers (or id lines) showed
+    replaying: false,
+    budgetCut: false,
+  };
+}
+
+function setEpoch(p, e) {
+  p.epoch = e;
+  if (e !== null && p.session !== null) p.tag = epochTag(e);
+}
+
+// isEpoch reports whether e is p's epoch; on a multiplexed stream, the
+// epoch of its tag when only that is known.
+function isEpoch(p, e) {
+  if (p.epoch !== null || p.session === null) return e === p.epoch;
+  return p.cursor !== null && epochTag(e) === p.tag;
+}
+
+function unknownEpoch(p) {
+  return p.epoch === null && !(p.session !== null && p.cursor !== null);
+}
+
+function validSession(id) {
+  return typeof id === "string" && id !== "";
+}
+
 function positive(name, v, def) {
   if (v === undefined) return def;
   if (typeof v !== "number" || !(v > 0) || !Number.isFinite(v)) {
@@ -92,9 +137,9 @@ export class EventBusClient {
   #maxDelay;
   #idleTimeout;
 
-  #epoch = null; // the epoch of #cursor, or of the stream when there is no cursor
-  #cursor = null; // the last event id delivered, null: none (live only)
-  #idForm = "plain"; // the id form the server last used
+  #single = newPosition(null); // the single stream's position
+  #mux = null; // a multiplexed stream's: {all: Map(session -> position), order: the sessions streamed}
+  #restart = false; // the sessions changed: the connection ends and the next starts at once
   #serverRetry = null;
   #failures = 0;
   #lastImmediate = false;
@@ -118,6 +163,7 @@ export class EventBusClient {
     const where = globalThis.location?.href;
     this.#base = new URL(String(url), where);
     for (const k of ["lastEventId", "epoch"]) this.#base.searchParams.delete(k);
+    if (o.sessions !== undefined) this.#initMux(o);
     if (o.maxQueued !== undefined) {
       if (!Number.isInteger(o.maxQueued) || o.maxQueued < 16 || o.maxQueued > 2048) {
         throw new RangeError("eventbus: maxQueued must be an integer in [16, 2048], got " + o.maxQueued);
@@ -139,19 +185,20 @@ export class EventBusClient {
     this.#maxDelay = positive("maxDelay", o.maxDelay, 30_000);
     if (o.idleTimeout === 0) this.#idleTimeout = 0;
     else this.#idleTimeout = positive("idleTimeout", o.idleTimeout, 45_000);
-    if (o.lastEventId !== undefined && o.lastEventId !== null) {
+    if (!this.#mux && o.lastEventId !== undefined && o.lastEventId !== null) {
       const c = typeof o.lastEventId === "number" ? parseEventId(String(o.lastEventId)) : parseEventId(o.lastEventId);
       if (!c) throw new RangeError("eventbus: lastEventId must be N or <epoch>:<N>, got " + o.lastEventId);
-      this.#cursor = c.id;
+      this.#single.cursor = c.id;
       if (c.epoch) {
-        this.#epoch = c.epoch;
-        this.#idForm = "epoch";
+        this.#single.epoch = c.epoch;
+        this.#single.idForm = "epoch";
       }
     }
     if (o.epoch !== undefined && o.epoch !== null) {
+      if (this.#mux) throw new RangeError("eventbus: epoch with sessions: a multiplexed stream resumes from lastEventId, its composite cursor");
       if (!EPOCH.test(o.epoch)) throw new RangeError("eventbus: epoch must be 32 lowercase hex digits");
-      if (this.#epoch && this.#epoch !== o.epoch) throw new RangeError("eventbus: epoch and the epoch in lastEventId differ");
-      this.#epoch = o.epoch;
+      if (this.#single.epoch && this.#single.epoch !== o.epoch) throw new RangeError("eventbus: epoch and the epoch in lastEventId differ");
+      this.#single.epoch = o.epoch;
     }
     const t = o.transport ?? "auto";
     if (!["auto", "fetch", "eventsource"].includes(t)) throw new RangeError("eventbus: transport must be auto, fetch or eventsource");
@@ -169,17 +216,111 @@ export class EventBusClient {
   get state() {
     return this.#state;
   }
-  /** The id of the last event delivered (the resume cursor), or null. */
+  /**
+   * The id of the last event delivered (the resume cursor), or null. On a
+   * multiplexed stream: the composite cursor of the sessions streamed (what
+   * the next connection resumes from), or null while no session has a
+   * position.
+   */
   get lastEventId() {
-    return this.#cursor;
+    if (this.#mux) return this.#compositeCursor();
+    return this.#single.cursor;
   }
-  /** The epoch lastEventId belongs to (or of the stream), or null while unknown. */
+  /** The epoch lastEventId belongs to (or of the stream), or null while unknown; null on a multiplexed stream (see session()). */
   get epoch() {
-    return this.#epoch;
+    return this.#mux ? null : this.#single.epoch;
+  }
+  /** The sessions of a multiplexed stream the client streams (those the server said are gone removed), or null on a single stream. */
+  get sessions() {
+    return this.#mux ? this.#mux.order.map((p) => p.session) : null;
+  }
+  /**
+   * Where the client stands in session id of a multiplexed stream:
+   * {lastEventId, epoch} (epoch null while only its tag is known), or null
+   * when it has no position there (it started live and nothing arrived yet).
+   * @param {string} id
+   */
+  session(id) {
+    const p = this.#mux?.all.get(id);
+    if (!p || p.cursor === null) return null;
+    return { lastEventId: p.cursor, epoch: p.epoch };
+  }
+  /**
+   * Adds session id to a multiplexed stream: the connection ends and the
+   * next, at once, streams it too (from its position when the client has
+   * one, else live). A session streamed already is left as it is.
+   * @param {string} id
+   */
+  addSession(id) {
+    if (!this.#mux) throw new TypeError("eventbus: addSession needs a client made with sessions");
+    if (!validSession(id)) throw new TypeError("eventbus: a session is a non-empty string");
+    if (this.#mux.order.some((p) => p.session === id)) return;
+    if (this.#mux.order.length >= MAX_SESSIONS) throw new RangeError("eventbus: at most 256 sessions on one stream");
+    let p = this.#mux.all.get(id);
+    if (!p) {
+      p = newPosition(id);
+      this.#mux.all.set(id, p);
+    }
+    this.#mux.order.push(p);
+    this.#reconnectNow();
+  }
+  /**
+   * Removes session id from a multiplexed stream: the connection ends and
+   * the next, at once, streams the others. The last session cannot be
+   * removed (close the client instead).
+   * @param {string} id
+   */
+  removeSession(id) {
+    if (!this.#mux) throw new TypeError("eventbus: removeSession needs a client made with sessions");
+    const i = this.#mux.order.findIndex((p) => p.session === id);
+    if (i < 0) return;
+    if (this.#mux.order.length === 1) throw new RangeError("eventbus: the last session of the stream: close the client instead");
+    this.#mux.order.splice(i, 1);
+    this.#reconnectNow();
   }
   /** Counters: connections opened, events delivered, duplicates dropped, resyncs reported. */
   get stats() {
     return { ...this.#stats };
+  }
+
+  #initMux(o) {
+    const ids = o.sessions;
+    if (!Array.isArray(ids) || ids.length < 1 || ids.length > MAX_SESSIONS || !ids.every(validSession) || new Set(ids).size !== ids.length) {
+      throw new TypeError("eventbus: sessions must be 1 to 256 distinct non-empty strings");
+    }
+    this.#base.searchParams.delete("session");
+    this.#mux = { all: new Map(), order: [] };
+    let from = [];
+    if (o.lastEventId !== undefined && o.lastEventId !== null) {
+      from = parseCursor(o.lastEventId);
+      if (!from) throw new RangeError("eventbus: with sessions, lastEventId must be a composite cursor (m1...), got " + o.lastEventId);
+    }
+    for (const id of ids) {
+      const p = newPosition(id);
+      const e = entryOf(from, p.sessionTag);
+      if (e) {
+        p.cursor = e.id;
+        p.tag = e.epoch;
+      }
+      this.#mux.all.set(id, p);
+      this.#mux.order.push(p);
+    }
+  }
+
+  #compositeCursor() {
+    const entries = [];
+    for (const p of this.#mux.order) {
+      if (p.cursor !== null) entries.push({ session: p.sessionTag, epoch: p.tag, id: p.cursor });
+    }
+    return entries.length > 0 ? formatCursor(entries) : null;
+  }
+
+  // #reconnectNow ends the connection (if one is open or opening) so that
+  // the next one, with the new sessions, starts at once.
+  #reconnectNow() {
+    if (this.#closed || !this.#abort) return;
+    this.#restart = true;
+    this.#abort();
   }
 
   /** Stops for good: ends the connection and any wait. Idempotent. */
@@ -250,6 +391,13 @@ export class EventBusClient {
         const useES = !forceFetch && this.#useEventSource();
         const r = useES ? await this.#viaEventSource() : await this.#viaFetch();
         if (this.#closed) return;
+        if (this.#restart) {
+          // The sessions changed: whatever ended this connection, the next
+          // one, with the new URL, starts at once.
+          this.#restart = false;
+          attempt = 0;
+          continue;
+        }
         // An EventSource that failed before opening cannot tell why (a 429
         // with Retry-After, a 404): the next attempt asks with fetch.
         forceFetch = useES && !r.opened;
@@ -309,10 +457,16 @@ export class EventBusClient {
       const refresh = this.#opts.credentials ? reason : null;
       return { refresh, delay: quick && wasImmediate ? this.#backoff(false) : 0 };
     };
-    if (r.end === "fatal") return { final: r.error };
+    if (r.end === "fatal" || r.end === "no_sessions") return { final: r.error };
     if (r.end === "http") {
       this.#lastImmediate = false;
       const s = r.status;
+      if (s === 404 && r.error?.code === "session_not_found" && this.#mux?.order.some((p) => p.session === r.error.session)) {
+        // One session of the stream is gone: the next connection, at once,
+        // streams the others. Each such answer drops one session.
+        const final = this.#gone(r.error.session, "session_not_found", r.error);
+        return final ? { final } : { delay: 0 };
+      }
       if (s === 401 || s === 403) {
         if (!this.#opts.credentials || this.#authFinal) return { final: r.error };
         this.#authFinal = true;
@@ -380,12 +534,24 @@ export class EventBusClient {
 
   #url() {
     const u = new URL(this.#base);
-    if (this.#cursor !== null) {
-      const form = this.#idForm === "epoch" && this.#epoch;
-      u.searchParams.set("lastEventId", form ? this.#epoch + ":" + this.#cursor : String(this.#cursor));
-      if (this.#epoch) u.searchParams.set("epoch", this.#epoch);
+    if (this.#mux) {
+      for (const p of this.#mux.order) u.searchParams.append("session", p.session);
+      const c = this.#compositeCursor();
+      if (c) u.searchParams.set("lastEventId", c);
+      return u.toString();
+    }
+    const p = this.#single;
+    if (p.cursor !== null) {
+      const form = p.idForm === "epoch" && p.epoch;
+      u.searchParams.set("lastEventId", form ? p.epoch + ":" + p.cursor : String(p.cursor));
+      if (p.epoch) u.searchParams.set("epoch", p.epoch);
     }
     return u.toString();
+  }
+
+  // #positions are the positions of the current stream.
+  #positions() {
+    return this.#mux ? this.#mux.order : [this.#single];
   }
 
   #headers() {
@@ -398,33 +564,54 @@ export class EventBusClient {
   }
 
   #newConn() {
+    for (const p of this.#positions()) {
+      p.streamEpoch = null;
+      p.replaying = p.cursor !== null;
+      p.budgetCut = false;
+    }
     return {
       opened: false,
       openedAt: 0,
       delivered: false,
-      streamEpoch: null,
-      replaying: this.#cursor !== null,
-      budgetCut: false,
-      stop: null, // "budget" | "evicted" | "stream_error"
+      stop: null, // "budget" | "evicted" | "stream_error" | "no_sessions"
       errorKind: undefined,
       retryAfter: undefined, // of a stream_error shutdown, in ms
       error: undefined,
     };
   }
 
-  #opened(conn, headerEpoch) {
+  // #opened starts an open stream; headers are its response headers (null
+  // for an EventSource, which does not show them).
+  #opened(conn, headers) {
     conn.opened = true;
     conn.openedAt = Date.now();
     this.#stats.connects++;
     this.#authFinal = false;
-    if (headerEpoch && EPOCH.test(headerEpoch)) {
-      conn.streamEpoch = headerEpoch;
+    this.#headerEpochs(headers, (p, e) => {
+      p.streamEpoch = e;
       // Only a client without a position adopts the header's epoch at once;
       // with a cursor, the first frame says whether the server accepted it
       // (an epoch_reset says it did not).
-      if (this.#cursor === null) this.#epoch = headerEpoch;
-    }
+      if (p.cursor === null) setEpoch(p, e);
+    });
     this.#setState("open");
+  }
+
+  // #headerEpochs calls f(position, epoch) for each epoch the stream's
+  // headers name: Event-Epoch, or on a multiplexed stream Event-Epochs (the
+  // sessions' epochs in the URL's order).
+  #headerEpochs(headers, f) {
+    if (!headers) return;
+    if (!this.#mux) {
+      const e = headers.get("event-epoch");
+      if (e && EPOCH.test(e)) f(this.#single, e);
+      return;
+    }
+    const list = (headers.get("event-epochs") ?? "").split(",").map((e) => e.trim());
+    if (list.length !== this.#mux.order.length) return; // not this stream's: the frames will say
+    this.#mux.order.forEach((p, i) => {
+      if (EPOCH.test(list[i])) f(p, list[i]);
+    });
   }
 
   #result(conn, end, error) {
@@ -462,7 +649,7 @@ export class EventBusClient {
       ac.abort();
       return this.#result(conn, "fatal", new EventBusError("content_type", "eventbus: the server answered 200 with Content-Type " + JSON.stringify(ct) + ", not text/event-stream", { status: 200 }));
     }
-    this.#opened(conn, res.headers.get("event-epoch"));
+    this.#opened(conn, res.headers);
     const parser = new SSEParser({ maxEventBytes: this.#maxEventBytes });
     const reader = res.body.getReader();
     let idleFired = false;
@@ -502,7 +689,7 @@ export class EventBusClient {
         }
       }
     } catch (e) {
-      if (this.#closed) return this.#result(conn, "closed");
+      if (this.#closed || this.#restart) return this.#result(conn, "closed");
       if (idleFired) {
         return this.#result(conn, "idle", new EventBusError("idle_timeout", "eventbus: nothing received for " + this.#idleTimeout + " ms (not even a heartbeat); reconnecting"));
       }
@@ -523,17 +710,20 @@ export class EventBusClient {
     }
     let code;
     let message;
+    let session;
     try {
       const j = JSON.parse(body);
       if (typeof j?.code === "string") code = j.code;
       if (typeof j?.error === "string") message = j.error;
+      if (typeof j?.session === "string") session = j.session;
     } catch {
       // Not a JSON error body (a proxy's page).
     }
     const retryAfter = parseRetryAfter(res.headers.get("retry-after"));
     const s = res.status;
     const challenge = res.headers.get("www-authenticate") ?? undefined;
-    const err = new EventBusError("http", "eventbus: HTTP " + s + (code ? " " + code : "") + ": " + (message ?? res.statusText ?? ""), { status: s, code, retryAfter, challenge });
+    const about = session === undefined ? "" : " (session " + JSON.stringify(session) + ")";
+    const err = new EventBusError("http", "eventbus: HTTP " + s + (code ? " " + code : "") + about + ": " + (message ?? res.statusText ?? ""), { status: s, code, retryAfter, challenge, session });
     const r = this.#result(conn, "http", err);
     r.status = s;
     r.retryAfter = retryAfter;
@@ -544,8 +734,8 @@ export class EventBusClient {
     const ES = this.#opts.EventSource ?? globalThis.EventSource;
     const conn = this.#newConn();
     const url = this.#url();
-    if (this.#epoch === null && this.#cursor === null) await this.#probeEpoch(url);
-    if (this.#closed) return this.#result(conn, "closed");
+    if (this.#positions().some((p) => p.epoch === null && p.cursor === null)) await this.#probeEpoch(url);
+    if (this.#closed || this.#restart) return this.#result(conn, "closed");
     return new Promise((resolve) => {
       let es;
       let done = false;
@@ -605,8 +795,11 @@ export class EventBusClient {
         credentials: this.#opts.withCredentials ? "include" : "same-origin",
         signal: ac.signal,
       });
-      const e = res.headers.get("event-epoch");
-      if (res.ok && e && EPOCH.test(e) && this.#epoch === null) this.#epoch = e;
+      if (res.ok) {
+        this.#headerEpochs(res.headers, (p, e) => {
+          if (p.epoch === null) setEpoch(p, e);
+        });
+      }
     } catch {
       // The stream itself will say what is wrong.
     } finally {
@@ -631,7 +824,8 @@ export class EventBusClient {
   // #frame handles one SSE event by its JSON envelope: an id makes it an
   // application event, an "about" a signal, anything else a synthetic
   // frame. The SSE event name is never trusted: a publisher may use any
-  // type, "replay_complete" included.
+  // type, "replay_complete" included. On a multiplexed stream the
+  // envelope's "session" says whose position it moves.
   #frame(text, idField, conn) {
     let env;
     try {
@@ -644,135 +838,213 @@ export class EventBusClient {
       this.#protocol("a frame that is not an event envelope");
       return undefined;
     }
-    if (env.id !== undefined) return this.#appEvent(env, idField, conn);
+    let p = this.#single;
+    if (this.#mux) {
+      p = this.#mux.order.find((q) => q.session === env.session);
+      if (!p) {
+        this.#protocol("a frame of no session of the stream: " + String(text).slice(0, 64));
+        return undefined;
+      }
+    }
+    if (env.id !== undefined) return this.#appEvent(p, env, idField, conn);
     if (typeof env.about === "string") {
-      if (conn.budgetCut) return undefined;
+      if (p.budgetCut) return undefined;
       conn.delivered = true;
-      return this.#call("onSignal", { type: env.type, about: env.about, meta: env._meta, serverTimestamp: env._meta?.serverTimestamp });
+      return this.#call("onSignal", this.#tagged(p, { type: env.type, about: env.about, meta: env._meta, serverTimestamp: env._meta?.serverTimestamp }));
     }
     const d = env.data !== null && typeof env.data === "object" ? env.data : {};
     switch (env.type) {
-      case "replay_complete":
-        this.#observeEpoch(d.epoch, conn, null);
-        conn.replaying = false;
-        if (conn.budgetCut) {
-          conn.stop = "budget";
-          return undefined;
-        }
+      case "replay_complete": {
+        this.#observeEpoch(p, d.epoch, null);
+        p.replaying = false;
+        // A replay cut by the server's budget resumes at once from the
+        // cursor, once no other session's replay is under way.
+        const others = this.#positions().some((q) => q.replaying);
+        const cut = this.#positions().some((q) => q.budgetCut);
+        if (cut && !others) conn.stop = "budget";
+        if (p.budgetCut) return undefined;
         conn.delivered = true;
-        return this.#call("onCaughtUp", {
+        return this.#call("onCaughtUp", this.#tagged(p, {
           replayedCount: d.replayedCount ?? 0,
           lastReplayedEventId: d.lastReplayedEventId ?? null,
           lastEventId: d.lastEventId ?? null,
-          epoch: this.#epoch,
-        });
+          epoch: p.epoch,
+        }));
+      }
       case "state_resync_required":
-        return this.#resync(d, conn);
+        return this.#resync(p, d, conn);
       case "slow_client_warning":
-        return this.#call("onSlow", d);
+        return this.#call("onSlow", this.#tagged(p, d));
       case "client_evicted":
         conn.stop = "evicted";
-        return this.#call("onEvicted", d);
-      case "stream_error":
-        conn.stop = "stream_error";
-        conn.errorKind = typeof d.errorKind === "string" ? d.errorKind : "internal";
-        if (conn.errorKind === "shutdown") {
-          conn.retryAfter = Number.isFinite(d.retryAfter) && d.retryAfter >= 0 ? d.retryAfter : SHUTDOWN_RETRY_AFTER_MS;
-        }
-        conn.error = new EventBusError("stream_error", "eventbus: the server ended the stream (" + conn.errorKind + "): " + (d.error ?? ""), {
-          errorKind: conn.errorKind,
-          retryAfter: conn.retryAfter,
+        return this.#call("onEvicted", this.#tagged(p, d));
+      case "stream_error": {
+        const kind = typeof d.errorKind === "string" ? d.errorKind : "internal";
+        const about = this.#mux ? " (session " + JSON.stringify(p.session) + ")" : "";
+        const err = new EventBusError("stream_error", "eventbus: the server ended the stream" + about + " (" + kind + "): " + (d.error ?? ""), {
+          errorKind: kind,
+          session: this.#mux ? p.session : undefined,
         });
+        if (this.#mux && kind === "closed") {
+          // This session is gone (deleted); the others go on.
+          const final = this.#gone(p.session, "closed", err);
+          if (final) {
+            conn.stop = "no_sessions";
+            conn.error = final;
+          }
+          return undefined;
+        }
+        conn.stop = "stream_error";
+        conn.errorKind = kind;
+        if (kind === "shutdown") {
+          conn.retryAfter = Number.isFinite(d.retryAfter) && d.retryAfter >= 0 ? d.retryAfter : SHUTDOWN_RETRY_AFTER_MS;
+          err.retryAfter = conn.retryAfter;
+        }
+        conn.error = err;
         return undefined;
+      }
       default:
         return undefined; // a synthetic frame of a newer server
     }
   }
 
-  #appEvent(env, idField, conn) {
+  // #tagged is v, with its session first on a multiplexed stream.
+  #tagged(p, v) {
+    return this.#mux ? { session: p.session, ...v } : v;
+  }
+
+  // #gone drops session id from the stream, which the server says is gone,
+  // and reports it; it returns the final error when no session is left.
+  #gone(id, reason, error) {
+    const order = this.#mux.order;
+    const i = order.findIndex((p) => p.session === id);
+    if (i < 0) return null;
+    const [p] = order.splice(i, 1);
+    this.#call("onSessionGone", { session: id, reason, error, lastEventId: p.cursor, epoch: p.epoch });
+    if (order.length > 0) return null;
+    return new EventBusError("no_sessions", "eventbus: every session of the stream is gone (the last, " + JSON.stringify(id) + ": " + reason + ")");
+  }
+
+  #appEvent(p, env, idField, conn) {
     const id = env.id;
     if (!Number.isSafeInteger(id) || id < 0) {
       this.#protocol("an event id that is not an integer in [0, 2^53-1]: " + id);
       return undefined;
     }
-    const line = parseEventId(idField ?? "");
-    if (line && line.id === id) {
-      // The id line agrees with the envelope: its form (and epoch) count.
-      this.#idForm = line.epoch ? "epoch" : "plain";
-      if (line.epoch) conn.streamEpoch = line.epoch;
+    if (this.#mux) {
+      this.#muxLine(p, idField, id);
+    } else {
+      const line = parseEventId(idField ?? "");
+      if (line && line.id === id) {
+        // The id line agrees with the envelope: its form (and epoch) count.
+        p.idForm = line.epoch ? "epoch" : "plain";
+        if (line.epoch) p.streamEpoch = line.epoch;
+      }
     }
-    this.#observeEpoch(conn.streamEpoch, conn, id);
-    if (conn.budgetCut) return undefined;
-    if (this.#cursor !== null && id <= this.#cursor) {
+    this.#observeEpoch(p, p.streamEpoch, id);
+    if (p.budgetCut) return undefined;
+    if (p.cursor !== null && id <= p.cursor) {
       this.#stats.duplicates++;
       return undefined;
     }
-    this.#cursor = id;
+    p.cursor = id;
     conn.delivered = true;
     this.#stats.events++;
-    return this.#call("onEvent", {
+    return this.#call("onEvent", this.#tagged(p, {
       id,
-      epoch: this.#epoch,
+      epoch: p.epoch,
       type: env.type,
       data: env.data,
       meta: env._meta,
       serverTimestamp: env._meta?.serverTimestamp,
       originatorClientId: env.originatorClientId,
-      replayed: conn.replaying,
-    });
+      replayed: p.replaying,
+    }));
   }
 
-  // #observeEpoch takes in the epoch a frame shows (from the Event-Epoch
-  // header, the id line, or replay_complete and state_resync_required; never
-  // from application data). An epoch that differs from the cursor's without
-  // an epoch_reset first means the server did not see (or ignored) our
-  // epoch: the client resets itself and says so.
-  #observeEpoch(e, conn, firstId) {
-    if (typeof e !== "string" || !EPOCH.test(e) || e === this.#epoch) return;
-    if (this.#epoch === null || this.#cursor === null) {
-      this.#epoch = e;
+  // #muxLine reads the composite cursor of event id of p, its id line.
+  // The sessions without a position take theirs from it, the live position
+  // the server holds for them, so that a reconnect loses none of their
+  // events. And p takes its epoch's tag from it while it does not know the
+  // epoch itself (an EventSource shows no Event-Epochs header): a tag
+  // other than its cursor's is an epoch change it reports.
+  #muxLine(p, idField, id) {
+    const others = this.#mux.order.some((q) => q !== p && q.cursor === null && !q.budgetCut);
+    if (!others && (p.epoch !== null || p.streamEpoch !== null)) return;
+    const entries = parseCursor(idField ?? "");
+    if (!entries) return;
+    for (const q of this.#mux.order) {
+      if (q === p || q.cursor !== null || q.budgetCut) continue;
+      const e = entryOf(entries, q.sessionTag);
+      if (!e) continue;
+      q.cursor = e.id;
+      q.tag = e.epoch;
+      if (q.streamEpoch && epochTag(q.streamEpoch) === e.epoch) q.epoch = q.streamEpoch;
+    }
+    const own = entryOf(entries, p.sessionTag);
+    if (p.epoch !== null || p.streamEpoch !== null || !own || own.id !== id || own.epoch === p.tag) return;
+    if (p.cursor !== null && p.tag !== null) {
+      const last = p.cursor;
+      p.cursor = 0;
+      p.tag = own.epoch;
+      this.#reportResync(p, "epoch_reset", "epoch_changed", last, id, null, id > 1 ? { from: 1, to: id - 1 } : null);
       return;
     }
-    const previous = this.#epoch;
-    const last = this.#cursor;
-    this.#epoch = e;
-    // From the start of the new epoch: what this connection delivers next
-    // moves the cursor on; a drop before that replays the whole new epoch.
-    this.#cursor = 0;
-    this.#reportResync("epoch_reset", "epoch_changed", last, firstId, previous, firstId > 1 ? { from: 1, to: firstId - 1 } : null);
+    p.tag = own.epoch;
   }
 
-  #resync(d, conn) {
+  // #observeEpoch takes in the epoch a frame of p shows (from the
+  // Event-Epoch(s) header, the id line, or replay_complete and
+  // state_resync_required; never from application data). An epoch that
+  // differs from the cursor's without an epoch_reset first means the server
+  // did not see (or ignored) our epoch: the client resets itself and says
+  // so.
+  #observeEpoch(p, e, firstId) {
+    if (typeof e !== "string" || !EPOCH.test(e)) return;
+    if (isEpoch(p, e) || unknownEpoch(p) || p.cursor === null) {
+      setEpoch(p, e); // the epoch itself, where only its tag was known
+      return;
+    }
+    const previous = p.epoch;
+    const last = p.cursor;
+    setEpoch(p, e);
+    // From the start of the new epoch: what this connection delivers next
+    // moves the cursor on; a drop before that replays the whole new epoch.
+    p.cursor = 0;
+    this.#reportResync(p, "epoch_reset", "epoch_changed", last, firstId, previous, firstId > 1 ? { from: 1, to: firstId - 1 } : null);
+  }
+
+  #resync(p, d, conn) {
     const reason = typeof d.reason === "string" ? d.reason : "unknown";
     const last = Number.isSafeInteger(d.lastDeliveredId) ? d.lastDeliveredId : 0;
     const earliest = Number.isSafeInteger(d.earliestAvailableId) ? d.earliestAvailableId : 0;
     if (reason === "replay_budget_exceeded") {
       // Nothing is lost: the rest is still in the ring. The client takes
       // replay_complete, drops what follows and resumes from its cursor.
-      this.#observeEpoch(d.epoch, conn, null);
-      conn.budgetCut = true;
+      this.#observeEpoch(p, d.epoch, null);
+      p.budgetCut = true;
       return undefined;
     }
     if (reason === "epoch_reset") {
-      const previous = this.#epoch;
-      if (typeof d.epoch === "string" && EPOCH.test(d.epoch)) this.#epoch = d.epoch;
-      else if (conn.streamEpoch) this.#epoch = conn.streamEpoch;
-      this.#cursor = 0; // the whole ring of the new epoch follows
-      return this.#reportResync(reason, d.detail, last, earliest, previous, earliest > 1 ? { from: 1, to: earliest - 1 } : null);
+      const previous = p.epoch;
+      if (typeof d.epoch === "string" && EPOCH.test(d.epoch)) setEpoch(p, d.epoch);
+      else if (p.streamEpoch) setEpoch(p, p.streamEpoch);
+      p.cursor = 0; // the whole ring of the new epoch follows
+      return this.#reportResync(p, reason, d.detail, last, earliest, previous, earliest > 1 ? { from: 1, to: earliest - 1 } : null);
     }
-    this.#observeEpoch(d.epoch, conn, null);
+    this.#observeEpoch(p, d.epoch, null);
     // The server's lastDeliveredId can be behind what this client holds
     // (under the resync overflow policy it is the last id the server
     // dequeued); what is missing starts after the later of the two.
-    const from = Math.max(last, this.#cursor ?? 0) + 1;
+    const from = Math.max(last, p.cursor ?? 0) + 1;
     const to = earliest - 1;
     if (from > to) return undefined;
-    return this.#reportResync(reason, d.detail, last, earliest, null, { from, to });
+    return this.#reportResync(p, reason, d.detail, last, earliest, null, { from, to });
   }
 
-  #reportResync(reason, detail, lastDeliveredId, earliestAvailableId, previousEpoch, missing) {
+  #reportResync(p, reason, detail, lastDeliveredId, earliestAvailableId, previousEpoch, missing) {
     this.#stats.resyncs++;
-    return this.#call("onResync", { reason, detail, lastDeliveredId, earliestAvailableId, epoch: this.#epoch, previousEpoch, missing });
+    return this.#call("onResync", this.#tagged(p, { reason, detail, lastDeliveredId, earliestAvailableId, epoch: p.epoch, previousEpoch, missing }));
   }
 }
 

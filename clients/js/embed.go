@@ -1,5 +1,6 @@
 // Package js holds the JavaScript client of this folder (the npm package
-// @ssebus/eventbus-client: index.js, client.js, parser.js and index.d.ts),
+// @ssebus/eventbus-client: index.js, client.js, cursor.js, parser.js and
+// index.d.ts),
 // embedded, so that a Go daemon can serve the very files the package
 // publishes, from its own binary, with no copy to keep in step. The demo
 // daemon's viewer loads them this way (cmd/sessiond, GET
@@ -17,11 +18,12 @@ import (
 	"path"
 )
 
-//go:embed index.js client.js parser.js index.d.ts
+//go:embed index.js client.js cursor.js parser.js index.d.ts
 var files embed.FS
 
 // FS returns the package's files, at the root of the file system:
-// "index.js" (the entry point), "client.js", "parser.js" and "index.d.ts".
+// "index.js" (the entry point), "client.js", "cursor.js", "parser.js" and
+// "index.d.ts".
 // It is read-only and safe for concurrent use.
 func FS() fs.FS { return files }
 

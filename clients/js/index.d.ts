@@ -15,6 +15,8 @@ export declare const DEFAULT_MAX_EVENT_BYTES: number;
 
 /** A published event, as delivered once (duplicates are dropped by id). */
 export interface BusEvent<T = unknown> {
+  /** On a multiplexed stream (options.sessions): the session it belongs to. Absent on a single stream. */
+  session?: string;
   /** The per-session id, 1, 2, 3 ... within its epoch. */
   id: number;
   /** The epoch the id belongs to; null while the client does not know it yet. */
@@ -33,6 +35,8 @@ export interface BusEvent<T = unknown> {
 
 /** A change notification (eventbus Signal): no id, no data, never replayed. */
 export interface BusSignal {
+  /** On a multiplexed stream: its session. */
+  session?: string;
   type: string;
   /** The resource it is about. */
   about: string;
@@ -42,6 +46,8 @@ export interface BusSignal {
 
 /** replay_complete: everything the server could replay has been delivered. */
 export interface CaughtUp {
+  /** On a multiplexed stream: the session whose replay is complete (each resumed session has its own). */
+  session?: string;
   replayedCount: number;
   lastReplayedEventId: number | null;
   lastEventId: number | null;
@@ -62,6 +68,8 @@ export interface IdRange {
  * own and loses nothing.
  */
 export interface Resync {
+  /** On a multiplexed stream: the session that lost events (the others are not concerned). */
+  session?: string;
   /** "epoch_reset" | "ring_evicted" | "queue_overflow" | "queue_bytes_overflow" | a newer server's reason */
   reason: string;
   /** "epoch_mismatch" from the server, "epoch_changed" when the client saw a new epoch without an epoch_reset. */
@@ -83,6 +91,8 @@ export interface Resync {
 
 /** slow_client_warning: the server's queue for this client is 75% full. */
 export interface SlowWarning {
+  /** On a multiplexed stream: the session whose queue is filling. */
+  session?: string;
   queueSize: number;
   maxQueued: number;
   lastEventId: number;
@@ -93,6 +103,8 @@ export interface SlowWarning {
 
 /** client_evicted: the server dropped this client; it reconnects with backoff and resumes. */
 export interface Eviction {
+  /** On a multiplexed stream: the session whose queue overflowed (the whole stream ends; every session resumes). */
+  session?: string;
   reason: "queue_overflow" | "queue_bytes_overflow" | "repeated_overflow" | string;
   /** The first id not delivered on that connection. */
   droppedAfter: number;
@@ -124,6 +136,7 @@ export type ErrorKind =
   | "content_type" // a 200 that is not text/event-stream (final)
   | "credentials" // the credentials callback failed (final)
   | "callback" // an application callback threw (reported, the client goes on)
+  | "no_sessions" // every session of a multiplexed stream is gone (final)
   | "internal";
 
 export declare class EventBusError extends Error {
@@ -132,8 +145,14 @@ export declare class EventBusError extends Error {
   readonly status: number | undefined;
   /** The JSON error body's "code" (session_not_found, subscriber_limit_exceeded, ...). */
   readonly code: string | undefined;
-  /** For kind "stream_error": internal | reauthenticate | revoked | unavailable | shutdown | ... */
+  /** For kind "stream_error": internal | reauthenticate | revoked | unavailable | shutdown | closed (one session of a multiplexed stream deleted) | ... */
   readonly errorKind: string | undefined;
+  /**
+   * On a multiplexed stream: the session the answer or frame is about (the
+   * JSON error body's "session": the unknown one of a 404, the refused one
+   * of a 403, the full one of a 429; a stream_error's session).
+   */
+  readonly session: string | undefined;
   /**
    * In milliseconds: Retry-After, when the answer had one; for a
    * stream_error shutdown, the frame's retryAfter (2000 when it had none).
@@ -164,6 +183,17 @@ export interface Credentials {
   token?: string;
 }
 
+/** What onSessionGone receives: a session of a multiplexed stream the server says no longer exists; the client dropped it from the URL. */
+export interface SessionGone {
+  session: string;
+  /** "session_not_found": a 404 naming it (it does not exist, or the daemon restarted without it); "closed": a stream_error closed (deleted while streaming). */
+  reason: "session_not_found" | "closed";
+  error: EventBusError;
+  /** Where the client stood in it (null: nowhere yet). */
+  lastEventId: number | null;
+  epoch: string | null;
+}
+
 export interface ClientOptions {
   /** A published event, once, in id order. A returned promise is awaited before the next frame is read (fetch transport only). */
   onEvent?: (event: BusEvent) => void | Promise<void>;
@@ -176,6 +206,8 @@ export interface ClientOptions {
   onSlow?: (info: SlowWarning) => void | Promise<void>;
   onEvicted?: (info: Eviction) => void | Promise<void>;
   onState?: (state: ConnectionState, detail: StateDetail) => void;
+  /** A session of a multiplexed stream is gone and was dropped; the others go on. */
+  onSessionGone?: (info: SessionGone) => void;
   /** Every failure; error.final says whether the client stopped. */
   onError?: (error: EventBusError) => void;
 
@@ -196,10 +228,28 @@ export interface ClientOptions {
   /** Send cookies cross-origin (fetch credentials "include", EventSource withCredentials). */
   withCredentials?: boolean;
 
-  /** Resume after this id: N or "<epoch>:<N>". 0 replays from the start. Absent: live only. */
+  /**
+   * Resume after this id: N or "<epoch>:<N>". 0 replays from the start.
+   * Absent: live only. With sessions: a composite cursor ("m1...", an id
+   * line of a multiplexed stream or lastEventId of an earlier client); a
+   * session it does not name starts live.
+   */
   lastEventId?: number | string | null;
-  /** The epoch lastEventId belongs to. */
+  /** The epoch lastEventId belongs to (not with sessions). */
   epoch?: string | null;
+  /**
+   * Several sessions on one connection (eventbus MuxHandler, e.g. the
+   * daemon's "/events"): the client adds one session=<id> parameter per
+   * session to the URL (replacing its own), and every callback's value
+   * names its session. Each session is resumed, deduplicated and
+   * epoch-checked on its own, from the composite cursor the client keeps
+   * (the server's id line; sent as ?lastEventId=). A session the server
+   * says is gone (a 404 naming it, a stream_error "closed" for it) is
+   * dropped (onSessionGone); when none is left the client stops
+   * ("no_sessions"). 1 to 256 distinct non-empty ids (the server's own
+   * bound, 32 by default, answers 400).
+   */
+  sessions?: string[];
   /** ?maxQueued=, 16..2048. */
   maxQueued?: number;
   /** ?types=: exact types or trailing wildcards ("plugin.*"). */
@@ -253,10 +303,22 @@ export interface EventSourceLike {
 export declare class EventBusClient {
   constructor(url: string | URL, options?: ClientOptions);
   readonly state: ConnectionState;
-  /** The id of the last event delivered (the resume cursor), or null for none. */
-  readonly lastEventId: number | null;
-  /** The epoch of lastEventId (or of the stream), or null while unknown. */
+  /**
+   * The id of the last event delivered (the resume cursor), or null for
+   * none. With sessions: the composite cursor of the sessions streamed that
+   * have a position (what the next connection sends), or null.
+   */
+  readonly lastEventId: number | string | null;
+  /** The epoch of lastEventId (or of the stream), or null while unknown; null with sessions (see session()). */
   readonly epoch: string | null;
+  /** With sessions: the sessions streamed (without those gone or removed); null on a single stream. */
+  readonly sessions: string[] | null;
+  /** With sessions: where the client stands in session id (epoch null while only its tag is known), or null when it has no position there. */
+  session(id: string): { lastEventId: number; epoch: string | null } | null;
+  /** With sessions: streams id too; the connection ends and the next starts at once (each session from its position). */
+  addSession(id: string): void;
+  /** With sessions: stops streaming id; the connection ends and the next starts at once. Throws for the last session (close() instead). */
+  removeSession(id: string): void;
   readonly stats: { connects: number; events: number; duplicates: number; resyncs: number };
   /** Resolves once the client has stopped: null after close(), else the final error. Never rejects. */
   readonly done: Promise<EventBusError | null>;
@@ -268,6 +330,25 @@ export declare function connect(url: string | URL, options?: ClientOptions): Eve
 
 /** Parses "N" or "<epoch>:<N>" strictly, as the server does; null when malformed. */
 export declare function parseEventId(s: string): { epoch: string | null; id: number } | null;
+
+/** One session's entry in a composite cursor: tags of the session id and of its epoch, and the last id delivered. */
+export interface CursorEntry {
+  /** sessionTag(id): below 2^40. */
+  session: number;
+  /** epochTag(epoch): below 2^48. */
+  epoch: number;
+  /** At most 2^53-1. */
+  id: number;
+}
+
+/** The tag of a session id in a cursor: the top 40 bits of FNV-1a-64 over its UTF-8 bytes. */
+export declare function sessionTag(id: string): number;
+/** The tag of an epoch in a cursor: its first 12 hex digits (else the top 48 bits of FNV-1a-64). */
+export declare function epochTag(epoch: string): number;
+/** Parses a composite cursor ("m1" and 24 characters per entry) strictly, as the server does; null when malformed. */
+export declare function parseCursor(s: string): CursorEntry[] | null;
+/** Writes a composite cursor of 1 to 256 entries; a RangeError for an entry out of range. */
+export declare function formatCursor(entries: CursorEntry[]): string;
 
 /** Retry-After (delta-seconds or HTTP date) as milliseconds, or undefined. */
 export declare function parseRetryAfter(value: string | null | undefined, now?: number): number | undefined;

@@ -22,11 +22,18 @@ const testToken = "demo-token"
 // -token-lifetime lifetime.
 func newAuthServer(t *testing.T, lifetime time.Duration) (*server, *httptest.Server) {
 	t.Helper()
+	return newAuthServerWith(t, lifetime, config{})
+}
+
+// newAuthServerWith is newAuthServer with the rest of cfg.
+func newAuthServerWith(t *testing.T, lifetime time.Duration, cfg config) (*server, *httptest.Server) {
+	t.Helper()
 	auth, err := daemon.NewAuth(daemon.AuthOptions{Token: testToken, Lifetime: lifetime, Realm: "sessiond"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newServer(config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Auth: auth})
+	cfg.Logger, cfg.Auth = slog.New(slog.NewTextHandler(io.Discard, nil)), auth
+	s, err := newServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

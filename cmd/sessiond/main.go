@@ -7,11 +7,17 @@
 //
 // Routes (Go 1.22 ServeMux patterns):
 //
-//	GET    /                              a viewer page that watches one session live
+//	GET    /                              a viewer page that watches one session live, or several on one
+//	                                      connection (?sessions=a,b,c: one column each)
 //	GET    /static/eventbus-client/{file} the JavaScript client's modules the viewer imports
 //	                                      (the files of clients/js, embedded)
 //	GET    /session/{id}/events           the SSE stream (eventbus.Handler); 404 session_not_found for a
 //	                                      session that does not exist (never creates one; HEAD neither)
+//	GET    /events?session=ID&session=ID… several sessions on one SSE stream (eventbus.MuxHandler): 1 to
+//	                                      -max-stream-sessions distinct ids, else 400 invalid_sessions; 404
+//	                                      session_not_found naming the first unknown one; every frame's
+//	                                      envelope names its session, every event's id line is the
+//	                                      composite cursor that resumes each session exactly
 //	POST   /session/{id}/events           publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...};
 //	                                      creates the session; 503 too_many_sessions when -max-sessions are live
 //	GET    /session/{id}                  status of a session as JSON (404 if it does not exist)
@@ -51,6 +57,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 
@@ -63,12 +70,21 @@ func main() { daemon.Main("sessiond", run) }
 const usageText = `sessiond: a demo daemon for github.com/ssebus/eventbus.
 
 Routes:
-  GET    /                          viewer page (?session=ID, default "demo"; ?transport=fetch,
+  GET    /                          viewer page (?session=ID, default "demo"; ?sessions=A,B,... watches
+                                    several on one connection, one column each; ?transport=fetch,
                                     ?maxQueued=N, ?types=a,b), read with the JavaScript client
-  GET    /static/eventbus-client/F  the JavaScript client's modules (index.js, client.js, parser.js)
+  GET    /static/eventbus-client/F  the JavaScript client's modules (index.js, client.js, cursor.js, parser.js)
   GET    /session/{id}/events       SSE stream (Last-Event-ID or ?lastEventId= resumes;
                                     ?maxQueued=16..2048); 404 session_not_found when the
                                     session does not exist: a GET or HEAD never creates one
+  GET    /events?session=ID&...     several sessions on one SSE stream (one connection: a
+                                    browser opens at most 6 per host over HTTP/1.1). 1 to
+                                    -max-stream-sessions distinct ids, else 400 invalid_sessions;
+                                    404 session_not_found with "session" naming the first unknown
+                                    one; every frame's JSON starts with "session":"<id>"; each
+                                    event's id: is a cursor of every session (m1...), which
+                                    Last-Event-ID or ?lastEventId= gives back to resume each
+                                    session exactly (?types=, ?maxQueued= as above, per session)
   POST   /session/{id}/events       publish {"type":"...","data":...,"originatorClientId":"..."}
                                     -> {"id":N,"epoch":"..."}, creating the session; 400 bad body
                                     or type, 413 too large, 408 body slower than -body-timeout,
@@ -104,16 +120,20 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Ring:           "replay ring size in events per session (0: eventbus default 8000)",
 		MaxSubscribers: "concurrent streams per session (0: eventbus default 64)",
 		WriteTimeout:   "deadline of one SSE write+flush; a stream that blocks past it is dropped (0: handler default 30s)",
+		StreamSessions: "the most sessions one multiplexed stream (GET /events?session=...) serves, 1 to 256; more is 400 invalid_sessions",
 	})
 	var (
 		maxSessions   = fs.Int("max-sessions", 0, "sessions held at once; a new one beyond this, when none is idle, gets 503 too_many_sessions (0: eventbus default 1000)")
 		idleTimeout   = fs.Duration("idle-timeout", 0, "close and forget a session after this long without a publish and without a stream; its next publish starts a new epoch (0: eventbus default 10m; negative: never)")
 		maxTotalBytes = fs.Int64("max-total-bytes", 0, "bound on the sum of every session's replay ring bytes; past it the oldest events of the largest rings go, and resumes past them get ring_evicted (0: eventbus default 256 MiB)")
 		maxAge        = fs.Duration("max-age", 0, "events older than this leave the replay ring; resumes past them get ring_evicted (0: no age bound)")
-		createStream  = fs.Bool("create-on-stream", false, "a GET or HEAD of the stream creates its session, as a POST does: the behavior before the hub, for tests of clients that reconnect across restarts (it lets a client fill -max-sessions with idle sessions for -idle-timeout)")
+		createStream  = fs.Bool("create-on-stream", false, "a GET or HEAD of a stream (of /session/{id}/events, or of /events for each of its sessions) creates its session, as a POST does: the behavior before the hub, for tests of clients that reconnect across restarts (it lets a client fill -max-sessions with idle sessions for -idle-timeout)")
 	)
 	if err := daemon.Parse(fs, args); err != nil {
 		return err
+	}
+	if n := f.MaxStreamSessions; n < 1 || n > eventbus.MaxCursorEntries {
+		return fmt.Errorf("-max-stream-sessions %d: must be 1 to %d", n, eventbus.MaxCursorEntries)
 	}
 	logger := f.Logger(logOut)
 	tlsConfig, err := f.TLSConfig()
@@ -141,6 +161,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Logger:         logger,
 		Auth:           auth,
 		CreateOnStream: *createStream,
+
+		MaxStreamSessions: f.MaxStreamSessions,
 
 		IdempotencyWindow: f.IdempotencyWindow,
 	})

@@ -75,6 +75,12 @@ func do(t *testing.T, method, url, body string) response {
 // call sends a request with header and body and returns the answer.
 func call(t *testing.T, method, url string, header http.Header, body string) response {
 	t.Helper()
+	return callWith(t, http.DefaultClient, method, url, header, body)
+}
+
+// callWith is call with client.
+func callWith(t *testing.T, client *http.Client, method, url string, header http.Header, body string) response {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var rd io.Reader
@@ -88,7 +94,7 @@ func call(t *testing.T, method, url string, header http.Header, body string) res
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,6 +149,12 @@ type sseStream struct {
 
 func openStream(t *testing.T, url string, header http.Header) *sseStream {
 	t.Helper()
+	return openStreamWith(t, http.DefaultClient, url, header)
+}
+
+// openStreamWith is openStream with client.
+func openStreamWith(t *testing.T, client *http.Client, url string, header http.Header) *sseStream {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -152,7 +164,7 @@ func openStream(t *testing.T, url string, header http.Header) *sseStream {
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -521,7 +533,7 @@ func TestIndexPage(t *testing.T) {
 		}
 	}
 	// The client's modules the page imports, from the files of clients/js.
-	for _, name := range []string{"index.js", "client.js", "parser.js"} {
+	for _, name := range []string{"index.js", "client.js", "cursor.js", "parser.js"} {
 		want, err := os.ReadFile("../../clients/js/" + name)
 		if err != nil {
 			t.Fatal(err)
@@ -642,7 +654,8 @@ func TestRunFlags(t *testing.T) {
 		t.Fatalf("-h: %v", err)
 	}
 	for _, want := range []string{"POST   /session/{id}/disconnect", "-max-subscribers", "-ring", "-demo", "-overflow policy",
-		"-max-sessions", "-idle-timeout", "-max-total-bytes", "-max-age", "-body-timeout", "-body-budget", "-header-timeout", "-create-on-stream"} {
+		"-max-sessions", "-idle-timeout", "-max-total-bytes", "-max-age", "-body-timeout", "-body-budget", "-header-timeout", "-create-on-stream",
+		"GET    /events?session=ID&...", "-max-stream-sessions"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("-h output lacks %q:\n%s", want, out.String())
 		}
@@ -657,6 +670,12 @@ func TestRunFlags(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"-body-timeout", "-1s", "-addr", "127.0.0.1:0"}, io.Discard, nil); err == nil {
 		t.Error("-body-timeout -1s was accepted")
+	}
+	for _, n := range []string{"0", "257"} {
+		if err := run(context.Background(), []string{"-max-stream-sessions", n, "-addr", "127.0.0.1:0"}, io.Discard, nil); err == nil ||
+			!strings.Contains(err.Error(), "-max-stream-sessions") {
+			t.Errorf("-max-stream-sessions %s: %v", n, err)
+		}
 	}
 	if err := run(context.Background(), []string{"extra"}, io.Discard, nil); err == nil {
 		t.Fatal("a positional argument was accepted")

@@ -53,8 +53,9 @@ type config struct {
 	// Idempotency-Key (at most daemon.DefaultIdempotencyKeys of them);
 	// 0: daemon.DefaultIdempotencyWindow.
 	IdempotencyWindow time.Duration
-	// CreateOnStream (-create-on-stream) makes a GET or HEAD of the
-	// stream get-or-create its session, as before the hub. For tests of
+	// CreateOnStream (-create-on-stream) makes a GET or HEAD of a
+	// stream (single, or each session of a multiplexed one) get-or-create
+	// its session, as before the hub. For tests of
 	// clients that reconnect across restarts and DELETEs (and learn the
 	// epoch with a HEAD); it lets a client fill MaxSessions with sessions
 	// that stay until they are idle for IdleTimeout.
@@ -63,6 +64,9 @@ type config struct {
 	// /session route needs credentials, POST /login, /logout and /revoke
 	// exist, and the viewer shows its login form. nil: none.
 	Auth *daemon.Auth
+	// MaxStreamSessions is the most sessions one multiplexed stream (GET
+	// /events) serves; 0: eventbus.DefaultMaxStreamSessions.
+	MaxStreamSessions int
 }
 
 // server serves the sessions of its hub. It is safe for concurrent use.
@@ -72,6 +76,7 @@ type server struct {
 	hub     *eventbus.Hub
 	maxBody int64
 	events  http.Handler      // the eventbus SSE handler; its Lookup is s.lookup
+	mux     http.Handler      // the multiplexed stream (GET /events); its Lookup is s.lookupSession
 	enc     *eventbus.Encoder // for the fingerprints of idempotent publishes
 	index   []byte            // the viewer page, told whether to show its login form
 
@@ -138,6 +143,12 @@ func newServer(cfg config) (*server, error) {
 	}
 	cfg.Auth.Install(h)
 	s.events = h
+	// The multiplexed stream shares h: its settings, its Authorize (once
+	// per session) and its registry, so that h.Revoke (POST /logout,
+	// /revoke) ends both kinds of stream.
+	m := &eventbus.MuxHandler{Handler: h, Lookup: s.lookupSession, MaxStreamSessions: cfg.MaxStreamSessions}
+	cfg.Auth.InstallMux(m)
+	s.mux = m
 	s.index = indexHTML
 	if cfg.Auth != nil {
 		s.index = bytes.Replace(indexHTML, []byte(`data-auth="off"`), []byte(`data-auth="on"`), 1)
@@ -301,24 +312,51 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		s.events.ServeHTTP(w, r) // a CORS preflight: no session, no stream
 		return
 	}
-	id := r.PathValue("id")
+	s.serveTracked(w, r, s.events, r.PathValue("id"))
+}
+
+// ServeMuxEvents is GET /events?session=<id>&session=<id>...: the
+// sessions' buses on one stream (eventbus.MuxHandler; it answers a list of
+// sessions that is empty, too long or repeats one with 400
+// invalid_sessions, an unknown session with 404 naming it). A disconnect
+// of any of its sessions cuts the whole stream, whose client then resumes
+// every session with its cursor.
+func (s *server) ServeMuxEvents(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodOptions {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	ids := r.URL.Query()["session"]
+	if len(ids) > eventbus.MaxCursorEntries {
+		ids = nil // refused by the handler: nothing to track
+	}
+	s.serveTracked(w, r, s.mux, ids...)
+}
+
+// serveTracked serves r with h as a stream of the sessions ids that
+// /disconnect can cut.
+func (s *server) serveTracked(w http.ResponseWriter, r *http.Request, h http.Handler, ids ...string) {
 	st, r := daemon.Track(r)
 	defer st.Done()
 	s.mu.Lock()
-	if s.streams[id] == nil {
-		s.streams[id] = make(map[*daemon.Stream]struct{})
+	for _, id := range ids {
+		if s.streams[id] == nil {
+			s.streams[id] = make(map[*daemon.Stream]struct{})
+		}
+		s.streams[id][st] = struct{}{}
 	}
-	s.streams[id][st] = struct{}{}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.streams[id], st)
-		if len(s.streams[id]) == 0 {
-			delete(s.streams, id)
+		for _, id := range ids {
+			delete(s.streams[id], st)
+			if len(s.streams[id]) == 0 {
+				delete(s.streams, id)
+			}
 		}
 		s.mu.Unlock()
 	}()
-	s.events.ServeHTTP(w, r)
+	h.ServeHTTP(w, r)
 }
 
 // lookup is the eventbus handler's Lookup: hub.LookupRequest, which never
@@ -328,7 +366,41 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 // the other routes do (a StatusError): 400 invalid_session_id, 503
 // shutting_down with Retry-After.
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
-	id := r.PathValue("id")
+	return s.streamBus(r, r.PathValue("id"), func() string {
+		resume := r.Header.Get("Last-Event-ID")
+		if resume == "" {
+			resume = r.URL.Query().Get("lastEventId")
+		}
+		return resume
+	})
+}
+
+// lookupSession is the multiplexed stream's Lookup of one of its sessions:
+// hub.LookupSession (or with CreateOnStream GetOrCreate), with lookup's
+// refusals and counts; the session resumes when the request's cursor names
+// it, from "<epoch tag, 12 hex digits>:<id>" (what its counters show).
+func (s *server) lookupSession(r *http.Request, id string) (*eventbus.EventBus, error) {
+	return s.streamBus(r, id, func() string {
+		raw := r.Header.Get("Last-Event-ID")
+		if raw == "" {
+			raw = r.URL.Query().Get("lastEventId")
+		}
+		c, err := eventbus.ParseCursor(raw)
+		if err != nil {
+			return "" // the handler logs it and serves the session live
+		}
+		e, ok := c.Entry(id)
+		if !ok {
+			return ""
+		}
+		return fmt.Sprintf("%012x:%d", e.Epoch, e.ID)
+	})
+}
+
+// streamBus finds the bus of session id for a stream and counts the
+// stream (not a HEAD) in the session's record, as resumed when resume
+// returns what it resumes from.
+func (s *server) streamBus(r *http.Request, id string, resume func() string) (*eventbus.EventBus, error) {
 	switch {
 	case len(id) > maxSessionIDBytes:
 		return nil, &eventbus.StatusError{Status: http.StatusBadRequest, Code: "invalid_session_id", Message: errInvalidSession.Error()}
@@ -343,27 +415,24 @@ func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 			return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "too_many_sessions", Message: "too many sessions: " + err.Error(), RetryAfter: time.Second}
 		}
 	} else {
-		bus, err = s.hub.LookupRequest(r)
+		bus, err = s.hub.LookupSession(r, id)
 	}
 	if err != nil || r.Method == http.MethodHead {
 		return bus, err // a HEAD opens no stream
 	}
-	resume := r.Header.Get("Last-Event-ID")
-	if resume == "" {
-		resume = r.URL.Query().Get("lastEventId")
-	}
-	if len(resume) > 64 {
-		resume = resume[:64]
+	from := resume()
+	if len(from) > 64 {
+		from = from[:64]
 	}
 	sess := s.session(id, bus)
 	s.mu.Lock()
 	sess.streamsOpened++
-	if resume != "" {
+	if from != "" {
 		sess.streamsResumed++
-		sess.lastResumeFrom = resume
+		sess.lastResumeFrom = from
 	}
 	s.mu.Unlock()
-	s.logger.Info("stream opened", "session", id, "epoch", bus.Epoch(), "lastEventId", resume, "remote", r.RemoteAddr)
+	s.logger.Info("stream opened", "session", id, "epoch", bus.Epoch(), "lastEventId", from, "remote", r.RemoteAddr)
 	return bus, nil
 }
 

@@ -36,6 +36,7 @@ const (
 const (
 	streamPattern    = "GET /session/{id}/events"
 	preflightPattern = "OPTIONS /session/{id}/events"
+	muxPreflight     = "OPTIONS /events"
 	indexPattern     = "GET /{$}"
 	loginPattern     = "POST /login"
 	logoutPattern    = "POST /logout"
@@ -174,6 +175,25 @@ func (a *Auth) Install(h *eventbus.Handler) {
 	}
 }
 
+// InstallMux makes m, a multiplexed stream serving the sessions of the
+// Handler given to Install (m.Handler), check credentials: its Lookup
+// checks them before the daemon's own lookup of each session runs, as
+// Install's does; m.Handler's Authorize (Install's) then grants the stream
+// once per session, and its Revoke ends m's streams too (they share its
+// registry). Call it once, after Install and after m's Lookup is set.
+func (a *Auth) InstallMux(m *eventbus.MuxHandler) {
+	if a == nil {
+		return
+	}
+	lookup := m.Lookup
+	m.Lookup = func(r *http.Request, session string) (*eventbus.EventBus, error) {
+		if _, err := a.Check(r); err != nil {
+			return nil, err
+		}
+		return lookup(r, session)
+	}
+}
+
 // Check returns the grant of r's credentials: the bearer token (subject
 // BearerSubject, a lifetime from now) or a valid login cookie (its
 // subject, the login's expiry). Without valid credentials it returns a 401
@@ -284,8 +304,9 @@ func validSubject(s string) bool {
 
 // Protect registers POST /login, POST /logout and POST /revoke on mux and
 // returns mux behind JSONErrors, with every route but the index page and
-// the client's modules (ClientPattern), the login and the stream (which
-// Install's Authorize checks, a CORS preflight included, which needs none)
+// the client's modules (ClientPattern), the login and the streams, single
+// and multiplexed (which Install's and InstallMux's checks cover, a CORS
+// preflight included, which needs none)
 // refusing a request without valid credentials
 // with 401. A nil a returns JSONErrors(mux) and registers nothing.
 func (a *Auth) Protect(mux *http.ServeMux) http.Handler {
@@ -298,7 +319,7 @@ func (a *Auth) Protect(mux *http.ServeMux) http.Handler {
 	mux.HandleFunc(revokePattern, a.ServeRevoke)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch _, pattern := mux.Handler(r); pattern {
-		case "", indexPattern, ClientPattern, loginPattern, logoutPattern, revokePattern, streamPattern, preflightPattern:
+		case "", indexPattern, ClientPattern, loginPattern, logoutPattern, revokePattern, streamPattern, preflightPattern, MuxPattern, muxPreflight:
 		default:
 			if _, err := a.Check(r); err != nil {
 				writeStatusError(w, r, err)

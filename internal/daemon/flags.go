@@ -91,6 +91,10 @@ type Flags struct {
 	// -overflow: what a stream whose queue overflows gets (evict, resync
 	// or catchup); the zero value is evict.
 	Overflow eventbus.OverflowPolicy
+	// -max-stream-sessions: the most sessions one multiplexed stream
+	// (GET /events) serves; defined only for a daemon whose FlagDocs has
+	// StreamSessions (0 otherwise).
+	MaxStreamSessions int
 }
 
 // overflowNames are -overflow's values, by policy.
@@ -130,6 +134,9 @@ type FlagDocs struct {
 	Ring           string // help of -ring
 	MaxSubscribers string // help of -max-subscribers
 	WriteTimeout   string // help of -write-timeout
+	// StreamSessions is the help of -max-stream-sessions; empty: the
+	// daemon serves no multiplexed stream and has no such flag.
+	StreamSessions string
 }
 
 // register defines the shared flags on fs, storing into f.
@@ -158,6 +165,9 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	fs.DurationVar(&f.BodyTimeout, "body-timeout", DefaultBodyTimeout, "deadline of receiving a request body, from its headers on; a slower body gets 408 and its connection is closed")
 	fs.Int64Var(&f.BodyBudget, "body-budget", 0, fmt.Sprintf("request body bytes read at once; a body beyond it gets 503 server_busy with Retry-After before it is read (0: %d bodies of the largest size, -max-event-bytes plus 1 MiB)", DefaultBodyBudgetBodies))
 	fs.DurationVar(&f.HeaderTimeout, "header-timeout", DefaultReadHeaderTimeout, "how long a client may take to send a request's headers; a slower one (slowloris) has its connection closed")
+	if docs.StreamSessions != "" {
+		fs.IntVar(&f.MaxStreamSessions, "max-stream-sessions", eventbus.DefaultMaxStreamSessions, docs.StreamSessions)
+	}
 	fs.BoolVar(&f.Verbose, "v", false, "debug logging")
 	fs.Var(overflowFlag{&f.Overflow}, "overflow", "`policy` for a stream whose queue overflows: evict (client_evicted; it reconnects and resumes), "+
 		"resync (its queue is dropped for a state_resync_required; evicted on the third overflow within 60s) or "+

@@ -24,10 +24,23 @@ type Routes interface {
 	ServeDisconnect(w http.ResponseWriter, r *http.Request) // POST /session/{id}/disconnect[?mode=clean|abort]
 }
 
+// MuxRoutes is what a daemon that serves several sessions on one stream
+// (an eventbus.MuxHandler) adds to Routes.
+type MuxRoutes interface {
+	// ServeMuxEvents is GET (and HEAD, and OPTIONS for a CORS preflight)
+	// /events?session=<id>&session=<id>...: the multiplexed SSE stream.
+	ServeMuxEvents(w http.ResponseWriter, r *http.Request)
+}
+
+// MuxPattern is the route of the multiplexed stream (MuxRoutes); a GET
+// pattern serves HEAD too.
+const MuxPattern = "GET /events"
+
 // Mux returns a new ServeMux (Go 1.22 patterns) that serves the routes
 // with rt; a daemon may add routes of its own to it before it serves, then
 // serves it through JSONErrors. OPTIONS of the stream goes to ServeEvents
-// too (the eventbus handler answers CORS preflights, or 405).
+// too (the eventbus handler answers CORS preflights, or 405). When rt is
+// also MuxRoutes, GET and OPTIONS /events go to its ServeMuxEvents.
 func Mux(rt Routes) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", rt.ServeIndex)
@@ -37,6 +50,10 @@ func Mux(rt Routes) *http.ServeMux {
 	mux.HandleFunc("GET /session/{id}", rt.ServeStatus)
 	mux.HandleFunc("DELETE /session/{id}", rt.ServeDelete)
 	mux.HandleFunc("POST /session/{id}/disconnect", rt.ServeDisconnect)
+	if m, ok := rt.(MuxRoutes); ok {
+		mux.HandleFunc(MuxPattern, m.ServeMuxEvents)
+		mux.HandleFunc(muxPreflight, m.ServeMuxEvents)
+	}
 	return mux
 }
 

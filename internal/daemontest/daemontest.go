@@ -151,6 +151,18 @@ func (d *Daemon) Stop(timeout time.Duration) {
 	}
 }
 
+// Kill ends the daemon with SIGKILL, as a crash would: no shutdown frame,
+// every connection cut, every in-memory session lost; it returns once the
+// process has exited, so that a new daemon may listen on its address.
+func (d *Daemon) Kill() {
+	d.t.Helper()
+	if err := d.cmd.Process.Kill(); err != nil {
+		d.t.Fatal(err)
+	}
+	<-d.done
+	_ = d.cmd.Wait() // "signal: killed"
+}
+
 // Call sends a request and decodes a JSON answer into out (when non-nil).
 func (d *Daemon) Call(method, path, body string, wantStatus int, out any) {
 	d.t.Helper()

@@ -14,6 +14,7 @@ import os from "node:os";
 import path from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
+import { parseCursor } from "../index.js";
 import { startDaemon } from "./helpers.js";
 
 const chromium = process.env.CHROMIUM ?? "/usr/bin/chromium";
@@ -41,10 +42,21 @@ new EventBusClient("/session/b/events", { EventSource: CountingEventSource, even
 new EventBusClient("/session/b/events", { headers: { "X-Viewer": "fetch" }, ...cb("fetch") });
 </script>`;
 
-// serve starts the page server; it forwards /session/ to the daemon at
-// target() (which changes across a restart) and records every forwarded
-// request.
-async function serve(target) {
+// MUX_PAGE reads three sessions on one multiplexed stream, with each
+// transport.
+const MUX_PAGE = PAGE.replace(/new EventBusClient\([^]*<\/script>/, `const sessions = ["m1", "m2", "m3"];
+const mux = (name) => ({
+  ...cb(name),
+  onEvent: (e) => report(name, "event", { session: e.session, id: e.id, epoch: e.epoch, replayed: e.replayed }),
+});
+new EventBusClient("/events", { sessions, EventSource: CountingEventSource, eventTypes: ["note"], ...mux("es") });
+new EventBusClient("/events", { sessions, headers: { "X-Viewer": "fetch" }, ...mux("fetch") });
+</script>`);
+
+// serve starts the page server with page; it forwards /session/ and
+// /events to the daemon at target() (which changes across a restart) and
+// records every forwarded request.
+async function serve(target, page = PAGE) {
   const reports = [];
   const forwarded = [];
   const waiters = [];
@@ -52,7 +64,7 @@ async function serve(target) {
     const u = new URL(req.url, "http://x");
     if (u.pathname === "/") {
       res.writeHead(200, { "Content-Type": "text/html" });
-      res.end(PAGE);
+      res.end(page);
     } else if (u.pathname.startsWith("/js/")) {
       const f = path.join(pkg, path.basename(u.pathname));
       if (!existsSync(f)) return res.writeHead(404).end();
@@ -66,12 +78,15 @@ async function serve(target) {
         for (const w of waiters.splice(0)) w();
         res.writeHead(204).end();
       });
-    } else if (u.pathname.startsWith("/session/")) {
+    } else if (u.pathname.startsWith("/session/") || u.pathname === "/events") {
       forwarded.push({ method: req.method, url: u, headers: req.headers });
       const up = http.request(target() + req.url, { method: req.method, headers: req.headers }, (ur) => {
         res.writeHead(ur.statusCode, ur.headers);
         res.flushHeaders();
         ur.pipe(res);
+        // A daemon killed mid-stream resets the upstream: cut the browser's too.
+        ur.on("aborted", () => res.destroy());
+        ur.on("error", () => res.destroy());
       });
       up.on("error", () => {
         if (!res.headersSent) res.writeHead(502, { "Content-Type": "application/json" }).end('{"error":"daemon down","code":"bad_gateway"}');
@@ -111,16 +126,14 @@ async function serve(target) {
   };
 }
 
-for (const epochIds of [true, false]) test("in Chromium (-epoch-ids=" + epochIds + "): EventSource and fetch transports across a clean cut, an abrupt cut and a daemon restart", { skip, timeout: 120_000 }, async () => {
-  const flags = ["-retry", "200ms", "-epoch-ids=" + epochIds];
-  let d = await startDaemon(flags);
-  const port = d.port;
-  const page = await serve(() => d.base);
+// openBrowser starts headless Chromium on url, in a profile of its own;
+// close() ends it (and its helpers) and removes the profile.
+function openBrowser(url) {
   const profile = mkdtempSync(path.join(os.tmpdir(), "chromium-"));
   const browser = spawn(chromium, [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--user-data-dir=" + profile, page.url,
+    "--user-data-dir=" + profile, url,
   ], { stdio: "ignore", detached: true }); // its own process group: its helpers end with it
   const killGroup = () => {
     try {
@@ -130,6 +143,27 @@ for (const epochIds of [true, false]) test("in Chromium (-epoch-ids=" + epochIds
     }
   };
   process.once("exit", killGroup); // should the test die before its cleanup
+  return {
+    async close() {
+      const exited = new Promise((r) => (browser.exitCode !== null ? r() : browser.once("exit", r)));
+      try {
+        process.kill(-browser.pid, "SIGTERM");
+      } catch {
+        // already gone
+      }
+      await exited;
+      process.off("exit", killGroup);
+      rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
+    },
+  };
+}
+
+for (const epochIds of [true, false]) test("in Chromium (-epoch-ids=" + epochIds + "): EventSource and fetch transports across a clean cut, an abrupt cut and a daemon restart", { skip, timeout: 120_000 }, async () => {
+  const flags = ["-retry", "200ms", "-epoch-ids=" + epochIds];
+  let d = await startDaemon(flags);
+  const port = d.port;
+  const page = await serve(() => d.base);
+  const browser = openBrowser(page.url);
   try {
     const both = (n) => page.ids("es").length >= n && page.ids("fetch").length >= n;
     await page.until(() => page.of("es", "state").some((s) => s.state === "open") && page.of("fetch", "state").some((s) => s.state === "open"), "both open");
@@ -179,15 +213,58 @@ for (const epochIds of [true, false]) test("in Chromium (-epoch-ids=" + epochIds
     assert.ok(page.forwarded.filter((f) => f.headers["x-viewer"] === "fetch").length >= 3, "the fetch client sent its header");
     for (const c of ["es", "fetch"]) assert.ok(page.of(c, "error").every((e) => !e.final), c + ": no final error");
   } finally {
-    const exited = new Promise((r) => (browser.exitCode !== null ? r() : browser.once("exit", r)));
-    try {
-      process.kill(-browser.pid, "SIGTERM");
-    } catch {
-      // already gone
+    await browser.close();
+    await page.close();
+    await d.stop();
+  }
+});
+
+test("in Chromium: three sessions on one stream, EventSource and fetch, across a /disconnect and a kill -9", { skip, timeout: 120_000 }, async () => {
+  const flags = ["-retry", "200ms"];
+  let d = await startDaemon(flags);
+  const port = d.port;
+  const sessions = ["m1", "m2", "m3"];
+  for (const id of sessions) await d.publish(id, "note", {});
+  const page = await serve(() => d.base, MUX_PAGE);
+  const browser = openBrowser(page.url);
+  try {
+    const both = (n) => page.ids("es").length >= n && page.ids("fetch").length >= n;
+    await page.until(() => ["es", "fetch"].every((c) => page.of(c, "state").some((s) => s.state === "open")), "both open");
+    for (const id of sessions) await d.publish(id, "note", {});
+    await page.until(() => both(3), "an event of each session in both");
+    await d.post("/session/m2/disconnect"); // the whole stream
+    for (const id of sessions) await d.publish(id, "note", {});
+    await page.until(() => both(6), "6 events in both");
+    const epochs = {};
+    for (const id of sessions) epochs[id] = (await d.status(id)).body.epoch;
+    for (const c of ["es", "fetch"]) {
+      for (const id of sessions) {
+        const evs = page.of(c, "event").filter((e) => e.session === id);
+        assert.deepEqual(evs.map((e) => e.id), [2, 3], c + " " + id);
+        assert.ok(evs.every((e) => e.epoch === epochs[id]), c + " " + id + ": " + JSON.stringify(evs));
+      }
+      assert.equal(page.of(c, "resync").length, 0, c);
     }
-    await exited;
-    process.off("exit", killGroup);
-    rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
+
+    await d.kill();
+    d = await startDaemon(flags, port);
+    for (const id of sessions) await d.publish(id, "note", { gen: 2 });
+    await page.until(() => both(9) && page.of("es", "resync").length === 3 && page.of("fetch", "resync").length === 3, "the new epochs");
+    for (const c of ["es", "fetch"]) {
+      for (const rs of page.of(c, "resync")) {
+        assert.equal(rs.reason, "epoch_reset", c);
+        assert.equal(rs.previousEpoch, epochs[rs.session], c);
+        assert.equal(rs.epoch, (await d.status(rs.session)).body.epoch, c);
+      }
+      for (const id of sessions) {
+        assert.deepEqual(page.of(c, "event").filter((e) => e.session === id).map((e) => e.id), [2, 3, 1], c + " " + id);
+      }
+    }
+    const esGets = page.forwarded.filter((f) => f.method === "GET" && !f.headers["x-viewer"]);
+    assert.ok(esGets.every((f) => f.url.pathname === "/events" && f.url.searchParams.getAll("session").join() === "m1,m2,m3"));
+    assert.ok(esGets.some((f) => parseCursor(f.url.searchParams.get("lastEventId") ?? "")?.length === 3), "the EventSource resumed with the composite cursor");
+  } finally {
+    await browser.close();
     await page.close();
     await d.stop();
   }

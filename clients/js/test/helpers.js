@@ -82,6 +82,12 @@ export async function startDaemon(args = [], port) {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGTERM");
       await exited;
     },
+    // kill ends the daemon with SIGKILL, as a crash would: no shutdown
+    // frame, every connection cut, every session lost.
+    async kill() {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGKILL");
+      await exited;
+    },
     async publish(session, type, data) {
       const res = await fetch(base + "/session/" + session + "/events", {
         method: "POST",
@@ -136,6 +142,7 @@ export function record(url, options = {}) {
   };
   const client = new EventBusClient(url, {
     ...options,
+    onSessionGone: wrap("onSessionGone", "gone"),
     onEvent: wrap("onEvent", "event"),
     onSignal: wrap("onSignal", "signal"),
     onCaughtUp: wrap("onCaughtUp", "caughtUp"),
@@ -188,6 +195,8 @@ export function gatedFetch() {
   return {
     fetch: f,
     requests,
+    // wait resolves once the gate is open (for requests made otherwise).
+    wait: () => (open ? Promise.resolve() : waiting),
     close() {
       if (!open) return;
       open = false;
