@@ -407,6 +407,17 @@ func (im moduleImporter) Import(path string) (*types.Package, error) {
 // ---------------------------------------------------------------------------
 // Resuming: Last-Event-ID, lastEventId, epochs, and the resync frames.
 
+// fillEpoch replaces every "<epoch>" value of hdr with b's epoch.
+func fillEpoch(hdr http.Header, b *EventBus) {
+	for _, vs := range hdr {
+		for i, v := range vs {
+			if v == "<epoch>" {
+				vs[i] = b.Epoch()
+			}
+		}
+	}
+}
+
 func TestHandlerResume(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	setup := func(t *testing.T) (string, *EventBus) { return e.sessionWithEvents(t, 5) }
@@ -468,13 +479,7 @@ func TestHandlerResume(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path, b := setup(t)
-			for _, vs := range tc.header {
-				for i, v := range vs {
-					if v == "<epoch>" {
-						vs[i] = b.Epoch()
-					}
-				}
-			}
+			fillEpoch(tc.header, b)
 			c := e.stream(t, path+tc.query, tc.header)
 			c.expect(tc.want(b)...)
 			// Then live, with nothing in between.
@@ -685,13 +690,7 @@ func TestHandlerResyncReasons(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path, b := ringBus(t, tc.opts)
-			for _, vs := range tc.header {
-				for i, v := range vs {
-					if v == "<epoch>" {
-						vs[i] = b.Epoch()
-					}
-				}
-			}
+			fillEpoch(tc.header, b)
 			c := e.stream(t, path+tc.query, tc.header)
 			c.expect(tc.want(b)...)
 			publishN(t, b, 1)
