@@ -19,7 +19,8 @@ import (
 //
 // The Handler answers a StatusError whose Status is not in [400, 599] with a
 // 500 (and logs it). A StatusError is a plain value: safe to share once
-// built, never modified by the package.
+// built, never modified by the package. The answers are docs/SPEC.md
+// section 6.5.
 type StatusError struct {
 	// Status is the HTTP status, 400 to 599: 401 for missing or invalid
 	// credentials, 403 for credentials that do not allow the stream, 503
@@ -132,7 +133,8 @@ func (e *StatusError) serve(w http.ResponseWriter, session string) {
 
 // Grant is what Handler.Authorize allows a stream: who it is for, and how
 // long it may last. The zero Grant allows the stream without a subject and
-// without a bound.
+// without a bound. What a stream does at the end of its lifetime and when
+// it is revoked is docs/SPEC.md section 6.5.
 type Grant struct {
 	// Subject names whom the stream serves (a user, a token, a device):
 	// Handler.Revoke(Subject) ends it. Empty: the stream cannot be revoked
@@ -294,7 +296,8 @@ func (g *registry) revoke(subject string) int {
 // gets Authorize's 401 or 403, which is final for it.
 //
 // Revoke covers the streams of this Handler, in this process: a daemon
-// with several replicas calls it on each (through its own broadcast).
+// with several replicas calls it on each (through its own broadcast). The
+// rule is docs/SPEC.md section 6.5.
 func (h *Handler) Revoke(subject string) int { return h.reg.revoke(subject) }
 
 // Streams that a Handler ends by itself: the message of their terminal

@@ -23,7 +23,9 @@ import (
 //     id, so the backplane can number it in the log.
 //
 // Everything else (queues, warnings, evictions, replay rules, the Handler)
-// is the bus's own and works on a fed bus unchanged.
+// is the bus's own and works on a fed bus unchanged. The rules are
+// docs/SPEC.md section 8.2; package backplane is the kit a backplane
+// module is built on (section 8.7).
 
 // LogEntry is one already-numbered event of a shared log: its id, its type
 // and its complete JSON envelope, with "id" (EncodedEvent.Envelope builds
@@ -107,7 +109,8 @@ type feed struct {
 // every other method behave as on a bus made by New.
 //
 // It returns an error wrapping ErrInvalidOption for invalid opts, an epoch
-// that is not 32 lowercase hex characters, or a negative LagTimeout.
+// that is not 32 lowercase hex characters, or a negative LagTimeout. The
+// fed bus's rules are docs/SPEC.md section 8.2.
 func NewFed(opts Options, fo FeedOptions) (*EventBus, error) {
 	if !validEpoch(fo.Epoch) {
 		return nil, fmt.Errorf("%w: feed epoch %q is not 32 lowercase hex characters", ErrInvalidOption, truncate(fo.Epoch, 64))

@@ -16,75 +16,11 @@ import (
 	"github.com/ssebus/eventbus"
 )
 
-// memLog is a small backplane written with the public API alone, as a
-// NATS, Kafka or PostgreSQL backplane in another module would be: a shared
-// log numbers events (under its own lock, standing in for the engine), and
-// every replica feeds its fed bus from the log with a reader goroutine.
-type memLog struct {
-	epoch   string
-	keep    int // entries the log keeps
-	mu      sync.Mutex
-	entries []eventbus.LogEntry
-	next    uint64
-	changed chan struct{} // closed and replaced at every append
-}
-
-func newMemLog(keep int) *memLog {
-	return &memLog{epoch: eventbus.NewEpoch(), keep: keep, next: 1, changed: make(chan struct{})}
-}
-
-// append numbers an encoded event, as the engine's atomic append would.
-func (l *memLog) append(ev eventbus.EncodedEvent) uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	id := l.next
-	l.next++
-	l.entries = append(l.entries, eventbus.LogEntry{ID: id, Type: ev.Type, JSON: ev.Envelope(id)})
-	if len(l.entries) > l.keep {
-		l.entries = l.entries[len(l.entries)-l.keep:]
-	}
-	close(l.changed)
-	l.changed = make(chan struct{})
-	return id
-}
-
-// after returns the entries after id and a channel closed at the next
-// append.
-func (l *memLog) after(id uint64) ([]eventbus.LogEntry, <-chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []eventbus.LogEntry
-	for _, e := range l.entries {
-		if e.ID > id {
-			out = append(out, e)
-		}
-	}
-	return out, l.changed
-}
-
-// ReadHistory implements eventbus.Log.
-func (l *memLog) ReadHistory(_ context.Context, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []eventbus.LogEntry
-	for _, e := range l.entries {
-		if e.ID > req.After && e.ID <= req.Upto {
-			out = append(out, e)
-		}
-	}
-	first := uint64(0)
-	if len(l.entries) > 0 {
-		first = l.entries[0].ID
-	}
-	return out, first, nil
-}
-
-// Head implements eventbus.Log.
-func (l *memLog) Head(context.Context) (string, uint64, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.epoch, l.next - 1, nil
-}
+// A small backplane written with the public API alone, as a NATS, Kafka or
+// PostgreSQL backplane in another module would be: a shared log numbers
+// events (eventbus.MemLog, the tests' in-memory Log, under its own lock,
+// standing in for the engine), and every replica feeds its fed bus from
+// the log with a reader goroutine.
 
 // replica is one daemon's view of the log: a fed bus and its reader.
 type replica struct {
@@ -94,10 +30,10 @@ type replica struct {
 	done chan struct{}
 }
 
-func newReplica(t *testing.T, l *memLog, opts eventbus.Options) *replica {
+func newReplica(t *testing.T, l *eventbus.MemLog, opts eventbus.Options) *replica {
 	t.Helper()
 	_, last, _ := l.Head(context.Background())
-	bus, err := eventbus.NewFed(opts, eventbus.FeedOptions{Epoch: l.epoch, NextID: last + 1, Log: l})
+	bus, err := eventbus.NewFed(opts, eventbus.FeedOptions{Epoch: l.Epoch(), NextID: last + 1, Log: l})
 	require.NoError(t, err)
 	enc, err := eventbus.NewEncoder(opts)
 	require.NoError(t, err)
@@ -106,7 +42,7 @@ func newReplica(t *testing.T, l *memLog, opts eventbus.Options) *replica {
 	go func() {
 		defer close(r.done)
 		for {
-			entries, changed := l.after(bus.LastEventID())
+			entries, changed := l.After(bus.LastEventID())
 			for _, e := range entries {
 				if err := bus.Append(e); err != nil {
 					return
@@ -129,11 +65,11 @@ func (r *replica) close() {
 	r.bus.Close()
 }
 
-func (r *replica) publish(t *testing.T, l *memLog, typ string) uint64 {
+func (r *replica) publish(t *testing.T, l *eventbus.MemLog, typ string) uint64 {
 	t.Helper()
 	ev, err := r.enc.Encode(eventbus.Event{Type: typ, Data: map[string]string{"from": "test"}})
 	require.NoError(t, err)
-	return l.append(ev)
+	return l.Append(ev)
 }
 
 // take reads frames until it has n events, or fails after a while.
@@ -165,7 +101,7 @@ func take(t *testing.T, s *eventbus.Subscription, n int) []eventbus.Frame {
 }
 
 func TestExternalBackplaneResumesOnAnotherReplica(t *testing.T) {
-	l := newMemLog(100)
+	l := eventbus.NewMemLog(100)
 	a := newReplica(t, l, eventbus.Options{})
 	b := newReplica(t, l, eventbus.Options{})
 
@@ -198,7 +134,7 @@ func TestExternalBackplaneResumesOnAnotherReplica(t *testing.T) {
 }
 
 func TestExternalBackplaneLateReplicaAnswersFromTheLog(t *testing.T) {
-	l := newMemLog(4)
+	l := eventbus.NewMemLog(4)
 	a := newReplica(t, l, eventbus.Options{})
 	for range 10 {
 		a.publish(t, l, "tick")
@@ -217,7 +153,7 @@ func TestExternalBackplaneLateReplicaAnswersFromTheLog(t *testing.T) {
 }
 
 func TestExternalBackplaneConcurrentPublishersSameOrderEverywhere(t *testing.T) {
-	l := newMemLog(10000)
+	l := eventbus.NewMemLog(10000)
 	rs := []*replica{newReplica(t, l, eventbus.Options{}), newReplica(t, l, eventbus.Options{}), newReplica(t, l, eventbus.Options{})}
 	var subs []*eventbus.Subscription
 	for _, r := range rs {
@@ -254,7 +190,7 @@ func TestExternalBackplaneConcurrentPublishersSameOrderEverywhere(t *testing.T) 
 // The Handler serves a fed bus with no hook of its own: a resume its ring
 // cannot answer comes from the log.
 func TestExternalBackplaneThroughTheHandler(t *testing.T) {
-	l := newMemLog(100)
+	l := eventbus.NewMemLog(100)
 	a := newReplica(t, l, eventbus.Options{})
 	for range 3 {
 		a.publish(t, l, "tick")
@@ -273,7 +209,7 @@ func TestExternalBackplaneThroughTheHandler(t *testing.T) {
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	assert.Equal(t, l.epoch, resp.Header.Get("Event-Epoch"))
+	assert.Equal(t, l.Epoch(), resp.Header.Get("Event-Epoch"))
 	sc := bufio.NewScanner(resp.Body)
 	var ids []string
 	for sc.Scan() && len(ids) < 4 {

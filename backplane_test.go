@@ -13,70 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// fakeLog is a backplane log in memory: entries first..last, numbered by it.
-type fakeLog struct {
-	epoch   string
-	entries []LogEntry
-	calls   int
-	reqs    []HistoryRequest
-	err     error
-	onRead  func() // runs at the start of every ReadHistory
-	onHead  func() // runs at the start of every Head
-}
-
-func (l *fakeLog) add(t *testing.T, typ string) LogEntry {
-	t.Helper()
-	enc, err := NewEncoder(Options{})
-	require.NoError(t, err)
-	ev, err := enc.Encode(Event{Type: typ})
-	require.NoError(t, err)
-	id := uint64(1)
-	if n := len(l.entries); n > 0 {
-		id = l.entries[n-1].ID + 1
-	}
-	e := LogEntry{ID: id, Type: typ, JSON: ev.Envelope(id)}
-	l.entries = append(l.entries, e)
-	return e
-}
-
-func (l *fakeLog) trim(keep int) { l.entries = l.entries[len(l.entries)-keep:] }
-
-func (l *fakeLog) ReadHistory(_ context.Context, req HistoryRequest) ([]LogEntry, uint64, error) {
-	if l.onRead != nil {
-		l.onRead()
-	}
-	l.calls++
-	l.reqs = append(l.reqs, req)
-	if l.err != nil {
-		return nil, 0, l.err
-	}
-	var out []LogEntry
-	for _, e := range l.entries {
-		if e.ID > req.After && e.ID <= req.Upto {
-			out = append(out, e)
-		}
-	}
-	first := uint64(0)
-	if len(l.entries) > 0 {
-		first = l.entries[0].ID
-	}
-	return out, first, nil
-}
-
-func (l *fakeLog) Head(context.Context) (string, uint64, error) {
-	if l.onHead != nil {
-		l.onHead()
-	}
-	if l.err != nil {
-		return "", 0, l.err
-	}
-	last := uint64(0)
-	if n := len(l.entries); n > 0 {
-		last = l.entries[n-1].ID
-	}
-	return l.epoch, last, nil
-}
-
 const testEpoch = "0123456789abcdef0123456789abcdef"
 
 func newFed(t *testing.T, opts Options, next uint64, log Log) *EventBus {
@@ -110,7 +46,7 @@ func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidEvent, "an event Publish refuses anyway says why")
 
 	s := subscribe(t, b, SubscribeOptions{})
-	log := &fakeLog{}
+	log := &memLog{}
 	for range 41 {
 		log.add(t, "tick")
 	}
@@ -143,35 +79,10 @@ func TestNewFedValidates(t *testing.T) {
 	assert.Zero(t, f.LastEventID(), "a refused entry is not delivered")
 }
 
-func TestEncoderEncodesAsPublish(t *testing.T) {
-	now := func() time.Time { return time.UnixMilli(1719000000000) }
-	enc, err := NewEncoder(Options{Now: now})
-	require.NoError(t, err)
-	b, err := New(Options{Now: now})
-	require.NoError(t, err)
-	defer b.Close()
-	ev := Event{Type: "t", Data: map[string]int{"a": 1}, OriginatorClientID: "c"}
-	e, err := enc.Encode(ev)
-	require.NoError(t, err)
-	f, err := b.Publish(ev)
-	require.NoError(t, err)
-	assert.Equal(t, "t", e.Type)
-	assert.Equal(t, string(f.JSON()), string(e.Envelope(1)))
-
-	_, err = enc.Encode(Event{Type: "a\nb"})
-	assert.ErrorIs(t, err, ErrInvalidEvent)
-	small, err := NewEncoder(Options{MaxEventBytes: 40})
-	require.NoError(t, err)
-	_, err = small.Encode(Event{Type: "t", Data: strings.Repeat("x", 40)})
-	assert.ErrorIs(t, err, ErrEventTooLarge)
-	_, err = NewEncoder(Options{MaxEventBytes: -1})
-	assert.ErrorIs(t, err, ErrInvalidOption)
-}
-
 func TestFedAppendGapSendsRingEvictedResync(t *testing.T) {
 	b := newFed(t, Options{}, 1, nil)
 	s := subscribe(t, b, SubscribeOptions{})
-	log := &fakeLog{}
+	log := &memLog{}
 	for range 5 {
 		log.add(t, "tick")
 	}
@@ -186,7 +97,7 @@ func TestFedAppendGapSendsRingEvictedResync(t *testing.T) {
 func TestFedAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T) {
 	b := newFed(t, Options{MaxQueued: 2, OverflowPolicy: OverflowCatchUp}, 1, nil)
 	s := subscribe(t, b, SubscribeOptions{})
-	log := &fakeLog{}
+	log := &memLog{}
 	for range 10 {
 		log.add(t, "tick")
 	}
@@ -210,7 +121,7 @@ func TestFedAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T) {
 }
 
 func TestRemoteResumeReplaysFromTheLogAheadOfLiveFrames(t *testing.T) {
-	log := &fakeLog{epoch: testEpoch}
+	log := &memLog{epoch: testEpoch}
 	for range 10 {
 		log.add(t, "tick")
 	}
@@ -240,7 +151,7 @@ func TestRemoteResumeReplaysFromTheLogAheadOfLiveFrames(t *testing.T) {
 
 func TestResumeAheadOfTheFeedWaitsForIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		log := &fakeLog{epoch: testEpoch}
+		log := &memLog{epoch: testEpoch}
 		for range 6 {
 			log.add(t, "tick")
 		}
@@ -279,7 +190,7 @@ func TestResumeAheadOfTheFeedWaitsForIt(t *testing.T) {
 
 func TestResumeAheadOfTheFeedGivesUpAfterLagTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		log := &fakeLog{epoch: testEpoch}
+		log := &memLog{epoch: testEpoch}
 		for range 6 {
 			log.add(t, "tick")
 		}
@@ -305,7 +216,7 @@ func TestResumeAheadOfTheFeedGivesUpAfterLagTimeout(t *testing.T) {
 }
 
 func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
-	log := &fakeLog{epoch: testEpoch}
+	log := &memLog{epoch: testEpoch}
 	for range 10 {
 		log.add(t, "tick")
 	}
@@ -349,7 +260,7 @@ func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
 }
 
 func TestRemoteResumeHistoryErrorIsAnExplicitResync(t *testing.T) {
-	log := &fakeLog{err: errors.New("connection refused")}
+	log := &memLog{err: errors.New("connection refused")}
 	var diags []Diagnostic
 	b := newFed(t, Options{OnDiagnostic: func(d Diagnostic) bool { diags = append(diags, d); return true }}, 5, log)
 	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 1})

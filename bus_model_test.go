@@ -14,9 +14,10 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// FuzzBusModel: the bus against a reference model of SPEC 5-8 (and the
-// signal, overflow-resync and type-filter rules of SPEC 11, and the
-// catch-up policy and the iterator's accounting of issue 13).
+// FuzzBusModel: the bus against a reference model of SPEC 2-4 (publish,
+// subscribe, the queues, the warning, eviction, cancellation and close,
+// resume; the signal, resync-policy and type-filter rules of 3.8, 3.5 and
+// 2.4; and the catch-up policy and the iterator's accounting of issue 13).
 //
 // The fuzz input decodes into a bus configuration (tiny RingSize and
 // RingMaxBytes, small byte caps, replay budget and MaxEventBytes, a
@@ -183,7 +184,7 @@ func (m *busModel) eventFrame(id uint64, typ string, dataLen int, orig string) b
 	return bmFrame{kind: kindEvent, id: id, typ: typ, json: j + "}"}
 }
 
-// publish is SPEC 4: validate, id, ring, fan out.
+// publish is SPEC 2.1: validate, id, ring, fan out.
 func (m *busModel) publish(typ string, dataLen int, orig string) (bmFrame, error) {
 	if m.closed {
 		m.stats.Rejected.Closed++
@@ -233,7 +234,7 @@ func (m *busModel) signal(typ, about string) error {
 }
 
 // fanOut pushes f to every registered subscriber whose filter matches, in
-// subscription order (SPEC 4.3, 6, 7, 11); lastID is f's id, or the last
+// subscription order (SPEC 2.1 step 3, 3.1-3.5, 3.8); lastID is f's id, or the last
 // id published for a signal.
 func (m *busModel) fanOut(f bmFrame, lastID uint64) {
 	var evicted []*bmSub
@@ -353,7 +354,7 @@ func (m *busModel) fanOut(f bmFrame, lastID uint64) {
 	}
 }
 
-// warn is SPEC 6's warning check after an accepted live push.
+// warn is SPEC 3.2's warning check after an accepted live push.
 func (m *busModel) warn(s *bmSub, lastID uint64) {
 	count, bytes := s.live()
 	lc, lb := float64(count), float64(bytes)
@@ -528,7 +529,7 @@ func (m *busModel) unregister(s *bmSub) {
 	m.stats.Subscribers = len(m.subs)
 }
 
-// subscribe is SPEC 5: check order, registration, and 5.1-5.4's replay.
+// subscribe is SPEC 2.3: check order, registration, and 4.1-4.4's replay.
 // It returns nil and the expected error when Subscribe must fail.
 func (m *busModel) subscribe(s *bmSub, opts SubscribeOptions, ctxDone bool) error {
 	if opts.MaxQueued < 0 {
@@ -644,7 +645,7 @@ func (m *busModel) take(s *bmSub) bmFrame {
 	return f
 }
 
-// cancel is SPEC 8's cancellation: no drain, unregistered.
+// cancel is SPEC 2.5's cancellation: no drain, unregistered.
 func (m *busModel) cancel(s *bmSub) {
 	m.stats.Dropped.Cancelled += uint64(len(s.q))
 	s.q = nil

@@ -20,26 +20,16 @@ var corsHeaders = []string{"Last-Event-ID", "Event-Epoch", "Cache-Control", "Acc
 
 // CORS lets pages of other origins read a Handler's stream (the CORS
 // protocol of the Fetch standard). Set it as Handler.CORS; it must not
-// change while the handler serves.
+// change while the handler serves, and it is read concurrently.
 //
-// A request without an Origin header (curl, server-side clients) and one
-// whose Origin names the request's own host are served as without CORS. An
-// allowed origin gets Access-Control-Allow-Origin with that origin (never
-// "*", so the answer is the same with and without Credentials) and, with
-// Credentials, Access-Control-Allow-Credentials: true, on the stream and on
-// every error answer, so a page can read the JSON error too. Another origin
-// gets 403 {"code":"origin_not_allowed"} before the bus is looked up or
-// subscribed to: a refused page takes no subscriber slot and learns nothing
-// about the session. Every answer carries Vary: Origin.
-//
-// A preflight (OPTIONS with Origin and Access-Control-Request-Method) from
-// an allowed origin for GET or HEAD whose Access-Control-Request-Headers
-// are all among Last-Event-ID, Event-Epoch, Cache-Control, Accept and
-// AllowHeaders gets 204 with the Access-Control-Allow-* headers; anything
-// else gets 403 (origin_not_allowed or preflight_refused). An EventSource
-// sends no custom header and needs no preflight; a fetch-based client that
-// sends Last-Event-ID or Event-Epoch as headers does. An OPTIONS that is not
-// a preflight gets 204 with Allow.
+// A request without an Origin header, or whose Origin names the request's
+// own host, is served as without CORS. An allowed origin gets
+// Access-Control-Allow-Origin with that origin (never "*") on the stream
+// and on every error answer; another origin is refused with 403 before the
+// bus is looked up, so a refused page takes no subscriber slot and learns
+// nothing about the session. A preflight is answered without Lookup or
+// Authorize. The headers, the preflight's rules and the answers are in
+// docs/SPEC.md section 6.4.
 //
 // The zero CORS allows no other origin (only same-host pages and clients
 // without an Origin). Origins "*" together with Credentials is refused (see

@@ -16,7 +16,8 @@ const MaxCursorEntries = 256
 // of every event frame of a multiplexed stream, so a plain EventSource
 // keeps it and sends it back as Last-Event-ID by itself; a client may give
 // it as ?lastEventId= instead. Given back with the same sessions in the
-// URL, in any order, each session resumes as its own single stream would.
+// URL, in any order, each session resumes as its own single stream would
+// (docs/SPEC.md section 6.8).
 //
 // The text is one opaque token of ASCII letters, digits, '-' and '_' (no
 // space, comma or quote): "m1" (the format, version 1), then one group of

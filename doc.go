@@ -1,6 +1,13 @@
 // Package eventbus gives a daemon one in-memory event bus per session and
 // serves it as a resumable Server-Sent Events stream. It imports only the
-// standard library; docs/SPEC.md is the contract it implements.
+// standard library.
+//
+// The contract it implements is docs/SPEC.md, ordered by topic: the model
+// (section 1), ids, the ring and subscriptions (2), queues and
+// backpressure (3), resume (4), the wire (5), HTTP (6), the Hub (7),
+// backplanes (8) and clients (9). The doc comments state each name's
+// contract (what is safe concurrently, what blocks, who closes what, the
+// zero value, the errors) and point to the section that has the rules.
 //
 // # The model
 //
@@ -64,14 +71,17 @@
 // # Several replicas
 //
 // A backplane shares a session between the replicas of a daemon through a
-// log in a real engine (the redisbus and pgbus modules of this repository
-// are two). It plugs into the public seam: [NewEncoder] encodes events as
+// log in a real engine (the redisbus, pgbus and natsbus modules of this
+// repository are three, built on package backplane; docs/SPEC.md section
+// 8). It plugs into the public seam: [NewEncoder] encodes events as
 // Publish would, without an id, for the backplane to number in its log;
 // [NewFed] makes a bus whose epoch and ids come from that log, fed with
 // [EventBus.Append]; its [Log] answers resumes the ring cannot. The
 // Handler serves a fed bus unchanged.
 //
-// The package examples (Example, Example_resume, Example_eviction and
-// ExampleEventBus_Stats) show publishing, resuming, eviction and the
-// counters; README.md has a complete daemon.
+// The package examples (Example, Example_resume, Example_eviction,
+// ExampleEventBus_Stats, ExampleHub, ExampleMuxHandler and
+// ExampleSubscription_TakeReady) show publishing, resuming, eviction, the
+// counters, a hub, the multiplexed stream and a transport of one's own;
+// examples/daemon is a complete daemon.
 package eventbus

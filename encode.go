@@ -109,7 +109,8 @@ func appendJSONString(dst []byte, s string) []byte {
 }
 
 // Event is what a caller publishes. The bus assigns the id and stamps "v";
-// a caller can set neither.
+// a caller can set neither. Its envelope on the wire is docs/SPEC.md
+// section 5.1.
 type Event struct {
 	// Type is the event type: non-empty, without CR or LF. It becomes the SSE
 	// event: field and the envelope's "type".

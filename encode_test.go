@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 	"unicode/utf8"
 
@@ -17,7 +21,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Encoding an event: the envelope, its validation, once for everyone (SPEC 3, 4).
+// Encoding an event: the envelope, its validation, once for everyone (SPEC 5.1, 2.1).
 
 func TestPublishStampsSchemaVersion(t *testing.T) {
 	b := newBus(t, Options{})
@@ -410,9 +414,9 @@ func FuzzAppendJSONString(f *testing.F) {
 	})
 }
 
-// The zero Frame (what Publish returns with an error) has no type and
-// encodes to nothing: every method answers without a frame behind it.
-
+// Compact pre-encoded data takes Publish's fast path, anything else the
+// scratch path; both must lay out byte-identical envelopes, escapes in the
+// type and the originator included.
 func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 	for _, c := range []struct{ typ, orig, compact, spaced string }{
 		{"e", "", `{"n":1}`, `{ "n" : 1 }`},
@@ -444,7 +448,179 @@ func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 	}
 }
 
-// Publish makes two allocations for a pre-encoded event, the envelope's
-// bytes and the frame, and the same number at any subscriber count: the
-// frame is shared, and a push into a queue that has room allocates
-// nothing.
+// ---------------------------------------------------------------------------
+// The clock, MaxTypeLen, the Encoder a backplane uses, and hostile input
+// end to end.
+
+func TestDefaultClockStampsWallTimeBetweenRebases(t *testing.T) {
+	// Without Options.Now the bus reads one monotonic clock per stamp and
+	// re-reads the wall clock at least once a second; every stamp must still
+	// be the wall time of the publish, to the millisecond.
+	synctest.Test(t, func(t *testing.T) {
+		b, err := New(Options{})
+		require.NoError(t, err)
+		defer b.Close()
+		for _, step := range []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 1500 * time.Millisecond, 7 * time.Millisecond} {
+			time.Sleep(step)
+			f, err := b.Publish(Event{Type: "t"})
+			require.NoError(t, err)
+			var env struct {
+				Meta struct {
+					ServerTimestamp int64 `json:"serverTimestamp"`
+				} `json:"_meta"`
+			}
+			require.NoError(t, json.Unmarshal(f.JSON(), &env))
+			assert.Equal(t, time.Now().UnixMilli(), env.Meta.ServerTimestamp, "after sleeping %v", step)
+		}
+	})
+}
+
+func TestMaxTypeLen(t *testing.T) {
+	b, err := New(Options{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer b.Close()
+	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+	require.NoError(t, err)
+	at, past := strings.Repeat("a", MaxTypeLen), strings.Repeat("a", MaxTypeLen+1)
+
+	_, err = b.Publish(Event{Type: past})
+	require.ErrorIs(t, err, ErrInvalidEvent)
+	assert.Contains(t, err.Error(), "MaxTypeLen")
+	require.ErrorIs(t, b.Signal(past, "x"), ErrInvalidEvent)
+	assert.Zero(t, b.LastEventID(), "no id used")
+	fs, _ := s.AppendReady(nil)
+	assert.Empty(t, fs, "nobody got it")
+	assert.Equal(t, uint64(2), b.Stats().Rejected.Invalid)
+
+	f, err := b.Publish(Event{Type: at})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), f.ID(), "the first id is still free")
+	require.NoError(t, b.Signal(at, "x"))
+	fs, _ = s.AppendReady(nil)
+	require.Len(t, fs, 2)
+	assert.Equal(t, at, fs[0].Type())
+	assert.Equal(t, at, fs[1].Type())
+
+	// The encoder and a type filter agree with Publish.
+	enc, err := NewEncoder(Options{})
+	require.NoError(t, err)
+	_, err = enc.Encode(Event{Type: past})
+	require.ErrorIs(t, err, ErrInvalidEvent)
+	require.ErrorIs(t, enc.CheckSignal(past, ""), ErrInvalidEvent)
+}
+
+func TestEncoderEncodesAsPublish(t *testing.T) {
+	now := func() time.Time { return time.UnixMilli(1719000000000) }
+	enc, err := NewEncoder(Options{Now: now})
+	require.NoError(t, err)
+	b, err := New(Options{Now: now})
+	require.NoError(t, err)
+	defer b.Close()
+	ev := Event{Type: "t", Data: map[string]int{"a": 1}, OriginatorClientID: "c"}
+	e, err := enc.Encode(ev)
+	require.NoError(t, err)
+	f, err := b.Publish(ev)
+	require.NoError(t, err)
+	assert.Equal(t, "t", e.Type)
+	assert.Equal(t, string(f.JSON()), string(e.Envelope(1)))
+
+	_, err = enc.Encode(Event{Type: "a\nb"})
+	assert.ErrorIs(t, err, ErrInvalidEvent)
+	small, err := NewEncoder(Options{MaxEventBytes: 40})
+	require.NoError(t, err)
+	_, err = small.Encode(Event{Type: "t", Data: strings.Repeat("x", 40)})
+	assert.ErrorIs(t, err, ErrEventTooLarge)
+	_, err = NewEncoder(Options{MaxEventBytes: -1})
+	assert.ErrorIs(t, err, ErrInvalidOption)
+}
+
+// TestHostileInjectionStaysInsideOneDataLine: types that would inject SSE
+// lines are rejected at Publish (no id used, nobody receives anything);
+// strings with "\n\ndata: x", "\r\nid: 99", "\r", U+2028, NUL and quotes in
+// data, _meta keys and values, originatorClientId, and pre-encoded JSON
+// with raw newlines reach the client as ONE event with ONE data line,
+// whose JSON decodes back to exactly what was published.
+func TestHostileInjectionStaysInsideOneDataLine(t *testing.T) {
+	b := newBus(t, Options{})
+	ts := serveSession(t, b, &Handler{Logger: slog.New(slog.DiscardHandler)})
+	s := openStream(t, ts, "/session/s/events", nil)
+	if s.resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", s.resp.StatusCode)
+	}
+	if r := s.next(); r.Kind != sseRetryRecord || r.Retry < 3000 || r.Retry > 4500 {
+		t.Fatalf("first record %+v", r)
+	}
+
+	for _, typ := range []string{"\n", "\r", "\r\n", "a\n\ndata: x", "a\nid: 99", "x\revent: y", "ok\n", "\nok",
+		"a\r\n\r\nid: 1\r\ndata: {}\r\n\r\n"} {
+		_, err := b.Publish(Event{Type: typ, Data: "evil"})
+		if !errors.Is(err, ErrInvalidEvent) {
+			t.Errorf("Publish(type %q): %v, want ErrInvalidEvent", typ, err)
+		}
+		if err := b.Signal(typ, "about"); !errors.Is(err, ErrInvalidEvent) {
+			t.Errorf("Signal(type %q): %v, want ErrInvalidEvent", typ, err)
+		}
+	}
+	if b.LastEventID() != 0 || b.Stats().Rejected.Invalid != 18 {
+		t.Fatalf("rejected events used ids or were not counted: last id %d, %+v", b.LastEventID(), b.Stats().Rejected)
+	}
+
+	evil := []string{"\n\ndata: x", "\r\nid: 99\r\n\r\n", "x\ry", "\u2028\u2029", "nul\x00", `"}]` + "\n", "id: 5\n\nevent: x\ndata: {}\n\n"}
+	type published struct {
+		f    Frame
+		data any
+		meta map[string]any
+		orig string
+	}
+	var pubs []published
+	for i, e := range evil {
+		data := map[string]any{"text": e, "id": e, "nested": []any{e}}
+		meta := map[string]any{"note": e, e: "key", "id": 77}
+		f, err := b.Publish(Event{Type: "t", Data: data, Meta: meta, OriginatorClientID: e})
+		if err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+		pubs = append(pubs, published{f, data, meta, e})
+	}
+	raw, err := b.Publish(Event{Type: "raw", Data: json.RawMessage("{\n  \"a\": \"b\\n\\ndata: x\",\r\n  \"id\": 9\n}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig := "\n\ndata: x"
+	if err := b.Signal("sig", sig); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, p := range pubs {
+		ev := s.skipToEvent()
+		if ev.Type != "t" || ev.ID != strconv.FormatUint(p.f.ID(), 10) || strings.ContainsAny(ev.Data, "\r\n") {
+			t.Fatalf("event %d arrived as type %q id %q data %q", p.f.ID(), ev.Type, ev.ID, ev.Data)
+		}
+		var env struct {
+			ID   uint64         `json:"id"`
+			Data any            `json:"data"`
+			Meta map[string]any `json:"_meta"`
+			Orig string         `json:"originatorClientId"`
+		}
+		if err := json.Unmarshal([]byte(ev.Data), &env); err != nil {
+			t.Fatalf("event %d: %v in %q", p.f.ID(), err, ev.Data)
+		}
+		wantData, _ := json.Marshal(p.data)
+		gotData, _ := json.Marshal(env.Data)
+		if env.ID != p.f.ID() || string(gotData) != string(wantData) || env.Orig != p.orig ||
+			env.Meta["note"] != p.meta["note"] || env.Meta[p.orig] != "key" || env.Meta["id"] != float64(77) {
+			t.Errorf("event %d decoded to %+v, want data %s originator %q", p.f.ID(), env, wantData, p.orig)
+		}
+	}
+	ev := s.skipToEvent()
+	if ev.Type != "raw" || ev.ID != strconv.FormatUint(raw.ID(), 10) || strings.ContainsAny(ev.Data, "\r\n") ||
+		!strings.Contains(ev.Data, `"data":{"a":"b\n\ndata: x","id":9}`) {
+		t.Errorf("pre-encoded JSON arrived as %+v", ev)
+	}
+	ev = s.skipToEvent()
+	var senv struct{ About string }
+	if ev.Type != "sig" || ev.ID != strconv.FormatUint(raw.ID(), 10) /* the last id persists */ ||
+		json.Unmarshal([]byte(ev.Data), &senv) != nil || senv.About != sig {
+		t.Errorf("signal arrived as %+v", ev)
+	}
+}

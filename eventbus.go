@@ -11,7 +11,10 @@ import (
 	"time"
 )
 
-// EventBus is one session's in-memory event bus. Create it with New.
+// EventBus is one session's in-memory event bus. Create it with New (or
+// NewFed for a backplane's replica). The model, the ids and the ring are
+// docs/SPEC.md sections 1 and 2; the queues and what a slow subscriber
+// gets, section 3.
 //
 // An EventBus is safe for concurrent use by multiple goroutines. Publish
 // never blocks on a subscriber and never panics. Close ends every
@@ -79,7 +82,8 @@ func NewEpoch() string {
 
 // Epoch returns the bus's epoch token: 32 lowercase hex characters from
 // crypto/rand, different for every bus. A client that presents another
-// epoch when resuming gets an epoch_reset resync.
+// epoch when resuming gets an epoch_reset resync (docs/SPEC.md section
+// 4.2). It does not block.
 func (b *EventBus) Epoch() string { return b.epoch }
 
 // LastEventID returns the id of the last published event, 0 before the
@@ -94,6 +98,7 @@ func (b *EventBus) SubscriberCount() int { return int(b.subscribed.Load()) }
 // receives what was queued, then the end), including subscriptions never
 // iterated; afterwards Publish returns ErrClosed and Subscribe returns an
 // ended subscription. Close is idempotent, does not block, and returns nil.
+// Close and its two variants below are docs/SPEC.md section 2.5.
 func (b *EventBus) Close() error { return b.close(nil) }
 
 // CloseWithError is Close for a bus that ends because something failed,
@@ -114,14 +119,12 @@ func (b *EventBus) CloseWithError(kind, message string) error {
 // its replica, is going away: every subscription receives what was queued,
 // then a terminal stream_error {"error":...,"errorKind":"shutdown",
 // "retryAfter":<ms>} (ErrorKindShutdown), which tells its client that the
-// end is no failure of the stream and that it should come back after a
-// random delay in [retryAfter, 2*retryAfter] (to another replica where
-// there is one) and resume from its cursor. retryAfter <= 0 means
-// DefaultShutdownRetryAfter; it is sent in whole milliseconds, at least 1.
-// A subscription's Err then wraps ErrClosed. Hub.Shutdown and Hub.Close
-// close their buses this way. Like Close it is idempotent (only the first
-// Close, CloseWithError or CloseForShutdown counts), does not block, and
-// returns nil.
+// end is no failure and when to come back and resume (docs/SPEC.md section
+// 5.2). retryAfter <= 0 means DefaultShutdownRetryAfter; it is sent in
+// whole milliseconds, at least 1. A subscription's Err then wraps
+// ErrClosed. Hub.Shutdown and Hub.Close close their buses this way. Like
+// Close it is idempotent (only the first Close, CloseWithError or
+// CloseForShutdown counts), does not block, and returns nil.
 func (b *EventBus) CloseForShutdown(retryAfter time.Duration) error {
 	f := shutdownFrame(retryAfter, b.now())
 	return b.close(&f)
@@ -195,7 +198,7 @@ func (b *EventBus) closeIf(terminal *Frame, allow func() bool) ([]*Subscription,
 		}
 		s.q.close(true)
 		// The context stays watched while the consumer drains: a later
-		// cancellation must still drop the buffer (SPEC 8). The consumer
+		// cancellation must still drop the buffer (SPEC 2.5). The consumer
 		// releases it when it reaches the end.
 	}
 	return subs, true
@@ -298,7 +301,9 @@ var wakePool = sync.Pool{New: func() any { return new([]*boundedAsyncQueue) }}
 
 // Publish assigns the event the next id, appends it to the ring and queues
 // it for every subscriber whose filter matches, and returns the stamped
-// frame.
+// frame. It encodes the event once, outside the bus lock; the frame's bytes
+// are shared by the ring and every subscriber (docs/SPEC.md section 2.1;
+// the envelope is section 5.1).
 //
 // Publish never blocks on a subscriber and never panics. It returns an
 // error wrapping ErrInvalidEvent for an empty type, a type with CR or LF, or
@@ -365,14 +370,12 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 	return Frame{f}, nil
 }
 
-// Signal publishes a change signal (SPEC 11): a type and the resource it is
-// about, without data and without an id. A signal never enters the ring and
-// is never replayed (a reconnecting client refetches). In a subscriber's
-// queue a queued, undelivered signal with the same (type, about) is replaced
-// in place by the newer one, keeping the older one's position: a coalesced
-// signal can therefore reach a client before events published after the
-// signal it replaced. Signals are live frames under both caps and honour
-// type filters.
+// Signal publishes a change signal: a type and the resource it is about,
+// without data and without an id. A signal never enters the ring and is
+// never replayed (a reconnecting client refetches); a queued, undelivered
+// signal with the same (type, about) is replaced in place by the newer one,
+// so it can reach a client before events published after the one it
+// replaced. The rules are docs/SPEC.md section 3.8.
 //
 // Signal never blocks and never panics. It returns an error wrapping
 // ErrInvalidEvent for an invalid type, ErrEventTooLarge above

@@ -1,6 +1,7 @@
 package eventbus_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -169,4 +170,107 @@ func Example_eviction() {
 	// events: 13 14 15 16
 	// client_evicted {"reason":"queue_overflow","droppedAfter":17,"queueSize":16,"maxQueued":16,"queuedBytes":1277,"maxQueuedBytes":2097152} terminal: true
 	// evicted: true
+}
+
+// A transport of its own, written outside the package with exported API
+// only, as the Handler is: take a batch into a reused slice, write each
+// frame's shared encoding, flush, and report the batch once.
+func ExampleSubscription_TakeReady() {
+	bus, _ := eventbus.New(eventbus.Options{
+		Now:          func() time.Time { return time.UnixMilli(1719000000000) },
+		OnDiagnostic: func(eventbus.Diagnostic) bool { return true }, // no log lines in the example
+	})
+	defer bus.Close()
+	sub, _ := bus.Subscribe(context.Background(), eventbus.SubscribeOptions{})
+	defer sub.Close()
+	_, _ = bus.Publish(eventbus.Event{Type: "greeting", Data: "hello"})
+	_, _ = bus.Publish(eventbus.Event{Type: "greeting", Data: "again"})
+
+	var conn bytes.Buffer // the transport's connection
+	write := func(batch []eventbus.Frame) error {
+		for _, f := range batch {
+			conn.Write(f.SSE()) // shared bytes: written, never modified
+		}
+		return nil // a real transport flushes here, under a deadline
+	}
+
+	var batch []eventbus.Frame
+	batch, open := sub.TakeReady(batch[:0]) // never blocks; wait on sub.Ready() when empty
+	if err := write(batch); err != nil {
+		sub.CloseBlocked(len(batch), err) // the batch and the queue count as dropped (blocked)
+		return
+	}
+	sub.MarkWritten(len(batch)) // delivered only once written
+	clear(batch)                // do not pin frames while idle
+
+	fmt.Print(conn.String())
+	fmt.Println("open:", open, "delivered:", bus.Stats().FramesDelivered)
+
+	// A write that fails: the frames taken are reported as blocked.
+	_, _ = bus.Publish(eventbus.Event{Type: "greeting", Data: "lost"})
+	batch, _ = sub.TakeReady(batch[:0])
+	sub.CloseBlocked(len(batch), errors.New("write: broken pipe"))
+	fmt.Println("blocked:", bus.Stats().Dropped.Blocked)
+	// Output:
+	// id: 1
+	// event: greeting
+	// data: {"id":1,"v":1,"type":"greeting","data":"hello","_meta":{"serverTimestamp":1719000000000}}
+	//
+	// id: 2
+	// event: greeting
+	// data: {"id":2,"v":1,"type":"greeting","data":"again","_meta":{"serverTimestamp":1719000000000}}
+	//
+	// open: true delivered: 2
+	// blocked: 1
+}
+
+// A hub holds a daemon's sessions: lookups never create one, a publish
+// does, and a session the hub let go comes back with a new epoch.
+func ExampleHub() {
+	hub, err := eventbus.NewHub(eventbus.HubOptions{
+		MaxSessions:   2,
+		IdleTimeout:   10 * time.Minute,
+		MaxTotalBytes: 64 << 20,
+		Bus:           eventbus.Options{Now: exampleClock},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer hub.Close()
+
+	_, ok := hub.Lookup("doc-7")
+	fmt.Println("before any publish:", ok)
+
+	for i := range 3 {
+		if _, err := hub.Publish("doc-7", eventbus.Event{Type: "edit", Data: json.RawMessage(fmt.Sprint(i))}); err != nil {
+			panic(err)
+		}
+	}
+	bus, _ := hub.Lookup("doc-7")
+	sub, _ := bus.Subscribe(context.Background(), eventbus.SubscribeOptions{Resume: true, LastEventID: 1})
+	frames, _ := sub.AppendReady(nil)
+	for _, f := range frames {
+		fmt.Println(f.ID(), f.Type())
+	}
+	sub.Close()
+
+	_, _ = hub.Publish("doc-8", eventbus.Event{Type: "edit"})
+	_, err = hub.Publish("doc-9", eventbus.Event{Type: "edit"})
+	fmt.Println("a third session:", errors.Is(err, eventbus.ErrHubFull))
+
+	oldEpoch := bus.Epoch()
+	hub.Delete("doc-7")
+	again, _ := hub.GetOrCreate("doc-7")
+	fmt.Println("new epoch:", again.Epoch() != oldEpoch)
+
+	st := hub.Stats()
+	fmt.Println("sessions:", st.Sessions, "published:", st.Buses.Published, "refused:", st.Refused)
+	// Output:
+	// before any publish: false
+	// 2 edit
+	// 3 edit
+	// 0 replay_complete
+	// a third session: true
+	// new epoch: true
+	// sessions: 2 published: 4 refused: 1
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Limits of a subscription's type filters (SPEC 11).
+// Limits of a subscription's type filters (docs/SPEC.md section 2.4).
 const (
 	// MaxTypeFilters is how many filters one subscription may list.
 	MaxTypeFilters = 32

@@ -16,7 +16,7 @@ import (
 	"github.com/ssebus/eventbus/sseclient"
 )
 
-// Type filters (SPEC 11).
+// Type filters (SPEC 2.4).
 
 func TestFilterGrammarValid(t *testing.T) {
 	wild256 := strings.Repeat("a", 254) + ".*"

@@ -8,6 +8,7 @@ import (
 
 // Synthetic frame types. Synthetic frames are local to one subscriber and
 // carry no id, so they never consume a slot of the per-session sequence.
+// Their data, and when each is sent, are docs/SPEC.md section 5.2.
 const (
 	// TypeReplayComplete marks the seam between replayed and live frames of a
 	// resumed subscription.
@@ -26,7 +27,8 @@ const (
 )
 
 // Resync and eviction reasons, as they appear in frame data: the "reason"
-// of state_resync_required (SPEC 5, 11) and of client_evicted (SPEC 7).
+// of state_resync_required and of client_evicted (docs/SPEC.md section 5.2
+// says when each is sent).
 const (
 	// ReasonEpochReset (resync): the client's cursor is of another epoch,
 	// or ahead of the bus.
@@ -51,7 +53,8 @@ const (
 	ReasonCatchUpStalled = "catch_up_stalled"
 )
 
-// errorKind values of stream_error frames: what a client does next.
+// errorKind values of stream_error frames: what a client does next
+// (docs/SPEC.md section 5.2).
 const (
 	// ErrorKindInternal: the server failed; reconnect with backoff.
 	ErrorKindInternal = "internal"
@@ -67,8 +70,8 @@ const (
 	// ErrorKindShutdown: the server is going away (a restart, a deploy, a
 	// replica leaving) after the frames queued before it; the frame's data
 	// also holds "retryAfter", in milliseconds. Reconnect after a random
-	// delay in [retryAfter, 2*retryAfter] and resume from the cursor (to
-	// another replica where there is one). See EventBus.CloseForShutdown.
+	// delay of at least retryAfter and resume from the cursor (to another
+	// replica where there is one). See EventBus.CloseForShutdown.
 	ErrorKindShutdown = "shutdown"
 	// ErrorKindClosed: the session's bus was closed while a multiplexed
 	// stream (MuxHandler) served it, by a Hub's Delete or an
@@ -150,18 +153,17 @@ func (f Frame) JSON() []byte {
 
 // Size returns the length of the frame's JSON envelope in bytes, len(JSON()):
 // what follows "data: " on the wire, without the line ends. It is the unit
-// of every byte cap of a bus and of every byte count on the wire (SPEC 1.3):
-// Options.RingMaxBytes, MaxQueuedBytes, ReplayBudgetBytes and
-// MaxEventBytes, and the queuedBytes and eventBytes of slow_client_warning
-// and client_evicted. The zero Frame has size 0.
+// of every byte cap of a bus (Options.RingMaxBytes, MaxQueuedBytes,
+// ReplayBudgetBytes, MaxEventBytes) and of every byte count on the wire
+// (the queuedBytes and eventBytes of slow_client_warning and
+// client_evicted). The zero Frame has size 0.
 //
 // A frame costs more memory than its Size, by a bounded amount: at most
-// 2*MaxTypeLen+148 bytes on 64-bit platforms (660: its id, event and data
-// lines with room for a longer id, its type string, its header and its
-// ring slot), before the allocator's rounding; a signal also keeps its
-// resource string (About), which its envelope holds too. So the frame-count
-// caps (RingSize, MaxQueued) bound what the byte caps leave out, and a
-// Hub's MaxTotalBytes counts all of it (see HubOptions).
+// 2*MaxTypeLen+148 bytes on 64-bit platforms (660), before the allocator's
+// rounding; a signal also keeps its resource string (About). So the
+// frame-count caps (RingSize, MaxQueued) bound what the byte caps leave
+// out, and a Hub's MaxTotalBytes counts all of it. The unit and the bound
+// are docs/SPEC.md section 1.3.
 func (f Frame) Size() int {
 	if f.frame == nil {
 		return 0
@@ -320,7 +322,7 @@ func syntheticFrame(typ string, kind frameKind, data []byte, ts int64) Frame {
 	return idlessFrame(typ, kind, `,"data":`, data, ts, "")
 }
 
-// signalFrame builds SPEC 11's signal envelope
+// signalFrame builds SPEC 3.8's signal envelope
 // {"v":1,"type":T,"about":A,"_meta":{"serverTimestamp":ms}}.
 func signalFrame(typ, about string, ts int64) Frame {
 	return idlessFrame(typ, kindSignal, `,"about":`, appendJSONString(nil, about), ts, about)
@@ -415,7 +417,7 @@ func resyncFrame(reason, detail string, lastDelivered, earliest uint64, epoch st
 	return syntheticFrame(TypeStateResyncRequired, kindSynthetic, d.bytes(), ts)
 }
 
-// warningFrame is section 6's slow_client_warning.
+// warningFrame is SPEC 3.2's slow_client_warning.
 func warningFrame(c queueCounts, lastEventID uint64, threshold string, ts int64) Frame {
 	d := &syntheticData{b: make([]byte, 0, 160)}
 	d.int("queueSize", c.liveCount).int("maxQueued", c.maxQueued).uint("lastEventId", lastEventID)
@@ -423,7 +425,7 @@ func warningFrame(c queueCounts, lastEventID uint64, threshold string, ts int64)
 	return syntheticFrame(TypeSlowClientWarning, kindSynthetic, d.bytes(), ts)
 }
 
-// evictedFrame is section 7's client_evicted; eventBytes < 0 leaves it out.
+// evictedFrame is SPEC 3.3's client_evicted; eventBytes < 0 leaves it out.
 func evictedFrame(reason string, droppedAfter uint64, c queueCounts, eventBytes int, ts int64) Frame {
 	d := &syntheticData{b: make([]byte, 0, 192)}
 	d.str("reason", reason).uint("droppedAfter", droppedAfter)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -110,7 +112,7 @@ func TestSyntheticFrameEnvelope(t *testing.T) {
 
 // Size is the envelope, what follows "data: " on the wire, for every kind
 // of frame and whatever its type: the unit of the byte caps and of the
-// numbers on the wire (SPEC 2).
+// numbers on the wire (SPEC 1.3).
 func TestFrameSizeIsTheEnvelope(t *testing.T) {
 	b := newBus(t, Options{})
 	f := publishEvent(t, b, Event{Type: "session_update", Data: json.RawMessage(`{"a":1}`)})
@@ -191,6 +193,8 @@ func TestFrameJSONCannotBeGrownIntoTheWire(t *testing.T) {
 	assert.Equal(t, wire, f.String())
 }
 
+// The zero Frame (what Publish returns with an error) has no type and
+// encodes to nothing: every method answers without a frame behind it.
 func TestZeroFrame(t *testing.T) {
 	var f Frame
 	assert.Zero(t, f.ID())
@@ -221,81 +225,265 @@ func TestFrameIsOnePointer(t *testing.T) {
 	assert.Same(t, &f.JSON()[0], &got[0].JSON()[0])
 }
 
-// Compact pre-encoded data takes Publish's fast path, anything else the
-// scratch path; both must lay out byte-identical envelopes, escapes in the
-// type and the originator included.
-func TestPublishAllocationsDoNotGrowWithSubscribers(t *testing.T) {
-	ev := Event{Type: "e", Data: json.RawMessage(`{"session":"s1","seq":12345,"text":"hello, world"}`)}
-	for _, subs := range []int{0, 1, 64} {
-		b := newBus(t, Options{RingSize: 64})
-		batch := make([]Frame, 0, 256)
-		var ss []*Subscription
-		for range subs {
-			s, err := b.Subscribe(t.Context(), SubscribeOptions{})
-			require.NoError(t, err)
-			ss = append(ss, s)
-		}
-		// Fill the ring and grow each queue to hold the measured publishes,
-		// then empty the queues.
-		for range 150 {
-			_, err := b.Publish(ev)
-			require.NoError(t, err)
-		}
-		for _, s := range ss {
-			out, _ := s.AppendReady(batch[:0])
-			require.Len(t, out, 150)
-		}
-		allocs := testing.AllocsPerRun(100, func() { _, _ = b.Publish(ev) })
-		assert.EqualValues(t, 2, allocs, "%d subscribers", subs)
+// ---------------------------------------------------------------------------
+// The shutdown frame, what a frame holds, and fuzzed frames.
+
+func TestShutdownFrameWire(t *testing.T) {
+	for _, c := range []struct {
+		retry time.Duration
+		ms    int
+	}{
+		{1500 * time.Millisecond, 1500},
+		{0, 2000},             // the default
+		{-time.Second, 2000},  // likewise
+		{time.Microsecond, 1}, // at least 1 ms: 0 would mean at once
+		{time.Minute, 60000},
+	} {
+		f := shutdownFrame(c.retry, testStamp)
+		assert.True(t, f.Terminal())
+		assert.True(t, f.Synthetic())
+		assert.Zero(t, f.ID())
+		assert.Equal(t, TypeStreamError, f.Type())
+		assert.Equal(t, "event: stream_error\ndata: "+wantSynth(TypeStreamError, shutdownData(c.ms), "").Data+"\n\n", f.String(), "retry %v", c.retry)
+	}
+	// StreamErrorFrame and CloseWithError with the kind carry the default;
+	// every other kind keeps the wire it had: no retryAfter.
+	assert.Contains(t, string(StreamErrorFrame("bye", ErrorKindShutdown).JSON()),
+		`"data":{"error":"bye","errorKind":"shutdown","retryAfter":2000}`)
+	for _, kind := range []string{ErrorKindInternal, ErrorKindUnavailable, ErrorKindReauthenticate, ErrorKindRevoked} {
+		assert.Contains(t, string(StreamErrorFrame("m", kind).JSON()), `"data":{"error":"m","errorKind":"`+kind+`"},`)
 	}
 }
 
-// A consumer takes and frames its events without allocating: a delivery
-// costs nothing beyond the publish.
-func TestDeliveryDoesNotAllocate(t *testing.T) {
-	ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
-	b := newBus(t, Options{RingSize: 64})
-	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+// A frame's type is in its event: line, its envelope and its type string:
+// the budget counts all three (frame.held), with the frame's buffer, header
+// and ring slot; the bus's byte caps, which count the envelope, leave out a
+// bounded amount per event.
+func TestFrameHeldCountsEveryByte(t *testing.T) {
+	b, err := New(Options{})
 	require.NoError(t, err)
-	batch := make([]Frame, 0, 16)
-	wire := make([]byte, 0, 4096)
-	for range 100 { // fill the ring, grow the queue
-		_, err := b.Publish(ev)
+	defer b.Close()
+	for _, typ := range []string{"t", strings.Repeat("x", MaxTypeLen)} {
+		f, err := b.Publish(Event{Type: typ, Data: json.RawMessage(`{"a":1}`)})
 		require.NoError(t, err)
+		wire := f.AppendSSE(nil)
+		room := 2 * (maxDigits - len(strconv.FormatUint(f.ID(), 10))) // before the wire, in its buffer
+		assert.Equal(t, len(wire)+room+len(typ)+frameOverhead, f.held())
+		assert.Equal(t, len(f.JSON()), f.Size())
+		assert.LessOrEqual(t, f.held()-f.Size(), maxFrameExtra)
 	}
-	out, _ := s.AppendReady(batch)
-	require.Len(t, out, 100)
-	publish := testing.AllocsPerRun(100, func() { _, _ = b.Publish(ev) })
-	out, _ = s.AppendReady(batch)
-	require.Len(t, out, 101)
-	both := testing.AllocsPerRun(100, func() {
-		_, _ = b.Publish(ev)
-		out, _ := s.AppendReady(batch)
-		for _, f := range out {
-			wire = f.AppendSSE(wire[:0])
+	// The reservation a publish makes is the frame's held, whatever its id.
+	for _, id := range []uint64{1, 12345, 1<<64 - 1} {
+		p, err := b.enc.encode(Event{Type: "typ", Data: json.RawMessage(`[1]`)}, 1)
+		require.NoError(t, err)
+		fr := p.build(id)
+		assert.Equal(t, p.maxSize(), int64(fr.held()), "id %d", id)
+	}
+	assert.Positive(t, frameOverhead)
+}
+
+// The byte caps count envelopes; what a frame costs beyond its envelope is
+// at most maxFrameExtra (660 bytes on 64-bit), so the caps and the count
+// caps together bound the heap. Events of the longest type, each a fresh
+// string as a daemon decoding requests holds it, are the worst case: their
+// envelopes are ~340 bytes and each costs twice that again. Measured with
+// runtime.ReadMemStats after a collection:
+//
+//   - ring: buses whose RingMaxBytes (8 KiB) holds 24 such events grow by
+//     at most the sum of RingBytes + RingLen*maxFrameExtra, an eighth more
+//     for the allocator's size classes, and each ring's slot array;
+//   - queue: buses that keep one event (RingSize 1), each with a
+//     subscriber that never reads, whose queue (MaxQueued 12,
+//     MaxQueuedBytes 4 KiB) is full: at most MaxQueuedBytes +
+//     MaxQueued*maxFrameExtra per subscriber, plus its one warning (a
+//     forced frame, outside the caps), an eighth, and the queue's slots.
+func TestMemoryWithinEnvelopeCapsPlusPerFrameExtra(t *testing.T) {
+	buses := pick(64, 400, 1000)
+	measure := func(t *testing.T, opts Options, subscribe bool, events int) (grown int64, bs []*EventBus, subs []*Subscription) {
+		bs = make([]*EventBus, buses)
+		for i := range bs {
+			bs[i] = newBus(t, opts)
+			if subscribe {
+				s, err := bs[i].Subscribe(context.Background(), SubscribeOptions{MaxQueued: 12})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(s.Close)
+				subs = append(subs, s)
+			}
+		}
+		before := liveHeap()
+		for _, b := range bs {
+			for i := range events {
+				typ := string([]byte(maxType(i))) // a fresh copy per event
+				if _, err := b.Publish(Event{Type: typ, Data: json.RawMessage(`{"n":1}`)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return int64(liveHeap()) - int64(before), bs, subs
+	}
+
+	t.Run("ring", func(t *testing.T) {
+		const ringCap = 8 << 10
+		grown, bs, _ := measure(t, Options{RingMaxBytes: ringCap}, false, 40)
+		var envelopes, frames, bound int64
+		for _, b := range bs {
+			st := b.Stats()
+			require.LessOrEqual(t, st.RingBytes, ringCap)
+			require.Equal(t, 24, st.RingLen, "8 KiB of ~340-byte envelopes")
+			envelopes += int64(st.RingBytes)
+			frames += int64(st.RingLen)
+			bound += int64(len(b.ring.slots)) * 8
+		}
+		bound += (envelopes + frames*int64(maxFrameExtra)) * 9 / 8
+		t.Logf("%d buses x 24 events of a %d-byte type: heap +%d bytes (%d per frame) for %d envelope bytes (%d per frame); bound %d",
+			buses, MaxTypeLen, grown, grown/frames, envelopes, envelopes/frames, bound)
+		assert.LessOrEqual(t, grown, bound)
+		runtime.KeepAlive(bs)
+	})
+
+	t.Run("queue", func(t *testing.T) {
+		const queueCap = 4 << 10
+		grown, bs, subs := measure(t, Options{RingSize: 1, MaxQueuedBytes: queueCap}, true, 12)
+		var bound int64
+		for i, s := range subs {
+			c := s.q.counts()
+			require.Equal(t, queueCounts{12, 12, c.liveBytes, queueCap}, c, "a full queue")
+			require.NoError(t, s.Err())
+			require.Equal(t, 13, s.q.len(), "12 events and the warning")
+			warning := s.q.entry(9).f
+			require.Equal(t, TypeSlowClientWarning, warning.typ)
+			bound += int64(queueCap+12*maxFrameExtra+warning.size()+maxFrameExtra) * 9 / 8
+			bound += int64(len(s.q.buf))*9 + int64(len(bs[i].ring.slots))*8
+		}
+		t.Logf("%d stalled subscribers with 12 events of a %d-byte type queued: heap +%d bytes (%d per subscriber); bound %d",
+			buses, MaxTypeLen, grown, grown/int64(buses), bound)
+		assert.LessOrEqual(t, grown, bound)
+		runtime.KeepAlive(bs)
+		runtime.KeepAlive(subs)
+	})
+}
+
+// jsonRoundTrip is what a JSON client reads back for s: encoding/json
+// coerces invalid UTF-8 to U+FFFD.
+func jsonRoundTrip(t *testing.T, s string) string {
+	b, err := json.Marshal(s)
+	require.NoError(t, err)
+	var out string
+	require.NoError(t, json.Unmarshal(b, &out))
+	return out
+}
+
+func FuzzFrameRoundTrip(f *testing.F) {
+	for _, seed := range [][3]string{
+		{"session_update", `{"a":1}`, "c1"},
+		{"e", "", ""},
+		{" leading space", "line1\nline2\r\nline3\rend", "client\nwith newline"},
+		{"a: b", "data: injected\n\nid: 99\n\n", "\r\n"},
+		{":colon", "\x00\x01\x1f\"\\", "\u2028\u2029"},
+		{"id: 7", "\xff\xfe invalid utf-8", "\xc3"},
+		{"tab\there", "<html>&amp;</html>", "é"},
+		{"nul\x00type", strings.Repeat("z", 4096), ""},
+		{"\u2028", "\u2028\u2029", "x"},
+		{"\xff", "", ""},
+		{"", "rejected: empty", ""},
+		{"a\nb", "rejected: LF", ""},
+		{"a\rb", "rejected: CR", ""},
+		{"a\r\nevent: evil", "rejected: CRLF", ""},
+	} {
+		f.Add(seed[0], seed[1], seed[2])
+	}
+	f.Fuzz(func(t *testing.T, typ, data, orig string) {
+		logs := &logCapture{}
+		b, err := New(Options{Now: testNow, Logger: logs.logger(), OnDiagnostic: logs.diag})
+		require.NoError(t, err)
+		defer b.Close()
+
+		injectable := typ == "" || strings.ContainsAny(typ, "\r\n")
+		fr, err := b.Publish(Event{Type: typ, Data: data, OriginatorClientID: orig})
+		if err != nil {
+			require.ErrorIs(t, err, ErrInvalidEvent)
+			require.True(t, injectable, "only an empty type or one with CR or LF is rejected: %q: %v", typ, err)
+			require.Zero(t, b.LastEventID())
+			return
+		}
+		require.False(t, injectable, "a type that could inject SSE lines was accepted: %q", typ)
+
+		wire := fr.AppendSSE(nil)
+		require.Equal(t, fr.String(), string(wire))
+		js := fr.JSON()
+		require.NotContains(t, string(js), "\n")
+		require.NotContains(t, string(js), "\r")
+		require.True(t, json.Valid(js), "%q", js)
+		require.Equal(t, len(js), fr.Size())
+
+		recs, err := parseSSE(wire)
+		require.NoError(t, err, "a frame ends on an event boundary: %q", wire)
+		require.Len(t, recs, 1, "exactly one record: %q", wire)
+		require.Equal(t, sseEventRecord, recs[0].Kind)
+		ev := recs[0].Event
+		require.Equal(t, typ, ev.Type)
+		require.Equal(t, string(js), ev.Data)
+		require.Equal(t, strconv.FormatUint(fr.ID(), 10), ev.ID)
+		require.Equal(t, uint64(1), fr.ID())
+
+		var env struct {
+			ID   uint64  `json:"id"`
+			V    int     `json:"v"`
+			Type string  `json:"type"`
+			Data *string `json:"data"`
+			Meta struct {
+				ServerTimestamp int64 `json:"serverTimestamp"`
+			} `json:"_meta"`
+			Orig *string `json:"originatorClientId"`
+		}
+		dec := json.NewDecoder(strings.NewReader(ev.Data))
+		dec.DisallowUnknownFields()
+		require.NoError(t, dec.Decode(&env))
+		require.Equal(t, fr.ID(), env.ID)
+		require.Equal(t, SchemaVersion, env.V)
+		require.Equal(t, jsonRoundTrip(t, typ), env.Type)
+		require.NotNil(t, env.Data)
+		require.Equal(t, jsonRoundTrip(t, data), *env.Data)
+		require.Equal(t, int64(testStamp), env.Meta.ServerTimestamp)
+		if orig == "" {
+			require.Nil(t, env.Orig)
+		} else {
+			require.NotNil(t, env.Orig)
+			require.Equal(t, jsonRoundTrip(t, orig), *env.Orig)
 		}
 	})
-	assert.Equal(t, publish, both)
 }
 
-// A resume replays from the ring with the same allocations for 100 events
-// as for 4000: none per replayed event.
-func TestResumeAllocationsDoNotGrowWithEvents(t *testing.T) {
-	resume := func(events int) float64 {
-		b := newBus(t, Options{RingSize: 4000})
-		ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
-		for range events {
-			_, err := b.Publish(ev)
-			require.NoError(t, err)
+func FuzzStreamErrorFrame(f *testing.F) {
+	f.Add("internal error", "internal")
+	f.Add("line\nbreak\r\n", "kind\r")
+	f.Add("\xff\x00\"", "")
+	f.Fuzz(func(t *testing.T, msg, kind string) {
+		fr := StreamErrorFrame(msg, kind)
+		require.True(t, fr.Terminal())
+		require.True(t, fr.Synthetic())
+		require.Zero(t, fr.ID())
+		recs, err := parseSSE(fr.AppendSSE(nil))
+		require.NoError(t, err)
+		require.Len(t, recs, 1)
+		ev := recs[0].Event
+		require.Equal(t, TypeStreamError, ev.Type)
+		require.Empty(t, ev.ID, "no id line")
+		var env struct {
+			V    int    `json:"v"`
+			Type string `json:"type"`
+			Data struct {
+				Error     *string `json:"error"`
+				ErrorKind *string `json:"errorKind"`
+			} `json:"data"`
 		}
-		batch := make([]Frame, 0, events+8)
-		return testing.AllocsPerRun(20, func() {
-			s, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true, LastEventID: 0})
-			require.NoError(t, err)
-			out, _ := s.AppendReady(batch)
-			require.Len(t, out, events+1, "the events and replay_complete")
-			s.Close()
-		})
-	}
-	assert.Equal(t, resume(100), resume(4000))
+		require.NoError(t, json.Unmarshal([]byte(ev.Data), &env))
+		require.Equal(t, TypeStreamError, env.Type)
+		require.NotNil(t, env.Data.Error)
+		require.NotNil(t, env.Data.ErrorKind)
+		require.Equal(t, jsonRoundTrip(t, msg), *env.Data.Error)
+		require.Equal(t, jsonRoundTrip(t, kind), *env.Data.ErrorKind)
+	})
 }

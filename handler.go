@@ -16,52 +16,30 @@ import (
 )
 
 // Handler serves one bus per request as a resumable Server-Sent Events
-// stream (SPEC section 10), typically on a route such as
-// "GET /session/{id}/events" of an [http.ServeMux].
+// stream, typically on a route such as "GET /session/{id}/events" of an
+// [http.ServeMux]. It is written on the package's exported API only, as
+// any other transport can be (docs/SPEC.md section 6.6).
 //
-// Request rules, checked in this order before subscribing: with CORS set, a
-// preflight is answered and an origin it refuses gets 403; the writer must
-// support flushing (else 500); Last-Event-ID comes from the header, or when
-// that is absent or empty from the lastEventId query parameter, and is
-// either "N" (ASCII digits up to 2^53-1) or "<epoch>:<N>" (see
-// ParseEventID; anything else is logged and means live only); the epoch
-// comes from the Event-Epoch header or the epoch parameter, else from the
-// id (when both are given and differ, that is logged and means live only);
-// types, when present, is a comma-separated list of type filters (see
-// SubscribeOptions.Types; an invalid one is 400 invalid_filter);
-// maxQueued, when present, is one decimal in [16, 2048] (else 400
-// invalid_max_queued); Lookup's ErrSessionNotFound is 404
-// session_not_found and its StatusError the answer that names; then
-// Authorize, when set, decides (its StatusError is the answer: 401, 403,
-// 503...); a full bus is 429 subscriber_limit_exceeded with Retry-After: 5.
-// Error bodies are JSON {"error":...,"code":...}. A HEAD goes through the
-// same checks, Authorize included, and gets the stream's headers without
-// subscribing. A CORS preflight is answered before all of them, without
-// Lookup or Authorize: browsers send a preflight without credentials.
+// Before subscribing it checks, in this order: CORS (when set; a preflight
+// is answered there, without Lookup or Authorize), the method, that the
+// writer can flush, the request's parameters (the cursor from Last-Event-ID
+// or ?lastEventId=, ?epoch=, ?types=, ?maxQueued=), Lookup, Authorize (when
+// set), and the subscriber limit. A refusal is a JSON answer
+// {"error":...,"code":...}; a malformed cursor is no refusal (it is logged
+// and the stream is live only). A HEAD goes through the same checks and
+// gets the stream's headers without subscribing. The order, the status
+// codes and the parameters' grammar are in docs/SPEC.md sections 6.1 and
+// 6.2.
 //
-// The stream starts with the headers and a "retry:" line, then writes every
-// frame that is ready as one batch with one flush, a heartbeat line after
-// Heartbeat without a write, and sets a write deadline before every write
-// and clears it after the flush (when the connection supports one): a
-// write that fails or blocks past it cancels the subscription at once, and
-// an idle stream has no deadline, on HTTP/1.1 and HTTP/2 alike. A client
-// disconnect cancels it promptly. The handler starts no goroutine of its
-// own.
-//
-// The retry: line and the heartbeats are never followed by a blank line of
-// their own: a blank line ends an event, and several common clients (r3labs,
-// go-sse, httpx-sse) turn a block without data into an empty event. A
-// conforming parser applies retry: at once and ignores comments; a lenient
-// one reads them as part of the next event's block. The first heartbeat
-// after an event repeats the connection's retry: line, later ones are a
-// bare ":" comment: go-sse (v0.12) ends its connection for good, without
-// reconnecting, when a response ends after a block that holds nothing but
-// comments, so the text after the last event always holds a field.
-//
-// A stream ends by itself when its Grant's lifetime ends (stream_error
-// reauthenticate, after what was queued) and when Revoke names its subject
-// (stream_error revoked); both are checked by the serve loop between
-// batches, with no goroutine and no lock per frame.
+// The stream writes every ready frame as one batch, with one write and one
+// flush under a write deadline that is cleared after the flush; a write
+// that fails or blocks past it cancels the subscription at once, and a
+// client that leaves cancels it promptly. It sends heartbeats while idle,
+// and ends by itself when its Grant's lifetime ends or Revoke names its
+// subject. The response, its framing and the heartbeats are docs/SPEC.md
+// sections 5.3 and 6.3 (on HTTP/1.1 and HTTP/2 alike); access control is
+// section 6.5. The handler starts no goroutine of its own: the request's
+// goroutine serves the stream.
 //
 // A Handler is safe for concurrent use once its fields are set; they must
 // not change while it serves. It must not be copied after first use. Its
@@ -88,14 +66,16 @@ type Handler struct {
 	// cause is logged. nil: every request that passes Lookup is served,
 	// without subject or lifetime. A MuxHandler that shares this Handler
 	// and has no Authorize of its own calls it once per session of its
-	// request, with that session's bus.
+	// request, with that session's bus. The rules are docs/SPEC.md section
+	// 6.5.
 	Authorize func(r *http.Request, bus *EventBus) (Grant, error)
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 	// Retry is the SSE reconnection delay sent first; 0 means DefaultRetry.
 	Retry time.Duration
 	// Heartbeat is the idle time before a heartbeat line (the retry: line
-	// again, or a ":" comment; see above); 0 means DefaultHeartbeat.
+	// again, or a ":" comment: docs/SPEC.md section 5.3); 0 means
+	// DefaultHeartbeat.
 	Heartbeat time.Duration
 	// WriteTimeout bounds each write and flush, and on HTTP/1.x the end of
 	// the response net/http writes after the stream ends; 0 means
@@ -111,15 +91,13 @@ type Handler struct {
 	// none, every connection gets exactly Retry.
 	RetryJitter time.Duration
 	// EpochIDs makes the SSE id: line of every event "<epoch>:<N>" (the
-	// bus epoch, a colon, the decimal id) instead of "N". A browser's
-	// EventSource sends the last id back by itself on reconnect, but it
-	// cannot send an Event-Epoch header; with EpochIDs its Last-Event-ID
-	// names the epoch, so a cursor from before a daemon restart (or a
-	// DELETE and re-creation of the session) is answered with epoch_reset
-	// instead of being taken for a cursor of the new epoch. The envelope's
-	// "id" stays the number. Off by default: the wire is then SPEC 10's
-	// "id: N", which every SSE client reads as an opaque string either way.
-	// The handler accepts both forms whatever this setting is.
+	// bus epoch, a colon, the decimal id) instead of "N", so that a
+	// browser's EventSource, which sends the last id back by itself but no
+	// Event-Epoch header, names the epoch of its cursor: one from before a
+	// daemon restart is then answered with epoch_reset. The envelope's "id"
+	// stays the number. Off by default ("id: N"). The handler accepts both
+	// forms whatever this says, so switching it is safe during a rolling
+	// deploy (docs/SPEC.md section 5.4).
 	EpochIDs bool
 	// CORS, when set, lets pages of other origins open the stream (see
 	// CORS). nil: no CORS headers but Access-Control-Expose-Headers, no
@@ -164,7 +142,10 @@ func (h *Handler) retryMillis() int64 {
 	return ms
 }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP implements http.Handler. It answers a refused request and
+// returns; a stream it serves until the stream ends (the client leaves,
+// the bus closes, the subscription is evicted or revoked, its lifetime
+// ends, or a write fails or blocks), on the request's goroutine.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.precheck(w, r) {
 		return
@@ -339,7 +320,7 @@ func parseStreamQuery(w http.ResponseWriter, r *http.Request) (sq streamQuery, o
 	if sq.queryErr != nil && rawParamCount(r.URL.RawQuery, "maxQueued") != len(query["maxQueued"]) {
 		// ParseQuery skipped a maxQueued pair it could not decode ("%zz",
 		// a ';' in the pair). Taking the default then would turn a value
-		// that is not decimal into a 200 instead of SPEC 10's 400.
+		// that is not decimal into a 200 instead of the 400 of SPEC 6.2.
 		writeJSONError(w, http.StatusBadRequest, "maxQueued must be a decimal number", "invalid_max_queued", 0)
 		return sq, false
 	}
@@ -496,11 +477,11 @@ func ParseLastEventID(s string) (uint64, bool) {
 // ParseEventID parses a Last-Event-ID value in either form a Handler
 // accepts: "N", as ParseLastEventID, or "<epoch>:<N>", an epoch of exactly
 // 32 lowercase hex digits (what EventBus.Epoch returns), a colon and N as
-// before, which is what the id: lines carry with Handler.EpochIDs. It
-// returns the epoch ("" for the plain form, else a substring of s), the id,
-// and whether s is valid. Anything else reports false: another epoch
-// length, upper-case hex, a space, a sign, an empty id, a second colon. It
-// never allocates. Clients that keep their own cursor apply the same rule.
+// before (the id: lines of Handler.EpochIDs). It returns the epoch ("" for
+// the plain form, else a substring of s), the id, and whether s is valid;
+// anything else (another epoch length, upper-case hex, a sign, a second
+// colon...) reports false. It never allocates. Clients that keep their own
+// cursor apply the same rule (docs/SPEC.md sections 5.4 and 6.2).
 func ParseEventID(s string) (epoch string, id uint64, ok bool) {
 	const epochLen = 32
 	if len(s) > epochLen && s[epochLen] == ':' {
@@ -522,7 +503,8 @@ func ParseEventID(s string) (epoch string, id uint64, ok bool) {
 // that names a client's value of any length.
 func quoteHead(s string, n int) string { return strconv.Quote(s[:min(len(s), n)]) }
 
-// parseMaxQueued applies SPEC 10's rules to the maxQueued values of a query.
+// parseMaxQueued applies the rules of docs/SPEC.md section 6.2 to the
+// maxQueued values of a query.
 func parseMaxQueued(v []string) (int, error) {
 	if len(v) != 1 {
 		return 0, errors.New("maxQueued must be given once")

@@ -1,9 +1,13 @@
 package eventbus
 
-// The test harness every test file of the package shares: the fixed and the
-// fake clock, the bus constructor, the log capture, the SSE reader and
-// client (on the repository's own sseclient.Parser), and how long a test
-// runs (-short, EVENTBUS_LONG=1).
+// The test harness every test file of the package shares: how long a test
+// runs (-short, EVENTBUS_LONG=1), the fixed and the fake clock, the bus
+// constructor, the log capture, the SSE reader and client (on the
+// repository's own sseclient.Parser), the Handler's test environment and
+// writers, the queue's test accessors, the Hub's constructors, the one
+// wait helper (waitClosed), and the one in-memory backplane Log (memLog).
+// A helper that the tests of more than one code file use lives here; one
+// that serves a single file's tests lives in that file.
 
 import (
 	"bytes"
@@ -16,6 +20,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -855,7 +861,7 @@ func (e *testEnv) stream(t *testing.T, path string, hdr http.Header) *sseStream 
 	return c
 }
 
-// requireJSONError checks an error answer of SPEC 10 and returns its body.
+// requireJSONError checks an error answer of SPEC 6.1 and returns its body.
 func requireJSONError(t *testing.T, status int, hdr http.Header, body []byte, wantStatus int, code string) map[string]any {
 	t.Helper()
 	require.Equal(t, wantStatus, status, "body %s", body)
@@ -1115,15 +1121,6 @@ func busHandler(b *EventBus, logs *logCapture) *Handler {
 	}
 }
 
-func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(10 * time.Second):
-		require.FailNow(t, what)
-	}
-}
-
 // gateFirstFlush makes the handler's first flush (the "retry:" line, which
 // comes after Subscribe) wait until the returned release is called; reached
 // is closed when the handler is waiting there.
@@ -1264,4 +1261,421 @@ func openStream(t testing.TB, ts *httptest.Server, pathQuery string, hdr http.He
 		cancel()
 	})
 	return newSSEStream(t, resp)
+}
+
+// ---------------------------------------------------------------------------
+// The queue, from the tests: operations that only tests need (the library
+// itself consumes with popAll and sizes replays with reserveLocked under its
+// own locking; export_test.go has popAll, tryPopAll and ring.indexOf).
+
+func newQueue(maxQueued, maxBytes int) *boundedAsyncQueue {
+	q := &boundedAsyncQueue{}
+	q.init(maxQueued, maxBytes)
+	return q
+}
+
+// reserve is reserveLocked with the lock taken.
+func (q *boundedAsyncQueue) reserve(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.reserveLocked(n)
+}
+
+// poppedEntry is a dequeued entry with its frame by value (the zero Frame
+// when nothing was dequeued), for comparisons.
+type poppedEntry struct {
+	f              Frame
+	forced, marker bool
+}
+
+// popState is the outcome of a pop.
+type popState uint8
+
+const (
+	popOK    popState = iota // an entry was returned
+	popEmpty                 // nothing ready now; wait on ready
+	popEnded                 // closed and nothing left: the end of the stream
+)
+
+// pop removes the oldest entry: popAll limited to one.
+func (q *boundedAsyncQueue) pop() (poppedEntry, popState) {
+	q.mu.Lock()
+	var e queueEntry
+	n := q.length()
+	if n > 0 {
+		e = q.entry(0) // its tags; take returns the frame only
+	}
+	ended := n == 0 && q.closed.Load()
+	q.mu.Unlock()
+	if ended {
+		return poppedEntry{}, popEnded
+	}
+	if fs, _ := q.take(nil, true, 1, nil); len(fs) == 1 {
+		return poppedEntry{fs[0], e.forced, e.marker}, popOK
+	}
+	return poppedEntry{}, popEmpty
+}
+
+// refs returns pointers to copies of fs, the form unhold takes.
+func refs(fs []Frame) []*frame {
+	out := make([]*frame, len(fs))
+	for i, f := range fs {
+		out[i] = f.ref()
+	}
+	return out
+}
+
+// counts returns the live counts and caps.
+func (q *boundedAsyncQueue) counts() queueCounts {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.liveCounts()
+}
+
+// len returns the number of buffered entries, live and forced.
+func (q *boundedAsyncQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.length()
+}
+
+// queueEntry is one buffered frame with its tags, as the tests see it.
+type queueEntry struct {
+	f      *frame
+	forced bool
+	marker bool
+}
+
+// entry returns the i-th queued entry from the head (under mu).
+func (q *boundedAsyncQueue) entry(i int) queueEntry {
+	j := (q.head.Load() + uint64(i)) & uint64(len(q.buf)-1)
+	fl := q.flags[j]
+	return queueEntry{f: q.buf[j], forced: fl&entryForced != 0, marker: fl&entryMarker != 0}
+}
+
+// freeSlotsClear reports the first slot outside [head, next) that holds a
+// frame or a tag, or -1: a free slot must neither pin a frame nor hand its
+// tags to the live entry that a push writes there without touching flags.
+func (q *boundedAsyncQueue) freeSlotsClear() int {
+	used := make(map[uint64]bool)
+	mask := uint64(len(q.buf) - 1)
+	for p := q.head.Load(); p != q.next; p++ {
+		used[p&mask] = true
+	}
+	for i := range q.buf {
+		if !used[uint64(i)] && (q.buf[i] != nil || q.flags[i] != 0) {
+			return i
+		}
+	}
+	return -1
+}
+
+// pushNow is push followed at once by the wake it asks for: the order every
+// caller of push keeps, with nothing in between.
+func (q *boundedAsyncQueue) pushNow(f *frame) (pushResult, queueCounts) {
+	res, c, wake := q.push(f)
+	if wake {
+		q.wake()
+	}
+	return res, c
+}
+
+// ---------------------------------------------------------------------------
+// Shutdown frames, and what a test may measure of the process.
+
+// shutdownData is the data of a shutdown frame with retryAfter ms: what
+// every stream of a bus closed by CloseForShutdown, Hub.Shutdown or
+// Hub.Close gets after what was queued.
+func shutdownData(ms int) string {
+	return `{"error":"` + shutdownMessage + `","errorKind":"shutdown","retryAfter":` + strconv.Itoa(ms) + `}`
+}
+
+// raceEnabled reports whether the test binary was built with -race.
+func raceEnabled() bool {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "-race" {
+				return s.Value == "true"
+			}
+		}
+	}
+	return false
+}
+
+// liveHeap returns HeapAlloc after two full collections (the second frees
+// what the first one's finalizers and sync.Pool victim caches released).
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// ---------------------------------------------------------------------------
+// Waiting. waitClosed is the one wait helper: for a channel to close. A
+// condition that comes true by itself is waited for with require.Eventually
+// (or assert.Eventually), polling every millisecond or so; under
+// testing/synctest, synctest.Wait. Never a sleep that hopes. The one
+// exception is a goroutine count (waitGoroutines): Eventually runs its
+// condition on goroutines of its own, which the count would include.
+
+// waitClosed waits up to 10 s for ch to close and fails the test with what
+// when it does not.
+func waitClosed(t testing.TB, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, what)
+	}
+}
+
+// waitGoroutines waits until runtime.NumGoroutine is at most n and returns
+// the last count. Goroutines that end asynchronously (a context's
+// AfterFunc, net/http's connection goroutines) get up to 10 s; the test
+// checks the count, not the time.
+func waitGoroutines(n int) int {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := runtime.NumGoroutine()
+		if got <= n || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// The Hub.
+
+// newTestHub makes a hub that the test's cleanup closes.
+func newTestHub(t testing.TB, opts HubOptions) *Hub {
+	t.Helper()
+	h, err := NewHub(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close() })
+	return h
+}
+
+// newHubClock is the tests' settable clock (Options.Now): a test moves
+// time and calls sweep itself.
+func newHubClock() *fakeClock { return newFakeClock(testStamp) }
+
+// hubEvent is an event of type "t" with data {"i":i}.
+func hubEvent(i int) Event {
+	return Event{Type: "t", Data: json.RawMessage(`{"i":` + strconv.Itoa(i) + `}`)}
+}
+
+// hubStream GETs url with hdr and returns its events up to and with the
+// first of type until.
+func hubStream(t *testing.T, url string, hdr http.Header, until string) []sseEvent {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	c := newSSEStream(t, resp)
+	defer c.close()
+	var out []sseEvent
+	for {
+		ev := c.skipToEvent()
+		out = append(out, ev)
+		if ev.Type == until {
+			return out
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Overflows and ids.
+
+// overflow11 publishes events until the subscriber's next overflow (or
+// eviction) and returns the id of the rejected one.
+func overflow11(t testing.TB, b *EventBus, s *Subscription) uint64 {
+	t.Helper()
+	before := b.Stats()
+	for range 10_000 {
+		id := publishType(t, b, "e").ID()
+		st := b.Stats()
+		if st.Resyncs != before.Resyncs || st.Evictions != before.Evictions {
+			return id
+		}
+	}
+	t.Fatal("no overflow")
+	return 0
+}
+
+// eventIDs returns the ids of the events among fs, in order.
+func eventIDs(fs []Frame) []uint64 {
+	var ids []uint64
+	for _, f := range fs {
+		if f.ID() != 0 {
+			ids = append(ids, f.ID())
+		}
+	}
+	return ids
+}
+
+// requireIDs fails with the first difference between want and got, not
+// with thousands of ids.
+func requireIDs(t testing.TB, want, got []uint64, msgAndArgs ...any) {
+	t.Helper()
+	for i := range min(len(want), len(got)) {
+		if want[i] != got[i] {
+			require.FailNow(t, fmt.Sprintf("id %d of %d: got %d, want %d (got %d ids, want %d)", i, len(want), got[i], want[i], len(got), len(want)), msgAndArgs...)
+		}
+	}
+	if len(want) != len(got) {
+		last := "none"
+		if len(got) > 0 {
+			last = strconv.FormatUint(got[len(got)-1], 10)
+		}
+		require.FailNow(t, fmt.Sprintf("got %d ids (the last %s), want %d", len(got), last, len(want)), msgAndArgs...)
+	}
+}
+
+// seqIDs is from..to.
+func seqIDs(from, to uint64) []uint64 {
+	var ids []uint64
+	for i := from; i <= to; i++ {
+		ids = append(ids, i)
+	}
+	return ids
+}
+
+// pub11Size is the envelope size of an event of type "e" without data
+// published as id on a newBus bus.
+func pub11Size(b *EventBus, id uint64) int {
+	return len(fmt.Sprintf(`{"id":%d,"v":1,"type":"e","_meta":{"serverTimestamp":%d}}`, id, testStamp))
+}
+
+// ---------------------------------------------------------------------------
+// A backplane's log.
+
+// memLog is the tests' backplane log in memory, the one Log fake of the
+// package's tests (the tests outside the package reach it as MemLog). It
+// numbers its entries from 1 under its own lock, as an engine's atomic
+// append would, keeps the newest keep of them (0: all), and closes the
+// channel after returns at every append, for the readers that feed
+// replicas. When err is set, ReadHistory and Head fail with it; onRead and
+// onHead run at the start of each, outside the lock (they may append);
+// calls and reqs count and record the ReadHistory calls. The zero value is
+// an empty log of no epoch that keeps everything.
+type memLog struct {
+	epoch  string
+	keep   int
+	err    error
+	onRead func()
+	onHead func()
+
+	mu      sync.Mutex
+	entries []LogEntry
+	next    uint64 // the id of the next entry; 0 means 1
+	changed chan struct{}
+	calls   int
+	reqs    []HistoryRequest
+}
+
+// newMemLog is a log of a new epoch that keeps the newest keep entries.
+func newMemLog(keep int) *memLog { return &memLog{epoch: NewEpoch(), keep: keep} }
+
+// append numbers an encoded event and returns its id.
+func (l *memLog) append(ev EncodedEvent) uint64 { return l.put(ev).ID }
+
+// add appends an event of type typ, encoded as Publish would, and returns
+// its entry.
+func (l *memLog) add(t testing.TB, typ string) LogEntry {
+	t.Helper()
+	enc, err := NewEncoder(Options{})
+	require.NoError(t, err)
+	ev, err := enc.Encode(Event{Type: typ})
+	require.NoError(t, err)
+	return l.put(ev)
+}
+
+// put numbers ev and appends it.
+func (l *memLog) put(ev EncodedEvent) LogEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	id := max(l.next, 1)
+	l.next = id + 1
+	e := LogEntry{ID: id, Type: ev.Type, JSON: ev.Envelope(id)}
+	l.entries = append(l.entries, e)
+	if l.keep > 0 && len(l.entries) > l.keep {
+		l.entries = l.entries[len(l.entries)-l.keep:]
+	}
+	if l.changed != nil {
+		close(l.changed)
+	}
+	l.changed = make(chan struct{})
+	return e
+}
+
+// trim drops all but the newest keep entries.
+func (l *memLog) trim(keep int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entries = l.entries[len(l.entries)-keep:]
+}
+
+// after returns the entries after id and a channel closed at the next
+// append.
+func (l *memLog) after(id uint64) ([]LogEntry, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []LogEntry
+	for _, e := range l.entries {
+		if e.ID > id {
+			out = append(out, e)
+		}
+	}
+	if l.changed == nil {
+		l.changed = make(chan struct{})
+	}
+	return out, l.changed
+}
+
+// ReadHistory implements Log.
+func (l *memLog) ReadHistory(_ context.Context, req HistoryRequest) ([]LogEntry, uint64, error) {
+	if l.onRead != nil {
+		l.onRead()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls++
+	l.reqs = append(l.reqs, req)
+	if l.err != nil {
+		return nil, 0, l.err
+	}
+	var out []LogEntry
+	for _, e := range l.entries {
+		if e.ID > req.After && e.ID <= req.Upto {
+			out = append(out, e)
+		}
+	}
+	first := uint64(0)
+	if len(l.entries) > 0 {
+		first = l.entries[0].ID
+	}
+	return out, first, nil
+}
+
+// Head implements Log.
+func (l *memLog) Head(context.Context) (string, uint64, error) {
+	if l.onHead != nil {
+		l.onHead()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return "", 0, l.err
+	}
+	return l.epoch, max(l.next, 1) - 1, nil
 }

@@ -48,17 +48,17 @@ type HubOptions struct {
 	// Options.RingMaxBytes does (Frame.Size): its buffer with the whole SSE
 	// encoding and room for a longer id, the type string kept beside it,
 	// its header and ring slot, at most 2*MaxTypeLen+148 bytes (660 on
-	// 64-bit) more than its envelope; 0 means
-	// DefaultMaxTotalBytes. Negative, or too small for one event of
+	// 64-bit) more than its envelope (docs/SPEC.md sections 1.3 and 7); 0
+	// means DefaultMaxTotalBytes. Negative, or too small for one event of
 	// Bus.MaxEventBytes with the longest type, is an error.
 	MaxTotalBytes int64
 	// Logger receives the hub's diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 	// ShutdownRetryAfter is the retryAfter of the stream_error shutdown
 	// that Shutdown and Close give every stream after what was queued for
-	// it (see EventBus.CloseForShutdown): its clients come back after a
-	// random delay in [ShutdownRetryAfter, 2*ShutdownRetryAfter]. 0 means
-	// DefaultShutdownRetryAfter; negative is an error.
+	// it (see EventBus.CloseForShutdown): its clients come back after at
+	// least that long. 0 means DefaultShutdownRetryAfter; negative is an
+	// error.
 	ShutdownRetryAfter time.Duration
 }
 
@@ -89,27 +89,17 @@ type HubStats struct {
 // without creating (a GET for an unknown session is a 404, never a new
 // bus), get-or-create where the embedder decides (on publish), a session
 // cap, idle expiry, one byte budget over every ring, and graceful shutdown.
+// The rules are docs/SPEC.md section 7.
 //
-// Idle expiry: a session with no subscriber and no publish for IdleTimeout
-// (counted from the later of its last publish or signal and its last
-// subscriber leaving) is closed and forgotten; a session that has a
-// subscriber never expires. One goroutine, owned by the hub and ended by
-// Close or Shutdown, sweeps the sessions every IdleTimeout/8 (between 10ms
-// and 30s), so a session goes between IdleTimeout and IdleTimeout plus
-// that period after its last use; a GetOrCreate that finds the hub full
-// sweeps at once, so a hub full of expired sessions admits a new one
-// (unless no session can have become idle past IdleTimeout since the last
-// sweep: then it answers ErrHubFull without scanning, so a flood of new
-// sessions against a full hub costs no scan per request).
-// A session's next use after expiry makes a new bus with a new epoch:
-// resumes across it get epoch_reset (with the Handler's epoch ids, or an
-// Event-Epoch, a cursor of the old epoch is epoch_mismatch).
-//
-// The budget: see HubOptions.MaxTotalBytes and the README's Hub section.
-// The sum of every ring's bytes never exceeds it; a publish that takes it
-// over first trims the oldest events of the largest rings, each under its
-// own bus lock, and never blocks for it; a resume that lost events to it
-// gets ring_evicted with exact ids.
+// A session with no subscriber and no publish for IdleTimeout is closed
+// and forgotten; one that has a subscriber never expires. One goroutine,
+// owned by the hub and ended by Close or Shutdown, sweeps the sessions; no
+// goroutine runs per session. A session's next use after expiry makes a
+// new bus with a new epoch, so a resume across it gets epoch_reset. The
+// sum of every ring's bytes never exceeds MaxTotalBytes; a publish that
+// takes it over trims the oldest events of the largest rings, each under
+// its own bus lock, and never blocks for it; a resume that lost events to
+// it gets ring_evicted with exact ids.
 //
 // A Hub is safe for concurrent use. Lookup and the publish path of one
 // session take no hub-wide lock (the sessions are sharded); a bus's own

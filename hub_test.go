@@ -4,8 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -14,27 +18,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ssebus/eventbus/internal/pipenet"
 )
 
 // The Hub (hub.go): lookup without create, get-or-create, the session cap,
-// idle expiry, shutdown and stats. The budget and age tests are in
-// hub_budget_test.go.
-
-func newTestHub(t testing.TB, opts HubOptions) *Hub {
-	t.Helper()
-	h, err := NewHub(opts)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = h.Close() })
-	return h
-}
-
-// newHubClock is the tests' settable clock (Options.Now): a test moves
-// time and calls sweep itself.
-func newHubClock() *fakeClock { return newFakeClock(testStamp) }
-
-func hubEvent(i int) Event {
-	return Event{Type: "t", Data: json.RawMessage(`{"i":` + strconv.Itoa(i) + `}`)}
-}
+// idle expiry, age retention, shutdown and stats. The byte budget's tests
+// are in hub_budget_test.go.
 
 func mustJSON(v any) []byte {
 	b, err := json.Marshal(v)
@@ -409,32 +399,6 @@ func TestHubLookupRequest(t *testing.T) {
 	assert.ErrorIs(t, err, ErrSessionNotFound)
 }
 
-// hubStream GETs url with hdr and returns its events up to and with the
-// first of type until.
-func hubStream(t *testing.T, url string, hdr http.Header, until string) []sseEvent {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	require.NoError(t, err)
-	for k, v := range hdr {
-		req.Header[k] = v
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	c := newSSEStream(t, resp)
-	defer c.close()
-	var out []sseEvent
-	for {
-		ev := c.skipToEvent()
-		out = append(out, ev)
-		if ev.Type == until {
-			return out
-		}
-	}
-}
-
 // A resume across an idle expiry gets epoch_reset: through the Handler,
 // with epoch ids, with Event-Epoch, and with a bare id past the new bus.
 func TestHubResumeAcrossExpiryIsEpochReset(t *testing.T) {
@@ -644,4 +608,265 @@ func TestHubFullSweepsOnlyWhenSomethingCanHaveExpired(t *testing.T) {
 	_, ok := h.Lookup("a")
 	assert.False(t, ok)
 	assert.Equal(t, uint64(2), h.Stats().Refused)
+}
+
+// ---------------------------------------------------------------------------
+// Age retention and the hub's lifecycle over many sessions.
+
+// A publish drops what aged meanwhile, and a quiet session's ring is
+// emptied by the hub's sweep.
+func TestMaxAgeAtPublishAndSweep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h, err := NewHub(HubOptions{IdleTimeout: time.Hour, Bus: Options{MaxAge: 10 * time.Second}})
+		require.NoError(t, err)
+		defer h.Close()
+		_, err = h.Publish("s", hubEvent(1))
+		require.NoError(t, err)
+		time.Sleep(11 * time.Second)
+		_, err = h.Publish("s", hubEvent(2))
+		require.NoError(t, err)
+		b, _ := h.Lookup("s")
+		assert.Equal(t, 1, b.Stats().RingLen, "the publish dropped the aged event")
+		b.mu.Lock()
+		assert.Equal(t, uint64(2), b.ring.firstID())
+		b.mu.Unlock()
+		time.Sleep(12 * time.Second) // the sweep, every 1.25s, drops id 2
+		synctest.Wait()
+		assert.Zero(t, b.Stats().RingLen)
+		assert.Zero(t, h.Stats().RingBytes)
+		assert.Zero(t, h.budget.used.Load(), "aged bytes go back to the budget")
+		assert.Equal(t, 1, h.Len(), "age retention does not expire the session")
+	})
+}
+
+// The issue's check: 100,000 sessions created and expired leave no
+// goroutine and no memory behind.
+func TestHubCreateExpireCyclesLeaveNothing(t *testing.T) {
+	rounds, perRound := pick(10, 100, 1000), 1000
+	clock := newHubClock()
+	h := newTestHub(t, HubOptions{MaxSessions: perRound, IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
+	cycle := func(round int) {
+		for i := range perRound {
+			id := "r" + strconv.Itoa(round) + "s" + strconv.Itoa(i)
+			_, err := h.Publish(id, hubEvent(i))
+			require.NoError(t, err)
+			if i%10 == 0 {
+				b, _ := h.Lookup(id)
+				s, err := b.Subscribe(t.Context(), SubscribeOptions{Resume: true})
+				require.NoError(t, err)
+				s.Close()
+			}
+		}
+		require.Equal(t, perRound, h.Len())
+		clock.advance(time.Minute)
+		h.sweep()
+		require.Zero(t, h.Len())
+	}
+	cycle(0) // warm up: maps and pools at their size
+	goroutines := runtime.NumGoroutine()
+	base := liveHeap()
+	for r := 1; r < rounds; r++ {
+		cycle(r)
+	}
+	heap := liveHeap()
+	st := h.Stats()
+	t.Logf("%d sessions created and expired: live heap %+.2f MiB after GC (from %.2f MiB), goroutines %d -> %d",
+		st.Expired, (float64(heap)-float64(base))/(1<<20), float64(base)/(1<<20), goroutines, runtime.NumGoroutine())
+	assert.Equal(t, uint64(rounds*perRound), st.Expired)
+	assert.Equal(t, uint64(rounds*perRound), st.Created)
+	assert.Zero(t, st.RingBytes)
+	assert.Zero(t, h.budget.used.Load())
+	assert.LessOrEqual(t, runtime.NumGoroutine(), goroutines)
+	assert.Less(t, float64(heap), float64(base)+1<<20, "no memory left behind")
+}
+
+// ---------------------------------------------------------------------------
+// A shutdown says so (issue 22, point 4): every stream of a bus closed by
+// CloseForShutdown, Hub.Shutdown or Hub.Close gets what was queued, then
+// one stream_error {"errorKind":"shutdown","retryAfter":ms}; a client that
+// never reads holds Hub.Shutdown until its deadline, and nobody else.
+
+func TestHubShutdownAndCloseSendTheShutdownFrame(t *testing.T) {
+	_, err := NewHub(HubOptions{ShutdownRetryAfter: -time.Second})
+	require.ErrorIs(t, err, ErrInvalidOption)
+
+	for _, how := range []string{"Shutdown", "Close"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h, err := NewHub(HubOptions{Bus: Options{Now: testNow}, ShutdownRetryAfter: 750 * time.Millisecond})
+				require.NoError(t, err)
+				var subs []*Subscription
+				for i, id := range []string{"a", "b"} {
+					b, err := h.GetOrCreate(id)
+					require.NoError(t, err)
+					subs = append(subs, subscribe(t, b, SubscribeOptions{}))
+					publishNumbered(t, b, i+1)
+				}
+				deleted, err := h.GetOrCreate("deleted")
+				require.NoError(t, err)
+				gone := subscribe(t, deleted, SubscribeOptions{})
+				require.True(t, h.Delete("deleted"))
+				assert.Empty(t, collectEvents(gone), "a DELETE is no shutdown: a plain end")
+
+				got := make(chan [][]Frame)
+				go func() {
+					var all [][]Frame
+					for _, s := range subs {
+						all = append(all, collectEvents(s))
+					}
+					got <- all
+				}()
+				start := time.Now()
+				if how == "Shutdown" {
+					require.NoError(t, h.Shutdown(t.Context()))
+				} else {
+					require.NoError(t, h.Close())
+				}
+				all := <-got
+				assert.LessOrEqual(t, time.Since(start), 5*time.Millisecond, "at most one poll of Shutdown's for consumers that read")
+				for i, fs := range all {
+					require.Len(t, fs, i+2, "session %d: its events, then the shutdown frame", i)
+					assert.Equal(t, idRange(1, uint64(i+1)), describe(fs[:i+1]))
+					assert.Equal(t, wantSynth(TypeStreamError, shutdownData(750), "").Data, string(fs[i+1].JSON()))
+				}
+			})
+		})
+	}
+}
+
+// pipeHTTP serves h with an http.Server (HTTP/1.1 and h2c) on an in-memory
+// listener of the current synctest bubble and returns the listener and a
+// client of it that speaks HTTP/1.1, or h2c with h2c set. The caller ends
+// the server.
+func pipeHTTP(h http.Handler, h2c bool) (*pipenet.Listener, *http.Server, *http.Client, <-chan struct{}) {
+	ln := pipenet.Listen()
+	var sp, cp http.Protocols
+	sp.SetHTTP1(true)
+	sp.SetUnencryptedHTTP2(true)
+	if h2c {
+		cp.SetUnencryptedHTTP2(true)
+	} else {
+		cp.SetHTTP1(true)
+	}
+	srv := &http.Server{Handler: h, Protocols: &sp, ErrorLog: slog.NewLogLogger(slog.DiscardHandler, slog.LevelError)}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	return ln, srv, &http.Client{Transport: &http.Transport{Protocols: &cp, DialContext: ln.DialContext}}, served
+}
+
+// timedStream is one stream read on a goroutine of the bubble: its records
+// and the fake time each arrived at, then the end.
+type timedStream struct {
+	mu   sync.Mutex
+	recs []sseRecord
+	at   []time.Time
+	err  error
+	done chan struct{}
+}
+
+func readTimed(t *testing.T, client *http.Client, url string) *timedStream {
+	t.Helper()
+	resp, err := client.Get(url)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	ts := &timedStream{done: make(chan struct{})}
+	go func() {
+		defer close(ts.done)
+		defer resp.Body.Close()
+		r := newSSEReader(resp.Body)
+		for {
+			rec, err := r.next()
+			ts.mu.Lock()
+			if err != nil {
+				ts.err = err
+				ts.mu.Unlock()
+				return
+			}
+			ts.recs = append(ts.recs, rec)
+			ts.at = append(ts.at, time.Now())
+			ts.mu.Unlock()
+		}
+	}()
+	return ts
+}
+
+// neverReads opens the stream of session s on a raw connection that sends
+// the request and never reads: the handler blocks in its first flush.
+func neverReads(t *testing.T, ln *pipenet.Listener, path string) net.Conn {
+	t.Helper()
+	c, err := ln.DialContext(t.Context(), "", "")
+	require.NoError(t, err)
+	_, err = io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: pipe\r\n\r\n")
+	require.NoError(t, err)
+	return c
+}
+
+// Through the Handler, on HTTP/1.1 and h2c: three reading streams get their
+// queued events and the shutdown frame at once; a fourth client that never
+// reads holds Hub.Shutdown to its deadline, and closing the server then
+// ends its handler.
+func TestHandlerHubShutdown(t *testing.T) {
+	for _, h2c := range []bool{false, true} {
+		t.Run(map[bool]string{false: "HTTP/1.1", true: "h2c"}[h2c], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				hub, err := NewHub(HubOptions{Bus: Options{Now: testNow}, ShutdownRetryAfter: 3 * time.Second})
+				require.NoError(t, err)
+				bus, err := hub.GetOrCreate("s")
+				require.NoError(t, err)
+				mux := http.NewServeMux()
+				mux.Handle("GET /session/{id}/events", &Handler{Lookup: hub.LookupRequest, RetryJitter: -1, WriteTimeout: time.Minute})
+				ln, srv, client, served := pipeHTTP(mux, h2c)
+				defer func() {
+					client.CloseIdleConnections()
+					_ = srv.Close()
+					<-served
+				}()
+				var readers []*timedStream
+				for range 3 {
+					readers = append(readers, readTimed(t, client, "http://pipe/session/s/events"))
+				}
+				stuck := neverReads(t, ln, "/session/s/events")
+				defer stuck.Close()
+				synctest.Wait()
+				require.Equal(t, 4, bus.SubscriberCount())
+				publishN(t, bus, 5)
+
+				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				defer cancel()
+				start := time.Now()
+				shut := make(chan error, 1)
+				go func() { shut <- hub.Shutdown(ctx) }()
+				synctest.Wait()
+				want := []sseRecord{{Kind: sseRetryRecord, Retry: 3000}}
+				for i := uint64(1); i <= 5; i++ {
+					want = append(want, sseRecord{Kind: sseEventRecord, Event: wantEvent(i)})
+				}
+				want = append(want, sseRecord{Kind: sseEventRecord, Event: wantSynth(TypeStreamError, shutdownData(3000), "5")})
+				for i, r := range readers {
+					<-r.done // ended already: the wait returns at once
+					assert.Equal(t, want, r.recs, "reader %d", i)
+					assert.Equal(t, io.EOF, r.err, "reader %d: a clean end after the frame", i)
+					assert.Equal(t, start, r.at[len(r.at)-1], "reader %d: at once", i)
+				}
+				select {
+				case err := <-shut:
+					t.Fatalf("Shutdown returned %v with a client that never read", err)
+				default:
+				}
+
+				require.ErrorIs(t, <-shut, context.DeadlineExceeded)
+				assert.Equal(t, 10*time.Second, time.Since(start), "held by the one that never reads, to the bound")
+				// What a daemon does at the bound: close the connections.
+				// The handler blocked writing to it returns (the deferred
+				// server end waits for its goroutines: synctest would
+				// report one that stayed).
+				require.NoError(t, srv.Close())
+				synctest.Wait()
+				assert.Equal(t, 10*time.Second, time.Since(start))
+			})
+		})
+	}
 }

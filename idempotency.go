@@ -13,7 +13,8 @@ import (
 // PublishIdempotent, cmd/sessiond); this file is what they share: the
 // key's rule (CheckIdempotencyKey) and the event's identity
 // (Encoder.Fingerprint). Its sentinels, ErrInvalidIdempotencyKey and
-// ErrIdempotencyKeyReused, are in errors.go with the others.
+// ErrIdempotencyKeyReused, are in errors.go with the others. The rules are
+// docs/SPEC.md section 8.3.
 
 // MaxIdempotencyKeyBytes bounds an idempotency key (CheckIdempotencyKey).
 const MaxIdempotencyKeyBytes = 255

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Limits and defaults of SPEC section 2.
+// Limits and defaults (docs/SPEC.md section 1.2).
 const (
 	// SchemaVersion is stamped into every envelope's "v".
 	SchemaVersion = 1
@@ -58,22 +58,12 @@ const (
 //
 // Every byte cap (RingMaxBytes, MaxEventBytes, MaxQueuedBytes,
 // ReplayBudgetBytes) counts a frame's JSON envelope, what follows "data: "
-// on the wire (Frame.Size, len(Frame.JSON)), as the original does (SPEC 1.3):
-// the queuedBytes, maxQueuedBytes and eventBytes of slow_client_warning
-// and client_evicted are in that unit, and so is where the warning's
-// thresholds fall. Replayed and synthetic frames count 0 toward a queue's
-// caps.
-//
-// Memory stays bounded by the byte and count caps together: each frame the
-// ring or a queue holds costs its envelope plus at most 2*MaxTypeLen+148
-// bytes on 64-bit platforms (660: its id, event and data lines, its type
-// string, its header and a ring slot), before the allocator's rounding; a
-// queued signal also keeps its resource string, which its envelope holds
-// too. So the ring's frames cost at most RingMaxBytes + RingSize*660 bytes
-// (or one event larger than RingMaxBytes, and 660), and a subscriber's
-// live frames MaxQueuedBytes + MaxQueued*660 (or one oversized event),
-// besides the ring's and the queue's slot arrays. A Hub's MaxTotalBytes
-// counts every byte of its rings' frames.
+// on the wire (Frame.Size), as the original does; so do the byte counts of
+// slow_client_warning and client_evicted. What a frame costs beyond its
+// envelope is bounded per frame (at most 2*MaxTypeLen+148 bytes on 64-bit
+// platforms), so the byte and count caps together bound the memory a bus
+// holds; a Hub's MaxTotalBytes counts every byte. The unit and the bound
+// are docs/SPEC.md section 1.3; the options and their defaults, 1.2.
 type Options struct {
 	// RingSize is how many recent events the bus keeps for resuming clients.
 	RingSize int
@@ -132,24 +122,21 @@ type OverflowPolicy uint8
 
 const (
 	// OverflowEvict ends the subscriber with a terminal client_evicted
-	// frame (SPEC 7).
+	// frame (docs/SPEC.md section 3.3).
 	OverflowEvict OverflowPolicy = iota + 1
 	// OverflowResync drops the subscriber's queued live frames, queues
 	// state_resync_required and then the rejected frame, and keeps the
 	// subscriber; the third overflow within OverflowWindow evicts it with
-	// reason repeated_overflow (SPEC 11).
+	// reason repeated_overflow (docs/SPEC.md section 3.5).
 	OverflowResync
 	// OverflowCatchUp keeps the subscriber and loses nothing while the ring
-	// holds what it missed: the rejected event and every later one stay
-	// where they already are, in the ring, and the subscriber's consumer
-	// reads them from there once it has drained its queue, in batches
-	// within its caps, then rejoins the live stream with no gap and no
-	// duplicate. Meanwhile publishers push nothing to it. If the ring has
-	// dropped the next event it needs, it gets state_resync_required
-	// ring_evicted and goes on from the ring's oldest event; a signal its
-	// caps reject while it is behind is dropped (Dropped.CatchUpSignals); a
-	// consumer that takes nothing for CatchUpStallTimeout while behind is
-	// evicted with reason catch_up_stalled.
+	// holds what it missed: its consumer, once it has drained its queue,
+	// reads the rejected event and every later one from the ring, within
+	// its caps, then rejoins the live stream with no gap and no duplicate;
+	// meanwhile publishers push nothing to it. A ring that dropped what it
+	// needs is announced (state_resync_required ring_evicted); a consumer
+	// that takes nothing for CatchUpStallTimeout while behind is evicted
+	// (catch_up_stalled). The rules are docs/SPEC.md section 3.6.
 	OverflowCatchUp
 )
 
@@ -201,29 +188,29 @@ func (o Options) withDefaults() (Options, error) {
 }
 
 // SubscribeOptions configures one subscription. The zero value subscribes
-// live only, with the bus's default caps.
+// live only, with the bus's default caps. What a resume (Resume,
+// LastEventID, Epoch) replays is docs/SPEC.md section 4.
 type SubscribeOptions struct {
 	// Resume reports whether LastEventID is set. Without it the subscription
 	// is live only; with it, LastEventID 0 means "from the start".
 	Resume bool
 	// LastEventID is the id of the last event the client received; the
-	// subscription replays what came after it (SPEC 5.1).
+	// subscription replays what came after it (docs/SPEC.md section 4).
 	LastEventID uint64
 	// Epoch is the bus epoch the client saw. When Resume is set and Epoch
 	// differs from the bus's, the client gets an epoch_reset resync. Empty or
-	// longer than 64 bytes: ignored.
+	// longer than 64 bytes: ignored (docs/SPEC.md section 4.2).
 	Epoch string
 	// MaxQueued is the live frame cap; 0 means Options.MaxQueued, negative
 	// is an error wrapping ErrInvalidOption.
 	MaxQueued int
-	// Types restricts the subscription to event types (SPEC 11): up to
-	// MaxTypeFilters filters of up to MaxTypeFilterBytes, each an exact type
-	// or a trailing wildcard such as "plugin.tool.github.*" (segments of
-	// [a-z0-9_]+; it matches "plugin.tool.github.pr_opened" but neither
-	// "plugin.tool.github" nor "plugin.tool.gitlab.x"). Empty means every
-	// type. Synthetic frames always pass; filtered-out events never count
-	// toward the caps. On a filtered stream ids increase but are not
-	// contiguous: a client must not treat such gaps as loss.
+	// Types restricts the subscription to event types: up to
+	// MaxTypeFilters filters of up to MaxTypeFilterBytes, each an exact
+	// type or a trailing wildcard such as "plugin.tool.github.*". Empty
+	// means every type. Synthetic frames always pass; filtered-out events
+	// never count toward the caps; on a filtered stream ids increase but
+	// are not contiguous. The grammar and the rules are docs/SPEC.md
+	// section 2.4; CheckTypeFilters checks a list as Subscribe does.
 	Types []string
 	// OverflowPolicy overrides the bus's Options.OverflowPolicy for this
 	// subscription; 0 keeps the bus's. It is the embedder's choice, never a

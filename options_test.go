@@ -10,7 +10,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// New and options (SPEC 2).
+// New and options (SPEC 1.2).
 
 func TestNewZeroOptionsMeanDefaults(t *testing.T) {
 	b, err := New(Options{})

@@ -5,7 +5,7 @@ import (
 	"log/slog"
 )
 
-// checkWarningLocked runs SPEC 6's warning check after an accepted live
+// checkWarningLocked runs SPEC 3.2's warning check after an accepted live
 // push with the counts c after it. It force-pushes the warning under the
 // lock, so the warning sits right after its triggering event even with
 // concurrent publishers, and returns the threshold it crossed ("" for

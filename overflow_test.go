@@ -2,11 +2,14 @@ package eventbus
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -15,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Overflow policy (SPEC 11).
+// Overflow policies and the resync policy (SPEC 3.4, 3.5).
 
 func TestOverflowResyncDropsLiveFramesKeepsForcedAndQueuesResync(t *testing.T) {
 	b := newBus(t, Options{MaxQueued: 16, OverflowPolicy: OverflowResync})
@@ -60,7 +63,7 @@ func TestOverflowResyncKeepsUnconsumedReplay(t *testing.T) {
 	fs := readyNow(s)
 	assert.Equal(t, seqOf(idRange(1, 3), TypeReplayComplete, TypeStateResyncRequired, "#20"), describe(fs),
 		"replayed (forced) frames survive the drop")
-	// lastDeliveredId is the last id the consumer dequeued (SPEC 11): none
+	// lastDeliveredId is the last id the consumer dequeued (SPEC 3.5): none
 	// yet, although #1..#3 sit before the resync frame in the queue.
 	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","lastDeliveredId":0,"earliestAvailableId":20,"epoch":%q}`, b.Epoch()),
 		dataOf(t, fs[4]))
@@ -157,22 +160,6 @@ func TestOverflowResyncMemoryStaysWithinCapsUnderLongRun(t *testing.T) {
 	// The forced frames do not pile up: a resync supersedes the markers
 	// before it, so at most the last resync and one warning stay queued.
 	assert.LessOrEqual(t, markersQueued, 2)
-}
-
-// overflow11 publishes events until the subscriber's next overflow (or
-// eviction) and returns the id of the rejected one.
-func overflow11(t testing.TB, b *EventBus, s *Subscription) uint64 {
-	t.Helper()
-	before := b.Stats()
-	for range 10_000 {
-		id := publishType(t, b, "e").ID()
-		st := b.Stats()
-		if st.Resyncs != before.Resyncs || st.Evictions != before.Evictions {
-			return id
-		}
-	}
-	t.Fatal("no overflow")
-	return 0
 }
 
 func TestOverflowResyncThirdOverflowWithinWindowEvicts(t *testing.T) {
@@ -567,7 +554,7 @@ func TestNearlyFullAtNinetyPercentOfEitherCap(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// The warning (SPEC 6).
+// The warning (SPEC 3.2).
 
 func TestWarningAtThreeQuartersOfMaxQueued(t *testing.T) {
 	buf := &logCapture{}
@@ -752,7 +739,7 @@ func TestForcedFramesDoNotSkewLiveCount(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// Eviction (SPEC 7).
+// Eviction (SPEC 3.3).
 
 func TestEvictionOnFrameCap(t *testing.T) {
 	buf := &logCapture{}
@@ -1102,4 +1089,194 @@ func TestOriginalNumbersOnTheWire(t *testing.T) {
 		require.Len(t, got[i+i/8].Data, 100, "the data: line of event %d", i+1)
 	}
 	assert.Contains(t, w.state().body, "\ndata: "+wantWarning(`{"queueSize":8,"maxQueued":256,"lastEventId":8,"queuedBytes":800,"maxQueuedBytes":1000,"threshold":"bytes"}`)+"\n\n")
+}
+
+// memOverhead is the heap TestMemoryBoundStalledSubscribers allows beyond
+// subscribers x MaxQueuedBytes + RingMaxBytes, and beyond the distinct
+// frames the ring and the queues actually hold. Measured (1 MiB events, 64
+// stalled subscribers, default caps): the live heap peaks at 64.6..66.7 MiB
+// above its baseline, at most 0.65 MiB more than the bytes of the distinct
+// frames held (the ring's 64 MiB plus the 1..2 events evicted subscribers
+// keep after the ring dropped them); 8 MiB leaves room for queue slices,
+// frame headroom and allocator slack.
+const memOverhead = 8 << 20
+
+// ---------------------------------------------------------------------------
+// Memory stays bounded whatever stalled subscribers do.
+
+// TestMemoryBoundStalledSubscribers publishes 1 MiB events to 64
+// subscribers that never read, with the default RingSize (8000),
+// RingMaxBytes (64 MiB) and MaxQueuedBytes (2 MiB), and checks the live heap
+// after a collection every few events: it stays within
+// subscribers x MaxQueuedBytes + RingMaxBytes + memOverhead of the baseline
+// however long the publishing goes (300 events; 3000 with EVENTBUS_LONG=1).
+//
+//   - evicted: the default policy evicts each stalled subscriber; it keeps
+//     its queued frames (and the terminal one) until it is dropped.
+//   - reconnect: each time it is evicted the client comes back, live, and
+//     stalls again (the subscription is closed and a new one made), so
+//     stalled queues keep pinning frames the ring has already dropped.
+//   - resync: OverflowResync keeps every stalled subscriber; each overflow
+//     drops its live frames (the clock moves 61 s per event, so the
+//     repeated_overflow eviction never comes).
+//   - catchup: OverflowCatchUp keeps every stalled subscriber behind (a
+//     stall bound of a year, so the clock never evicts it): its queue holds
+//     what it had when it fell behind, and nothing more is copied for it;
+//     what it will read is the ring's.
+//   - mixed: a quarter of the subscribers of each kind on one bus.
+//
+// Under -race, encoding a 1 MiB event costs ~50 ms (the detector checks
+// every byte the JSON validator reads), so the normal
+// `go test -race ./...` runs the mixed variant only, with 120 events (the
+// ring is full after 64); without -race, or with EVENTBUS_LONG=1, every
+// variant runs; -short runs the mixed one with 72 events.
+//
+// It also checks every queue against its caps after each publish: the
+// live bytes never exceed MaxQueuedBytes (an event fits, as one 1 MiB
+// event always does).
+func TestMemoryBoundStalledSubscribers(t *testing.T) {
+	events, modes := 300, []string{"evicted", "reconnect", "resync", "catchup", "mixed"}
+	switch {
+	case testing.Short():
+		events, modes = 72, []string{"mixed"}
+	case proveLong():
+		events = 3000
+	case raceEnabled():
+		events, modes = 120, []string{"mixed"}
+	}
+	const subscribers = DefaultMaxSubscribers
+	const eventSize = 1 << 20
+	payload := json.RawMessage(`"` + strings.Repeat("m", eventSize-100) + `"`)
+	bound := uint64(subscribers*DefaultMaxQueuedBytes + DefaultRingMaxBytes + memOverhead)
+
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			base := liveHeap()
+			var clockMu sync.Mutex
+			clock := time.UnixMilli(1719000000000)
+			opts := Options{Logger: slog.New(slog.DiscardHandler), Now: func() time.Time {
+				clockMu.Lock()
+				defer clockMu.Unlock()
+				return clock
+			}}
+			b, err := New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			subs := make([]*Subscription, subscribers)
+			// kind returns how subscriber i behaves.
+			kind := func(i int) string {
+				if mode != "mixed" {
+					return mode
+				}
+				return []string{"evicted", "reconnect", "resync", "catchup"}[i%4]
+			}
+			subscribe := func(i int) {
+				so := SubscribeOptions{}
+				switch kind(i) {
+				case "resync":
+					so.OverflowPolicy = OverflowResync
+				case "catchup":
+					so.OverflowPolicy, so.CatchUpStallTimeout = OverflowCatchUp, 365*24*time.Hour
+				}
+				s, err := b.Subscribe(context.Background(), so)
+				if err != nil {
+					t.Fatalf("subscribe: %v", err)
+				}
+				subs[i] = s
+			}
+			for i := range subs {
+				subscribe(i)
+			}
+			var peak uint64
+			var slack int64
+			reconnects := 0
+			for n := 1; n <= events; n++ {
+				if _, err := b.Publish(Event{Type: "big", Data: payload}); err != nil {
+					t.Fatalf("publish %d: %v", n, err)
+				}
+				clockMu.Lock()
+				clock = clock.Add(61 * time.Second)
+				clockMu.Unlock()
+				for i, s := range subs {
+					if c := s.q.counts(); c.liveBytes > DefaultMaxQueuedBytes {
+						t.Fatalf("subscriber %d holds %d live bytes, cap %d", i, c.liveBytes, DefaultMaxQueuedBytes)
+					}
+					switch err := s.Err(); {
+					case err == nil:
+					case !errors.Is(err, ErrEvicted) || kind(i) == "resync" || kind(i) == "catchup":
+						t.Fatalf("subscriber %d ended: %v", i, err)
+					case kind(i) == "reconnect":
+						s.Close()
+						subscribe(i)
+						reconnects++
+					}
+				}
+				if n%20 == 0 || n == events {
+					heap := liveHeap()
+					peak = max(peak, heap)
+					if heap > base+bound {
+						t.Fatalf("after %d events of 1 MiB the live heap is %d MiB above its baseline, bound %d MiB",
+							n, (heap-base)>>20, bound>>20)
+					}
+					// Tighter: the heap is the distinct frames the ring and
+					// the queues hold (each event encoded once, shared),
+					// plus the overhead; no hidden copy anywhere.
+					held := heldFrameBytes(b, subs)
+					if heap > base+held+memOverhead {
+						t.Fatalf("after %d events the live heap is %.1f MiB above its baseline, but the ring and the queues hold %.1f MiB of frames",
+							n, float64(heap-base)/(1<<20), float64(held)/(1<<20))
+					}
+					slack = max(slack, int64(heap-base)-int64(held))
+				}
+			}
+			st := b.Stats()
+			t.Logf("%s: %d events of %d bytes, %d stalled subscribers: live heap peak %.1f MiB above baseline, at most %.2f MiB above the frames held "+
+				"(bound %d MiB = %d x %d MiB + %d MiB + %d MiB); ring %d events / %.1f MiB; evictions %+v, resyncs %d, reconnects %d",
+				mode, events, eventSize-100+81, subscribers, float64(peak-base)/(1<<20), float64(slack)/(1<<20), bound>>20, subscribers,
+				DefaultMaxQueuedBytes>>20, DefaultRingMaxBytes>>20, memOverhead>>20, st.RingLen, float64(st.RingBytes)/(1<<20),
+				st.Evictions, st.Resyncs.QueueBytesOverflow+st.Resyncs.QueueOverflow, reconnects)
+			want := map[string]int{}
+			for i := range subs {
+				want[kind(i)]++
+			}
+			// The evicted ones are gone; the others are registered.
+			if st.Subscribers != want["reconnect"]+want["resync"]+want["catchup"] || st.Evictions.RepeatedOverflow != 0 ||
+				(want["resync"] > 0) != (st.Resyncs.QueueBytesOverflow > 0) || st.CatchUp.Behind != want["catchup"] {
+				t.Errorf("%d subscribers registered, want %d; evictions %+v; %d resyncs", st.Subscribers,
+					want["reconnect"]+want["resync"]+want["catchup"], st.Evictions, st.Resyncs.QueueBytesOverflow)
+			}
+			for _, s := range subs {
+				s.Close()
+			}
+		})
+	}
+}
+
+// heldFrameBytes sums the wire bytes of the distinct frames the ring and the
+// subscriptions' queues hold (a frame shared by the ring and many queues
+// counts once).
+func heldFrameBytes(b *EventBus, subs []*Subscription) uint64 {
+	seen := map[*byte]bool{}
+	var total uint64
+	add := func(f Frame) {
+		if len(f.wire) > 0 && !seen[&f.wire[0]] {
+			seen[&f.wire[0]] = true
+			total += uint64(len(f.wire))
+		}
+	}
+	b.mu.Lock()
+	for i := range b.ring.Len() {
+		add(Frame{b.ring.at(i)})
+	}
+	b.mu.Unlock()
+	for _, s := range subs {
+		s.q.mu.Lock()
+		for i := range s.q.length() {
+			add(Frame{s.q.entry(i).f})
+		}
+		s.q.mu.Unlock()
+	}
+	return total
 }

@@ -34,8 +34,9 @@ type qmEntry struct {
 	marker bool
 }
 
-// queueModel is the reference model of SPEC 6 (plus the signal, marker and
-// hold rules of SPEC 11 and the backplane seam).
+// queueModel is the reference model of SPEC 3.1 (plus the signal rule of
+// 3.8, the resync policy's markers of 3.5 and the backplane seam's hold of
+// 8.2).
 type queueModel struct {
 	entries             []qmEntry
 	batch               []qmEntry // taken by the iterator, not yet yielded

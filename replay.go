@@ -34,7 +34,7 @@ func epochMismatch(opts SubscribeOptions, epoch string) bool {
 	return opts.Epoch != "" && len(opts.Epoch) <= 64 && opts.Epoch != epoch
 }
 
-// replay produces SPEC 5.1's replay for s through push: resync frames, the
+// replay produces SPEC 4.1's replay for s through push: resync frames, the
 // events of src after the cursor that pass its filter, within the replay
 // budget, and replay_complete. first is the oldest id the log holds (0 when
 // none) and nextID the id the next event will get; the resync rules go by

@@ -1,6 +1,8 @@
 package eventbus
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"strings"
@@ -11,7 +13,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Resume (SPEC 5.1 - 5.4).
+// Resume (SPEC 4.1 - 4.4).
 
 func TestResumeWithoutLastIDIsLiveOnly(t *testing.T) {
 	b := newBus(t, Options{})
@@ -301,4 +303,29 @@ func TestResumeUnderConcurrentPublishHasNoGapOrDuplicate(t *testing.T) {
 		assert.Equal(t, 1, completes)
 		assert.Equal(t, uint64(total+1), want)
 	}
+}
+
+// ---------------------------------------------------------------------------
+// Allocations.
+
+// A resume replays from the ring with the same allocations for 100 events
+// as for 4000: none per replayed event.
+func TestResumeAllocationsDoNotGrowWithEvents(t *testing.T) {
+	resume := func(events int) float64 {
+		b := newBus(t, Options{RingSize: 4000})
+		ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
+		for range events {
+			_, err := b.Publish(ev)
+			require.NoError(t, err)
+		}
+		batch := make([]Frame, 0, events+8)
+		return testing.AllocsPerRun(20, func() {
+			s, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true, LastEventID: 0})
+			require.NoError(t, err)
+			out, _ := s.AppendReady(batch)
+			require.Len(t, out, events+1, "the events and replay_complete")
+			s.Close()
+		})
+	}
+	assert.Equal(t, resume(100), resume(4000))
 }

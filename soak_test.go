@@ -13,31 +13,6 @@ import (
 	"time"
 )
 
-// liveHeap returns HeapAlloc after two full collections (the second frees
-// what the first one's finalizers and sync.Pool victim caches released).
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
-// waitGoroutines waits until runtime.NumGoroutine is at most n and returns
-// the last count. Goroutines that end asynchronously (a context's
-// AfterFunc, net/http's connection goroutines) get up to 10 s; the test
-// checks the count, not the time.
-func waitGoroutines(n int) int {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := runtime.NumGoroutine()
-		if got <= n || time.Now().After(deadline) {
-			return got
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // soakHeapMargin is what the live heap may grow by across the soak, beyond
 // the ring (which is full, with events of the same size, before the
 // baseline is taken). Measured: +50..75 KB for 10,000 cycles, +105..210 KB

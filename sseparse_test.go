@@ -156,3 +156,26 @@ func TestSSEParserShortStreams(t *testing.T) {
 		}
 	}
 }
+
+// FuzzSSEParserSplit checks the harness's SSE reader: how the stream is cut
+// into reads never changes what it reports, nor whether it ended on an
+// event boundary.
+func FuzzSSEParserSplit(f *testing.F) {
+	f.Add("event: a\r\ndata: x\r\n\r\n", uint(9))
+	f.Add("data: 1\rdata: 2\r\r: c\n", uint(8))
+	f.Add("\uFEFFid: 1\x00\ndata\n\n", uint(1))
+	f.Add("retry: 12\nretry: x\n\n", uint(3))
+	f.Fuzz(func(t *testing.T, in string, cut uint) {
+		whole, errWhole := parseSSE([]byte(in))
+		i := int(cut % uint(len(in)+1))
+		parts, errParts := readSplit(in, i)
+		require.Equal(t, whole, parts)
+		require.Equal(t, errWhole, errParts)
+		for _, r := range whole {
+			if r.Kind == sseEventRecord {
+				require.NotEmpty(t, r.Event.Type)
+				require.NotContains(t, r.Event.ID, "\x00")
+			}
+		}
+	})
+}

@@ -10,7 +10,7 @@ import (
 // Stats is a snapshot of a bus's counters. Counters only grow; Subscribers,
 // RingLen and RingBytes are current values. Fields are read one by one
 // without a common lock, so a snapshot taken during a publish may be off by
-// that publish between fields.
+// that publish between fields. The counters are docs/SPEC.md section 1.5.
 type Stats struct {
 	// Published counts events that got an id.
 	Published uint64

@@ -58,8 +58,10 @@ type Subscription struct {
 }
 
 // Subscribe registers a subscription and, when opts.Resume is set, queues
-// the replay of SPEC 5.1 ahead of the live frames. Registration is
-// synchronous: an event published after Subscribe returns is delivered.
+// the replay ahead of the live frames, with no gap and no duplicate
+// between them (what a resume replays: docs/SPEC.md section 4; the check
+// order: section 2.3). Registration is synchronous: an event published
+// after Subscribe returns is delivered.
 //
 // When ctx is done the subscription is cancelled (its buffer dropped). On a
 // closed bus Subscribe returns an ended subscription and no error; with a
@@ -251,7 +253,7 @@ func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
 // frames are written and flushed (Stats.FramesDelivered), MarkDiscarded for
 // frames it decided not to write (Stats.Dropped.Cancelled), or
 // CloseBlocked when the write failed or blocked (Stats.Dropped.Blocked).
-// The Handler is written this way.
+// The Handler is written this way (docs/SPEC.md section 6.6).
 //
 // TakeReady never blocks, and unlike AppendReady it does not yield the
 // processor when nothing is ready: a transport that writes and flushes
@@ -311,7 +313,7 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 		// The last frames are the caller's. The Events iterator's are not
 		// until yielded: it releases the context when it stops, so that a
 		// cancellation while it yields what a bus Close left still drops
-		// the rest (SPEC 8).
+		// the rest (SPEC 2.5).
 		s.release()
 	}
 	return frames, open
@@ -331,7 +333,8 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 // included) it yields nothing more; the frames it had taken and not
 // yielded are counted as Dropped.Cancelled. This holds while it yields what
 // a bus Close left too: the subscription's context stays watched until the
-// iterator stops, so a cancellation then drops the rest (SPEC 8).
+// iterator stops, so a cancellation then drops the rest (docs/SPEC.md
+// section 2.5).
 func (s *Subscription) Events() iter.Seq[Frame] {
 	return func(yield func(Frame) bool) {
 		if s.iterated.Swap(true) {

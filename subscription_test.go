@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -15,7 +17,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Subscribe (SPEC 5).
+// Subscribe (SPEC 2.3).
 
 func TestSubscribeRegistersSynchronously(t *testing.T) {
 	b := newBus(t, Options{})
@@ -170,7 +172,7 @@ func TestSubscribeResumeFalseDiffersFromResumeFromZero(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// Cancellation and Close (SPEC 8).
+// Cancellation and Close (SPEC 2.5).
 
 func TestContextCancelDropsBufferAndEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -342,82 +344,6 @@ func TestReadyAndAppendReady(t *testing.T) {
 	assert.False(t, open)
 }
 
-func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBus(t, Options{})
-		never := subscribe(t, b, SubscribeOptions{}) // never iterated
-		polled := subscribe(t, b, SubscribeOptions{})
-		ranged := subscribe(t, b, SubscribeOptions{})
-		got := make(chan []Frame)
-		go func() { got <- collectEvents(ranged) }()
-		publishNumbered(t, b, 3)
-		fs, _ := polled.AppendReady(nil)
-		require.Len(t, fs, 3)
-		publishNumbered(t, b, 2)
-
-		require.NoError(t, b.Close())
-		assert.Equal(t, 0, b.SubscriberCount())
-		assert.Equal(t, idRange(1, 5), describe(<-got))
-		fs, open := polled.AppendReady(nil)
-		assert.Equal(t, idRange(4, 5), describe(fs))
-		assert.False(t, open)
-		assert.Equal(t, idRange(1, 5), describe(collectEvents(never)))
-		for _, s := range []*Subscription{never, polled, ranged} {
-			assert.NoError(t, s.Err(), "a closed bus is no error")
-		}
-	})
-}
-
-func TestBusCloseWithErrorEndsEverySubscriptionWithATerminalFrame(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		b := newBus(t, Options{})
-		never := subscribe(t, b, SubscribeOptions{})
-		polled := subscribe(t, b, SubscribeOptions{})
-		publishNumbered(t, b, 2)
-		require.NoError(t, b.CloseWithError(ErrorKindUnavailable, "backplane unreachable"))
-		require.NoError(t, b.CloseWithError(ErrorKindInternal, "again"), "idempotent")
-		require.NoError(t, b.Close(), "a later Close changes nothing")
-		for _, s := range []*Subscription{never, polled} {
-			fs := collectEvents(s)
-			require.Len(t, fs, 3, "what was queued, then the terminal frame")
-			last := fs[2]
-			assert.True(t, last.Terminal())
-			assert.Equal(t, TypeStreamError, last.Type())
-			assert.Contains(t, string(last.JSON()), `"data":{"error":"backplane unreachable","errorKind":"unavailable"}`)
-			assert.ErrorIs(t, s.Err(), ErrClosed)
-			assert.Contains(t, s.Err().Error(), "unavailable")
-		}
-		_, err := b.Publish(Event{Type: "x"})
-		assert.ErrorIs(t, err, ErrClosed)
-	})
-}
-
-func TestBusCloseIsIdempotent(t *testing.T) {
-	b := newBus(t, Options{})
-	s := subscribe(t, b, SubscribeOptions{})
-	publishNumbered(t, b, 1)
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() { assert.NoError(t, b.Close()) })
-	}
-	wg.Wait()
-	assert.NoError(t, b.Close())
-	assert.Equal(t, []string{"#1"}, describe(collectEvents(s)))
-}
-
-func TestAfterClosePublishErrClosedAndSubscribeEnded(t *testing.T) {
-	b := newBus(t, Options{})
-	publishNumbered(t, b, 2)
-	require.NoError(t, b.Close())
-	_, err := b.Publish(Event{Type: "t"})
-	assert.ErrorIs(t, err, ErrClosed)
-	s, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true})
-	require.NoError(t, err)
-	assert.Empty(t, collectEvents(s))
-	assert.Equal(t, 0, b.SubscriberCount())
-	assert.Equal(t, uint64(2), b.LastEventID())
-}
-
 func TestCancellationAfterCloseDropsDrainingBuffer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{})
@@ -460,84 +386,11 @@ func TestBusCloseReleasesContextWatchWhenDrained(t *testing.T) {
 	assert.Equal(t, 0, ranged.watchers())
 }
 
-func TestConcurrentPublishersDeliverIncreasingIDs(t *testing.T) {
-	b := newBus(t, Options{})
-	const publishers, each = 8, 500
-	subs := []*Subscription{
-		subscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
-		subscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
-		subscribe(t, b, SubscribeOptions{MaxQueued: 10_000}),
-	}
-	var wg sync.WaitGroup
-	for range publishers {
-		wg.Go(func() {
-			for range each {
-				if _, err := b.Publish(Event{Type: "t"}); err != nil {
-					panic(err)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	assert.Equal(t, uint64(publishers*each), b.LastEventID())
-	for _, s := range subs {
-		fs, _ := s.AppendReady(nil)
-		assert.Equal(t, idRange(1, publishers*each), describe(coreEventsOnly(fs)))
-	}
-}
-
-func coreEventsOnly(fs []Frame) []Frame {
-	var out []Frame
-	for _, f := range fs {
-		if !f.Synthetic() {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-func TestZeroEventBusBehavesAsClosed(t *testing.T) {
-	var b EventBus
-	_, err := b.Publish(Event{Type: "x"})
-	assert.ErrorIs(t, err, ErrClosed)
-	assert.ErrorIs(t, b.Signal("x", "a"), ErrClosed)
-	s, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true})
-	require.NoError(t, err)
-	fs, open := s.AppendReady(nil)
-	assert.Empty(t, fs)
-	assert.False(t, open)
-	assert.Zero(t, b.LastEventID())
-	assert.NoError(t, b.Close())
-}
-
-func TestDefaultClockStampsWallTimeBetweenRebases(t *testing.T) {
-	// Without Options.Now the bus reads one monotonic clock per stamp and
-	// re-reads the wall clock at least once a second; every stamp must still
-	// be the wall time of the publish, to the millisecond.
-	synctest.Test(t, func(t *testing.T) {
-		b, err := New(Options{})
-		require.NoError(t, err)
-		defer b.Close()
-		for _, step := range []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 1500 * time.Millisecond, 7 * time.Millisecond} {
-			time.Sleep(step)
-			f, err := b.Publish(Event{Type: "t"})
-			require.NoError(t, err)
-			var env struct {
-				Meta struct {
-					ServerTimestamp int64 `json:"serverTimestamp"`
-				} `json:"_meta"`
-			}
-			require.NoError(t, json.Unmarshal(f.JSON(), &env))
-			assert.Equal(t, time.Now().UnixMilli(), env.Meta.ServerTimestamp, "after sleeping %v", step)
-		}
-	})
-}
-
 // A cancellation (the context, or Subscription.Close) drops what is left and
 // counts it as cancelled, before a bus Close or while the subscription
 // drains what Close left, whoever consumes it: the Events iterator (also
 // when the cancellation comes while it yields, from its loop body), or
-// AppendReady and TakeReady (SPEC 8; issue 22: Events yielded all 99 others
+// AppendReady and TakeReady (SPEC 2.5; issue 22: Events yielded all 99 others
 // after a cancel that came once the bus was closed).
 func TestCancellationWhileDrainingDropsTheRest(t *testing.T) {
 	const n = 100
@@ -625,4 +478,199 @@ func TestCancellationWhileDrainingDropsTheRest(t *testing.T) {
 			}
 		}
 	}
+}
+
+// ---------------------------------------------------------------------------
+// Delivery allocates nothing.
+
+// A consumer takes and frames its events without allocating: a delivery
+// costs nothing beyond the publish.
+func TestDeliveryDoesNotAllocate(t *testing.T) {
+	ev := Event{Type: "e", Data: json.RawMessage(`{"seq":1}`)}
+	b := newBus(t, Options{RingSize: 64})
+	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
+	require.NoError(t, err)
+	batch := make([]Frame, 0, 16)
+	wire := make([]byte, 0, 4096)
+	for range 100 { // fill the ring, grow the queue
+		_, err := b.Publish(ev)
+		require.NoError(t, err)
+	}
+	out, _ := s.AppendReady(batch)
+	require.Len(t, out, 100)
+	publish := testing.AllocsPerRun(100, func() { _, _ = b.Publish(ev) })
+	out, _ = s.AppendReady(batch)
+	require.Len(t, out, 101)
+	both := testing.AllocsPerRun(100, func() {
+		_, _ = b.Publish(ev)
+		out, _ := s.AppendReady(batch)
+		for _, f := range out {
+			wire = f.AppendSSE(wire[:0])
+		}
+	})
+	assert.Equal(t, publish, both)
+}
+
+// ---------------------------------------------------------------------------
+// The Events iterator's caps are exact, and cancellation is prompt.
+
+func TestEventsBatchCountsTowardTheCapsUntilYielded(t *testing.T) {
+	b := newBus(t, Options{MaxQueued: 16})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 10)
+	inBody := make(chan uint64)
+	release := make(chan struct{})
+	done := make(chan []Frame)
+	go func() {
+		var fs []Frame
+		for f := range s.Events() {
+			fs = append(fs, f)
+			if len(fs) == 1 {
+				inBody <- f.ID()
+				<-release
+			}
+		}
+		done <- fs
+	}()
+	require.Equal(t, uint64(1), <-inBody)
+	// The iterator took #1..#10 and yielded #1: 9 still count.
+	assert.Equal(t, 9, s.q.counts().liveCount)
+	publishTypeN(t, b, "e", 7) // #11..#17: 16 unconsumed
+	assert.Equal(t, 16, s.q.counts().liveCount)
+	assert.NoError(t, s.Err())
+	publishType(t, b, "e") // #18: past the cap
+	assert.ErrorIs(t, s.Err(), ErrEvicted)
+	close(release)
+	fs := <-done
+	// The warning fired once, at 12 unconsumed (#2..#10 in the batch,
+	// #11..#13 queued), so right after #13.
+	assert.Equal(t, seqOf(idRange(1, 13), TypeSlowClientWarning, idRange(14, 17), TypeClientEvicted), describe(fs))
+	assert.Equal(t, uint64(1), b.Stats().Warnings)
+	assert.JSONEq(t, fmt.Sprintf(`{"reason":"queue_overflow","droppedAfter":18,"queueSize":16,"maxQueued":16,"queuedBytes":%d,"maxQueuedBytes":%d}`,
+		16*pub11Size(b, 10)-8, DefaultMaxQueuedBytes), dataOf(t, fs[len(fs)-1]), "#2..#9 are a byte shorter than #10..#17")
+}
+
+func TestEventsSlowBodyNeverHoldsMoreThanTheCaps(t *testing.T) {
+	// A loop body that takes a while per frame, a publisher faster than it
+	// under OverflowCatchUp: at no point do the frames it has not consumed
+	// (queued, or taken and not yielded) exceed either cap.
+	const maxQueued, maxBytes = 32, 3000
+	b := newBus(t, Options{MaxQueued: maxQueued, MaxQueuedBytes: maxBytes, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	var maxSeen atomic.Int64
+	var got []uint64
+	n := pick(500, 2000, 2000)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for f := range s.Events() {
+			if f.ID() != 0 {
+				got = append(got, f.ID())
+			}
+			if len(got) == n {
+				return
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+	}()
+	for range n {
+		publishSized(t, b, "e", 90)
+		c := s.q.counts()
+		if int64(c.liveCount) > maxSeen.Load() {
+			maxSeen.Store(int64(c.liveCount))
+		}
+		require.LessOrEqual(t, c.liveCount, maxQueued)
+		require.LessOrEqual(t, c.liveBytes, maxBytes)
+	}
+	<-done
+	requireIDs(t, seqIDs(1, uint64(n)), got)
+	t.Logf("most frames unconsumed at once: %d (cap %d); catch-ups %d", maxSeen.Load(), maxQueued, b.Stats().CatchUp.Entered)
+}
+
+func TestEventsCancelMidBatchYieldsNothingMore(t *testing.T) {
+	for _, how := range []string{"Close", "context"} {
+		t.Run(how, func(t *testing.T) {
+			b := newBus(t, Options{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s, err := b.Subscribe(ctx, SubscribeOptions{})
+			require.NoError(t, err)
+			publishTypeN(t, b, "e", 100)
+			var got []Frame
+			for f := range s.Events() {
+				got = append(got, f)
+				if len(got) == 1 {
+					if how == "Close" {
+						s.Close()
+					} else {
+						cancel()
+						// The context's AfterFunc runs on its own goroutine.
+						require.Eventually(t, s.q.discarded.Load, 5*time.Second, time.Millisecond)
+					}
+				}
+			}
+			assert.Len(t, got, 1, "nothing after the cancellation")
+			st := b.Stats()
+			assert.Equal(t, uint64(1), st.FramesDelivered)
+			assert.Equal(t, uint64(99), st.Dropped.Cancelled, "the 99 taken and not yielded")
+			assert.Zero(t, s.q.counts().liveCount)
+		})
+	}
+}
+
+func TestEventsCancelRightAfterTheFirstReplayedFrame(t *testing.T) {
+	b := newBus(t, Options{})
+	publishTypeN(t, b, "e", DefaultRingSize)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := b.Subscribe(ctx, SubscribeOptions{Resume: true, LastEventID: 0})
+	require.NoError(t, err)
+	n := 0
+	for range s.Events() {
+		n++
+		cancel()
+		require.Eventually(t, s.q.discarded.Load, 5*time.Second, time.Millisecond)
+	}
+	assert.Equal(t, 1, n)
+	st := b.Stats()
+	assert.Equal(t, uint64(1), st.FramesDelivered)
+	assert.Equal(t, uint64(DefaultRingSize), st.Dropped.Cancelled, "7999 replayed events and replay_complete")
+}
+
+func TestEventsBusCloseMidBatchStillDrains(t *testing.T) {
+	// Close with drain is not a cancellation: the batch is yielded in full.
+	b := newBus(t, Options{})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 50)
+	var ids []uint64
+	for f := range s.Events() {
+		ids = append(ids, f.ID())
+		if len(ids) == 1 {
+			require.NoError(t, b.Close())
+		}
+	}
+	requireIDs(t, seqIDs(1, 50), ids)
+	assert.Zero(t, b.Stats().Dropped.Cancelled)
+}
+
+func TestEventsCatchUpCountsRingFramesUntilYielded(t *testing.T) {
+	b := newBus(t, Options{MaxQueued: 8, OverflowPolicy: OverflowCatchUp})
+	s := subscribe(t, b, SubscribeOptions{})
+	publishTypeN(t, b, "e", 100) // #1..#8 queued, behind at #9
+	var it iterBatch
+	require.True(t, it.fill(s))
+	assert.Equal(t, seqIDs(1, 8), eventIDs(it.frames), "the queue first")
+	for range 9 { // #1..#8 and the warning
+		_, ok := it.next(&s.q)
+		require.True(t, ok)
+	}
+	it.done(s)
+	require.True(t, it.fill(s))
+	assert.Equal(t, seqIDs(9, 16), eventIDs(it.frames), "then the ring, within the frame cap")
+	assert.Equal(t, 8, s.q.counts().liveCount, "taken from the ring, not yielded: they count")
+	f, _ := it.next(&s.q)
+	assert.Equal(t, uint64(9), f.ID())
+	assert.Equal(t, 7, s.q.counts().liveCount)
+	it.drop(s)
+	assert.Equal(t, 0, s.q.counts().liveCount)
 }

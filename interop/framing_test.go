@@ -11,11 +11,11 @@ import (
 )
 
 // The control for TestThirdPartyClients: the framing the handler used to
-// send (SPEC 10 before issue 15: a "retry:" block and ": heartbeat" blocks,
-// each ended by a blank line) makes the Go clients report events nobody
-// published, and the handler's current framing does not. Each server sends
-// one event among those lines, then ends; the clients run until it has been
-// requested twice (they reconnect after the end).
+// send before issue 15 (a "retry:" block and ": heartbeat" blocks, each
+// ended by a blank line; SPEC 5.3 has today's) makes the Go clients report
+// events nobody published, and the handler's current framing does not. Each
+// server sends one event among those lines, then ends; the clients run
+// until it has been requested twice (they reconnect after the end).
 func TestFramingControl(t *testing.T) {
 	const event = "id: 1\nevent: note\ndata: {\"id\":1}\n\n"
 	for _, tc := range []struct {

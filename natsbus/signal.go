@@ -13,12 +13,12 @@ type signalMsg struct {
 	About string `json:"a"`
 }
 
-// Signal sends a change signal (SPEC 11: a type and the resource it is
-// about, no id, no data) to the subscribers of session on every replica,
-// as a core NATS publish (not stored in the stream). Each replica that
-// mirrors the session delivers it with eventbus.EventBus.Signal: never
-// stored, never replayed, coalesced in subscriber queues as on a single
-// bus. Replicas without a mirror of the session ignore it.
+// Signal sends a change signal (docs/SPEC.md section 3.8: a type and the
+// resource it is about, no id, no data) to the subscribers of session on every
+// replica, as a core NATS publish (not stored in the stream). Each replica
+// that mirrors the session delivers it with eventbus.EventBus.Signal: never
+// stored, never replayed, coalesced in subscriber queues as on a single bus.
+// Replicas without a mirror of the session ignore it.
 //
 // Signals are best effort, as on a single bus: a replica whose connection
 // is reconnecting misses them, and a signal may reach a replica before

@@ -23,12 +23,12 @@ type signalMsg struct {
 // less the terminating byte).
 const maxNotifyPayload = 7999
 
-// Signal sends a change signal (SPEC 11: a type and the resource it is
-// about, no id, no data) to the subscribers of session on every replica,
-// with a NOTIFY on the backplane's signal channel. Each replica that
-// mirrors the session delivers it with eventbus.EventBus.Signal: never
-// stored, never replayed, coalesced in subscriber queues as on a single
-// bus. Replicas without a mirror of the session ignore it.
+// Signal sends a change signal (docs/SPEC.md section 3.8: a type and the
+// resource it is about, no id, no data) to the subscribers of session on every
+// replica, with a NOTIFY on the backplane's signal channel. Each replica that
+// mirrors the session delivers it with eventbus.EventBus.Signal: never stored,
+// never replayed, coalesced in subscriber queues as on a single bus. Replicas
+// without a mirror of the session ignore it.
 //
 // Signals are best effort, as on a single bus: a replica whose listener
 // is reconnecting misses them, and a signal may reach a replica before

@@ -14,10 +14,10 @@
 //
 // A resume the mirror's ring cannot answer (the replica joined late, or
 // restarted) is answered from the stream with XRANGE, outside the bus lock,
-// ahead of the live frames; SPEC 5's rules hold with the log as the ring:
-// ring_evicted when the stream no longer holds the event after the cursor,
-// epoch_reset for a cursor above the last id or another epoch, the replay
-// budget.
+// ahead of the live frames; the resume rules (docs/SPEC.md section 4) hold
+// with the log as the ring: ring_evicted when the stream no longer holds the
+// event after the cursor, epoch_reset for a cursor above the last id or
+// another epoch, the replay budget.
 //
 // The epoch (32 hex characters) is created with the session's keys. A lost
 // stream (Redis restarted without persistence, a key evicted or expired, or

@@ -19,12 +19,12 @@ type signalMsg struct {
 
 func (b *Backplane) signalChannel() string { return b.opts.KeyPrefix + "signals" }
 
-// Signal sends a change signal (SPEC 11: a type and the resource it is
-// about, no id, no data) to the subscribers of session on every replica,
-// through Redis Pub/Sub. Each replica that mirrors the session delivers it
-// with eventbus.EventBus.Signal: never stored, never replayed, coalesced in
-// subscriber queues as on a single bus. Replicas without local subscribers
-// of the session ignore it.
+// Signal sends a change signal (docs/SPEC.md section 3.8: a type and the
+// resource it is about, no id, no data) to the subscribers of session on every
+// replica, through Redis Pub/Sub. Each replica that mirrors the session
+// delivers it with eventbus.EventBus.Signal: never stored, never replayed,
+// coalesced in subscriber queues as on a single bus. Replicas without local
+// subscribers of the session ignore it.
 //
 // Signals are best effort, as on a single bus: a replica whose connection
 // to Redis is being re-established misses them, and a signal may reach a

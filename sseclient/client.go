@@ -112,8 +112,8 @@ type StateChange struct {
 	Err error
 }
 
-// Client is a resumable client of one eventbus SSE stream (SPEC sections
-// 5, 9, 10). Run connects and reconnects until its context ends or a final
+// Client is a resumable client of one eventbus SSE stream (docs/SPEC.md
+// sections 4, 5 and 9). Run connects and reconnects until its context ends or a final
 // error: it keeps the last delivered id and its epoch across reconnects
 // (both id forms: "N" and "<epoch>:<N>"), resumes with them, drops
 // duplicates by id, follows the server's retry:, backs off with full

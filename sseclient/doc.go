@@ -1,8 +1,9 @@
 // Package sseclient is a client of eventbus Server-Sent Events streams
-// (github.com/ssebus/eventbus, SPEC sections 5, 9 and 10), and the strict
-// SSE parser it is built on. It imports only the standard library and this
-// module's internal codec of the composite cursor (internal/muxcursor), not
-// package eventbus, so eventbus's own tests can use it.
+// (github.com/ssebus/eventbus, docs/SPEC.md sections 4, 5 and 9), and the
+// strict SSE parser it is built on. It imports only the standard library
+// and this module's internal codec of the composite cursor
+// (internal/muxcursor), not package eventbus, so eventbus's own tests can
+// use it.
 //
 // A [Client] connects, turns frames into typed callbacks (events, signals,
 // caught-up, resync with the missing id range, slow warning, eviction,

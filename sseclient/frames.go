@@ -135,7 +135,7 @@ type Eviction struct {
 	EventBytes int `json:"eventBytes"`
 }
 
-// envelope is the JSON of every frame (SPEC section 3 and 9).
+// envelope is the JSON of every frame (SPEC 5.1 and 5.2).
 type envelope struct {
 	Session            string          `json:"session"` // multiplexed streams only
 	ID                 *json.Number    `json:"id"`
@@ -205,8 +205,8 @@ func serverTimestamp(meta json.RawMessage) int64 {
 	return int64(m.ServerTimestamp)
 }
 
-// ParseEventID parses a cursor as the server accepts it (SPEC 10 and the
-// epoch ids of section 13): "N" or "<epoch>:<N>", N ASCII digits (leading
+// ParseEventID parses a cursor as the server accepts it (docs/SPEC.md
+// sections 5.4 and 6.2): "N" or "<epoch>:<N>", N ASCII digits (leading
 // zeros allowed) up to 2^53-1, epoch exactly 32 lowercase hex digits. The
 // epoch is empty for the plain form. Anything else reports false.
 func ParseEventID(s string) (epoch string, id uint64, ok bool) {
