@@ -808,8 +808,12 @@ func stressWorker(t *testing.T, b *EventBus, seed uint64, deadline time.Time, st
 		} else {
 			var buf []Frame
 			for open := true; open; {
-				<-s.Ready()
-				buf, open = s.AppendReady(buf[:0])
+				// Ready fires when the queue goes from empty to
+				// non-empty: wait on it only after a take found nothing.
+				if buf, open = s.AppendReady(buf[:0]); len(buf) == 0 && open {
+					<-s.Ready()
+					continue
+				}
 				for _, f := range buf {
 					if err := c.frame(f); err != nil {
 						t.Errorf("session %+v: %v\n%s", opts, err, c.history())
