@@ -13,7 +13,8 @@
 #
 # With "shell" as first argument it starts the server and runs an
 # interactive shell with those variables instead of the tests (for
-# developers: cd pgbus && go test ./...).
+# developers: cd pgbus && go test ./...); with "exec CMD ARGS..." it runs
+# that command with them instead (docs/bench/engines.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -102,6 +103,11 @@ echo "pg: PGBUS_TEST_URL=$PGBUS_TEST_URL"
 if [ "${1:-}" = "shell" ]; then
   "${SHELL:-bash}" -i || true
   exit 0
+fi
+if [ "${1:-}" = "exec" ]; then
+  shift
+  "$@"
+  exit $?
 fi
 
 export CI="${CI:-true}"
