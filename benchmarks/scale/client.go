@@ -286,6 +286,15 @@ func (f *fleet) heartbeats() []int64 {
 	return out
 }
 
+// totalHeartbeats sums every connection's heartbeat count now.
+func (f *fleet) totalHeartbeats() int64 {
+	var n int64
+	for _, c := range f.conns {
+		n += c.heartbeats.Load()
+	}
+	return n
+}
+
 // waitRound waits until every connection has round k's event, or until
 // every one that has not has ended, or timeout. It returns how many have
 // it.

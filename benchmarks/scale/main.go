@@ -76,6 +76,20 @@
 // profile (debug=1: one entry per distinct stack) once connected, to find
 // what keeps the stacks deep.
 //
+// The heartbeats differ by design, and that weighs on the fan-out: the
+// naive handler's ticker fires every -heartbeat whatever the stream does,
+// while eventbus's heartbeat comes -heartbeat after the stream's last
+// write, so an event postpones it. With rounds 500 ms apart and a 1 s
+// heartbeat, eventbus writes no heartbeat during the rounds after the
+// first, and the naive handler about conns x (the round's length) /
+// heartbeat of them; the report counts the heartbeats the clients received
+// during each round. To compare the fan-out alone, make the heartbeat
+// longer than the whole run (-heartbeat 1h -idle 2s: the heartbeat CPU is
+// then that of streams with nothing to write).
+//
+// A CPU profile (-cpuprofile-server) costs the child a little CPU of its
+// own, in the heartbeat figure too.
+//
 // Both processes share the machine: the clients' reading is part of every
 // fan-out figure, for both implementations alike. The load average at the
 // start and the end of each measurement is printed with it. Each process

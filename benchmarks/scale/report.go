@@ -57,6 +57,7 @@ var metrics = []metric{
 	{name: "fan-out: p99", val: func(r *implResult) float64 { return r.P99Micros }, fmt: fmtMicros},
 	{name: "fan-out: last client reached", val: func(r *implResult) float64 { return r.LastMicros }, fmt: fmtMicros},
 	{name: "fan-out: the server's publish loop", val: func(r *implResult) float64 { return r.LoopMicros }, fmt: fmtMicros},
+	{name: "fan-out: heartbeats received during a round", val: func(r *implResult) float64 { return r.HeartbeatsPerRound }, fmt: fmtFloat(0, ""), noRatio: true},
 	{name: "bytes per event frame on the wire", val: func(r *implResult) float64 { return r.BytesPerFrame }, fmt: fmtFloat(1, " B")},
 	{name: "lost deliveries (missing after the timeout)", val: func(r *implResult) float64 { return float64(r.Lost) }, fmt: fmtFloat(0, ""), noRatio: true},
 	{name: "streams ended early", val: func(r *implResult) float64 { return float64(r.Ended) }, fmt: fmtFloat(0, ""), noRatio: true},
@@ -135,7 +136,7 @@ func writeRun(w io.Writer, cfg config, rr runResult) {
 		fmt.Fprintln(w, row)
 	}
 
-	fmt.Fprintf(w, "\nFan-out rounds (first / p50 / p99 / last client; the publish loop; missing):\n\n")
+	fmt.Fprintf(w, "\nFan-out rounds (first / p50 / p99 / last client; the publish loop; heartbeats received during the round; missing):\n\n")
 	head, rule = "| round |", "|---:|"
 	for _, c := range cols {
 		head += " " + c + " |"
@@ -147,8 +148,8 @@ func writeRun(w io.Writer, cfg config, rr runResult) {
 		row := fmt.Sprintf("| %d |", k+1)
 		for _, c := range cols {
 			rd := rr.Results[c].Rounds[k]
-			row += fmt.Sprintf(" %s / %s / %s / %s; %s; %d |", fmtMicros(rd.FirstMicros), fmtMicros(rd.P50Micros),
-				fmtMicros(rd.P99Micros), fmtMicros(rd.LastMicros), fmtMicros(rd.LoopMicros), rd.Missing)
+			row += fmt.Sprintf(" %s / %s / %s / %s; %s; %d; %d |", fmtMicros(rd.FirstMicros), fmtMicros(rd.P50Micros),
+				fmtMicros(rd.P99Micros), fmtMicros(rd.LastMicros), fmtMicros(rd.LoopMicros), rd.Heartbeats, rd.Missing)
 		}
 		fmt.Fprintln(w, row)
 	}

@@ -71,6 +71,10 @@ type roundResult struct {
 	Missing       int     `json:"missing"`    // connections that did not
 	SentMismatch  int     `json:"mismatched"` // events whose timestamp is not the round's
 	WaitedSeconds float64 `json:"waited_s"`   // until every client had it, or the timeout
+	// Heartbeats is how many heartbeat lines the clients received from the
+	// publish until the round ended: work the server did beside the
+	// fan-out, which differs by design (see the package doc).
+	Heartbeats int64 `json:"heartbeats"`
 }
 
 // implResult is one implementation's measurement in one run, also its
@@ -105,18 +109,19 @@ type implResult struct {
 	HeartbeatsMax      int64   `json:"heartbeats_max"`    //
 	HeartbeatsExpected float64 `json:"heartbeats_expect"` // idle / heartbeat
 
-	Rounds        []roundResult `json:"rounds"`
-	FirstMicros   float64       `json:"first_us"` // medians over the rounds
-	P50Micros     float64       `json:"p50_us"`
-	P99Micros     float64       `json:"p99_us"`
-	LastMicros    float64       `json:"last_us"`
-	LoopMicros    float64       `json:"loop_us"`
-	BytesPerFrame float64       `json:"bytes_per_frame"`
-	Lost          int           `json:"lost"`       // deliveries missing after the timeout, every round
-	Ended         int           `json:"ended"`      // connections whose stream ended early
-	Unexpected    int64         `json:"unexpected"` // frames that were no round's event, or repeats
-	LoadStart     string        `json:"load_start"` // /proc/loadavg
-	LoadEnd       string        `json:"load_end"`
+	Rounds             []roundResult `json:"rounds"`
+	FirstMicros        float64       `json:"first_us"` // medians over the rounds
+	P50Micros          float64       `json:"p50_us"`
+	P99Micros          float64       `json:"p99_us"`
+	LastMicros         float64       `json:"last_us"`
+	LoopMicros         float64       `json:"loop_us"`
+	HeartbeatsPerRound float64       `json:"heartbeats_per_round"` // median
+	BytesPerFrame      float64       `json:"bytes_per_frame"`
+	Lost               int           `json:"lost"`       // deliveries missing after the timeout, every round
+	Ended              int           `json:"ended"`      // connections whose stream ended early
+	Unexpected         int64         `json:"unexpected"` // frames that were no round's event, or repeats
+	LoadStart          string        `json:"load_start"` // /proc/loadavg
+	LoadEnd            string        `json:"load_end"`
 }
 
 // runResult is one run: every implementation, in the order measured.
@@ -145,6 +150,15 @@ func loadAvg() string {
 func run(cfg config, out, logw io.Writer) ([]runResult, error) {
 	if err := checkFiles(cfg.conns); err != nil {
 		return nil, err
+	}
+	for _, p := range []string{cfg.cpuProfile, cfg.stackProfile} {
+		// The child writes them (in this process's directory) once
+		// connected: refuse a missing directory before that.
+		if dir := filepath.Dir(p); p != "" {
+			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+				return nil, fmt.Errorf("profile %s: no directory %s", p, dir)
+			}
+		}
 	}
 	var runs []runResult
 	for r := 1; r <= cfg.runs; r++ {
@@ -391,6 +405,7 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 	res.P99Micros = medianOf(res.Rounds, func(r roundResult) float64 { return r.P99Micros })
 	res.LastMicros = medianOf(res.Rounds, func(r roundResult) float64 { return r.LastMicros })
 	res.LoopMicros = medianOf(res.Rounds, func(r roundResult) float64 { return r.LoopMicros })
+	res.HeartbeatsPerRound = medianOf(res.Rounds, func(r roundResult) float64 { return float64(r.Heartbeats) })
 	var frames, bytes int64
 	for _, c := range fl.conns {
 		frames += c.frames.Load()
@@ -422,12 +437,14 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 func fanout(child *childProc, fl *fleet, k int, timeout time.Duration) (roundResult, error) {
 	var rd roundResult
 	var reply publishReply
+	hb := fl.totalHeartbeats()
 	start := time.Now()
 	if err := child.call(http.MethodPost, "/publish", &reply); err != nil {
 		return rd, err
 	}
 	got := fl.waitRound(k, timeout)
 	rd.WaitedSeconds = time.Since(start).Seconds()
+	rd.Heartbeats = fl.totalHeartbeats() - hb
 	rd.LoopMicros = float64(reply.LoopNanos) / 1e3
 	lat := make([]float64, 0, got)
 	for _, c := range fl.conns {
