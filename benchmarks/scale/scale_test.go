@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"flag"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -153,5 +154,47 @@ func TestClientParse(t *testing.T) {
 	}
 	if !c.done.Load() || f.ended.Load() != 1 {
 		t.Errorf("the end of the stream was not seen")
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	cfg, err := parseFlags(nil, flag.ContinueOnError)
+	if err != nil || cfg.conns != 10_000 || cfg.sessions != 200 || cfg.heartbeat != time.Second ||
+		cfg.idle != 10*time.Second || cfg.fanouts != 5 || cfg.runs != 1 || len(cfg.impls) != 2 {
+		t.Fatalf("defaults: %+v, %v", cfg, err)
+	}
+	for _, args := range [][]string{
+		{"-impl", "other"}, {"-conns", "10", "-sessions", "20"}, {"-heartbeat", "0s"}, {"-fanouts", "0"}, {"extra"},
+	} {
+		if _, err := parseFlags(args, flag.ContinueOnError); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+	if err := checkFiles(1 << 40); err == nil || !strings.Contains(err.Error(), "connections are possible") {
+		t.Errorf("checkFiles: %v", err)
+	}
+}
+
+// Two runs give a spread row per metric, the ratio included; one
+// implementation gives no ratio column.
+func TestReportSpread(t *testing.T) {
+	res := func(impl string, stack float64) *implResult {
+		return &implResult{Impl: impl, StackPerConn: stack, Rounds: []roundResult{{}}}
+	}
+	runs := []runResult{
+		{Index: 1, Order: []string{"eventbus", "naive"}, Results: map[string]*implResult{"eventbus": res("eventbus", 2048), "naive": res("naive", 1024)}},
+		{Index: 2, Order: []string{"naive", "eventbus"}, Results: map[string]*implResult{"eventbus": res("eventbus", 3072), "naive": res("naive", 1024)}},
+	}
+	cfg := config{runs: 2, fanouts: 1, impls: []string{"eventbus", "naive"}}
+	var out bytes.Buffer
+	writeSpread(&out, cfg, runs)
+	if want := "| goroutine stacks per conn (StackInuse, after GCs) | 2.0 KiB-3.0 KiB (2.5 KiB) | 1.0 KiB-1.0 KiB (1.0 KiB) | 2.00x-3.00x (2.50x) |"; !strings.Contains(out.String(), want) {
+		t.Errorf("no %q in\n%s", want, out.String())
+	}
+	out.Reset()
+	cfg.impls = []string{"naive"}
+	writeRun(&out, cfg, runResult{Index: 1, Order: []string{"naive"}, Results: runs[0].Results})
+	if strings.Contains(out.String(), "eventbus/naive") || !strings.Contains(out.String(), "| 1.0 KiB |") {
+		t.Errorf("one implementation:\n%s", out.String())
 	}
 }
