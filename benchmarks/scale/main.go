@@ -1,0 +1,169 @@
+//go:build linux
+
+// Command scale measures what idle SSE connections cost a server, and how
+// long one event takes to reach all of them, for eventbus's Handler beside
+// a naive net/http SSE handler, in the same run, on loopback (issue 26).
+// It is Linux only (it reads /proc).
+//
+// Usage, from benchmarks/:
+//
+//	go run ./scale [-conns 10000] [-sessions 200] [-heartbeat 1s] [-idle 10s]
+//	    [-fanouts 5] [-impl both|eventbus|naive] [-runs 1] [-json]
+//	    [-cpuprofile-server FILE] [-stackprofile FILE]
+//
+// # How
+//
+// This process drives the clients. For each implementation it starts
+// itself again as a child process (-serve=eventbus or -serve=naive, an
+// internal flag) that serves only that implementation, so the server's
+// memory and CPU are measured alone. The child serves
+// GET /session/{id}/events for S sessions (s0..s{S-1}, all created at
+// start) on one port, and its control endpoints (GET /stats, POST
+// /publish) on another; it exits when its stdin closes, so it never
+// outlives this process.
+//
+//   - eventbus: an eventbus.Hub holding the sessions and an
+//     eventbus.Handler (Lookup: the hub's LookupRequest; Heartbeat from
+//     -heartbeat; everything else its default).
+//   - naive: a broker per session, the naiveHTTP(false) baseline of the
+//     peer harness (an RWMutex, a buffered channel per client, one Write
+//     and one Flush per batch), with a heartbeat ticker per connection, the
+//     way a naive handler keeps a connection alive. Its frames carry the
+//     same bytes as eventbus's (the same Encoder).
+//
+// The clients are raw TCP connections (one goroutine each) that send an
+// HTTP/1.1 GET and parse the stream minimally; their source addresses
+// change every 10,000 connections (127.0.0.1, 127.0.0.2, ...) so that
+// ports never run out, and at most 200 connect at a time.
+//
+// # What, per implementation, in this order
+//
+//  1. Baseline: the child's stats before any connection.
+//  2. Memory: -conns connections, spread evenly over -sessions; once every
+//     one has its response head (the 200 and the first flush) and 2 s more,
+//     the stats again. Per connection is (after - baseline) / conns, of
+//     StackInuse, HeapInuse, VmRSS and the goroutine count. Before reading
+//     them the child runs runtime.GC at least 3 times, and again while
+//     StackInuse still falls (at most 12): a collection halves a stack
+//     only once, so one collection would leave a stack that grew during
+//     the connect up to twice its steady size ("as found" is StackInuse
+//     before them). RSS is given twice: after the collections, and after
+//     debug.FreeOSMemory (without the free heap pages the runtime has not
+//     yet returned to the OS).
+//  3. Heartbeat CPU: the child's user+system CPU over an idle window of
+//     -idle, in µs per second per 1000 connections; the clients count the
+//     heartbeat lines each connection received in the window (expected:
+//     idle / heartbeat).
+//  4. Fan-out: -fanouts rounds, 500 ms apart, of one event to every
+//     session (one publish per session in a loop in the child, the events
+//     carrying the child's wall clock just before the loop); each round
+//     waits until every connection has its event (at most 30 s: what is
+//     missing then is reported as lost, apart from the latencies). Latency
+//     is from that timestamp to each client's reading of the data line:
+//     the first client, p50, p99 and the last client reached, per round
+//     and their medians over the rounds. Then the memory figures once
+//     more, with the same collections: the stacks and heap per connection
+//     after the fan-outs, what a delivery leaves behind.
+//  5. Every connection closed, the child stopped.
+//
+// The report is a markdown table per run (rows: the figures; columns:
+// eventbus, naive and their ratio), the rounds, and with -json one JSON
+// line per implementation. -runs R repeats the whole comparison R times,
+// alternating which implementation goes first, then gives each figure's
+// spread. -cpuprofile-server FILE makes each child write a CPU profile of
+// the heartbeat window and the fan-outs to FILE-<impl>.ext (FILE-<impl>-runN.ext
+// from the second run); -stackprofile FILE makes it write its goroutine
+// profile (debug=1: one entry per distinct stack) once connected, to find
+// what keeps the stacks deep.
+//
+// The heartbeats differ by design, and that weighs on the fan-out: the
+// naive handler's ticker fires every -heartbeat whatever the stream does,
+// while eventbus's heartbeat comes -heartbeat after the stream's last
+// write, so an event postpones it. With rounds 500 ms apart and a 1 s
+// heartbeat, eventbus writes no heartbeat during the rounds after the
+// first, and the naive handler about conns x (the round's length) /
+// heartbeat of them; the report counts the heartbeats the clients received
+// during each round. To compare the fan-out alone, make the heartbeat
+// longer than the whole run (-heartbeat 1h -idle 2s: the heartbeat CPU is
+// then that of streams with nothing to write).
+//
+// A CPU profile (-cpuprofile-server) costs the child a little CPU of its
+// own, in the heartbeat figure too.
+//
+// Both processes share the machine: the clients' reading is part of every
+// fan-out figure, for both implementations alike. The load average at the
+// start and the end of each measurement is printed with it. Each process
+// needs a descriptor per connection: Go raises the soft RLIMIT_NOFILE to
+// the hard limit at start, and -conns above what that allows is refused
+// with the number that fits.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	if len(os.Args) > 1 && strings.HasPrefix(os.Args[1], "-serve=") {
+		os.Exit(childMain(os.Args[1:]))
+	}
+	cfg, err := parseFlags(os.Args[1:], flag.ExitOnError)
+	if err == nil {
+		cfg.exe, err = os.Executable()
+	}
+	if err == nil {
+		_, err = run(cfg, os.Stdout, os.Stderr)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		os.Exit(1)
+	}
+}
+
+// parseFlags reads the command line into a config.
+func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
+	cfg := config{
+		settle:        2 * time.Second,
+		fanoutTimeout: 30 * time.Second,
+		roundGap:      500 * time.Millisecond,
+		inflight:      200,
+	}
+	fs := flag.NewFlagSet("scale", onError)
+	fs.SetOutput(os.Stderr)
+	fs.IntVar(&cfg.conns, "conns", 10_000, "idle SSE connections to open")
+	fs.IntVar(&cfg.sessions, "sessions", 200, "sessions the connections are spread over")
+	fs.DurationVar(&cfg.heartbeat, "heartbeat", time.Second, "the servers' heartbeat interval")
+	fs.DurationVar(&cfg.idle, "idle", 10*time.Second, "the idle window over which heartbeat CPU is measured")
+	fs.IntVar(&cfg.fanouts, "fanouts", 5, "fan-out rounds (one event to every session each)")
+	impl := fs.String("impl", "both", "implementations to measure: both, eventbus or naive")
+	fs.IntVar(&cfg.runs, "runs", 1, "repeat the whole comparison this many times, alternating the order")
+	fs.BoolVar(&cfg.jsonLines, "json", false, "also print one JSON line per implementation and run")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile-server", "", "write each child's CPU profile of the heartbeat window and the fan-outs to this file (-<impl> added)")
+	fs.StringVar(&cfg.stackProfile, "stackprofile", "", "write each child's goroutine profile, once connected, to this file (-<impl> added)")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	switch *impl {
+	case "both":
+		cfg.impls = []string{"eventbus", "naive"}
+	case "eventbus", "naive":
+		cfg.impls = []string{*impl}
+	default:
+		return cfg, fmt.Errorf("-impl %q: want both, eventbus or naive", *impl)
+	}
+	switch {
+	case fs.NArg() > 0:
+		return cfg, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	case cfg.conns < 1 || cfg.sessions < 1 || cfg.sessions > cfg.conns:
+		return cfg, errors.New("want -conns >= -sessions >= 1")
+	case cfg.heartbeat <= 0 || cfg.idle <= 0:
+		return cfg, errors.New("want a positive -heartbeat and -idle")
+	case cfg.fanouts < 1 || cfg.runs < 1:
+		return cfg, errors.New("want -fanouts >= 1 and -runs >= 1")
+	}
+	return cfg, nil
+}

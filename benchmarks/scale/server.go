@@ -1,0 +1,426 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ssebus/eventbus"
+)
+
+// The child: one implementation's SSE server, and a control server on
+// another port through which the parent reads its stats and makes it
+// publish. It exits when its stdin closes (the parent ended, whatever the
+// way), or on SIGTERM or SIGINT.
+
+// eventType is the type of every published event.
+const eventType = "tick"
+
+// tick is the data of every published event: the server's wall clock, in
+// Unix nanoseconds, just before the publish loop. Clients measure each
+// delivery's latency from it (both processes read the same clock).
+type tick struct {
+	Sent int64 `json:"sent"`
+}
+
+// publisher publishes one event to every session.
+type publisher interface {
+	publishAll(sent int64) error
+}
+
+// childAddrs is the one line a child prints on stdout once it listens.
+type childAddrs struct {
+	SSE     string `json:"sse"`
+	Control string `json:"control"`
+}
+
+// serverStats is what GET /stats answers.
+type serverStats struct {
+	WallNanos int64 `json:"wall_ns"` // time.Now().UnixNano() at the end of the request
+	// RSS is VmRSS, in bytes; with gc=1, after the collections.
+	RSS int64 `json:"rss"`
+	// RSSFreed is VmRSS after debug.FreeOSMemory (gc=1 only): without the
+	// heap pages that are free but not yet returned to the OS.
+	RSSFreed   int64  `json:"rss_freed,omitempty"`
+	HeapInuse  uint64 `json:"heap_inuse"`
+	HeapAlloc  uint64 `json:"heap_alloc"`
+	StackInuse uint64 `json:"stack_inuse"`
+	StackSys   uint64 `json:"stack_sys"`
+	Sys        uint64 `json:"sys"`
+	NumGC      uint32 `json:"num_gc"`
+	// StackInuseBeforeGC is StackInuse as the request found it (gc=1 only),
+	// before the collections shrank the stacks.
+	StackInuseBeforeGC uint64 `json:"stack_inuse_before_gc,omitempty"`
+	GCs                int    `json:"gcs,omitempty"` // collections this request ran
+	Goroutines         int    `json:"goroutines"`
+	CPUMicros          int64  `json:"cpu_us"` // user + system, since the process started
+}
+
+// Stack shrinking: a collection halves the stack of a goroutine that uses
+// less than a quarter of it, once per collection, and frees a stack span
+// only when every stack in it is free. So one runtime.GC leaves stacks that
+// grew during the connect (or a heartbeat) up to twice their steady size.
+// settleGC runs at least minGCs collections and goes on, up to maxGCs,
+// while StackInuse still falls, so that every implementation is measured
+// at its steady state, whatever depth its stacks reached.
+const (
+	minGCs = 3
+	maxGCs = 12
+)
+
+func settleGC() int {
+	var ms runtime.MemStats
+	prev := uint64(0)
+	n := 0
+	for n < maxGCs {
+		runtime.GC()
+		n++
+		runtime.ReadMemStats(&ms)
+		if n >= minGCs && ms.StackInuse >= prev {
+			break
+		}
+		prev = ms.StackInuse
+	}
+	return n
+}
+
+// readRSS returns VmRSS from /proc/self/status, in bytes.
+func readRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("VmRSS:")); ok {
+			f := bytes.Fields(v) // "12345", "kB"
+			if len(f) == 2 && string(f[1]) == "kB" {
+				kb, err := strconv.ParseInt(string(f[0]), 10, 64)
+				if err != nil {
+					return 0, err
+				}
+				return kb << 10, nil
+			}
+		}
+	}
+	return 0, errors.New("no VmRSS line in /proc/self/status")
+}
+
+// cpuMicros returns the process's user and system CPU time, in µs.
+func cpuMicros() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return ru.Utime.Nano()/1000 + ru.Stime.Nano()/1000
+}
+
+func collectStats(gc bool) (serverStats, error) {
+	var st serverStats
+	var ms runtime.MemStats
+	if gc {
+		runtime.ReadMemStats(&ms)
+		st.StackInuseBeforeGC = ms.StackInuse
+		st.GCs = settleGC()
+	}
+	runtime.ReadMemStats(&ms)
+	st.HeapInuse, st.HeapAlloc = ms.HeapInuse, ms.HeapAlloc
+	st.StackInuse, st.StackSys = ms.StackInuse, ms.StackSys
+	st.Sys, st.NumGC = ms.Sys, ms.NumGC
+	st.Goroutines = runtime.NumGoroutine()
+	var err error
+	if st.RSS, err = readRSS(); err != nil {
+		return st, err
+	}
+	if gc {
+		debug.FreeOSMemory()
+		if st.RSSFreed, err = readRSS(); err != nil {
+			return st, err
+		}
+	}
+	st.CPUMicros = cpuMicros()
+	st.WallNanos = time.Now().UnixNano()
+	return st, nil
+}
+
+// busServer is the eventbus implementation: a Hub with every session
+// created at start, and the library's Handler.
+type busServer struct {
+	hub *eventbus.Hub
+	ids []string
+}
+
+func newBusServer(ids []string, perSession int, heartbeat time.Duration) (*busServer, http.Handler, error) {
+	hub, err := eventbus.NewHub(eventbus.HubOptions{
+		// Room for every client of a session, and as many again: a client
+		// that retries its connect may find its first attempt still
+		// subscribed.
+		Bus:         eventbus.Options{MaxSubscribers: max(eventbus.DefaultMaxSubscribers, 2*perSession)},
+		MaxSessions: max(eventbus.DefaultMaxSessions, len(ids)),
+		// The sessions exist before their first subscriber: none may
+		// expire, however long the parent takes to connect.
+		IdleTimeout: -1,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, id := range ids {
+		if _, err := hub.GetOrCreate(id); err != nil {
+			return nil, nil, err
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupRequest, Heartbeat: heartbeat})
+	return &busServer{hub: hub, ids: ids}, mux, nil
+}
+
+func (s *busServer) publishAll(sent int64) error {
+	for _, id := range s.ids {
+		if _, err := s.hub.Publish(id, eventbus.Event{Type: eventType, Data: tick{Sent: sent}}); err != nil {
+			return fmt.Errorf("session %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// naiveServer is the naive implementation: a broker per session.
+type naiveServer struct {
+	brokers []*naiveBroker
+	enc     *eventbus.Encoder
+}
+
+func newNaiveServer(ids []string, heartbeat time.Duration) (*naiveServer, http.Handler, error) {
+	enc, err := eventbus.NewEncoder(eventbus.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	s := &naiveServer{enc: enc}
+	byID := make(map[string]*naiveBroker, len(ids)) // read-only once serving
+	for _, id := range ids {
+		b := &naiveBroker{}
+		s.brokers = append(s.brokers, b)
+		byID[id] = b
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /session/{id}/events", naiveHandler(byID, heartbeat))
+	return s, mux, nil
+}
+
+// publishAll encodes the event once per session, as Hub.Publish does (the
+// same encoder, the same bytes), and builds its frame once per session.
+func (s *naiveServer) publishAll(sent int64) error {
+	for _, b := range s.brokers {
+		e, err := s.enc.Encode(eventbus.Event{Type: eventType, Data: tick{Sent: sent}})
+		if err != nil {
+			return err
+		}
+		id := b.next.Add(1)
+		b.publish(naiveMsg{id: id, data: appendNaiveFrame(nil, id, e)})
+	}
+	return nil
+}
+
+// sessionIDs returns s0..s{n-1}.
+func sessionIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "s" + strconv.Itoa(i)
+	}
+	return ids
+}
+
+// child is a running child's control state.
+type child struct {
+	pub          publisher
+	cpuProfile   string // file for the CPU profile; "" refuses /profile/start
+	stackProfile string // file for the goroutine profile; "" refuses /stackprofile
+
+	mu      sync.Mutex
+	profile *os.File // the CPU profile being written
+}
+
+func (c *child) stopProfile() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.profile == nil {
+		return nil
+	}
+	pprof.StopCPUProfile()
+	err := c.profile.Close()
+	c.profile = nil
+	return err
+}
+
+func (c *child) controlMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) {
+		st, err := collectStats(r.URL.Query().Get("gc") == "1")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		writeJSON(w, st)
+	})
+	mux.HandleFunc("POST /publish", func(w http.ResponseWriter, _ *http.Request) {
+		start := time.Now()
+		sent := start.UnixNano()
+		if err := c.pub.publishAll(sent); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		writeJSON(w, publishReply{Sent: sent, LoopNanos: time.Since(start).Nanoseconds()})
+	})
+	mux.HandleFunc("POST /profile/start", func(w http.ResponseWriter, _ *http.Request) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.cpuProfile == "" || c.profile != nil {
+			http.Error(w, "no profile file, or a profile is running", http.StatusConflict)
+			return
+		}
+		f, err := os.Create(c.cpuProfile)
+		if err == nil {
+			if err = pprof.StartCPUProfile(f); err != nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		c.profile = f
+	})
+	mux.HandleFunc("POST /profile/stop", func(w http.ResponseWriter, _ *http.Request) {
+		if err := c.stopProfile(); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
+	mux.HandleFunc("POST /stackprofile", func(w http.ResponseWriter, _ *http.Request) {
+		if c.stackProfile == "" {
+			http.Error(w, "no stack profile file", http.StatusConflict)
+			return
+		}
+		f, err := os.Create(c.stackProfile)
+		if err == nil {
+			// debug=1: one entry per distinct stack with its count and
+			// every frame, so the handler goroutines of 10,000
+			// connections read as a few entries.
+			err = pprof.Lookup("goroutine").WriteTo(f, 1)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
+	return mux
+}
+
+// publishReply is what POST /publish answers.
+type publishReply struct {
+	Sent      int64 `json:"sent"`    // the events' timestamp, Unix ns
+	LoopNanos int64 `json:"loop_ns"` // how long the publish loop took
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// childMain runs a child with its command line (the -serve flag first) and
+// returns the exit code.
+func childMain(args []string) int {
+	fs := flag.NewFlagSet("scale -serve", flag.ContinueOnError)
+	impl := fs.String("serve", "", "implementation to serve: eventbus or naive")
+	sessions := fs.Int("sessions", 200, "sessions")
+	perSession := fs.Int("per-session", 50, "clients per session the parent will open")
+	heartbeat := fs.Duration("heartbeat", time.Second, "heartbeat interval")
+	cpuProfile := fs.String("cpuprofile", "", "file for the CPU profile /profile/start begins")
+	stackProfile := fs.String("stackprofile", "", "file for the goroutine profile of /stackprofile")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := serveChild(*impl, *sessions, *perSession, *heartbeat, *cpuProfile, *stackProfile); err != nil {
+		fmt.Fprintln(os.Stderr, "scale -serve:", err)
+		return 1
+	}
+	return 0
+}
+
+func serveChild(impl string, sessions, perSession int, heartbeat time.Duration, cpuProfile, stackProfile string) error {
+	if _, err := readRSS(); err != nil {
+		return fmt.Errorf("reading RSS (Linux only): %w", err)
+	}
+	ids := sessionIDs(sessions)
+	var (
+		pub publisher
+		h   http.Handler
+		err error
+	)
+	switch impl {
+	case "eventbus":
+		pub, h, err = newBusServer(ids, perSession, heartbeat)
+	case "naive":
+		pub, h, err = newNaiveServer(ids, heartbeat)
+	default:
+		err = fmt.Errorf("unknown implementation %q", impl)
+	}
+	if err != nil {
+		return err
+	}
+	sseLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	ctlLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	c := &child{pub: pub, cpuProfile: cpuProfile, stackProfile: stackProfile}
+
+	done := make(chan error, 3)
+	go func() {
+		// The parent holds our stdin: EOF means it is gone or done.
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		done <- nil
+	}()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() { <-sig; done <- nil }()
+	// The same server settings for both implementations; the SSE server
+	// is net/http's default but for ReadHeaderTimeout, as in the peer
+	// harness (it arms no timer once the request is read).
+	sseSrv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { done <- fmt.Errorf("SSE server: %w", sseSrv.Serve(sseLn)) }()
+	ctlSrv := &http.Server{Handler: c.controlMux(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { done <- fmt.Errorf("control server: %w", ctlSrv.Serve(ctlLn)) }()
+
+	out := bufio.NewWriter(os.Stdout)
+	if err := json.NewEncoder(out).Encode(childAddrs{SSE: sseLn.Addr().String(), Control: ctlLn.Addr().String()}); err != nil {
+		return err
+	}
+	if err := out.Flush(); err != nil {
+		return err
+	}
+	err = <-done
+	if perr := c.stopProfile(); err == nil {
+		err = perr
+	}
+	return err
+}
