@@ -32,8 +32,8 @@ import (
 // 6.2.
 //
 // The stream writes every ready frame as one batch, with one write and one
-// flush under a write deadline that is cleared after the flush; a write
-// that fails or blocks past it cancels the subscription at once, and a
+// flush under a write deadline (see WriteTimeout); a write that fails or
+// blocks past it cancels the subscription at once, and a
 // client that leaves cancels it promptly. It sends heartbeats while idle,
 // and ends by itself when its Grant's lifetime ends or Revoke names its
 // subject. The response, its framing and the heartbeats are docs/SPEC.md
@@ -79,10 +79,14 @@ type Handler struct {
 	Heartbeat time.Duration
 	// WriteTimeout bounds each write and flush, and on HTTP/1.x the end of
 	// the response net/http writes after the stream ends; 0 means
-	// DefaultWriteTimeout. The deadline is cleared after every batch,
-	// failed or not, and never set once the request's context is done: on
-	// HTTP/2 a deadline left on a stream the client has reset would keep
-	// the stream in memory for the whole WriteTimeout (rapid reset).
+	// DefaultWriteTimeout. On HTTP/2 the deadline is cleared after every
+	// batch, failed or not: a deadline left on a stream the client has
+	// reset would keep the stream in memory for the whole WriteTimeout
+	// (rapid reset). On HTTP/1.x it stays between batches and is set anew
+	// only once older than WriteTimeout/8, so a blocked write fails
+	// between 7/8 of WriteTimeout and WriteTimeout after it started. None
+	// is set once the request's context is done (docs/SPEC.md section
+	// 6.3).
 	WriteTimeout time.Duration
 	// RetryJitter spreads reconnections: each connection's retry: is Retry
 	// plus a random delay in [0, RetryJitter], drawn per connection, so that
@@ -147,12 +151,29 @@ func (h *Handler) retryMillis() int64 {
 // the bus closes, the subscription is evicted or revoked, its lifetime
 // ends, or a write fails or blocks), on the request's goroutine.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The request's checks, Lookup, Authorize and Subscribe run in open,
+	// whose large frame is gone before the stream first waits: between
+	// batches the goroutine holds only net/http's frames, this one and the
+	// loop's few words, so the collector shrinks its stack back to what
+	// net/http alone needs however deep Lookup or Authorize went (a daemon
+	// that logs there grew it to 16 KiB, kept for the stream's life: issue
+	// 26, BENCHMARKS.md).
+	if st := h.open(w, r); st != nil {
+		st.serve()
+	}
+}
+
+// open checks and answers the request, or subscribes and sends the
+// stream's headers and retry: line, and returns the stream to serve. It
+// returns nil when there is no stream to serve (refused, a HEAD, or the
+// first write failed), having undone what it did.
+func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStream) {
 	if !h.precheck(w, r) {
-		return
+		return nil
 	}
 	sq, ok := parseStreamQuery(w, r)
 	if !ok {
-		return
+		return nil
 	}
 	query := sq.query
 
@@ -189,20 +210,38 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		bus, err = h.Lookup(r)
 	}
 	if !h.lookedUp(w, r, bus, err, "") {
-		return
+		return nil
 	}
 
-	var grant Grant
-	var ls *liveStream
+	var (
+		grant     Grant
+		ls        *liveStream
+		sub       *Subscription
+		cancelSub context.CancelFunc
+	)
+	defer func() {
+		// Refused, failed or panicked (in Authorize, say): undo, in the
+		// order the stream's close would.
+		if st == nil {
+			if sub != nil {
+				sub.Close()
+			}
+			if cancelSub != nil {
+				cancelSub()
+			}
+			if ls != nil {
+				h.reg.remove(ls)
+			}
+		}
+	}()
 	if h.Authorize != nil {
 		if r.Method != http.MethodHead {
 			// Filed before Authorize runs, so that a Revoke while it runs
 			// reaches this stream too (see Revoke).
 			ls = h.reg.begin()
-			defer h.reg.remove(ls)
 		}
 		if grant, err = h.Authorize(r, bus); !h.authorized(w, r, grant, err, "") {
-			return
+			return nil
 		}
 		if ls != nil {
 			h.reg.commit(ls, grant.Subject)
@@ -213,38 +252,34 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The headers a GET would get, without subscribing: a HEAD takes
 		// no slot of the bus (and is never refused for a full one).
 		writeStreamHeaders(w, r, bus)
-		return
+		return nil
 	}
 
-	sub, cancelSub, err := subscribeRequest(r, bus, opts)
-	defer cancelSub()
-	if err != nil {
+	if sub, cancelSub, err = subscribeRequest(r, bus, opts); err != nil {
 		writeSubscribeError(w, err, "")
-		return
+		return nil
 	}
-	defer sub.Close()
 
 	writeStreamHeaders(w, r, bus)
 
-	s := h.newStream(w, r)
+	s := &sessionStream{h: h, bus: bus, sub: sub, cancel: cancelSub, ls: ls}
+	s.s.init(h, w, r)
 	if h.EpochIDs {
-		s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
-		s.idPrefix = append(append(append(s.idPrefix, idField...), bus.Epoch()...), ':')
+		s.s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
+		s.s.idPrefix = append(append(append(s.s.idPrefix, idField...), bus.Epoch()...), ':')
 	}
-	if err := s.flushBatch(); err != nil {
-		h.dropBlocked(r.Context(), sub, &s, err)
-		return
+	if err := s.s.flushBatch(); err != nil {
+		h.dropBlocked(r.Context(), sub, &s.s, err)
+		return nil
 	}
-	var ends streamEnds
 	if ls != nil {
-		ends.revoked = ls.revoked
+		s.ends.revoked = ls.revoked
 	}
 	if !grant.Expires.IsZero() {
-		lifetime := time.NewTimer(time.Until(grant.Expires))
-		defer lifetime.Stop()
-		ends.lifetime = lifetime.C
+		s.lifetime = time.NewTimer(time.Until(grant.Expires))
+		s.ends.lifetime = s.lifetime.C
 	}
-	h.serve(r.Context(), bus, sub, &s, ends)
+	return s
 }
 
 // precheck applies the checks that come before anything else, for the
@@ -418,21 +453,22 @@ func writeSubscribeError(w http.ResponseWriter, err error, session string) {
 	writeJSONErrorFor(w, http.StatusInternalServerError, err.Error(), "internal", 0, session)
 }
 
-// newStream returns the batching writer of a response, with this
+// init makes s the batching writer of the response to r, with this
 // connection's retry: line in its buffer (no blank line after it: a block
 // of its own would be an empty event in lenient clients, see the type's
-// doc), ready for its first flushBatch.
-func (h *Handler) newStream(w http.ResponseWriter, r *http.Request) stream {
-	s := stream{
+// doc), ready for its first flushBatch, and its heartbeat timer started.
+func (s *stream) init(h *Handler, w http.ResponseWriter, r *http.Request) {
+	*s = stream{
 		w:       w,
 		rc:      http.NewResponseController(w),
 		ctx:     r.Context(),
 		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
 		http1:   r.ProtoMajor == 1,
 		retry:   h.retryMillis(),
+		idle:    orDefault(h.Heartbeat, DefaultHeartbeat),
 	}
+	s.beat = time.NewTimer(s.idle)
 	s.appendRetry()
-	return s
 }
 
 // refused answers a request that Lookup or Authorize refused with se (its

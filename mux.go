@@ -30,7 +30,7 @@ const DefaultMaxStreamSessions = 32
 //
 // The stream follows the single-session Handler's rules (see Handler):
 // the retry: line with its jitter, heartbeats, one write and one flush per
-// batch under a write deadline that is cleared after the flush, HEAD,
+// batch under a write deadline (Handler.WriteTimeout), HEAD,
 // CORS, the JSON error answers, HTTP/1.1 and HTTP/2 alike, the Grant's
 // lifetime and Revoke. What differs:
 //
@@ -179,17 +179,28 @@ type muxSession struct {
 
 // ServeHTTP implements http.Handler.
 func (m *MuxHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// As Handler.ServeHTTP: the checks run in open, whose frame is gone
+	// before the stream waits.
+	if st := m.open(w, r); st != nil {
+		st.serve()
+	}
+}
+
+// open checks and answers the request, or subscribes to every session and
+// sends the stream's headers and retry: line, and returns the stream to
+// serve; nil when there is none, having undone what it did.
+func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 	h := m.handler()
 	if !h.precheck(w, r) {
-		return
+		return nil
 	}
 	ids, ok := m.sessions(w, r)
 	if !ok {
-		return
+		return nil
 	}
 	sq, ok := parseStreamQuery(w, r)
 	if !ok {
-		return
+		return nil
 	}
 
 	sess := make([]muxSession, len(ids))
@@ -200,13 +211,18 @@ func (m *MuxHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			bus, err = m.Lookup(r, id)
 		}
 		if !h.lookedUp(w, r, bus, err, id) {
-			return
+			return nil
 		}
 		sess[i].id, sess[i].bus = id, bus
 	}
 
-	var ls *liveStream
-	lifetime := -1 // the session whose Grant expires first
+	x := &muxStream{h: h, sess: sess, lifetime: -1}
+	served := false
+	defer func() {
+		if !served { // refused, failed or panicked (in Authorize, say): undo
+			x.close()
+		}
+	}()
 	var expires time.Time
 	authorize := m.Authorize
 	if authorize == nil && h.Authorize != nil {
@@ -215,42 +231,35 @@ func (m *MuxHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if authorize != nil {
 		if r.Method != http.MethodHead {
 			// Filed before the first Authorize, as Handler does.
-			ls = h.reg.begin()
-			defer h.reg.remove(ls)
+			x.ls = h.reg.begin()
 		}
 		subjects := make([]string, 0, len(sess))
 		for i := range sess {
 			grant, err := authorize(r, sess[i].id, sess[i].bus)
 			if !h.authorized(w, r, grant, err, sess[i].id) {
-				return
+				return nil
 			}
 			sess[i].subject = grant.Subject
 			subjects = append(subjects, grant.Subject)
-			if !grant.Expires.IsZero() && (lifetime < 0 || grant.Expires.Before(expires)) {
-				lifetime, expires = i, grant.Expires
+			if !grant.Expires.IsZero() && (x.lifetime < 0 || grant.Expires.Before(expires)) {
+				x.lifetime, expires = i, grant.Expires
 			}
 		}
-		if ls != nil {
-			h.reg.commit(ls, subjects...)
+		if x.ls != nil {
+			h.reg.commit(x.ls, subjects...)
 		}
 	}
 
 	if r.Method == http.MethodHead {
 		writeSSEHeaders(w, r, "Event-Epochs", epochList(sess))
-		return
+		return nil
 	}
 
 	cursor := m.parseCursor(r, h, sq.cursor)
-	group := NewReadyGroup(len(sess))
-	defer func() {
-		for i := range sess {
-			if sess[i].sub != nil {
-				sess[i].sub.Close()
-			}
-		}
-	}()
+	x.group = NewReadyGroup(len(sess))
+	x.cancels = make([]context.CancelFunc, 0, len(sess))
 	for i := range sess {
-		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: group}
+		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: x.group}
 		ms := &sess[i]
 		epoch := ms.bus.Epoch()
 		ms.entry = CursorEntry{Session: SessionTag(ms.id), Epoch: EpochTag(epoch)}
@@ -271,10 +280,10 @@ func (m *MuxHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			opts.Resume, opts.LastEventID, opts.Epoch = true, e.ID, strconv.FormatUint(e.Epoch, 16)
 		}
 		sub, cancel, err := subscribeRequest(r, ms.bus, opts)
-		defer cancel()
+		x.cancels = append(x.cancels, cancel)
 		if err != nil {
-			writeSubscribeError(w, err, ms.id) // the deferred Close ends the others
-			return
+			writeSubscribeError(w, err, ms.id) // the deferred close ends the others
+			return nil
 		}
 		ms.sub = sub
 		ms.member = sessionMember(ms.id)
@@ -282,24 +291,23 @@ func (m *MuxHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	writeSSEHeaders(w, r, "Event-Epochs", epochList(sess))
-	s := h.newStream(w, r)
-	st := muxStream{h: h, sess: sess, group: group, s: &s}
-	st.buildIDLine()
-	if err := s.flushBatch(); err != nil {
-		st.dropAll(r.Context(), err)
-		return
+	x.s.init(h, w, r)
+	x.buildIDLine()
+	if err := x.s.flushBatch(); err != nil {
+		x.dropAll(r.Context(), err)
+		return nil
 	}
-	var ends streamEnds
-	if ls != nil {
-		ends.revoked = ls.revoked
+	if x.ls != nil {
+		x.ends.revoked = x.ls.revoked
 	}
-	if lifetime >= 0 {
-		t := time.NewTimer(time.Until(expires))
-		defer t.Stop()
-		ends.lifetime = t.C
+	if x.lifetime >= 0 {
+		x.lifetimeTimer = time.NewTimer(time.Until(expires))
+		x.ends.lifetime = x.lifetimeTimer.C
 	}
-	st.lifetime, st.ls = max(lifetime, 0), ls
-	st.serve(r.Context(), ends)
+	x.lifetime = max(x.lifetime, 0)
+	x.active = len(sess)
+	served = true
+	return x
 }
 
 // sessions returns the request's session ids, or answers 400
@@ -414,12 +422,26 @@ func epochList(sess []muxSession) string {
 	return b.String()
 }
 
-// muxStream is the serve loop's state.
+// muxStream is a served multiplexed stream: its sessions, what ends it,
+// its writer, and the serve loop's state. It lives on the heap, not in a
+// frame of the request's goroutine (see Handler.ServeHTTP).
 type muxStream struct {
-	h     *Handler
-	sess  []muxSession
-	group *ReadyGroup
-	s     *stream
+	h       *Handler
+	sess    []muxSession
+	group   *ReadyGroup
+	cancels []context.CancelFunc // the subscriptions' contexts (subscribeRequest)
+	s       stream
+	ends    streamEnds
+	end     endCause // how the stream ends by itself, once known
+	active  int      // sessions that have not left
+	// lifetimeTimer is the first Grant's Expires; nil without one.
+	lifetimeTimer *time.Timer
+	// The batch being taken: the frames, the session of each, the
+	// sessions the group woke, those whose subscription ended.
+	frames []Frame
+	owners []int
+	woken  []int
+	ending []int
 	// idLine is "id: " + the cursor + "\n", rewritten one group at a
 	// time: the group of the session whose event is written.
 	idLine []byte
@@ -444,145 +466,176 @@ func (st *muxStream) buildIDLine() {
 	st.idLine = append(st.idLine, '\n')
 }
 
+// close releases what open took, in reverse order.
+func (st *muxStream) close() {
+	if st.lifetimeTimer != nil {
+		st.lifetimeTimer.Stop()
+	}
+	if st.s.beat != nil {
+		st.s.beat.Stop()
+	}
+	for i := len(st.cancels) - 1; i >= 0; i-- {
+		st.cancels[i]()
+	}
+	for i := range st.sess {
+		if st.sess[i].sub != nil {
+			st.sess[i].sub.Close()
+		}
+	}
+	if st.ls != nil {
+		st.h.reg.remove(st.ls)
+	}
+}
+
 // serve is the multiplexed stream loop: take from every session that may
 // have frames, write what was taken as one batch, else wait for the group,
 // the heartbeat, the end of the stream's lifetime, a revocation or the
-// client going away. It is Handler.serve for several subscriptions.
-func (st *muxStream) serve(ctx context.Context, ends streamEnds) {
-	s := st.s
-	defer func() {
-		if p := recover(); p != nil {
-			st.h.logger().LogAttrs(ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-			s.buf = s.buf[:0]
-			st.add(StreamErrorFrame("internal error", ErrorKindInternal), st.current)
-			_ = s.flushBatch()
-		}
-		if !s.lastChunk {
-			s.disarm() // as Handler.serve: no deadline outlives the loop
-		}
-	}()
-	idle := orDefault(st.h.Heartbeat, DefaultHeartbeat)
-	timer := time.NewTimer(idle)
-	defer timer.Stop()
-	var (
-		frames []Frame
-		owners []int // the session of each frame
-		woken  []int
-		ending []int // the sessions whose subscription ended in this batch
-	)
-	active := len(st.sess)
-	end := endNone
+// client going away. It is sessionStream.serve for several subscriptions,
+// with a frame as small.
+func (st *muxStream) serve() {
+	defer st.close()
+	defer st.recoverAndDisarm()
 	for {
-		woken = st.group.Woken(woken[:0])
-		for _, i := range woken {
-			st.sess[i].todo = true // members joined in session order
-		}
-		frames, owners, ending = frames[:0], owners[:0], ending[:0]
-		more := false
-		for i := range st.sess {
-			ms := &st.sess[i]
-			if !ms.todo || ms.left {
-				continue
-			}
-			n := len(frames)
-			var open bool
-			frames, open = ms.sub.TakeReady(frames)
-			for range len(frames) - n {
-				owners = append(owners, i)
-			}
-			ms.pending += len(frames) - n
-			// A take with frames leaves the queue not waiting: it signals
-			// nothing until a take finds it empty, so it is taken from
-			// again before the loop waits.
-			ms.todo = len(frames) > n
-			more = more || ms.todo
-			if !open {
-				ms.left, ms.todo = true, false
-				ending = append(ending, i)
-				active--
-			}
-		}
-		if end == endNone {
-			end = ends.poll() // after the takes, as Handler.serve
-		}
-		if end == endRevoked {
-			for i := range st.sess {
-				st.sess[i].sub.MarkDiscarded(st.sess[i].pending)
-				st.sess[i].pending = 0
-			}
-			clear(frames)
-			frames, owners, ending = frames[:0], owners[:0], ending[:0]
-		}
-		st.reserve(frames, owners)
-		evicted := false
-		for k, f := range frames {
-			i := owners[k]
-			st.current = i
-			if f.ID() != 0 {
-				st.sess[i].entry.ID = f.ID()
-				muxcursor.Put(st.idLine[st.sess[i].group:], muxcursor.Entry(st.sess[i].entry))
-			}
-			st.add(f, i)
-			if f.Terminal() {
-				evicted = evicted || f.Type() == TypeClientEvicted
-				st.sess[i].terminal = true
-			}
-		}
-		clear(frames) // do not pin delivered frames while idle
-		if ctx.Err() == nil {
-			for _, i := range ending {
-				if st.sess[i].terminal {
-					continue
-				}
-				// The bus closed (its own terminal frame, if any, came
-				// above): tell the client this session leaves.
-				f, ok := endErrorFrame(st.sess[i].sub)
-				if !ok {
-					f = st.sess[i].bus.StreamErrorFrame("session closed", ErrorKindClosed)
-				}
-				st.add(f, i)
-			}
-		}
-		switch {
-		case end == endRevoked && ctx.Err() == nil:
-			i := st.revokedSession()
-			st.add(st.sess[i].bus.StreamErrorFrame(revokedMessage, ErrorKindRevoked), i)
-		case end == endLifetime && active > 0 && !evicted:
-			// After what was queued: the client resumes after its cursor.
-			i := st.lifetime
-			st.add(st.sess[i].bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate), i)
-		}
-		if len(s.buf) > 0 || s.pending {
-			if err := s.flushBatch(); err != nil {
-				st.dropAll(ctx, err)
-				return
-			}
-			s.tailField = false // every frame ends with a blank line
-			timer.Reset(idle)
-		}
-		for i := range st.sess {
-			if ms := &st.sess[i]; ms.pending > 0 {
-				ms.sub.MarkWritten(ms.pending)
-				ms.pending = 0
-			}
-		}
-		if evicted || active == 0 || end != endNone {
-			s.armLastChunk()
-			return // the deferred Close ends the subscriptions left
+		more, done := st.batch()
+		if done {
+			return
 		}
 		if more {
 			continue // more may have arrived while writing
 		}
-		var gone bool
-		var err error
-		if end, gone, err = s.wait(ctx, st.group.Ready(), timer, idle, ends); err != nil {
-			st.dropAll(ctx, err)
+		end, gone, err := st.s.wait(st.group.Ready(), st.ends)
+		if err != nil {
+			st.dropAll(st.s.ctx, err)
 			return
 		}
 		if gone {
-			return // the deferred Close cancels without drain
+			return // the deferred close cancels without drain
+		}
+		st.end = end
+	}
+}
+
+// recoverAndDisarm is stream.recoverAndDisarm with the panic's frame
+// naming the session whose frame was being written.
+func (st *muxStream) recoverAndDisarm() {
+	s := &st.s
+	if p := recover(); p != nil {
+		st.h.logger().LogAttrs(s.ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
+		s.buf = s.buf[:0]
+		st.add(StreamErrorFrame("internal error", ErrorKindInternal), st.current)
+		_ = s.flushBatch()
+	}
+	if !s.lastChunk {
+		s.disarm() // as Handler's: no deadline outlives the loop
+	}
+}
+
+// batch takes from every session that may have frames and writes what it
+// took as one batch, with the frames of the sessions that left and the one
+// that ends the stream when it ends by itself. more reports that frames
+// were taken, done that the stream is over.
+//
+//go:noinline
+func (st *muxStream) batch() (more, done bool) {
+	s := &st.s
+	ctx := s.ctx
+	st.woken = st.group.Woken(st.woken[:0])
+	for _, i := range st.woken {
+		st.sess[i].todo = true // members joined in session order
+	}
+	frames, owners, ending := st.frames[:0], st.owners[:0], st.ending[:0]
+	for i := range st.sess {
+		ms := &st.sess[i]
+		if !ms.todo || ms.left {
+			continue
+		}
+		n := len(frames)
+		var open bool
+		frames, open = ms.sub.TakeReady(frames)
+		for range len(frames) - n {
+			owners = append(owners, i)
+		}
+		ms.pending += len(frames) - n
+		// A take with frames leaves the queue not waiting: it signals
+		// nothing until a take finds it empty, so it is taken from again
+		// before the loop waits.
+		ms.todo = len(frames) > n
+		more = more || ms.todo
+		if !open {
+			ms.left, ms.todo = true, false
+			ending = append(ending, i)
+			st.active--
 		}
 	}
+	if st.end == endNone {
+		st.end = st.ends.poll() // after the takes, as Handler's
+	}
+	if st.end == endRevoked {
+		for i := range st.sess {
+			st.sess[i].sub.MarkDiscarded(st.sess[i].pending)
+			st.sess[i].pending = 0
+		}
+		clear(frames)
+		frames, owners, ending = frames[:0], owners[:0], ending[:0]
+	}
+	st.reserve(frames, owners)
+	evicted := false
+	for k, f := range frames {
+		i := owners[k]
+		st.current = i
+		if f.ID() != 0 {
+			st.sess[i].entry.ID = f.ID()
+			muxcursor.Put(st.idLine[st.sess[i].group:], muxcursor.Entry(st.sess[i].entry))
+		}
+		st.add(f, i)
+		if f.Terminal() {
+			evicted = evicted || f.Type() == TypeClientEvicted
+			st.sess[i].terminal = true
+		}
+	}
+	clear(frames) // do not pin delivered frames while idle
+	st.frames, st.owners, st.ending = frames[:0], owners[:0], ending[:0]
+	if ctx.Err() == nil {
+		for _, i := range ending {
+			if st.sess[i].terminal {
+				continue
+			}
+			// The bus closed (its own terminal frame, if any, came
+			// above): tell the client this session leaves.
+			f, ok := endErrorFrame(st.sess[i].sub)
+			if !ok {
+				f = st.sess[i].bus.StreamErrorFrame("session closed", ErrorKindClosed)
+			}
+			st.add(f, i)
+		}
+	}
+	switch {
+	case st.end == endRevoked && ctx.Err() == nil:
+		i := st.revokedSession()
+		st.add(st.sess[i].bus.StreamErrorFrame(revokedMessage, ErrorKindRevoked), i)
+	case st.end == endLifetime && st.active > 0 && !evicted:
+		// After what was queued: the client resumes after its cursor.
+		i := st.lifetime
+		st.add(st.sess[i].bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate), i)
+	}
+	if len(s.buf) > 0 || s.pending {
+		if err := s.flushBatch(); err != nil {
+			st.dropAll(ctx, err)
+			return false, true
+		}
+		s.tailField = false // every frame ends with a blank line
+	}
+	for i := range st.sess {
+		if ms := &st.sess[i]; ms.pending > 0 {
+			ms.sub.MarkWritten(ms.pending)
+			ms.pending = 0
+		}
+	}
+	if evicted || st.active == 0 || st.end != endNone {
+		s.armLastChunk()
+		return false, true // the deferred close ends the subscriptions left
+	}
+	return more, false
 }
 
 // revokedSession is the session a revocation's frame names: the first
@@ -622,7 +675,7 @@ func (st *muxStream) reserve(frames []Frame, owners []int) {
 			need += len(st.idLine)
 		}
 	}
-	if s := st.s; len(s.buf)+need <= maxBatchBuffer {
+	if s := &st.s; len(s.buf)+need <= maxBatchBuffer {
 		s.buf = slices.Grow(s.buf, need)
 	}
 }
@@ -631,7 +684,7 @@ func (st *muxStream) reserve(frames []Frame, owners []int) {
 // with the cursor in place of the frame's own; then the frame's bytes up
 // to its envelope's "{", the session member, and the rest of the frame.
 func (st *muxStream) add(f Frame, i int) {
-	s := st.s
+	s := &st.s
 	s.frames++
 	wire := f.SSE()
 	if s.err != nil || wire == nil {

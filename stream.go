@@ -42,123 +42,171 @@ func (e streamEnds) poll() endCause {
 	}
 }
 
+// sessionStream is one served stream of Handler: its subscription, what
+// ends it, and its writer. It lives on the heap, not in a frame of the
+// request's goroutine (see ServeHTTP).
+type sessionStream struct {
+	h        *Handler
+	bus      *EventBus
+	sub      *Subscription
+	cancel   context.CancelFunc // the subscription's context (subscribeRequest)
+	ls       *liveStream        // its entry for Revoke; nil without Authorize
+	lifetime *time.Timer        // the Grant's Expires; nil without one
+	ends     streamEnds
+	end      endCause // how the stream ends by itself, once known
+	s        stream
+	frames   []Frame // the batch being taken
+}
+
+// close releases what open took, in reverse order.
+func (st *sessionStream) close() {
+	if st.lifetime != nil {
+		st.lifetime.Stop()
+	}
+	st.s.beat.Stop()
+	st.sub.Close()
+	st.cancel()
+	if st.ls != nil {
+		st.h.reg.remove(st.ls)
+	}
+}
+
 // serve is the stream loop: write what is ready as one batch, else wait for
 // frames, the heartbeat, the end of the stream's lifetime, a revocation or
-// the client going away.
-func (h *Handler) serve(ctx context.Context, bus *EventBus, sub *Subscription, s *stream, ends streamEnds) {
-	defer func() {
-		// A bug must not take the daemon down with a half-written stream:
-		// tell the client, log it, and end this stream only.
-		if p := recover(); p != nil {
-			h.logger().LogAttrs(ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-			s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
-			_ = s.flushBatch()
-		}
-		// Whatever the exit, no write deadline of ours outlives the loop
-		// but the last chunk's (see armLastChunk): on HTTP/2 a deadline
-		// armed on a stream the client has reset is a timer that nothing
-		// stops, and it keeps the stream alive for the whole WriteTimeout
-		// (rapid reset, issue 22).
-		if !s.lastChunk {
-			s.disarm()
-		}
-	}()
-	idle := orDefault(h.Heartbeat, DefaultHeartbeat)
-	timer := time.NewTimer(idle)
-	defer timer.Stop()
-	var frames []Frame
-	end := endNone
+// the client going away. Its frame is small on purpose: the work of a batch
+// is in batch, whose frame is gone while the loop waits.
+func (st *sessionStream) serve() {
+	defer st.close()
+	defer st.s.recoverAndDisarm(st.h)
 	for {
-		var open bool
-		// No yield before waiting: between batches the handler writes and
-		// flushes, which gives the publisher time to queue more, and in the
-		// peer harness's tight-publisher runs the yield gave 10x slower
-		// outliers (BENCHMARKS.md).
-		frames, open = sub.TakeReady(frames[:0])
-		if end == endNone {
-			// After the take: a batch taken after Revoke returned is never
-			// written.
-			end = ends.poll()
-		}
-		if end == endRevoked {
-			// Access is gone: what was queued is not written. The client's
-			// cursor stays before it, so nothing is lost should it get
-			// access again.
-			sub.MarkDiscarded(len(frames))
-			clear(frames)
-			frames = frames[:0]
-		}
-		s.reserve(frames)
-		terminal := false
-		for _, f := range frames {
-			s.add(f)
-			terminal = terminal || f.Terminal()
-		}
-		taken := len(frames)
-		clear(frames) // do not pin delivered frames while idle
-		switch {
-		case end == endRevoked && ctx.Err() == nil:
-			s.add(bus.StreamErrorFrame(revokedMessage, ErrorKindRevoked))
-			open = false
-		case end == endLifetime && open:
-			// After what was queued: the client resumes after its last id.
-			s.add(bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
-			open = false
-		case !open && !terminal && ctx.Err() == nil:
-			if f, ok := endErrorFrame(sub); ok {
-				s.add(f)
-			}
-		}
-		if len(s.buf) > 0 || s.pending {
-			if err := s.flushBatch(); err != nil {
-				h.dropBlocked(ctx, sub, s, err)
-				return
-			}
-			s.tailField = false // every frame ends with a blank line
-			timer.Reset(idle)
-		}
-		// Delivered only once written and flushed: the frames of a failed
-		// batch are counted as dropped (blocked) instead, never as both.
-		sub.MarkWritten(taken)
-		if !open || end != endNone {
-			// (A stream ended by itself returns with its subscription
-			// open: the deferred Close ends it, dropping what came after.)
-			s.armLastChunk()
+		more, done := st.batch()
+		if done {
 			return
 		}
-		if taken > 0 {
+		if more {
 			continue // more may have arrived while writing
 		}
-		var gone bool
-		var err error
-		if end, gone, err = s.wait(ctx, sub.Ready(), timer, idle, ends); err != nil {
-			h.dropBlocked(ctx, sub, s, err)
+		end, gone, err := st.s.wait(st.sub.Ready(), st.ends)
+		if err != nil {
+			st.h.dropBlocked(st.s.ctx, st.sub, &st.s, err)
 			return
 		}
 		if gone {
 			return // the deferred Close cancels without drain
 		}
+		st.end = end
 	}
 }
 
-// wait is the serve loop's wait between batches: for frames (ready), the
+// batch takes what is ready and writes it as one batch, with the frame that
+// ends the stream when it ends by itself. more reports that frames were
+// taken (the queue may hold more), done that the stream is over.
+//
+//go:noinline
+func (st *sessionStream) batch() (more, done bool) {
+	s, sub := &st.s, st.sub
+	// No yield before waiting: between batches the handler writes and
+	// flushes, which gives the publisher time to queue more, and in the
+	// peer harness's tight-publisher runs the yield gave 10x slower
+	// outliers (BENCHMARKS.md).
+	frames, open := sub.TakeReady(st.frames[:0])
+	if st.end == endNone {
+		// After the take: a batch taken after Revoke returned is never
+		// written.
+		st.end = st.ends.poll()
+	}
+	if st.end == endRevoked {
+		// Access is gone: what was queued is not written. The client's
+		// cursor stays before it, so nothing is lost should it get
+		// access again.
+		sub.MarkDiscarded(len(frames))
+		clear(frames)
+		frames = frames[:0]
+	}
+	s.reserve(frames)
+	terminal := false
+	for _, f := range frames {
+		s.add(f)
+		terminal = terminal || f.Terminal()
+	}
+	taken := len(frames)
+	clear(frames) // do not pin delivered frames while idle
+	st.frames = frames[:0]
+	gone := s.ctx.Err() != nil
+	switch {
+	case st.end == endRevoked && !gone:
+		s.add(st.bus.StreamErrorFrame(revokedMessage, ErrorKindRevoked))
+		open = false
+	case st.end == endLifetime && open:
+		// After what was queued: the client resumes after its last id.
+		s.add(st.bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
+		open = false
+	case !open && !terminal && !gone:
+		if f, ok := endErrorFrame(sub); ok {
+			s.add(f)
+		}
+	}
+	if len(s.buf) > 0 || s.pending {
+		if err := s.flushBatch(); err != nil {
+			st.h.dropBlocked(s.ctx, sub, s, err)
+			return false, true
+		}
+		s.tailField = false // every frame ends with a blank line
+	}
+	// Delivered only once written and flushed: the frames of a failed
+	// batch are counted as dropped (blocked) instead, never as both.
+	sub.MarkWritten(taken)
+	if !open || st.end != endNone {
+		// (A stream ended by itself returns with its subscription open:
+		// the deferred Close ends it, dropping what came after.)
+		s.armLastChunk()
+		return false, true
+	}
+	return taken > 0, false
+}
+
+// recoverAndDisarm is deferred by a stream loop. A bug must not take the
+// daemon down with a half-written stream: it tells the client, logs it,
+// and ends this stream only. Whatever the exit, no write deadline of ours
+// outlives the loop on HTTP/2 (see armLastChunk for HTTP/1.x): there a
+// deadline armed on a stream the client has reset is a timer that nothing
+// stops, and it keeps the stream alive for the whole WriteTimeout (rapid
+// reset, issue 22).
+func (s *stream) recoverAndDisarm(h *Handler) {
+	if p := recover(); p != nil {
+		h.logger().LogAttrs(s.ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
+		s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
+		_ = s.flushBatch()
+	}
+	if !s.lastChunk {
+		s.disarm()
+	}
+}
+
+// wait is a stream loop's wait between batches: for frames (ready), the
 // heartbeat, which it writes and flushes (err is that flush's), the end of
 // the stream's lifetime or a revocation (end), or the client going away
-// (gone).
-func (s *stream) wait(ctx context.Context, ready <-chan struct{}, timer *time.Timer, idle time.Duration, ends streamEnds) (end endCause, gone bool, err error) {
+// (gone). The heartbeat timer is not reset by every batch, which would
+// cost a timer update per batch: when it fires after a write, it is set
+// again for Heartbeat after that write.
+func (s *stream) wait(ready <-chan struct{}, ends streamEnds) (end endCause, gone bool, err error) {
 	select {
 	case <-ready:
-	case <-timer.C:
+	case <-s.beat.C:
+		if quiet := time.Since(s.wrote); quiet < s.idle {
+			s.beat.Reset(s.idle - quiet)
+			return endNone, false, nil
+		}
 		s.appendHeartbeat()
 		if err := s.flushBatch(); err != nil {
 			return endNone, false, err
 		}
-		timer.Reset(idle)
+		s.beat.Reset(s.idle)
 	case <-ends.lifetime:
 		return endLifetime, false, nil
 	case <-ends.revoked:
 		return endRevoked, false, nil
-	case <-ctx.Done():
+	case <-s.ctx.Done():
 		return endNone, true, nil
 	}
 	return endNone, false, nil
@@ -208,8 +256,8 @@ const heartbeat = ":\n"
 
 // stream batches frames for one response. Every batch is written with one
 // Write when it fits maxBatchBuffer (frames of directWriteSize or more go
-// out from their shared bytes) and flushed once, under one write deadline,
-// which is cleared after the flush.
+// out from their shared bytes) and flushed once, under one write deadline
+// (see arm).
 type stream struct {
 	w  http.ResponseWriter
 	rc *http.ResponseController
@@ -231,9 +279,20 @@ type stream struct {
 	tailField bool
 	err       error // the first write error; later writes are skipped
 	pending   bool  // written since the last flush
-	armed     bool  // a write deadline is set and not yet cleared
+	armed     bool  // this batch's write deadline is set (see arm)
 	lastChunk bool  // the deadline armed is the last chunk's, kept on return
 	frames    int   // frames in this batch
+	// until is the write deadline set on the connection, zero when none:
+	// on HTTP/2 it is cleared after every batch; on HTTP/1.x it stays, and
+	// a batch sets a new one only when it is older than timeout/8 (see
+	// arm). noDeadline: the writer cannot set one (ErrNotSupported).
+	until      time.Time
+	noDeadline bool
+	// idle is the heartbeat interval, beat its timer, wrote the time of
+	// the last batch written (see wait).
+	idle  time.Duration
+	beat  *time.Timer
+	wrote time.Time
 }
 
 const (
@@ -327,10 +386,18 @@ func (s *stream) write(p []byte) {
 	}
 }
 
-// arm sets the batch's write deadline, once per batch. A request whose
-// context is done gets none, and the batch fails with the context's error:
-// the client has gone (or a write failed), and on HTTP/2 a deadline set on a
-// stream already closed is a timer that nothing stops (see disarm).
+// arm sets the batch's write deadline, at the batch's first write, and
+// stamps the batch's time (see wait). On HTTP/2 it is now+timeout, cleared
+// after the flush (see disarm). On HTTP/1.x a deadline on the connection
+// only bounds writes, so it is left set between batches and a batch sets a
+// new one only when the one set is older than timeout/8: a write then
+// fails between 7/8 of the timeout and the timeout after it starts, and a
+// busy stream sets at most eight deadlines per timeout instead of two per
+// batch (each a runtime timer update, 14% of the handler's CPU in a
+// fan-out to 10,000 clients: issue 26). A request whose context is done
+// gets none, and the batch fails with the context's error: the client has
+// gone (or a write failed), and on HTTP/2 a deadline set on a stream
+// already closed is a timer that nothing stops (see disarm).
 func (s *stream) arm() {
 	if s.armed || s.err != nil {
 		return
@@ -340,8 +407,18 @@ func (s *stream) arm() {
 		return
 	}
 	s.armed = true
-	err := s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
-	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+	now := time.Now()
+	s.wrote = now
+	if s.noDeadline || s.http1 && !s.until.IsZero() && s.until.Sub(now) >= s.timeout-s.timeout/8 {
+		return
+	}
+	until := now.Add(s.timeout)
+	switch err := s.rc.SetWriteDeadline(until); {
+	case err == nil:
+		s.until = until
+	case errors.Is(err, http.ErrNotSupported):
+		s.noDeadline = true
+	default:
 		s.err = err
 	}
 }
@@ -353,36 +430,37 @@ func (s *stream) arm() {
 // stops: the clear goes to the connection's serve loop after the set, in
 // order, so it always finds the timer.
 func (s *stream) disarm() {
-	if !s.armed {
+	if s.until.IsZero() {
 		return
 	}
-	s.armed = false
+	s.until = time.Time{}
 	if err := s.rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) && s.err == nil {
 		s.err = err
 	}
 }
 
 // armLastChunk gives net/http's end of an HTTP/1.x response, written after
-// the handler returns (the last chunk), a deadline of its own: without one a
-// client that stopped reading holds the connection for good, and one that
-// expired while the last batch went out would cut the connection right after
-// a terminal frame the client has read. HTTP/2 needs none: the end of its
-// stream is an empty DATA frame, which flow control does not hold, so only a
-// stuck connection can hold it, and a stream's deadline cannot unstick that
-// (its RST_STREAM would wait behind it); armed there after a reset it would
-// only pin the stream. None is armed once the request's context is done.
+// the handler returns (the last chunk), a deadline of its own (the batch's,
+// or a new one as arm decides): without one a client that stopped reading
+// holds the connection for good, and one that expired while the last batch
+// went out would cut the connection right after a terminal frame the client
+// has read. HTTP/2 needs none: the end of its stream is an empty DATA frame,
+// which flow control does not hold, so only a stuck connection can hold it,
+// and a stream's deadline cannot unstick that (its RST_STREAM would wait
+// behind it); armed there after a reset it would only pin the stream. None
+// is armed once the request's context is done.
 func (s *stream) armLastChunk() {
 	if !s.http1 || s.err != nil || s.ctx.Err() != nil {
 		return
 	}
 	s.armed = false
 	s.arm()
-	s.lastChunk = s.armed
+	s.lastChunk = !s.until.IsZero()
 }
 
 // flushBatch writes what is buffered, flushes once, clears the write
-// deadline (also when the batch failed), and returns the first error of
-// the batch.
+// deadline on HTTP/2 (also when the batch failed), and returns the first
+// error of the batch.
 func (s *stream) flushBatch() error {
 	s.write(nil)
 	if s.err == nil && s.pending {
@@ -392,7 +470,10 @@ func (s *stream) flushBatch() error {
 	// while nothing is being written; an idle stream must have none, whatever
 	// Heartbeat and WriteTimeout are. A failed batch clears it too: its
 	// stream may have been reset before the deadline was set (see disarm).
-	s.disarm()
+	if !s.http1 {
+		s.disarm()
+	}
+	s.armed = false
 	s.pending = false
 	if s.err == nil {
 		// On an error the caller still needs the count: the frames of the

@@ -174,34 +174,73 @@ func TestHandlerHeartbeat(t *testing.T) {
 	}
 }
 
+// serveProto is serveMem for a GET of /session/s/events over HTTP/major.
+func serveProto(h *Handler, w http.ResponseWriter, major int) (cancel func(), done <-chan struct{}) {
+	ctx, cancelCtx := context.WithCancel(context.Background())
+	req := httptest.NewRequest(http.MethodGet, "/session/s/events", nil).WithContext(ctx)
+	req.ProtoMajor, req.ProtoMinor = major, 0
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		h.ServeHTTP(w, req)
+	}()
+	return cancelCtx, ch
+}
+
 func TestHandlerWriteDeadline(t *testing.T) {
-	t.Run("every write has a deadline, cleared after its flush", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			logs := &logCapture{}
-			b := newBus(t, logs.capture(Options{}))
-			w := newDeadlineWriter(0)
-			start := time.Now()
-			cancel, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
-			synctest.Wait()
-			time.Sleep(5 * time.Second)
-			publishN(t, b, 1) // a batch at 5s
-			synctest.Wait()
-			time.Sleep(DefaultHeartbeat) // a heartbeat at 20s
-			synctest.Wait()
-			cancel()
-			<-done
-			at := func(d time.Duration) time.Time { return start.Add(d) }
-			require.Equal(t, []deadlineSet{
+	// On HTTP/2 every batch sets a deadline and clears it after its flush:
+	// an idle stream must have none. On HTTP/1.x the deadline stays and a
+	// batch sets a new one only when it is older than WriteTimeout/8.
+	for _, tc := range []struct {
+		major int
+		want  func(at func(time.Duration) time.Time) []deadlineSet
+	}{
+		{2, func(at func(time.Duration) time.Time) []deadlineSet {
+			return []deadlineSet{
 				{at(0), at(DefaultWriteTimeout)},                                 // retry:
 				{at(0), time.Time{}},                                             // cleared
 				{at(5 * time.Second), at(5*time.Second + DefaultWriteTimeout)},   // the batch
 				{at(5 * time.Second), time.Time{}},                               // cleared
-				{at(20 * time.Second), at(20*time.Second + DefaultWriteTimeout)}, // the heartbeat
-				{at(20 * time.Second), time.Time{}},                              // cleared
-			}, w.deadlineSets())
-			require.Equal(t, 3, w.state().writes)
+				{at(6 * time.Second), at(6*time.Second + DefaultWriteTimeout)},   // the next batch
+				{at(6 * time.Second), time.Time{}},                               // cleared
+				{at(21 * time.Second), at(21*time.Second + DefaultWriteTimeout)}, // the heartbeat
+				{at(21 * time.Second), time.Time{}},                              // cleared
+			}
+		}},
+		{1, func(at func(time.Duration) time.Time) []deadlineSet {
+			return []deadlineSet{
+				{at(0), at(DefaultWriteTimeout)},                               // retry:
+				{at(5 * time.Second), at(5*time.Second + DefaultWriteTimeout)}, // the batch: 5s > 30s/8 later
+				// The next batch, 1s later, keeps it: 29s of it are left.
+				{at(21 * time.Second), at(21*time.Second + DefaultWriteTimeout)}, // the heartbeat
+				{at(21 * time.Second), time.Time{}},                              // cleared as the client leaves
+			}
+		}},
+	} {
+		t.Run(fmt.Sprintf("HTTP/%d", tc.major), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				logs := &logCapture{}
+				b := newBus(t, logs.capture(Options{}))
+				w := newDeadlineWriter(0)
+				start := time.Now()
+				cancel, done := serveProto(busHandler(b, logs), w, tc.major)
+				synctest.Wait()
+				time.Sleep(5 * time.Second)
+				publishN(t, b, 1) // a batch at 5s
+				synctest.Wait()
+				time.Sleep(time.Second)
+				publishN(t, b, 1) // a batch at 6s
+				synctest.Wait()
+				time.Sleep(DefaultHeartbeat) // a heartbeat at 21s
+				synctest.Wait()
+				cancel()
+				<-done
+				at := func(d time.Duration) time.Time { return start.Add(d) }
+				require.Equal(t, tc.want(at), w.deadlineSets())
+				require.Equal(t, 4, w.state().writes)
+			})
 		})
-	})
+	}
 
 	for _, tc := range []struct {
 		name      string
@@ -347,8 +386,9 @@ func TestHandlerWriteDeadlineOnExit(t *testing.T) {
 	for _, tc := range []struct {
 		protoMajor int
 		lastChunk  bool
-	}{{1, true}, {2, false}} {
-		t.Run(fmt.Sprintf("the bus closes, HTTP/%d", tc.protoMajor), func(t *testing.T) {
+		closeAt    time.Duration // when the bus closes
+	}{{1, true, 0}, {1, true, 10 * time.Second}, {2, false, 0}} {
+		t.Run(fmt.Sprintf("the bus closes at %v, HTTP/%d", tc.closeAt, tc.protoMajor), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				b := newBus(t, Options{})
 				w := newDeadlineWriter(0)
@@ -356,6 +396,8 @@ func TestHandlerWriteDeadlineOnExit(t *testing.T) {
 				_, done := serve(busHandler(b, &logCapture{}), w, tc.protoMajor)
 				synctest.Wait()
 				publishN(t, b, 1)
+				synctest.Wait()
+				time.Sleep(tc.closeAt)
 				require.NoError(t, b.Close())
 				<-done
 				sets := w.deadlineSets()
@@ -363,9 +405,13 @@ func TestHandlerWriteDeadlineOnExit(t *testing.T) {
 					cleared(t, sets)
 					return
 				}
-				require.Equal(t, deadlineSet{start, start.Add(DefaultWriteTimeout)}, sets[len(sets)-1],
-					"net/http's last chunk has a deadline of its own: %v", sets)
-				require.Zero(t, sets[len(sets)-2].deadline, "after the last batch's was cleared")
+				// The deadline the last batch left stays for net/http's last
+				// chunk, or a new one when that is older than WriteTimeout/8.
+				want := []deadlineSet{{start, start.Add(DefaultWriteTimeout)}}
+				if tc.closeAt > DefaultWriteTimeout/8 {
+					want = append(want, deadlineSet{start.Add(tc.closeAt), start.Add(tc.closeAt + DefaultWriteTimeout)})
+				}
+				require.Equal(t, want, sets, "net/http's last chunk has a deadline, never a cleared one")
 			})
 		})
 	}
