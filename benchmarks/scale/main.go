@@ -143,7 +143,6 @@ func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
 	fs.IntVar(&cfg.runs, "runs", 1, "repeat the whole comparison this many times, alternating the order")
 	fs.BoolVar(&cfg.jsonLines, "json", false, "also print one JSON line per implementation and run")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile-server", "", "write each child's CPU profile of the heartbeat window and the fan-outs to this file (-<impl> added)")
-	fs.BoolVar(&cfg.daemon, "daemon", false, "serve eventbus as cmd/sessiond does: behind internal/daemon.JSONErrors, with a Lookup that logs every stream it opens through log/slog to a file")
 	fs.StringVar(&cfg.stackProfile, "stackprofile", "", "write each child's goroutine profile, once connected, to this file (-<impl> added)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

@@ -102,9 +102,6 @@ func writeRun(w io.Writer, cfg config, rr runResult) {
 	fmt.Fprintf(w, "%s; %d connections over %d sessions, heartbeat %v, idle window %v, %d fan-outs; %s/%s, %d CPUs, %s.\n",
 		time.Now().Format("2006-01-02 15:04"), cfg.conns, cfg.sessions, cfg.heartbeat, cfg.idle, cfg.fanouts,
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
-	if cfg.daemon {
-		fmt.Fprintln(w, "eventbus is served as cmd/sessiond serves it (-daemon): behind internal/daemon.JSONErrors, with a Lookup that logs every stream through log/slog.")
-	}
 	for _, impl := range rr.Order {
 		r := rr.Results[impl]
 		fmt.Fprintf(w, "%s: load average %s at its start, %s at its end; connected in %.1f s; %d GCs before the memory figures.\n",

@@ -33,7 +33,6 @@ type config struct {
 	roundGap        time.Duration // between fan-out rounds
 	inflight        int           // connects in flight
 	jsonLines       bool
-	daemon          bool   // eventbus served as cmd/sessiond serves it (see newBusServer)
 	cpuProfile      string // the child's CPU profile file (per impl and run)
 	stackProfile    string // the child's goroutine profile file (per impl and run)
 
@@ -214,7 +213,6 @@ func startChild(cfg config, impl string, run int) (*childProc, error) {
 		"-sessions", strconv.Itoa(cfg.sessions),
 		"-per-session", strconv.Itoa(perSession),
 		"-heartbeat", cfg.heartbeat.String(),
-		"-daemon=" + strconv.FormatBool(cfg.daemon),
 	}
 	if p := profilePath(cfg.cpuProfile, impl, run); p != "" {
 		args = append(args, "-cpuprofile", p)

@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -24,7 +23,6 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
-	"github.com/ssebus/eventbus/internal/daemon"
 )
 
 // The child: one implementation's SSE server, and a control server on
@@ -162,19 +160,13 @@ func collectStats(gc bool) (serverStats, error) {
 }
 
 // busServer is the eventbus implementation: a Hub with every session
-// created at start, and the library's Handler. With asDaemon it is served
-// the way cmd/sessiond serves it, where a daemon's own work runs on the
-// stream's goroutine before the stream starts: behind the daemon's
-// JSONErrors middleware, with a Lookup that logs every stream it opens
-// through a log/slog text handler writing to a file (sessiond logs
-// "stream opened" to stderr). That work grows the goroutine's stack, which
-// the stream then keeps unless the collector can shrink it (issue 26).
+// created at start, and the library's Handler.
 type busServer struct {
 	hub *eventbus.Hub
 	ids []string
 }
 
-func newBusServer(ids []string, perSession int, heartbeat time.Duration, asDaemon bool) (*busServer, http.Handler, error) {
+func newBusServer(ids []string, perSession int, heartbeat time.Duration) (*busServer, http.Handler, error) {
 	hub, err := eventbus.NewHub(eventbus.HubOptions{
 		// Room for every client of a session, and as many again: a client
 		// that retries its connect may find its first attempt still
@@ -194,28 +186,7 @@ func newBusServer(ids []string, perSession int, heartbeat time.Duration, asDaemo
 		}
 	}
 	mux := http.NewServeMux()
-	lookup := hub.LookupRequest
-	if asDaemon {
-		logFile, err := os.CreateTemp("", "scale-daemon-*.log")
-		if err != nil {
-			return nil, nil, err
-		}
-		// Removed now: the open file is all the logger needs.
-		_ = os.Remove(logFile.Name())
-		logger := slog.New(slog.NewTextHandler(logFile, nil))
-		lookup = func(r *http.Request) (*eventbus.EventBus, error) {
-			bus, err := hub.LookupRequest(r)
-			if err == nil {
-				logger.Info("stream opened", "session", r.PathValue("id"), "epoch", bus.Epoch(),
-					"lastEventId", r.Header.Get("Last-Event-ID"), "remote", r.RemoteAddr)
-			}
-			return bus, err
-		}
-	}
-	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: lookup, Heartbeat: heartbeat})
-	if asDaemon {
-		return &busServer{hub: hub, ids: ids}, daemon.JSONErrors(mux), nil
-	}
+	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupRequest, Heartbeat: heartbeat})
 	return &busServer{hub: hub, ids: ids}, mux, nil
 }
 
@@ -380,20 +351,19 @@ func childMain(args []string) int {
 	sessions := fs.Int("sessions", 200, "sessions")
 	perSession := fs.Int("per-session", 50, "clients per session the parent will open")
 	heartbeat := fs.Duration("heartbeat", time.Second, "heartbeat interval")
-	asDaemon := fs.Bool("daemon", false, "serve eventbus as cmd/sessiond does")
 	cpuProfile := fs.String("cpuprofile", "", "file for the CPU profile /profile/start begins")
 	stackProfile := fs.String("stackprofile", "", "file for the goroutine profile of /stackprofile")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := serveChild(*impl, *sessions, *perSession, *heartbeat, *asDaemon, *cpuProfile, *stackProfile); err != nil {
+	if err := serveChild(*impl, *sessions, *perSession, *heartbeat, *cpuProfile, *stackProfile); err != nil {
 		fmt.Fprintln(os.Stderr, "scale -serve:", err)
 		return 1
 	}
 	return 0
 }
 
-func serveChild(impl string, sessions, perSession int, heartbeat time.Duration, asDaemon bool, cpuProfile, stackProfile string) error {
+func serveChild(impl string, sessions, perSession int, heartbeat time.Duration, cpuProfile, stackProfile string) error {
 	if _, err := readRSS(); err != nil {
 		return fmt.Errorf("reading RSS (Linux only): %w", err)
 	}
@@ -405,7 +375,7 @@ func serveChild(impl string, sessions, perSession int, heartbeat time.Duration, 
 	)
 	switch impl {
 	case "eventbus":
-		pub, h, err = newBusServer(ids, perSession, heartbeat, asDaemon)
+		pub, h, err = newBusServer(ids, perSession, heartbeat)
 	case "naive":
 		pub, h, err = newNaiveServer(ids, heartbeat)
 	default:
