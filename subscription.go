@@ -51,6 +51,10 @@ type Subscription struct {
 
 	warnFrames, resetFrames, warnBytes, resetBytes float64
 
+	// batching is the consumer's own (see take): its last take that
+	// found frames found more than one.
+	batching bool
+
 	stop     func() bool // stops watching the context; nil if none
 	released atomic.Bool
 	endErr   atomic.Pointer[error]
@@ -233,10 +237,12 @@ func (s *Subscription) Ready() <-chan struct{} { return s.q.ready }
 // consumer that holds on to many of them holds them outside its caps. One
 // consumer at a time.
 //
-// AppendReady never blocks. When nothing is ready it yields the processor
-// once (runtime.Gosched) and looks again before it returns no frames, so a
-// consumer that keeps up with its publisher takes frames in batches instead
-// of being woken for every one. Under OverflowCatchUp a subscriber that is
+// AppendReady never blocks. When nothing is ready and its last call that
+// found frames found several (its publisher outpaces its wake-ups), it
+// yields the processor once (runtime.Gosched) and looks again before it
+// returns no frames, so that it takes frames in batches instead of being
+// woken for every one; a consumer that finds one frame at a time returns
+// at once, to wait for the next. Under OverflowCatchUp a subscriber that is
 // behind gets, once its queue is drained, the next events from the ring, up
 // to its caps per call.
 func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
@@ -286,19 +292,31 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 	if s.lagging.Load() {
 		return s.takeBehind(dst, sizes)
 	}
-	if !yield {
+	if !yield || !s.batching {
+		// A consumer whose takes find one frame at a time keeps up with
+		// its publisher: it declares itself waiting as soon as a take
+		// finds nothing, and the next push hands it the processor, as a
+		// channel send hands it to a waiting receiver. Yielding first (as
+		// below) would send it through the global run queue after every
+		// frame, where the other processor may take a batch of such
+		// consumers and run them late: with 64 consumers of 10,000
+		// events/s and a publisher that yields while it waits, 5-20% of
+		// deliveries took over a millisecond (issue 26).
 		frames, open = s.q.take(dst, true, math.MaxInt, sizes)
 	} else if frames, open = s.q.take(dst, false, math.MaxInt, sizes); len(frames) == len(dst) && open {
-		// Nothing ready. Declaring the consumer waiting now would make the
-		// next push wake it, and a consumer that keeps up would be woken
-		// once per frame: a park and a wake-up cost more than the frame.
-		// Yield once instead, so the publisher (or the other consumers)
-		// can run, and look again; only a second empty look declares it
-		// waiting. With nothing else to run, Gosched returns at once.
-		// This halved the cost per delivery at 64 and 1000 subscribers
-		// (BENCHMARKS.md).
+		// Nothing ready, for a consumer whose last take found several
+		// frames: its publisher is faster than its wake-ups. Declaring it
+		// waiting now would make the next push wake it, once per frame: a
+		// park and a wake-up cost more than the frame. Yield once instead,
+		// so the publisher (or the other consumers) can run, and look
+		// again; only a second empty look declares it waiting. With
+		// nothing else to run, Gosched returns at once. This halved the
+		// cost per delivery at 64 and 1000 subscribers (BENCHMARKS.md).
 		runtime.Gosched()
 		frames, open = s.q.take(dst, true, math.MaxInt, sizes)
+	}
+	if n := len(frames) - len(dst); n > 0 {
+		s.batching = n > 1
 	}
 	if open && len(frames) == len(dst) && s.lagging.Load() {
 		// It fell behind while this take found its queue empty (a batch

@@ -4,6 +4,7 @@ package benchkit
 
 import (
 	"math/bits"
+	"runtime"
 	"time"
 )
 
@@ -46,14 +47,46 @@ func (h *Hist) Quantile(q float64) time.Duration {
 	want, acc := uint64(q*float64(n)), uint64(0)
 	for i, c := range h.b {
 		if acc += c; acc > want {
-			e, m := i/8, uint64(i%8)
-			if e < 3 {
-				return time.Duration(1) << e
-			}
-			return time.Duration((8 + m) << (e - 3))
+			return lower(i)
 		}
 	}
 	return 0
+}
+
+// lower returns the lower bound of bucket i.
+func lower(i int) time.Duration {
+	e, m := i/8, uint64(i%8)
+	if e < 3 {
+		return time.Duration(1) << e
+	}
+	return time.Duration((8 + m) << (e - 3))
+}
+
+// Max returns the lower bound of the highest bucket that counts anything,
+// or 0 when h is empty.
+func (h *Hist) Max() time.Duration {
+	for i := len(h.b) - 1; i >= 0; i-- {
+		if h.b[i] != 0 {
+			return lower(i)
+		}
+	}
+	return 0
+}
+
+// Above returns the share of the counts (0 to 1) in buckets whose lower
+// bound is at least d, or 0 when h is empty.
+func (h *Hist) Above(d time.Duration) float64 {
+	var n, above uint64
+	for i, c := range h.b {
+		n += c
+		if lower(i) >= d {
+			above += c
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(above) / float64(n)
 }
 
 // Pace waits until due (the time since base an event is due): spinning, the
@@ -61,12 +94,63 @@ func (h *Hist) Quantile(q float64) time.Duration {
 // sleeping to the next millisecond after due, so that every event due by
 // then goes out at once (about rate/1000 at a time).
 func Pace(base time.Time, due time.Duration, burst bool) {
-	if !burst {
+	if burst {
+		Wait(base, due, Burst)
+	} else {
+		Wait(base, due, Spin)
+	}
+}
+
+// Pacer is how a paced publisher waits for its next event.
+type Pacer uint8
+
+const (
+	// Spin busy-waits: the publisher never leaves its processor.
+	Spin Pacer = iota
+	// Burst sleeps to the next millisecond after the event is due: every
+	// event due by then goes out at once.
+	Burst
+	// Sleep sleeps until the event is due, one event at a time: a
+	// publisher that is woken for each event (a timer, a request).
+	Sleep
+	// Yield calls runtime.Gosched until the event is due: the publisher
+	// keeps its processor busy, but lets every runnable goroutine run
+	// between its looks at the clock.
+	Yield
+)
+
+// String is the pacer's name in benchmark names.
+func (p Pacer) String() string {
+	switch p {
+	case Spin:
+		return "spin"
+	case Burst:
+		return "burst"
+	case Sleep:
+		return "sleep"
+	case Yield:
+		return "yield"
+	}
+	return "unknown"
+}
+
+// Wait waits until due (the time since base an event is due) as p says.
+func Wait(base time.Time, due time.Duration, p Pacer) {
+	switch p {
+	case Burst:
+		if now := time.Since(base); now < due {
+			time.Sleep(due - now + time.Millisecond - (due-now)%time.Millisecond)
+		}
+	case Sleep:
+		if now := time.Since(base); now < due {
+			time.Sleep(due - now)
+		}
+	case Yield:
+		for time.Since(base) < due {
+			runtime.Gosched()
+		}
+	default:
 		for time.Since(base) < due {
 		}
-		return
-	}
-	if now := time.Since(base); now < due {
-		time.Sleep(due - now + time.Millisecond - (due-now)%time.Millisecond)
 	}
 }

@@ -34,6 +34,23 @@ func TestQuantiles(t *testing.T) {
 	}
 }
 
+func TestMaxAndAbove(t *testing.T) {
+	var h Hist
+	if h.Max() != 0 || h.Above(time.Millisecond) != 0 {
+		t.Fatal("an empty Hist has no max and nothing above")
+	}
+	for range 99 {
+		h.Add(int64(50 * time.Microsecond))
+	}
+	h.Add(int64(3 * time.Millisecond))
+	if m := h.Max(); m > 3*time.Millisecond || m < 3*time.Millisecond*7/8 {
+		t.Errorf("Max %v, want 3ms within a bucket", m)
+	}
+	if a := h.Above(time.Millisecond); a != 0.01 {
+		t.Errorf("Above(1ms) %v, want 0.01", a)
+	}
+}
+
 func TestPace(t *testing.T) {
 	base := time.Now()
 	Pace(base, 2*time.Millisecond, false)
@@ -44,5 +61,12 @@ func TestPace(t *testing.T) {
 	Pace(base, 1500*time.Microsecond, true)
 	if time.Since(base) < 2*time.Millisecond {
 		t.Fatal("a burst pace sleeps to the next millisecond after due")
+	}
+	for _, p := range []Pacer{Spin, Burst, Sleep, Yield} {
+		base = time.Now()
+		Wait(base, time.Millisecond, p)
+		if time.Since(base) < time.Millisecond {
+			t.Fatalf("%v returned early", p)
+		}
 	}
 }
