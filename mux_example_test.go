@@ -1,14 +1,13 @@
 package eventbus_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/sseclient"
 )
 
 // A daemon serves each session's stream and, for pages that watch several
@@ -36,21 +35,22 @@ func ExampleMuxHandler() {
 	defer resp.Body.Close()
 	_, _ = hub.Publish("chat", eventbus.Event{Type: "message", Data: "hello"})
 
-	lines := bufio.NewScanner(resp.Body)
-	for lines.Scan() {
-		if id, ok := strings.CutPrefix(lines.Text(), "id: "); ok {
-			cursor, _ := eventbus.ParseCursor(id)
-			chat, _ := cursor.Entry("chat")
-			build, _ := cursor.Entry("build")
-			fmt.Println("cursor: chat at", chat.ID, "build at", build.ID)
-		}
-		if data, ok := strings.CutPrefix(lines.Text(), "data: "); ok {
-			var env struct{ Session, Type, Data string }
-			_ = json.Unmarshal([]byte(data), &env)
-			fmt.Println(env.Session, env.Type, env.Data)
-			break
-		}
+	stream := sseclient.NewParser(resp.Body)
+	m, err := stream.Next()
+	for err == nil && m.Kind != sseclient.KindEvent { // the retry field
+		m, err = stream.Next()
 	}
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	cursor, _ := eventbus.ParseCursor(m.ID)
+	chat, _ := cursor.Entry("chat")
+	build, _ := cursor.Entry("build")
+	fmt.Println("cursor: chat at", chat.ID, "build at", build.ID)
+	var env struct{ Session, Type, Data string }
+	_ = json.Unmarshal(m.Data, &env)
+	fmt.Println(env.Session, env.Type, env.Data)
 	// Output:
 	// cursor: chat at 1 build at 0
 	// chat message hello
