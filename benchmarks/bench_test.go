@@ -125,11 +125,5 @@ func readSSEParser(body io.Reader, s *sink) string {
 			errored = true
 		}
 	}
-	switch {
-	case evicted:
-		return "evicted"
-	case errored:
-		return "stream_error"
-	}
-	return "closed"
+	return endReason(evicted, errored)
 }

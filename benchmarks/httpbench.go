@@ -181,6 +181,12 @@ func readSSE(body io.Reader, s *sink) string {
 			evType = append(evType[:0], value...)
 		}
 	}
+	return endReason(evicted, errored)
+}
+
+// endReason is why a stream read to its end ended: the library evicted the
+// client or ended the stream with an error, or it just closed.
+func endReason(evicted, errored bool) string {
 	switch {
 	case evicted:
 		return "evicted"
