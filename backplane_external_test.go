@@ -1,11 +1,9 @@
 package eventbus_test
 
 import (
-	"bufio"
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/sseclient"
 )
 
 // A small backplane written with the public API alone, as a NATS, Kafka or
@@ -210,14 +209,18 @@ func TestExternalBackplaneThroughTheHandler(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	assert.Equal(t, l.Epoch(), resp.Header.Get("Event-Epoch"))
-	sc := bufio.NewScanner(resp.Body)
+	p := sseclient.NewParser(resp.Body)
 	var ids []string
-	for sc.Scan() && len(ids) < 4 {
-		line := sc.Text()
-		if id, ok := strings.CutPrefix(line, "id: "); ok {
-			ids = append(ids, id)
+	for len(ids) < 4 {
+		m, err := p.Next()
+		require.NoError(t, err, "the stream ended after ids %v", ids)
+		if m.Kind != sseclient.KindEvent {
+			continue
 		}
-		if line == "event: "+eventbus.TypeReplayComplete {
+		if m.HasID {
+			ids = append(ids, m.ID)
+		}
+		if m.Type == eventbus.TypeReplayComplete {
 			a.publish(t, l, "live")
 		}
 	}

@@ -4,8 +4,9 @@ package eventbus
 // runs (-short, EVENTBUS_LONG=1), the fixed and the fake clock, the bus
 // constructor, the log capture, the SSE reader and client (on the
 // repository's own sseclient.Parser), the Handler's test environment and
-// writers, the queue's test accessors, the Hub's constructors, the one
-// wait helper (waitClosed), and the one in-memory backplane Log (memLog).
+// writers, HTTP/2 on the fake clock (h2c over in-memory pipes), the queue's
+// test accessors, the Hub's constructors, the one wait helper
+// (waitClosed), and the one in-memory backplane Log (memLog).
 // A helper that the tests of more than one code file use lives here; one
 // that serves a single file's tests lives in that file.
 
@@ -31,6 +32,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ssebus/eventbus/internal/pipenet"
 	"github.com/ssebus/eventbus/sseclient"
 )
 
@@ -1149,6 +1151,99 @@ func hdr(kv ...string) http.Header {
 		h.Add(kv[i], kv[i+1])
 	}
 	return h
+}
+
+// ---------------------------------------------------------------------------
+// HTTP/2 on the fake clock: an h2c (prior knowledge) server and client from
+// the standard library, connected by in-memory pipes inside a synctest
+// bubble, so that deadlines, heartbeats and idle periods of minutes take no
+// time and fire exactly.
+
+// h2cServe serves h on an h2c server inside the current synctest bubble and
+// returns its listener; cleanup closes the server and waits for it.
+func h2cServe(t *testing.T, h http.Handler) *pipenet.Listener {
+	ln := pipenet.Listen()
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: h, Protocols: &p}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-served
+	})
+	return ln
+}
+
+// h2cEnv serves h as h2cServe does and returns a client that speaks
+// HTTP/2 with prior knowledge. Cleanup closes both, so the bubble's
+// goroutines end.
+func h2cEnv(t *testing.T, h http.Handler) *http.Client {
+	ln := h2cServe(t, h)
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &p, DialContext: ln.DialContext}
+	t.Cleanup(tr.CloseIdleConnections) // before the server closes
+	return &http.Client{Transport: tr}
+}
+
+// h2Stream opens the handler's stream over client and reads it through the
+// strict parser on a goroutine of the bubble; records arrive on the
+// returned channel, which is closed with the read error at the end.
+func h2Stream(t *testing.T, client *http.Client, hdr http.Header) (recs <-chan sseRecord, end func() error, cancel func()) {
+	return h2StreamAt(t, client, "/session/s/events", hdr)
+}
+
+// h2StreamAt is h2Stream for the stream at path.
+func h2StreamAt(t *testing.T, client *http.Client, path string, hdr http.Header) (recs <-chan sseRecord, end func() error, cancel func()) {
+	ctx, cancelReq := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://pipe"+path, nil)
+	require.NoError(t, err)
+	for k, vs := range hdr {
+		req.Header[k] = vs
+	}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, 2, resp.ProtoMajor)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	ch := make(chan sseRecord, 1024)
+	var readErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(ch)
+		defer resp.Body.Close()
+		r := newSSEReader(resp.Body)
+		for {
+			rec, err := r.next()
+			if err != nil {
+				readErr = err
+				return
+			}
+			ch <- rec
+		}
+	}()
+	t.Cleanup(func() { cancelReq(); <-done })
+	return ch, func() error { <-done; return readErr }, cancelReq
+}
+
+// drain returns the records that have arrived, without waiting.
+func drain(ch <-chan sseRecord) []sseRecord {
+	var out []sseRecord
+	for {
+		select {
+		case r, ok := <-ch:
+			if !ok {
+				return out
+			}
+			out = append(out, r)
+		default:
+			return out
+		}
+	}
 }
 
 // ---------------------------------------------------------------------------

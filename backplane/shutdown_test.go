@@ -1,33 +1,36 @@
 package backplane
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/sseclient"
 )
 
-// streamTail reads an SSE response to its end and returns the data lines
-// of its frames, in order.
+// streamTail reads an SSE response to its end and returns the data of its
+// events, in order.
 func streamTail(t *testing.T, resp *http.Response) []string {
 	t.Helper()
 	var out []string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-			out = append(out, d)
+	p := sseclient.NewParser(resp.Body)
+	for {
+		m, err := p.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("reading the stream: %v", err)
+		}
+		if m.Kind == sseclient.KindEvent {
+			out = append(out, string(m.Data))
 		}
 	}
-	if err := sc.Err(); err != nil {
-		t.Fatalf("reading the stream: %v", err)
-	}
-	return out
 }
 
 // Close is a replica going away: every stream of every mirror gets what

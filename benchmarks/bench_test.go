@@ -1,9 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ssebus/eventbus/sseclient"
 )
 
 // BenchmarkFanout runs the in-process fan-out workload for every library and
@@ -58,4 +64,66 @@ func benchName(s string) string {
 		}
 	}
 	return string(out)
+}
+
+// BenchmarkReadSSE is why the HTTP scenario's clients parse with readSSE
+// and not with sseclient.Parser, the reader of every other test: the cost
+// of reading one event of the scenario's stream with each, in the process
+// being measured. Compare with benchstat:
+//
+//	go test -run '^$' -bench ReadSSE -count 8 > new.txt
+func BenchmarkReadSSE(b *testing.B) {
+	const n = 2000
+	var in []byte
+	for id := uint64(1); id <= n; id++ {
+		in = appendSSEFrame(in, naiveMsg{id: id, data: newEnvelope(id)})
+	}
+	for _, r := range []struct {
+		name string
+		read func(io.Reader, *sink) string
+	}{{"readSSE", readSSE}, {"sseclient.Parser", readSSEParser}} {
+		b.Run("reader="+r.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(in)))
+			for b.Loop() {
+				sinks, _ := newSinks(1, n, -1)
+				if end := r.read(bytes.NewReader(in), sinks[0]); end != "closed" || !sinks[0].complete {
+					b.Fatalf("%s, %d events", end, sinks[0].got)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/event")
+		})
+	}
+}
+
+// readSSEParser is readSSE written on sseclient.Parser: BenchmarkReadSSE's
+// yardstick and TestReadSSE's reference.
+func readSSEParser(body io.Reader, s *sink) string {
+	p := sseclient.NewParser(body)
+	var evicted, errored bool
+	for {
+		m, err := p.Next()
+		if err != nil {
+			if errors.Is(err, sseclient.ErrEventTooLarge) {
+				return "protocol: event too large"
+			}
+			break
+		}
+		if m.Kind != sseclient.KindEvent {
+			continue
+		}
+		if id, err := strconv.ParseUint(m.ID, 10, 64); m.HasID && err == nil {
+			s.see(id)
+			continue
+		}
+		switch m.Type {
+		case "client_evicted":
+			evicted = true
+		case "slow_client_warning":
+			s.warnings++
+		case "stream_error":
+			errored = true
+		}
+	}
+	return endReason(evicted, errored)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -178,16 +179,35 @@ func TestStallScenario(t *testing.T) {
 	}
 }
 
+// readSSE, the HTTP scenario's hand-written reader, reads what
+// sseclient.Parser reads on streams with LF or CRLF line ends (every server
+// of the scenario writes LF): the same ids, warnings and end.
 func TestReadSSE(t *testing.T) {
-	in := "retry: 3000\n\n: heartbeat\n\nid: 1\nevent: bench\ndata: {}\n\n" +
-		"event: slow_client_warning\ndata: {}\n\n" +
-		"id:2\r\ndata: x\r\n\r\n" +
-		"event: client_evicted\ndata: {}\n\n"
-	sinks, _ := newSinks(1, 5, -1)
-	reason := readSSE(strings.NewReader(in), sinks[0])
-	s := sinks[0]
-	if reason != "evicted" || s.got != 2 || s.next != 3 || s.warnings != 1 {
-		t.Fatalf("reason %q got %d next %d warnings %d", reason, s.got, s.next, s.warnings)
+	streams := []struct {
+		in, end string
+		got     uint64 // ids seen
+		next    uint64 // the next id expected
+		warns   uint64
+	}{
+		{"retry: 3000\n\n: heartbeat\n\nid: 1\nevent: bench\ndata: {}\n\n" +
+			"event: slow_client_warning\ndata: {}\n\n" +
+			"id:2\r\ndata: x\r\n\r\n" +
+			"event: client_evicted\ndata: {}\n\n", "evicted", 2, 3, 1},
+		{":\nid: 1\nevent: bench\ndata: a\ndata: b\n\n:\n" +
+			"id: 2\nevent: bench\nfoo: bar\ndata\n\n" +
+			"id: x\nevent: stream_error\ndata: {}\n\n" +
+			"id: 3\nevent: bench\ndata: cut", "stream_error", 2, 3, 0},
+		{"id: 1\r\nevent: bench\r\ndata: {}\r\n\r\nid: 3\ndata: {}\n\nid: 2\ndata: {}\n\n", "closed", 3, 4, 0},
+	}
+	for i, c := range streams {
+		for name, read := range map[string]func(io.Reader, *sink) string{"readSSE": readSSE, "sseclient.Parser": readSSEParser} {
+			sinks, _ := newSinks(1, 5, -1)
+			s := sinks[0]
+			end := read(strings.NewReader(c.in), s)
+			if end != c.end || s.got != c.got || s.next != c.next || s.warnings != c.warns {
+				t.Errorf("stream %d, %s: end %q got %d next %d warnings %d, want %q %d %d %d", i, name, end, s.got, s.next, s.warnings, c.end, c.got, c.next, c.warns)
+			}
+		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package backplanetest
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -11,13 +10,18 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/sseclient"
 )
 
-// Frame is one SSE frame as a client sees it.
+// maxEventBytes bounds one event a Stream reads: twice the bus's default
+// MaxEventBytes, with room for the framing.
+const maxEventBytes = 32<<20 + 64<<10
+
+// Frame is one SSE event as a client sees it, read by sseclient.Parser.
 type Frame struct {
-	ID    uint64 // 0: no id line
-	Event string
-	Data  string
+	ID    uint64 // the number of the event's id field; 0: no id field
+	Event string // the event type ("message" when the frame has no event field)
+	Data  string // the data lines, joined by LF
 }
 
 // Field returns the value at path in the frame's JSON data (nil when
@@ -92,32 +96,29 @@ func Open(t testing.TB, client *http.Client, url string, header map[string]strin
 		defer close(s.done)
 		defer close(s.frames)
 		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 32<<20)
-		var f Frame
-		for sc.Scan() {
-			line := sc.Text()
-			switch {
-			case line == "":
-				if f.Event != "" || f.Data != "" {
-					select {
-					case s.frames <- f:
-					case <-ctx.Done():
-						return
-					}
-				}
-				f = Frame{}
-			case strings.HasPrefix(line, "id: "):
+		p := sseclient.NewParser(resp.Body)
+		p.MaxEventBytes = maxEventBytes
+		for {
+			m, err := p.Next()
+			if err != nil {
+				return // the end of the stream, Close, or a framing error
+			}
+			if m.Kind != sseclient.KindEvent {
+				continue // comments (heartbeats) and retry fields
+			}
+			f := Frame{Event: m.Type, Data: string(m.Data)}
+			if m.HasID {
 				// "N", or "<epoch>:<N>" from a daemon with -epoch-ids.
-				_, n, _ := strings.Cut(line[4:], ":")
-				if n == "" {
-					n = line[4:]
+				_, n, found := strings.Cut(m.ID, ":")
+				if !found {
+					n = m.ID
 				}
 				f.ID, _ = strconv.ParseUint(n, 10, 64)
-			case strings.HasPrefix(line, "event: "):
-				f.Event = line[7:]
-			case strings.HasPrefix(line, "data: "):
-				f.Data = line[6:]
+			}
+			select {
+			case s.frames <- f:
+			case <-ctx.Done():
+				return
 			}
 		}
 	}()

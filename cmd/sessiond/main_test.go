@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,10 +19,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/internal/daemon"
+	"github.com/ssebus/eventbus/sseclient"
 )
 
 func TestMain(m *testing.M) {
@@ -124,26 +125,23 @@ func status(t *testing.T, ts *httptest.Server, session string) map[string]any {
 	return r.json(t)
 }
 
-// waitFor polls cond until it holds or 5 s pass.
+// waitFor waits for cond with require.Eventually, as the root package's
+// tests do, within the bound of the daemon's tests (5 s).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	require.Eventually(t, cond, 5*time.Second, 5*time.Millisecond, "waiting for %s", what)
 }
 
+// sseFrame is one event of a stream.
 type sseFrame struct {
-	id, event, data string
+	id, event, data string // id: "" when the event has no id field
 }
 
-// sseStream reads frames from one GET /session/{id}/events response.
+// sseStream reads events from one GET /session/{id}/events response with
+// sseclient.Parser.
 type sseStream struct {
 	resp   *http.Response
-	r      *bufio.Reader
+	p      *sseclient.Parser
 	cancel context.CancelFunc
 }
 
@@ -169,7 +167,7 @@ func openStreamWith(t *testing.T, client *http.Client, url string, header http.H
 		cancel()
 		t.Fatal(err)
 	}
-	s := &sseStream{resp: resp, r: bufio.NewReader(resp.Body), cancel: cancel}
+	s := &sseStream{resp: resp, p: sseclient.NewParser(resp.Body), cancel: cancel}
 	t.Cleanup(s.close)
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
@@ -186,31 +184,20 @@ func (s *sseStream) close() {
 	s.resp.Body.Close()
 }
 
-// next returns the next frame with a data line; comments and retry: lines
-// are skipped. At the end of the stream it returns io.EOF.
+// next returns the next event; comments and retry fields are skipped. At
+// the end of the stream it returns io.EOF (an event the end cut off is
+// dropped, as the standard says); a read error is wrapped.
 func (s *sseStream) next() (sseFrame, error) {
-	var f sseFrame
 	for {
-		line, err := s.r.ReadString('\n')
-		if err != nil {
-			if err == io.EOF && line == "" {
-				return f, io.EOF
-			}
-			return f, fmt.Errorf("reading stream: %w (partial line %q)", err, line)
+		m, err := s.p.Next()
+		if err == io.EOF {
+			return sseFrame{}, io.EOF
 		}
-		line = strings.TrimSuffix(line, "\n")
-		switch {
-		case line == "":
-			if f.data != "" {
-				return f, nil
-			}
-			f = sseFrame{}
-		case strings.HasPrefix(line, "id: "):
-			f.id = strings.TrimPrefix(line, "id: ")
-		case strings.HasPrefix(line, "event: "):
-			f.event = strings.TrimPrefix(line, "event: ")
-		case strings.HasPrefix(line, "data: "):
-			f.data = strings.TrimPrefix(line, "data: ")
+		if err != nil {
+			return sseFrame{}, fmt.Errorf("reading stream: %w", err)
+		}
+		if m.Kind == sseclient.KindEvent {
+			return sseFrame{id: m.ID, event: m.Type, data: string(m.Data)}, nil
 		}
 	}
 }

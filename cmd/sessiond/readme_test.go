@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ssebus/eventbus/sseclient"
 )
 
 // readmeProgram returns the Go code of a README section: the first ```go
@@ -168,15 +169,13 @@ func testREADMEDaemon(t *testing.T, program func(t *testing.T, root string) stri
 	if stream.StatusCode != http.StatusOK {
 		t.Fatalf("stream: %d", stream.StatusCode)
 	}
-	sc := bufio.NewScanner(stream.Body)
-	var got []string
-	for sc.Scan() && len(got) < 3 {
-		if line := sc.Text(); strings.HasPrefix(line, "id: ") || strings.HasPrefix(line, "event: ") || strings.HasPrefix(line, "data: {\"id\"") {
-			got = append(got, line)
-		}
+	p := sseclient.NewParser(stream.Body)
+	m, err := p.Next()
+	for err == nil && m.Kind != sseclient.KindEvent { // the retry field, a heartbeat
+		m, err = p.Next()
 	}
-	if len(got) < 3 || got[0] != "id: 1" || got[1] != "event: note" || !strings.Contains(got[2], `"data":{"text":"hi"}`) {
-		t.Fatalf("the stream's first event: %q", got)
+	if err != nil || m.ID != "1" || m.Type != "note" || !strings.Contains(string(m.Data), `"data":{"text":"hi"}`) {
+		t.Fatalf("the stream's first event: %+v, %v", m, err)
 	}
 
 	if !graceful {

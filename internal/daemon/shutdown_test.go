@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"log/slog"
@@ -13,10 +12,11 @@ import (
 
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/internal/pipenet"
+	"github.com/ssebus/eventbus/sseclient"
 )
 
 // tailed is a stream read to its end on a goroutine of the bubble: the
-// data lines of its frames and the fake time it ended at.
+// data of its events and the fake time it ended at.
 type tailed struct {
 	data []string
 	end  time.Time
@@ -37,13 +37,20 @@ func tail(t *testing.T, client *http.Client, url string) *tailed {
 	go func() {
 		defer close(s.done)
 		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-				s.data = append(s.data, d)
+		p := sseclient.NewParser(resp.Body)
+		for {
+			m, err := p.Next()
+			if err != nil {
+				if err != io.EOF {
+					s.err = err
+				}
+				break
+			}
+			if m.Kind == sseclient.KindEvent {
+				s.data = append(s.data, string(m.Data))
 			}
 		}
-		s.err, s.end = sc.Err(), time.Now()
+		s.end = time.Now()
 	}()
 	return s
 }
