@@ -10,6 +10,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"github.com/ssebus/eventbus/internal/benchkit"
 	"io"
 	"os"
 	"runtime"
@@ -112,7 +113,7 @@ func main() {
 	flag.StringVar(&pacedHTTP, "paced-http-clients", "16", "client counts of the paced HTTP scenario")
 	flag.IntVar(&fl.pacedCount, "paced-count", 1, "runs per rate in the paced scenarios; a rate counts as sustained only when every run is lossless and keeps pace")
 	flag.DurationVar(&fl.pacedDur, "paced-duration", 300*time.Millisecond, "length of one paced run (events = rate x duration, at least 2000)")
-	flag.StringVar(&pacedModes, "paced-modes", "spin,burst,spin+pause,burst+pause", "publisher pace (spin: a spin-wait per event; burst: sleep between 1 ms bursts), +pause: subscribers pause 2-5 ms about every 50 ms")
+	flag.StringVar(&pacedModes, "paced-modes", "spin,burst,spin+pause,burst+pause", "publisher pace (spin: a spin-wait per event; burst: sleep between 1 ms bursts; sleep: sleep until each event; yield: runtime.Gosched until each event), +pause: subscribers pause 2-5 ms about every 50 ms")
 	flag.StringVar(&scenarios, "scenarios", "fanout,fanout-window,stall,http,paced,paced-http", "scenarios to run: fanout (tight publisher), fanout-window (publisher at most -window events ahead of the slowest subscriber), stall, http, paced (a publisher at a fixed rate, in process), paced-http")
 	flag.StringVar(&fl.libs, "libs", "", "only libraries whose name contains one of these comma-separated substrings")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -135,7 +136,7 @@ func main() {
 	}
 	fl.pacedModes = strings.Split(pacedModes, ",")
 	for _, m := range fl.pacedModes {
-		if m != "spin" && m != "burst" && m != "spin+pause" && m != "burst+pause" {
+		if _, ok := pacerOf(m); !ok {
 			fatal(fmt.Errorf("bad -paced-modes entry %q", m))
 		}
 	}
@@ -271,11 +272,24 @@ func run(w io.Writer, fl flags) {
 	fmt.Fprintf(w, "total run time: %s; load average at end: %s\n", time.Since(start).Round(100*time.Millisecond), loadAvg())
 }
 
-func pacedModeName(mode string) string {
-	name := "spin-wait pace"
-	if strings.HasPrefix(mode, "burst") {
-		name = "1 ms bursts with sleeps"
+// pacerOf is the publisher's pacer of a -paced-modes entry.
+func pacerOf(mode string) (benchkit.Pacer, bool) {
+	for _, p := range []benchkit.Pacer{benchkit.Spin, benchkit.Burst, benchkit.Sleep, benchkit.Yield} {
+		if mode == p.String() || mode == p.String()+"+pause" {
+			return p, true
+		}
 	}
+	return 0, false
+}
+
+func pacedModeName(mode string) string {
+	p, _ := pacerOf(mode)
+	name := map[benchkit.Pacer]string{
+		benchkit.Spin:  "spin-wait pace",
+		benchkit.Burst: "1 ms bursts with sleeps",
+		benchkit.Sleep: "a sleep until each event",
+		benchkit.Yield: "runtime.Gosched until each event",
+	}[p]
 	if strings.HasSuffix(mode, "+pause") {
 		name += ", subscribers pausing 2-5 ms every 20-80 ms"
 	}
@@ -283,7 +297,8 @@ func pacedModeName(mode string) string {
 }
 
 func runPacedTable(w io.Writer, libs []library, cfg config, subs int, mode string, fl flags) {
-	o := pacedOpts{burst: strings.HasPrefix(mode, "burst"), pause: strings.HasSuffix(mode, "+pause"),
+	pacer, _ := pacerOf(mode)
+	o := pacedOpts{pacer: pacer, pause: strings.HasSuffix(mode, "+pause"),
 		duration: fl.pacedDur, settle: 3 * time.Second}
 	var rows []pacedRow
 	var names []string

@@ -12,10 +12,11 @@ import (
 )
 
 // The paced scenario (issue 13): the publisher holds a rate in events/s
-// instead of publishing as fast as Publish returns, paced either by a
-// spin-wait (each event at its time; the publisher never leaves its
-// processor, as a busy daemon does) or by sleeping between bursts (every
-// millisecond's events at once, then a sleep). Subscribers may pause a few
+// instead of publishing as fast as Publish returns, paced by a spin-wait
+// (each event at its time; the publisher never leaves its processor, as a
+// busy daemon does), by sleeping between bursts (every millisecond's events
+// at once, then a sleep), by sleeping until each event is due, or by
+// yielding (runtime.Gosched) until then (issue 26). Subscribers may pause a few
 // milliseconds now and then, as the scheduler and the garbage collector
 // make them. Every delivery is checked; losses (missing, duplicated,
 // streams ended early) are reported apart from speed; delivery latency is
@@ -26,7 +27,7 @@ import (
 
 type pacedOpts struct {
 	rate     int
-	burst    bool
+	pacer    benchkit.Pacer
 	pause    bool
 	duration time.Duration // events = rate x duration (at least 2000)
 	settle   time.Duration // how long subscribers may take to finish after the last publish
@@ -115,7 +116,7 @@ func runPacedOnce(lib library, cfg config, subs int, o pacedOpts) pacedResult {
 	var published atomic.Uint64
 	go func() {
 		for seq := uint64(1); seq <= uint64(events); seq++ {
-			benchkit.Pace(base, start+time.Duration(seq-1)*interval, o.burst)
+			benchkit.Wait(base, start+time.Duration(seq-1)*interval, o.pacer)
 			sent[seq].Store(int64(time.Since(base)))
 			if err := f.publish(seq); err != nil {
 				pubDone <- err
