@@ -1,6 +1,7 @@
 package daemontest
 
 import (
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -18,105 +19,106 @@ type Proxy struct {
 	t      testing.TB
 	target string
 	addr   string
+	// gate is write-locked while paused: every forwarded write takes a
+	// read lock.
+	gate sync.RWMutex
+	wg   sync.WaitGroup
 
 	mu     sync.Mutex
+	paused bool
+	closed bool
 	ln     net.Listener // nil while down
 	conns  map[net.Conn]struct{}
-	hold   chan struct{} // non-nil while paused; closed by Resume
-	closed bool
-	wg     sync.WaitGroup
 }
 
 // NewProxy starts a proxy to target (host:port), closed when t ends.
 func NewProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t, "127.0.0.1:0")
 	p := &Proxy{t: t, target: target, addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}}
 	p.serve(ln)
 	t.Cleanup(p.close)
 	return p
 }
 
+// listen listens on addr, failing t when it cannot.
+func listen(t testing.TB, addr string) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
 // Addr is the proxy's host:port, for the daemon's engine URL.
 func (p *Proxy) Addr() string { return p.addr }
 
-// serve accepts on ln until it is closed. Called with p.mu held or
+// serve accepts on ln until it is closed. Called with p.mu held, or
 // before p is shared.
 func (p *Proxy) serve(ln net.Listener) {
 	p.ln = ln
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
+	p.wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				p.forward(c)
-			}()
+			p.wg.Go(func() { p.forward(c) })
 		}
-	}()
+	})
 }
 
 // forward pipes c to a new connection to the target, both ways, until
-// either side ends or Down or the cleanup closes them.
+// either side ends or Down or the cleanup cuts them.
 func (p *Proxy) forward(c net.Conn) {
 	u, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 	if err != nil {
 		c.Close()
 		return
 	}
-	p.mu.Lock()
-	if p.closed || p.ln == nil {
-		p.mu.Unlock()
+	if !p.track(c, u) {
 		c.Close()
 		u.Close()
 		return
 	}
-	p.conns[c], p.conns[u] = struct{}{}, struct{}{}
-	p.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		p.pipe(c, u)
-		close(done)
-	}()
-	p.pipe(u, c)
-	<-done
+	var both sync.WaitGroup
+	for _, pair := range [][2]net.Conn{{c, u}, {u, c}} {
+		both.Go(func() {
+			io.Copy(gated{p, pair[1]}, pair[0])
+			pair[0].Close()
+			pair[1].Close()
+		})
+	}
+	both.Wait()
 	p.mu.Lock()
 	delete(p.conns, c)
 	delete(p.conns, u)
 	p.mu.Unlock()
 }
 
-// pipe copies src to dst, holding each read while the proxy is paused;
-// at the end of src it closes both.
-func (p *Proxy) pipe(dst, src net.Conn) {
-	defer dst.Close()
-	defer src.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			hold := p.hold
-			p.mu.Unlock()
-			if hold != nil {
-				<-hold
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
+// track records the two ends of a forwarded connection for Down and the
+// cleanup; false when the proxy went down or closed meanwhile.
+func (p *Proxy) track(c, u net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.ln == nil {
+		return false
 	}
+	p.conns[c], p.conns[u] = struct{}{}, struct{}{}
+	return true
+}
+
+// gated writes to w, waiting while the proxy is paused.
+type gated struct {
+	p *Proxy
+	w io.Writer
+}
+
+func (g gated) Write(b []byte) (int, error) {
+	g.p.gate.RLock()
+	defer g.p.gate.RUnlock()
+	return g.w.Write(b)
 }
 
 // Pause hangs every connection, open or new: nothing is forwarded until
@@ -124,8 +126,9 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 func (p *Proxy) Pause() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.hold == nil {
-		p.hold = make(chan struct{})
+	if !p.paused {
+		p.paused = true
+		p.gate.Lock()
 	}
 }
 
@@ -133,9 +136,9 @@ func (p *Proxy) Pause() {
 func (p *Proxy) Resume() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.hold != nil {
-		close(p.hold)
-		p.hold = nil
+	if p.paused {
+		p.paused = false
+		p.gate.Unlock()
 	}
 }
 
@@ -161,22 +164,17 @@ func (p *Proxy) cutAll() {
 	}
 }
 
-// Up listens on the proxy's port again.
+// Up listens on the proxy's port again (when down).
 func (p *Proxy) Up() {
-	p.t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.ln != nil {
-		return
-	}
-	var err error
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var ln net.Listener
-		if ln, err = net.Listen("tcp", p.addr); err == nil {
+	// The port was closed a moment ago: a few tries, should it linger.
+	for deadline := time.Now().Add(5 * time.Second); p.ln == nil; time.Sleep(20 * time.Millisecond) {
+		ln, err := net.Listen("tcp", p.addr)
+		switch {
+		case err == nil:
 			p.serve(ln)
-			return
-		}
-		if time.Now().After(deadline) {
+		case time.Now().After(deadline):
 			p.t.Fatalf("proxy: listen on %s again: %v", p.addr, err)
 		}
 	}
@@ -184,14 +182,11 @@ func (p *Proxy) Up() {
 
 // close ends the proxy and waits for its goroutines.
 func (p *Proxy) close() {
+	p.Resume()
 	p.mu.Lock()
 	p.closed = true
 	if p.ln != nil {
 		p.ln.Close()
-	}
-	if p.hold != nil {
-		close(p.hold)
-		p.hold = nil
 	}
 	p.cutAll()
 	p.mu.Unlock()
