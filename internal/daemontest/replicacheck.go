@@ -319,6 +319,16 @@ func checkReplicaEngineDown(c *replicaRun) {
 	if idOf(r) != 2 || epochOf(r) != epoch {
 		c.Fatalf("publish after the outage: %s, want id 2 of epoch %q", r.Raw, epoch)
 	}
+	// Each replica finds the engine again on its own (its client's
+	// reconnect): until then it answers 503 with Retry-After, and a client
+	// comes back.
+	backplanetest.WaitFor(c, replicaWait, "B to reach the engine again", func() bool {
+		r = b.Do(http.MethodGet, "/session/s", "", nil)
+		if r.Status != http.StatusOK {
+			unavailable(c, "B's status while it reconnects", r, false)
+		}
+		return r.Status == http.StatusOK
+	})
 	s := c.open(b, "s", map[string]string{"Last-Event-ID": "1", "Event-Epoch": epoch})
 	backplanetest.WantIDs(c, s.Events(1, replicaWait), 2, 2)
 	if f := s.Next(replicaWait); f.Event != "replay_complete" {
