@@ -3,6 +3,11 @@
 // because their paths lie under github.com/ssebus/eventbus: it builds the
 // binary, starts it on a loopback port, stops it with SIGTERM, and talks to
 // its JSON routes. Every helper fails the test on an unexpected answer.
+//
+// ReplicaSuite does the same for the backplane modules' replica daemons
+// (sessiond-redis, sessiond-pg, sessiond-nats): one set of black-box
+// checks that each daemon's main_test.go runs with a harness of its
+// engine.
 package daemontest
 
 import (
@@ -12,7 +17,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -55,18 +59,25 @@ func (d *Daemon) LogText() string {
 // dir, with -race when race is set, and returns the binary.
 func Build(ctx context.Context, t testing.TB, rootDir string, race bool) string {
 	t.Helper()
+	return build(ctx, t, rootDir, "./cmd/sessiond", "sessiond", race)
+}
+
+// build compiles the main package pkg in dir into a temp dir as name,
+// with -race when race is set, and returns the binary.
+func build(ctx context.Context, t testing.TB, dir, pkg, name string, race bool) string {
+	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("the go command is needed to build the daemon: %v", err)
 	}
-	bin := filepath.Join(t.TempDir(), "sessiond")
+	bin := filepath.Join(t.TempDir(), name)
 	args := []string{"build", "-o", bin}
 	if race {
 		args = append(args, "-race")
 	}
-	args = append(args, "./cmd/sessiond")
+	args = append(args, pkg)
 	cmd := exec.CommandContext(ctx, goBin, args...)
-	cmd.Dir = rootDir
+	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -80,7 +91,14 @@ func Build(ctx context.Context, t testing.TB, rootDir string, race bool) string 
 // the 404 of an unknown session passes -create-on-stream=false).
 func Start(ctx context.Context, t testing.TB, bin string, args ...string) *Daemon {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-create-on-stream"}, args...)...)
+	return start(ctx, t, exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-create-on-stream"}, args...)...),
+		regexp.MustCompile(`msg="sessiond listening" addr=\S+ url=(\S+)/`), func(url string) string { return url })
+}
+
+// start runs cmd and waits for the log line addrRE matches; base makes
+// the daemon's Base of its first submatch.
+func start(ctx context.Context, t testing.TB, cmd *exec.Cmd, addrRE *regexp.Regexp, base func(string) string) *Daemon {
+	t.Helper()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +110,6 @@ func Start(ctx context.Context, t testing.TB, bin string, args ...string) *Daemo
 	addrCh := make(chan string, 1)
 	go func() {
 		defer close(d.done)
-		addrRE := regexp.MustCompile(`msg="sessiond listening" addr=\S+ url=(\S+)/`)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			line := sc.Text()
@@ -120,8 +137,8 @@ func Start(ctx context.Context, t testing.TB, bin string, args ...string) *Daemo
 		}
 	})
 	select {
-	case url := <-addrCh:
-		d.Base = url
+	case m := <-addrCh:
+		d.Base = base(m)
 	case <-d.done:
 		t.Fatalf("the daemon exited before listening:\n%s", d.LogText())
 	case <-ctx.Done():
@@ -138,17 +155,25 @@ func (d *Daemon) PID() int { return d.cmd.Process.Pid }
 // HTTP server shut down while the browser still holds its stream open.
 func (d *Daemon) Stop(timeout time.Duration) {
 	d.t.Helper()
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := d.terminate(timeout); err != nil {
 		d.t.Fatal(err)
+	}
+}
+
+// terminate is Stop, returning what went wrong.
+func (d *Daemon) terminate(timeout time.Duration) error {
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return err
 	}
 	select {
 	case <-d.done:
 	case <-time.After(timeout):
-		d.t.Fatalf("the daemon did not exit within %v of SIGTERM", timeout)
+		return fmt.Errorf("the daemon did not exit within %v of SIGTERM", timeout)
 	}
 	if err := d.cmd.Wait(); err != nil {
-		d.t.Fatalf("the daemon exited with %v after SIGTERM", err)
+		return fmt.Errorf("the daemon exited with %v after SIGTERM", err)
 	}
+	return nil
 }
 
 // Kill ends the daemon with SIGKILL, as a crash would: no shutdown frame,
@@ -166,6 +191,32 @@ func (d *Daemon) Kill() {
 // Call sends a request and decodes a JSON answer into out (when non-nil).
 func (d *Daemon) Call(method, path, body string, wantStatus int, out any) {
 	d.t.Helper()
+	a := d.Do(method, path, body, nil)
+	if a.Status != wantStatus {
+		d.t.Fatalf("%s %s: %d %s, want %d", method, path, a.Status, a.Raw, wantStatus)
+	}
+	if out != nil {
+		if err := json.Unmarshal(a.Raw, out); err != nil {
+			d.t.Fatalf("%s %s: %q: %v", method, path, a.Raw, err)
+		}
+	}
+}
+
+// Answer is a response read by Do.
+type Answer struct {
+	Status int
+	Header http.Header
+	Raw    []byte         // the body
+	JSON   map[string]any // the body decoded, nil when it is no JSON object
+}
+
+// Code is the "code" of a JSON error answer.
+func (a Answer) Code() any { return a.JSON["code"] }
+
+// Do sends a request with d.Header and then header, and reads the answer
+// whatever its status; it fails the test only when no answer comes.
+func (d *Daemon) Do(method, path, body string, header http.Header) Answer {
+	d.t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
@@ -174,8 +225,10 @@ func (d *Daemon) Call(method, path, body string, wantStatus int, out any) {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	for k, v := range d.Header {
-		req.Header[k] = v
+	for _, h := range []http.Header{d.Header, header} {
+		for k, v := range h {
+			req.Header[k] = v
+		}
 	}
 	resp, err := d.HTTP.Do(req)
 	if err != nil {
@@ -186,14 +239,9 @@ func (d *Daemon) Call(method, path, body string, wantStatus int, out any) {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	if resp.StatusCode != wantStatus {
-		d.t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, b, wantStatus)
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			d.t.Fatalf("%s %s: %q: %v", method, path, b, err)
-		}
-	}
+	a := Answer{Status: resp.StatusCode, Header: resp.Header, Raw: b}
+	json.Unmarshal(b, &a.JSON)
+	return a
 }
 
 // Status is the daemon's GET /session/{id} answer.
@@ -219,22 +267,17 @@ func (d *Daemon) Status(session string) Status {
 // stream creates it may not have opened it yet): ok is false on a 404.
 func (d *Daemon) StatusIfAny(session string) (st Status, ok bool) {
 	d.t.Helper()
-	req, err := http.NewRequest(http.MethodGet, d.Base+"/session/"+session, nil)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	for k, v := range d.Header {
-		req.Header[k] = v
-	}
-	resp, err := d.HTTP.Do(req)
-	if err != nil {
-		d.t.Fatalf("GET /session/%s: %v", session, err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound {
+	a := d.Do(http.MethodGet, "/session/"+session, "", nil)
+	if a.Status == http.StatusNotFound {
 		return Status{}, false
 	}
-	return d.Status(session), true
+	if a.Status != http.StatusOK {
+		d.t.Fatalf("GET /session/%s: %d %s", session, a.Status, a.Raw)
+	}
+	if err := json.Unmarshal(a.Raw, &st); err != nil {
+		d.t.Fatalf("GET /session/%s: %q: %v", session, a.Raw, err)
+	}
+	return st, true
 }
 
 // Publish posts one "note" event (a type the viewer listens for) and
@@ -253,10 +296,7 @@ func (d *Daemon) Publish(session string, n int) uint64 {
 // that must come back on the same one after a restart.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t, "127.0.0.1:0")
 	defer ln.Close()
 	return ln.Addr().String()
 }

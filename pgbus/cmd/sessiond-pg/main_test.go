@@ -4,237 +4,54 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
-	"io"
-	"net/http"
-	"strconv"
-	"strings"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/ssebus/eventbus/backplane/backplanetest"
+	"github.com/ssebus/eventbus/internal/daemontest"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-const wait = 10 * time.Second
+// TestReplicaSuite runs the black-box checks every replica daemon answers
+// alike (internal/daemontest.ReplicaSuite) on sessiond-pg processes, each
+// check in a schema of its own on the test server.
+func TestReplicaSuite(t *testing.T) {
+	daemontest.ReplicaSuite(t, daemontest.ReplicaHarness{Daemon: "sessiond-pg", EngineFlag: "pg", Engine: startPG})
+}
 
-// schema returns the test server's URL (.ci/pg.sh sets PGBUS_TEST_URL)
-// and a schema of the test's own, dropped when it ends.
-func schema(t *testing.T) (url, name string) {
-	// Registered first, so it runs last: after the streams and daemons.
-	t.Cleanup(http.DefaultClient.CloseIdleConnections)
-	url = backplanetest.Env(t, "PGBUS_TEST_URL", "run bash .ci/pg.sh to test against a real PostgreSQL")
+// startPG returns the test server (.ci/pg.sh sets PGBUS_TEST_URL) behind a
+// proxy of the test's own, and a schema dropped when the test ends. The
+// proxy is the engine's controls (Down resets the connections and refuses
+// new ones, Pause holds them): the server itself is shared with the
+// module's other tests, which run beside these.
+func startPG(t *testing.T) daemontest.ReplicaEngine {
+	dsn := backplanetest.Env(t, "PGBUS_TEST_URL", "run bash .ci/pg.sh to test against a real PostgreSQL")
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("PGBUS_TEST_URL: %v", err)
+	}
 	var b [6]byte
 	rand.Read(b[:])
-	name = "d_" + hex.EncodeToString(b[:])
+	schema := "d_" + hex.EncodeToString(b[:])
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		conn, err := pgx.Connect(ctx, url)
+		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			t.Errorf("drop schema: %v", err)
 			return
 		}
 		defer conn.Close(ctx)
-		conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+name+" CASCADE")
+		conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
 	})
-	return url, name
-}
-
-// daemon runs one replica until the test ends and returns its base URL.
-func daemon(t *testing.T, url, schema, name string, extra ...string) string {
-	ctx, cancel := context.WithCancel(context.Background())
-	addrc := make(chan string, 1)
-	errc := make(chan error, 1)
-	args := append([]string{"-addr", "127.0.0.1:0", "-pg", url, "-name", name, "-schema", schema, "-pg-pool", "8"}, extra...)
-	go func() {
-		errc <- run(ctx, args, io.Discard, func(a string) { addrc <- a })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("%s: run: %v", name, err)
-		}
-	})
-	select {
-	case a := <-addrc:
-		return "http://" + a
-	case err := <-errc:
-		t.Fatalf("%s: %v", name, err)
-	case <-time.After(wait):
-		t.Fatalf("%s did not start", name)
-	}
-	return ""
-}
-
-// post sends a JSON POST with optional headers and returns the status,
-// the decoded body and the response headers.
-func post(t *testing.T, url, body string, header map[string]string) (int, map[string]any, http.Header) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var v map[string]any
-	json.NewDecoder(resp.Body).Decode(&v)
-	return resp.StatusCode, v, resp.Header
-}
-
-func publish(t *testing.T, url, body string) map[string]any {
-	t.Helper()
-	code, v, _ := post(t, url, body, nil)
-	if code != 200 {
-		t.Fatalf("POST %s: %d %v", url, code, v)
-	}
-	return v
-}
-
-// The README's two-daemon demo: publish on A, resume on B, a signal, the
-// status, and DELETE ending B's stream.
-func TestTwoReplicas(t *testing.T) {
-	url, sc := schema(t)
-	a, b := daemon(t, url, sc, "A"), daemon(t, url, sc, "B")
-	var epoch string
-	for i := 1; i <= 3; i++ {
-		v := publish(t, a+"/session/s1/events", `{"type":"note","data":{"n":`+strconv.Itoa(i)+`}}`)
-		if v["id"] != float64(i) {
-			t.Fatalf("publish %d: %v", i, v)
-		}
-		epoch = v["epoch"].(string)
-	}
-	s := backplanetest.Open(t, http.DefaultClient, b+"/session/s1/events", map[string]string{"Last-Event-ID": "1", "Event-Epoch": epoch})
-	if s.Epoch != epoch {
-		t.Fatalf("B's epoch %q, A's %q", s.Epoch, epoch)
-	}
-	backplanetest.WantIDs(t, s.Events(2, wait), 2, 3)
-	if f := s.Next(wait); f.Event != "replay_complete" {
-		t.Fatalf("want replay_complete, got %+v", f)
-	}
-	publish(t, b+"/session/s1/events", `{"type":"note"}`)
-	backplanetest.WantIDs(t, s.Events(1, wait), 4, 4)
-	if code, v, _ := post(t, a+"/session/s1/signal", `{"type":"doc.changed","about":"doc/1"}`, nil); code != http.StatusNoContent {
-		t.Fatalf("signal: %d %v", code, v)
-	}
-	if f := s.Next(wait); f.Event != "doc.changed" || f.Str(t, "about") != "doc/1" {
-		t.Fatalf("want the signal, got %+v", f)
-	}
-
-	st, err := http.Get(a + "/session/s1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info map[string]any
-	json.NewDecoder(st.Body).Decode(&info)
-	st.Body.Close()
-	if info["lastEventId"] != float64(4) || info["firstEventId"] != float64(1) || info["epoch"] != epoch || info["replica"] != "A" {
-		t.Fatalf("status on A: %v", info)
-	}
-	st, err = http.Get(a + "/session/nothing")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.Body.Close()
-	if st.StatusCode != 404 {
-		t.Fatalf("status of an unknown session: %s", st.Status)
-	}
-	del, _ := http.NewRequest("DELETE", a+"/session/s1", nil)
-	dr, err := http.DefaultClient.Do(del)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dr.Body.Close()
-	if dr.StatusCode != http.StatusNoContent {
-		t.Fatalf("DELETE: %s", dr.Status)
-	}
-	if rest := s.Ended(wait); len(rest) != 0 {
-		t.Fatalf("frames after DELETE: %+v", rest)
-	}
-	if v := publish(t, b+"/session/s1/events", `{"type":"note"}`); v["id"] != float64(1) || v["epoch"] == epoch {
-		t.Fatalf("publish after DELETE: %v", v)
-	}
-}
-
-// The Idempotency-Key header: a retry answers the first id with
-// "duplicate":true on any replica, another event under the key is 422, a
-// malformed key is 400.
-func TestIdempotencyKeyHeader(t *testing.T) {
-	url, sc := schema(t)
-	a, b := daemon(t, url, sc, "A"), daemon(t, url, sc, "B")
-	key := map[string]string{"Idempotency-Key": "order-17"}
-	code, v, _ := post(t, a+"/session/s/events", `{"type":"order","data":{"n":17}}`, key)
-	if code != 200 || v["id"] != float64(1) || v["duplicate"] != nil {
-		t.Fatalf("first: %d %v", code, v)
-	}
-	code, v, _ = post(t, b+"/session/s/events", `{"type":"order","data":{ "n" : 17 }}`, key)
-	if code != 200 || v["id"] != float64(1) || v["duplicate"] != true {
-		t.Fatalf("retry: %d %v", code, v)
-	}
-	code, v, _ = post(t, b+"/session/s/events", `{"type":"order","data":{"n":18}}`, key)
-	if code != http.StatusUnprocessableEntity || v["code"] != "idempotency_key_reused" {
-		t.Fatalf("key reused: %d %v", code, v)
-	}
-	for _, k := range []string{"", "caf\u00e9", strings.Repeat("k", 256)} {
-		code, v, _ = post(t, a+"/session/s/events", `{"type":"order"}`, map[string]string{"Idempotency-Key": k})
-		if code != http.StatusBadRequest || v["code"] != "invalid_idempotency_key" {
-			t.Fatalf("key %q: %d %v", k, code, v)
-		}
-	}
-	if v := publish(t, a+"/session/s/events", `{"type":"order"}`); v["id"] != float64(2) {
-		t.Fatalf("next publish: %v", v)
-	}
-}
-
-// A hung PostgreSQL: a publish answers 503 publish_outcome_unknown with
-// Retry-After within its timeout, a new session's stream 503 unavailable;
-// the keyed retry after the database is back appends once.
-func TestHungDatabase(t *testing.T) {
-	url, sc := schema(t)
-	ctl := backplanetest.NewControl(t, backplanetest.Env(t, "PGBUS_TEST_PGCTL", "this test pauses the server; .ci/pg.sh sets it"))
-	a := daemon(t, url, sc, "A", "-publish-timeout", "300ms")
-	publish(t, a+"/session/s/events", `{"type":"e"}`)
-	ctl.Pause()
-	key := map[string]string{"Idempotency-Key": "k1"}
-	start := time.Now()
-	code, v, h := post(t, a+"/session/s/events", `{"type":"e","data":1}`, key)
-	if code != 503 || v["code"] != "publish_outcome_unknown" || h.Get("Retry-After") == "" {
-		t.Fatalf("publish to a hung database: %d %v %v", code, v, h)
-	}
-	if !strings.Contains(v["error"].(string), "may or may not") || !strings.Contains(v["error"].(string), "Idempotency-Key") {
-		t.Fatalf("the 503 body does not say the outcome is unknown and how to retry: %v", v)
-	}
-	if took := time.Since(start); took > 2*time.Second {
-		t.Fatalf("publish took %v", took)
-	}
-	resp, err := http.Get(a + "/session/other/events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("a new stream with PostgreSQL down: %s %v", resp.Status, resp.Header)
-	}
-	ctl.Resume()
-	deadline := time.Now().Add(wait)
-	for {
-		code, v, _ = post(t, a+"/session/s/events", `{"type":"e","data":1}`, key)
-		if code == 200 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if code != 200 || v["id"] != float64(2) {
-		t.Fatalf("keyed retry: %d %v", code, v)
-	}
-	if v := publish(t, a+"/session/s/events", `{"type":"e"}`); v["id"] != float64(3) {
-		t.Fatalf("next publish: %v", v)
+	p := daemontest.NewProxy(t, u.Host)
+	u.Host = p.Addr()
+	return daemontest.ReplicaEngine{
+		URL: u.String(), Flags: []string{"-schema", schema, "-pg-pool", "8"},
+		Down: p.Down, Up: p.Up, Pause: p.Pause, Resume: p.Resume,
 	}
 }

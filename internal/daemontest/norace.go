@@ -1,0 +1,5 @@
+//go:build !race
+
+package daemontest
+
+const raceEnabled = false
