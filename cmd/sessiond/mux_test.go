@@ -46,23 +46,31 @@ func newMuxServer(t *testing.T, proto string, epochIDs bool, cfg config) *muxSer
 	}
 	ts := httptest.NewUnstartedServer(s.routes())
 	ts.Config.ConnContext = daemon.ConnContext
-	var sp, cp http.Protocols
+	var sp http.Protocols
 	sp.SetHTTP1(true)
 	sp.SetUnencryptedHTTP2(true)
 	ts.Config.Protocols = &sp
 	ts.Start()
-	if proto == "h2c" {
-		cp.SetUnencryptedHTTP2(true)
-	} else {
-		cp.SetHTTP1(true)
-	}
-	tr := &http.Transport{Protocols: &cp}
+	client := protoClient(t, proto)
 	t.Cleanup(func() {
 		s.closeAll()
 		ts.Close()
-		tr.CloseIdleConnections()
 	})
-	return &muxServer{srv: s, ts: ts, client: &http.Client{Transport: tr}}
+	return &muxServer{srv: s, ts: ts, client: client}
+}
+
+// protoClient is a client that speaks only proto: "http1" or "h2c" (HTTP/2
+// with prior knowledge). Cleanup closes its idle connections.
+func protoClient(t *testing.T, proto string) *http.Client {
+	var p http.Protocols
+	if proto == "h2c" {
+		p.SetUnencryptedHTTP2(true)
+	} else {
+		p.SetHTTP1(true)
+	}
+	tr := &http.Transport{Protocols: &p}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
 }
 
 // muxRuns runs f over HTTP/1.1 and h2c, with -epoch-ids on and off.
@@ -410,7 +418,10 @@ func TestMuxGarbageCursorIsLive(t *testing.T) {
 // The most sessions by default, 32: the cursor is 2+24×32 bytes, and
 // resumes every one; a 33rd is 400.
 func TestMuxCursorOf32Sessions(t *testing.T) {
-	m := newMuxServer(t, "http1", true, config{})
+	muxRuns(t, config{}, testMuxCursorOf32Sessions)
+}
+
+func testMuxCursorOf32Sessions(t *testing.T, m *muxServer) {
 	ids := make([]string, eventbus.DefaultMaxStreamSessions)
 	for i := range ids {
 		ids[i] = "session-" + strings.Repeat("x", 100) + strconv.Itoa(i)
@@ -467,17 +478,27 @@ func TestMuxAuth(t *testing.T) {
 // A kill -9 of the daemon as a process: after the restart (the same
 // address, a new epoch for every session, which the restarted daemon's
 // -create-on-stream makes on the GET) every session of the cursor gets
-// epoch_reset and the replay of its new epoch.
+// epoch_reset and the replay of its new epoch; over HTTP/1.1 and h2c, with
+// -epoch-ids on and off.
 func TestMuxAcrossAKill9(t *testing.T) {
 	bin := buildDaemon(t)
-	for _, ids := range []string{"true", "false"} {
-		t.Run("epoch-ids="+ids, func(t *testing.T) {
+	for _, run := range []struct{ proto, ids string }{{"http1", "true"}, {"http1", "false"}, {"h2c", "true"}, {"h2c", "false"}} {
+		t.Run(run.proto+"/epoch-ids="+run.ids, func(t *testing.T) {
+			ids := run.ids
+			client := protoClient(t, run.proto)
+			openStream := func(t *testing.T, url string, header http.Header) *sseStream {
+				t.Helper()
+				s := openStreamWith(t, client, url, header)
+				if want := map[string]int{"http1": 1, "h2c": 2}[run.proto]; s.resp.ProtoMajor != want {
+					t.Fatalf("the stream is HTTP/%d, want %s", s.resp.ProtoMajor, run.proto)
+				}
+				return s
+			}
 			addr := daemontest.FreeAddr(t)
 			d, _ := startDaemon(t, bin, "-addr", addr, "-epoch-ids="+ids)
 			sessions := []string{"k1", "k2", "k3"}
-			old := map[string]uint64{}
 			for _, id := range sessions {
-				old[id] = d.Publish(id, 1)
+				d.Publish(id, 1)
 			}
 			s := openStream(t, muxURL(d.Base, sessions), nil)
 			for _, id := range sessions {
