@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ssebus/eventbus/internal/muxcursor"
 )
 
 // The multiplexed stream (MuxHandler), through the test environment's
@@ -877,4 +879,54 @@ func TestMuxHubShutdown(t *testing.T) {
 	for _, f := range fs[1:] {
 		require.Contains(t, f.Data, `"errorKind":"shutdown"`)
 	}
+}
+
+// Framing a multiplexed batch allocates nothing once the batch buffer is
+// reserved (SPEC 6.8: 0 allocations per event on the stream): each event's
+// shared bytes are copied with the session member spliced in and the
+// cursor in place of its id line, with no re-encoding; a synthetic frame
+// likewise. The serve loop's per-frame work, as serve does it.
+func TestMuxFramingDoesNotAllocate(t *testing.T) {
+	a, b := newBus(t, Options{RingSize: 64}), newBus(t, Options{RingSize: 64})
+	var frames []Frame
+	var owners []int
+	for i, f := range publishN(t, a, 8) {
+		frames, owners = append(frames, f, publishN(t, b, 1)[0]), append(owners, 0, 1)
+		if i == 3 {
+			frames, owners = append(frames, replayCompleteFrame(1, 4, a.Epoch(), 0)), append(owners, 0)
+		}
+	}
+	st := muxStream{s: stream{w: newMemWriter()}, sess: []muxSession{
+		{id: "a", bus: a, member: sessionMember("a"), entry: NewCursorEntry("a", a.Epoch(), 0)},
+		{id: `b"`, bus: b, member: sessionMember(`b"`), entry: NewCursorEntry(`b"`, b.Epoch(), 0)},
+	}}
+	st.buildIDLine()
+	frame := func() {
+		st.s.buf = st.s.buf[:0]
+		st.reserve(frames, owners)
+		for k, f := range frames {
+			ms := &st.sess[owners[k]]
+			if f.ID() != 0 {
+				ms.entry.ID = f.ID()
+				muxcursor.Put(st.idLine[ms.group:], muxcursor.Entry(ms.entry))
+			}
+			st.add(f, owners[k])
+		}
+	}
+	frame()
+	require.Zero(t, testing.AllocsPerRun(100, frame))
+
+	recs, err := parseSSE(st.s.buf)
+	require.NoError(t, err)
+	var fs []muxFrame
+	for _, ev := range sseEvents(recs) {
+		fs = append(fs, splitMux(t, ev))
+	}
+	require.Len(t, fs, len(frames))
+	require.Equal(t, []string{"a#1", `b"#1`, "a#2", `b"#2`, "a#3", `b"#3`, "a#4", `b"#4`, "a:replay_complete", "a#5"}, describeMux(fs[:10]))
+	for k, f := range fs {
+		want := frames[k].JSON()
+		require.Equal(t, string(want), f.Data, "frame %d: the shared envelope, unchanged but for the session member", k)
+	}
+	requireCursor(t, fs[len(fs)-1].ID, map[string]at{"a": {a, 8}, `b"`: {b, 8}})
 }
