@@ -930,3 +930,64 @@ func TestMuxFramingDoesNotAllocate(t *testing.T) {
 	}
 	requireCursor(t, fs[len(fs)-1].ID, map[string]at{"a": {a, 8}, `b"`: {b, 8}})
 }
+
+// The stream holds at most the sum of its subscriptions' caps: one batch
+// (what is written before one flush) takes from each session at most its
+// frame cap and its byte cap (Frame.Size, the envelope without the session
+// member), so never more than the sums of both. Two sessions fall far
+// behind a blocked writer under OverflowCatchUp (whose ring could give
+// more): a's small events meet its frame cap, b's 1 KiB events its byte
+// cap, both in the largest batches.
+func TestMuxBatchWithinTheSumOfCaps(t *testing.T) {
+	const frameCap, byteCap = 16, 12 << 10
+	logs := &logCapture{}
+	opts := Options{RingSize: 1024, MaxQueued: frameCap, MaxQueuedBytes: byteCap, OverflowPolicy: OverflowCatchUp}
+	a, b := newBus(t, logs.capture(opts)), newBus(t, logs.capture(opts))
+	hm := serveHeldMux(t, logs, a, b, nil)
+	var flushedAt []int // the body's length at each flush
+	hm.w.mu.Lock()
+	hm.w.beforeFlush = func(int) { flushedAt = append(flushedAt, len(hm.w.state().body)) }
+	hm.w.mu.Unlock()
+	publishN(t, b, 1)
+	<-hm.started // the writer holds b#1
+	publishN(t, a, 200)
+	for i := range 100 {
+		publishEvent(t, b, sizedEvent(t, uint64(i+2), 1<<10))
+	}
+	close(hm.release)
+	require.Eventually(t, func() bool {
+		body := hm.w.state().body
+		return strings.Count(body, `"session":"a","id":`) == 200 && strings.Count(body, `"session":"b","id":`) == 101
+	}, 10*time.Second, time.Millisecond)
+	hm.cancel()
+	<-hm.done
+
+	body := hm.w.state().body
+	largest := map[string]int{}
+	from := 0
+	for _, to := range flushedAt {
+		recs, err := parseSSE([]byte(body[from:to]))
+		require.NoError(t, err)
+		from = to
+		frames, bytes := map[string]int{}, map[string]int{}
+		for _, ev := range sseEvents(recs) {
+			f := splitMux(t, ev)
+			if f.Type == TypeSlowClientWarning {
+				continue // synthetic: no cap counts it
+			}
+			frames[f.Session]++
+			bytes[f.Session] += len(f.Data) // the envelope, Size
+		}
+		for _, s := range []string{"a", "b"} {
+			require.LessOrEqual(t, frames[s], frameCap, "session %s: frames of one batch", s)
+			require.LessOrEqual(t, bytes[s], byteCap, "session %s: bytes of one batch", s)
+			largest[s] = max(largest[s], frames[s])
+		}
+		require.LessOrEqual(t, frames["a"]+frames["b"], 2*frameCap, "one batch: at most the sum of the frame caps")
+		require.LessOrEqual(t, bytes["a"]+bytes["b"], 2*byteCap, "one batch: at most the sum of the byte caps")
+	}
+	require.Equal(t, len(body), from, "every byte was flushed")
+	require.Equal(t, frameCap, largest["a"], "a's batches reach its frame cap")
+	require.Equal(t, byteCap>>10, largest["b"], "b's batches reach its byte cap: 12 events of 1 KiB")
+	require.Zero(t, a.Stats().Evictions.QueueOverflow+b.Stats().Evictions.QueueOverflow)
+}
