@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -990,4 +991,56 @@ func TestMuxBatchWithinTheSumOfCaps(t *testing.T) {
 	require.Equal(t, frameCap, largest["a"], "a's batches reach its frame cap")
 	require.Equal(t, byteCap>>10, largest["b"], "b's batches reach its byte cap: 12 events of 1 KiB")
 	require.Zero(t, a.Stats().Evictions.QueueOverflow+b.Stats().Evictions.QueueOverflow)
+}
+
+// steadyGoroutines returns runtime.NumGoroutine once it has stayed the same
+// for 100 ms (net/http's goroutines start and end asynchronously).
+func steadyGoroutines(t *testing.T) int {
+	t.Helper()
+	last, since := runtime.NumGoroutine(), time.Now()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		if n := runtime.NumGoroutine(); n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) >= 100*time.Millisecond {
+			return n
+		}
+	}
+	require.FailNow(t, "the number of goroutines did not settle", "last %d", last)
+	return 0
+}
+
+// No goroutine per session: one multiplexed stream over 32 sessions adds
+// exactly the goroutines of one single-session stream (the request's, and
+// net/http's of its connection), while every session delivers.
+func TestMuxNoGoroutinePerSession(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ids := make([]string, DefaultMaxStreamSessions)
+	buses := make([]*EventBus, len(ids))
+	for i := range ids {
+		ids[i] = "s" + strconv.Itoa(i)
+		buses[i] = e.bus(t, ids[i], Options{})
+	}
+	e.client.Transport.(*http.Transport).DisableKeepAlives = true // no idle connection left between the streams
+
+	base := steadyGoroutines(t)
+	c := e.stream(t, "/session/s0/events", nil)
+	publishN(t, buses[0], 1)
+	require.Equal(t, wantEvent(1), c.nextEvent())
+	single := steadyGoroutines(t) - base
+	c.close()
+	require.LessOrEqual(t, waitGoroutines(base), base, "the single stream left goroutines behind")
+
+	base = steadyGoroutines(t)
+	m := e.stream(t, muxPath(ids), nil)
+	for _, b := range buses {
+		publishN(t, b, 1)
+	}
+	require.Len(t, readMux(m, len(ids)), len(ids))
+	multiplexed := steadyGoroutines(t) - base
+	require.Positive(t, single)
+	t.Logf("goroutines: +%d for a single stream, +%d for a multiplexed stream of %d sessions", single, multiplexed, len(ids))
+	require.Equal(t, single, multiplexed, "one stream over %d sessions: the goroutines of one stream", len(ids))
+	m.close()
+	require.LessOrEqual(t, waitGoroutines(base), base, "the multiplexed stream left goroutines behind")
 }
