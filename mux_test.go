@@ -1044,3 +1044,120 @@ func TestMuxNoGoroutinePerSession(t *testing.T) {
 	m.close()
 	require.LessOrEqual(t, waitGoroutines(base), base, "the multiplexed stream left goroutines behind")
 }
+
+// unreadMux opens the stream at path on e and reads nothing of it (over
+// HTTP/1.1 the sockets' buffers take a few MiB, over h2c the flow-control
+// window 4 MiB).
+func unreadMux(t *testing.T, e *testEnv, path string) *http.Response {
+	t.Helper()
+	resp := e.do(t, http.MethodGet, path, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	return resp
+}
+
+// blockWriter publishes events of 256 KiB to b, one at a time, until the
+// stream of a client that does not read holds one it cannot write: the
+// writer is then blocked, and what the stream's other sessions get stays in
+// their queues. Over h2c the bubble tells exactly; over HTTP/1.1 a frame
+// not delivered a second after its publish is one the writer is blocked on
+// (a write that can go on takes microseconds).
+func blockWriter(t *testing.T, e *testEnv, b *EventBus) {
+	t.Helper()
+	payload := strings.Repeat("x", 256<<10)
+	blocked := func() bool { st := b.Stats(); return st.FramesDelivered < st.Published }
+	for range 1024 { // 256 MiB: far more than any socket buffer
+		publishEvent(t, b, Event{Type: "big", Data: payload})
+		if e.srv == nil {
+			synctest.Wait()
+		} else {
+			for deadline := time.Now().Add(time.Second); blocked() && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if blocked() {
+			t.Logf("the writer blocked after %d events of 256 KiB", b.Stats().Published)
+			return
+		}
+	}
+	require.FailNow(t, "the stream's writer never blocked")
+}
+
+// muxEventIDs returns the ids of session's events among fs, in order.
+func muxEventIDs(fs []muxFrame, session string) []uint64 {
+	var ids []uint64
+	for _, f := range fs {
+		var env struct{ ID uint64 }
+		if f.Session == session && json.Unmarshal([]byte(f.Data), &env) == nil && env.ID != 0 {
+			ids = append(ids, env.ID)
+		}
+	}
+	return ids
+}
+
+// A valid ?maxQueued= is every session's frame cap on the multiplexed
+// stream, and an eviction ends the stream, over HTTP/1.1 and h2c: behind a
+// writer blocked on a client that does not read, session a takes 16 events
+// (?maxQueued=16, below the bus's 256) and is evicted by the 17th, while b
+// stays subscribed; once the client reads, it gets every event of b and
+// the stream ends with a's client_evicted.
+func TestMuxMaxQueuedEvictionOverHTTP(t *testing.T) {
+	muxEnvs(t, envOptions{}, func(t *testing.T, e *testEnv) {
+		a, b := e.bus(t, "a", Options{}), e.bus(t, "b", Options{})
+		resp := unreadMux(t, e, muxPath([]string{"a", "b"}, "maxQueued", "16"))
+		blockWriter(t, e, b)
+		publishN(t, a, 16)
+		require.Equal(t, 1, a.SubscriberCount(), "16 events queued: within ?maxQueued=16")
+		publishN(t, a, 1)
+		require.Zero(t, a.SubscriberCount(), "the 17th overflows ?maxQueued=16: a is evicted")
+		require.Equal(t, uint64(1), a.Stats().Evictions.QueueOverflow)
+		require.Equal(t, 1, b.SubscriberCount(), "b is not, and its stream goes on")
+
+		var fs []muxFrame
+		for _, ev := range sseEvents(newSSEStream(t, resp).rest()) {
+			fs = append(fs, splitMux(t, ev))
+		}
+		require.NotEmpty(t, fs)
+		last := fs[len(fs)-1]
+		require.Equal(t, "a:client_evicted", describeMux([]muxFrame{last})[0], "the stream ends with a's eviction")
+		require.Contains(t, last.Data, `"reason":"queue_overflow"`)
+		require.Equal(t, idsFrom(1, b.LastEventID()), muxEventIDs(fs, "b"), "every event of b, in order")
+		require.Zero(t, b.SubscriberCount(), "the whole stream ended")
+		require.Zero(t, b.Stats().Evictions.QueueOverflow)
+	})
+}
+
+// Under OverflowCatchUp nothing is evicted, over HTTP/1.1 and h2c: a
+// session that falls behind a blocked writer catches up from its ring once
+// the client reads; the other goes on.
+func TestMuxCatchUpOverHTTP(t *testing.T) {
+	muxEnvs(t, envOptions{}, func(t *testing.T, e *testEnv) {
+		a := e.bus(t, "a", Options{MaxQueued: 16, OverflowPolicy: OverflowCatchUp})
+		b := e.bus(t, "b", Options{})
+		resp := unreadMux(t, e, muxPath([]string{"a", "b"}))
+		blockWriter(t, e, b)
+		publishN(t, a, 100)
+		require.Equal(t, 1, a.SubscriberCount(), "behind, not evicted")
+		require.Equal(t, 1, a.Stats().CatchUp.Behind)
+
+		c := newSSEStream(t, resp)
+		var fs []muxFrame
+		for len(muxEventIDs(fs, "a")) < 100 {
+			fs = append(fs, nextMux(c))
+		}
+		c.close()
+		require.Equal(t, idsFrom(1, 100), muxEventIDs(fs, "a"), "every event of a, once, in order")
+		require.Contains(t, describeMux(fs), "a:slow_client_warning")
+		require.Equal(t, idsFrom(1, b.LastEventID()), muxEventIDs(fs, "b"))
+		require.Zero(t, a.Stats().Evictions.QueueOverflow)
+		require.Positive(t, a.Stats().CatchUp.Served)
+	})
+}
+
+// idsFrom is from, from+1, ..., to.
+func idsFrom(from, to uint64) []uint64 {
+	var ids []uint64
+	for id := from; id <= to; id++ {
+		ids = append(ids, id)
+	}
+	return ids
+}
