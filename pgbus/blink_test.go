@@ -3,7 +3,9 @@ package pgbus
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,6 +75,67 @@ func TestConnectionsCut(t *testing.T) {
 	wantIDs(t, live.Events(int(last-1), wait), 2, last)
 	if n := queryInt(t, url, "SELECT count(*) FROM "+schema+".events"); n != int64(last) {
 		t.Fatalf("table holds %d events, want %d", n, last)
+	}
+}
+
+// A publish whose connection PostgreSQL terminates while the request is
+// under way (it waits on a lock when pg_terminate_backend cuts the
+// replica's connections, as a pooler bounce or a failover does) fails
+// with the true reason, the FATAL 57P01 the server sent, and as an
+// outcome unknown, not as a timeout; the pool is reset, and the next
+// publish succeeds on a fresh connection with the next id (the cut one
+// was not applied).
+func TestPublishCutAnswersTheTrueReason(t *testing.T) {
+	url, schema := testSchema(t)
+	opts := testOptions(schema)
+	opts.PublishTimeout = 30 * time.Second // the cut, not lock_timeout or the deadline, ends the wait
+	a := newReplica(t, url, "A", opts)
+	a.publish(t, "s", "e", nil)
+	warm(t, a.pool, 4)
+	unlock := lockEvents(t, url, schema)
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+		errc <- err
+	}()
+	waitFor(t, wait, "the publish waiting for the events table", func() bool {
+		return queryInt(t, url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", schema) == 1
+	})
+	newConns := a.pool.Stat().NewConnsCount()
+	if n := cutConnections(t, url, schema); n < 2 {
+		t.Fatalf("cut %d connections, want the publish's and the listener's at least", n)
+	}
+	var err error
+	select {
+	case err = <-errc:
+	case <-time.After(wait):
+		t.Fatal("the publish did not return after its connection was cut")
+	}
+	t.Logf("the cut publish: %v", err)
+	if err == nil || !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("the cut publish: %v, want an error wrapping ErrUnavailable and ErrOutcomeUnknown", err)
+	}
+	for _, want := range []string{"PostgreSQL terminated the connection", "FATAL 57P01 admin_shutdown", "after the request was sent"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the cut publish's error %q does not say %q", err, want)
+		}
+	}
+	for _, wrong := range []string{"PublishTimeout", "no answer", "answer was lost", "deadline"} {
+		if strings.Contains(err.Error(), wrong) {
+			t.Errorf("the cut publish's error %q says %q: the server said why", err, wrong)
+		}
+	}
+
+	unlock()
+	id, _, err := a.bp.Publish(context.Background(), "s", eventbus.Event{Type: "e"})
+	if err != nil || id != 2 {
+		t.Fatalf("the next publish: id %d, %v; want id 2", id, err)
+	}
+	if a.pool.Stat().NewConnsCount() == newConns {
+		t.Fatal("the next publish made no new connection: it ran on one from before the cut")
+	}
+	if n := queryInt(t, url, "SELECT count(*) FROM "+schema+".events"); n != 2 {
+		t.Fatalf("table holds %d events, want 2", n)
 	}
 }
 
