@@ -8,7 +8,6 @@ import (
 	"io"
 	"runtime"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -130,7 +129,11 @@ func tableHead(first string, cols, ratioed []string) (head, rule string) {
 
 func writeRun(w io.Writer, cfg config, rr runResult) {
 	cols, ratioed := columns(rr.Order)
-	fmt.Fprintf(w, "\n### Run %d of %d (%s)\n\n", rr.Index, cfg.runs, strings.Join(rr.Order, " first, then "))
+	order := rr.Order[0] + " first"
+	for _, impl := range rr.Order[1:] {
+		order += ", then " + impl
+	}
+	fmt.Fprintf(w, "\n### Run %d of %d (%s)\n\n", rr.Index, cfg.runs, order)
 	fmt.Fprintf(w, "%s; %d connections over %d sessions, heartbeat %v, idle window %v, %d fan-outs; %s/%s, %d CPUs, %s.\n",
 		time.Now().Format("2006-01-02 15:04"), cfg.conns, cfg.sessions, cfg.heartbeat, cfg.idle, cfg.fanouts,
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())

@@ -294,6 +294,7 @@ func TestReportSpread(t *testing.T) {
 		"| goroutine stacks per conn (StackInuse, after GCs) | 2.0 KiB | 4.0 KiB | 1.0 KiB | 2.00x | 4.00x |",
 		"| RSS per conn, after FreeOSMemory | 0.0 KiB | - | 0.0 KiB | - | - |",
 		"sessiond: `sessiond -addr x`",
+		"### Run 1 of 2 (eventbus first, then sessiond, then naive)",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in\n%s", want, out.String())
