@@ -49,9 +49,12 @@ type conn struct {
 
 // fleet is every connection of one measurement.
 type fleet struct {
-	conns   []*conn
-	got     []atomic.Int64 // per round: connections that have its event
-	rounds  int
+	conns  []*conn
+	got    []atomic.Int64 // per round: connections that have its event
+	rounds int
+	// idBase is the id before round 1's event: round k's event (from 0)
+	// has id idBase+k+1.
+	idBase  uint64
 	readers sync.WaitGroup
 	closing atomic.Bool
 	ended   atomic.Int64 // connections whose stream ended before we closed it
@@ -69,9 +72,10 @@ func sourceIP(block int) net.IP {
 
 // connect opens n connections to addr, spread evenly over sessions, at most
 // inflight at a time, and returns once every one has its response's head
-// (the 200 and the first flush). On an error it closes what it opened.
-func connect(addr string, n, sessions, rounds, inflight int) (*fleet, error) {
-	f := &fleet{conns: make([]*conn, n), got: make([]atomic.Int64, rounds), rounds: rounds}
+// (the 200 and the first flush). Round k's event (from 0) has id
+// idBase+k+1. On an error it closes what it opened.
+func connect(addr string, n, sessions, rounds int, idBase uint64, inflight int) (*fleet, error) {
+	f := &fleet{conns: make([]*conn, n), got: make([]atomic.Int64, rounds), rounds: rounds, idBase: idBase}
 	sem := make(chan struct{}, inflight)
 	var (
 		opened sync.WaitGroup
@@ -188,7 +192,8 @@ func abort(nc net.Conn) {
 // read parses the stream until it ends: it counts heartbeat lines, and for
 // each event frame records when its data line arrived and the timestamp it
 // carries. An event's id is its round (every session gets one event per
-// round, ids start at 1).
+// round) after the fleet's idBase; an id "<epoch>:<N>" (eventbus's
+// EpochIDs, sessiond's default) is read as N.
 func (c *conn) read(r *bufio.Reader, f *fleet) {
 	var (
 		inFrame bool
@@ -224,7 +229,11 @@ func (c *conn) read(r *bufio.Reader, f *fleet) {
 			size += len(line)
 			switch {
 			case bytes.HasPrefix(line, []byte("id: ")):
-				id, _ = strconv.ParseUint(string(bytes.TrimRight(line[4:], "\r\n")), 10, 64)
+				v := bytes.TrimRight(line[4:], "\r\n")
+				if i := bytes.LastIndexByte(v, ':'); i >= 0 {
+					v = v[i+1:]
+				}
+				id, _ = strconv.ParseUint(string(v), 10, 64)
 			case bytes.HasPrefix(line, []byte("data: ")):
 				at = time.Now().UnixNano()
 				sent = parseSent(line)
@@ -251,11 +260,11 @@ func parseSent(line []byte) int64 {
 }
 
 func (c *conn) frame(f *fleet, id uint64, sent, at int64, size int) {
-	if id < 1 || id > uint64(f.rounds) || sent == 0 || at == 0 {
+	if id <= f.idBase || id > f.idBase+uint64(f.rounds) || sent == 0 || at == 0 {
 		f.unexpected.Add(1)
 		return
 	}
-	k := id - 1
+	k := id - f.idBase - 1
 	if c.arrived[k].Load() != 0 {
 		f.unexpected.Add(1)
 		return

@@ -2,14 +2,20 @@
 
 // Command scale measures what idle SSE connections cost a server, and how
 // long one event takes to reach all of them, for eventbus's Handler beside
-// a naive net/http SSE handler, in the same run, on loopback (issue 26).
-// It is Linux only (it reads /proc).
+// a naive net/http SSE handler, in the same run, on loopback (issue 26),
+// and for the demo daemon cmd/sessiond, which serves that Handler the way
+// a user runs it. It is Linux only (it reads /proc).
 //
 // Usage, from benchmarks/:
 //
 //	go run ./scale [-conns 10000] [-sessions 200] [-heartbeat 1s] [-idle 10s]
-//	    [-fanouts 5] [-impl both|eventbus|naive] [-runs 1] [-json]
-//	    [-cpuprofile-server FILE] [-stackprofile FILE]
+//	    [-fanouts 5] [-impl both|all|eventbus|sessiond|naive|LIST] [-runs 1]
+//	    [-json] [-cpuprofile-server FILE] [-stackprofile FILE]
+//	    [-sessiond-bin PATH]
+//
+// -impl both (the default) is eventbus and naive, all adds sessiond
+// (eventbus, sessiond, naive), and a comma-separated LIST names the
+// implementations in the order the first run measures them.
 //
 // # How
 //
@@ -25,6 +31,27 @@
 //   - eventbus: an eventbus.Hub holding the sessions and an
 //     eventbus.Handler (Lookup: the hub's LookupRequest; Heartbeat from
 //     -heartbeat; everything else its default).
+//   - sessiond: not a child of this program but the demo daemon itself,
+//     cmd/sessiond, built from the working tree (go build
+//     github.com/ssebus/eventbus/cmd/sessiond, from inside the repository:
+//     the benchmarks module replaces the root module with ../) unless
+//     -sessiond-bin names a binary (one that has -debug-addr), and run
+//     with its defaults (epoch ids, so its frames are 33 bytes longer; the
+//     memory limit of its budget, logged) but for -addr 127.0.0.1:0, -debug-addr
+//     127.0.0.1:0 (the addresses are read from its log), -heartbeat,
+//     -max-subscribers (twice the clients of a session, at least 64) and
+//     -max-sessions (at least 1000). Each session is created by a POST of
+//     an event before any client connects (so no stream's lookup creates
+//     one; round k's event is then the session's event k+1). Its figures
+//     are read from outside: VmRSS from /proc/PID/status, user+system CPU
+//     from /proc/PID/stat (in 10 ms ticks), runtime.MemStats from
+//     /debug/vars, the goroutine count from the first line of
+//     /debug/pprof/goroutine?debug=1, and each collection before the
+//     memory figures is a GET of /debug/pprof/heap?gc=1 (runtime.GC), as
+//     many as a child runs (below). There is no RSS after FreeOSMemory
+//     ("-"). Its log goes to stderr but for the "stream opened" line of
+//     every connection. It ends with SIGTERM (and with this process:
+//     Pdeathsig).
 //   - naive: a broker per session, the naiveHTTP(false) baseline of the
 //     peer harness (an RWMutex, a buffered channel per client, one Write
 //     and one Flush per batch), with a heartbeat ticker per connection, the
@@ -61,20 +88,28 @@
 //     missing then is reported as lost, apart from the latencies). Latency
 //     is from that timestamp to each client's reading of the data line:
 //     the first client, p50, p99 and the last client reached, per round
-//     and their medians over the rounds. Then the memory figures once
+//     and their medians over the rounds. For sessiond the publish loop is
+//     this process's: a POST of the event to every session, one after
+//     another on one keep-alive connection, the timestamp this process's
+//     clock before the first, so its figures include an HTTP round trip
+//     per session that the others' in-process loop does not have. Then
+//     the memory figures once
 //     more, with the same collections: the stacks and heap per connection
 //     after the fan-outs, what a delivery leaves behind.
 //  5. Every connection closed, the child stopped.
 //
 // The report is a markdown table per run (rows: the figures; columns:
-// eventbus, naive and their ratio), the rounds, and with -json one JSON
-// line per implementation. -runs R repeats the whole comparison R times,
+// eventbus, sessiond and naive, those measured, then the ratio of each of
+// the others to naive when naive was measured), the rounds, and with -json
+// one JSON line per implementation. -runs R repeats the whole comparison R times,
 // alternating which implementation goes first, then gives each figure's
 // spread. -cpuprofile-server FILE makes each child write a CPU profile of
 // the heartbeat window and the fan-outs to FILE-<impl>.ext (FILE-<impl>-runN.ext
 // from the second run); -stackprofile FILE makes it write its goroutine
 // profile (debug=1: one entry per distinct stack) once connected, to find
-// what keeps the stacks deep.
+// what keeps the stacks deep. sessiond's CPU profile is net/http/pprof's,
+// of a fixed length: it covers the heartbeat window only, not the
+// fan-outs.
 //
 // The heartbeats differ by design, and that weighs on the fan-out: the
 // naive handler's ticker fires every -heartbeat whatever the stream does,
@@ -103,6 +138,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -139,21 +175,18 @@ func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
 	fs.DurationVar(&cfg.heartbeat, "heartbeat", time.Second, "the servers' heartbeat interval")
 	fs.DurationVar(&cfg.idle, "idle", 10*time.Second, "the idle window over which heartbeat CPU is measured")
 	fs.IntVar(&cfg.fanouts, "fanouts", 5, "fan-out rounds (one event to every session each)")
-	impl := fs.String("impl", "both", "implementations to measure: both, eventbus or naive")
+	impl := fs.String("impl", "both", "implementations to measure: both (eventbus,naive), all (eventbus,sessiond,naive), eventbus, sessiond, naive, or a comma-separated list of them")
 	fs.IntVar(&cfg.runs, "runs", 1, "repeat the whole comparison this many times, alternating the order")
 	fs.BoolVar(&cfg.jsonLines, "json", false, "also print one JSON line per implementation and run")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile-server", "", "write each child's CPU profile of the heartbeat window and the fan-outs to this file (-<impl> added)")
 	fs.StringVar(&cfg.stackProfile, "stackprofile", "", "write each child's goroutine profile, once connected, to this file (-<impl> added)")
+	fs.StringVar(&cfg.sessiondBin, "sessiond-bin", "", "the cmd/sessiond binary -impl sessiond runs (one with -debug-addr); empty: go build "+sessiondPkg+" from the working tree")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
-	switch *impl {
-	case "both":
-		cfg.impls = []string{"eventbus", "naive"}
-	case "eventbus", "naive":
-		cfg.impls = []string{*impl}
-	default:
-		return cfg, fmt.Errorf("-impl %q: want both, eventbus or naive", *impl)
+	var err error
+	if cfg.impls, err = parseImpls(*impl); err != nil {
+		return cfg, err
 	}
 	switch {
 	case fs.NArg() > 0:
@@ -166,4 +199,26 @@ func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
 		return cfg, errors.New("want -fanouts >= 1 and -runs >= 1")
 	}
 	return cfg, nil
+}
+
+// impls are the implementations, in the order of the report's columns.
+var impls = []string{"eventbus", "sessiond", "naive"}
+
+// parseImpls reads -impl: both, all, or a comma-separated list of impls,
+// each once. The measurement order of the first run is the list's.
+func parseImpls(v string) ([]string, error) {
+	switch v {
+	case "both":
+		return []string{"eventbus", "naive"}, nil
+	case "all":
+		return slices.Clone(impls), nil
+	}
+	var out []string
+	for name := range strings.SplitSeq(v, ",") {
+		if !slices.Contains(impls, name) || slices.Contains(out, name) {
+			return nil, fmt.Errorf("-impl %q: want both, all, or a list of distinct eventbus, sessiond and naive", v)
+		}
+		out = append(out, name)
+	}
+	return out, nil
 }

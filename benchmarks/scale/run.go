@@ -35,6 +35,9 @@ type config struct {
 	jsonLines       bool
 	cpuProfile      string // the child's CPU profile file (per impl and run)
 	stackProfile    string // the child's goroutine profile file (per impl and run)
+	// sessiondBin is the cmd/sessiond binary -impl sessiond runs: given
+	// by -sessiond-bin, else built by run.
+	sessiondBin string
 
 	exe      string   // the program the children run
 	childEnv []string // added to the children's environment
@@ -80,8 +83,10 @@ type roundResult struct {
 // implResult is one implementation's measurement in one run, also its
 // JSON line (-json). Per-connection figures are (after - baseline) / conns.
 type implResult struct {
-	Impl     string `json:"impl"`
-	Run      int    `json:"run"`
+	Impl string `json:"impl"`
+	Run  int    `json:"run"`
+	// Binary is sessiond's binary and command line (-impl sessiond).
+	Binary   string `json:"binary,omitempty"`
 	Conns    int    `json:"conns"`
 	Sessions int    `json:"sessions"`
 
@@ -160,6 +165,17 @@ func run(cfg config, out, logw io.Writer) ([]runResult, error) {
 			}
 		}
 	}
+	if slices.Contains(cfg.impls, "sessiond") && cfg.sessiondBin == "" {
+		dir, err := os.MkdirTemp("", "scale-sessiond-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		fmt.Fprintf(logw, "building %s\n", sessiondPkg)
+		if cfg.sessiondBin, err = buildSessiond(dir); err != nil {
+			return nil, err
+		}
+	}
 	var runs []runResult
 	for r := 1; r <= cfg.runs; r++ {
 		order := slices.Clone(cfg.impls)
@@ -182,6 +198,33 @@ func run(cfg config, out, logw io.Writer) ([]runResult, error) {
 		writeSpread(out, cfg, runs)
 	}
 	return runs, nil
+}
+
+// server is a running implementation, as measure drives it: a child
+// (childProc), or sessiond (sessiondProc).
+type server interface {
+	sse() string // the address of the SSE streams
+	// idBase is the id before round 1's event in every session (round k's
+	// event has id idBase+k).
+	idBase() uint64
+	// stats reads the server's figures; with gc after the collections
+	// settleGC describes.
+	stats(gc bool) (serverStats, error)
+	// publish publishes one event to every session, stamped with the
+	// wall clock before the first.
+	publish() (publishReply, error)
+	startCPUProfile() error
+	stopCPUProfile() error
+	writeStackProfile() error
+	stop()
+}
+
+// startServer starts impl's server for run.
+func startServer(cfg config, impl string, run int) (server, error) {
+	if impl == "sessiond" {
+		return startSessiond(cfg, run)
+	}
+	return startChild(cfg, impl, run)
 }
 
 // childProc is a started child and the client of its control server.
@@ -304,15 +347,31 @@ func (c *childProc) stats(gc bool) (serverStats, error) {
 	return st, err
 }
 
+func (c *childProc) sse() string    { return c.addrs.SSE }
+func (c *childProc) idBase() uint64 { return 0 }
+
+func (c *childProc) publish() (publishReply, error) {
+	var reply publishReply
+	err := c.call(http.MethodPost, "/publish", &reply)
+	return reply, err
+}
+
+func (c *childProc) startCPUProfile() error   { return c.call(http.MethodPost, "/profile/start", nil) }
+func (c *childProc) stopCPUProfile() error    { return c.call(http.MethodPost, "/profile/stop", nil) }
+func (c *childProc) writeStackProfile() error { return c.call(http.MethodPost, "/stackprofile", nil) }
+
 // measure runs one implementation's steps: baseline, connect, memory,
 // heartbeat window, fan-out rounds, close.
 func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, err error) {
 	res := &implResult{Impl: impl, Run: run, Conns: cfg.conns, Sessions: cfg.sessions, LoadStart: loadAvg()}
-	child, err := startChild(cfg, impl, run)
+	child, err := startServer(cfg, impl, run)
 	if err != nil {
 		return nil, err
 	}
 	defer child.stop()
+	if impl == "sessiond" {
+		res.Binary = strings.Join(append([]string{cfg.sessiondBin}, sessiondArgs(cfg)...), " ")
+	}
 
 	// (1) The baseline: the sessions exist, no connection.
 	if res.Baseline, err = child.stats(true); err != nil {
@@ -321,7 +380,7 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 
 	// (2) Connect, let the streams settle, measure.
 	start := time.Now()
-	fl, err := connect(child.addrs.SSE, cfg.conns, cfg.sessions, cfg.fanouts, cfg.inflight)
+	fl, err := connect(child.sse(), cfg.conns, cfg.sessions, cfg.fanouts, child.idBase(), cfg.inflight)
 	if err != nil {
 		return nil, err
 	}
@@ -341,14 +400,14 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 	res.RSSFreedPerConn = float64(a.RSSFreed-b.RSSFreed) / n
 	res.GoroutinesPerConn = float64(a.Goroutines-b.Goroutines) / n
 	if cfg.stackProfile != "" {
-		if err := child.call(http.MethodPost, "/stackprofile", nil); err != nil {
+		if err := child.writeStackProfile(); err != nil {
 			return nil, err
 		}
 	}
 
 	// (3) The heartbeat window: the server's CPU while every stream idles.
 	if cfg.cpuProfile != "" {
-		if err := child.call(http.MethodPost, "/profile/start", nil); err != nil {
+		if err := child.startCPUProfile(); err != nil {
 			return nil, err
 		}
 	}
@@ -396,7 +455,7 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 		fmt.Fprintf(logw, "  fan-out %d: last client after %s, %d missing\n", k+1, fmtMicros(rd.LastMicros), rd.Missing)
 	}
 	if cfg.cpuProfile != "" {
-		if err := child.call(http.MethodPost, "/profile/stop", nil); err != nil {
+		if err := child.stopCPUProfile(); err != nil {
 			return nil, err
 		}
 	}
@@ -434,12 +493,12 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 
 // fanout runs round k: one event to every session, then waits for every
 // connection to have it.
-func fanout(child *childProc, fl *fleet, k int, timeout time.Duration) (roundResult, error) {
+func fanout(child server, fl *fleet, k int, timeout time.Duration) (roundResult, error) {
 	var rd roundResult
-	var reply publishReply
 	hb := fl.totalHeartbeats()
 	start := time.Now()
-	if err := child.call(http.MethodPost, "/publish", &reply); err != nil {
+	reply, err := child.publish()
+	if err != nil {
 		return rd, err
 	}
 	got := fl.waitRound(k, timeout)

@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -102,8 +101,11 @@ func settleGC() int {
 }
 
 // readRSS returns VmRSS from /proc/self/status, in bytes.
-func readRSS() (int64, error) {
-	b, err := os.ReadFile("/proc/self/status")
+func readRSS() (int64, error) { return readRSSOf("self") }
+
+// readRSSOf returns VmRSS from /proc/<pid>/status, in bytes.
+func readRSSOf(pid string) (int64, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0, err
 	}
@@ -119,7 +121,7 @@ func readRSS() (int64, error) {
 			}
 		}
 	}
-	return 0, errors.New("no VmRSS line in /proc/self/status")
+	return 0, fmt.Errorf("no VmRSS line in /proc/%s/status", pid)
 }
 
 // cpuMicros returns the process's user and system CPU time, in µs.

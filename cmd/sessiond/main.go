@@ -189,6 +189,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Ready:           ready,
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          f.Limits(),
+		Debug:           f.Debug,
 		Memory:          f.MemoryBudget(srv.hub.Stats().MaxTotalBytes),
 	}
 	if f.Demo {

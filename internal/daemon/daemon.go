@@ -1,11 +1,11 @@
 // Package daemon holds what the two demo daemons, cmd/sessiond (in-memory
 // buses) and redisbus/cmd/sessiond-redis (buses mirrored from Redis), do
 // alike: the process entry point, the shared flags, the listen, serve and
-// graceful-shutdown sequence, the demo publisher, the route table and the
-// JSON responses, and the routes of a backplane daemon over any engine
-// (Replica, which pgbus/cmd/sessiond-pg serves). What is specific to a
-// daemon (how sessions are found, created, published to and deleted)
-// stays in the daemon.
+// graceful-shutdown sequence, the debug listener (-debug-addr), the demo
+// publisher, the route table and the JSON responses, and the routes of a
+// backplane daemon over any engine (Replica, which pgbus/cmd/sessiond-pg
+// serves). What is specific to a daemon (how sessions are found, created,
+// published to and deleted) stays in the daemon.
 //
 // It is internal to github.com/ssebus/eventbus; the redisbus and pgbus
 // modules may import it because their import paths lie under that prefix.
@@ -100,6 +100,14 @@ type Server struct {
 	// Limits bound the headers, bodies and idle connections of clients
 	// (the zero value: every default). Run refuses invalid Limits.
 	Limits Limits
+	// Debug, when its Addr is set, is a second listener serving the
+	// runtime's profiles and counters (DebugHandler, on a mux of its own):
+	// Run listens on it first (an address it cannot listen on, or one
+	// that is not loopback without Debug.Public, is Run's error, after it
+	// has closed Listener and called Close), logs "<Name> debug listening"
+	// with its address just before the "<Name> listening" line, and
+	// closes it, cutting a profile in progress, when it returns.
+	Debug Debug
 	// Memory, when set, is the daemon's memory budget: unless GOMEMLIMIT
 	// is set, Run sets the Go runtime's soft memory limit to its Limit
 	// (its Bodies 0: Limits' body budget), logs it, and puts the previous
@@ -118,8 +126,9 @@ type Server struct {
 // has been called all the same). After ctx is done it returns nil, also
 // when the graceful shutdown timed out (that is logged at Warn and the
 // remaining connections are closed), unless closing them failed or the
-// server had failed meanwhile. It closes nothing but Listener and the HTTP
-// server; a daemon's other resources (a Redis client) are its own to close.
+// server had failed meanwhile. It closes nothing but Listener, the HTTP
+// server and the debug listener; a daemon's other resources (a Redis
+// client) are its own to close.
 func (s *Server) Run(ctx context.Context) error {
 	logger := s.Logger
 	limits, err := s.Limits.withDefaults()
@@ -127,6 +136,14 @@ func (s *Server) Run(ctx context.Context) error {
 		s.Listener.Close()
 		s.Close(context.Background())
 		return err
+	}
+	var debugLn net.Listener
+	if s.Debug.Addr != "" {
+		if debugLn, err = s.Debug.listen(); err != nil {
+			s.Listener.Close()
+			s.Close(context.Background())
+			return err
+		}
 	}
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
@@ -153,6 +170,9 @@ func (s *Server) Run(ctx context.Context) error {
 			m.Bodies = limits.BodyBudget
 		}
 		defer setMemoryLimit(logger, m, os.LookupEnv)()
+	}
+	if debugLn != nil {
+		defer serveDebug(s.Name, debugLn, logger).close()
 	}
 	addr := s.Listener.Addr().String()
 	logger.Info(s.Name+" listening", append([]any{"addr", addr}, s.ListenAttrs...)...)

@@ -91,6 +91,9 @@ type Flags struct {
 	// -overflow: what a stream whose queue overflows gets (evict, resync
 	// or catchup); the zero value is evict.
 	Overflow eventbus.OverflowPolicy
+	// -debug-addr and -debug-public: the debug listener (pprof and
+	// expvar) Server.Run opens; the zero value is none.
+	Debug Debug
 	// -max-stream-sessions: the most sessions one multiplexed stream
 	// (GET /events) serves; defined only for a daemon whose FlagDocs has
 	// StreamSessions (0 otherwise).
@@ -168,6 +171,9 @@ func (f *Flags) register(fs *flag.FlagSet, docs FlagDocs) {
 	if docs.StreamSessions != "" {
 		fs.IntVar(&f.MaxStreamSessions, "max-stream-sessions", eventbus.DefaultMaxStreamSessions, docs.StreamSessions)
 	}
+	fs.StringVar(&f.Debug.Addr, "debug-addr", "", "serve the runtime's profiles and counters on this second address, e.g. 127.0.0.1:6060: net/http/pprof under /debug/pprof/, expvar's /debug/vars (memstats); "+
+		"it must be loopback unless -debug-public (empty: none)")
+	fs.BoolVar(&f.Debug.Public, "debug-public", false, "allow a -debug-addr that is not loopback (logged as a warning): its profiles and its command line, -auth-token included, are open to whoever reaches it")
 	fs.BoolVar(&f.Verbose, "v", false, "debug logging")
 	fs.Var(overflowFlag{&f.Overflow}, "overflow", "`policy` for a stream whose queue overflows: evict (client_evicted; it reconnects and resumes), "+
 		"resync (its queue is dropped for a state_resync_required; evicted on the third overflow within 60s) or "+

@@ -174,6 +174,7 @@ func (rf *ReplicaFlags) Serve(ctx context.Context, rs ReplicaServer) error {
 		Close:           func(context.Context) { rs.Close() },
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          f.Limits(),
+		Debug:           f.Debug,
 		// No bound on the rings together: each session mirrored here
 		// keeps its own; the budget counts one full ring.
 		Memory: f.MemoryBudget(eventbus.DefaultRingMaxBytes),
