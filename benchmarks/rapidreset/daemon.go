@@ -30,8 +30,9 @@ type daemonConfig struct {
 	settle time.Duration // from the session's creation to the burst
 	after  time.Duration // watched after the burst
 	sample time.Duration // the RSS sampling interval
-	// nudge: at the end, force a collection by allocating in the daemon
-	// (POSTs of a 1 MiB body it refuses), to read the live heap then.
+	// nudge: at the end, force nudgeCollections collections by allocating
+	// in the daemon (POSTs of a 1 MiB body it refuses), to read the live
+	// heap then.
 	nudge   bool
 	log     string // file for the daemon's whole stderr; empty: none
 	samples string // CSV file of the RSS samples; empty: none
@@ -255,7 +256,7 @@ type daemonReport struct {
 	burstMaxLive       int64
 	burstLastLive      int64         // the last collection that started before the end of the burst
 	nudgeAt            time.Duration // the nudge's start, from the burst's
-	nudgeGC            *gcLine
+	nudgeGCs           []gcLine      // the collections the nudge made (nudgeCollections, or fewer on failure)
 	nudgeBytes         int64
 	nudgeRSS           int64
 	lines              int64
@@ -390,7 +391,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig, acfg attackConfig, progres
 
 	r.nudgeAt = time.Since(t0)
 	if cfg.nudge {
-		r.nudgeGC, r.nudgeBytes, r.nudgeErr = nudge(ctx, d, client, base)
+		r.nudgeGCs, r.nudgeBytes, r.nudgeErr = nudge(ctx, d, client, base)
 		if rss, _, err := readStatus(pid); err == nil {
 			r.nudgeRSS = rss
 		}
@@ -427,32 +428,47 @@ var nudgeBody = func() []byte {
 	return append(b, `"}`...)
 }()
 
-// nudge makes the daemon collect: it POSTs nudgeBody until a gctrace line
-// for a collection that started after the first POST arrives (at most
-// 4 GiB or 60 s), and returns that collection.
-func nudge(ctx context.Context, d *daemonProc, client *http.Client, base string) (*gcLine, int64, string) {
+// nudgeCollections is how many collections the nudge makes: what a
+// sync.Pool holds survives one collection (in its victim cache) and goes
+// at the second, so the second's live heap is what the daemon keeps.
+const nudgeCollections = 2
+
+// nudge makes the daemon collect: it POSTs nudgeBody until the gctrace
+// lines of nudgeCollections collections after the first POST have arrived
+// (at most 4 GiB or 60 s), and returns those collections, and what failed.
+func nudge(ctx context.Context, d *daemonProc, client *http.Client, base string) ([]gcLine, int64, string) {
 	n0 := d.gcCount()
+	got := func() []gcLine {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return append([]gcLine(nil), d.gcs[n0:]...)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	var sent int64
 	url := base + "/session/rapidreset-nudge/events"
 	for sent < 4<<30 {
-		if d.gcCount() > n0 {
-			d.mu.Lock()
-			g := d.gcs[n0]
-			d.mu.Unlock()
-			return &g, sent, ""
+		if d.gcCount() >= n0+nudgeCollections {
+			return got()[:nudgeCollections], sent, ""
 		}
 		code, err := post(ctx, client, url, nudgeBody)
 		if err != nil {
-			return nil, sent, err.Error()
+			return got(), sent, err.Error()
 		}
 		if code != http.StatusBadRequest {
-			return nil, sent, fmt.Sprintf("a nudge POST got status %d, not 400", code)
+			return got(), sent, fmt.Sprintf("a nudge POST got status %d, not 400", code)
 		}
 		sent += int64(len(nudgeBody))
 	}
-	return nil, sent, "no collection after 4 GiB of refused bodies"
+	return got(), sent, fmt.Sprintf("fewer than %d collections after 4 GiB of refused bodies", nudgeCollections)
+}
+
+// nudged returns the last collection of a nudge that succeeded.
+func (r *daemonReport) nudged() (gcLine, bool) {
+	if r.nudgeErr != "" || len(r.nudgeGCs) == 0 {
+		return gcLine{}, false
+	}
+	return r.nudgeGCs[len(r.nudgeGCs)-1], true
 }
 
 func writeSamples(path string, r *daemonReport) error {
@@ -465,13 +481,13 @@ func writeSamples(path string, r *daemonReport) error {
 }
 
 // tableHeader is the header of the rows tableRow writes.
-const tableHeader = "| case | resets/s read by the server (sent; GOAWAYs; errors) | peak RSS (VmHWM) | RSS at end of burst | RSS +5 s | RSS +30 s | live heap, last GC of the burst (max) | live heap, GC at the end |\n" +
+const tableHeader = "| case | resets/s read by the server (sent; GOAWAYs; errors) | peak RSS (VmHWM) | RSS at end of burst | RSS +5 s | RSS +30 s | live heap, last GC of the burst (max) | live heap, 2nd GC forced at the end |\n" +
 	"|---|---:|---:|---:|---:|---:|---:|---:|"
 
 func (r *daemonReport) tableRow() string {
 	nudge := "-"
-	if r.nudgeGC != nil {
-		nudge = fmt.Sprintf("%d MiB (+%.0f s)", r.nudgeGC.live, r.nudgeGC.at.Seconds()-r.burst.Seconds())
+	if g, ok := r.nudged(); ok {
+		nudge = fmt.Sprintf("%d MiB (+%.0f s)", g.live, (g.at - r.burst).Seconds())
 	}
 	return fmt.Sprintf("| %s | %.0f (%.0f; %d; %d) | %s | %s | %s | %s | %d MiB (%d MiB) | %s |",
 		r.label, r.attack.Rate(), r.attack.SentRate(), r.attack.GoAways, r.attack.Errors, mib(r.peak), mib(r.at(0).rss),
@@ -509,8 +525,13 @@ func (r *daemonReport) write(w io.Writer, after time.Duration) {
 		}
 	}
 	switch {
-	case r.nudgeGC != nil:
-		fmt.Fprintf(w, "forced at the end by %s of refused POST bodies: live heap %d MiB; RSS after it %s\n", mib(r.nudgeBytes), r.nudgeGC.live, mib(r.nudgeRSS))
+	case r.nudgeErr == "" && len(r.nudgeGCs) > 0:
+		lives := make([]string, len(r.nudgeGCs))
+		for i, g := range r.nudgeGCs {
+			lives[i] = fmt.Sprintf("%d MiB", g.live)
+		}
+		fmt.Fprintf(w, "%d collections forced at the end by %s of refused POST bodies: live heap %s; RSS after them %s\n",
+			len(r.nudgeGCs), mib(r.nudgeBytes), strings.Join(lives, ", then "), mib(r.nudgeRSS))
 	case r.nudgeErr != "":
 		fmt.Fprintf(w, "the nudge failed: %s\n", r.nudgeErr)
 	}

@@ -47,9 +47,10 @@
 // "A->B->C MB" is what the collection marked live (MiB). A daemon idle
 // after the burst allocates too little to collect, so at the end (-nudge)
 // this process makes it collect: it POSTs 1 MiB bodies that the daemon
-// reads whole and refuses (400, an unknown field), until a collection
-// starts, and reads that collection's live heap (an in-flight body, 1-2
-// MiB, may count in it). Then SIGTERM. The report gives the RSS at the
+// reads whole and refuses (400, an unknown field) until two collections
+// have run, and reads the second's live heap (what a sync.Pool holds
+// survives the first; an in-flight body, 1-2 MiB, may count). Then
+// SIGTERM. The report gives the RSS at the
 // end of the burst and 1, 5, 10, 20, 30 s and -after after it, the peak
 // (VmHWM, which also catches a peak between samples), the collections
 // during and after the burst, and a Markdown table row. Linux only.
@@ -105,7 +106,7 @@ func run(ctx context.Context, args []string, out, progress io.Writer) error {
 	fs.DurationVar(&dcfg.settle, "settle", 2*time.Second, "with -daemon: the wait between creating the session and the burst")
 	fs.DurationVar(&dcfg.after, "after", 40*time.Second, "with -daemon: how long the RSS is sampled after the burst")
 	fs.DurationVar(&dcfg.sample, "sample", 250*time.Millisecond, "with -daemon: the RSS sampling interval")
-	fs.BoolVar(&dcfg.nudge, "nudge", true, "with -daemon: at the end, make the daemon collect (POSTs of refused 1 MiB bodies) and report the live heap")
+	fs.BoolVar(&dcfg.nudge, "nudge", true, "with -daemon: at the end, make the daemon collect twice (POSTs of refused 1 MiB bodies) and report the live heap")
 	fs.StringVar(&dcfg.log, "daemon-log", "", "with -daemon: write the daemon's stderr (its log and gctrace) to this file")
 	fs.StringVar(&dcfg.samples, "samples", "", "with -daemon: write the RSS samples to this CSV file")
 	fs.StringVar(&dcfg.label, "label", "", "with -daemon: the case's name in the table row (default: the daemon's flags)")

@@ -153,8 +153,8 @@ func TestDaemon(t *testing.T) {
 	if len(r.samples) < 5 || r.peak <= 0 || r.baseline.rss <= 0 || r.at(0).rss <= 0 {
 		t.Errorf("%d samples, peak %d, baseline %d", len(r.samples), r.peak, r.baseline.rss)
 	}
-	if r.nudgeGC == nil {
-		t.Errorf("no collection after the nudge: %s", r.nudgeErr)
+	if g, ok := r.nudged(); !ok || len(r.nudgeGCs) != nudgeCollections || g.num != r.nudgeGCs[0].num+1 {
+		t.Errorf("the nudge's collections: %+v, %s", r.nudgeGCs, r.nudgeErr)
 	}
 	if !strings.Contains(out.String(), "| child | ") {
 		t.Errorf("no table row in the report")
