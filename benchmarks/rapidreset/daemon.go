@@ -33,7 +33,10 @@ type daemonConfig struct {
 	// nudge: at the end, force nudgeCollections collections by allocating
 	// in the daemon (POSTs of a 1 MiB body it refuses), to read the live
 	// heap then.
-	nudge   bool
+	nudge bool
+	// dump: end the daemon with SIGQUIT instead of SIGTERM, and count the
+	// goroutines of the stack dump the runtime writes.
+	dump    bool
 	log     string // file for the daemon's whole stderr; empty: none
 	samples string // CSV file of the RSS samples; empty: none
 	label   string // the case's name in the report's table row
@@ -60,17 +63,27 @@ type gcLine struct {
 	inBurst bool
 }
 
-var gcRe = regexp.MustCompile(`^gc (\d+) @.* (\d+)->(\d+)->(\d+) MB, (\d+) MB goal`)
+var (
+	gcHeapRe = regexp.MustCompile(`(\d+)->(\d+)->(\d+) MB, (\d+) MB goal`)
+	gcNumRe  = regexp.MustCompile(`^gc (\d+) @`)
+)
 
-// parseGC parses a gctrace line; ok is false for any other line.
+// parseGC parses a gctrace line; ok is false for any other line. The
+// runtime writes a gctrace line in pieces, so a log line written at the
+// same time can tear it in two: the part with the heap figures is taken
+// wherever it is (its number is then -1).
 func parseGC(line string) (g gcLine, ok bool) {
-	m := gcRe.FindStringSubmatch(line)
+	m := gcHeapRe.FindStringSubmatch(line)
 	if m == nil {
 		return gcLine{}, false
 	}
 	n := func(s string) int64 { v, _ := strconv.ParseInt(s, 10, 64); return v }
-	return gcLine{num: int(n(m[1])), before: n(m[2]), after: n(m[3]), live: n(m[4]), goal: n(m[5]),
-		forced: strings.HasSuffix(line, "(forced)")}, true
+	g = gcLine{num: -1, before: n(m[1]), after: n(m[2]), live: n(m[3]), goal: n(m[4]),
+		forced: strings.Contains(line, "(forced)")}
+	if m := gcNumRe.FindStringSubmatch(line); m != nil {
+		g.num = int(n(m[1]))
+	}
+	return g, true
 }
 
 var addrRe = regexp.MustCompile(`\blistening\b.*\baddr=(\S+)`)
@@ -133,7 +146,15 @@ type daemonProc struct {
 	gcs     []gcLine
 	lines   int64
 	notable []string // the memory-limit line, warnings and errors (the first few)
+	// dumping: SIGQUIT was sent; goroutines counts the goroutines of the
+	// dump the runtime writes then.
+	dumping    bool
+	goroutines int
+
+	stopOnce sync.Once
 }
+
+var goroutineRe = regexp.MustCompile(`^goroutine \d+ `)
 
 func startDaemon(cfg daemonConfig) (*daemonProc, error) {
 	args := append([]string{"-addr", "127.0.0.1:0"}, cfg.args...)
@@ -190,6 +211,9 @@ func startDaemon(cfg daemonConfig) (*daemonProc, error) {
 				continue
 			}
 			d.mu.Lock()
+			if d.dumping && goroutineRe.MatchString(line) {
+				d.goroutines++
+			}
 			d.lines++
 			if strings.Contains(line, "memory limit") || (len(d.notable) < 8 &&
 				(strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") || strings.Contains(line, "panic"))) {
@@ -208,16 +232,39 @@ func startDaemon(cfg daemonConfig) (*daemonProc, error) {
 	return d, nil
 }
 
-// stop ends the daemon with SIGTERM, then SIGKILL after 15 s.
-func (d *daemonProc) stop() {
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+// stop ends the daemon with SIGTERM, then SIGKILL after 15 s; once.
+func (d *daemonProc) stop() { d.end(syscall.SIGTERM) }
+
+// dump ends the daemon with SIGQUIT, at which the Go runtime writes every
+// goroutine's stack to stderr and exits, and returns how many goroutines
+// the dump shows (the runtime's own included), or -1 when the daemon had
+// already ended.
+func (d *daemonProc) dump() int {
 	select {
 	case <-d.exit:
-	case <-time.After(15 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.exit
+		return -1
+	default:
 	}
-	_ = d.cmd.Wait()
+	d.mu.Lock()
+	d.dumping = true
+	d.mu.Unlock()
+	d.end(syscall.SIGQUIT)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.goroutines
+}
+
+func (d *daemonProc) end(sig os.Signal) {
+	d.stopOnce.Do(func() {
+		_ = d.cmd.Process.Signal(sig)
+		select {
+		case <-d.exit:
+		case <-time.After(15 * time.Second):
+			_ = d.cmd.Process.Kill()
+			<-d.exit
+		}
+		_ = d.cmd.Wait()
+	})
 }
 
 func (d *daemonProc) gcCount() int {
@@ -263,6 +310,7 @@ type daemonReport struct {
 	notable            []string
 	daemonArgs         []string
 	nudgeErr           string
+	goroutines         int // in the SIGQUIT dump at the end; -1: none taken
 }
 
 // at returns the sample closest to d after the burst's end.
@@ -407,6 +455,10 @@ func runDaemon(ctx context.Context, cfg daemonConfig, acfg attackConfig, progres
 	r.lines = d.lines
 	r.notable = append([]string(nil), d.notable...)
 	d.mu.Unlock()
+	r.goroutines = -1
+	if cfg.dump {
+		r.goroutines = d.dump()
+	}
 	for _, g := range r.gcs {
 		// A line read within 250 ms of the end is of a collection that
 		// started in the burst.
@@ -534,6 +586,9 @@ func (r *daemonReport) write(w io.Writer, after time.Duration) {
 			len(r.nudgeGCs), mib(r.nudgeBytes), strings.Join(lives, ", then "), mib(r.nudgeRSS))
 	case r.nudgeErr != "":
 		fmt.Fprintf(w, "the nudge failed: %s\n", r.nudgeErr)
+	}
+	if r.goroutines >= 0 {
+		fmt.Fprintf(w, "goroutines at the end (the daemon's SIGQUIT dump, the runtime's own included): %d\n", r.goroutines)
 	}
 	fmt.Fprintf(w, "daemon log lines (besides gctrace): %d\n", r.lines)
 	for _, l := range r.notable {

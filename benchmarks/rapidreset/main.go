@@ -50,7 +50,11 @@
 // reads whole and refuses (400, an unknown field) until two collections
 // have run, and reads the second's live heap (what a sync.Pool holds
 // survives the first; an in-flight body, 1-2 MiB, may count). Then
-// SIGTERM. The report gives the RSS at the
+// SIGQUIT (-dump), at which the Go runtime writes every goroutine's stack
+// and exits: the report counts them (a goroutine a reset stream left
+// behind would show there); -dump=false sends SIGTERM. The runtime writes
+// a gctrace line in pieces and the daemon's log lines can tear it: the
+// heap figures are read wherever they are. The report gives the RSS at the
 // end of the burst and 1, 5, 10, 20, 30 s and -after after it, the peak
 // (VmHWM, which also catches a peak between samples), the collections
 // during and after the burst, and a Markdown table row. Linux only.
@@ -107,6 +111,7 @@ func run(ctx context.Context, args []string, out, progress io.Writer) error {
 	fs.DurationVar(&dcfg.after, "after", 40*time.Second, "with -daemon: how long the RSS is sampled after the burst")
 	fs.DurationVar(&dcfg.sample, "sample", 250*time.Millisecond, "with -daemon: the RSS sampling interval")
 	fs.BoolVar(&dcfg.nudge, "nudge", true, "with -daemon: at the end, make the daemon collect twice (POSTs of refused 1 MiB bodies) and report the live heap")
+	fs.BoolVar(&dcfg.dump, "dump", true, "with -daemon: end the daemon with SIGQUIT, not SIGTERM, and count the goroutines of the runtime's stack dump")
 	fs.StringVar(&dcfg.log, "daemon-log", "", "with -daemon: write the daemon's stderr (its log and gctrace) to this file")
 	fs.StringVar(&dcfg.samples, "samples", "", "with -daemon: write the RSS samples to this CSV file")
 	fs.StringVar(&dcfg.label, "label", "", "with -daemon: the case's name in the table row (default: the daemon's flags)")

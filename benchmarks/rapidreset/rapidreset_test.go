@@ -138,7 +138,7 @@ func TestDaemon(t *testing.T) {
 	var progress bytes.Buffer
 	r, err := runDaemon(t.Context(), daemonConfig{
 		bin: os.Args[0], env: []string{childEnv}, create: "h",
-		after: 500 * time.Millisecond, sample: 100 * time.Millisecond, nudge: true, label: "child",
+		after: 500 * time.Millisecond, sample: 100 * time.Millisecond, nudge: true, dump: true, label: "child",
 	}, attackConfig{path: "/session/h/events", conns: 2, rate: 500, duration: time.Second}, &progress)
 	t.Log(progress.String())
 	if err != nil {
@@ -156,6 +156,10 @@ func TestDaemon(t *testing.T) {
 	if g, ok := r.nudged(); !ok || len(r.nudgeGCs) != nudgeCollections || g.num != r.nudgeGCs[0].num+1 {
 		t.Errorf("the nudge's collections: %+v, %s", r.nudgeGCs, r.nudgeErr)
 	}
+	// The test binary's own: the runtime's, the server's, the signal's.
+	if r.goroutines < 3 || r.goroutines > 50 {
+		t.Errorf("%d goroutines in the dump", r.goroutines)
+	}
 	if !strings.Contains(out.String(), "| child | ") {
 		t.Errorf("no table row in the report")
 	}
@@ -165,6 +169,15 @@ func TestParse(t *testing.T) {
 	g, ok := parseGC("gc 36 @12.345s 3%: 0.031+4.1+0.012 ms clock, 0.062+0.5/3.9/7.1+0.025 ms cpu, 60->61->18 MB, 71 MB goal, 0 MB stacks, 0 MB globals, 2 P (forced)")
 	if !ok || g.num != 36 || g.before != 60 || g.after != 61 || g.live != 18 || g.goal != 71 || !g.forced {
 		t.Errorf("parseGC: %+v %v", g, ok)
+	}
+	// Torn by a log line: the heap figures start a line of their own.
+	g, ok = parseGC(`gc time=2026-12-03T21:15:47.992Z level=INFO msg="stream opened"`)
+	if ok {
+		t.Errorf("parseGC took the torn head: %+v", g)
+	}
+	g, ok = parseGC(`165 @21.085s 8%: 0.16+9.8+0.061 ms clock, 0.32+2.8/5.0/0+0.12 ms cpu, 26->27->14 MB, 27 MB goal, 0 MB stacks, 0 MB globals, 2 P`)
+	if !ok || g.num != -1 || g.live != 14 || g.goal != 27 || g.forced {
+		t.Errorf("parseGC of a torn tail: %+v %v", g, ok)
 	}
 	if _, ok := parseGC(`time=2026-12-03T20:34:11Z level=INFO msg="stream opened" session=h`); ok {
 		t.Error("parseGC took a log line")
