@@ -1,6 +1,6 @@
 module github.com/ssebus/eventbus/benchmarks
 
-go 1.25
+go 1.26.0
 
 // Users get the root module at the release this file requires (one version
 // for every module of the repository, RELEASING.md); inside the
@@ -14,10 +14,13 @@ require (
 	github.com/tmaxmax/go-sse v0.11.0
 )
 
-require go.yaml.in/yaml/v3 v3.0.6 // indirect
+require (
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/text v0.44.0 // indirect
+)
 
 require (
 	github.com/ssebus/eventbus v0.1.0
-	golang.org/x/net v0.0.0-20191116160921-f9c825593386 // indirect
+	golang.org/x/net v0.63.0
 	gopkg.in/cenkalti/backoff.v1 v1.1.0 // indirect
 )
