@@ -57,7 +57,8 @@ if want hot; then
     load
   } > $out/stream-cost-hot.txt
   {
-    bench -col /impl -filter '.unit:sec/delivery' $out/stream-cost-hot.txt || true
+    bench -col /impl -filter '.unit:sec/delivery /impl:(base OR new)' $out/stream-cost-hot.txt || true
+    bench -col /impl -filter '.unit:sec/delivery /impl:(base-events OR new-events)' $out/stream-cost-hot.txt || true
     sed -n '/BenchmarkHandler-base/s/BenchmarkHandler-base/BenchmarkHandler/p' $out/stream-cost-hot.txt > "$tmp/h-base.txt"
     sed -n '/BenchmarkHandler-new/s/BenchmarkHandler-new/BenchmarkHandler/p' $out/stream-cost-hot.txt > "$tmp/h-new.txt"
     bench base="$tmp/h-base.txt" new="$tmp/h-new.txt" || true
