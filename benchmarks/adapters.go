@@ -13,6 +13,7 @@ import (
 	gosse "github.com/tmaxmax/go-sse"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/benchmarks/internal/naive"
 )
 
 // benchPayload is the event data every library carries: {"n":1}.
@@ -37,62 +38,8 @@ func newEnvelope(seq uint64) []byte { return appendEnvelope(make([]byte, 0, 96),
 // (1) naive baseline: sync.RWMutex + one buffered chan per subscriber,
 // blocking send.
 
-type naiveMsg struct {
-	id   uint64
-	data []byte
-}
-
-type naiveBroker struct {
-	mu     sync.RWMutex
-	subs   []chan naiveMsg
-	closed bool
-}
-
-func (b *naiveBroker) subscribe(capacity int) chan naiveMsg {
-	ch := make(chan naiveMsg, capacity)
-	b.mu.Lock()
-	if b.closed {
-		close(ch)
-	} else {
-		b.subs = append(b.subs, ch)
-	}
-	b.mu.Unlock()
-	return ch
-}
-
-// unsubscribe removes ch; the caller must keep draining ch until it is closed
-// (a publisher may be blocked sending to it while holding the read lock).
-func (b *naiveBroker) unsubscribe(ch chan naiveMsg) {
-	b.mu.Lock()
-	for i, c := range b.subs {
-		if c == ch {
-			b.subs = append(b.subs[:i], b.subs[i+1:]...)
-			close(ch)
-			break
-		}
-	}
-	b.mu.Unlock()
-}
-
-func (b *naiveBroker) publish(m naiveMsg) {
-	b.mu.RLock()
-	for _, c := range b.subs {
-		c <- m
-	}
-	b.mu.RUnlock()
-}
-
-func (b *naiveBroker) close() {
-	b.mu.Lock()
-	if !b.closed {
-		b.closed = true
-		for _, c := range b.subs {
-			close(c)
-		}
-		b.subs = nil
-	}
-	b.mu.Unlock()
-}
+// naiveMsg is the naive baseline's message (package naive).
+type naiveMsg = naive.Msg
 
 // naiveFanout with encoder set encodes each event with eventbus's own
 // Encoder, which validates and encodes exactly as Publish does (one
@@ -103,14 +50,14 @@ func (b *naiveBroker) close() {
 type naiveFanout struct {
 	cfg     config
 	encoder *eventbus.Encoder
-	b       naiveBroker
+	b       naive.Broker
 	wg      sync.WaitGroup
 }
 
 func (f *naiveFanout) start(sinks []*sink) error {
 	var running sync.WaitGroup
 	for _, s := range sinks {
-		ch := f.b.subscribe(f.cfg.queue)
+		ch := f.b.Subscribe(f.cfg.queue)
 		runSink(&f.wg, &running, s, func() { drainChan(ch, s) })
 	}
 	running.Wait()
@@ -121,7 +68,7 @@ func (f *naiveFanout) start(sinks []*sink) error {
 // until the channel closes.
 func drainChan(ch <-chan naiveMsg, s *sink) {
 	for m := range ch {
-		s.see(m.id)
+		s.see(m.ID)
 	}
 	s.end("closed")
 }
@@ -132,14 +79,14 @@ func (f *naiveFanout) publish(seq uint64) error {
 		if err != nil {
 			return err
 		}
-		f.b.publish(naiveMsg{id: seq, data: e.Tail})
+		f.b.Publish(naiveMsg{ID: seq, Data: e.Tail})
 		return nil
 	}
-	f.b.publish(naiveMsg{id: seq, data: newEnvelope(seq)})
+	f.b.Publish(naiveMsg{ID: seq, Data: newEnvelope(seq)})
 	return nil
 }
 
-func (f *naiveFanout) stop() { f.b.close(); f.wg.Wait() }
+func (f *naiveFanout) stop() { f.b.Close(); f.wg.Wait() }
 
 // ---------------------------------------------------------------------------
 // (2) github.com/cskr/pubsub/v2: one topic, Sub channels of cfg.queue
@@ -163,7 +110,7 @@ func (f *pubsubFanout) start(sinks []*sink) error {
 }
 
 func (f *pubsubFanout) publish(seq uint64) error {
-	f.ps.Pub(naiveMsg{id: seq, data: newEnvelope(seq)}, "bench")
+	f.ps.Pub(naiveMsg{ID: seq, Data: newEnvelope(seq)}, "bench")
 	return nil
 }
 

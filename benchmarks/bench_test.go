@@ -76,7 +76,7 @@ func BenchmarkReadSSE(b *testing.B) {
 	const n = 2000
 	var in []byte
 	for id := uint64(1); id <= n; id++ {
-		in = appendSSEFrame(in, naiveMsg{id: id, data: newEnvelope(id)})
+		in = appendSSEFrame(in, naiveMsg{ID: id, Data: newEnvelope(id)})
 	}
 	for _, r := range []struct {
 		name string

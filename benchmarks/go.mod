@@ -12,6 +12,7 @@ require (
 	github.com/cskr/pubsub/v2 v2.0.2
 	github.com/r3labs/sse/v2 v2.10.0
 	github.com/tmaxmax/go-sse v0.11.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (

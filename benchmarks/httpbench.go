@@ -16,6 +16,8 @@ import (
 
 	r3sse "github.com/r3labs/sse/v2"
 	gosse "github.com/tmaxmax/go-sse"
+
+	"github.com/ssebus/eventbus/benchmarks/internal/naive"
 )
 
 // The HTTP scenario: the same one-publisher fan-out, but every subscriber is
@@ -221,84 +223,32 @@ func waitGroupWithin(wg *sync.WaitGroup, d time.Duration) bool {
 	}
 }
 
-func setSSEHeaders(w http.ResponseWriter) {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-}
-
 func appendSSEFrame(dst []byte, m naiveMsg) []byte {
 	dst = append(dst, "id: "...)
-	dst = strconv.AppendUint(dst, m.id, 10)
+	dst = strconv.AppendUint(dst, m.ID, 10)
 	dst = append(dst, "\nevent: bench\ndata: "...)
-	dst = append(dst, m.data...)
+	dst = append(dst, m.Data...)
 	return append(dst, "\n\n"...)
 }
 
-// naiveHTTP: the naive broker behind a handler that either writes every ready
-// frame and flushes once per batch, or flushes after every event.
+// naiveHTTP: the naive broker behind naive.Handler, which either writes
+// every ready frame and flushes once per batch, or flushes after every
+// event; the frame is built in the handler, per delivery.
 func naiveHTTP(flushEach bool) func(cfg config) *httpServer {
 	return func(cfg config) *httpServer {
-		b := &naiveBroker{}
-		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			fl, ok := w.(http.Flusher)
-			if !ok {
-				http.Error(w, "no flush", http.StatusInternalServerError)
-				return
-			}
-			setSSEHeaders(w)
-			ch := b.subscribe(cfg.queue)
-			defer func() {
-				go func() {
-					for range ch { //nolint:revive // drain so a blocked publisher gets through
-					}
-				}()
-				b.unsubscribe(ch)
-			}()
-			w.WriteHeader(http.StatusOK)
-			fl.Flush()
-			buf := make([]byte, 0, 4096)
-			for {
-				select {
-				case <-r.Context().Done():
-					return
-				case m, ok := <-ch:
-					if !ok {
-						return
-					}
-					buf = appendSSEFrame(buf[:0], m)
-					if !flushEach {
-					batch:
-						for {
-							select {
-							case m, ok = <-ch:
-								if !ok {
-									break batch
-								}
-								buf = appendSSEFrame(buf, m)
-							default:
-								break batch
-							}
-						}
-					}
-					if _, err := w.Write(buf); err != nil {
-						return
-					}
-					fl.Flush()
-					if !ok {
-						return
-					}
-				}
-			}
-		})
+		b := &naive.Broker{}
 		return &httpServer{
-			handler: h,
+			handler: naive.Handler(naive.HandlerOptions{
+				Broker:    func(*http.Request) *naive.Broker { return b },
+				Queue:     cfg.queue,
+				Frame:     appendSSEFrame,
+				FlushEach: flushEach,
+			}),
 			publish: func(seq uint64) error {
-				b.publish(naiveMsg{id: seq, data: newEnvelope(seq)})
+				b.Publish(naiveMsg{ID: seq, Data: newEnvelope(seq)})
 				return nil
 			},
-			closeLib: b.close,
+			closeLib: b.Close,
 		}
 	}
 }

@@ -10,7 +10,6 @@ package main
 import (
 	"flag"
 	"fmt"
-	"github.com/ssebus/eventbus/internal/benchkit"
 	"io"
 	"os"
 	"runtime"
@@ -19,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ssebus/eventbus/internal/benchkit"
 )
 
 // libraries in report order; the eventbus adapters register themselves from
@@ -183,7 +184,7 @@ func run(w io.Writer, fl flags) {
 	o := runOpts{timeout: fl.timeout, stall: fl.stall, stopMax: 5 * time.Second}
 	fmt.Fprintf(w, "# eventbus peer comparison\n\n")
 	fmt.Fprintf(w, "%s, GOOS/GOARCH %s/%s, NumCPU %d, GOMAXPROCS %d, CPU %q\n\n", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel())
-	fmt.Fprintf(w, "load average at start: %s\n\n", loadAvg())
+	fmt.Fprintf(w, "load average at start: %s\n\n", benchkit.LoadAvg())
 	fmt.Fprintf(w, "flags: -events %d -subs %s -count %d -timeout %s -stall %s -queue %d -ring %d -window %d -stall-subs %d -stall-events %d -max-deliveries %d -http-events %d -http-count %d -http-window %d -http-clients %s -paced-rates %s -paced-subs %s -paced-http-clients %s -paced-count %d -paced-duration %s -paced-modes %s -scenarios %s\n\n",
 		fl.events, joinInts(fl.subs), fl.count, fl.timeout, fl.stall, fl.queue, fl.ring, fl.window, fl.stallSubs, fl.stallEvents, fl.maxDeliv, fl.httpEvents, fl.httpCount, fl.httpWindow, joinInts(fl.httpClients),
 		joinInts(fl.pacedRates), joinInts(fl.pacedSubs), joinInts(fl.pacedHTTP), fl.pacedCount, fl.pacedDur, strings.Join(fl.pacedModes, ","), strings.Join(fl.scenarios, ","))
@@ -251,7 +252,7 @@ func run(w io.Writer, fl flags) {
 			"Latency: from just before publish to the subscriber, every 8th event. Rates tried: %s.\n\n", fl.pacedCount, fl.pacedDur, joinInts(fl.pacedRates))
 		for _, n := range fl.pacedSubs {
 			for _, mode := range fl.pacedModes {
-				fmt.Fprintf(w, "### %d subscriber(s), %s (load average %s)\n\n", n, pacedModeName(mode), loadAvg())
+				fmt.Fprintf(w, "### %d subscriber(s), %s (load average %s)\n\n", n, pacedModeName(mode), benchkit.LoadAvg())
 				runPacedTable(w, libraries, cfg, n, mode, fl)
 			}
 		}
@@ -264,12 +265,12 @@ func run(w io.Writer, fl flags) {
 		}
 		for _, n := range fl.pacedHTTP {
 			for _, mode := range fl.pacedModes {
-				fmt.Fprintf(w, "### %d clients, %s (load average %s)\n\n", n, pacedModeName(mode), loadAvg())
+				fmt.Fprintf(w, "### %d clients, %s (load average %s)\n\n", n, pacedModeName(mode), benchkit.LoadAvg())
 				runPacedTable(w, libs, cfg, n, mode, fl)
 			}
 		}
 	}
-	fmt.Fprintf(w, "total run time: %s; load average at end: %s\n", time.Since(start).Round(100*time.Millisecond), loadAvg())
+	fmt.Fprintf(w, "total run time: %s; load average at end: %s\n", time.Since(start).Round(100*time.Millisecond), benchkit.LoadAvg())
 }
 
 // pacerOf is the publisher's pacer of a -paced-modes entry.
@@ -310,20 +311,6 @@ func runPacedTable(w io.Writer, libs []library, cfg config, subs int, mode strin
 		names = append(names, lib.name)
 	}
 	printPaced(w, rows, names)
-}
-
-// loadAvg is /proc/loadavg's first three fields (Linux), to tell a quiet
-// machine from a busy one when reading the numbers.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "n/a"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "n/a"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 func cpuModel() string {

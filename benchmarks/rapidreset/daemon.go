@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ssebus/eventbus/internal/benchkit"
 )
 
 // daemonConfig is the orchestration mode: start a daemon binary, burst
@@ -334,18 +336,6 @@ func absDur(d time.Duration) time.Duration {
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
-}
-
 // runDaemon starts the daemon, creates the session, samples the daemon's
 // RSS while the burst runs and for cfg.after after it, forces a
 // collection (cfg.nudge) and stops the daemon.
@@ -391,7 +381,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig, acfg attackConfig, progres
 		return nil, err
 	}
 	r.baseline = rssSample{rss: rss, hwm: hwm}
-	r.loadStart = loadavg()
+	r.loadStart = benchkit.LoadAvg()
 	t0 = time.Now()
 	d.mu.Lock()
 	d.burst = t0
@@ -432,7 +422,7 @@ func runDaemon(ctx context.Context, cfg daemonConfig, acfg attackConfig, progres
 	if _, hwm, err := readStatus(pid); err == nil {
 		r.peak = hwm
 	}
-	r.loadEnd = loadavg()
+	r.loadEnd = benchkit.LoadAvg()
 	smu.Lock()
 	r.samples = samples
 	smu.Unlock()

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"go.uber.org/goleak"
 )
 
 // childEnv makes the test binary, started again by runDaemon, a stand-in
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("RAPIDRESET_TEST_CHILD") == "1" {
 		os.Exit(childMain(os.Args[1:]))
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // sseServer returns an h2c (and HTTP/1.1) server of an eventbus.Handler

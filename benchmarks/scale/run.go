@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ssebus/eventbus/internal/benchkit"
 )
 
 // config is one invocation's settings (the flags).
@@ -134,19 +136,6 @@ type runResult struct {
 	Index   int
 	Order   []string
 	Results map[string]*implResult
-}
-
-// loadAvg returns the first three fields of /proc/loadavg.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // run measures cfg.runs runs, alternating the implementations' order from
@@ -363,7 +352,7 @@ func (c *childProc) writeStackProfile() error { return c.call(http.MethodPost, "
 // measure runs one implementation's steps: baseline, connect, memory,
 // heartbeat window, fan-out rounds, close.
 func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, err error) {
-	res := &implResult{Impl: impl, Run: run, Conns: cfg.conns, Sessions: cfg.sessions, LoadStart: loadAvg()}
+	res := &implResult{Impl: impl, Run: run, Conns: cfg.conns, Sessions: cfg.sessions, LoadStart: benchkit.LoadAvg()}
 	child, err := startServer(cfg, impl, run)
 	if err != nil {
 		return nil, err
@@ -487,7 +476,7 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 
 	// (5) Close every connection, then the child (deferred).
 	fl.close()
-	res.LoadEnd = loadAvg()
+	res.LoadEnd = benchkit.LoadAvg()
 	return res, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"go.uber.org/goleak"
 )
 
 // childEnv makes the test binary, started again by run, a child server.
@@ -25,7 +26,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("SCALE_TEST_CHILD") == "1" {
 		os.Exit(childMain(os.Args[1:]))
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // smallConfig is a run of conns connections over 4 sessions, with a window

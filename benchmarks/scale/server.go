@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/benchmarks/internal/naive"
 )
 
 // The child: one implementation's SSE server, and a control server on
@@ -203,7 +204,7 @@ func (s *busServer) publishAll(sent int64) error {
 
 // naiveServer is the naive implementation: a broker per session.
 type naiveServer struct {
-	brokers []*naiveBroker
+	brokers []*naiveSession
 	enc     *eventbus.Encoder
 }
 
@@ -213,9 +214,9 @@ func newNaiveServer(ids []string, heartbeat time.Duration) (*naiveServer, http.H
 		return nil, nil, err
 	}
 	s := &naiveServer{enc: enc}
-	byID := make(map[string]*naiveBroker, len(ids)) // read-only once serving
+	byID := make(map[string]*naiveSession, len(ids)) // read-only once serving
 	for _, id := range ids {
-		b := &naiveBroker{}
+		b := &naiveSession{}
 		s.brokers = append(s.brokers, b)
 		byID[id] = b
 	}
@@ -233,7 +234,7 @@ func (s *naiveServer) publishAll(sent int64) error {
 			return err
 		}
 		id := b.next.Add(1)
-		b.publish(naiveMsg{id: id, data: appendNaiveFrame(nil, id, e)})
+		b.Publish(naive.Msg{ID: id, Data: appendNaiveFrame(nil, id, e)})
 	}
 	return nil
 }

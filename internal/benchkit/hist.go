@@ -4,7 +4,9 @@ package benchkit
 
 import (
 	"math/bits"
+	"os"
 	"runtime"
+	"strings"
 	"time"
 )
 
@@ -153,4 +155,19 @@ func Wait(base time.Time, due time.Duration, p Pacer) {
 		for time.Since(base) < due {
 		}
 	}
+}
+
+// LoadAvg returns the first three fields of /proc/loadavg (Linux), to print
+// beside a measurement: a busy machine moves the numbers by 2x and more. It
+// returns "n/a" where there is no /proc/loadavg.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "n/a"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "n/a"
+	}
+	return strings.Join(f[:3], " ")
 }
