@@ -159,7 +159,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// that logs there grew it to 16 KiB, kept for the stream's life: issue
 	// 26, BENCHMARKS.md).
 	if st := h.open(w, r); st != nil {
-		st.serve()
+		serveStream(st, &st.s, st.sub.Ready(), st.ends, &st.end)
 	}
 }
 

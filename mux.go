@@ -182,7 +182,7 @@ func (m *MuxHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// As Handler.ServeHTTP: the checks run in open, whose frame is gone
 	// before the stream waits.
 	if st := m.open(w, r); st != nil {
-		st.serve()
+		serveStream(st, &st.s, st.group.Ready(), st.ends, &st.end)
 	}
 }
 
@@ -487,47 +487,19 @@ func (st *muxStream) close() {
 	}
 }
 
-// serve is the multiplexed stream loop: take from every session that may
-// have frames, write what was taken as one batch, else wait for the group,
-// the heartbeat, the end of the stream's lifetime, a revocation or the
-// client going away. It is sessionStream.serve for several subscriptions,
-// with a frame as small.
-func (st *muxStream) serve() {
-	defer st.close()
-	defer st.recoverAndDisarm()
-	for {
-		more, done := st.batch()
-		if done {
-			return
-		}
-		if more {
-			continue // more may have arrived while writing
-		}
-		end, gone, err := st.s.wait(st.group.Ready(), st.ends)
-		if err != nil {
-			st.dropAll(st.s.ctx, err)
-			return
-		}
-		if gone {
-			return // the deferred close cancels without drain
-		}
-		st.end = end
-	}
-}
+// failed is served.failed: every subscription is dropped after a
+// heartbeat's write failed.
+func (st *muxStream) failed(err error) { st.dropAll(st.s.ctx, err) }
 
-// recoverAndDisarm is stream.recoverAndDisarm with the panic's frame
-// naming the session whose frame was being written.
-func (st *muxStream) recoverAndDisarm() {
+// panicked is served.panicked: a stream_error internal frame naming the
+// session whose frame was being written, in place of the half-written
+// batch.
+func (st *muxStream) panicked(p any) {
 	s := &st.s
-	if p := recover(); p != nil {
-		st.h.logger().LogAttrs(s.ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-		s.buf = s.buf[:0]
-		st.add(StreamErrorFrame("internal error", ErrorKindInternal), st.current)
-		_ = s.flushBatch()
-	}
-	if !s.lastChunk {
-		s.disarm() // as Handler's: no deadline outlives the loop
-	}
+	st.h.logger().LogAttrs(s.ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
+	s.buf = s.buf[:0]
+	st.add(StreamErrorFrame("internal error", ErrorKindInternal), st.current)
+	_ = s.flushBatch()
 }
 
 // batch takes from every session that may have frames and writes what it

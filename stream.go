@@ -71,13 +71,44 @@ func (st *sessionStream) close() {
 	}
 }
 
-// serve is the stream loop: write what is ready as one batch, else wait for
-// frames, the heartbeat, the end of the stream's lifetime, a revocation or
-// the client going away. Its frame is small on purpose: the work of a batch
-// is in batch, whose frame is gone while the loop waits.
-func (st *sessionStream) serve() {
+// served is a stream that serveStream serves: one session's
+// (sessionStream) or several sessions' on one response (muxStream).
+type served interface {
+	// batch takes what is ready and writes it as one batch, with the frame
+	// that ends the stream when it ends by itself. more reports that
+	// frames were taken (there may be more), done that the stream is over.
+	batch() (more, done bool)
+	// failed ends the subscriptions after a heartbeat's write failed.
+	failed(err error)
+	// panicked tells the client and the log that the stream loop panicked
+	// with p.
+	panicked(p any)
+	// close releases what the stream's open took.
+	close()
+}
+
+// serveStream is the stream loop: write what is ready as one batch, else
+// wait for frames (ready), the heartbeat, the end of the stream's lifetime,
+// a revocation or the client going away; end records how the stream ends
+// by itself once a wait learns it. Its frame is small on purpose: the work
+// of a batch is in batch, whose frame is gone while the loop waits.
+func serveStream(st served, s *stream, ready <-chan struct{}, ends streamEnds, end *endCause) {
 	defer st.close()
-	defer st.s.recoverAndDisarm(st.h)
+	defer func() {
+		// A bug must not take the daemon down with a half-written stream:
+		// tell the client, log it, and end this stream only. Whatever the
+		// exit, no write deadline of ours outlives the loop on HTTP/2 (see
+		// armLastChunk for HTTP/1.x): there a deadline armed on a stream
+		// the client has reset is a timer that nothing stops, and it keeps
+		// the stream alive for the whole WriteTimeout (rapid reset, issue
+		// 22).
+		if p := recover(); p != nil {
+			st.panicked(p)
+		}
+		if !s.lastChunk {
+			s.disarm()
+		}
+	}()
 	for {
 		more, done := st.batch()
 		if done {
@@ -86,16 +117,29 @@ func (st *sessionStream) serve() {
 		if more {
 			continue // more may have arrived while writing
 		}
-		end, gone, err := st.s.wait(st.sub.Ready(), st.ends)
+		e, gone, err := s.wait(ready, ends)
 		if err != nil {
-			st.h.dropBlocked(st.s.ctx, st.sub, &st.s, err)
+			st.failed(err)
 			return
 		}
 		if gone {
-			return // the deferred Close cancels without drain
+			return // the deferred close cancels without drain
 		}
-		st.end = end
+		*end = e
 	}
+}
+
+// failed is served.failed: the subscription is dropped, its frames of the
+// failed heartbeat's batch (none) counted as blocked.
+func (st *sessionStream) failed(err error) { st.h.dropBlocked(st.s.ctx, st.sub, &st.s, err) }
+
+// panicked is served.panicked: a stream_error internal frame in place of
+// the half-written batch.
+func (st *sessionStream) panicked(p any) {
+	s := &st.s
+	st.h.logger().LogAttrs(s.ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
+	s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
+	_ = s.flushBatch()
 }
 
 // batch takes what is ready and writes it as one batch, with the frame that
@@ -163,24 +207,6 @@ func (st *sessionStream) batch() (more, done bool) {
 		return false, true
 	}
 	return taken > 0, false
-}
-
-// recoverAndDisarm is deferred by a stream loop. A bug must not take the
-// daemon down with a half-written stream: it tells the client, logs it,
-// and ends this stream only. Whatever the exit, no write deadline of ours
-// outlives the loop on HTTP/2 (see armLastChunk for HTTP/1.x): there a
-// deadline armed on a stream the client has reset is a timer that nothing
-// stops, and it keeps the stream alive for the whole WriteTimeout (rapid
-// reset, issue 22).
-func (s *stream) recoverAndDisarm(h *Handler) {
-	if p := recover(); p != nil {
-		h.logger().LogAttrs(s.ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-		s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
-		_ = s.flushBatch()
-	}
-	if !s.lastChunk {
-		s.disarm()
-	}
 }
 
 // wait is a stream loop's wait between batches: for frames (ready), the
