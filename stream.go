@@ -198,8 +198,12 @@ func (st *sessionStream) batch() (more, done bool) {
 		s.tailField = false // every frame ends with a blank line
 	}
 	// Delivered only once written and flushed: the frames of a failed
-	// batch are counted as dropped (blocked) instead, never as both.
-	sub.MarkWritten(taken)
+	// batch are counted as dropped (blocked) instead, never as both. Not
+	// for an empty take (each delivery ends with one): the counter is the
+	// bus's, shared by every subscriber.
+	if taken > 0 {
+		sub.MarkWritten(taken)
+	}
 	if !open || st.end != endNone {
 		// (A stream ended by itself returns with its subscription open:
 		// the deferred Close ends it, dropping what came after.)
