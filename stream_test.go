@@ -1258,3 +1258,88 @@ func TestHandlerRetryJitter(t *testing.T) {
 		require.Zero(t, testing.AllocsPerRun(100, func() { h.retryMillis() }))
 	})
 }
+
+// deepStack grows the calling goroutine's stack past 16 KiB and returns.
+//
+//go:noinline
+func deepStack(n int) byte {
+	var pad [1024]byte
+	pad[n%len(pad)] = byte(n)
+	if n > 0 {
+		return deepStack(n-1) + pad[0]
+	}
+	return pad[0]
+}
+
+// framed is middleware with a frame of half a kilobyte that stays on the
+// goroutine while the handler under it serves, as a daemon's layers do.
+func framed(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var pad [512]byte
+		pad[len(r.URL.Path)%len(pad)] = 1
+		next.ServeHTTP(w, r)
+		if pad[0] == 2 {
+			panic("unreachable")
+		}
+	})
+}
+
+// A stream waits with a shallow stack: the frames that the request's
+// checks, Lookup and Subscribe used are gone by then, so a stack a deep
+// Lookup grew shrinks at the next collections to what a naive handler
+// under the same middleware keeps (issue 26; before, the demo daemon's
+// streams kept 18 KiB of stacks each where the naive handler kept 10).
+//
+// The frame sizes it depends on are a build's without -race (the race
+// detector's instrumentation makes every frame larger), so under -race it
+// is skipped, and .ci/run runs it once more without.
+func TestStreamStackShrinksAfterADeepLookup(t *testing.T) {
+	if raceEnabled() {
+		t.Skip("frame sizes under -race are not a daemon's; .ci/run runs this test without -race")
+	}
+	const conns, depth = 100, 20
+	b := newBus(t, Options{MaxSubscribers: conns})
+	h := &Handler{Logger: slog.New(slog.DiscardHandler), Heartbeat: time.Hour,
+		Lookup: func(*http.Request) (*EventBus, error) { deepStack(depth); return b, nil }}
+	naive := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		deepStack(depth)
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	stacksPerConn := func(handler http.Handler) float64 {
+		srv := httptest.NewServer(framed(handler))
+		defer srv.Close()
+		stacks := func() uint64 {
+			var m runtime.MemStats
+			for range 4 { // a collection halves a stack at most once
+				runtime.GC()
+			}
+			runtime.ReadMemStats(&m)
+			return m.StackInuse
+		}
+		before := stacks()
+		// Raw connections: the stacks counted are the server's (its handler
+		// and net/http's reader), not an HTTP client's.
+		var open []net.Conn
+		for range conns {
+			c, err := net.Dial("tcp", srv.Listener.Addr().String())
+			require.NoError(t, err)
+			_, err = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			require.NoError(t, err)
+			line, err := bufio.NewReader(c).ReadString('\n')
+			require.NoError(t, err)
+			require.Contains(t, line, "200")
+			open = append(open, c)
+		}
+		per := float64(stacks()-before) / conns
+		for _, c := range open {
+			c.Close()
+		}
+		return per
+	}
+	eb, nv := stacksPerConn(h), stacksPerConn(naive)
+	t.Logf("server stacks per connection: eventbus %.1f KiB, naive %.1f KiB", eb/1024, nv/1024)
+	require.LessOrEqual(t, eb, nv+2048, "a stream keeps at most the naive handler's stack")
+	require.Eventually(t, func() bool { return b.SubscriberCount() == 0 }, 5*time.Second, 10*time.Millisecond)
+}

@@ -674,3 +674,54 @@ func TestEventsCatchUpCountsRingFramesUntilYielded(t *testing.T) {
 	it.drop(s)
 	assert.Equal(t, 0, s.q.counts().liveCount)
 }
+
+// A consumer yields before it waits only while its takes find several
+// frames (its publisher outpaces its wake-ups); one that takes a frame at a
+// time declares itself waiting at once, so the next push wakes it (issue
+// 26). AppendReady here; the Events iterator takes the same way (take with
+// yield).
+func TestConsumerYieldsOnlyWhileItsTakesFindSeveralFrames(t *testing.T) {
+	yields := 0
+	defer func(f func()) { consumerYield = f }(consumerYield)
+	consumerYield = func() { yields++ }
+
+	b := newBus(t, Options{})
+	s, err := b.Subscribe(context.Background(), SubscribeOptions{})
+	require.NoError(t, err)
+	take := func() int {
+		frames, open := s.AppendReady(nil)
+		require.True(t, open)
+		return len(frames)
+	}
+	woken := func() bool {
+		select {
+		case <-s.Ready():
+			return true
+		default:
+			return false
+		}
+	}
+	require.Zero(t, take(), "nothing yet")
+	require.Zero(t, yields, "no take has found frames: no yield")
+
+	publishN(t, b, 1)
+	require.Equal(t, 1, take())
+	woken() // the token of the first push, which found the consumer waiting
+	require.Zero(t, take())
+	require.Zero(t, yields, "one frame at a time: it waits without yielding")
+	require.False(t, woken())
+	publishN(t, b, 1)
+	require.True(t, woken(), "the empty take declared it waiting: the next push wakes it")
+
+	publishN(t, b, 2)
+	require.Equal(t, 3, take())
+	require.Zero(t, take())
+	require.Equal(t, 1, yields, "several frames: one yield before it waits")
+	require.Zero(t, take())
+	require.Equal(t, 2, yields, "still batching until a take finds one frame")
+
+	publishN(t, b, 1)
+	require.Equal(t, 1, take())
+	require.Zero(t, take())
+	require.Equal(t, 2, yields, "back to one frame at a time")
+}

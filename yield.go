@@ -44,6 +44,10 @@ const maxYieldTime = 500 * time.Microsecond
 // yieldProcessor is runtime.Gosched; tests count the yields through it.
 var yieldProcessor = runtime.Gosched
 
+// consumerYield is runtime.Gosched, the consumer's yield before it waits
+// (Subscription.take); tests count those yields through it.
+var consumerYield = runtime.Gosched
+
 // yieldPlan is what a publish decided, under the lock, about yielding
 // after it. The zero value yields nothing.
 type yieldPlan struct {
