@@ -216,11 +216,11 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 		sess[i].id, sess[i].bus = id, bus
 	}
 
-	x := &muxStream{h: h, sess: sess, lifetime: -1}
-	served := false
+	st := &muxStream{h: h, sess: sess, lifetime: -1}
+	opened := false
 	defer func() {
-		if !served { // refused, failed or panicked (in Authorize, say): undo
-			x.close()
+		if !opened { // refused, failed or panicked (in Authorize, say): undo
+			st.close()
 		}
 	}()
 	var expires time.Time
@@ -231,7 +231,7 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 	if authorize != nil {
 		if r.Method != http.MethodHead {
 			// Filed before the first Authorize, as Handler does.
-			x.ls = h.reg.begin()
+			st.ls = h.reg.begin()
 		}
 		subjects := make([]string, 0, len(sess))
 		for i := range sess {
@@ -241,12 +241,12 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 			}
 			sess[i].subject = grant.Subject
 			subjects = append(subjects, grant.Subject)
-			if !grant.Expires.IsZero() && (x.lifetime < 0 || grant.Expires.Before(expires)) {
-				x.lifetime, expires = i, grant.Expires
+			if !grant.Expires.IsZero() && (st.lifetime < 0 || grant.Expires.Before(expires)) {
+				st.lifetime, expires = i, grant.Expires
 			}
 		}
-		if x.ls != nil {
-			h.reg.commit(x.ls, subjects...)
+		if st.ls != nil {
+			h.reg.commit(st.ls, subjects...)
 		}
 	}
 
@@ -256,10 +256,10 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 	}
 
 	cursor := m.parseCursor(r, h, sq.cursor)
-	x.group = NewReadyGroup(len(sess))
-	x.cancels = make([]context.CancelFunc, 0, len(sess))
+	st.group = NewReadyGroup(len(sess))
+	st.cancels = make([]context.CancelFunc, 0, len(sess))
 	for i := range sess {
-		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: x.group}
+		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: st.group}
 		ms := &sess[i]
 		epoch := ms.bus.Epoch()
 		ms.entry = CursorEntry{Session: SessionTag(ms.id), Epoch: EpochTag(epoch)}
@@ -280,7 +280,7 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 			opts.Resume, opts.LastEventID, opts.Epoch = true, e.ID, strconv.FormatUint(e.Epoch, 16)
 		}
 		sub, cancel, err := subscribeRequest(r, ms.bus, opts)
-		x.cancels = append(x.cancels, cancel)
+		st.cancels = append(st.cancels, cancel)
 		if err != nil {
 			writeSubscribeError(w, err, ms.id) // the deferred close ends the others
 			return nil
@@ -291,23 +291,23 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 	}
 
 	writeSSEHeaders(w, r, "Event-Epochs", epochList(sess))
-	x.s.init(h, w, r)
-	x.buildIDLine()
-	if err := x.s.flushBatch(); err != nil {
-		x.dropAll(r.Context(), err)
+	st.s.init(h, w, r)
+	st.buildIDLine()
+	if err := st.s.flushBatch(); err != nil {
+		st.dropAll(r.Context(), err)
 		return nil
 	}
-	if x.ls != nil {
-		x.ends.revoked = x.ls.revoked
+	if st.ls != nil {
+		st.ends.revoked = st.ls.revoked
 	}
-	if x.lifetime >= 0 {
-		x.lifetimeTimer = time.NewTimer(time.Until(expires))
-		x.ends.lifetime = x.lifetimeTimer.C
+	if st.lifetime >= 0 {
+		st.lifetimeTimer = time.NewTimer(time.Until(expires))
+		st.ends.lifetime = st.lifetimeTimer.C
 	}
-	x.lifetime = max(x.lifetime, 0)
-	x.active = len(sess)
-	served = true
-	return x
+	st.lifetime = max(st.lifetime, 0)
+	st.active = len(sess)
+	opened = true
+	return st
 }
 
 // sessions returns the request's session ids, or answers 400
