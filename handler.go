@@ -2,7 +2,6 @@ package eventbus
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -214,10 +213,9 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 	}
 
 	var (
-		grant     Grant
-		ls        *liveStream
-		sub       *Subscription
-		cancelSub context.CancelFunc
+		grant Grant
+		ls    *liveStream
+		sub   *Subscription
 	)
 	defer func() {
 		// Refused, failed or panicked (in Authorize, say): undo, in the
@@ -225,9 +223,6 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 		if st == nil {
 			if sub != nil {
 				sub.Close()
-			}
-			if cancelSub != nil {
-				cancelSub()
 			}
 			if ls != nil {
 				h.reg.remove(ls)
@@ -255,14 +250,14 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 		return nil
 	}
 
-	if sub, cancelSub, err = subscribeRequest(r, bus, opts); err != nil {
+	if sub, err = subscribeRequest(r, bus, opts); err != nil {
 		writeSubscribeError(w, err, "")
 		return nil
 	}
 
 	writeStreamHeaders(w, r, bus)
 
-	s := &sessionStream{h: h, bus: bus, sub: sub, cancel: cancelSub, ls: ls}
+	s := &sessionStream{h: h, bus: bus, sub: sub, ls: ls}
 	s.s.init(h, w, r)
 	if h.EpochIDs {
 		s.s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
@@ -420,23 +415,20 @@ func (h *Handler) authorized(w http.ResponseWriter, r *http.Request, grant Grant
 	return true
 }
 
-// subscribeRequest subscribes to bus for request r. The subscription
-// watches the request context only while subscribing (a fed bus's read of
-// its log must stop when the client leaves). After that the handler ends
-// it itself: it waits on r.Context() in serve, and on a failed write
-// decides between cancelled and blocked. Left to the context, the net/http
-// cancellation that follows every failed write, a deadline included, would
-// race dropBlocked and count the buffered frames of a blocked writer as
-// cancelled. The caller calls cancel when the stream ends, whatever err.
-func subscribeRequest(r *http.Request, bus *EventBus, opts SubscribeOptions) (sub *Subscription, cancel context.CancelFunc, err error) {
-	subCtx, cancelSub := context.WithCancel(context.WithoutCancel(r.Context()))
-	unwatch := context.AfterFunc(r.Context(), cancelSub)
-	if r.Context().Err() != nil {
-		cancelSub() // at once: AfterFunc calls it on another goroutine
-	}
-	sub, err = bus.Subscribe(subCtx, opts)
-	unwatch()
-	return sub, cancelSub, err
+// subscribeRequest subscribes to bus for request r. The request context
+// bounds the subscribing only (a fed bus's read of its log must stop when
+// the client leaves); the subscription is not tied to it. The handler ends
+// it itself, with Close or CloseBlocked: it waits on r.Context() in serve,
+// and on a failed write decides between cancelled and blocked. Left to the
+// context, the net/http cancellation that follows every failed write, a
+// deadline included, would race dropBlocked and count the buffered frames
+// of a blocked writer as cancelled. A request whose context is done
+// already gets an ended subscription, as Subscribe gives one. A context
+// watched for the life of each stream cost about 1 KiB per idle
+// connection (issue 26).
+func subscribeRequest(r *http.Request, bus *EventBus, opts SubscribeOptions) (*Subscription, error) {
+	opts.Detached = true
+	return bus.Subscribe(r.Context(), opts)
 }
 
 // writeSubscribeError answers a Subscribe that failed: 429

@@ -257,7 +257,6 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 
 	cursor := m.parseCursor(r, h, sq.cursor)
 	st.group = NewReadyGroup(len(sess))
-	st.cancels = make([]context.CancelFunc, 0, len(sess))
 	for i := range sess {
 		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: st.group}
 		ms := &sess[i]
@@ -279,8 +278,7 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 			// to see the mismatch; the tag's hex names it in logs.
 			opts.Resume, opts.LastEventID, opts.Epoch = true, e.ID, strconv.FormatUint(e.Epoch, 16)
 		}
-		sub, cancel, err := subscribeRequest(r, ms.bus, opts)
-		st.cancels = append(st.cancels, cancel)
+		sub, err := subscribeRequest(r, ms.bus, opts)
 		if err != nil {
 			writeSubscribeError(w, err, ms.id) // the deferred close ends the others
 			return nil
@@ -426,14 +424,13 @@ func epochList(sess []muxSession) string {
 // its writer, and the serve loop's state. It lives on the heap, not in a
 // frame of the request's goroutine (see Handler.ServeHTTP).
 type muxStream struct {
-	h       *Handler
-	sess    []muxSession
-	group   *ReadyGroup
-	cancels []context.CancelFunc // the subscriptions' contexts (subscribeRequest)
-	s       stream
-	ends    streamEnds
-	end     endCause // how the stream ends by itself, once known
-	active  int      // sessions that have not left
+	h      *Handler
+	sess   []muxSession
+	group  *ReadyGroup
+	s      stream
+	ends   streamEnds
+	end    endCause // how the stream ends by itself, once known
+	active int      // sessions that have not left
 	// lifetimeTimer is the first Grant's Expires; nil without one.
 	lifetimeTimer *time.Timer
 	// The batch being taken: the frames, the session of each, the
@@ -473,9 +470,6 @@ func (st *muxStream) close() {
 	}
 	if st.s.beat != nil {
 		st.s.beat.Stop()
-	}
-	for i := len(st.cancels) - 1; i >= 0; i-- {
-		st.cancels[i]()
 	}
 	for i := range st.sess {
 		if st.sess[i].sub != nil {

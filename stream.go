@@ -49,9 +49,8 @@ type sessionStream struct {
 	h        *Handler
 	bus      *EventBus
 	sub      *Subscription
-	cancel   context.CancelFunc // the subscription's context (subscribeRequest)
-	ls       *liveStream        // its entry for Revoke; nil without Authorize
-	lifetime *time.Timer        // the Grant's Expires; nil without one
+	ls       *liveStream // its entry for Revoke; nil without Authorize
+	lifetime *time.Timer // the Grant's Expires; nil without one
 	ends     streamEnds
 	end      endCause // how the stream ends by itself, once known
 	s        stream
@@ -65,7 +64,6 @@ func (st *sessionStream) close() {
 	}
 	st.s.beat.Stop()
 	st.sub.Close()
-	st.cancel()
 	if st.ls != nil {
 		st.h.reg.remove(st.ls)
 	}

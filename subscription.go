@@ -66,7 +66,8 @@ type Subscription struct {
 // order: section 2.3). Registration is synchronous: an event published
 // after Subscribe returns is delivered.
 //
-// When ctx is done the subscription is cancelled (its buffer dropped). On a
+// When ctx is done the subscription is cancelled (its buffer dropped),
+// unless opts.Detached is set: then ctx bounds Subscribe alone. On a
 // closed bus Subscribe returns an ended subscription and no error; with a
 // ctx already done, an ended subscription that was never registered. It
 // returns an error wrapping ErrInvalidOption for a negative MaxQueued, an
@@ -111,7 +112,7 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		s.q.close(false)
 		return s, nil
 	}
-	if ctx.Done() != nil {
+	if !opts.Detached && ctx.Done() != nil {
 		// Set before the lock: publishers that evict s read it after
 		// acquiring the lock, so they see it.
 		s.stop = context.AfterFunc(ctx, func() { s.cancel(ctx.Err(), true) })

@@ -204,6 +204,41 @@ func TestContextCancelDropsBufferAndEnds(t *testing.T) {
 	})
 }
 
+// A detached subscription (SubscribeOptions.Detached): its context bounds
+// Subscribe only. It is not watched once Subscribe returns, its
+// cancellation ends nothing, and Close ends the subscription as usual; a
+// context done already still gets an ended subscription, never registered.
+func TestDetachedSubscriptionOutlivesItsContext(t *testing.T) {
+	b := newBus(t, Options{})
+	ctx := newWatchCtx()
+	s, err := b.Subscribe(ctx, SubscribeOptions{Detached: true})
+	require.NoError(t, err)
+	assert.Equal(t, 0, ctx.watchers(), "a detached subscription does not watch its context")
+	ctx.cancel()
+	publishNumbered(t, b, 3)
+	fs, open := s.AppendReady(nil)
+	assert.True(t, open, "the context's cancellation does not end it")
+	assert.Equal(t, []string{"#1", "#2", "#3"}, describe(fs))
+	assert.NoError(t, s.Err())
+	assert.Equal(t, 1, b.SubscriberCount())
+	publishNumbered(t, b, 2)
+	s.Close()
+	fs, open = s.AppendReady(nil)
+	assert.Empty(t, fs, "Close drops what was queued")
+	assert.False(t, open)
+	assert.ErrorIs(t, s.Err(), context.Canceled)
+	assert.Equal(t, 0, b.SubscriberCount())
+	assert.Equal(t, uint64(2), b.Stats().Dropped.Cancelled)
+
+	done := newWatchCtx()
+	done.cancel()
+	s, err = b.Subscribe(done, SubscribeOptions{Detached: true})
+	require.NoError(t, err)
+	assert.Empty(t, collectEvents(s))
+	assert.ErrorIs(t, s.Err(), context.Canceled)
+	assert.Equal(t, 0, b.SubscriberCount(), "a context done already: never registered")
+}
+
 func TestSubscriptionCloseDropsBufferAndEnds(t *testing.T) {
 	ctx := newWatchCtx()
 	b := newBus(t, Options{})
