@@ -360,3 +360,110 @@ func BenchmarkCatchUpPublishLatency(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWakeRound is one event to 64 waiting consumers, timed from
+// just before the publish to the last consumer's receipt (round-µs), and
+// the publish alone (pub-µs): what a delivery latency is made of once the
+// consumers wait, without a pacer's timer (issue 26). The naive bus is a
+// buffered channel per consumer, whose send hands the value to the
+// waiting receiver; eventbus's consumers range over Events, or take with
+// TakeReady and wait on Ready as a transport does. Each round starts after
+// a 100 µs pause, so that every consumer is parked. Run it on one
+// processor and on two:
+//
+//	go test -run '^$' -bench WakeRound -cpu 1,2 -count 8
+func BenchmarkWakeRound(b *testing.B) {
+	const subs = 64
+	for _, impl := range []string{"naive", "events", "take"} {
+		b.Run("impl="+impl, func(b *testing.B) {
+			var seen atomic.Int64
+			done := make(chan struct{}, 1)
+			see := func(n int64) {
+				if seen.Add(n) == subs {
+					done <- struct{}{}
+				}
+			}
+			var wg sync.WaitGroup
+			var publish, stop func()
+			if impl == "naive" {
+				chans := make([]chan uint64, subs)
+				for i := range chans {
+					chans[i] = make(chan uint64, 256)
+					wg.Go(func() {
+						for range chans[i] {
+							see(1)
+						}
+					})
+				}
+				publish = func() {
+					for _, ch := range chans {
+						ch <- 1
+					}
+				}
+				stop = func() {
+					for _, ch := range chans {
+						close(ch)
+					}
+				}
+			} else {
+				bus, err := New(Options{MaxSubscribers: subs, Logger: quiet})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for range subs {
+					s, err := bus.Subscribe(context.Background(), SubscribeOptions{})
+					if err != nil {
+						b.Fatal(err)
+					}
+					if impl == "events" {
+						wg.Go(func() {
+							for range s.Events() {
+								see(1)
+							}
+						})
+						continue
+					}
+					wg.Go(func() {
+						var batch []Frame
+						for {
+							var open bool
+							if batch, open = s.TakeReady(batch[:0]); len(batch) > 0 {
+								see(int64(len(batch)))
+								s.MarkWritten(len(batch))
+							}
+							if !open {
+								return
+							}
+							if len(batch) == 0 {
+								<-s.Ready()
+							}
+						}
+					})
+				}
+				ev := Event{Type: "bench", Data: benchData}
+				publish = func() {
+					if _, err := bus.Publish(ev); err != nil {
+						b.Error(err)
+					}
+				}
+				stop = func() { _ = bus.Close() }
+			}
+			var round, pub time.Duration
+			rounds := 0
+			for b.Loop() {
+				seen.Store(0)
+				time.Sleep(100 * time.Microsecond)
+				start := time.Now()
+				publish()
+				pub += time.Since(start)
+				<-done
+				round += time.Since(start)
+				rounds++
+			}
+			stop()
+			wg.Wait()
+			b.ReportMetric(float64(pub.Nanoseconds())/float64(rounds)/1e3, "pub-µs")
+			b.ReportMetric(float64(round.Nanoseconds())/float64(rounds)/1e3, "round-µs")
+		})
+	}
+}

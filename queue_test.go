@@ -1,8 +1,12 @@
 package eventbus
 
 import (
+	"math/rand/v2"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -649,4 +653,106 @@ func TestQueueSignalCoalescingIgnoredWhenClosed(t *testing.T) {
 	assert.False(t, open)
 	require.Len(t, fs, 1)
 	assert.Equal(t, int64(1), stampOf(t, fs[0]))
+}
+
+// A consumer that finds nothing declares itself waiting without the lock
+// (take's fast path), and every producer operation that shows it an entry
+// must then wake it: a live push, a forced frame, an unhold that moves
+// head back to put a replay in front, a close. After each operation the
+// producer waits until the consumer has everything, so that a lost
+// wake-up shows at the operation that lost it instead of being rescued by
+// the next push. Run under -race, with yields on both sides to vary the
+// interleavings.
+func TestQueueConsumerNeverMissesAWakeUp(t *testing.T) {
+	q := newQueue(64, 1<<20)
+	var got atomic.Int64
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		var batch []Frame
+		for n := 0; ; n++ {
+			var open bool
+			batch, open = q.popAll(batch[:0])
+			got.Add(int64(len(batch)))
+			if !open {
+				return
+			}
+			if len(batch) == 0 {
+				if n%4 == 0 {
+					runtime.Gosched()
+				}
+				<-q.ready
+			}
+		}
+	}()
+	rng := rand.New(rand.NewPCG(1, 2))
+	sent := int64(0)
+	wantAll := func(step int, op string) {
+		deadline := time.Now().Add(10 * time.Second)
+		for got.Load() != sent {
+			if time.Now().After(deadline) {
+				t.Fatalf("step %d (%s): the consumer has %d of %d frames and was not woken", step, op, got.Load(), sent)
+			}
+			runtime.Gosched()
+		}
+	}
+	forced := func() *frame {
+		return syntheticFrame(TypeReplayComplete, kindSynthetic, []byte(`{}`), 0).ref()
+	}
+	id := uint64(0)
+	for step := range 50000 {
+		if rng.IntN(3) == 0 {
+			runtime.Gosched()
+		}
+		var op string
+		switch rng.IntN(6) {
+		case 0:
+			op = "live push"
+			id++
+			res, _, wake := q.push(coreQueueFrame(id, 10).ref())
+			require.Equal(t, pushAccepted, res)
+			if wake {
+				q.wake()
+			}
+			sent++
+		case 1:
+			op = "forced frame"
+			require.True(t, q.forcePush(forced()))
+			sent++
+		case 2, 4, 5: // the unhold is the one that moves head
+			op = "unhold with a replay in front"
+			q.hold()
+			if rng.IntN(2) == 0 {
+				runtime.Gosched() // let the consumer find the queue held
+			}
+			front := make([]*frame, 1+rng.IntN(3))
+			for i := range front {
+				front[i] = forced()
+			}
+			q.unhold(front)
+			sent += int64(len(front))
+		case 3:
+			op = "hold, a live push, unhold with nothing in front"
+			q.hold()
+			id++
+			res, _, wake := q.push(coreQueueFrame(id, 10).ref())
+			require.Equal(t, pushAccepted, res)
+			if wake {
+				q.wake()
+			}
+			if rng.IntN(2) == 0 {
+				runtime.Gosched()
+			}
+			q.unhold(nil)
+			sent++
+		}
+		wantAll(step, op)
+	}
+	q.close(true)
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the consumer did not see the close")
+	}
+	assert.Equal(t, sent, got.Load())
 }
