@@ -558,28 +558,6 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 	if !q.looked.Load() {
 		q.looked.Store(true)
 	}
-	if h := q.head.Load(); h == q.tail.Load() && !q.held.Load() {
-		// Nothing buffered: the take that ends every delivery. It needs
-		// no lock, which only keeps a pop from racing the producer's rare
-		// operations, and there is nothing to pop. The consumer declares
-		// itself waiting, then looks again at head, tail and held: every
-		// producer operation that shows it an entry (a push, a forced
-		// frame, an unhold moving head back, a close) changes one of them
-		// and then claims the wake-up (or, for a close, sends it always),
-		// so either the second look sees the change or the producer sees
-		// the consumer waiting. Under the lock this take cost a lock and
-		// an unlock per delivery (issue 26).
-		if !wait {
-			return dst, !q.closed.Load()
-		}
-		q.waiting.Store(true)
-		if h == q.head.Load() && h == q.tail.Load() && !q.held.Load() {
-			return dst, !q.closed.Load()
-		}
-		// Something arrived in between: take it under the lock. If its
-		// producer claimed the wake-up already, the token finds nothing.
-		q.waiting.CompareAndSwap(true, false)
-	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.held.Load() && !q.closed.Load() {
