@@ -76,13 +76,18 @@ func startCluster(t *testing.T, n int) *natsCluster {
 		nd.Start()
 		t.Cleanup(nd.Stop)
 	}
-	waitFor(t, 30*time.Second, "a JetStream meta leader, every node current", func() bool {
+	// Every node current is not enough: until the meta leader has the
+	// stats of every peer, it counts them offline, and a stream of three
+	// replicas cannot be placed ("no suitable peers for placement, peer
+	// offline", a CI failure).
+	waitFor(t, 30*time.Second, "a JetStream meta leader that sees every node online, every node current", func() bool {
 		for _, nd := range c.nodes {
 			if !nd.Server().JetStreamIsCurrent() {
 				return false
 			}
 		}
-		return c.metaLeader() != nil
+		leader := c.metaLeader()
+		return leader != nil && len(leader.Server().JetStreamClusterPeers()) == n
 	})
 	return c
 }
