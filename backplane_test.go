@@ -3,6 +3,7 @@ package eventbus
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -293,4 +294,34 @@ func testFrame(id uint64, size int) Frame {
 	}
 	f, _ := entryFrame(LogEntry{ID: id, Type: "t", JSON: json})
 	return f
+}
+
+// The Handler subscribes detached from the request (subscribeRequest), but
+// the request still bounds the subscribing: a resume ahead of a fed bus's
+// feed waits for the feed only until the client leaves, not for the whole
+// LagTimeout.
+func TestHandlerRequestBoundsTheWaitForTheFeed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := &memLog{epoch: testEpoch}
+		for range 6 {
+			log.add(t, "tick")
+		}
+		b, err := NewFed(Options{Logger: quiet}, FeedOptions{Epoch: testEpoch, NextID: 1, Log: log, LagTimeout: time.Hour})
+		require.NoError(t, err)
+		defer b.Close()
+		h := busHandler(b, &logCapture{})
+		start := time.Now()
+		cancel, done := serveMem(h, newMemWriter(), "/session/s/events", http.Header{"Last-Event-Id": {"5"}})
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		select {
+		case <-done:
+			t.Fatal("the stream ended before its client left")
+		default:
+		}
+		cancel()
+		<-done
+		assert.Equal(t, 100*time.Millisecond, time.Since(start), "the wait for the feed ends when the client leaves")
+		assert.Equal(t, 0, b.SubscriberCount())
+	})
 }

@@ -333,17 +333,6 @@ func (w cancelOnHeader) WriteHeader(code int) {
 // the stream alive for the whole WriteTimeout (rapid reset, see
 // TestHandlerHTTP2RapidResetHeap).
 func TestHandlerWriteDeadlineOnExit(t *testing.T) {
-	serve := func(h *Handler, w http.ResponseWriter, protoMajor int) (cancel func(), done <-chan struct{}) {
-		ctx, cancelCtx := context.WithCancel(context.Background())
-		req := httptest.NewRequest(http.MethodGet, "/session/s/events", nil).WithContext(ctx)
-		req.ProtoMajor, req.ProtoMinor = protoMajor, 0
-		ch := make(chan struct{})
-		go func() {
-			defer close(ch)
-			h.ServeHTTP(w, req)
-		}()
-		return cancelCtx, ch
-	}
 	cleared := func(t *testing.T, sets []deadlineSet) {
 		t.Helper()
 		require.NotEmpty(t, sets)
@@ -354,7 +343,7 @@ func TestHandlerWriteDeadlineOnExit(t *testing.T) {
 			b := newBus(t, Options{})
 			w := newDeadlineWriter(2)
 			h := busHandler(b, &logCapture{})
-			_, done := serve(h, w, 2)
+			_, done := serveProto(h, w, 2)
 			synctest.Wait()
 			publishN(t, b, 1)
 			<-done
@@ -368,7 +357,7 @@ func TestHandlerWriteDeadlineOnExit(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			b := newBus(t, Options{})
 			w := newDeadlineWriter(0)
-			cancel, done := serve(busHandler(b, &logCapture{}), w, 2)
+			cancel, done := serveProto(busHandler(b, &logCapture{}), w, 2)
 			synctest.Wait()
 			cancel()
 			<-done
@@ -400,7 +389,7 @@ func TestHandlerWriteDeadlineOnExit(t *testing.T) {
 				b := newBus(t, Options{})
 				w := newDeadlineWriter(0)
 				start := time.Now()
-				_, done := serve(busHandler(b, &logCapture{}), w, tc.protoMajor)
+				_, done := serveProto(busHandler(b, &logCapture{}), w, tc.protoMajor)
 				synctest.Wait()
 				publishN(t, b, 1)
 				synctest.Wait()
