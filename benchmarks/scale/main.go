@@ -9,13 +9,14 @@
 // Usage, from benchmarks/:
 //
 //	go run ./scale [-conns 10000] [-sessions 200] [-heartbeat 1s] [-idle 10s]
-//	    [-fanouts 5] [-impl both|all|eventbus|sessiond|naive|LIST] [-runs 1]
+//	    [-fanouts 5] [-impl both|all|floors|eventbus|sessiond|floor|floor-raw|naive|LIST] [-runs 1]
 //	    [-json] [-cpuprofile-server FILE] [-stackprofile FILE]
 //	    [-sessiond-bin PATH]
 //
 // -impl both (the default) is eventbus and naive, all adds sessiond
-// (eventbus, sessiond, naive), and a comma-separated LIST names the
-// implementations in the order the first run measures them.
+// (eventbus, sessiond, naive), floors adds the two floors (eventbus, floor,
+// floor-raw, naive), and a comma-separated LIST names the implementations
+// in the order the first run measures them.
 //
 // # How
 //
@@ -57,6 +58,14 @@
 //     and one Flush per batch), with a heartbeat ticker per connection, the
 //     way a naive handler keeps a connection alive. Its frames carry the
 //     same bytes as eventbus's (the same Encoder).
+//   - floor and floor-raw: measuring instruments, not designs (floor.go).
+//     A pool of GOMAXPROCS workers writes every delivery, so no goroutine
+//     is woken per connection: through net/http's ResponseWriter (floor),
+//     or as a hand-framed chunk on the hijacked connection, one write
+//     system call each and no goroutine per connection at all (floor-raw).
+//     One ticker sends every connection's heartbeat. They tell how far
+//     below naive a server can bring the fan-out when all that is left is
+//     the kernel's write and the client's read.
 //
 // The clients are raw TCP connections (one goroutine each) that send an
 // HTTP/1.1 GET and parse the stream minimally; their source addresses
@@ -175,7 +184,7 @@ func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
 	fs.DurationVar(&cfg.heartbeat, "heartbeat", time.Second, "the servers' heartbeat interval")
 	fs.DurationVar(&cfg.idle, "idle", 10*time.Second, "the idle window over which heartbeat CPU is measured")
 	fs.IntVar(&cfg.fanouts, "fanouts", 5, "fan-out rounds (one event to every session each)")
-	impl := fs.String("impl", "both", "implementations to measure: both (eventbus,naive), all (eventbus,sessiond,naive), eventbus, sessiond, naive, or a comma-separated list of them")
+	impl := fs.String("impl", "both", "implementations to measure: both (eventbus,naive), all (eventbus,sessiond,naive), floors (eventbus,floor,floor-raw,naive), eventbus, sessiond, floor, floor-raw, naive, or a comma-separated list of them")
 	fs.IntVar(&cfg.runs, "runs", 1, "repeat the whole comparison this many times, alternating the order")
 	fs.BoolVar(&cfg.jsonLines, "json", false, "also print one JSON line per implementation and run")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile-server", "", "write each child's CPU profile of the heartbeat window and the fan-outs to this file (-<impl> added)")
@@ -202,21 +211,23 @@ func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
 }
 
 // impls are the implementations, in the order of the report's columns.
-var impls = []string{"eventbus", "sessiond", "naive"}
+var impls = []string{"eventbus", "sessiond", "floor", "floor-raw", "naive"}
 
-// parseImpls reads -impl: both, all, or a comma-separated list of impls,
+// parseImpls reads -impl: both, all, floors, or a comma-separated list of impls,
 // each once. The measurement order of the first run is the list's.
 func parseImpls(v string) ([]string, error) {
 	switch v {
 	case "both":
 		return []string{"eventbus", "naive"}, nil
 	case "all":
-		return slices.Clone(impls), nil
+		return []string{"eventbus", "sessiond", "naive"}, nil
+	case "floors":
+		return []string{"eventbus", "floor", "floor-raw", "naive"}, nil
 	}
 	var out []string
 	for name := range strings.SplitSeq(v, ",") {
 		if !slices.Contains(impls, name) || slices.Contains(out, name) {
-			return nil, fmt.Errorf("-impl %q: want both, all, or a list of distinct eventbus, sessiond and naive", v)
+			return nil, fmt.Errorf("-impl %q: want both, all, floors, or a list of distinct %s", v, strings.Join(impls, ", "))
 		}
 		out = append(out, name)
 	}

@@ -87,9 +87,49 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestRunFloors runs the two floors small: every delivery made, the shared
+// heartbeat received, and floor-raw's connections without a goroutine.
+func TestRunFloors(t *testing.T) {
+	cfg := smallConfig(200, "floor", "floor-raw")
+	runs, out := runSmall(t, cfg)
+	if len(runs) != 1 || len(runs[0].Results) != 2 {
+		t.Fatalf("got %d runs", len(runs))
+	}
+	checkResult(t, cfg, runs[0].Results["floor"])
+	raw := runs[0].Results["floor-raw"]
+	checkDelivered(t, cfg, raw)
+	if raw.GoroutinesPerConn > 0.1 || raw.BytesPerFrame != runs[0].Results["floor"].BytesPerFrame {
+		t.Errorf("floor-raw: %.2f goroutines per connection, %.1f bytes per frame", raw.GoroutinesPerConn, raw.BytesPerFrame)
+	}
+	if !strings.Contains(out, "| floor-raw |") {
+		t.Errorf("the report has no floor-raw column:\n%s", out)
+	}
+}
+
 // checkResult checks that what run reported of one implementation is
 // whole and sane.
 func checkResult(t *testing.T, cfg config, r *implResult) {
+	t.Helper()
+	checkDelivered(t, cfg, r)
+	impl := r.Impl
+	// Each connection is a handler goroutine and net/http's reader.
+	if r.GoroutinesPerConn < 1.9 || r.GoroutinesPerConn > 2.2 {
+		t.Errorf("%s: %.2f goroutines per connection", impl, r.GoroutinesPerConn)
+	}
+	if r.StackPerConn <= 0 || r.HeapPerConn <= 0 || r.RSSPerConn <= 0 || r.HeartbeatCPU < 0 || r.LoopMicros <= 0 || r.IdleSeconds < 0.5 {
+		t.Errorf("%s: a figure is not positive: %+v", impl, r)
+	}
+	if r.StackPerConn > 64<<10 || r.HeapPerConn > 256<<10 {
+		t.Errorf("%s: per connection stacks %.0f B, heap %.0f B", impl, r.StackPerConn, r.HeapPerConn)
+	}
+	if r.Connected.GCs < minGCs || r.AfterFanout.GCs < minGCs {
+		t.Errorf("%s: %d and %d collections before the memory figures", impl, r.Connected.GCs, r.AfterFanout.GCs)
+	}
+}
+
+// checkDelivered checks that every connection got every round's event and
+// the heartbeats.
+func checkDelivered(t *testing.T, cfg config, r *implResult) {
 	t.Helper()
 	impl := r.Impl
 	if r.Lost != 0 || r.Ended != 0 || r.Unexpected != 0 {
@@ -111,19 +151,6 @@ func checkResult(t *testing.T, cfg config, r *implResult) {
 	// detector) may delay some, none may be missing.
 	if r.HeartbeatsMin < 1 || r.HeartbeatsMean < 2 || r.HeartbeatsMax > 7 {
 		t.Errorf("%s: heartbeats per connection mean %.2f, min %d, max %d", impl, r.HeartbeatsMean, r.HeartbeatsMin, r.HeartbeatsMax)
-	}
-	// Each connection is a handler goroutine and net/http's reader.
-	if r.GoroutinesPerConn < 1.9 || r.GoroutinesPerConn > 2.2 {
-		t.Errorf("%s: %.2f goroutines per connection", impl, r.GoroutinesPerConn)
-	}
-	if r.StackPerConn <= 0 || r.HeapPerConn <= 0 || r.RSSPerConn <= 0 || r.HeartbeatCPU < 0 || r.LoopMicros <= 0 || r.IdleSeconds < 0.5 {
-		t.Errorf("%s: a figure is not positive: %+v", impl, r)
-	}
-	if r.StackPerConn > 64<<10 || r.HeapPerConn > 256<<10 {
-		t.Errorf("%s: per connection stacks %.0f B, heap %.0f B", impl, r.StackPerConn, r.HeapPerConn)
-	}
-	if r.Connected.GCs < minGCs || r.AfterFanout.GCs < minGCs {
-		t.Errorf("%s: %d and %d collections before the memory figures", impl, r.Connected.GCs, r.AfterFanout.GCs)
 	}
 }
 
@@ -245,7 +272,8 @@ func TestParseFlags(t *testing.T) {
 	}
 	for arg, want := range map[string][]string{
 		"both": {"eventbus", "naive"}, "all": {"eventbus", "sessiond", "naive"}, "sessiond": {"sessiond"},
-		"naive,sessiond": {"naive", "sessiond"},
+		"naive,sessiond": {"naive", "sessiond"}, "floors": {"eventbus", "floor", "floor-raw", "naive"},
+		"floor-raw,floor": {"floor-raw", "floor"},
 	} {
 		if cfg, err := parseFlags([]string{"-impl", arg, "-sessiond-bin", "/x/sessiond"}, flag.ContinueOnError); err != nil ||
 			!slices.Equal(cfg.impls, want) || cfg.sessiondBin != "/x/sessiond" {

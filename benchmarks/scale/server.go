@@ -381,6 +381,8 @@ func serveChild(impl string, sessions, perSession int, heartbeat time.Duration, 
 		pub, h, err = newBusServer(ids, perSession, heartbeat)
 	case "naive":
 		pub, h, err = newNaiveServer(ids, heartbeat)
+	case "floor", "floor-raw":
+		pub, h, err = newFloorServer(ids, heartbeat, impl == "floor-raw")
 	default:
 		err = fmt.Errorf("unknown implementation %q", impl)
 	}
