@@ -20,6 +20,9 @@
 #            the naive handler, latency distribution and losses.
 #   scale    the scale program (benchmarks/scale): 10,000 idle connections,
 #            eventbus against the naive handler, SCALE_RUNS runs.
+#   floors   the scale program with its two floors (-impl floors: eventbus,
+#            floor, floor-raw, naive), SCALE_RUNS runs with the heartbeat
+#            and as many with -heartbeat 1h (the fan-out alone).
 # ROUNDS (default 8) and SCALE_RUNS (default 3) set the repetitions. Every
 # file records the load average before and after; on a busy machine the
 # numbers move by 2x and more: compare runs made at the same load.
@@ -27,7 +30,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=docs/bench
 base=${1:-b031bde}
-parts=${PARTS:-hot latency http scale}
+parts=${PARTS:-hot latency http scale floors}
 rounds=${ROUNDS:-8}
 bench() { go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da "$@"; }
 load() { echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg) ($(date -u +%FT%TZ))"; }
@@ -93,4 +96,17 @@ if want scale; then
     (cd benchmarks && go run ./scale -conns 10000 -sessions 200 -runs "${SCALE_RUNS:-3}")
     load
   } > $out/stream-cost-scale.md
+fi
+
+if want floors; then
+  {
+    load
+    (cd benchmarks && go run ./scale -impl floors -conns 10000 -sessions 200 -runs "${SCALE_RUNS:-3}")
+    load
+  } > $out/stream-cost-scale-floors.txt
+  {
+    load
+    (cd benchmarks && go run ./scale -impl floors -conns 10000 -sessions 200 -runs "${SCALE_RUNS:-3}" -heartbeat 1h -idle 2s)
+    load
+  } > $out/stream-cost-scale-floors-nohb.txt
 fi
