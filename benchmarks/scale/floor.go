@@ -82,12 +82,8 @@ func newFloorServer(ids []string, heartbeat time.Duration, raw bool) (*floorServ
 		return nil, nil, err
 	}
 	s := &floorServer{raw: raw, enc: enc, workers: runtime.GOMAXPROCS(0)}
-	byID := make(map[string]*floorSession, len(ids)) // read-only once serving
-	for _, id := range ids {
-		fs := &floorSession{}
-		s.sessions = append(s.sessions, fs)
-		byID[id] = fs
-	}
+	var byID map[string]*floorSession
+	s.sessions, byID = newSessions[floorSession](ids)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /session/{id}/events", func(w http.ResponseWriter, r *http.Request) {
 		fs := byID[r.PathValue("id")]

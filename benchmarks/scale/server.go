@@ -214,12 +214,8 @@ func newNaiveServer(ids []string, heartbeat time.Duration) (*naiveServer, http.H
 		return nil, nil, err
 	}
 	s := &naiveServer{enc: enc}
-	byID := make(map[string]*naiveSession, len(ids)) // read-only once serving
-	for _, id := range ids {
-		b := &naiveSession{}
-		s.brokers = append(s.brokers, b)
-		byID[id] = b
-	}
+	var byID map[string]*naiveSession
+	s.brokers, byID = newSessions[naiveSession](ids)
 	mux := http.NewServeMux()
 	mux.Handle("GET /session/{id}/events", naiveHandler(byID, heartbeat))
 	return s, mux, nil
@@ -237,6 +233,19 @@ func (s *naiveServer) publishAll(sent int64) error {
 		b.Publish(naive.Msg{ID: id, Data: appendNaiveFrame(nil, id, e)})
 	}
 	return nil
+}
+
+// newSessions makes a T for each of ids, in their order and by id (a map
+// that is read-only once serving).
+func newSessions[T any](ids []string) ([]*T, map[string]*T) {
+	list := make([]*T, 0, len(ids))
+	byID := make(map[string]*T, len(ids))
+	for _, id := range ids {
+		t := new(T)
+		list = append(list, t)
+		byID[id] = t
+	}
+	return list, byID
 }
 
 // sessionIDs returns s0..s{n-1}.
