@@ -627,3 +627,77 @@ func benchPublishStalled(b *testing.B, stalled int, blocked bool) {
 		b.Fatalf("the healthy reader got %d of %d events", got, n)
 	}
 }
+
+// BenchmarkPublishPerSubscriber is what a publish costs its publisher per
+// subscriber when it wakes nobody (issue 26: a publish should cost one
+// cheap push per subscriber; would a cursor into the ring be cheaper?).
+// With mode=live each of subs subscribers has room and a consumer that is
+// not waiting, so a publish is the encoding, the ring and one push each;
+// the queues are emptied outside the timed part. With mode=behind every
+// subscriber is behind under OverflowCatchUp: its consumer reads the ring
+// through a cursor, and the publish costs it a flag test and a stall
+// check. The slope from 1 to 1000 subscribers is a push's cost against a
+// cursor's; BenchmarkWakeRound has a wake-up's. Run it with
+//
+//	go test -run '^$' -bench PublishPerSubscriber -benchmem -count 8
+func BenchmarkPublishPerSubscriber(b *testing.B) {
+	for _, mode := range []string{"live", "behind"} {
+		for _, n := range []int{1, 64, 1000} {
+			b.Run(fmt.Sprintf("mode=%s/subs=%d", mode, n), func(b *testing.B) { benchPublishPerSubscriber(b, mode, n) })
+		}
+	}
+}
+
+func benchPublishPerSubscriber(b *testing.B, mode string, n int) {
+	const maxQueued = 256
+	opts := Options{Logger: quiet, MaxSubscribers: n, MaxQueued: maxQueued}
+	if mode == "behind" {
+		opts.OverflowPolicy = OverflowCatchUp
+		opts.CatchUpStallTimeout = time.Hour // nobody reads, nobody is evicted
+	}
+	bus, err := New(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bus.Close()
+	subs := make([]*Subscription, n)
+	for i := range subs {
+		if subs[i], err = bus.Subscribe(context.Background(), SubscribeOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ev := Event{Type: "bench", Data: benchData}
+	publish := func() {
+		if _, err := bus.Publish(ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if mode == "behind" {
+		for range maxQueued + 1 {
+			publish()
+		}
+		if st := bus.Stats(); st.CatchUp.Entered != uint64(n) {
+			b.Fatalf("%d of %d subscribers behind", st.CatchUp.Entered, n)
+		}
+	}
+	var batch []Frame
+	queued := 0
+	for b.Loop() {
+		if mode == "live" && queued == maxQueued/2 {
+			// Emptied while they hold frames, so that no take finds
+			// nothing and declares its consumer waiting.
+			b.StopTimer()
+			for _, s := range subs {
+				batch, _ = s.TakeReady(batch[:0])
+				clear(batch)
+			}
+			queued = 0
+			b.StartTimer()
+		}
+		publish()
+		queued++
+	}
+	if st := bus.Stats(); st.Dropped != (DroppedStats{}) || st.Evictions != (EvictionStats{}) || (mode == "live" && st.CatchUp.Entered != 0) {
+		b.Fatalf("dropped %+v, evicted %+v, caught up %d", st.Dropped, st.Evictions, st.CatchUp.Entered)
+	}
+}
