@@ -332,9 +332,9 @@ func benchPaced(b *testing.B, r pacedRun) {
 // consumer) and the same bus handed frames that the library's encoder
 // built, as Publish builds them (naive-enc: what the frame costs, apart
 // from what the delivery costs) against eventbus's Events. Every event's
-// latency is measured,
-// from just before Publish to each subscriber: p50, p99, p99.9, the
-// largest, and the share over 1 ms; losses apart. Run it with
+// latency is measured, from just before Publish to each subscriber: p50,
+// p99, p99.9, the largest, and the share over 1 ms; losses apart. Run it
+// with
 //
 //	go test -run '^$' -bench DeliveryLatency -benchtime 1x -count 8
 func BenchmarkDeliveryLatency(b *testing.B) {

@@ -33,7 +33,10 @@ import (
 //
 // Both keep the connection alive with one ticker for every connection (the
 // pool writes the heartbeat too), instead of the naive handler's ticker per
-// connection. Their frames are the naive handler's bytes.
+// connection. Their frames are the naive handler's bytes. Two publishes'
+// writes to one connection are not ordered (each publish has its own
+// workers): the program's rounds are half a second apart, and a heartbeat
+// is a comment.
 
 // floorChunk is how many connections a worker takes at a time.
 const floorChunk = 64
