@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -277,4 +278,64 @@ func TestNewUpdatesTheStream(t *testing.T) {
 		cfg.MaxBytes != 1<<30 || len(cfg.Subjects) != 2 || cfg.Subjects[0] != "other.>" || cfg.Subjects[1] != "t.s.>" {
 		t.Fatalf("stream config %+v", cfg)
 	}
+}
+
+// A create of the lost stream that the server fails with its generic error
+// (10049, "error creating store for stream", seen once in CI right after a
+// stream was deleted) is tried again; one that keeps failing returns the
+// server's error after createAttempts creates.
+func TestEnsureStreamRetriesAFailedCreate(t *testing.T) {
+	srv := startServer(t)
+	opts := testOptions()
+	js := &flakyCreate{JetStream: connect(t, srv.URL())}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	b, err := New(ctx, js, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	lose := func(fail int32) {
+		t.Helper()
+		if err := js.DeleteStream(ctx, opts.Stream); err != nil {
+			t.Fatal(err)
+		}
+		js.fail.Store(fail)
+		js.calls.Store(0)
+	}
+
+	lose(1)
+	if err := b.ensureStream(ctx); err != nil {
+		t.Fatalf("ensureStream after one failed create: %v", err)
+	}
+	if n := js.calls.Load(); n != 2 {
+		t.Errorf("%d creates, want 2", n)
+	}
+	if _, err := js.Stream(ctx, opts.Stream); err != nil {
+		t.Fatalf("the stream after ensureStream: %v", err)
+	}
+
+	lose(100)
+	err = b.ensureStream(ctx)
+	if ae := apiError(err); ae == nil || ae.ErrorCode != codeStreamCreate {
+		t.Fatalf("ensureStream while creates fail: %v, want the server's error %d", err, codeStreamCreate)
+	}
+	if n := js.calls.Load(); n != createAttempts {
+		t.Errorf("%d creates, want %d", n, createAttempts)
+	}
+}
+
+// flakyCreate is a JetStream whose next fail stream creates fail as the
+// server fails them while a deleted stream's store is still in the way.
+type flakyCreate struct {
+	jetstream.JetStream
+	fail, calls atomic.Int32
+}
+
+func (f *flakyCreate) CreateStream(ctx context.Context, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	f.calls.Add(1)
+	if f.fail.Add(-1) >= 0 {
+		return nil, &jetstream.APIError{Code: 500, ErrorCode: codeStreamCreate, Description: "error creating store for stream"}
+	}
+	return f.JetStream.CreateStream(ctx, cfg)
 }

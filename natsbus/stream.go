@@ -43,6 +43,7 @@ const (
 const (
 	codeNoMessage          = 10037 // no message found
 	codeStreamNotFound     = 10059
+	codeStreamCreate       = 10049 // a create failed; "error creating store for stream" among others
 	codeWrongLastSeq       = 10071 // wrong last sequence: {seq}
 	codeDuplicateInProcess = 10158 // duplicate message id is in process
 	codeWrongLastSeqBusy   = 10164 // wrong last sequence (a clustered stream: another publish in process)
@@ -97,6 +98,10 @@ type head struct {
 	id    uint64 // the last id assigned
 }
 
+// createAttempts bounds createStream's creates that the server fails with
+// its generic creation error.
+const createAttempts = 4
+
 // ensureStream creates the stream when it is missing and sets on it what
 // the backplane relies on (see New), keeping the rest of its config.
 func (b *Backplane) ensureStream(ctx context.Context) error {
@@ -131,9 +136,9 @@ func (b *Backplane) ensureStream(ctx context.Context) error {
 			Replicas: b.opts.Replicas,
 		}
 		want(&cfg)
-		_, err = b.js.CreateStream(ctx, cfg)
-		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return err
+		created, cerr := b.createStream(ctx, cfg)
+		if cerr != nil || created {
+			return cerr
 		}
 		st, err = b.js.Stream(ctx, b.opts.Stream) // another replica created it meanwhile
 	}
@@ -145,6 +150,36 @@ func (b *Backplane) ensureStream(ctx context.Context) error {
 		_, err = b.js.UpdateStream(ctx, cfg)
 	}
 	return err
+}
+
+// createStream creates the stream with cfg, or finds that another replica
+// has: created is false then, and err nil.
+func (b *Backplane) createStream(ctx context.Context, cfg jetstream.StreamConfig) (created bool, err error) {
+	for attempt := 1; ; attempt++ {
+		_, err := b.js.CreateStream(ctx, cfg)
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
+			return false, nil
+		}
+		// Right after a stream is deleted (a lost log), the server can fail
+		// a create with a generic error, "error creating store for
+		// stream", while another replica recreates it or the old store is
+		// still being removed (seen once in CI). It passes: look again,
+		// and try again a few times.
+		if ae := apiError(err); ae == nil || ae.ErrorCode != codeStreamCreate || attempt == createAttempts {
+			return false, err
+		}
+		if _, serr := b.js.Stream(ctx, b.opts.Stream); serr == nil {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, err
+		case <-time.After(time.Duration(attempt) * 25 * time.Millisecond):
+		}
+	}
 }
 
 // apiError returns the JetStream API error in err, or nil.
