@@ -13,6 +13,7 @@ require (
 	github.com/r3labs/sse/v2 v2.10.0
 	github.com/tmaxmax/go-sse v0.11.0
 	go.uber.org/goleak v1.3.0
+	golang.org/x/exp v0.0.0-20261113113407-e3970619a1a4
 )
 
 require (

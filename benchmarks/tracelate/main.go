@@ -1,0 +1,189 @@
+// Command tracelate reads an execution trace (go test -trace) and tells
+// where goroutines waited to run: for every goroutine that became runnable
+// often, how long it waited from runnable to running (mean, and how many
+// waits passed -late), split by why it became runnable (woken from a wait,
+// or put back by a yield or a preemption); and every stretch over -gap in
+// which a P recorded no event at all, with the goroutines that sat in its
+// run queue meanwhile (a P that was running; an idle P records nothing
+// either). It was written for issue 26's bimodal tail with a
+// yielding publisher (BENCHMARKS.md, "The frame's cost, apart from the
+// delivery's").
+//
+// Usage, from benchmarks/:
+//
+//	go test -C .. -run '^$' -bench 'DeliveryLatency/pace=yield/impl=evict$' -benchtime 1x -trace /tmp/t.out
+//	go run ./tracelate [-late 1ms] [-gap 1ms] [-min 1000] /tmp/t.out
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"golang.org/x/exp/trace"
+)
+
+func main() {
+	late := flag.Duration("late", time.Millisecond, "a wait from runnable to running longer than this is late")
+	gap := flag.Duration("gap", time.Millisecond, "report a P that recorded no event for longer than this")
+	minWaits := flag.Int("min", 1000, "list only goroutines that became runnable at least this often")
+	flag.Parse()
+	if flag.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: tracelate [-late D] [-gap D] [-min N] TRACE")
+		os.Exit(2)
+	}
+	f, err := os.Open(flag.Arg(0))
+	if err == nil {
+		defer f.Close()
+		err = analyze(f, os.Stdout, *late, *gap, *minWaits)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tracelate:", err)
+		os.Exit(1)
+	}
+}
+
+// waits is what one goroutine's waits to run added up to.
+type waits struct {
+	n, late int
+	sum     time.Duration
+	// by why it became runnable: woken from a wait, or put back while
+	// running (a yield, a preemption).
+	woken, wokenLate, putBack, putBackLate int
+}
+
+func analyze(r io.Reader, w io.Writer, late, gap time.Duration, minWaits int) error {
+	tr, err := trace.NewReader(r)
+	if err != nil {
+		return err
+	}
+	since := map[trace.GoID]trace.Time{}   // runnable since
+	from := map[trace.GoID]trace.GoState{} // and from which state
+	onP := map[trace.GoID]trace.ProcID{}   // the P that made it runnable
+	byG := map[trace.GoID]*waits{}
+	lastOnP := map[trace.ProcID]trace.Time{}
+	running := map[trace.ProcID]bool{}   // a P's state now
+	runningAt := map[trace.ProcID]bool{} // and at its last event
+	type stall struct {
+		p          trace.ProcID
+		start, end trace.Time
+		queued     int // goroutines made runnable on p before start, still waiting at end
+	}
+	var stalls []stall
+	for {
+		ev, err := tr.ReadEvent()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if ev.Kind() == trace.EventStateTransition {
+			if st := ev.StateTransition(); st.Resource.Kind == trace.ResourceProc {
+				_, now := st.Proc()
+				running[st.Resource.Proc()] = now == trace.ProcRunning
+			}
+		}
+		if p := ev.Proc(); p != trace.NoProc {
+			// A silence counts only while the P was running: an idle one
+			// records nothing either.
+			if last, ok := lastOnP[p]; ok && runningAt[p] && time.Duration(ev.Time()-last) > gap {
+				s := stall{p: p, start: last, end: ev.Time()}
+				for g, t := range since {
+					if onP[g] == p && t <= last {
+						s.queued++
+					}
+				}
+				stalls = append(stalls, s)
+			}
+			lastOnP[p] = ev.Time()
+			runningAt[p] = running[p]
+		}
+		if ev.Kind() != trace.EventStateTransition {
+			continue
+		}
+		st := ev.StateTransition()
+		if st.Resource.Kind != trace.ResourceGoroutine {
+			continue
+		}
+		g := st.Resource.Goroutine()
+		old, now := st.Goroutine()
+		switch {
+		case now == trace.GoRunnable && old != trace.GoRunnable:
+			since[g], from[g], onP[g] = ev.Time(), old, ev.Proc()
+		case now == trace.GoRunning:
+			t0, ok := since[g]
+			if !ok {
+				continue
+			}
+			delete(since, g)
+			d := time.Duration(ev.Time() - t0)
+			x := byG[g]
+			if x == nil {
+				x = &waits{}
+				byG[g] = x
+			}
+			x.n++
+			x.sum += d
+			isLate := d > late
+			if isLate {
+				x.late++
+			}
+			if from[g] == trace.GoWaiting {
+				x.woken++
+				if isLate {
+					x.wokenLate++
+				}
+			} else if from[g] == trace.GoRunning {
+				x.putBack++
+				if isLate {
+					x.putBackLate++
+				}
+			}
+		}
+	}
+	var gs []trace.GoID
+	var all waits
+	for g, x := range byG {
+		if x.n >= minWaits {
+			gs = append(gs, g)
+			all.n += x.n
+			all.late += x.late
+			all.woken += x.woken
+			all.wokenLate += x.wokenLate
+			all.putBack += x.putBack
+			all.putBackLate += x.putBackLate
+		}
+	}
+	slices.Sort(gs)
+	fmt.Fprintf(w, "goroutines runnable at least %d times: %d; waits %d, late (over %v) %d; woken from a wait %d (late %d), put back while running %d (late %d)\n",
+		minWaits, len(gs), all.n, late, all.late, all.woken, all.wokenLate, all.putBack, all.putBackLate)
+	for _, g := range gs {
+		x := byG[g]
+		fmt.Fprintf(w, "  g%d: runnable %d times, mean wait %v, late %d (woken %d of %d, put back %d of %d)\n",
+			g, x.n, (x.sum / time.Duration(x.n)).Round(100*time.Nanosecond), x.late, x.wokenLate, x.woken, x.putBackLate, x.putBack)
+	}
+	var total time.Duration
+	stranding, stranded := 0, 0
+	for _, s := range stalls {
+		total += time.Duration(s.end - s.start)
+		if s.queued > 0 {
+			stranding++
+			stranded += s.queued
+		}
+	}
+	fmt.Fprintf(w, "stretches over %v with no event on a running P: %d, %v in all; %d of them with goroutines waiting in its queue, %d goroutines in all\n",
+		gap, len(stalls), total.Round(time.Microsecond), stranding, stranded)
+	for i, s := range stalls {
+		if i == 20 {
+			fmt.Fprintf(w, "  ... %d more\n", len(stalls)-i)
+			break
+		}
+		fmt.Fprintf(w, "  P%d silent for %v, %d goroutines it had made runnable waiting\n", s.p, time.Duration(s.end-s.start).Round(time.Microsecond), s.queued)
+	}
+	return nil
+}
