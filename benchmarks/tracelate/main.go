@@ -47,13 +47,50 @@ func main() {
 	}
 }
 
-// waits is what one goroutine's waits to run added up to.
+// Why a goroutine became runnable, the rows of waits.count.
+const (
+	anyWay  = iota // all its waits
+	woken          // woken from a wait
+	putBack        // put back while running (a yield, a preemption)
+)
+
+// waits is what one goroutine's waits to run added up to: count[why][0]
+// waits, count[why][1] of them late.
 type waits struct {
-	n, late int
-	sum     time.Duration
-	// by why it became runnable: woken from a wait, or put back while
-	// running (a yield, a preemption).
-	woken, wokenLate, putBack, putBackLate int
+	count [3][2]int
+	sum   time.Duration
+}
+
+// record adds a wait of d that began in state from.
+func (x *waits) record(d time.Duration, from trace.GoState, late time.Duration) {
+	isLate := 0
+	if d > late {
+		isLate = 1
+	}
+	x.sum += d
+	x.count[anyWay][0]++
+	x.count[anyWay][1] += isLate
+	why := -1
+	switch from {
+	case trace.GoWaiting:
+		why = woken
+	case trace.GoRunning:
+		why = putBack
+	}
+	if why >= 0 {
+		x.count[why][0]++
+		x.count[why][1] += isLate
+	}
+}
+
+// add adds y's counts to x's.
+func (x *waits) add(y *waits) {
+	for r := range x.count {
+		for c := range x.count[r] {
+			x.count[r][c] += y.count[r][c]
+		}
+	}
+	x.sum += y.sum
 }
 
 func analyze(r io.Reader, w io.Writer, late, gap time.Duration, minWaits int) error {
@@ -127,45 +164,25 @@ func analyze(r io.Reader, w io.Writer, late, gap time.Duration, minWaits int) er
 				x = &waits{}
 				byG[g] = x
 			}
-			x.n++
-			x.sum += d
-			isLate := d > late
-			if isLate {
-				x.late++
-			}
-			if from[g] == trace.GoWaiting {
-				x.woken++
-				if isLate {
-					x.wokenLate++
-				}
-			} else if from[g] == trace.GoRunning {
-				x.putBack++
-				if isLate {
-					x.putBackLate++
-				}
-			}
+			x.record(d, from[g], late)
 		}
 	}
 	var gs []trace.GoID
 	var all waits
 	for g, x := range byG {
-		if x.n >= minWaits {
+		if x.count[anyWay][0] >= minWaits {
 			gs = append(gs, g)
-			all.n += x.n
-			all.late += x.late
-			all.woken += x.woken
-			all.wokenLate += x.wokenLate
-			all.putBack += x.putBack
-			all.putBackLate += x.putBackLate
+			all.add(x)
 		}
 	}
 	slices.Sort(gs)
 	fmt.Fprintf(w, "goroutines runnable at least %d times: %d; waits %d, late (over %v) %d; woken from a wait %d (late %d), put back while running %d (late %d)\n",
-		minWaits, len(gs), all.n, late, all.late, all.woken, all.wokenLate, all.putBack, all.putBackLate)
+		minWaits, len(gs), all.count[anyWay][0], late, all.count[anyWay][1], all.count[woken][0], all.count[woken][1], all.count[putBack][0], all.count[putBack][1])
 	for _, g := range gs {
 		x := byG[g]
 		fmt.Fprintf(w, "  g%d: runnable %d times, mean wait %v, late %d (woken %d of %d, put back %d of %d)\n",
-			g, x.n, (x.sum / time.Duration(x.n)).Round(100*time.Nanosecond), x.late, x.wokenLate, x.woken, x.putBackLate, x.putBack)
+			g, x.count[anyWay][0], (x.sum / time.Duration(x.count[anyWay][0])).Round(100*time.Nanosecond), x.count[anyWay][1],
+			x.count[woken][1], x.count[woken][0], x.count[putBack][1], x.count[putBack][0])
 	}
 	var total time.Duration
 	stranding, stranded := 0, 0
