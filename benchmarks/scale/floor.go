@@ -3,7 +3,6 @@
 package main
 
 import (
-	"errors"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -232,9 +231,6 @@ func (s *floorServer) publishAll(sent int64) error {
 		fs.mu.Unlock()
 		f := appendNaiveFrame(nil, id, e)
 		frames[i] = [2][]byte{f, chunkOf(f)}
-	}
-	if len(frames) == 0 {
-		return errors.New("no sessions")
 	}
 	s.writeAll(func(yield func(*floorConn, []byte, []byte)) {
 		for i, fs := range s.sessions {
