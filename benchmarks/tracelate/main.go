@@ -98,9 +98,14 @@ func analyze(r io.Reader, w io.Writer, late, gap time.Duration, minWaits int) er
 	if err != nil {
 		return err
 	}
-	since := map[trace.GoID]trace.Time{}   // runnable since
-	from := map[trace.GoID]trace.GoState{} // and from which state
-	onP := map[trace.GoID]trace.ProcID{}   // the P that made it runnable
+	// A goroutine that is runnable now: since when, from which state, and
+	// the P that made it runnable.
+	type runnable struct {
+		since trace.Time
+		from  trace.GoState
+		p     trace.ProcID
+	}
+	queued := map[trace.GoID]runnable{}
 	byG := map[trace.GoID]*waits{}
 	lastOnP := map[trace.ProcID]trace.Time{}
 	running := map[trace.ProcID]bool{}   // a P's state now
@@ -130,8 +135,8 @@ func analyze(r io.Reader, w io.Writer, late, gap time.Duration, minWaits int) er
 			// records nothing either.
 			if last, ok := lastOnP[p]; ok && runningAt[p] && time.Duration(ev.Time()-last) > gap {
 				s := stall{p: p, start: last, end: ev.Time()}
-				for g, t := range since {
-					if onP[g] == p && t <= last {
+				for _, q := range queued {
+					if q.p == p && q.since <= last {
 						s.queued++
 					}
 				}
@@ -151,20 +156,19 @@ func analyze(r io.Reader, w io.Writer, late, gap time.Duration, minWaits int) er
 		old, now := st.Goroutine()
 		switch {
 		case now == trace.GoRunnable && old != trace.GoRunnable:
-			since[g], from[g], onP[g] = ev.Time(), old, ev.Proc()
+			queued[g] = runnable{ev.Time(), old, ev.Proc()}
 		case now == trace.GoRunning:
-			t0, ok := since[g]
+			q, ok := queued[g]
 			if !ok {
 				continue
 			}
-			delete(since, g)
-			d := time.Duration(ev.Time() - t0)
+			delete(queued, g)
 			x := byG[g]
 			if x == nil {
 				x = &waits{}
 				byG[g] = x
 			}
-			x.record(d, from[g], late)
+			x.record(time.Duration(ev.Time()-q.since), q.from, late)
 		}
 	}
 	var gs []trace.GoID

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"regexp"
+	"runtime"
 	"runtime/trace"
 	"strconv"
 	"testing"
@@ -50,5 +51,37 @@ func TestAnalyze(t *testing.T) {
 	}
 	if err := analyze(bytes.NewReader([]byte("not a trace")), &out, time.Second, time.Second, 1); err == nil {
 		t.Error("no error for a file that is not a trace")
+	}
+}
+
+// TestAnalyzeFindsASilentP keeps the only P busy in a loop that records
+// nothing, for 30 ms, while a goroutine it started waits in its run queue:
+// analyze must report a silent stretch of that P with the goroutine
+// stranded in it.
+func TestAnalyzeFindsASilentP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var buf bytes.Buffer
+	if err := trace.Start(&buf); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go close(done) // runnable on our P, which it cannot have until preempted
+	for start := time.Now(); time.Since(start) < 30*time.Millisecond; {
+	}
+	<-done
+	trace.Stop()
+
+	var out bytes.Buffer
+	if err := analyze(&buf, &out, time.Second, 3*time.Millisecond, 1); err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`no event on a running P: (\d+), .*; (\d+) of them with goroutines waiting in its queue, (\d+) goroutines`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no stretches line in:\n%s", out.String())
+	}
+	stretches, _ := strconv.Atoi(m[1])
+	stranding, _ := strconv.Atoi(m[2])
+	if stretches < 1 || stranding < 1 {
+		t.Errorf("%d silent stretches, %d with a goroutine waiting; want the loop's, with the goroutine it started:\n%s", stretches, stranding, out.String())
 	}
 }
