@@ -104,13 +104,7 @@ func newFloorServer(ids []string, heartbeat time.Duration, raw bool) (*floorServ
 		hb := []byte(":\n")
 		framed := chunkOf(hb)
 		for range time.Tick(heartbeat) {
-			s.writeAll(func(yield func(*floorConn, []byte, []byte)) {
-				for _, fs := range s.sessions {
-					for _, c := range fs.snapshot() {
-						yield(c, hb, framed)
-					}
-				}
-			})
+			s.writeAll(func(int) ([]byte, []byte) { return hb, framed })
 		}
 	}()
 	return s, mux, nil
@@ -122,6 +116,8 @@ func (fs *floorSession) add(c *floorConn) {
 	fs.mu.Unlock()
 }
 
+// snapshot returns the connections so far. No copy is needed: add only
+// appends past the returned length, so these entries never change.
 func (fs *floorSession) snapshot() []*floorConn {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
@@ -195,11 +191,17 @@ type floorItem struct {
 	frame, framed []byte
 }
 
-// writeAll hands every delivery seq yields to the pool of workers and
-// returns without waiting for the writes, as a publish into queues does.
-func (s *floorServer) writeAll(seq func(yield func(*floorConn, []byte, []byte))) {
+// writeAll hands the pool of workers a delivery to every connection of
+// every session, frameOf(i) to session i's, and returns without waiting for
+// the writes, as a publish into queues does.
+func (s *floorServer) writeAll(frameOf func(i int) (frame, framed []byte)) {
 	var items []floorItem
-	seq(func(c *floorConn, frame, framed []byte) { items = append(items, floorItem{c, frame, framed}) })
+	for i, fs := range s.sessions {
+		frame, framed := frameOf(i)
+		for _, c := range fs.snapshot() {
+			items = append(items, floorItem{c, frame, framed})
+		}
+	}
 	var next atomic.Int64
 	for range s.workers {
 		go func() {
@@ -232,12 +234,6 @@ func (s *floorServer) publishAll(sent int64) error {
 		f := appendNaiveFrame(nil, id, e)
 		frames[i] = [2][]byte{f, chunkOf(f)}
 	}
-	s.writeAll(func(yield func(*floorConn, []byte, []byte)) {
-		for i, fs := range s.sessions {
-			for _, c := range fs.snapshot() {
-				yield(c, frames[i][0], frames[i][1])
-			}
-		}
-	})
+	s.writeAll(func(i int) ([]byte, []byte) { return frames[i][0], frames[i][1] })
 	return nil
 }
