@@ -35,6 +35,17 @@ rounds=${ROUNDS:-8}
 bench() { go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da "$@"; }
 load() { echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg) ($(date -u +%FT%TZ))"; }
 want() { [[ " $parts " == *" $1 "* ]]; }
+# scale FILE ARGS...: the scale program at 10,000 connections, SCALE_RUNS
+# runs, with ARGS added, into $out/FILE between two load averages.
+scale() {
+  local file=$1
+  shift
+  {
+    load
+    (cd benchmarks && go run ./scale -conns 10000 -sessions 200 -runs "${SCALE_RUNS:-3}" "$@")
+    load
+  } > "$out/$file"
+}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -91,22 +102,10 @@ if want http; then
 fi
 
 if want scale; then
-  {
-    load
-    (cd benchmarks && go run ./scale -conns 10000 -sessions 200 -runs "${SCALE_RUNS:-3}")
-    load
-  } > $out/stream-cost-scale.md
+  scale stream-cost-scale.md
 fi
 
 if want floors; then
-  {
-    load
-    (cd benchmarks && go run ./scale -impl floors -conns 10000 -sessions 200 -runs "${SCALE_RUNS:-3}")
-    load
-  } > $out/stream-cost-scale-floors.txt
-  {
-    load
-    (cd benchmarks && go run ./scale -impl floors -conns 10000 -sessions 200 -runs "${SCALE_RUNS:-3}" -heartbeat 1h -idle 2s)
-    load
-  } > $out/stream-cost-scale-floors-nohb.txt
+  scale stream-cost-scale-floors.txt -impl floors
+  scale stream-cost-scale-floors-nohb.txt -impl floors -heartbeat 1h -idle 2s
 fi
