@@ -150,6 +150,12 @@ func (*feed) ringChangedLocked(int64) {}
 
 func (*feed) used() {}
 
+// heldLocked and releasedLocked have nothing to do: a fed bus has no
+// budget over what its subscribers hold.
+func (*feed) heldLocked(uint64) {}
+
+func (*feed) releasedLocked() {}
+
 // closed releases the Subscribes waiting for the feed: they give up.
 func (f *feed) closed() { f.wake() }
 

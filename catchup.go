@@ -1,7 +1,5 @@
 package eventbus
 
-import "math"
-
 // enterCatchUpLocked puts s behind after its queue rejected f under
 // OverflowCatchUp: f and everything after it stay in the ring for its
 // consumer to read. A rejected signal, which is in no ring, is dropped and
@@ -21,12 +19,32 @@ func (s *Subscription) enterCatchUpLocked(f *frame, lastID uint64, now int64) {
 	b.stats.behind.Add(1)
 }
 
+// enterCatchUpAtLocked puts s behind with its cursor at id: a Hub's
+// budget dropped its queued live frames, the first of them id (see
+// hubSession.shed). Its consumer reads them again from the ring.
+func (s *Subscription) enterCatchUpAtLocked(id uint64, now int64) {
+	b := s.bus
+	s.cursor.Store(id)
+	s.progress.Store(now)
+	s.behind = true
+	s.lagging.Store(true)
+	s.warned = false // its live frames are gone: the episode is over
+	b.stats.catchUps.Add(1)
+	b.stats.behind.Add(1)
+	if s.q.claimWake() {
+		s.q.wake() // a consumer waiting on an empty queue has the ring to read
+	}
+}
+
 // leaveCatchUpLocked ends s's catch-up: it caught up.
 func (s *Subscription) leaveCatchUpLocked() {
 	if s.behind {
 		s.behind = false
 		s.lagging.Store(false)
 		s.bus.stats.behind.Add(-1)
+		// Live again: what it comes to hold is the budget's to count and
+		// act on again (hubSession.shed put it behind).
+		s.shed.Store(false)
 	}
 }
 
@@ -277,6 +295,7 @@ func (b *EventBus) sweepStalled() {
 		if s.behind && s.stalledLocked(now, b.nextID-1) {
 			out = append(out, eviction{s: s, reason: ReasonCatchUpStalled, id: s.dropCatchUpLocked(), counts: s.q.liveCounts(), bytes: -1})
 			b.subs[i] = nil
+			b.detachLocked(s)
 		}
 	}
 	if out != nil {
@@ -288,17 +307,28 @@ func (b *EventBus) sweepStalled() {
 	}
 }
 
+// reached reports whether frames hold maxBytes of envelopes: a bounded take
+// that stopped there may have left frames queued.
+func reached(frames []Frame, maxBytes int) bool {
+	n := 0
+	for _, f := range frames {
+		n += f.Size()
+	}
+	return n >= maxBytes
+}
+
 // takeBehind is take for a subscriber that is behind: its queue first
 // (what was queued before it fell behind, forced frames, signals), then
 // the ring, within its caps for the whole batch.
-func (s *Subscription) takeBehind(dst []Frame, sizes *[]int) (frames []Frame, open bool) {
+func (s *Subscription) takeBehind(dst []Frame, maxBytes int, sizes *[]int) (frames []Frame, open bool) {
 	q := &s.q
 	live0, bytes0 := q.popped()
 	// The consumer declares itself waiting when its queue is empty even
 	// though the ring fills its batch: a signal pushed meanwhile then
 	// wakes it, whatever the ring gave.
-	frames, open = q.take(dst, true, math.MaxInt, sizes)
-	if open {
+	frames, open = q.take(dst, true, maxBytes, sizes)
+	if open && !reached(frames[len(dst):], maxBytes) {
+		// The queue is drained: the ring comes after it.
 		var taken queueCounts
 		if sizes == nil {
 			// Returned to the caller, they count no more, but this batch
@@ -307,7 +337,9 @@ func (s *Subscription) takeBehind(dst []Frame, sizes *[]int) (frames []Frame, op
 			taken.liveCount = int(live - live0)
 			taken.liveBytes = int(bytes - bytes0)
 		}
+		n := len(frames)
 		frames = s.catchUp(frames, sizes, taken)
+		s.holdRead(frames[n:])
 	} else if sizes == nil {
 		s.release() // the Events iterator releases it itself (see take)
 	}

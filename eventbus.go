@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,11 @@ type EventBus struct {
 	ring   ring
 	subs   []*Subscription
 	closed bool
+	// detached are the subscriptions unregistered with frames left for
+	// their consumer (evicted, or closed with the bus), until it drains
+	// them or cancels: an owner's budget counts what they hold
+	// (hub_pins.go). Kept only on a bus with an owner.
+	detached []*Subscription
 
 	// Mirrors of guarded state, for lock-free reads.
 	lastID     atomic.Uint64
@@ -158,6 +164,9 @@ func (b *EventBus) closeIf(terminal *Frame, allow func() bool) ([]*Subscription,
 	b.isClosed.Store(true)
 	subs := b.subs
 	b.subs = nil
+	for _, s := range subs {
+		b.detachLocked(s)
+	}
 	b.subscribed.Store(0)
 	// A subscriber catching up had the ring for the rest of its queue. The
 	// ring goes now, so it is told what it did not get: after its queued
@@ -457,6 +466,7 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			if s.stalledLocked(now, b.nextID-1) {
 				out.addEviction(eviction{s: s, reason: ReasonCatchUpStalled, id: s.dropCatchUpLocked(), counts: s.q.liveCounts(), bytes: -1})
 				b.subs[i] = nil
+				b.detachLocked(s)
 				removed = true
 				continue
 			}
@@ -523,6 +533,7 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			}
 			out.addEviction(ev)
 			b.subs[i] = nil
+			b.detachLocked(s)
 			removed = true
 		}
 	}
@@ -618,6 +629,34 @@ func (b *EventBus) addLocked(s *Subscription) {
 	if n > b.stats.peak.Load() {
 		b.stats.peak.Store(n)
 	}
+}
+
+// detachLocked records s, just unregistered with frames left to drain,
+// as a holder until it drains them (see detached).
+func (b *EventBus) detachLocked(s *Subscription) {
+	if b.owner != nil {
+		b.detached = append(b.detached, s)
+	}
+}
+
+// undetachLocked forgets s as a holder, if it was one, and tells the
+// owner.
+func (b *EventBus) undetachLocked(s *Subscription) {
+	if i := slices.Index(b.detached, s); i >= 0 {
+		b.detached = slices.Delete(b.detached, i, i+1)
+		b.owner.releasedLocked()
+	}
+}
+
+// drained is called when s's consumer has taken its last frame: it holds
+// nothing more in the queue.
+func (b *EventBus) drained(s *Subscription) {
+	if b.owner == nil {
+		return
+	}
+	b.mu.Lock()
+	b.undetachLocked(s)
+	b.mu.Unlock()
 }
 
 // removeLocked unregisters s, keeping subscription order. It reports whether

@@ -51,6 +51,10 @@ const (
 	// whose consumer took nothing for CatchUpStallTimeout while it was
 	// behind.
 	ReasonCatchUpStalled = "catch_up_stalled"
+	// ReasonMemoryBudget (eviction): a Hub's memory budget took back the
+	// frames the subscriber held beyond its session's ring, a client that
+	// read too slowly for what the daemon may hold (docs/SPEC.md section 7).
+	ReasonMemoryBudget = "memory_budget"
 )
 
 // errorKind values of stream_error frames: what a client does next
@@ -124,6 +128,13 @@ type frame struct {
 	typ   string
 	about string // signals only
 	at    int64  // events: Unix ms of the publish, for Options.MaxAge
+	// pin is where the frame ends in its bus's ring history: the sum of
+	// held over every frame appended to the ring up to this one, set once
+	// by the append, before anyone else sees the frame. A frame covers
+	// [pin-held, pin) of that history, so a Hub's budget can tell what a
+	// subscriber holds beyond its ring (hub_pins.go). 0 for frames never
+	// appended (synthetic frames, signals, a log's replay).
+	pin uint64
 }
 
 // ID returns the event's id, or 0 for a synthetic frame (ids start at 1).
@@ -159,7 +170,7 @@ func (f Frame) JSON() []byte {
 // client_evicted). The zero Frame has size 0.
 //
 // A frame costs more memory than its Size, by a bounded amount: at most
-// 2*MaxTypeLen+148 bytes on 64-bit platforms (660), before the allocator's
+// 2*MaxTypeLen+156 bytes on 64-bit platforms (668), before the allocator's
 // rounding; a signal also keeps its resource string (About). So the
 // frame-count caps (RingSize, MaxQueued) bound what the byte caps leave
 // out, and a Hub's MaxTotalBytes counts all of it. The unit and the bound

@@ -250,14 +250,16 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 		return nil
 	}
 
+	s := &sessionStream{h: h, bus: bus, ls: ls}
+	opts.Interrupt = s.s.interrupt
 	if sub, err = subscribeRequest(r, bus, opts); err != nil {
 		writeSubscribeError(w, err, "")
 		return nil
 	}
+	s.sub = sub
 
 	writeStreamHeaders(w, r, bus)
 
-	s := &sessionStream{h: h, bus: bus, sub: sub, ls: ls}
 	s.s.init(h, w, r)
 	if h.EpochIDs {
 		s.s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
@@ -450,15 +452,15 @@ func writeSubscribeError(w http.ResponseWriter, err error, session string) {
 // of its own would be an empty event in lenient clients, see the type's
 // doc), ready for its first flushBatch, and its heartbeat timer started.
 func (s *stream) init(h *Handler, w http.ResponseWriter, r *http.Request) {
-	*s = stream{
-		w:       w,
-		rc:      http.NewResponseController(w),
-		ctx:     r.Context(),
-		timeout: orDefault(h.WriteTimeout, DefaultWriteTimeout),
-		http1:   r.ProtoMajor == 1,
-		retry:   h.retryMillis(),
-		idle:    orDefault(h.Heartbeat, DefaultHeartbeat),
-	}
+	// Field by field: interrupt may have been called already (cut).
+	s.w = w
+	s.rc = http.NewResponseController(w)
+	s.ctx = r.Context()
+	s.timeout = orDefault(h.WriteTimeout, DefaultWriteTimeout)
+	s.http1 = r.ProtoMajor == 1
+	s.retry = h.retryMillis()
+	s.idle = orDefault(h.Heartbeat, DefaultHeartbeat)
+	s.rcp.Store(s.rc)
 	s.beat = time.NewTimer(s.idle)
 	s.appendRetry()
 }

@@ -1405,7 +1405,7 @@ func (q *boundedAsyncQueue) pop() (poppedEntry, popState) {
 	if ended {
 		return poppedEntry{}, popEnded
 	}
-	if fs, _ := q.take(nil, true, 1, nil); len(fs) == 1 {
+	if fs, _ := q.take(nil, true, 0, nil); len(fs) == 1 {
 		return poppedEntry{fs[0], e.forced, e.marker}, popOK
 	}
 	return poppedEntry{}, popEmpty

@@ -163,6 +163,11 @@ type hubSession struct {
 	// (ring.Held), for the budget's trim and Stats to read without the bus
 	// lock; written under it.
 	held atomic.Int64
+	// pins counts what the subscribers hold beyond the ring, under the bus
+	// lock; pinned and pinnedShed are its estimate as the budget counts it
+	// (hub_pins.go), written under the bus lock.
+	pins               pinState
+	pinned, pinnedShed atomic.Int64
 }
 
 // newSession makes a session with a new bus, used as of now.
@@ -192,16 +197,22 @@ func (s *hubSession) ringChangedLocked(reserved int64) {
 	if reserved != 0 || int64(s.bus.ring.Held()) != s.held.Load() {
 		s.hub.budget.settleLocked(s, reserved)
 	}
+	s.pinsChangedLocked()
 }
 
 // used stamps the session's use: a signal, or its last subscriber leaving
 // (then its idle time starts).
 func (s *hubSession) used() { s.activity.Store(s.hub.nowMillis()) }
 
-// closed has nothing to do: Close gave the ring's bytes back as it reset
-// the ring (ringChangedLocked), and the hub forgets a closed bus at its
-// next sweep, or when GetOrCreate finds it.
-func (s *hubSession) closed() {}
+// closed keeps the session known to the budget while its subscribers pin
+// frames (hub_pins.go): Close gave the ring's bytes back as it reset the
+// ring (ringChangedLocked), and the hub forgets a closed bus at its next
+// sweep, or when GetOrCreate finds it.
+func (s *hubSession) closed() {
+	if s.pinned.Load() != 0 {
+		s.hub.budget.retire(s)
+	}
+}
 
 // NewHub returns an open hub. It returns an error wrapping ErrInvalidOption
 // for an invalid option (of the hub or of its buses). When IdleTimeout or
@@ -669,6 +680,7 @@ func (s *Stats) addCounters(o Stats) {
 	s.Evictions.QueueBytesOverflow += o.Evictions.QueueBytesOverflow
 	s.Evictions.RepeatedOverflow += o.Evictions.RepeatedOverflow
 	s.Evictions.CatchUpStalled += o.Evictions.CatchUpStalled
+	s.Evictions.MemoryBudget += o.Evictions.MemoryBudget
 	s.Warnings += o.Warnings
 	s.Resyncs.EpochReset += o.Resyncs.EpochReset
 	s.Resyncs.RingEvicted += o.Resyncs.RingEvicted
@@ -681,6 +693,7 @@ func (s *Stats) addCounters(o Stats) {
 	s.Dropped.Cancelled += o.Dropped.Cancelled
 	s.Dropped.Blocked += o.Dropped.Blocked
 	s.Dropped.CatchUpSignals += o.Dropped.CatchUpSignals
+	s.Dropped.MemoryBudget += o.Dropped.MemoryBudget
 	s.CatchUp.Entered += o.CatchUp.Entered
 	s.CatchUp.Served += o.CatchUp.Served
 }

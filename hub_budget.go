@@ -45,6 +45,19 @@ type budget struct {
 	low     int64 // what a trim aims for: max - max/16
 	trimmed atomic.Uint64
 
+	// pinned is what subscribers hold beyond the rings, summed over the
+	// sessions' estimates, and pinnedShed the part of it that shed
+	// subscribers still hold (a batch their transport has in flight),
+	// which acting again cannot free (hub_pins.go). shed counts the
+	// subscribers shed.
+	pinned, pinnedShed atomic.Int64
+	shed               atomic.Uint64
+	// retired are closed sessions whose subscribers still pin frames: the
+	// hub has forgotten them, the budget has not. Under retireMu, taken
+	// after a bus lock, never before one.
+	retireMu sync.Mutex
+	retired  map[*hubSession]struct{}
+
 	hub *Hub
 	mu  sync.Mutex // one trim at a time; publishes only TryLock it
 	// rings is the trim's scratch: the sessions with bytes, largest first.
@@ -66,7 +79,7 @@ func newBudget(h *Hub, max int64) *budget {
 // reserves n, makes room (see budget) and returns n, which the settle
 // takes back.
 func (bg *budget) admit(n int64) int64 {
-	if bg.used.Load()+n <= bg.max {
+	if bg.used.Load()+bg.unshedPins()+n <= bg.max {
 		return 0
 	}
 	return bg.reserve(n)
@@ -75,10 +88,45 @@ func (bg *budget) admit(n int64) int64 {
 // reserve charges n bytes for a frame about to enter a ring and makes room
 // when that takes the budget over. It returns n.
 func (bg *budget) reserve(n int64) int64 {
-	if bg.used.Add(n) > bg.max {
+	if bg.used.Add(n)+bg.unshedPins() > bg.max {
 		bg.reclaim()
 	}
 	return n
+}
+
+// unshedPins is what subscribers pin beyond the rings that shedding them
+// could free (see pinned).
+func (bg *budget) unshedPins() int64 { return max(bg.pinned.Load()-bg.pinnedShed.Load(), 0) }
+
+// retire keeps s, a closed session whose subscribers pin frames, known to
+// the budget until they let go (hubSession.unretireLocked).
+func (bg *budget) retire(s *hubSession) {
+	bg.retireMu.Lock()
+	if s.pinned.Load() != 0 {
+		if bg.retired == nil {
+			bg.retired = make(map[*hubSession]struct{})
+		}
+		bg.retired[s] = struct{}{}
+	}
+	bg.retireMu.Unlock()
+}
+
+// unretire forgets s once nothing it pins is left.
+func (bg *budget) unretire(s *hubSession) {
+	bg.retireMu.Lock()
+	delete(bg.retired, s)
+	bg.retireMu.Unlock()
+}
+
+// retiredSessions returns a snapshot of the retired sessions.
+func (bg *budget) retiredSessions() []*hubSession {
+	bg.retireMu.Lock()
+	defer bg.retireMu.Unlock()
+	out := make([]*hubSession, 0, len(bg.retired))
+	for s := range bg.retired {
+		out = append(out, s)
+	}
+	return out
 }
 
 // settleLocked brings used up to date with s's ring, under s's bus lock:
@@ -120,7 +168,13 @@ func (bg *budget) reclaim() {
 		return
 	}
 	defer bg.mu.Unlock()
-	over := bg.used.Load() - bg.low
+	if bg.unshedPins() > 0 {
+		// What slow subscribers pin goes first: trimming a ring whose
+		// frames a queue still holds would free nothing, and the rings of
+		// healthy sessions must not pay for them.
+		bg.shedPins()
+	}
+	over := bg.used.Load() + bg.unshedPins() - bg.low
 	if over <= 0 {
 		return
 	}

@@ -151,6 +151,13 @@ func checkExact(t *testing.T, fs []Frame, from uint64) (events, resyncs int) {
 			require.NoError(t, json.Unmarshal(f.JSON(), &env))
 			d := env.Data
 			require.Equal(t, ReasonRingEvicted, d.Reason)
+			if announced != 0 && d.LastDeliveredID == announced-1 {
+				// A resync right after another one, before any event (the
+				// budget put the subscriber behind again): it goes on from
+				// where the first one said the stream resumes, and the
+				// client's gap is the union of both.
+				last = d.LastDeliveredID
+			}
 			require.Equal(t, last, d.LastDeliveredID, "the resync names the last event delivered")
 			require.Greater(t, d.EarliestAvailableID, last+1, "a resync announces a real gap")
 			announced = d.EarliestAvailableID

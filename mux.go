@@ -257,8 +257,9 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 
 	cursor := m.parseCursor(r, h, sq.cursor)
 	st.group = NewReadyGroup(len(sess))
+	interrupt := st.s.interrupt // one for every session: any shed ends the stream
 	for i := range sess {
-		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: st.group}
+		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: st.group, Interrupt: interrupt}
 		ms := &sess[i]
 		epoch := ms.bus.Epoch()
 		ms.entry = CursorEntry{Session: SessionTag(ms.id), Epoch: EpochTag(epoch)}
@@ -447,9 +448,17 @@ type muxStream struct {
 	lifetime int
 	ls       *liveStream
 	// current is the session whose frame is being written, for a panic's
-	// frame.
+	// frame; start the session the next batch takes from first (0 unless
+	// the last batch reached its bound before it).
 	current int
+	start   int
 }
+
+// muxBatchBytes bounds the envelopes one batch of a multiplexed stream
+// takes from its sessions (each TakeReady takes at most 64 KiB, and at
+// least one frame): a stream blocked in a write holds at most about that
+// much outside its sessions' caps, whatever the number of sessions.
+const muxBatchBytes = 64 << 10
 
 // buildIDLine lays out the id line with every session's entry.
 func (st *muxStream) buildIDLine() {
@@ -510,14 +519,29 @@ func (st *muxStream) batch() (more, done bool) {
 		st.sess[i].todo = true // members joined in session order
 	}
 	frames, owners, ending := st.frames[:0], st.owners[:0], st.ending[:0]
-	for i := range st.sess {
+	// A batch takes up to muxBatchBytes of envelopes: what a stream blocked
+	// in a write holds outside its sessions' caps. The sessions it did not
+	// reach keep todo, and the next batch starts with the first of them,
+	// so that no session waits behind the others for long.
+	taken := 0
+	first := st.start
+	st.start = 0
+	for k := range st.sess {
+		i := (first + k) % len(st.sess)
 		ms := &st.sess[i]
 		if !ms.todo || ms.left {
 			continue
 		}
+		if taken >= muxBatchBytes {
+			st.start, more = i, true
+			break
+		}
 		n := len(frames)
 		var open bool
 		frames, open = ms.sub.TakeReady(frames)
+		for _, f := range frames[n:] {
+			taken += f.Size()
+		}
 		for range len(frames) - n {
 			owners = append(owners, i)
 		}

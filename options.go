@@ -234,6 +234,16 @@ type SubscribeOptions struct {
 	// and on a context derived for it a map of its children, about 1 KiB
 	// per idle subscription. false: ctx cancels the subscription.
 	Detached bool
+	// Interrupt, when set, is called at most once, from another goroutine
+	// (a publisher's) and never under a lock of the bus, when the bus's
+	// Hub takes back what the subscription holds beyond its ring to keep
+	// its memory budget (docs/SPEC.md section 7) while the consumer holds
+	// frames it took and has not reported done (TakeReady's, before
+	// MarkWritten): a transport then makes the write in progress fail at
+	// once (it sets its write deadline to now), so that those frames are
+	// let go. It must not block. nil: they are let go when the write ends
+	// by itself.
+	Interrupt func()
 }
 
 // checkPolicy checks an OverflowPolicy of Options or SubscribeOptions (0

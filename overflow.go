@@ -153,7 +153,7 @@ func (ev *eviction) diagnostic() Diagnostic {
 // they say the same for every subscriber, so an eviction allocates none.
 var evictedErrors = func() map[string]error {
 	m := make(map[string]error)
-	for _, r := range []string{ReasonQueueOverflow, ReasonQueueBytesOverflow, ReasonRepeatedOverflow, ReasonCatchUpStalled} {
+	for _, r := range []string{ReasonQueueOverflow, ReasonQueueBytesOverflow, ReasonRepeatedOverflow, ReasonCatchUpStalled, ReasonMemoryBudget} {
 		m[r] = fmt.Errorf("%w: %s", ErrEvicted, r)
 	}
 	return m

@@ -31,6 +31,13 @@ type owner interface {
 	// used is called when the bus is used without a publish: a signal
 	// (without the lock), or the last subscriber leaving (under it).
 	used()
+	// heldLocked is called under the bus lock when a subscriber came to
+	// hold ring history from from (a frame.pin position: a replay), and
+	// releasedLocked when a subscriber unregistered with frames to drain
+	// let go of them (it drained them or was cancelled): a Hub's budget
+	// counts what subscribers hold beyond the ring (hub_pins.go).
+	heldLocked(from uint64)
+	releasedLocked()
 	// closed is called once, without the lock, when the bus has closed
 	// (any of the Close methods, a Hub's expiry): after the ring's reset,
 	// before the subscriptions get their end.

@@ -99,7 +99,13 @@ type boundedAsyncQueue struct {
 	// stores it once for every frame it yields (see Subscription.Events).
 	unyielded atomic.Uint64
 	waiting   atomic.Bool // the consumer found nothing and may be blocked on ready
-	looked    atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
+	// taken and takenLast are the oldest and the newest event the consumer
+	// took and has not reported done yet (Subscription.release): a batch
+	// in flight, which a Hub's budget counts as held (hub_pins.go). Set
+	// under mu by take, as it moves head, so that a look under mu sees
+	// every event either queued or here; cleared by the consumer.
+	taken, takenLast atomic.Pointer[frame]
+	looked           atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
 
 	mu  sync.Mutex
 	buf []*frame // power-of-two length; replaced by the producer under mu only
@@ -360,6 +366,73 @@ func (q *boundedAsyncQueue) forcePushEntry(f *frame, fl entryFlags) bool {
 	return true
 }
 
+// forcePushClosed is forcePush for a queue closed with drain: a shed puts
+// its new terminal frame there. It reports false when the queue was closed
+// without drain (its consumer wants nothing more).
+func (q *boundedAsyncQueue) forcePushClosed(f *frame) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.discarded.Load() {
+		return false
+	}
+	q.appendLocked(f, entryForced)
+	q.signalLocked()
+	if q.closed.Load() {
+		q.wake() // a consumer that saw the end may wait on ready no more
+	}
+	return true
+}
+
+// nextID returns the id of the event after the last one the consumer
+// took: the first a client of this queue has not been given.
+func (q *boundedAsyncQueue) nextID() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.lastID + 1
+}
+
+// firstLiveEvent returns the id of the first live event queued (0: none),
+// and whether a replayed event is queued, for a subscriber that a Hub's
+// budget puts behind (hubSession.shed). Under the bus lock: the queue
+// then has no producer but the caller.
+func (q *boundedAsyncQueue) firstLiveEvent() (id uint64, replayed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	mask := uint64(len(q.buf) - 1)
+	for p, t := q.head.Load(), q.next; p != t; p++ {
+		f, fl := q.buf[p&mask], q.flags[p&mask]
+		if f.kind != kindEvent {
+			continue
+		}
+		if fl&entryForced != 0 {
+			return 0, true
+		}
+		if id == 0 {
+			id = f.id
+		}
+	}
+	return id, false
+}
+
+// dropLiveFrom drops the live entries and the markers, as a resync does,
+// if the first live event queued is still id (the consumer may have taken
+// it meanwhile), and reports whether it did. Producer, under the bus lock.
+func (q *boundedAsyncQueue) dropLiveFrom(id uint64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	mask := uint64(len(q.buf) - 1)
+	for p, t := q.head.Load(), q.next; p != t; p++ {
+		if f := q.buf[p&mask]; f.kind == kindEvent {
+			if f.id != id {
+				return false
+			}
+			q.dropLiveLocked()
+			return true
+		}
+	}
+	return false
+}
+
 // beginReplay locks the queue for a replay of up to n frames, which the
 // producer appends with forceAppendLocked; endReplay shows them to the
 // consumer and unlocks. One lock hold and one buffer allocation for the
@@ -527,6 +600,53 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 	return dropped
 }
 
+// shed drops what a Hub's budget takes back from the queue: every entry
+// that holds ring history (an event, replayed or live) and every live
+// entry (a signal), keeping the synthetic frames in order, but a
+// client_evicted, which a shed replaces: its droppedAfter no longer says
+// where the stream stops. It returns the id of the first event dropped (0:
+// none), how many entries it dropped and whether it dropped a
+// client_evicted. The queue must have no producer (its subscription is
+// unregistered), so that nothing is pushed meanwhile; the consumer may
+// take, under mu.
+func (q *boundedAsyncQueue) shed() (firstID uint64, dropped int, evicted bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	mask := uint64(len(q.buf) - 1)
+	kept, droppedBytes, droppedLive := q.head.Load(), 0, 0
+	tail := q.next
+	for p := q.head.Load(); p != tail; p++ {
+		f, fl := q.buf[p&mask], q.flags[p&mask]
+		switch {
+		case f.kind == kindEvent:
+			if firstID == 0 {
+				firstID = f.id
+			}
+		case fl&entryForced == 0: // a signal
+		case f.kind == kindTerminal && f.typ == TypeClientEvicted:
+			evicted = true
+		default:
+			q.buf[kept&mask], q.flags[kept&mask] = f, fl
+			kept++
+			continue
+		}
+		dropped++
+		if fl&entryForced == 0 {
+			droppedLive++
+			droppedBytes += f.size()
+		}
+	}
+	for p := kept; p != tail; p++ {
+		q.buf[p&mask], q.flags[p&mask] = nil, 0
+	}
+	q.next = kept
+	q.tail.Store(kept)
+	q.pushedLive -= droppedLive
+	q.pushedBytes -= droppedBytes
+	clear(q.signals)
+	return firstID, dropped, evicted
+}
+
 // resync applies the resync overflow policy after f was rejected: drop the
 // live entries, force-push the marker that mark builds from the id of the
 // last event the consumer dequeued, then append f as live (the queue now
@@ -547,14 +667,15 @@ func (q *boundedAsyncQueue) resync(f *frame, mark func(lastDelivered uint64) *fr
 	return dropped, lastDelivered
 }
 
-// take appends up to limit buffered frames to dst. open is false once the
-// queue is closed and empty: dst then holds the last frames of the stream.
+// take appends buffered frames to dst, up to the first that brings their
+// envelopes to maxBytes (at least one frame: 0 takes exactly one). open is false once the queue is
+// closed and empty: dst then holds the last frames of the stream.
 // With wait, a take that finds nothing declares the consumer waiting (see
 // the type); without, a push then sends no wake-up. With sizes
 // set, the live frames taken stay counted toward the caps (unyielded)
 // until the consumer yields them: *sizes gets each frame's size, or -1 for
 // a forced one, which does not count.
-func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int) (out []Frame, open bool) {
+func (q *boundedAsyncQueue) take(dst []Frame, wait bool, maxBytes int, sizes *[]int) (out []Frame, open bool) {
 	if !q.looked.Load() {
 		q.looked.Store(true)
 	}
@@ -579,9 +700,6 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 		// the wake-up, its token will find nothing, which is harmless.
 		q.waiting.CompareAndSwap(true, false)
 	}
-	if int(t-h) > limit {
-		t = h + uint64(limit)
-	}
 	mask := uint64(len(q.buf) - 1)
 	if sizes != nil {
 		t = q.sizesLocked(h, t, sizes)
@@ -589,10 +707,22 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 	// One pass over the buffered entries: this is the consumer's whole
 	// per-frame cost.
 	dst = slices.Grow(dst, int(t-h))
-	live, liveBytes := 0, 0
+	live, liveBytes, taken := 0, 0, 0
+	var first, last *frame
 	for p := h; p != t; p++ {
 		i := p & mask
 		f := q.buf[i]
+		if taken >= maxBytes && p != h {
+			t = p // a bounded take (TakeReady) leaves the rest queued
+			break
+		}
+		taken += f.size()
+		if f.pin != 0 {
+			if first == nil {
+				first = f
+			}
+			last = f
+		}
 		dst = append(dst, Frame{f})
 		if fl := q.flags[i]; fl == 0 {
 			live++
@@ -610,6 +740,9 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 		}
 		q.buf[i] = nil // clear, so the queue does not pin the frame
 	}
+	if first != nil {
+		q.holdTaken(first, last)
+	}
 	if sizes != nil && live > 0 {
 		// They stay counted (see liveCounts for the order).
 		q.unyielded.Store(q.unyielded.Load() + unyieldedOf(live, liveBytes))
@@ -619,7 +752,71 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, limit int, sizes *[]int
 	q.poppedBytes.Add(int64(liveBytes))
 	q.poppedLive.Add(int64(live))
 	q.head.Store(t)
-	return dst, !q.closed.Load()
+	// A bounded take that left frames of a closed queue is not its end.
+	return dst, !q.closed.Load() || t != q.next
+}
+
+// holdTaken records that the consumer took the events first..last and
+// holds them (see taken); an earlier batch it has not reported stays
+// held too. Under mu, or by the consumer for frames it read from the ring.
+func (q *boundedAsyncQueue) holdTaken(first, last *frame) {
+	if q.taken.Load() == nil {
+		q.taken.Store(first)
+	}
+	q.takenLast.Store(last)
+}
+
+// releaseTaken forgets what the consumer took: it is done with it.
+func (q *boundedAsyncQueue) releaseTaken() {
+	if q.taken.Load() != nil {
+		q.taken.Store(nil)
+		q.takenLast.Store(nil)
+	}
+}
+
+// heldSpan is the span of ring history (frame.pin) a subscriber holds.
+type heldSpan struct {
+	lo, hi uint64 // from the start of the oldest event held to the end of the newest
+	queued uint64 // where the oldest event in the queue starts; 0: none queued
+	oldest *frame // the oldest event held
+}
+
+// heldSpanLocked returns the span of ring history that the subscriber
+// holds: from the start of the oldest event it holds to the end of the
+// newest, counting what its consumer took and has not reported done; ok
+// is false when it holds none. The events between the two are held too,
+// or were never pushed to it (a filter, a resync), which only makes the
+// span an upper bound. Under mu: take moves events from the queue to
+// taken under it.
+func (q *boundedAsyncQueue) heldSpanLocked() (sp heldSpan, ok bool) {
+	if f := q.taken.Load(); f != nil {
+		last := q.takenLast.Load()
+		if last == nil { // released meanwhile: it holds at most f..f
+			last = f
+		}
+		sp = heldSpan{lo: f.pin - uint64(f.held()), hi: last.pin, oldest: f}
+	}
+	mask := uint64(len(q.buf) - 1)
+	h, t := q.head.Load(), q.next
+	for p := h; p != t; p++ {
+		if f := q.buf[p&mask]; f.pin != 0 {
+			sp.queued = f.pin - uint64(f.held())
+			if sp.oldest == nil {
+				sp.oldest, sp.lo = f, sp.queued
+			}
+			break
+		}
+	}
+	if sp.oldest == nil {
+		return heldSpan{}, false
+	}
+	for p := t; p != h; p-- {
+		if f := q.buf[(p-1)&mask]; f.pin != 0 {
+			sp.hi = max(sp.hi, f.pin)
+			break
+		}
+	}
+	return sp, true
 }
 
 // sizesLocked appends to *sizes the size of each entry in [h, t) that

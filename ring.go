@@ -31,12 +31,15 @@ import (
 // names its own id, so a reader that finds a slot empty or holding another
 // id knows the ring no longer holds the one it wants.
 type ring struct {
-	slots    []atomic.Pointer[frame]
-	view     atomic.Pointer[ringSlots] // slots, for load
-	first    uint64                    // id of the oldest frame, when n > 0
-	n        int
-	bytes    int
-	held     int // the frames' frame.held, summed
+	slots []atomic.Pointer[frame]
+	view  atomic.Pointer[ringSlots] // slots, for load
+	first uint64                    // id of the oldest frame, when n > 0
+	n     int
+	bytes int
+	held  int // the frames' frame.held, summed
+	// cum is frame.held summed over every frame ever appended: the pin of
+	// the newest one. What the ring dropped ends at cum-held (see start).
+	cum      uint64
 	maxLen   int
 	maxBytes int
 }
@@ -59,6 +62,11 @@ func (r *ring) Bytes() int { return r.bytes }
 // Held returns what the frames held cost in memory, the sum of their
 // frame.held.
 func (r *ring) Held() int { return r.held }
+
+// start is where the ring's history starts: what it dropped, in the pins
+// of its frames (frame.pin). A frame whose pin is at most start is no
+// longer in the ring.
+func (r *ring) start() uint64 { return r.cum - uint64(r.held) }
 
 // firstID returns the oldest id held, or 0 when empty.
 func (r *ring) firstID() uint64 {
@@ -102,10 +110,13 @@ func (r *ring) append(f *frame) {
 	if r.n == 0 {
 		r.first = f.id
 	}
+	h := f.held()
+	r.cum += uint64(h)
+	f.pin = r.cum
 	r.slot(f.id).Store(f)
 	r.n++
 	r.bytes += f.size()
-	r.held += f.held()
+	r.held += h
 	for r.n > 1 && r.bytes > r.maxBytes {
 		r.dropOldest()
 	}

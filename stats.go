@@ -55,6 +55,9 @@ type EvictionStats struct {
 	QueueBytesOverflow uint64
 	RepeatedOverflow   uint64
 	CatchUpStalled     uint64 // OverflowCatchUp: took nothing for CatchUpStallTimeout while behind
+	// MemoryBudget: a Hub's budget took back the frames the subscriber
+	// held beyond its ring (docs/SPEC.md section 7).
+	MemoryBudget uint64
 }
 
 // CatchUpStats counts the work of OverflowCatchUp. Behind is a current
@@ -84,6 +87,10 @@ type DroppedStats struct {
 	// CatchUpSignals counts signals a subscriber under OverflowCatchUp
 	// did not get because its caps were full (signals are in no ring).
 	CatchUpSignals uint64
+	// MemoryBudget counts frames a Hub's budget took back from the queue
+	// of a subscriber that held frames beyond its ring (docs/SPEC.md
+	// section 7).
+	MemoryBudget uint64
 }
 
 // counters are the atomics behind Stats.
@@ -92,7 +99,7 @@ type counters struct {
 	rejInvalid, rejTooLarge, rejClosed                             atomic.Uint64
 	resyncs, evictions                                             reasonCounts
 	dropCoalesced, dropOverflow, dropBudget, dropCancel, dropBlock atomic.Uint64
-	dropCatchUpSignal, catchUps, catchUpServed                     atomic.Uint64
+	dropCatchUpSignal, dropShed, catchUps, catchUpServed           atomic.Uint64
 	peak, behind                                                   atomic.Int64
 	ringLen, ringBytes                                             atomic.Int64
 }
@@ -110,12 +117,13 @@ func (b *EventBus) Stats() Stats {
 		Subscribers:     int(b.subscribed.Load()),
 		PeakSubscribers: int(c.peak.Load()),
 		Evictions: EvictionStats{c.evictions.get(ReasonQueueOverflow), c.evictions.get(ReasonQueueBytesOverflow),
-			c.evictions.get(ReasonRepeatedOverflow), c.evictions.get(ReasonCatchUpStalled)},
+			c.evictions.get(ReasonRepeatedOverflow), c.evictions.get(ReasonCatchUpStalled),
+			c.evictions.get(ReasonMemoryBudget)},
 		Warnings: c.warnings.Load(),
 		Resyncs: ResyncStats{c.resyncs.get(ReasonEpochReset), c.resyncs.get(ReasonRingEvicted),
 			c.resyncs.get(ReasonReplayBudgetExceeded), c.resyncs.get(ReasonQueueOverflow), c.resyncs.get(ReasonQueueBytesOverflow)},
 		Dropped: DroppedStats{c.dropCoalesced.Load(), c.dropOverflow.Load(), c.dropBudget.Load(),
-			c.dropCancel.Load(), c.dropBlock.Load(), c.dropCatchUpSignal.Load()},
+			c.dropCancel.Load(), c.dropBlock.Load(), c.dropCatchUpSignal.Load(), c.dropShed.Load()},
 		CatchUp:   CatchUpStats{c.catchUps.Load(), c.catchUpServed.Load(), int(c.behind.Load())},
 		RingLen:   int(c.ringLen.Load()),
 		RingBytes: int(c.ringBytes.Load()),
@@ -131,7 +139,8 @@ func (c *counters) eviction(reason string) { c.evictions.add(reason) }
 // reasons are the resync and eviction reasons, in the order of
 // reasonCounts.
 var reasons = [...]string{ReasonEpochReset, ReasonRingEvicted, ReasonReplayBudgetExceeded,
-	ReasonQueueOverflow, ReasonQueueBytesOverflow, ReasonRepeatedOverflow, ReasonCatchUpStalled}
+	ReasonQueueOverflow, ReasonQueueBytesOverflow, ReasonRepeatedOverflow, ReasonCatchUpStalled,
+	ReasonMemoryBudget}
 
 // reasonCounts counts frames by reason, one counter per entry of reasons.
 type reasonCounts [len(reasons)]atomic.Uint64
@@ -163,6 +172,10 @@ const (
 	DiagOverflowResync     = "overflow_resync"
 	DiagWriteFailed        = "write_failed"
 	DiagHistoryUnavailable = "history_unavailable"
+	// DiagMemoryBudget: a Hub's budget took back what a subscriber held
+	// beyond its ring (evicted, put behind, or its draining frames
+	// dropped).
+	DiagMemoryBudget = "memory_budget"
 )
 
 // emit hands each diagnostic to the callback and logs the ones it does not

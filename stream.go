@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -316,6 +317,11 @@ type stream struct {
 	// arm). noDeadline: the writer cannot set one (ErrNotSupported).
 	until      time.Time
 	noDeadline bool
+	// cut is set by interrupt, from another goroutine: a Hub's budget took
+	// back what the stream's subscription held, and the batch in flight
+	// must be let go. rcp is rc, for interrupt to read.
+	cut atomic.Bool
+	rcp atomic.Pointer[http.ResponseController]
 	// idle is the heartbeat interval, beat its timer, wrote the time of
 	// the last batch written (see wait).
 	idle  time.Duration
@@ -434,6 +440,10 @@ func (s *stream) arm() {
 		s.err = err
 		return
 	}
+	if s.cut.Load() {
+		s.err = errInterrupted
+		return
+	}
 	s.armed = true
 	now := time.Now()
 	s.wrote = now
@@ -444,12 +454,31 @@ func (s *stream) arm() {
 	switch err := s.rc.SetWriteDeadline(until); {
 	case err == nil:
 		s.until = until
+		if s.cut.Load() {
+			// interrupt's deadline may have come before this one.
+			_ = s.rc.SetWriteDeadline(time.Now())
+		}
 	case errors.Is(err, http.ErrNotSupported):
 		s.noDeadline = true
 	default:
 		s.err = err
 	}
 }
+
+// interrupt is the subscription's Interrupt (SubscribeOptions): the write
+// in progress, and any later one, fails at once, so that the batch it
+// holds is let go and the stream ends. Any goroutine may call it; it does
+// not block (on HTTP/1.x a deadline on the connection, on HTTP/2 a
+// deadline in the past resets the stream).
+func (s *stream) interrupt() {
+	s.cut.Store(true)
+	if rc := s.rcp.Load(); rc != nil {
+		_ = rc.SetWriteDeadline(time.Now())
+	}
+}
+
+// errInterrupted is the error of a batch whose stream was interrupted.
+var errInterrupted = errors.New("eventbus: the stream's subscription was shed by its hub's memory budget")
 
 // disarm clears the write deadline if one is set, whether or not the batch
 // failed. Go's HTTP/2 server (1.26) stops a stream's deadline timer when the

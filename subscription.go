@@ -54,6 +54,11 @@ type Subscription struct {
 	// found frames found more than one.
 	batching bool
 
+	// shed is set when a Hub's budget took back what s held (hub_pins.go);
+	// interrupt is SubscribeOptions.Interrupt.
+	shed      atomic.Bool
+	interrupt func()
+
 	stop     func() bool // stops watching the context; nil if none
 	released atomic.Bool
 	endErr   atomic.Pointer[error]
@@ -90,7 +95,7 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		return nil, err
 	}
 	maxQueued := set.maxQueued
-	s := &Subscription{bus: b, filter: set.filter, policy: set.policy, stallMillis: set.stall.Milliseconds()}
+	s := &Subscription{bus: b, filter: set.filter, policy: set.policy, stallMillis: set.stall.Milliseconds(), interrupt: opts.Interrupt}
 	s.q.init(maxQueued, b.opts.MaxQueuedBytes)
 	s.warnFrames = WarnThresholdRatio * float64(maxQueued)
 	s.resetFrames = WarnResetRatio * float64(maxQueued)
@@ -168,6 +173,10 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		s.q.beginReplay(b.ring.Len() + 3)
 		b.replay(s, opts, &b.ring, b.ring.firstID(), b.nextID, s.q.forceAppendLocked)
 		s.q.endReplay()
+		if b.owner != nil && b.ring.Len() > 0 {
+			// It may hold any of the ring's history now.
+			b.owner.heldLocked(b.ring.start())
+		}
 	}
 	b.mu.Unlock()
 	if remote {
@@ -182,7 +191,9 @@ func (s *Subscription) cancel(err error, fromCtx bool) int {
 	b := s.bus
 	b.mu.Lock()
 	s.cancelled = true
-	b.removeLocked(s)
+	if !b.removeLocked(s) {
+		b.undetachLocked(s)
+	}
 	b.mu.Unlock()
 	s.end(err)
 	dropped := s.q.close(false)
@@ -246,7 +257,8 @@ func (s *Subscription) Ready() <-chan struct{} { return s.q.ready }
 // behind gets, once its queue is drained, the next events from the ring, up
 // to its caps per call.
 func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
-	frames, open = s.take(dst, true, nil)
+	s.q.releaseTaken() // the caller is done with what it took before
+	frames, open = s.take(dst, true, math.MaxInt, nil)
 	s.bus.stats.delivered.Add(uint64(len(frames) - len(dst)))
 	return frames, open
 }
@@ -271,26 +283,42 @@ func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
 // OverflowCatchUp a subscriber that is behind gets the next events from
 // the ring once its queue is drained, as with AppendReady.
 func (s *Subscription) TakeReady(dst []Frame) (frames []Frame, open bool) {
-	return s.take(dst, false, nil)
+	return s.take(dst, false, takeReadyBytes, nil)
 }
+
+// takeReadyBytes bounds a TakeReady: it stops after the frame that brings
+// the envelopes it took to this many bytes. A transport holds what it took
+// outside the caps until it has written it, so a bounded take bounds what
+// a stream blocked in a write holds; what it did not take stays queued,
+// under the caps.
+const takeReadyBytes = 64 << 10
 
 // MarkWritten reports n frames taken with TakeReady as delivered: written
 // and flushed to the client (Stats.FramesDelivered). It never blocks and
 // is safe for concurrent use.
-func (s *Subscription) MarkWritten(n int) { s.bus.stats.delivered.Add(uint64(n)) }
+func (s *Subscription) MarkWritten(n int) {
+	s.q.releaseTaken()
+	s.bus.stats.delivered.Add(uint64(n))
+}
 
 // MarkDiscarded reports n frames taken with TakeReady that the transport
 // chose not to write, such as what was queued for a stream whose access was
 // revoked: they count as dropped (Stats.Dropped.Cancelled). It never
 // blocks and is safe for concurrent use.
-func (s *Subscription) MarkDiscarded(n int) { s.bus.stats.dropCancel.Add(uint64(n)) }
+func (s *Subscription) MarkDiscarded(n int) {
+	s.q.releaseTaken()
+	s.bus.stats.dropCancel.Add(uint64(n))
+}
 
 // take is TakeReady and AppendReady (with yield), and with sizes set the
 // Events iterator's take, whose frames stay counted toward the caps until
 // yielded (see boundedAsyncQueue.take).
-func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Frame, open bool) {
+func (s *Subscription) take(dst []Frame, yield bool, maxBytes int, sizes *[]int) (frames []Frame, open bool) {
 	if s.lagging.Load() {
-		return s.takeBehind(dst, sizes)
+		if frames, open = s.takeBehind(dst, maxBytes, sizes); !open {
+			s.bus.drained(s)
+		}
+		return frames, open
 	}
 	if !yield || !s.batching {
 		// A consumer whose takes find one frame at a time keeps up with
@@ -302,8 +330,8 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 		// consumers and run them late: with 64 consumers of 10,000
 		// events/s and a publisher that yields while it waits, 5-20% of
 		// deliveries took over a millisecond (issue 26).
-		frames, open = s.q.take(dst, true, math.MaxInt, sizes)
-	} else if frames, open = s.q.take(dst, false, math.MaxInt, sizes); len(frames) == len(dst) && open {
+		frames, open = s.q.take(dst, true, maxBytes, sizes)
+	} else if frames, open = s.q.take(dst, false, maxBytes, sizes); len(frames) == len(dst) && open {
 		// Nothing ready, for a consumer whose last take found several
 		// frames: its publisher is faster than its wake-ups. Declaring it
 		// waiting now would make the next push wake it, once per frame: a
@@ -313,7 +341,7 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 		// nothing else to run, Gosched returns at once. This halved the
 		// cost per delivery at 64 and 1000 subscribers (BENCHMARKS.md).
 		consumerYield()
-		frames, open = s.q.take(dst, true, math.MaxInt, sizes)
+		frames, open = s.q.take(dst, true, maxBytes, sizes)
 	}
 	if n := len(frames) - len(dst); n > 0 {
 		s.batching = n > 1
@@ -322,11 +350,20 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 		// It fell behind while this take found its queue empty (a batch
 		// it held filled the caps): it declared itself waiting, then looks
 		// here; the fan-out that put it behind set lagging, then looked for
-		// a waiting consumer to wake. One of the two sees the other.
-		frames = s.catchUp(frames, sizes, queueCounts{})
+		// a waiting consumer to wake. One of the two sees the other. The
+		// caps it filled may have been its queue's, filled since that take
+		// (frames taken by AppendReady count no more): what was queued
+		// before the event that put it behind comes first, then the ring.
+		frames, open = s.takeBehind(frames, maxBytes, sizes)
+		if !open {
+			s.bus.drained(s)
+		}
 	}
 	// Fallen behind meanwhile with frames taken: the next take goes on
 	// from the ring.
+	if !open {
+		s.bus.drained(s)
+	}
 	if !open && sizes == nil {
 		// The last frames are the caller's. The Events iterator's are not
 		// until yielded: it releases the context when it stops, so that a
@@ -335,6 +372,24 @@ func (s *Subscription) take(dst []Frame, yield bool, sizes *[]int) (frames []Fra
 		s.release()
 	}
 	return frames, open
+}
+
+// holdRead records the events of frames, which the consumer read from the
+// ring while catching up, as held until it reports them done (see
+// boundedAsyncQueue.taken).
+func (s *Subscription) holdRead(frames []Frame) {
+	var first, last *frame
+	for _, f := range frames {
+		if f.frame != nil && f.pin != 0 {
+			if first == nil {
+				first = f.frame
+			}
+			last = f.frame
+		}
+	}
+	if first != nil {
+		s.q.holdTaken(first, last)
+	}
 }
 
 // Events returns an iterator over the subscription's frames, in order,
@@ -403,7 +458,7 @@ type iterBatch struct {
 // when the subscriber is behind). open is false when the subscription has
 // ended and the batch holds its last frames.
 func (it *iterBatch) fill(s *Subscription) (open bool) {
-	it.frames, open = s.take(it.frames[:0], true, &it.sizes)
+	it.frames, open = s.take(it.frames[:0], true, math.MaxInt, &it.sizes)
 	it.unyielded = s.q.heldUnyielded()
 	return open
 }
@@ -427,6 +482,7 @@ func (it *iterBatch) next(q *boundedAsyncQueue) (Frame, bool) {
 // returns how many frames it had.
 func (it *iterBatch) done(s *Subscription) int {
 	n := len(it.frames)
+	s.q.releaseTaken()
 	s.bus.stats.delivered.Add(uint64(n))
 	clear(it.frames) // do not pin delivered frames while waiting
 	it.frames, it.sizes, it.i = it.frames[:0], it.sizes[:0], 0
@@ -441,6 +497,7 @@ func (it *iterBatch) drop(s *Subscription) {
 	s.bus.stats.delivered.Add(uint64(it.i))
 	s.bus.stats.dropCancel.Add(uint64(len(it.frames) - it.i))
 	s.q.setUnyielded(0)
+	s.q.releaseTaken()
 }
 
 // errWriteBlocked ends a subscription whose transport's write failed or
