@@ -204,8 +204,8 @@ func entryFrame(e LogEntry) (Frame, error) {
 //
 // Append never blocks on a subscriber. It returns ErrFed on a bus made by
 // New, ErrClosed after Close, and an error wrapping ErrInvalidEvent for an
-// entry whose type is invalid or whose envelope holds CR or LF (nothing is
-// delivered then).
+// entry whose type Publish would refuse (a reserved one included) or whose
+// envelope holds CR or LF (nothing is delivered then).
 func (b *EventBus) Append(e LogEntry) error {
 	fd := b.fed()
 	if fd == nil {

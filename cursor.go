@@ -69,18 +69,24 @@ func NewCursorEntry(session, epoch string, id uint64) CursorEntry {
 // are at most MaxEventID. Anything else is an error (starting
 // "eventbus: "), a single stream's Last-Event-ID ("N", "<epoch>:<N>")
 // included. Entries may repeat a session tag (Entry then reports none). It
-// reads s once; it allocates only the slice it returns.
+// reads s once; it allocates only the slice it returns, once, whatever
+// the count.
 func ParseCursor(s string) (Cursor, error) {
 	if len(s) > muxcursor.Len(MaxCursorEntries) {
 		return nil, errCursorTooLong
 	}
-	var buf [8]muxcursor.Entry
-	entries, err := muxcursor.Parse(s, MaxCursorEntries, buf[:0])
+	// The count comes from the length, so the result is allocated once
+	// at its size and the groups are decoded straight into it.
+	n, err := muxcursor.Count(s, MaxCursorEntries)
 	if err != nil {
 		return nil, err
 	}
-	c := make(Cursor, len(entries))
-	for i, e := range entries {
+	c := make(Cursor, n)
+	for i := range c {
+		e, err := muxcursor.Group(s, i)
+		if err != nil {
+			return nil, err
+		}
 		c[i] = CursorEntry(e)
 	}
 	return c, nil

@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"encoding/base64"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -125,4 +126,27 @@ func FuzzParseCursor(f *testing.F) {
 		}
 		require.Equal(t, s, c.String())
 	})
+}
+
+// ParseCursor allocates the Cursor it returns and nothing else, once,
+// whatever the count (issue 32: it grew a buffer through 6 allocations,
+// 18,048 bytes, at 256 entries).
+func TestParseCursorAllocatesOnce(t *testing.T) {
+	epoch := NewEpoch()
+	for _, n := range []int{1, 8, MaxCursorEntries} {
+		var c Cursor
+		for i := range n {
+			c = c.Set("session-"+strconv.Itoa(i), epoch, uint64(i)*7)
+		}
+		s := c.String()
+		var got Cursor
+		allocs := testing.AllocsPerRun(100, func() {
+			var err error
+			if got, err = ParseCursor(s); err != nil {
+				t.Fatal(err)
+			}
+		})
+		require.Equal(t, c, got)
+		require.Equal(t, 1.0, allocs, "%d entries", n)
+	}
 }

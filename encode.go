@@ -112,8 +112,9 @@ func appendJSONString(dst []byte, s string) []byte {
 // a caller can set neither. Its envelope on the wire is docs/SPEC.md
 // section 5.1.
 type Event struct {
-	// Type is the event type: non-empty, without CR or LF. It becomes the SSE
-	// event: field and the envelope's "type".
+	// Type is the event type: 1 to MaxTypeLen bytes without CR or LF, and
+	// none of ReservedTypes. It becomes the SSE event: field and the
+	// envelope's "type".
 	Type string
 	// Data is the payload, encoded once with encoding/json. A json.RawMessage
 	// is validated and compacted instead. nil (or an empty RawMessage) leaves
@@ -346,8 +347,22 @@ func finiteNumber(v any) bool {
 // and a type without a bound would make every small event large.
 const MaxTypeLen = 256
 
-// validType checks an event type.
+// validType checks the type of an event or a signal: its bytes
+// (checkTypeBytes), and that it is not reserved for the synthetic frames.
 func validType(t string) error {
+	if err := checkTypeBytes(t); err != nil {
+		return err
+	}
+	if reserved(t) {
+		return fmt.Errorf("%w: type %q is reserved for the synthetic frames (docs/SPEC.md section 5.2)", ErrInvalidEvent, t)
+	}
+	return nil
+}
+
+// checkTypeBytes checks what a type may hold: 1 to MaxTypeLen bytes
+// without CR or LF. A type filter is checked with it alone: a filter that
+// names a reserved type is harmless (synthetic frames pass every filter).
+func checkTypeBytes(t string) error {
 	if t == "" {
 		return fmt.Errorf("%w: empty type", ErrInvalidEvent)
 	}

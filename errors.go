@@ -21,8 +21,10 @@ var (
 	ErrSubscriberLimitExceeded = errors.New("eventbus: subscriber limit exceeded")
 
 	// ErrInvalidEvent is wrapped by the error Publish returns for an event it
-	// cannot accept: an empty type, a type with CR or LF, or data or metadata
-	// that cannot be encoded as JSON.
+	// cannot accept: an empty type, a type with CR or LF or longer than
+	// MaxTypeLen, a type reserved for the synthetic frames (ReservedTypes),
+	// or data or metadata that cannot be encoded as JSON. Signal, Encode,
+	// CheckSignal and Append wrap it for the same types.
 	ErrInvalidEvent = errors.New("eventbus: invalid event")
 
 	// ErrEventTooLarge is wrapped by the error Publish returns when the encoded

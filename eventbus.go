@@ -315,8 +315,10 @@ var wakePool = sync.Pool{New: func() any { return new([]*boundedAsyncQueue) }}
 // the envelope is section 5.1).
 //
 // Publish never blocks on a subscriber and never panics. It returns an
-// error wrapping ErrInvalidEvent for an empty type, a type with CR or LF, or
-// data or metadata that cannot be encoded (the diagnostic is logged too), an
+// error wrapping ErrInvalidEvent for an empty type, a type with CR or LF or
+// longer than MaxTypeLen, a type reserved for the synthetic frames
+// (ReservedTypes), or data or metadata that cannot be encoded (the
+// diagnostic is logged too; Stats counts it in Rejected.Invalid), an
 // error wrapping ErrEventTooLarge above MaxEventBytes, ErrFed for a valid
 // event on a bus made by NewFed, and ErrClosed after Close. A rejected
 // event uses no id and reaches nobody.
@@ -387,8 +389,9 @@ func (b *EventBus) Publish(e Event) (Frame, error) {
 // replaced. The rules are docs/SPEC.md section 3.8.
 //
 // Signal never blocks and never panics. It returns an error wrapping
-// ErrInvalidEvent for an invalid type, ErrEventTooLarge above
-// MaxEventBytes, and ErrClosed after Close.
+// ErrInvalidEvent for an invalid type (as Publish's, a reserved one
+// included), ErrEventTooLarge above MaxEventBytes, and ErrClosed after
+// Close.
 func (b *EventBus) Signal(typ, about string) error {
 	if b.closedOrZero() {
 		b.stats.rejClosed.Add(1)

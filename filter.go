@@ -55,9 +55,10 @@ func compileFilters(filters []string) (*typeFilter, error) {
 	return f, nil
 }
 
-// validFilter checks one filter: an exact type (any valid event type
-// without '*'), or a wildcard: one or more segments of [a-z0-9_]+ joined by
-// dots, then ".*".
+// validFilter checks one filter: an exact type (the bytes of a valid event
+// type, without '*'; a reserved type is accepted, and matches no event),
+// or a wildcard: one or more segments of [a-z0-9_]+ joined by dots, then
+// ".*".
 func validFilter(s string) error {
 	bad := func(why string) error {
 		return fmt.Errorf("%w: %q: %s", ErrInvalidFilter, truncate(s, 64), why)
@@ -65,7 +66,7 @@ func validFilter(s string) error {
 	if len(s) > MaxTypeFilterBytes {
 		return bad(fmt.Sprintf("longer than %d bytes", MaxTypeFilterBytes))
 	}
-	if validType(s) != nil {
+	if checkTypeBytes(s) != nil {
 		return bad("empty or contains CR or LF")
 	}
 	prefix, wild := strings.CutSuffix(s, ".*")

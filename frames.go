@@ -1,6 +1,7 @@
 package eventbus
 
 import (
+	"slices"
 	"strconv"
 	"time"
 	"unsafe"
@@ -25,6 +26,37 @@ const (
 	// stream ends for a reason other than eviction, close or disconnect.
 	TypeStreamError = "stream_error"
 )
+
+// reservedTypes are the synthetic frame types: the one list of them
+// (ReservedTypes, and the check of every publish path, validType).
+var reservedTypes = [...]string{
+	TypeReplayComplete,
+	TypeStateResyncRequired,
+	TypeSlowClientWarning,
+	TypeClientEvicted,
+	TypeStreamError,
+}
+
+// ReservedTypes returns the event types reserved for the synthetic frames
+// (docs/SPEC.md section 5.2), in a new slice the caller may keep or
+// modify. No publish path takes one as its type, compared exactly (case
+// and spaces count): EventBus.Publish, EventBus.Signal, Hub.Publish,
+// Encoder.Encode, Encoder.Fingerprint, Encoder.CheckSignal and
+// EventBus.Append return an error wrapping ErrInvalidEvent that says the
+// type is reserved, and use no id. So a frame with one of these event
+// names always comes from the server, never from a publisher: a plain
+// EventSource listener for "client_evicted" fires only on an eviction.
+func ReservedTypes() []string { return slices.Clone(reservedTypes[:]) }
+
+// reserved reports whether t is one of reservedTypes.
+func reserved(t string) bool {
+	for _, r := range reservedTypes {
+		if t == r {
+			return true
+		}
+	}
+	return false
+}
 
 // Resync and eviction reasons, as they appear in frame data: the "reason"
 // of state_resync_required and of client_evicted (docs/SPEC.md section 5.2

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -61,9 +62,11 @@ func TestTerminalFrames(t *testing.T) {
 	assert.False(t, warningFrame(c, 1, "frames", 1).Terminal())
 
 	b := newBus(t, Options{})
-	f := publishEvent(t, b, Event{Type: "client_evicted"}) // a published event is never terminal
+	f := publishEvent(t, b, Event{Type: "note"}) // a published event is never terminal
 	assert.False(t, f.Terminal())
 	assert.False(t, f.Synthetic())
+	_, err := b.Publish(Event{Type: TypeClientEvicted})
+	assert.ErrorIs(t, err, ErrInvalidEvent, "nor named like a terminal frame (ReservedTypes)")
 }
 
 func TestStreamErrorFrameData(t *testing.T) {
@@ -391,6 +394,8 @@ func FuzzFrameRoundTrip(f *testing.F) {
 		{"a\nb", "rejected: LF", ""},
 		{"a\rb", "rejected: CR", ""},
 		{"a\r\nevent: evil", "rejected: CRLF", ""},
+		{"client_evicted", "rejected: reserved", ""},
+		{"client_evicted ", "", ""},
 	} {
 		f.Add(seed[0], seed[1], seed[2])
 	}
@@ -401,14 +406,16 @@ func FuzzFrameRoundTrip(f *testing.F) {
 		defer b.Close()
 
 		injectable := typ == "" || strings.ContainsAny(typ, "\r\n")
+		refused := injectable || len(typ) > MaxTypeLen || slices.Contains(ReservedTypes(), typ)
 		fr, err := b.Publish(Event{Type: typ, Data: data, OriginatorClientID: orig})
 		if err != nil {
 			require.ErrorIs(t, err, ErrInvalidEvent)
-			require.True(t, injectable, "only an empty type or one with CR or LF is rejected: %q: %v", typ, err)
+			require.True(t, refused, "only an empty, long or reserved type or one with CR or LF is rejected: %q: %v", typ, err)
 			require.Zero(t, b.LastEventID())
 			return
 		}
 		require.False(t, injectable, "a type that could inject SSE lines was accepted: %q", typ)
+		require.False(t, refused, "a type Publish must refuse was accepted: %q", typ)
 
 		wire := fr.AppendSSE(nil)
 		require.Equal(t, fr.String(), string(wire))

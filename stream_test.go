@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -1284,10 +1286,17 @@ func framed(next http.Handler) http.Handler {
 //
 // The frame sizes it depends on are a build's without -race (the race
 // detector's instrumentation makes every frame larger), so under -race it
-// is skipped, and .ci/run runs it once more without.
+// is skipped, and .ci/run runs the suite once more without. It measures
+// the whole process's StackInuse, which the package's other tests
+// running beside it would move, so it measures in a process of its own
+// (runAlone), whatever command runs it.
 func TestStreamStackShrinksAfterADeepLookup(t *testing.T) {
 	if raceEnabled() {
-		t.Skip("frame sizes under -race are not a daemon's; .ci/run runs this test without -race")
+		t.Skip("frame sizes under -race are not a daemon's; .ci/run runs the suite without -race too")
+	}
+	if os.Getenv(aloneEnv) != t.Name() {
+		runAlone(t)
+		return
 	}
 	const conns, depth = 100, 20
 	b := newBus(t, Options{MaxSubscribers: conns})
@@ -1334,4 +1343,28 @@ func TestStreamStackShrinksAfterADeepLookup(t *testing.T) {
 	t.Logf("server stacks per connection: eventbus %.1f KiB, naive %.1f KiB", eb/1024, nv/1024)
 	require.LessOrEqual(t, eb, nv+2048, "a stream keeps at most the naive handler's stack")
 	require.Eventually(t, func() bool { return b.SubscriberCount() == 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// aloneEnv names, in the environment of a process runAlone starts, the
+// one test that process runs.
+const aloneEnv = "EVENTBUS_TEST_ALONE"
+
+// runAlone runs test t again in a process of its own, the test binary
+// with only t selected and aloneEnv naming it (t then measures instead of
+// calling runAlone), and fails t with that process's output unless t
+// passed there.
+func runAlone(t *testing.T) {
+	t.Helper()
+	bin, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.CommandContext(t.Context(), bin,
+		"-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.count=1", "-test.v", "-test.timeout=2m")
+	cmd.Env = append(os.Environ(), aloneEnv+"="+t.Name())
+	out, err := cmd.CombinedOutput()
+	// The PASS line, not only the exit status: a child that ran no test
+	// (a renamed test, a -run that matched nothing) also exits 0.
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+t.Name()+" (") {
+		t.Fatalf("%s in a process of its own: %v\n%s", t.Name(), err, out)
+	}
+	t.Logf("%s in a process of its own:\n%s", t.Name(), out)
 }

@@ -279,27 +279,32 @@ func TestOneMiBEventAndALineLongerThan64KiB(t *testing.T) {
 	}
 }
 
+// The client takes control only from the stream's own word, never from
+// application data: an epoch in an event's data, and events and a signal
+// named like synthetic frames. A server of this module refuses those types
+// (eventbus.ReservedTypes), so the stream here is scripted, as another or
+// an older server could send it.
 func TestApplicationDataIsNeverControl(t *testing.T) {
 	s := newServer(t, serverConfig{})
+	fake := strings.Repeat("f", 32)
+	forged := func(id uint64, typ, data string) string {
+		return fmt.Sprintf("id: %d\nevent: %s\ndata: {\"id\":%d,\"v\":1,\"type\":%q,\"data\":%s}\n\n", id, typ, id, typ, data)
+	}
+	scripted(s, epochA, syn(eventbus.TypeReplayComplete, `{"replayedCount":0,"epoch":"`+epochA+`"}`)+
+		forged(1, "note", `{"epoch":"`+fake+`"}`)+
+		forged(2, eventbus.TypeReplayComplete, `{"replayedCount":9,"epoch":"`+fake+`"}`)+
+		forged(3, eventbus.TypeStateResyncRequired, `{"reason":"epoch_reset","epoch":"`+fake+`","earliestAvailableId":1}`)+
+		forged(4, eventbus.TypeClientEvicted, `{"reason":"queue_overflow"}`)+
+		forged(5, eventbus.TypeStreamError, `{"error":"x","errorKind":"revoked"}`)+
+		"event: "+eventbus.TypeReplayComplete+"\ndata: {\"v\":1,\"type\":\"replay_complete\",\"about\":\"doc/1\"}\n\n"+
+		forged(6, "note", "null"))
 	rc := newRecorder()
 	c := &sseclient.Client{URL: s.url("a"), Resume: true}
 	rc.attach(c)
 	start(t, c)
-	rc.wait(t, "caught up", waitLong, func() bool { return len(rc.caught) == 1 })
-	epoch := s.bus("a").Epoch()
-	fake := strings.Repeat("f", 32)
-	s.publish("a", "note", map[string]string{"epoch": fake})
-	s.publish("a", eventbus.TypeReplayComplete, map[string]any{"replayedCount": 9, "epoch": fake})
-	s.publish("a", eventbus.TypeStateResyncRequired, map[string]any{"reason": "epoch_reset", "epoch": fake, "earliestAvailableId": 1})
-	s.publish("a", eventbus.TypeClientEvicted, map[string]any{"reason": "queue_overflow"})
-	s.publish("a", eventbus.TypeStreamError, map[string]any{"error": "x", "errorKind": "revoked"})
-	if err := s.bus("a").Signal(eventbus.TypeReplayComplete, "doc/1"); err != nil {
-		t.Fatal(err)
-	}
-	s.publish("a", "note", nil)
 	rc.wait(t, "6 events and a signal", waitLong, func() bool { return len(rc.events) == 6 && len(rc.signals) == 1 })
-	if e, _, _ := c.Cursor(); e != epoch {
-		t.Fatalf("epoch %q, want %q", e, epoch)
+	if e, id, _ := c.Cursor(); e != epochA || id != 6 {
+		t.Fatalf("cursor %q %d, want %q 6", e, id, epochA)
 	}
 	if len(rc.snap().caught) != 1 || len(rc.snap().resyncs) != 0 || len(rc.snap().evicted) != 0 || len(rc.snap().errs) != 0 {
 		t.Fatalf("control from data: caught %v resyncs %v evicted %v errs %v", rc.snap().caught, rc.snap().resyncs, rc.snap().evicted, rc.snap().errs)

@@ -286,6 +286,45 @@ func checkPublishValidation(t testing.TB, h *harness) {
 	}
 }
 
+// A publisher cannot forge a synthetic frame (issue 32): an event or a
+// signal whose type is one of eventbus.ReservedTypes is refused with
+// eventbus.ErrInvalidEvent, plain or keyed, and uses no id; no stream,
+// on the publishing replica or another, gets a frame of it, and a
+// refused keyed publish records no key.
+func checkReservedTypes(t testing.TB, h *harness) {
+	rs, _ := h.cluster(2, Options{})
+	a, b := rs[0], rs[1]
+	streams := []*Stream{a.Open(t, "s", nil, ""), b.Open(t, "s", nil, "")}
+	ctx := context.Background()
+	for _, typ := range eventbus.ReservedTypes() {
+		ev := eventbus.Event{Type: typ, Data: map[string]any{"reason": "queue_overflow", "droppedAfter": 1}}
+		if id, _, err := a.BP.Publish(ctx, "s", ev); !errors.Is(err, eventbus.ErrInvalidEvent) {
+			t.Fatalf("publish of type %s: id %d, %v; want eventbus.ErrInvalidEvent", typ, id, err)
+		}
+		if id, _, _, err := b.BP.PublishIdempotent(ctx, "s", "k-"+typ, ev); !errors.Is(err, eventbus.ErrInvalidEvent) {
+			t.Fatalf("keyed publish of type %s: id %d, %v; want eventbus.ErrInvalidEvent", typ, id, err)
+		}
+		if err := a.BP.Signal(ctx, "s", typ, "x"); !errors.Is(err, eventbus.ErrInvalidEvent) {
+			t.Fatalf("signal of type %s: %v; want eventbus.ErrInvalidEvent", typ, err)
+		}
+	}
+	if id := a.Publish(t, "s", "e", nil); id != 1 {
+		t.Fatalf("the first publish after the refused ones has id %d, want 1", id)
+	}
+	key := "k-" + eventbus.TypeClientEvicted
+	if id, _, dup, err := b.BP.PublishIdempotent(ctx, "s", key, eventbus.Event{Type: "e"}); err != nil || id != 2 || dup {
+		t.Fatalf("the key of a refused publish: id %d dup %v err %v, want a new event, id 2", id, dup, err)
+	}
+	for i, s := range streams {
+		for want := uint64(1); want <= 2; want++ {
+			if f := s.Next(wait); f.ID != want || f.Event != "e" {
+				t.Fatalf("replica %s's stream got %+v, want event %d of type e", rs[i].Name, f, want)
+			}
+		}
+		s.Quiet(50 * time.Millisecond)
+	}
+}
+
 // burstQueue is the subscribers' queue of the checks that publish a burst
 // faster than a test's client reads it.
 const burstQueue = 4096

@@ -1,10 +1,12 @@
 package backplanetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,6 +30,9 @@ var (
 type memFaults struct {
 	skipID    uint64 // the publish that would get this id gets the next one
 	newEpochs bool   // every Open makes a new epoch instead of reading it
+	// reservedTypes appends an event of a reserved type (an engine that
+	// encodes events itself, without the Encoder's checks).
+	reservedTypes bool
 }
 
 // memStore is the engine: the logs, and whether it is reachable.
@@ -154,9 +159,18 @@ func (b *memBackplane) PublishIdempotent(ctx context.Context, session, key strin
 }
 
 func (b *memBackplane) publish(ctx context.Context, session, key string, e eventbus.Event) (uint64, string, bool, error) {
+	forged := ""
+	if b.st.faults.reservedTypes && slices.Contains(eventbus.ReservedTypes(), e.Type) {
+		// Encoded under a stand-in type, then given the reserved one.
+		forged, e.Type = e.Type, "forged"
+	}
 	p, err := b.set.Prepare(ctx, session, key, e)
 	if err != nil {
 		return 0, "", false, err
+	}
+	if forged != "" {
+		p.Event.Type = forged
+		p.Event.Tail = bytes.Replace(p.Event.Tail, []byte(`"type":"forged"`), []byte(`"type":"`+forged+`"`), 1)
 	}
 	if err := b.reach(); err != nil {
 		return 0, "", false, fmt.Errorf("%w: publish to %q: %v", errMemDown, session, err)

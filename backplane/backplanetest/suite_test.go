@@ -112,6 +112,8 @@ func TestBrokenEngineFails(t *testing.T) {
 			"backplanetest: the session's epoch is not kept: "},
 		{"epoch not kept across an idle release", memFaults{newEpochs: true}, "IdleRelease",
 			"backplanetest: an idle mirror is not released, or its session changed: "},
+		{"a reserved type appended", memFaults{reservedTypes: true}, "ReservedTypes",
+			"backplanetest: a synthetic frame's type is not refused without using an id: publish of type replay_complete: id 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := record(t, tc.check, memHarness(tc.faults))

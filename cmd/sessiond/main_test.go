@@ -295,6 +295,11 @@ func TestPublishRejectsBadBodiesAndPublishesNothing(t *testing.T) {
 		{"type with LF", `{"type":"a\nb"}`, "invalid_event"},
 		{"type with CR", `{"type":"a\rb"}`, "invalid_event"},
 	}
+	// A synthetic frame's type is refused too (issue 32): published, it
+	// would go out as that frame to every EventSource listening for it.
+	for _, typ := range eventbus.ReservedTypes() {
+		cases = append(cases, struct{ name, body, code string }{"reserved " + typ, `{"type":"` + typ + `","data":{}}`, "invalid_event"})
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := publish(t, ts, "bad", c.body)
@@ -305,14 +310,23 @@ func TestPublishRejectsBadBodiesAndPublishesNothing(t *testing.T) {
 			if got["code"] != c.code || got["error"] == "" {
 				t.Fatalf("body %s, want code %q", r.body, c.code)
 			}
+			if strings.HasPrefix(c.name, "reserved ") && !strings.Contains(got["error"].(string), "reserved") {
+				t.Fatalf("body %s does not say the type is reserved", r.body)
+			}
 		})
+	}
+	// With an Idempotency-Key (the fingerprint is taken first) the answer
+	// is the same.
+	if r := postKeyed(t, ts, "bad", "k", `{"type":"client_evicted"}`); r.status != http.StatusBadRequest || r.json(t)["code"] != "invalid_event" {
+		t.Fatalf("a keyed publish of a reserved type: %d %s", r.status, r.body)
 	}
 	if st := status(t, ts, "bad"); st != nil && st["lastEventId"] != float64(0) {
 		t.Fatalf("a rejected POST published something: %v", st)
 	}
-	// The next good event still gets id 1.
-	if r := publish(t, ts, "bad", `{"type":"ok"}`); r.json(t)["id"] != float64(1) {
-		t.Fatalf("%s", r.body)
+	// The next good event still gets id 1, and the refused keyed publish
+	// recorded no key (its reuse with another event would be a 422).
+	if r := postKeyed(t, ts, "bad", "k", `{"type":"ok"}`); r.status != http.StatusOK || r.json(t)["id"] != float64(1) {
+		t.Fatalf("%d %s", r.status, r.body)
 	}
 }
 

@@ -132,7 +132,10 @@ func (f *fakeBackplane) close() {
 // invalid.
 func TestReplicaRoutes(t *testing.T) {
 	fb := &fakeBackplane{buses: map[string]*eventbus.EventBus{}, keys: map[string]uint64{}}
-	defer fb.close()
+	// Cleanups, not defers: the stream opened below closes first (its own
+	// cleanup), so that the server's Close, which waits for the stream's
+	// handler, does not hang when the test fails with the stream open.
+	t.Cleanup(fb.close)
 	r := NewReplica(&Replica{
 		Daemon: "sessiond-test", Usage: "usage text\n\nFlags:\n", Name: "R1", Engine: "Fake",
 		Backplane: fb,
@@ -142,9 +145,9 @@ func TestReplicaRoutes(t *testing.T) {
 		MaxBody: MaxBody(0),
 	}, &eventbus.Handler{Heartbeat: time.Hour})
 	srv := httptest.NewServer(r.Routes())
-	defer srv.Close()
+	t.Cleanup(srv.Close)
 	client := srv.Client()
-	defer client.CloseIdleConnections()
+	t.Cleanup(client.CloseIdleConnections)
 	do := func(method, path, body string, header map[string]string) (int, map[string]any, http.Header) {
 		t.Helper()
 		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
@@ -179,6 +182,23 @@ func TestReplicaRoutes(t *testing.T) {
 	}
 	if f := s.Next(5 * time.Second); f.Event != "doc.changed" {
 		t.Fatalf("want the signal, got %+v", f)
+	}
+	// A synthetic frame's type is refused as an event and as a signal,
+	// plain or keyed: 400 invalid_event saying it is reserved (issue 32).
+	for _, typ := range eventbus.ReservedTypes() {
+		for _, c := range []struct {
+			path, body string
+			header     map[string]string
+		}{
+			{"/session/s/events", `{"type":"` + typ + `"}`, nil},
+			{"/session/s/events", `{"type":"` + typ + `"}`, map[string]string{"Idempotency-Key": "k-" + typ}},
+			{"/session/s/signal", `{"type":"` + typ + `","about":"d"}`, nil},
+		} {
+			code, v, _ := do("POST", c.path, c.body, c.header)
+			if msg, _ := v["error"].(string); code != 400 || v["code"] != "invalid_event" || !strings.Contains(msg, "reserved") {
+				t.Fatalf("POST %s of type %s (header %v): %d %v, want 400 invalid_event saying it is reserved", c.path, typ, c.header, code, v)
+			}
+		}
 	}
 	if code, v, _ := do("GET", "/session/s", "", nil); code != 200 || v["lastEventId"] != float64(2) || v["streams"] != float64(1) || v["replica"] != "R1" {
 		t.Fatalf("status: %d %v", code, v)

@@ -15,6 +15,7 @@ package muxcursor
 import (
 	"encoding/base64"
 	"errors"
+	"slices"
 	"strconv"
 )
 
@@ -124,34 +125,65 @@ func Append(dst []byte, entries []Entry) ([]byte, error) {
 
 // Parse appends the entries of token s to dst. It accepts exactly what
 // Append makes: Prefix, then 1 to maxEntries groups of canonical base64url
-// whose ids are at most MaxID. It reads s once and allocates only for dst.
+// whose ids are at most MaxID. It reads s once; it grows dst at most once,
+// to hold every entry (Count), and allocates nothing else. On an error it
+// returns dst with the entries before the bad group.
 func Parse(s string, maxEntries int, dst []Entry) ([]Entry, error) {
+	n, err := Count(s, maxEntries)
+	if err != nil {
+		return dst, err
+	}
+	dst = slices.Grow(dst, n)
+	for i := range n {
+		e, err := Group(s, i)
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, e)
+	}
+	return dst, nil
+}
+
+// Count returns how many groups token s holds after checking its prefix
+// and length (1 to maxEntries groups), without decoding them: a caller
+// sizes the entries it will decode with Group. It does not allocate on
+// success.
+func Count(s string, maxEntries int) (int, error) {
 	if len(s) < len(Prefix) || s[:len(Prefix)] != Prefix {
-		return dst, errors.New("eventbus: cursor does not start with " + strconv.Quote(Prefix))
+		return 0, errors.New("eventbus: cursor does not start with " + strconv.Quote(Prefix))
 	}
 	body := s[len(Prefix):]
 	n := len(body) / EntryLen
 	switch {
 	case len(body)%EntryLen != 0:
-		return dst, errors.New("eventbus: cursor length is not " + strconv.Itoa(len(Prefix)) + " + " + strconv.Itoa(EntryLen) + "×n")
+		return 0, errors.New("eventbus: cursor length is not " + strconv.Itoa(len(Prefix)) + " + " + strconv.Itoa(EntryLen) + "×n")
 	case n == 0:
-		return dst, errors.New("eventbus: cursor has no entry")
+		return 0, errors.New("eventbus: cursor has no entry")
 	case n > maxEntries:
-		return dst, errors.New("eventbus: cursor has " + strconv.Itoa(n) + " entries, more than " + strconv.Itoa(maxEntries))
+		return 0, errors.New("eventbus: cursor has " + strconv.Itoa(n) + " entries, more than " + strconv.Itoa(maxEntries))
 	}
+	return n, nil
+}
+
+// strict is the group encoding: base64url without padding, whose unused
+// low bits must be zero, so that one entry has one text. One value for
+// every call: Strict returns a copy of the Encoding (over 300 bytes).
+var strict = base64.RawURLEncoding.Strict()
+
+// Group decodes the i-th group of token s, which Count accepted with more
+// than i groups. It fails for a group that is not canonical base64url or
+// whose id is above MaxID. It does not allocate on success.
+func Group(s string, i int) (Entry, error) {
 	var b [entryBytes]byte
-	for i := range n {
-		g := body[i*EntryLen : (i+1)*EntryLen]
-		if k, err := base64.RawURLEncoding.Strict().Decode(b[:], []byte(g)); err != nil || k != entryBytes {
-			return dst, errors.New("eventbus: cursor entry " + strconv.Itoa(i) + " is not base64url")
-		}
-		e := Entry{Session: getUint(b[0:5]), Epoch: getUint(b[5:11]), ID: getUint(b[11:18])}
-		if e.ID > MaxID {
-			return dst, errors.New("eventbus: cursor entry " + strconv.Itoa(i) + " has an id above 2^53-1")
-		}
-		dst = append(dst, e)
+	at := len(Prefix) + i*EntryLen
+	if k, err := strict.Decode(b[:], []byte(s[at:at+EntryLen])); err != nil || k != entryBytes {
+		return Entry{}, errors.New("eventbus: cursor entry " + strconv.Itoa(i) + " is not base64url")
 	}
-	return dst, nil
+	e := Entry{Session: getUint(b[0:5]), Epoch: getUint(b[5:11]), ID: getUint(b[11:18])}
+	if e.ID > MaxID {
+		return Entry{}, errors.New("eventbus: cursor entry " + strconv.Itoa(i) + " has an id above 2^53-1")
+	}
+	return e, nil
 }
 
 func putUint(b []byte, v uint64) {
