@@ -36,8 +36,10 @@ const DefaultMaxStreamSessions = 32
 //
 // Request rules, in this order: CORS, the method and a writer that can
 // flush, as Handler; the sessions (Sessions, by default every "session"
-// query parameter, in order) must be 1 to MaxStreamSessions distinct,
-// non-empty ids, else 400 invalid_sessions; ?types= and ?maxQueued= as
+// query parameter, in order) must be 1 to MaxStreamSessions distinct ids
+// that CheckSessionID accepts (non-empty, at most MaxSessionIDBytes, valid
+// UTF-8), else 400 invalid_sessions, whose message names the first bad
+// one; ?types= and ?maxQueued= as
 // Handler, applying to every session; then for each session in order,
 // Lookup (never creating a session: a Hub's LookupSession), whose
 // ErrSessionNotFound is 404 session_not_found for the first unknown id;
@@ -105,12 +107,13 @@ type MuxHandler struct {
 	// cannot be decoded is 400 invalid_sessions). An error that is or
 	// wraps a *StatusError is answered as that says; another is 400
 	// invalid_sessions with its message. The ids it returns must then be
-	// 1 to MaxStreamSessions distinct, non-empty strings.
+	// 1 to MaxStreamSessions distinct ids that CheckSessionID accepts.
 	Sessions func(r *http.Request) ([]string, error)
 	// Lookup finds the bus of one session of a request, never creating
 	// one (Hub.LookupSession fits). It returns an error wrapping
 	// ErrSessionNotFound (or a nil bus) for an unknown session: 404
-	// session_not_found naming it; one that is or wraps a *StatusError
+	// session_not_found naming it; one wrapping ErrInvalidSessionID is 400
+	// invalid_session_id naming it; one that is or wraps a *StatusError
 	// is answered as that says, naming the session; another error is a
 	// 500 whose cause is logged. It is called once per session, in
 	// order, on the request's goroutine; the first failure answers.
@@ -348,8 +351,10 @@ func checkSessions(ids []string, maxSessions int) string {
 		return strconv.Itoa(len(ids)) + " sessions, more than " + strconv.Itoa(maxSessions)
 	}
 	for i, id := range ids {
-		if id == "" {
-			return "session " + strconv.Itoa(i+1) + " is empty"
+		if err := CheckSessionID(id); err != nil {
+			// Named by position and by CheckSessionID's escaped quote: an
+			// id that is not UTF-8 cannot be named in JSON as it is.
+			return "session " + strconv.Itoa(i+1) + ": " + err.Error()
 		}
 		if slices.Contains(ids[:i], id) {
 			return "session " + quoteHead(id, 64) + " is given twice"

@@ -130,6 +130,7 @@ var checks = []check{
 	{"EpochKept", "the session's epoch is not kept", "", checkEpochKept},
 	{"Envelope", "the envelope delivered is not what a plain bus publishes", "", checkEnvelope},
 	{"PublishValidation", "an invalid publish is not refused without using an id", "", checkPublishValidation},
+	{"InvalidSessionIDs", "a session id the shared rule refuses is not refused with the module's ErrInvalidSession", "", checkInvalidSessionIDs},
 	{"ResumeOnAnotherReplica", "a resume on another replica is not exact", "", checkResumeOnAnotherReplica},
 	{"ResumeBehindALateMirror", "a resume from before a mirror's ring is not answered from the log", "", checkResumeBehindALateMirror},
 	{"ResumeWhilePublishing", "the hand-over from history to live has a gap or a duplicate", "", checkResumeWhilePublishing},

@@ -112,6 +112,8 @@ func TestBrokenEngineFails(t *testing.T) {
 			"backplanetest: the session's epoch is not kept: "},
 		{"epoch not kept across an idle release", memFaults{newEpochs: true}, "IdleRelease",
 			"backplanetest: an idle mirror is not released, or its session changed: "},
+		{"session ids checked by length alone", memFaults{bytesOnlyIDs: true}, "InvalidSessionIDs",
+			"backplanetest: a session id the shared rule refuses is not refused with the module's ErrInvalidSession: Publish of \"a\\xff\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := record(t, tc.check, memHarness(tc.faults))

@@ -20,10 +20,6 @@ import (
 //go:embed index.html
 var indexHTML []byte
 
-// maxSessionIDBytes bounds the {id} path segment; sessions are map keys and
-// appear in logs.
-const maxSessionIDBytes = 128
-
 // bodySlack is what a POST body may carry beyond MaxEventBytes. A body past
 // MaxEventBytes+bodySlack is refused (413) before it is read to the end.
 const bodySlack = daemon.BodySlack
@@ -36,10 +32,7 @@ var publishErrors = daemon.PublishErrors{
 	KeyReused:  eventbus.ErrIdempotencyKeyReused,
 }
 
-var (
-	errShuttingDown   = errors.New("sessiond: shutting down")
-	errInvalidSession = fmt.Errorf("sessiond: session id longer than %d bytes", maxSessionIDBytes)
-)
+var errShuttingDown = errors.New("sessiond: shutting down")
 
 type config struct {
 	// Hub holds the sessions: its Bus options are every session's,
@@ -209,11 +202,9 @@ func (s *server) forget(bus *eventbus.EventBus) {
 // withBus runs publish on the hub's bus of session id, made if needed
 // (hub.GetOrCreate), once more on a new bus when the session expired or
 // was deleted between the two (as hub.Publish does; this daemon needs the
-// bus for its epoch and its Idempotency-Keys).
+// bus for its epoch and its Idempotency-Keys). An id that
+// eventbus.CheckSessionID refuses is GetOrCreate's error.
 func (s *server) withBus(id string, publish func(*session) error) (*session, error) {
-	if len(id) > maxSessionIDBytes {
-		return nil, errInvalidSession
-	}
 	for retried := false; ; retried = true {
 		if s.closing.Load() {
 			return nil, errShuttingDown
@@ -362,9 +353,10 @@ func (s *server) serveTracked(w http.ResponseWriter, r *http.Request, h http.Han
 // lookup is the eventbus handler's Lookup: hub.LookupRequest, which never
 // creates a session (an unknown one is 404 session_not_found, HEAD
 // included; with CreateOnStream a GET or HEAD creates it), then it counts
-// the stream. What else it refuses it answers as
-// the other routes do (a StatusError): 400 invalid_session_id, 503
-// shutting_down with Retry-After.
+// the stream. What else it refuses it answers as the other routes do: an
+// id eventbus.CheckSessionID refuses is its error, which the handler
+// answers 400 invalid_session_id; 503 shutting_down with Retry-After (a
+// StatusError).
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	return s.streamBus(r, r.PathValue("id"), func() string {
 		resume := r.Header.Get("Last-Event-ID")
@@ -401,10 +393,10 @@ func (s *server) lookupSession(r *http.Request, id string) (*eventbus.EventBus, 
 // stream (not a HEAD) in the session's record, as resumed when resume
 // returns what it resumes from.
 func (s *server) streamBus(r *http.Request, id string, resume func() string) (*eventbus.EventBus, error) {
-	switch {
-	case len(id) > maxSessionIDBytes:
-		return nil, &eventbus.StatusError{Status: http.StatusBadRequest, Code: "invalid_session_id", Message: errInvalidSession.Error()}
-	case s.closing.Load():
+	if err := eventbus.CheckSessionID(id); err != nil {
+		return nil, err // the handlers answer 400 invalid_session_id
+	}
+	if s.closing.Load() {
 		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: errShuttingDown.Error(), RetryAfter: time.Second}
 	}
 	var bus *eventbus.EventBus
@@ -437,9 +429,8 @@ func (s *server) streamBus(r *http.Request, id string, resume func() string) (*e
 }
 
 func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if len(id) > maxSessionIDBytes {
-		daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", errInvalidSession.Error())
+	id, ok := daemon.SessionID(w, r)
+	if !ok {
 		return
 	}
 	key, keyed := daemon.IdempotencyKey(r)
@@ -474,8 +465,6 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		daemon.WritePublished(w, eventID, sess.bus.Epoch(), dup)
-	case errors.Is(err, errInvalidSession):
-		daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
 	case errors.Is(err, errShuttingDown):
 		daemon.WriteUnavailable(w, "shutting_down", err.Error())
 	case errors.Is(err, eventbus.ErrHubFull):
@@ -489,7 +478,10 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id, ok := daemon.SessionID(w, r)
+	if !ok {
+		return
+	}
 	bus, ok := s.hub.Lookup(id)
 	if !ok {
 		daemon.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
@@ -513,12 +505,19 @@ func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
-	s.deleteSession(r.PathValue("id"))
+	id, ok := daemon.SessionID(w, r)
+	if !ok {
+		return
+	}
+	s.deleteSession(id)
 	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id, ok := daemon.SessionID(w, r)
+	if !ok {
+		return
+	}
 	mode, err := daemon.ParseCutMode(r)
 	if err != nil {
 		daemon.WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())
