@@ -24,8 +24,10 @@ import (
 // writer can flush, the request's parameters (the cursor from Last-Event-ID
 // or ?lastEventId=, ?epoch=, ?types=, ?maxQueued=), Lookup, Authorize (when
 // set), and the subscriber limit. A refusal is a JSON answer
-// {"error":...,"code":...}; a malformed cursor is no refusal (it is logged
-// and the stream is live only). A HEAD goes through the same checks and
+// {"error":...,"code":...}; a malformed cursor is no refusal: it is
+// logged, and the stream is live only and starts with
+// state_resync_required cursor_invalid (SubscribeOptions.CursorInvalid),
+// so that the client knows. A HEAD goes through the same checks and
 // gets the stream's headers without subscribing. The order, the status
 // codes and the parameters' grammar are in docs/SPEC.md sections 6.1 and
 // 6.2.
@@ -186,6 +188,10 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 		if epoch, id, ok := ParseEventID(raw); ok {
 			opts.Resume, opts.LastEventID, idEpoch = true, id, epoch
 		} else {
+			// Live only, as before, but said in-band: the client learns
+			// from the stream itself that its cursor was not used and what
+			// it may have missed (SPEC 4.1), not only the daemon's log.
+			opts.CursorInvalid = true
 			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed Last-Event-ID, serving live only",
 				slog.String("value", quoteHead(raw, 64)))
 		}
@@ -203,6 +209,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: Event-Epoch and the epoch in Last-Event-ID disagree, serving live only",
 				slog.String("value", quoteHead(raw, 64)), slog.String("epoch", quoteHead(opts.Epoch, 64)))
 			opts.Resume, opts.LastEventID, opts.Epoch = false, 0, ""
+			opts.CursorInvalid = true
 		}
 	}
 

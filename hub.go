@@ -695,6 +695,7 @@ func (s *Stats) addCounters(o Stats) {
 	s.Resyncs.ReplayBudgetExceeded += o.Resyncs.ReplayBudgetExceeded
 	s.Resyncs.QueueOverflow += o.Resyncs.QueueOverflow
 	s.Resyncs.QueueBytesOverflow += o.Resyncs.QueueBytesOverflow
+	s.Resyncs.CursorInvalid += o.Resyncs.CursorInvalid
 	s.Dropped.Coalesced += o.Dropped.Coalesced
 	s.Dropped.Overflow += o.Dropped.Overflow
 	s.Dropped.ReplayBudget += o.Dropped.ReplayBudget

@@ -51,14 +51,20 @@ const DefaultMaxStreamSessions = 32
 // and subscribes to nothing.
 //
 // The cursor: the stream reads Last-Event-ID, else ?lastEventId=, as a
-// Cursor (ParseCursor); Event-Epoch and ?epoch= are not used. A session the
-// cursor names resumes as its own single stream would, independently of
-// the others: what it missed and its replay_complete, or its
+// Cursor (ParseCursor: up to MaxCursorEntries entries, whatever
+// MaxStreamSessions is; the entries of sessions the URL does not name are
+// ignored); Event-Epoch and ?epoch= are not used. A session the cursor
+// names resumes as its own single stream would, independently of the
+// others: what it missed and its replay_complete, or its
 // state_resync_required (ring_evicted with exact ids,
 // replay_budget_exceeded, or epoch_reset when the entry's epoch is not its
 // bus's: a restart, a DELETE and re-creation). A session the cursor does
 // not name starts live, without replay_complete. A cursor that cannot be
-// parsed is logged and every session starts live; it is never an error.
+// parsed is logged and never an error: every session starts live, and
+// its first frame says so, state_resync_required cursor_invalid
+// (SubscribeOptions.CursorInvalid), as does a session the cursor names
+// ambiguously (two entries with its tag, or another session of the stream
+// with the same tag).
 //
 // The wire: every event frame's id: line is the composite cursor after
 // that event (every session's last delivered id and epoch); synthetic
@@ -258,20 +264,29 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 		return nil
 	}
 
-	cursor := m.parseCursor(r, h, sq.cursor)
+	cursor, unusable := m.parseCursor(r, h, sq.cursor)
 	st.group = NewReadyGroup(len(sess))
 	for i := range sess {
 		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: st.group}
 		ms := &sess[i]
 		epoch := ms.bus.Epoch()
 		ms.entry = CursorEntry{Session: SessionTag(ms.id), Epoch: EpochTag(epoch)}
-		switch e, named := cursorEntryFor(cursor, sess, i); {
-		case !named:
+		e, named := cursorEntryFor(cursor, sess, i)
+		if named == entryAmbiguous {
+			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: multiplexed cursor names a session ambiguously, serving it live only",
+				slog.String("session", quoteHead(ms.id, 64)))
+		}
+		switch {
+		case named != entryNamed:
 			// Live. Its entry is the bus's last id before subscribing:
 			// every later event is delivered, so a resume from it loses
 			// nothing (it may replay an event published while the stream
 			// opened, which the client never had).
 			ms.entry.ID = ms.bus.LastEventID()
+			// A cursor that was given but cannot be used for this
+			// session is said in-band, before any live frame: the client
+			// learns what it may have missed (SPEC 6.8).
+			opts.CursorInvalid = unusable || named == entryAmbiguous
 		case e.Epoch == ms.entry.Epoch:
 			opts.Resume, opts.LastEventID, opts.Epoch = true, e.ID, epoch
 			ms.entry.ID = e.ID
@@ -363,40 +378,63 @@ func checkSessions(ids []string, maxSessions int) string {
 	return ""
 }
 
-// parseCursor parses the request's cursor, nil when there is none or it
-// cannot be parsed (logged: the stream is then served live).
-func (m *MuxHandler) parseCursor(r *http.Request, h *Handler, raw string) Cursor {
+// parseCursor parses the request's cursor: nil when there is none, and
+// unusable set when one was given that ParseCursor refuses (logged; every
+// session is then served live, after its cursor_invalid notice). The bound
+// is ParseCursor's, MaxCursorEntries, not the stream's MaxStreamSessions: a
+// cursor may name more sessions than the URL (a client that dropped some,
+// or keeps one cursor for several streams), and the entries of sessions
+// the URL does not name are ignored.
+func (m *MuxHandler) parseCursor(r *http.Request, h *Handler, raw string) (c Cursor, unusable bool) {
 	if raw == "" {
-		return nil
-	}
-	if len(raw) > muxcursor.Len(m.maxSessions()) {
-		h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: multiplexed cursor too long, serving live only",
-			slog.String("value", quoteHead(raw, 64)), slog.Int("bytes", len(raw)))
-		return nil
+		return nil, false
 	}
 	c, err := ParseCursor(raw)
 	if err != nil {
 		h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed multiplexed cursor, serving live only",
-			slog.String("value", quoteHead(raw, 64)), slog.String("error", err.Error()))
-		return nil
+			slog.String("value", quoteHead(raw, 64)), slog.Int("bytes", len(raw)), slog.String("error", err.Error()))
+		return nil, true
 	}
-	return c
+	return c, false
 }
 
-// cursorEntryFor returns the cursor's entry for session i, and false when
-// the cursor names it not or not unambiguously: another session of the
-// stream with the same tag, or two entries with its tag.
-func cursorEntryFor(c Cursor, sess []muxSession, i int) (CursorEntry, bool) {
+// How a cursor names one session of a stream (cursorEntryFor).
+const (
+	entryNone      = iota // no entry has its tag: the session starts live
+	entryNamed            // exactly one entry, for it alone: it resumes
+	entryAmbiguous        // its tag is in the cursor but cannot be resolved
+)
+
+// cursorEntryFor returns the cursor's entry for session i and how the
+// cursor names it: entryNone when no entry has its tag, entryAmbiguous
+// when entries have its tag but it cannot be told which session they are
+// for (another session of the stream has the same tag, about 2^-40 per
+// pair) or which entry counts (two entries with its tag).
+func cursorEntryFor(c Cursor, sess []muxSession, i int) (CursorEntry, int) {
 	if c == nil {
-		return CursorEntry{}, false
+		return CursorEntry{}, entryNone
 	}
 	tag := SessionTag(sess[i].id)
-	for j := range sess {
-		if j != i && SessionTag(sess[j].id) == tag {
-			return CursorEntry{}, false
+	n := 0
+	var found CursorEntry
+	for _, e := range c {
+		if e.Session == tag {
+			found = e
+			n++
 		}
 	}
-	return c.Entry(sess[i].id)
+	if n == 0 {
+		return CursorEntry{}, entryNone
+	}
+	for j := range sess {
+		if j != i && SessionTag(sess[j].id) == tag {
+			return CursorEntry{}, entryAmbiguous
+		}
+	}
+	if n > 1 {
+		return CursorEntry{}, entryAmbiguous
+	}
+	return found, entryNamed
 }
 
 // sessionMember is `"session":<id as a JSON string>,`, the member spliced

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -790,5 +791,56 @@ func (s *server) create(t *testing.T, id string) {
 	t.Helper()
 	if _, err := s.hub.GetOrCreate(id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A Last-Event-ID the handler cannot use (malformed, or of an epoch that
+// disagrees with Event-Epoch) is served live, after
+// state_resync_required cursor_invalid naming the first id it delivers;
+// the status counts no resume (issue 32 point 3).
+func TestUnusableLastEventIDIsSaidInBand(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+	var epoch string
+	for i := 1; i <= 3; i++ {
+		r := publish(t, ts, "s", `{"type":"a"}`)
+		epoch = r.json(t)["epoch"].(string)
+	}
+	other := strings.Repeat("f", 32)
+	next := 4
+	for _, h := range []http.Header{
+		{"Last-Event-Id": {"not-an-id"}},
+		{"Last-Event-Id": {"-1"}},
+		{"Last-Event-Id": {epoch + ":2"}, "Event-Epoch": {other}},
+	} {
+		s := openStream(t, ts.URL+"/session/s/events", h)
+		f, env := s.mustNext(t)
+		d, _ := env["data"].(map[string]any)
+		if f.event != eventbus.TypeStateResyncRequired || d["reason"] != "cursor_invalid" || d["lastDeliveredId"] != float64(0) ||
+			d["earliestAvailableId"] != float64(next) || d["epoch"] != epoch {
+			t.Fatalf("%v: first frame %s %s, want cursor_invalid from %d", h, f.event, f.data, next)
+		}
+		publish(t, ts, "s", `{"type":"a"}`)
+		if f, _ := s.mustNext(t); f.id != strconv.Itoa(next) {
+			t.Fatalf("%v: then %+v, want the live event %d", h, f, next)
+		}
+		s.close()
+		next++
+	}
+	// The query form too, and a resume that works is counted as one.
+	s := openStream(t, ts.URL+"/session/s/events?lastEventId=x", nil)
+	if f, _ := s.mustNext(t); f.event != eventbus.TypeStateResyncRequired {
+		t.Fatalf("?lastEventId=x: %+v", f)
+	}
+	s.close()
+	if st := status(t, ts, "s"); st["streamsResumed"] != float64(0) || st["lastResumeFrom"] != "" || st["streamsOpened"] != float64(4) {
+		t.Fatalf("status claims a resume that did not happen: %v", st)
+	}
+	s = openStream(t, ts.URL+"/session/s/events", http.Header{"Last-Event-Id": {"5"}})
+	if f, _ := s.mustNext(t); f.id != "6" {
+		t.Fatalf("a resume from 5: %+v", f)
+	}
+	s.close()
+	if st := status(t, ts, "s"); st["streamsResumed"] != float64(1) || st["lastResumeFrom"] != "5" {
+		t.Fatalf("status after a resume: %v", st)
 	}
 }

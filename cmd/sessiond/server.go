@@ -96,8 +96,9 @@ type session struct {
 	created time.Time
 	idem    daemon.Idempotency // the session's Idempotency-Keys (own lock)
 	// GET requests that reached the bus (after the handler's own checks; a
-	// 429 for the subscriber limit still counts), and those of them that
-	// carried a Last-Event-ID header or ?lastEventId=.
+	// 429 for the subscriber limit still counts), and those of them whose
+	// cursor (Last-Event-ID, else ?lastEventId=) the handler resumes from:
+	// not one it serves live after cursor_invalid.
 	streamsOpened  uint64
 	streamsResumed uint64
 	lastResumeFrom string // that value, as the client sent it (truncated)
@@ -359,9 +360,24 @@ func (s *server) serveTracked(w http.ResponseWriter, r *http.Request, h http.Han
 // StatusError).
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	return s.streamBus(r, r.PathValue("id"), func() string {
+		query := r.URL.Query()
 		resume := r.Header.Get("Last-Event-ID")
 		if resume == "" {
-			resume = r.URL.Query().Get("lastEventId")
+			resume = query.Get("lastEventId")
+		}
+		// Counted as a resume only when the handler resumes: a cursor it
+		// cannot parse, or whose epoch disagrees with Event-Epoch or
+		// ?epoch=, is served live after cursor_invalid (docs/SPEC.md 6.2).
+		idEpoch, _, ok := eventbus.ParseEventID(resume)
+		if !ok {
+			return ""
+		}
+		epoch := r.Header.Get("Event-Epoch")
+		if epoch == "" {
+			epoch = query.Get("epoch")
+		}
+		if idEpoch != "" && epoch != "" && len(epoch) <= 64 && epoch != idEpoch {
+			return ""
 		}
 		return resume
 	})
@@ -370,7 +386,9 @@ func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 // lookupSession is the multiplexed stream's Lookup of one of its sessions:
 // hub.LookupSession (or with CreateOnStream GetOrCreate), with lookup's
 // refusals and counts; the session resumes when the request's cursor names
-// it, from "<epoch tag, 12 hex digits>:<id>" (what its counters show).
+// it, exactly as the handler reads it (any cursor ParseCursor accepts, its
+// entry for this session alone), from "<epoch tag, 12 hex digits>:<id>"
+// (what its counters show).
 func (s *server) lookupSession(r *http.Request, id string) (*eventbus.EventBus, error) {
 	return s.streamBus(r, id, func() string {
 		raw := r.Header.Get("Last-Event-ID")
@@ -383,7 +401,14 @@ func (s *server) lookupSession(r *http.Request, id string) (*eventbus.EventBus, 
 		}
 		e, ok := c.Entry(id)
 		if !ok {
-			return ""
+			return "" // not named, or named twice: live
+		}
+		// Another session of the stream with the same tag: the handler
+		// cannot tell whose entry it is and serves both live.
+		for _, other := range r.URL.Query()["session"] {
+			if other != id && eventbus.SessionTag(other) == e.Session {
+				return ""
+			}
 		}
 		return fmt.Sprintf("%012x:%d", e.Epoch, e.ID)
 	})
