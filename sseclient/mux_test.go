@@ -298,6 +298,8 @@ func TestMuxClientResumeCursorVector(t *testing.T) {
 func TestMuxClientInvalidOptions(t *testing.T) {
 	for name, c := range map[string]*sseclient.Client{
 		"empty session":   {Sessions: []string{"a", ""}},
+		"not UTF-8":       {Sessions: []string{"a", "a\xff"}},
+		"too long an id":  {Sessions: []string{"a", strings.Repeat("x", 257)}},
 		"repeated":        {Sessions: []string{"a", "a"}},
 		"with Resume":     {Sessions: []string{"a"}, Resume: true},
 		"with Epoch":      {Sessions: []string{"a"}, Epoch: strings.Repeat("a", 32)},
