@@ -49,7 +49,9 @@ type CursorEntry struct {
 // Cursor: the top 40 bits of the 64-bit FNV-1a hash of its bytes (UTF-8,
 // as in the URL after percent-decoding). Two sessions of one stream have
 // the same tag with probability about 2^-40 per pair; a MuxHandler then
-// serves both live (and logs it).
+// cannot tell whose entry a cursor holds, and serves both live, each after
+// state_resync_required cursor_invalid when the cursor has the tag (and
+// logs it).
 func SessionTag(id string) uint64 { return muxcursor.SessionTag(id) }
 
 // EpochTag returns the tag of a bus epoch in a Cursor: its first 12 hex

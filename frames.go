@@ -71,6 +71,10 @@ const (
 	// ReasonReplayBudgetExceeded (resync): a resume would replay more than
 	// Options.ReplayBudgetBytes.
 	ReasonReplayBudgetExceeded = "replay_budget_exceeded"
+	// ReasonCursorInvalid (resync): the client's cursor could not be used
+	// (SubscribeOptions.CursorInvalid); the stream is live from
+	// earliestAvailableId.
+	ReasonCursorInvalid = "cursor_invalid"
 	// ReasonQueueOverflow and ReasonQueueBytesOverflow (eviction, or the
 	// resync of OverflowResync): the frame cap, or the byte cap, rejected a
 	// live push.

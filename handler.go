@@ -24,8 +24,10 @@ import (
 // writer can flush, the request's parameters (the cursor from Last-Event-ID
 // or ?lastEventId=, ?epoch=, ?types=, ?maxQueued=), Lookup, Authorize (when
 // set), and the subscriber limit. A refusal is a JSON answer
-// {"error":...,"code":...}; a malformed cursor is no refusal (it is logged
-// and the stream is live only). A HEAD goes through the same checks and
+// {"error":...,"code":...}; a malformed cursor is no refusal: it is
+// logged, and the stream is live only and starts with
+// state_resync_required cursor_invalid (SubscribeOptions.CursorInvalid),
+// so that the client knows. A HEAD goes through the same checks and
 // gets the stream's headers without subscribing. The order, the status
 // codes and the parameters' grammar are in docs/SPEC.md sections 6.1 and
 // 6.2.
@@ -46,13 +48,16 @@ import (
 type Handler struct {
 	// Lookup finds the bus of a request, typically by r.PathValue("id").
 	// It returns an error wrapping ErrSessionNotFound (or a nil bus) for an
-	// unknown session, and an error that is or wraps a *StatusError for
-	// another answer of its choice (503 with Retry-After when its store is
-	// unreachable, 401 when it checks credentials itself); any other error
-	// is a 500 whose cause is logged, not sent. Lookup runs before
-	// Authorize: a Lookup that creates sessions (or reads a remote store)
-	// should check credentials itself first, or an anonymous client makes
-	// it do that work before Authorize refuses it.
+	// unknown session (404 session_not_found), one wrapping
+	// ErrInvalidSessionID for an id CheckSessionID refuses (400
+	// invalid_session_id; Hub.LookupRequest returns both), and an error
+	// that is or wraps a *StatusError for another answer of its choice
+	// (503 with Retry-After when its store is unreachable, 401 when it
+	// checks credentials itself); any other error is a 500 whose cause is
+	// logged, not sent. Lookup runs before Authorize: a Lookup that
+	// creates sessions (or reads a remote store) should check credentials
+	// itself first, or an anonymous client makes it do that work before
+	// Authorize refuses it.
 	Lookup func(r *http.Request) (*EventBus, error)
 	// Authorize, when set, decides whether the request may open the stream
 	// of bus, after the request checks and Lookup and before subscribing
@@ -183,6 +188,10 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 		if epoch, id, ok := ParseEventID(raw); ok {
 			opts.Resume, opts.LastEventID, idEpoch = true, id, epoch
 		} else {
+			// Live only, as before, but said in-band: the client learns
+			// from the stream itself that its cursor was not used and what
+			// it may have missed (SPEC 4.1), not only the daemon's log.
+			opts.CursorInvalid = true
 			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed Last-Event-ID, serving live only",
 				slog.String("value", quoteHead(raw, 64)))
 		}
@@ -200,6 +209,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: Event-Epoch and the epoch in Last-Event-ID disagree, serving live only",
 				slog.String("value", quoteHead(raw, 64)), slog.String("epoch", quoteHead(opts.Epoch, 64)))
 			opts.Resume, opts.LastEventID, opts.Epoch = false, 0, ""
+			opts.CursorInvalid = true
 		}
 	}
 
@@ -367,14 +377,20 @@ func parseStreamQuery(w http.ResponseWriter, r *http.Request) (sq streamQuery, o
 	return sq, true
 }
 
-// lookedUp answers a Lookup that found no bus (404 session_not_found, the
-// StatusError it returned, or 500), naming session in the body when it is
-// not empty, and reports whether the request goes on.
+// lookedUp answers a Lookup that found no bus (the StatusError it
+// returned, 400 invalid_session_id, 404 session_not_found, or 500), naming
+// session in the body when it is not empty, and reports whether the
+// request goes on.
 func (h *Handler) lookedUp(w http.ResponseWriter, r *http.Request, bus *EventBus, err error, session string) bool {
 	var se *StatusError
 	switch {
 	case errors.As(err, &se):
 		h.refused(w, r, "eventbus: session lookup refused", se, session)
+		return false
+	case errors.Is(err, ErrInvalidSessionID):
+		// CheckSessionID's message quotes the id escaped, which the
+		// "session" member, JSON, cannot do for an id that is not UTF-8.
+		writeJSONErrorFor(w, http.StatusBadRequest, err.Error(), "invalid_session_id", 0, session)
 		return false
 	case errors.Is(err, ErrSessionNotFound) || (err == nil && bus == nil):
 		writeJSONErrorFor(w, http.StatusNotFound, "session not found", "session_not_found", 0, session)

@@ -551,9 +551,9 @@ func TestHandlerMalformedLastEventID(t *testing.T) {
 		publishN(t, b, 3)
 		before := len(e.logs.find("malformed Last-Event-ID"))
 		c := e.stream(t, "/session/"+id+"/events"+query, header)
-		// Live only: no replay, no resync, no replay_complete.
+		// Live only, said first: no replay, no replay_complete.
 		publishN(t, b, 1)
-		c.expect(wantEvent(4))
+		c.expect(wantCursorInvalid(b, 4, ""), wantEvent(4))
 		logs := e.logs.find("malformed Last-Event-ID")
 		require.Len(t, logs, before+1, "one diagnostic")
 		requireQuotedPrefix(t, raw, logs[len(logs)-1].Attrs["value"])
@@ -605,15 +605,16 @@ func TestHandlerMalformedLastEventID(t *testing.T) {
 				target, raw = target+"?lastEventId="+url.QueryEscape(tc.query), tc.query
 			}
 			cancel, done := serveMem(busHandler(b, logs), w, target, header)
-			require.Eventually(t, func() bool { return b.SubscriberCount() == 1 && w.state().flushes == 1 }, 5*time.Second, time.Millisecond)
+			// The retry: line, then the notice, each a batch of its own.
+			require.Eventually(t, func() bool { return b.SubscriberCount() == 1 && w.state().flushes == 2 }, 5*time.Second, time.Millisecond)
 			publishN(t, b, 1)
-			require.Eventually(t, func() bool { return w.state().flushes == 2 }, 5*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return w.state().flushes == 3 }, 5*time.Second, time.Millisecond)
 			cancel()
 			waitClosed(t, done, "handler did not return")
 			st := w.state()
 			require.Equal(t, http.StatusOK, st.status)
-			require.Equal(t, []sseRecord{{Kind: sseRetryRecord, Retry: 3000}, {Kind: sseEventRecord, Event: wantEvent(4)}},
-				parseBody(t, st.body))
+			require.Equal(t, []sseRecord{{Kind: sseRetryRecord, Retry: 3000}, {Kind: sseEventRecord, Event: wantCursorInvalid(b, 4, "")},
+				{Kind: sseEventRecord, Event: wantEvent(4)}}, parseBody(t, st.body))
 			found := logs.find("malformed Last-Event-ID")
 			require.Len(t, found, 1)
 			requireQuotedPrefix(t, raw, found[0].Attrs["value"])
@@ -815,11 +816,11 @@ func TestHandlerEpochIDs(t *testing.T) {
 		{"an over-long Event-Epoch is ignored, the id's counts", "", hdr("Last-Event-ID", other+":4", "Event-Epoch", strings.Repeat("e", 65)), func(b *EventBus) []sseEvent {
 			return append(append([]sseEvent{reset(b, 4, "epoch_mismatch")}, events(b, 1, 5)...), rc(b, 5, 5, b.Epoch()+":5"))
 		}},
-		{"Event-Epoch that disagrees: live only", "", hdr("Last-Event-ID", "<epoch>:3", "Event-Epoch", other), func(b *EventBus) []sseEvent {
-			return nil
+		{"Event-Epoch that disagrees: live only, said", "", hdr("Last-Event-ID", "<epoch>:3", "Event-Epoch", other), func(b *EventBus) []sseEvent {
+			return []sseEvent{wantCursorInvalid(b, 6, "")}
 		}},
-		{"?epoch= that disagrees: live only", "?epoch=" + other + "&lastEventId=<epoch>:3", nil, func(b *EventBus) []sseEvent {
-			return nil
+		{"?epoch= that disagrees: live only, said", "?epoch=" + other + "&lastEventId=<epoch>:3", nil, func(b *EventBus) []sseEvent {
+			return []sseEvent{wantCursorInvalid(b, 6, "")}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1011,8 +1012,11 @@ func TestHostileHugeLastEventID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if ev := s.skipToEvent(); ev.Type != TypeStateResyncRequired || !strings.Contains(ev.Data, `"reason":"cursor_invalid"`) {
+			t.Fatalf("value %d: first frame %+v, want the cursor_invalid notice", i, ev)
+		}
 		if ev := s.skipToEvent(); ev.Type != "live" || ev.ID != strconv.FormatUint(f.ID(), 10) {
-			t.Fatalf("value %d: first event %+v, want the live event %d only", i, ev, f.ID())
+			t.Fatalf("value %d: then %+v, want the live event %d only", i, ev, f.ID())
 		}
 		s.close()
 		require.Eventually(t, func() bool { return b.SubscriberCount() == 0 }, 20*time.Second, time.Millisecond)

@@ -683,6 +683,14 @@ func wantSynth(typ, data, lastID string) sseEvent {
 	}
 }
 
+// wantCursorInvalid is b's state_resync_required cursor_invalid for a
+// stream whose first live event is earliest; lastID is the SSE id the
+// client holds when it arrives.
+func wantCursorInvalid(b *EventBus, earliest uint64, lastID string) sseEvent {
+	return wantSynth(TypeStateResyncRequired, fmt.Sprintf(`{"reason":"cursor_invalid","lastDeliveredId":0,"earliestAvailableId":%d,"epoch":"%s"}`,
+		earliest, b.Epoch()), lastID)
+}
+
 // wantReplayComplete is b's replay_complete after count replayed events up
 // to last; lastID is the SSE id the client holds when it arrives.
 func wantReplayComplete(b *EventBus, count int, last uint64, lastID string) sseEvent {

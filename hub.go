@@ -312,8 +312,17 @@ func (h *Hub) nowMillis() int64 { return nowMillis(h.opts.Now) }
 
 // Lookup returns the live bus of session id, without creating one. It
 // takes only a read lock of the session's shard and does not count as a
-// use of the session.
+// use of the session. An id that CheckSessionID refuses names no session:
+// Lookup reports false for it.
 func (h *Hub) Lookup(id string) (*EventBus, bool) {
+	if CheckSessionID(id) != nil {
+		return nil, false
+	}
+	return h.lookup(id)
+}
+
+// lookup is Lookup of an id already checked.
+func (h *Hub) lookup(id string) (*EventBus, bool) {
 	sh := h.shard(id)
 	sh.mu.RLock()
 	s := sh.m[id]
@@ -328,11 +337,16 @@ func (h *Hub) Lookup(id string) (*EventBus, bool) {
 // epoch) when there is none. A new session needs room: when the hub holds
 // MaxSessions sessions, GetOrCreate first closes every session idle past
 // IdleTimeout (synchronously), and answers ErrHubFull only if none was.
-// It returns ErrClosed after Shutdown or Close. A new bus is not counted as
-// used until it is published to or subscribed: a session created and left
-// alone expires IdleTimeout after its creation.
+// It returns ErrClosed after Shutdown or Close, and CheckSessionID's error
+// (wrapping ErrInvalidSessionID) for an id the rule refuses, which never
+// becomes a session. A new bus is not counted as used until it is
+// published to or subscribed: a session created and left alone expires
+// IdleTimeout after its creation.
 func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
-	if b, ok := h.Lookup(id); ok {
+	if err := CheckSessionID(id); err != nil {
+		return nil, err
+	}
+	if b, ok := h.lookup(id); ok {
 		return b, nil
 	}
 	if h.closed.Load() {
@@ -380,7 +394,8 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 // Publish publishes e to session id, creating the session if needed (see
 // GetOrCreate), and returns the stamped frame. If the session expires or is
 // deleted between the lookup and the publish, it retries once on a new
-// session. It returns what GetOrCreate and EventBus.Publish return.
+// session. It returns what GetOrCreate (ErrInvalidSessionID, ErrHubFull,
+// ErrClosed) and EventBus.Publish return.
 func (h *Hub) Publish(id string, e Event) (Frame, error) {
 	for retried := false; ; retried = true {
 		b, err := h.GetOrCreate(id)
@@ -396,8 +411,12 @@ func (h *Hub) Publish(id string, e Event) (Frame, error) {
 }
 
 // Delete closes session id's bus (every subscriber gets what is queued,
-// then its end) and forgets it. It reports whether the session existed.
+// then its end) and forgets it. It reports whether the session existed:
+// false for an id CheckSessionID refuses, which names no session.
 func (h *Hub) Delete(id string) bool {
+	if CheckSessionID(id) != nil {
+		return false
+	}
 	h.retireMu.Lock()
 	sh := h.shard(id)
 	sh.mu.Lock()
@@ -485,22 +504,23 @@ func (h *Hub) Stats() HubStats {
 }
 
 // LookupRequest is Lookup for a request whose route names the session
-// {id} (r.PathValue("id")): it fits Handler.Lookup. An unknown session is
-// an error wrapping ErrSessionNotFound (the Handler answers 404); it never
-// creates one.
+// {id} (r.PathValue("id")): it fits Handler.Lookup. An id CheckSessionID
+// refuses is its error, wrapping ErrInvalidSessionID (the Handler answers
+// 400 invalid_session_id); an unknown session is an error wrapping
+// ErrSessionNotFound (the Handler answers 404); it never creates one.
 func (h *Hub) LookupRequest(r *http.Request) (*EventBus, error) {
-	id := r.PathValue("id")
-	if b, ok := h.Lookup(id); ok {
-		return b, nil
-	}
-	return nil, fmt.Errorf("%w: %q", ErrSessionNotFound, truncate(id, 64))
+	return h.LookupSession(r, r.PathValue("id"))
 }
 
 // LookupSession is Lookup for a MuxHandler: the live bus of session id,
-// never creating one. An unknown session is an error wrapping
-// ErrSessionNotFound (the MuxHandler answers 404 naming it).
+// never creating one. An id CheckSessionID refuses is its error (wrapping
+// ErrInvalidSessionID: 400 invalid_session_id); an unknown session is an
+// error wrapping ErrSessionNotFound (the MuxHandler answers 404 naming it).
 func (h *Hub) LookupSession(_ *http.Request, id string) (*EventBus, error) {
-	if b, ok := h.Lookup(id); ok {
+	if err := CheckSessionID(id); err != nil {
+		return nil, err
+	}
+	if b, ok := h.lookup(id); ok {
 		return b, nil
 	}
 	return nil, fmt.Errorf("%w: %q", ErrSessionNotFound, truncate(id, 64))
@@ -687,6 +707,7 @@ func (s *Stats) addCounters(o Stats) {
 	s.Resyncs.ReplayBudgetExceeded += o.Resyncs.ReplayBudgetExceeded
 	s.Resyncs.QueueOverflow += o.Resyncs.QueueOverflow
 	s.Resyncs.QueueBytesOverflow += o.Resyncs.QueueBytesOverflow
+	s.Resyncs.CursorInvalid += o.Resyncs.CursorInvalid
 	s.Dropped.Coalesced += o.Dropped.Coalesced
 	s.Dropped.Overflow += o.Dropped.Overflow
 	s.Dropped.ReplayBudget += o.Dropped.ReplayBudget

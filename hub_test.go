@@ -395,8 +395,13 @@ func TestHubLookupRequest(t *testing.T) {
 		}
 	}
 	assert.Zero(t, h.Len(), "a GET or HEAD never creates a session")
-	_, err := h.LookupRequest(httptest.NewRequest("GET", "/", nil))
+	r := httptest.NewRequest("GET", "/", nil)
+	r.SetPathValue("id", "nobody")
+	_, err := h.LookupRequest(r)
 	assert.ErrorIs(t, err, ErrSessionNotFound)
+	// A route without {id}: the empty id, which no session has.
+	_, err = h.LookupRequest(httptest.NewRequest("GET", "/", nil))
+	assert.ErrorIs(t, err, ErrInvalidSessionID)
 }
 
 // A resume across an idle expiry gets epoch_reset: through the Handler,

@@ -36,8 +36,10 @@ const DefaultMaxStreamSessions = 32
 //
 // Request rules, in this order: CORS, the method and a writer that can
 // flush, as Handler; the sessions (Sessions, by default every "session"
-// query parameter, in order) must be 1 to MaxStreamSessions distinct,
-// non-empty ids, else 400 invalid_sessions; ?types= and ?maxQueued= as
+// query parameter, in order) must be 1 to MaxStreamSessions distinct ids
+// that CheckSessionID accepts (non-empty, at most MaxSessionIDBytes, valid
+// UTF-8), else 400 invalid_sessions, whose message names the first bad
+// one; ?types= and ?maxQueued= as
 // Handler, applying to every session; then for each session in order,
 // Lookup (never creating a session: a Hub's LookupSession), whose
 // ErrSessionNotFound is 404 session_not_found for the first unknown id;
@@ -49,14 +51,20 @@ const DefaultMaxStreamSessions = 32
 // and subscribes to nothing.
 //
 // The cursor: the stream reads Last-Event-ID, else ?lastEventId=, as a
-// Cursor (ParseCursor); Event-Epoch and ?epoch= are not used. A session the
-// cursor names resumes as its own single stream would, independently of
-// the others: what it missed and its replay_complete, or its
+// Cursor (ParseCursor: up to MaxCursorEntries entries, whatever
+// MaxStreamSessions is; the entries of sessions the URL does not name are
+// ignored); Event-Epoch and ?epoch= are not used. A session the cursor
+// names resumes as its own single stream would, independently of the
+// others: what it missed and its replay_complete, or its
 // state_resync_required (ring_evicted with exact ids,
 // replay_budget_exceeded, or epoch_reset when the entry's epoch is not its
 // bus's: a restart, a DELETE and re-creation). A session the cursor does
 // not name starts live, without replay_complete. A cursor that cannot be
-// parsed is logged and every session starts live; it is never an error.
+// parsed is logged and never an error: every session starts live, and
+// its first frame says so, state_resync_required cursor_invalid
+// (SubscribeOptions.CursorInvalid), as does a session the cursor names
+// ambiguously (two entries with its tag, or another session of the stream
+// with the same tag).
 //
 // The wire: every event frame's id: line is the composite cursor after
 // that event (every session's last delivered id and epoch); synthetic
@@ -105,12 +113,13 @@ type MuxHandler struct {
 	// cannot be decoded is 400 invalid_sessions). An error that is or
 	// wraps a *StatusError is answered as that says; another is 400
 	// invalid_sessions with its message. The ids it returns must then be
-	// 1 to MaxStreamSessions distinct, non-empty strings.
+	// 1 to MaxStreamSessions distinct ids that CheckSessionID accepts.
 	Sessions func(r *http.Request) ([]string, error)
 	// Lookup finds the bus of one session of a request, never creating
 	// one (Hub.LookupSession fits). It returns an error wrapping
 	// ErrSessionNotFound (or a nil bus) for an unknown session: 404
-	// session_not_found naming it; one that is or wraps a *StatusError
+	// session_not_found naming it; one wrapping ErrInvalidSessionID is 400
+	// invalid_session_id naming it; one that is or wraps a *StatusError
 	// is answered as that says, naming the session; another error is a
 	// 500 whose cause is logged. It is called once per session, in
 	// order, on the request's goroutine; the first failure answers.
@@ -255,7 +264,7 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 		return nil
 	}
 
-	cursor := m.parseCursor(r, h, sq.cursor)
+	cursor, unusable := m.parseCursor(r, h, sq.cursor)
 	st.group = NewReadyGroup(len(sess))
 	interrupt := st.s.interrupt // one for every session: any shed ends the stream
 	for i := range sess {
@@ -263,13 +272,22 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 		ms := &sess[i]
 		epoch := ms.bus.Epoch()
 		ms.entry = CursorEntry{Session: SessionTag(ms.id), Epoch: EpochTag(epoch)}
-		switch e, named := cursorEntryFor(cursor, sess, i); {
-		case !named:
+		e, named := cursorEntryFor(cursor, sess, i)
+		if named == entryAmbiguous {
+			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: multiplexed cursor names a session ambiguously, serving it live only",
+				slog.String("session", quoteHead(ms.id, 64)))
+		}
+		switch {
+		case named != entryNamed:
 			// Live. Its entry is the bus's last id before subscribing:
 			// every later event is delivered, so a resume from it loses
 			// nothing (it may replay an event published while the stream
 			// opened, which the client never had).
 			ms.entry.ID = ms.bus.LastEventID()
+			// A cursor that was given but cannot be used for this
+			// session is said in-band, before any live frame: the client
+			// learns what it may have missed (SPEC 6.8).
+			opts.CursorInvalid = unusable || named == entryAmbiguous
 		case e.Epoch == ms.entry.Epoch:
 			opts.Resume, opts.LastEventID, opts.Epoch = true, e.ID, epoch
 			ms.entry.ID = e.ID
@@ -349,8 +367,10 @@ func checkSessions(ids []string, maxSessions int) string {
 		return strconv.Itoa(len(ids)) + " sessions, more than " + strconv.Itoa(maxSessions)
 	}
 	for i, id := range ids {
-		if id == "" {
-			return "session " + strconv.Itoa(i+1) + " is empty"
+		if err := CheckSessionID(id); err != nil {
+			// Named by position and by CheckSessionID's escaped quote: an
+			// id that is not UTF-8 cannot be named in JSON as it is.
+			return "session " + strconv.Itoa(i+1) + ": " + err.Error()
 		}
 		if slices.Contains(ids[:i], id) {
 			return "session " + quoteHead(id, 64) + " is given twice"
@@ -359,40 +379,63 @@ func checkSessions(ids []string, maxSessions int) string {
 	return ""
 }
 
-// parseCursor parses the request's cursor, nil when there is none or it
-// cannot be parsed (logged: the stream is then served live).
-func (m *MuxHandler) parseCursor(r *http.Request, h *Handler, raw string) Cursor {
+// parseCursor parses the request's cursor: nil when there is none, and
+// unusable set when one was given that ParseCursor refuses (logged; every
+// session is then served live, after its cursor_invalid notice). The bound
+// is ParseCursor's, MaxCursorEntries, not the stream's MaxStreamSessions: a
+// cursor may name more sessions than the URL (a client that dropped some,
+// or keeps one cursor for several streams), and the entries of sessions
+// the URL does not name are ignored.
+func (m *MuxHandler) parseCursor(r *http.Request, h *Handler, raw string) (c Cursor, unusable bool) {
 	if raw == "" {
-		return nil
-	}
-	if len(raw) > muxcursor.Len(m.maxSessions()) {
-		h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: multiplexed cursor too long, serving live only",
-			slog.String("value", quoteHead(raw, 64)), slog.Int("bytes", len(raw)))
-		return nil
+		return nil, false
 	}
 	c, err := ParseCursor(raw)
 	if err != nil {
 		h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed multiplexed cursor, serving live only",
-			slog.String("value", quoteHead(raw, 64)), slog.String("error", err.Error()))
-		return nil
+			slog.String("value", quoteHead(raw, 64)), slog.Int("bytes", len(raw)), slog.String("error", err.Error()))
+		return nil, true
 	}
-	return c
+	return c, false
 }
 
-// cursorEntryFor returns the cursor's entry for session i, and false when
-// the cursor names it not or not unambiguously: another session of the
-// stream with the same tag, or two entries with its tag.
-func cursorEntryFor(c Cursor, sess []muxSession, i int) (CursorEntry, bool) {
+// How a cursor names one session of a stream (cursorEntryFor).
+const (
+	entryNone      = iota // no entry has its tag: the session starts live
+	entryNamed            // exactly one entry, for it alone: it resumes
+	entryAmbiguous        // its tag is in the cursor but cannot be resolved
+)
+
+// cursorEntryFor returns the cursor's entry for session i and how the
+// cursor names it: entryNone when no entry has its tag, entryAmbiguous
+// when entries have its tag but it cannot be told which session they are
+// for (another session of the stream has the same tag, about 2^-40 per
+// pair) or which entry counts (two entries with its tag).
+func cursorEntryFor(c Cursor, sess []muxSession, i int) (CursorEntry, int) {
 	if c == nil {
-		return CursorEntry{}, false
+		return CursorEntry{}, entryNone
 	}
 	tag := SessionTag(sess[i].id)
-	for j := range sess {
-		if j != i && SessionTag(sess[j].id) == tag {
-			return CursorEntry{}, false
+	n := 0
+	var found CursorEntry
+	for _, e := range c {
+		if e.Session == tag {
+			found = e
+			n++
 		}
 	}
-	return c.Entry(sess[i].id)
+	if n == 0 {
+		return CursorEntry{}, entryNone
+	}
+	for j := range sess {
+		if j != i && SessionTag(sess[j].id) == tag {
+			return CursorEntry{}, entryAmbiguous
+		}
+	}
+	if n > 1 {
+		return CursorEntry{}, entryAmbiguous
+	}
+	return found, entryNamed
 }
 
 // sessionMember is `"session":<id as a JSON string>,`, the member spliced

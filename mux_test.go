@@ -395,33 +395,100 @@ func TestMuxResume(t *testing.T) {
 }
 
 // A cursor that cannot be parsed is logged and served live, never an
-// error; a single stream's id is no cursor.
+// error, and every session says so first: state_resync_required
+// cursor_invalid with the first id it will deliver; a single stream's id is
+// no cursor, and neither is one of more than MaxCursorEntries entries.
 func TestMuxGarbageCursor(t *testing.T) {
-	for _, garbage := range []string{"57", "0123456789abcdef0123456789abcdef:5", "m1", "m1" + strings.Repeat("A", 23), "m1" + strings.Repeat("!", 24), "m2" + strings.Repeat("A", 24), "x y,\"z\""} {
-		t.Run(garbage, func(t *testing.T) {
+	var huge Cursor
+	for i := range MaxCursorEntries + 1 {
+		huge = append(huge, NewCursorEntry("s"+strconv.Itoa(i), NewEpoch(), 1))
+	}
+	buf, _ := muxcursor.Append(nil, func() []muxcursor.Entry {
+		var es []muxcursor.Entry
+		for _, e := range huge {
+			es = append(es, muxcursor.Entry(e))
+		}
+		return es
+	}())
+	for _, garbage := range []string{"57", "0123456789abcdef0123456789abcdef:5", "m1", "m1" + strings.Repeat("A", 23), "m1" + strings.Repeat("!", 24),
+		"m2" + strings.Repeat("A", 24), "x y,\"z\"", string(buf)} {
+		t.Run(garbage[:min(len(garbage), 40)], func(t *testing.T) {
 			e := newEnv(t, envOptions{})
-			a := e.bus(t, "a", Options{})
+			a, b := e.bus(t, "a", Options{}), e.bus(t, "b", Options{})
 			publishN(t, a, 3)
-			c := e.stream(t, muxPath([]string{"a"}), hdr("Last-Event-ID", garbage))
+			c := e.stream(t, muxPath([]string{"a", "b"}), hdr("Last-Event-ID", garbage))
 			publishN(t, a, 1)
-			require.Equal(t, []string{"a#4"}, describeMux(readMux(c, 1)), "live, no replay_complete")
+			publishN(t, b, 1)
+			by := map[string][]string{}
+			for _, f := range readMux(c, 4) {
+				by[f.Session] = append(by[f.Session], f.Data)
+			}
+			// Each session's notice before its first live frame, and no
+			// replay_complete; across sessions nothing is promised.
+			require.Equal(t, []string{wantCursorInvalid(a, 4, "").Data, wantEvent(4).Data}, by["a"])
+			require.Equal(t, []string{wantCursorInvalid(b, 1, "").Data, wantEvent(1).Data}, by["b"])
 			require.Len(t, e.logs.find("malformed multiplexed cursor"), 1)
+			require.Equal(t, uint64(1), a.Stats().Resyncs.CursorInvalid)
 			c.close()
 		})
 	}
-	t.Run("too long", func(t *testing.T) {
-		e := newEnv(t, envOptions{})
-		a := e.bus(t, "a", Options{})
-		var cur Cursor
-		for i := range 33 {
-			cur = cur.Set("s"+strconv.Itoa(i), a.Epoch(), 1)
-		}
-		c := e.stream(t, muxPath([]string{"a"}), hdr("Last-Event-ID", cur.String()))
-		publishN(t, a, 1)
-		require.Equal(t, []string{"a#1"}, describeMux(readMux(c, 1)))
-		require.Len(t, e.logs.find("multiplexed cursor too long"), 1)
-		c.close()
-	})
+}
+
+// A cursor with two entries for one session cannot say where it stands:
+// that session is live after its cursor_invalid notice (and logged), the
+// others resume.
+func TestMuxCursorAmbiguousEntry(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	a, b := e.bus(t, "a", Options{}), e.bus(t, "b", Options{})
+	publishN(t, a, 2)
+	publishN(t, b, 2)
+	cursor := Cursor{NewCursorEntry("a", a.Epoch(), 1), NewCursorEntry("a", a.Epoch(), 2), NewCursorEntry("b", b.Epoch(), 1)}.String()
+	c := e.stream(t, muxPath([]string{"a", "b"}), hdr("Last-Event-ID", cursor))
+	publishN(t, a, 1)
+	by := map[string][]string{}
+	for _, f := range readMux(c, 4) {
+		by[f.Session] = append(by[f.Session], f.Data)
+	}
+	require.Equal(t, []string{wantCursorInvalid(a, 3, "").Data, wantEvent(3).Data}, by["a"])
+	require.Equal(t, []string{wantEvent(2).Data, wantReplayComplete(b, 1, 2, "").Data}, by["b"])
+	require.Len(t, e.logs.find("names a session ambiguously"), 1)
+	c.close()
+}
+
+// Issue 32 point 3: a cursor as served plus 30 entries for sessions the
+// URL does not name (794 bytes, more than the default 32 sessions' 770)
+// resumes the URL's sessions exactly; the others' entries are ignored.
+func TestMuxCursorLongerThanTheStreamResumes(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ids := []string{"ca", "cb", "cc"}
+	buses := map[string]*EventBus{}
+	for _, id := range ids {
+		buses[id] = e.bus(t, id, Options{})
+	}
+	c := e.stream(t, muxPath(ids), nil)
+	publishN(t, buses["ca"], 2)
+	publishN(t, buses["cb"], 1)
+	publishN(t, buses["cc"], 1)
+	fs := readMux(c, 4)
+	c.close()
+	served, err := ParseCursor(fs[3].ID)
+	require.NoError(t, err)
+	require.Len(t, served, 3)
+	for i := range 30 {
+		served = served.Set("other-"+strconv.Itoa(i), NewEpoch(), uint64(i+1))
+	}
+	cursor := served.String()
+	require.Len(t, cursor, 794)
+	publishN(t, buses["ca"], 2) // missed while disconnected: ca#3, ca#4
+	c = e.stream(t, muxPath([]string{"cc", "ca", "cb"}), hdr("Last-Event-ID", cursor))
+	by := map[string][]string{}
+	for _, f := range readMux(c, 5) {
+		by[f.Session] = append(by[f.Session], describeMux([]muxFrame{f})[0])
+	}
+	require.Equal(t, map[string][]string{"ca": {"ca#3", "ca#4", "ca:replay_complete"}, "cb": {"cb:replay_complete"}, "cc": {"cc:replay_complete"}}, by)
+	require.Empty(t, e.logs.find("multiplexed cursor"), "nothing to log: the cursor was used")
+	require.Zero(t, buses["ca"].Stats().Resyncs.CursorInvalid)
+	c.close()
 }
 
 // A ring eviction in one session: that session gets ring_evicted with

@@ -244,6 +244,20 @@ type SubscribeOptions struct {
 	// let go. It must not block. nil: they are let go when the write ends
 	// by itself.
 	Interrupt func()
+	// CursorInvalid tells the client, in-band, that the cursor it
+	// presented could not be used (malformed, over MaxCursorEntries, two
+	// epochs that disagree: docs/SPEC.md section 4.1): the subscription is
+	// live only, as without Resume, and its first frame is
+	// state_resync_required with reason ReasonCursorInvalid,
+	// lastDeliveredId 0, earliestAvailableId the id of the first event it
+	// can deliver (the bus's last id + 1 when it subscribes) and the
+	// bus's epoch. Subscribe queues it under the bus lock, atomically with
+	// the registration, so no live frame comes before it; no
+	// replay_complete follows (nothing is replayed). A transport sets it
+	// instead of failing the request, so that nothing a client sends turns
+	// a resume into a silent loss. With Resume it is an error wrapping
+	// ErrInvalidOption.
+	CursorInvalid bool
 }
 
 // checkPolicy checks an OverflowPolicy of Options or SubscribeOptions (0
@@ -274,10 +288,14 @@ type subSettings struct {
 }
 
 // resolve validates opts and fills what they leave to the bus's options o
-// (already defaulted). Its errors are Subscribe's: ErrInvalidOption for a
-// negative MaxQueued, an unknown OverflowPolicy or a CatchUpStallTimeout
-// below a millisecond, ErrInvalidFilter for an invalid Types entry.
+// (already defaulted). Its errors are Subscribe's: ErrInvalidOption for
+// CursorInvalid with Resume, a negative MaxQueued, an unknown
+// OverflowPolicy or a CatchUpStallTimeout below a millisecond,
+// ErrInvalidFilter for an invalid Types entry.
 func (opts SubscribeOptions) resolve(o Options) (subSettings, error) {
+	if opts.Resume && opts.CursorInvalid {
+		return subSettings{}, fmt.Errorf("%w: CursorInvalid with Resume: a cursor is either used or not", ErrInvalidOption)
+	}
 	if opts.MaxQueued < 0 {
 		return subSettings{}, fmt.Errorf("%w: MaxQueued is %d, must not be negative", ErrInvalidOption, opts.MaxQueued)
 	}

@@ -75,6 +75,7 @@ type ResyncStats struct {
 	ReplayBudgetExceeded uint64
 	QueueOverflow        uint64 // resync overflow policy
 	QueueBytesOverflow   uint64 // resync overflow policy
+	CursorInvalid        uint64 // a cursor the transport could not use
 }
 
 // DroppedStats counts dropped frames by reason.
@@ -121,7 +122,8 @@ func (b *EventBus) Stats() Stats {
 			c.evictions.get(ReasonMemoryBudget)},
 		Warnings: c.warnings.Load(),
 		Resyncs: ResyncStats{c.resyncs.get(ReasonEpochReset), c.resyncs.get(ReasonRingEvicted),
-			c.resyncs.get(ReasonReplayBudgetExceeded), c.resyncs.get(ReasonQueueOverflow), c.resyncs.get(ReasonQueueBytesOverflow)},
+			c.resyncs.get(ReasonReplayBudgetExceeded), c.resyncs.get(ReasonQueueOverflow), c.resyncs.get(ReasonQueueBytesOverflow),
+			c.resyncs.get(ReasonCursorInvalid)},
 		Dropped: DroppedStats{c.dropCoalesced.Load(), c.dropOverflow.Load(), c.dropBudget.Load(),
 			c.dropCancel.Load(), c.dropBlock.Load(), c.dropCatchUpSignal.Load(), c.dropShed.Load()},
 		CatchUp:   CatchUpStats{c.catchUps.Load(), c.catchUpServed.Load(), int(c.behind.Load())},
@@ -140,7 +142,7 @@ func (c *counters) eviction(reason string) { c.evictions.add(reason) }
 // reasonCounts.
 var reasons = [...]string{ReasonEpochReset, ReasonRingEvicted, ReasonReplayBudgetExceeded,
 	ReasonQueueOverflow, ReasonQueueBytesOverflow, ReasonRepeatedOverflow, ReasonCatchUpStalled,
-	ReasonMemoryBudget}
+	ReasonMemoryBudget, ReasonCursorInvalid}
 
 // reasonCounts counts frames by reason, one counter per entry of reasons.
 type reasonCounts [len(reasons)]atomic.Uint64

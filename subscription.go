@@ -68,15 +68,16 @@ type Subscription struct {
 // Subscribe registers a subscription and, when opts.Resume is set, queues
 // the replay ahead of the live frames, with no gap and no duplicate
 // between them (what a resume replays: docs/SPEC.md section 4; the check
-// order: section 2.3). Registration is synchronous: an event published
-// after Subscribe returns is delivered.
+// order: section 2.3); with opts.CursorInvalid it queues the
+// cursor_invalid notice ahead of them instead. Registration is
+// synchronous: an event published after Subscribe returns is delivered.
 //
 // When ctx is done the subscription is cancelled (its buffer dropped),
 // unless opts.Detached is set: then ctx bounds Subscribe alone. On a
 // closed bus Subscribe returns an ended subscription and no error; with a
 // ctx already done, an ended subscription that was never registered. It
 // returns an error wrapping ErrInvalidOption for a negative MaxQueued, an
-// unknown OverflowPolicy or a full Group, one wrapping ErrInvalidFilter for an invalid
+// unknown OverflowPolicy, CursorInvalid with Resume or a full Group, one wrapping ErrInvalidFilter for an invalid
 // Types entry, and a *SubscriberLimitError when the bus is full. Subscribe does not block on
 // other subscribers.
 //
@@ -130,9 +131,12 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 		// catching up: the slot it holds is freed here.
 		b.sweepStalled()
 	}
-	var now int64
+	var now, noticeAt int64
 	if b.opts.MaxAge > 0 {
 		now = b.now() // read outside the lock
+	}
+	if opts.CursorInvalid {
+		noticeAt = b.now() // the clock is user code: not under the lock
 	}
 	b.mu.Lock()
 	if now != 0 && b.ring.dropOlder(now-b.opts.MaxAge.Milliseconds()) > 0 {
@@ -163,6 +167,12 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 	remote := opts.Resume && b.fed() != nil && b.fed().log != nil && !b.ringCoversLocked(opts)
 	upto := b.nextID - 1
 	switch {
+	case opts.CursorInvalid:
+		// Under the lock that publishers take: the notice is the first
+		// frame, ahead of every live one, and its earliestAvailableId is
+		// the first id this subscription can be delivered.
+		s.q.forcePush(resyncFrame(ReasonCursorInvalid, "", 0, b.nextID, b.epoch, noticeAt).ref())
+		b.stats.resync(ReasonCursorInvalid)
 	case remote:
 		// Live frames queue up behind the hold while history is read;
 		// the replay goes in front of them.

@@ -171,6 +171,78 @@ func TestSubscribeResumeFalseDiffersFromResumeFromZero(t *testing.T) {
 	assert.Equal(t, seqOf(idRange(1, 3), TypeReplayComplete, "#4"), describe(fs))
 }
 
+// SubscribeOptions.CursorInvalid: a live subscription whose first frame is
+// state_resync_required cursor_invalid, whose earliestAvailableId is the
+// first event it gets, whatever publishers do meanwhile; no
+// replay_complete; counted; not with Resume.
+func TestSubscribeCursorInvalid(t *testing.T) {
+	b := newBus(t, Options{})
+	publishNumbered(t, b, 3)
+	_, err := b.Subscribe(context.Background(), SubscribeOptions{Resume: true, CursorInvalid: true})
+	require.ErrorIs(t, err, ErrInvalidOption)
+
+	stop := make(chan struct{})
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				if _, err := b.Publish(Event{Type: "t"}); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	const n = 100
+	for i := range n {
+		opts := SubscribeOptions{CursorInvalid: true, MaxQueued: MaxClientMaxQueued}
+		if i%2 == 1 {
+			opts.Types = []string{"nothing.*"} // the notice passes any filter
+		}
+		sub := subscribe(t, b, opts)
+		want := 2 // the notice and the first live event
+		if opts.Types != nil {
+			want = 1 // the notice alone passes
+		}
+		var fs []Frame
+		for {
+			fs, _ = sub.AppendReady(fs)
+			if len(fs) >= want {
+				break
+			}
+			<-sub.Ready()
+		}
+		require.Equal(t, TypeStateResyncRequired, fs[0].Type(), "the notice first")
+		var env struct {
+			Data struct {
+				Reason              string
+				LastDeliveredID     *uint64
+				EarliestAvailableID uint64
+				Epoch               string
+			}
+		}
+		require.NoError(t, json.Unmarshal(fs[0].JSON(), &env))
+		d := env.Data
+		require.Equal(t, ReasonCursorInvalid, d.Reason)
+		require.NotNil(t, d.LastDeliveredID)
+		require.Zero(t, *d.LastDeliveredID)
+		require.Equal(t, b.Epoch(), d.Epoch)
+		if want == 2 {
+			require.Equal(t, d.EarliestAvailableID, fs[1].ID(), "earliestAvailableId is the first live event")
+			for _, f := range fs[1:] {
+				require.NotEqual(t, TypeReplayComplete, f.Type())
+			}
+		}
+		sub.Close()
+	}
+	close(stop)
+	<-published
+	require.Equal(t, uint64(n), b.Stats().Resyncs.CursorInvalid)
+}
+
 // ---------------------------------------------------------------------------
 // Cancellation and Close (SPEC 2.5).
 

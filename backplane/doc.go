@@ -13,10 +13,11 @@
 // A resume the mirror's ring cannot answer is answered from the log. The
 // Set opens a mirror once however many lookups ask at once, checks a
 // reused mirror's epoch with the engine before a new stream joins it,
-// answers the SSE Handler's lookups (404 for an invalid id, 503
-// unavailable, 503 shutting_down), releases idle mirrors, ends every
-// stream with stream_error shutdown on Close, and holds what every
-// backplane's Publish, Signal and Delete do around the engine's call.
+// answers the SSE Handler's lookups (400 invalid_session_id for an
+// invalid id, 503 unavailable, 503 shutting_down), releases idle mirrors,
+// ends every stream with stream_error shutdown on Close, and holds what
+// every backplane's Publish, Signal and Delete do around the engine's
+// call.
 //
 // # What an engine does
 //

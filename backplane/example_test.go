@@ -122,8 +122,8 @@ func newBackplane(st *store) *Backplane {
 		Name: "toy", Engine: "Toy", Store: "the store", Bus: bus,
 		Timeout: eventbus.DefaultLagTimeout, IdleTimeout: eventbus.DefaultLagTimeout,
 		Valid: func(id string) error {
-			if id == "" {
-				return fmt.Errorf("toy: empty session id")
+			if err := eventbus.CheckSessionID(id); err != nil {
+				return fmt.Errorf("toy: invalid session id: %w", err)
 			}
 			return nil
 		},

@@ -11,7 +11,8 @@ import (
 // Publish is a publish the Set has checked and encoded (Prepare), for the
 // engine to append to the session's log.
 type Publish[S Member] struct {
-	// Session is the session's id, checked by Config.Valid.
+	// Session is the session's id, checked by Config.Valid and
+	// eventbus.CheckSessionID.
 	Session string
 	// Key is the idempotency key ("" for none: a plain Publish).
 	Key string
@@ -30,8 +31,8 @@ type Publish[S Member] struct {
 }
 
 // Prepare is what every backplane's Publish and PublishIdempotent do
-// before they ask the engine: it checks the session (Config.Valid) and
-// that the Set is open (else eventbus.ErrClosed), encodes e (an error
+// before they ask the engine: it checks the session (Config.Valid, then
+// eventbus.CheckSessionID) and that the Set is open (else eventbus.ErrClosed), encodes e (an error
 // wrapping eventbus.ErrInvalidEvent or eventbus.ErrEventTooLarge uses no
 // id), fingerprints it when key is not "" (check the key first with
 // eventbus.CheckIdempotencyKey: Prepare takes "" for no key), and fails
@@ -39,7 +40,7 @@ type Publish[S Member] struct {
 // notes this replica's mirror of the session as it is before the append,
 // for Appended.
 func (t *Set[S]) Prepare(ctx context.Context, session, key string, e eventbus.Event) (Publish[S], error) {
-	if err := t.cfg.Valid(session); err != nil {
+	if err := t.valid(session); err != nil {
 		return Publish[S]{}, err
 	}
 	if t.Closed() {
@@ -76,12 +77,13 @@ func (p Publish[S]) Appended(epoch string) {
 }
 
 // PrepareSignal is what every backplane's Signal does before it sends the
-// signal to the other replicas: it checks the session (Config.Valid),
+// signal to the other replicas: it checks the session (Config.Valid, then
+// eventbus.CheckSessionID),
 // that the Set is open (else eventbus.ErrClosed), and the signal as the
 // bus would (eventbus.Encoder.CheckSignal: an error wrapping
 // eventbus.ErrInvalidEvent or eventbus.ErrEventTooLarge).
 func (t *Set[S]) PrepareSignal(session, typ, about string) error {
-	if err := t.cfg.Valid(session); err != nil {
+	if err := t.valid(session); err != nil {
 		return err
 	}
 	if t.Closed() {

@@ -3,6 +3,7 @@ package backplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -125,8 +126,13 @@ type Config struct {
 	// OutageTimeout is the engine's outage bound, named in Outage's
 	// messages.
 	OutageTimeout time.Duration
-	// Valid checks a session id (failing with the module's
-	// ErrInvalidSession).
+	// Valid checks a session id, failing with the module's
+	// ErrInvalidSession. It must refuse every id eventbus.CheckSessionID
+	// refuses, wrapping both errors (fmt.Errorf("%w: %w",
+	// ErrInvalidSession, err)), so that every backplane and the Hub accept
+	// the same ids; it may refuse more. The Set applies CheckSessionID
+	// after it too: an id the shared rule refuses never reaches the
+	// engine, whatever Valid says.
 	Valid func(id string) error
 	// Unavailable wraps an engine failure of operation op (the module's
 	// ErrUnavailable, which ErrUnavailable must be).
@@ -278,10 +284,19 @@ func (t *Set[S]) Local(id string) (last uint64, subscribers int, ok bool) {
 	return bus.LastEventID(), bus.SubscriberCount(), true
 }
 
+// valid checks a session id: Config.Valid (the module's error), then the
+// shared rule, for a Valid that lets through an id it refuses.
+func (t *Set[S]) valid(id string) error {
+	if err := t.cfg.Valid(id); err != nil {
+		return err
+	}
+	return eventbus.CheckSessionID(id)
+}
+
 // session returns the ready session id, creating it when needed.
 func (t *Set[S]) session(ctx context.Context, id string) (S, error) {
 	var zero S
-	if err := t.cfg.Valid(id); err != nil {
+	if err := t.valid(id); err != nil {
 		return zero, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -431,8 +446,9 @@ func (t *Set[S]) Expire(s S, why string) {
 // when needed. A mirror opened before this call is first checked against
 // the session's epoch in the engine (Engine.Epoch): a mirror of an epoch
 // the engine no longer has is released and a new one made, so a stream
-// never joins a dead epoch. Errors: Config.Valid's, eventbus.ErrClosed,
-// ctx's, or ones made by Config.Unavailable.
+// never joins a dead epoch. Errors: Config.Valid's (or
+// eventbus.CheckSessionID's), eventbus.ErrClosed, ctx's, or ones made by
+// Config.Unavailable.
 func (t *Set[S]) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
 	start := time.Now()
 	for attempt := 0; attempt < 3; attempt++ {
@@ -478,14 +494,19 @@ func (t *Set[S]) Handler() *eventbus.Handler {
 	return &eventbus.Handler{Lookup: t.Lookup, Logger: t.cfg.Bus.Log}
 }
 
-// Lookup is an eventbus.Handler's Lookup: Bus for r.PathValue("id"), an
-// invalid id eventbus.ErrSessionNotFound, the engine unavailable 503
-// unavailable and a closed set 503 shutting_down, both with Retry-After:
-// 1, as eventbus.StatusError wrapping the cause.
+// Lookup is an eventbus.Handler's Lookup: Bus for r.PathValue("id"); an
+// invalid id is an error wrapping eventbus.ErrInvalidSessionID (400
+// invalid_session_id), the engine unavailable 503 unavailable and a
+// closed set 503 shutting_down, both with Retry-After: 1, as
+// eventbus.StatusError wrapping the cause.
 func (t *Set[S]) Lookup(r *http.Request) (*eventbus.EventBus, error) {
 	id := r.PathValue("id")
-	if t.cfg.Valid(id) != nil {
-		return nil, eventbus.ErrSessionNotFound
+	if err := t.valid(id); err != nil {
+		if !errors.Is(err, eventbus.ErrInvalidSessionID) {
+			// A rule of the module's own, stricter than the shared one.
+			err = fmt.Errorf("%w: %w", eventbus.ErrInvalidSessionID, err)
+		}
+		return nil, err
 	}
 	bus, err := t.Bus(r.Context(), id)
 	switch {

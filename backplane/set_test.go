@@ -85,7 +85,10 @@ func (e *fakeEngine) renew(id string) {
 	e.epochs[id] = eventbus.NewEpoch()
 }
 
-var errUnavailable = errors.New("fake: unavailable")
+var (
+	errUnavailable = errors.New("fake: unavailable")
+	errFakeSession = errors.New("fake: invalid session")
+)
 
 func newSet(t *testing.T, idle time.Duration) (*Set[*fakeSession], *fakeEngine) {
 	t.Helper()
@@ -96,9 +99,11 @@ func newSet(t *testing.T, idle time.Duration) (*Set[*fakeSession], *fakeEngine) 
 	}
 	set := New[*fakeSession](Config{
 		Name: "fake", Engine: "Fake", Store: "the fake", Bus: bus, Timeout: time.Second, IdleTimeout: idle,
+		// Stricter than eventbus.CheckSessionID on length, and blind to
+		// UTF-8: the Set applies the shared rule after it.
 		Valid: func(id string) error {
 			if id == "" || len(id) > 8 {
-				return errors.New("fake: invalid session")
+				return errFakeSession
 			}
 			return nil
 		},
@@ -180,8 +185,27 @@ func TestLookupAnswers(t *testing.T) {
 		_, err := set.Lookup(r)
 		return err
 	}
-	if err := lookup("much-too-long"); !errors.Is(err, eventbus.ErrSessionNotFound) {
+	// An id Valid refuses, and one only the shared rule refuses: both
+	// 400 invalid_session_id, neither opens a mirror.
+	if err := lookup("much-too-long"); !errors.Is(err, eventbus.ErrInvalidSessionID) || !errors.Is(err, errFakeSession) {
 		t.Fatalf("invalid id: %v", err)
+	}
+	for _, id := range []string{"a\xff", "a\xfe"} {
+		if err := lookup(id); !errors.Is(err, eventbus.ErrInvalidSessionID) {
+			t.Fatalf("%q: %v, want eventbus.ErrInvalidSessionID", id, err)
+		}
+		if _, err := set.Bus(context.Background(), id); !errors.Is(err, eventbus.ErrInvalidSessionID) {
+			t.Fatalf("Bus(%q): %v", id, err)
+		}
+		if _, err := set.Prepare(context.Background(), id, "", eventbus.Event{Type: "e"}); !errors.Is(err, eventbus.ErrInvalidSessionID) {
+			t.Fatalf("Prepare(%q): %v", id, err)
+		}
+		if err := set.PrepareSignal(id, "t", "a"); !errors.Is(err, eventbus.ErrInvalidSessionID) {
+			t.Fatalf("PrepareSignal(%q): %v", id, err)
+		}
+	}
+	if set.Len() != 0 || eng.opens.Load() != 0 {
+		t.Fatalf("invalid ids: %d sessions, %d opens, want none", set.Len(), eng.opens.Load())
 	}
 	eng.down.Store(true)
 	var se *eventbus.StatusError

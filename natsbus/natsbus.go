@@ -85,9 +85,11 @@ const (
 	DefaultStream        = "EVENTBUS"
 	DefaultSubject       = "eventbus"
 	DefaultReadCount     = 512
-	// MaxSessionIDBytes bounds a session id (its token is part of a
-	// subject: up to three times as long).
-	MaxSessionIDBytes = 256
+	// MaxSessionIDBytes bounds a session id: eventbus.MaxSessionIDBytes,
+	// the bound of the rule every entry point applies
+	// (eventbus.CheckSessionID). Its token is part of a subject: up to
+	// three times as long.
+	MaxSessionIDBytes = eventbus.MaxSessionIDBytes
 )
 
 var (
@@ -102,8 +104,10 @@ var (
 	// PublishIdempotent again with the same key applies it at most once; a
 	// retry of Publish may append it twice.
 	ErrOutcomeUnknown = errors.New("natsbus: publish outcome unknown")
-	// ErrInvalidSession is wrapped by the error for an empty session id or
-	// one longer than MaxSessionIDBytes.
+	// ErrInvalidSession is wrapped by the error for a session id that
+	// eventbus.CheckSessionID refuses (empty, longer than
+	// MaxSessionIDBytes, or not valid UTF-8); the error wraps
+	// eventbus.ErrInvalidSessionID too.
 	ErrInvalidSession = errors.New("natsbus: invalid session id")
 )
 
@@ -298,9 +302,11 @@ func (b *Backplane) Close() error {
 	return nil
 }
 
+// validSession is the session id rule every entry point applies
+// (eventbus.CheckSessionID), its error wrapped with ErrInvalidSession.
 func validSession(id string) error {
-	if id == "" || len(id) > MaxSessionIDBytes {
-		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidSession, len(id), MaxSessionIDBytes)
+	if err := eventbus.CheckSessionID(id); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidSession, err)
 	}
 	return nil
 }
@@ -470,9 +476,10 @@ func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus
 
 // Handler returns an SSE handler for a route such as
 // "GET /session/{id}/events": its Lookup is Bus for r.PathValue("id") (an
-// invalid id is 404; JetStream unavailable is 503 unavailable and a closed
-// Backplane 503 shutting_down, both with Retry-After: 1, as
-// eventbus.StatusError wrapping the cause). Set Retry, Heartbeat,
+// invalid id, see eventbus.CheckSessionID, is 400 invalid_session_id;
+// JetStream unavailable is 503 unavailable and a closed Backplane 503
+// shutting_down, both with Retry-After: 1, as eventbus.StatusError
+// wrapping the cause). Set Retry, Heartbeat,
 // WriteTimeout, Logger, CORS or Authorize on it before serving; keep
 // Lookup (wrap it to add to it).
 func (b *Backplane) Handler() *eventbus.Handler { return b.set.Handler() }

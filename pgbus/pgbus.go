@@ -71,8 +71,10 @@ const (
 	DefaultSchema            = "eventbus"
 	DefaultPollInterval      = time.Second
 	DefaultReadCount         = 512
-	// MaxSessionIDBytes bounds a session id.
-	MaxSessionIDBytes = 256
+	// MaxSessionIDBytes bounds a session id: eventbus.MaxSessionIDBytes,
+	// the bound of the rule every entry point applies
+	// (eventbus.CheckSessionID).
+	MaxSessionIDBytes = eventbus.MaxSessionIDBytes
 )
 
 var (
@@ -85,8 +87,10 @@ var (
 	// come back: the event may or may not have been appended. A retry with
 	// PublishIdempotent and the same key applies it at most once.
 	ErrOutcomeUnknown = errors.New("pgbus: publish outcome unknown")
-	// ErrInvalidSession is wrapped by the error for an empty session id or
-	// one longer than MaxSessionIDBytes.
+	// ErrInvalidSession is wrapped by the error for a session id that
+	// eventbus.CheckSessionID refuses (empty, longer than
+	// MaxSessionIDBytes, or not valid UTF-8); the error wraps
+	// eventbus.ErrInvalidSessionID too.
 	ErrInvalidSession = errors.New("pgbus: invalid session id")
 )
 
@@ -254,9 +258,11 @@ func (b *Backplane) Close() error {
 	return nil
 }
 
+// validSession is the session id rule every entry point applies
+// (eventbus.CheckSessionID), its error wrapped with ErrInvalidSession.
 func validSession(id string) error {
-	if id == "" || len(id) > MaxSessionIDBytes {
-		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidSession, len(id), MaxSessionIDBytes)
+	if err := eventbus.CheckSessionID(id); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidSession, err)
 	}
 	return nil
 }
@@ -464,9 +470,10 @@ func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus
 
 // Handler returns an SSE handler for a route such as
 // "GET /session/{id}/events": its Lookup gets or creates the session named
-// by r.PathValue("id") (an invalid id is 404; PostgreSQL unavailable is
-// 503 unavailable and a closed Backplane 503 shutting_down, both with
-// Retry-After: 1, as eventbus.StatusError wrapping the cause); the mirror
+// by r.PathValue("id") (an invalid id, see eventbus.CheckSessionID, is
+// 400 invalid_session_id; PostgreSQL unavailable is 503 unavailable and a
+// closed Backplane 503 shutting_down, both with Retry-After: 1, as
+// eventbus.StatusError wrapping the cause); the mirror
 // it returns answers resumes from the table. Set Retry, Heartbeat,
 // WriteTimeout, Logger, CORS or Authorize on it before serving; keep
 // Lookup (wrap it to add to it).

@@ -33,7 +33,7 @@
 //	                                                repeated_overflow, catchup_stalled
 //	eventbus_resyncs_total                 counter  reason: epoch_reset, ring_evicted,
 //	                                                replay_budget_exceeded, queue_overflow,
-//	                                                queue_bytes_overflow
+//	                                                queue_bytes_overflow, cursor_invalid
 //	eventbus_slow_client_warnings_total    counter  slow_client_warning frames
 //	eventbus_catchup_entered_total         counter  times a subscriber fell behind
 //	eventbus_catchup_frames_served_total   counter  frames read from the ring while behind
@@ -140,7 +140,8 @@ var metrics = []metric{
 		labelled{"ring_evicted", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Resyncs.RingEvicted }},
 		labelled{"replay_budget_exceeded", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Resyncs.ReplayBudgetExceeded }},
 		labelled{"queue_overflow", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Resyncs.QueueOverflow }},
-		labelled{"queue_bytes_overflow", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Resyncs.QueueBytesOverflow }}),
+		labelled{"queue_bytes_overflow", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Resyncs.QueueBytesOverflow }},
+		labelled{"cursor_invalid", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Resyncs.CursorInvalid }}),
 	counter("eventbus_slow_client_warnings_total", "slow_client_warning frames sent.",
 		func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Warnings }),
 	counter("eventbus_catchup_entered_total", "Times a subscriber under OverflowCatchUp fell behind.",

@@ -72,8 +72,10 @@ const (
 	// DefaultOutageTimeout is how long a reader may fail to reach Redis
 	// before it ends its mirror's streams.
 	DefaultOutageTimeout = 30 * time.Second
-	// MaxSessionIDBytes bounds a session id (it is part of Redis keys).
-	MaxSessionIDBytes = 256
+	// MaxSessionIDBytes bounds a session id: eventbus.MaxSessionIDBytes,
+	// the bound of the rule every entry point applies
+	// (eventbus.CheckSessionID).
+	MaxSessionIDBytes = eventbus.MaxSessionIDBytes
 )
 
 var (
@@ -82,8 +84,10 @@ var (
 	// publish error that wraps it without ErrOutcomeUnknown appended
 	// nothing.
 	ErrUnavailable = errors.New("redisbus: redis unavailable")
-	// ErrInvalidSession is wrapped by the error for an empty session id or
-	// one longer than MaxSessionIDBytes.
+	// ErrInvalidSession is wrapped by the error for a session id that
+	// eventbus.CheckSessionID refuses (empty, longer than
+	// MaxSessionIDBytes, or not valid UTF-8); the error wraps
+	// eventbus.ErrInvalidSessionID too.
 	ErrInvalidSession = errors.New("redisbus: invalid session id")
 )
 
@@ -238,9 +242,11 @@ func (b *Backplane) Close() error {
 	return nil
 }
 
+// validSession is the session id rule every entry point applies
+// (eventbus.CheckSessionID), its error wrapped with ErrInvalidSession.
 func validSession(id string) error {
-	if id == "" || len(id) > MaxSessionIDBytes {
-		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidSession, len(id), MaxSessionIDBytes)
+	if err := eventbus.CheckSessionID(id); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidSession, err)
 	}
 	return nil
 }
@@ -334,9 +340,10 @@ func (b *Backplane) Subscribe(ctx context.Context, session string, opts eventbus
 
 // Handler returns an SSE handler for a route such as
 // "GET /session/{id}/events": its Lookup is Bus for r.PathValue("id") (an
-// invalid id is 404; Redis unavailable is 503 unavailable and a closed
-// Backplane 503 shutting_down, both with Retry-After: 1, as
-// eventbus.StatusError wrapping the cause). Set Retry, Heartbeat,
+// invalid id, see eventbus.CheckSessionID, is 400 invalid_session_id;
+// Redis unavailable is 503 unavailable and a closed Backplane 503
+// shutting_down, both with Retry-After: 1, as eventbus.StatusError
+// wrapping the cause). Set Retry, Heartbeat,
 // WriteTimeout, Logger, CORS or Authorize on it before serving; keep
 // Lookup (wrap it to add to it).
 func (b *Backplane) Handler() *eventbus.Handler { return b.set.Handler() }

@@ -217,8 +217,9 @@ type Client struct {
 	// left Run returns ErrNoSessions. Every Run starts from Sessions
 	// again, keeping the cursor of each session it still names: to add or
 	// remove sessions, end Run, change Sessions and Run again. At most
-	// 256 distinct, non-empty ids (the server's own bound, 32 by default,
-	// answers 400). Resume, LastEventID and Epoch must not be set with it.
+	// 256 distinct ids, each 1 to 256 bytes of valid UTF-8 (the server's
+	// session id rule; its own bound, 32 sessions by default, answers
+	// 400). Resume, LastEventID and Epoch must not be set with it.
 	Sessions []string
 	// ResumeCursor is, with Sessions, the composite cursor the first Run
 	// starts from (an id line of a multiplexed stream, or CompositeCursor

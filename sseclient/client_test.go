@@ -406,3 +406,43 @@ func TestConcurrentRunIsRefused(t *testing.T) {
 		t.Fatalf("second Run: %v", err)
 	}
 }
+
+// mangleCursor makes s's requests carry a cursor the server cannot use,
+// as an intermediary that rewrites it would: the server serves the stream
+// live, after state_resync_required cursor_invalid.
+func mangleCursor(s *server, garbage string) {
+	s.before = func(_ http.ResponseWriter, r *http.Request) bool {
+		q := r.URL.Query()
+		if q.Has("lastEventId") {
+			q.Set("lastEventId", garbage)
+			r.URL.RawQuery = q.Encode()
+		}
+		r.Header.Del("Last-Event-ID")
+		return true
+	}
+}
+
+// A cursor the server could not use (issue 32 point 3): the client reports
+// cursor_invalid as the other resyncs, missing from its own cursor to
+// earliestAvailableId-1, then takes the live events.
+func TestCursorInvalidResyncReportsWhatIsMissing(t *testing.T) {
+	s := newServer(t, serverConfig{})
+	for range 5 {
+		s.publish("a", "note", nil)
+	}
+	epoch := s.bus("a").Epoch()
+	mangleCursor(s, "not-a-cursor")
+	c := &sseclient.Client{URL: s.url("a"), Resume: true, LastEventID: 2, Epoch: epoch}
+	rc := startOpen(t, c)
+	rc.wait(t, "the resync", waitLong, func() bool { return len(rc.resyncs) == 1 })
+	s.publish("a", "note", nil)
+	rc.wait(t, "the live event", waitLong, func() bool { return len(rc.events) == 1 })
+	want := sseclient.Resync{Reason: "cursor_invalid", LastDeliveredID: 0, EarliestAvailableID: 6, Epoch: epoch, Missing: sseclient.IDRange{From: 3, To: 5}}
+	if got := rc.snap(); len(got.resyncs) != 1 || got.resyncs[0] != want || len(got.caught) != 0 {
+		t.Fatalf("resyncs %+v (caught up %d), want %+v and no replay_complete", got.resyncs, len(got.caught), want)
+	}
+	wantIDs(t, rc.snap().ids(), []uint64{6})
+	if st := s.bus("a").Stats(); st.Resyncs.CursorInvalid != 1 {
+		t.Fatalf("the server counted %d cursor_invalid resyncs, want 1", st.Resyncs.CursorInvalid)
+	}
+}

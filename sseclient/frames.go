@@ -77,14 +77,16 @@ func (r IDRange) Empty() bool { return r.From == 0 || r.From > r.To }
 
 // Resync is state_resync_required: events were lost (the server's ring no
 // longer held them, the daemon restarted, the subscriber overflowed under
-// the resync policy); the application should refetch its state. A
+// the resync policy, the server could not use the cursor the client sent);
+// the application should refetch its state. A
 // replay_budget_exceeded resync is not reported: the client resumes on its
 // own and loses nothing.
 type Resync struct {
 	// Session is its session on a multiplexed stream, else "".
 	Session string
 	// Reason is epoch_reset, ring_evicted, queue_overflow,
-	// queue_bytes_overflow, or a newer server's reason.
+	// queue_bytes_overflow, cursor_invalid (the stream went on live from
+	// EarliestAvailableID), or a newer server's reason.
 	Reason string
 	// Detail is the server's detail (epoch_mismatch), or "epoch_changed"
 	// when the client saw a new epoch without an epoch_reset frame.

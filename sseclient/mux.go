@@ -2,8 +2,10 @@ package sseclient
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ssebus/eventbus/internal/muxcursor"
 )
@@ -11,6 +13,10 @@ import (
 // maxMuxSessions is the most sessions a composite cursor holds
 // (eventbus.MaxCursorEntries).
 const maxMuxSessions = 256
+
+// maxSessionIDBytes is the server's bound of a session id
+// (eventbus.MaxSessionIDBytes; this package does not import eventbus).
+const maxSessionIDBytes = 256
 
 // SessionGone is what OnSessionGone receives: a session of a multiplexed
 // stream that the server says no longer exists. The client has dropped it
@@ -54,6 +60,12 @@ func (c *Client) validateMux() error {
 	for i, id := range c.Sessions {
 		if id == "" {
 			return errors.New("an empty session in Sessions")
+		}
+		// The server's session id rule (docs/SPEC.md section 7): a
+		// session it would refuse with 400 is refused here, before any
+		// request.
+		if len(id) > maxSessionIDBytes || !utf8.ValidString(id) {
+			return fmt.Errorf("session %q in Sessions is not 1 to %d bytes of valid UTF-8", id[:min(len(id), 64)], maxSessionIDBytes)
 		}
 		for _, other := range c.Sessions[:i] {
 			if other == id {

@@ -298,6 +298,8 @@ func TestMuxClientResumeCursorVector(t *testing.T) {
 func TestMuxClientInvalidOptions(t *testing.T) {
 	for name, c := range map[string]*sseclient.Client{
 		"empty session":   {Sessions: []string{"a", ""}},
+		"not UTF-8":       {Sessions: []string{"a", "a\xff"}},
+		"too long an id":  {Sessions: []string{"a", strings.Repeat("x", 257)}},
 		"repeated":        {Sessions: []string{"a", "a"}},
 		"with Resume":     {Sessions: []string{"a"}, Resume: true},
 		"with Epoch":      {Sessions: []string{"a"}, Epoch: strings.Repeat("a", 32)},
@@ -458,5 +460,32 @@ func TestMuxClientWithoutEventEpochs(t *testing.T) {
 	defer mu.Unlock()
 	if cursors[1] != line(5) {
 		t.Fatalf("resumed from %q, want %q: the tag of the id line", cursors[1], line(5))
+	}
+}
+
+// A multiplexed cursor the server could not use: every session reports
+// cursor_invalid with what it misses from its own position, then goes on
+// live.
+func TestMuxClientCursorInvalid(t *testing.T) {
+	s := newServer(t, serverConfig{})
+	for range 4 {
+		s.publish("a", "note", nil)
+	}
+	s.publish("b", "note", nil)
+	cur := eventbus.Cursor{}.Set("a", s.bus("a").Epoch(), 1).Set("b", s.bus("b").Epoch(), 1)
+	mangleCursor(s, "m1"+strings.Repeat("!", 24))
+	c := &sseclient.Client{Sessions: []string{"a", "b"}, ResumeCursor: cur.String()}
+	rc := startMux(t, s, c)
+	rc.wait(t, "a's resync", waitLong, func() bool { return len(rc.resyncs) == 1 })
+	s.publish("a", "note", nil)
+	s.publish("b", "note", nil)
+	rc.wait(t, "the live events", waitLong, func() bool { return len(rc.events) == 2 })
+	got := rc.snap()
+	want := sseclient.Resync{Session: "a", Reason: "cursor_invalid", EarliestAvailableID: 5, Epoch: s.bus("a").Epoch(), Missing: sseclient.IDRange{From: 2, To: 4}}
+	if len(got.resyncs) != 1 || got.resyncs[0] != want || len(got.caught) != 0 {
+		t.Fatalf("resyncs %+v (caught up %d), want only %+v: b lacks nothing", got.resyncs, len(got.caught), want)
+	}
+	if by := bySession(got.events); !slices.Equal(by["a"], []uint64{5}) || !slices.Equal(by["b"], []uint64{2}) {
+		t.Fatalf("events %v", by)
 	}
 }

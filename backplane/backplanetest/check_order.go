@@ -2,7 +2,9 @@ package backplanetest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -212,7 +214,7 @@ func checkEnvelope(t testing.TB, h *harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, session := range []string{"s", "a.b c/\u00e9\xff\x00*>%41{x}"} {
+	for _, session := range []string{"s", "a.b c/\u00e9\x00*>%41{x}"} {
 		sub, err := a.BP.Subscribe(ctx, session, eventbus.SubscribeOptions{})
 		if err != nil {
 			t.Fatalf("subscribe to %q: %v", session, err)
@@ -322,6 +324,62 @@ func checkReservedTypes(t testing.TB, h *harness) {
 			}
 		}
 		s.Quiet(50 * time.Millisecond)
+	}
+}
+
+// The session id rule (eventbus.CheckSessionID) holds on every method: an
+// id that is not valid UTF-8 (two that JSON would both label "a\ufffd"),
+// the empty id and one past eventbus.MaxSessionIDBytes are refused with
+// the module's ErrInvalidSession wrapping eventbus.ErrInvalidSessionID,
+// the stream with 400 invalid_session_id, and none becomes a session; the
+// longest id and UTF-8 beyond ASCII are sessions of their own.
+func checkInvalidSessionIDs(t testing.TB, h *harness) {
+	rs, _ := h.cluster(1, Options{})
+	a := rs[0]
+	ctx := context.Background()
+	want := func(what, id string, err error) {
+		t.Helper()
+		if !errors.Is(err, eventbus.ErrInvalidSessionID) || h.ErrInvalidSession != nil && !errors.Is(err, h.ErrInvalidSession) {
+			t.Fatalf("%s of %q: %v, want the module's ErrInvalidSession wrapping eventbus.ErrInvalidSessionID", what, id, err)
+		}
+	}
+	for _, id := range []string{"a\xff", "a\xfe", "caf\xc3", "", strings.Repeat("x", eventbus.MaxSessionIDBytes+1)} {
+		_, _, err := a.BP.Publish(ctx, id, eventbus.Event{Type: "e"})
+		want("Publish", id, err)
+		_, _, _, err = a.BP.PublishIdempotent(ctx, id, "k", eventbus.Event{Type: "e"})
+		want("PublishIdempotent", id, err)
+		want("Signal", id, a.BP.Signal(ctx, id, "t", "about"))
+		want("Delete", id, a.BP.Delete(ctx, id))
+		_, err = a.BP.Info(ctx, id)
+		want("Info", id, err)
+		_, err = a.BP.Bus(ctx, id)
+		want("Bus", id, err)
+		sub, err := a.BP.Subscribe(ctx, id, eventbus.SubscribeOptions{})
+		if sub != nil {
+			sub.Close()
+		}
+		want("Subscribe", id, err)
+		if id == "" {
+			continue // no route names it
+		}
+		resp, err := a.Server.Client().Get(a.URL(id, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Code string }
+		derr := json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || derr != nil || body.Code != "invalid_session_id" {
+			t.Fatalf("the stream of %q: %s %q (%v), want 400 invalid_session_id", id, resp.Status, body.Code, derr)
+		}
+	}
+	if n := a.BP.Sessions(); n != 0 {
+		t.Fatalf("%d sessions after the refused calls, want none", n)
+	}
+	for _, id := range []string{"caf\u00e9", "\u65e5\u672c", strings.Repeat("x", eventbus.MaxSessionIDBytes)} {
+		if n, _, err := a.BP.Publish(ctx, id, eventbus.Event{Type: "e"}); err != nil || n != 1 {
+			t.Fatalf("Publish to %q: id %d, %v; want a session of its own at 1", id, n, err)
+		}
 	}
 }
 

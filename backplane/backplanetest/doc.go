@@ -16,7 +16,8 @@
 // Each check is a subtest on a cluster of its own, named for the promise
 // it tests: ids contiguous from 1 across replicas, one order on every
 // replica, one epoch kept, the envelope, publish validation, the reserved
-// types of the synthetic frames refused, resumes on
+// types of the synthetic frames refused, the session id rule
+// (eventbus.CheckSessionID, on every method), resumes on
 // any replica (another one, behind a late mirror, while publishing, on a
 // lagging replica), trims and ring_evicted, the replay budget, local
 // evictions, signals, DELETE, idempotent publish (duplicates, keys,

@@ -33,6 +33,10 @@ type memFaults struct {
 	// reservedTypes appends an event of a reserved type (an engine that
 	// encodes events itself, without the Encoder's checks).
 	reservedTypes bool
+	// bytesOnlyIDs makes the module's rule the length alone (not UTF-8):
+	// the Set still refuses what the shared rule does, with eventbus's
+	// error, not the module's.
+	bytesOnlyIDs bool
 }
 
 // memStore is the engine: the logs, and whether it is reachable.
@@ -119,7 +123,7 @@ func newMemBackplane(st *memStore, opts memOptions) (*memBackplane, error) {
 	b.set = backplane.New[*memSession](backplane.Config{
 		Name: "mem", Engine: "Memory", Store: "memory", Bus: bus,
 		Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout, OutageTimeout: opts.OutageTimeout,
-		Valid: memValid,
+		Valid: st.valid,
 		Unavailable: func(op, session string, err error) error {
 			return fmt.Errorf("%w: %s session %q: %v", errMemDown, op, session, err)
 		},
@@ -131,9 +135,17 @@ func newMemBackplane(st *memStore, opts memOptions) (*memBackplane, error) {
 	return b, nil
 }
 
-func memValid(id string) error {
-	if id == "" || len(id) > 256 {
-		return fmt.Errorf("%w: %d bytes", errMemInvalidSession, len(id))
+// valid is the module's session id rule: eventbus.CheckSessionID, its
+// error wrapped with the module's.
+func (st *memStore) valid(id string) error {
+	if st.faults.bytesOnlyIDs {
+		if id == "" || len(id) > eventbus.MaxSessionIDBytes {
+			return fmt.Errorf("%w: %d bytes", errMemInvalidSession, len(id))
+		}
+		return nil
+	}
+	if err := eventbus.CheckSessionID(id); err != nil {
+		return fmt.Errorf("%w: %w", errMemInvalidSession, err)
 	}
 	return nil
 }
@@ -228,7 +240,7 @@ func (b *memBackplane) Signal(_ context.Context, session, typ, about string) err
 }
 
 func (b *memBackplane) Delete(_ context.Context, session string) error {
-	if err := memValid(session); err != nil {
+	if err := b.st.valid(session); err != nil {
 		return err
 	}
 	if err := b.reach(); err != nil {
@@ -242,7 +254,7 @@ func (b *memBackplane) Delete(_ context.Context, session string) error {
 }
 
 func (b *memBackplane) Info(_ context.Context, session string) (backplane.Info, error) {
-	if err := memValid(session); err != nil {
+	if err := b.st.valid(session); err != nil {
 		return backplane.Info{}, err
 	}
 	if err := b.reach(); err != nil {

@@ -131,6 +131,7 @@ var checks = []check{
 	{"Envelope", "the envelope delivered is not what a plain bus publishes", "", checkEnvelope},
 	{"PublishValidation", "an invalid publish is not refused without using an id", "", checkPublishValidation},
 	{"ReservedTypes", "a synthetic frame's type is not refused without using an id", "", checkReservedTypes},
+	{"InvalidSessionIDs", "a session id the shared rule refuses is not refused with the module's ErrInvalidSession", "", checkInvalidSessionIDs},
 	{"ResumeOnAnotherReplica", "a resume on another replica is not exact", "", checkResumeOnAnotherReplica},
 	{"ResumeBehindALateMirror", "a resume from before a mirror's ring is not answered from the log", "", checkResumeBehindALateMirror},
 	{"ResumeWhilePublishing", "the hand-over from history to live has a gap or a duplicate", "", checkResumeWhilePublishing},

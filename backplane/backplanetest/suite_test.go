@@ -114,6 +114,8 @@ func TestBrokenEngineFails(t *testing.T) {
 			"backplanetest: an idle mirror is not released, or its session changed: "},
 		{"a reserved type appended", memFaults{reservedTypes: true}, "ReservedTypes",
 			"backplanetest: a synthetic frame's type is not refused without using an id: publish of type replay_complete: id 1"},
+		{"session ids checked by length alone", memFaults{bytesOnlyIDs: true}, "InvalidSessionIDs",
+			"backplanetest: a session id the shared rule refuses is not refused with the module's ErrInvalidSession: Publish of \"a\\xff\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := record(t, tc.check, memHarness(tc.faults))

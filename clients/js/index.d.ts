@@ -63,14 +63,14 @@ export interface IdRange {
 /**
  * state_resync_required: events were lost (the server's ring no longer held
  * them, the daemon restarted, the subscriber overflowed under the resync
- * policy). The application should refetch its state. A
- * replay_budget_exceeded resync is not reported: the client resumes on its
- * own and loses nothing.
+ * policy, the server could not use the cursor). The application should
+ * refetch its state. A replay_budget_exceeded resync is not reported: the
+ * client resumes on its own and loses nothing.
  */
 export interface Resync {
   /** On a multiplexed stream: the session that lost events (the others are not concerned). */
   session?: string;
-  /** "epoch_reset" | "ring_evicted" | "queue_overflow" | "queue_bytes_overflow" | a newer server's reason */
+  /** "epoch_reset" | "ring_evicted" | "queue_overflow" | "queue_bytes_overflow" | "cursor_invalid" (the server could not use the cursor; live from earliestAvailableId) | a newer server's reason */
   reason: string;
   /** "epoch_mismatch" from the server, "epoch_changed" when the client saw a new epoch without an epoch_reset. */
   detail: string | undefined;

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -351,11 +352,58 @@ func TestPublishTooLargeIs413(t *testing.T) {
 	}
 }
 
-func TestSessionIDTooLong(t *testing.T) {
-	_, ts := newTestServer(t, eventbus.Options{})
-	r := publish(t, ts, strings.Repeat("s", maxSessionIDBytes+1), `{"type":"a"}`)
+// Every route that names a session refuses an id eventbus.CheckSessionID
+// refuses with 400 invalid_session_id (the multiplexed stream's list with
+// invalid_sessions), and none creates a session: "a%FF" and "a%FE" would
+// both be "a\ufffd" on a multiplexed stream (issue 32 point 2).
+func TestInvalidSessionIDsAreRefused(t *testing.T) {
+	s, ts := newTestServer(t, eventbus.Options{})
+	long := strings.Repeat("s", eventbus.MaxSessionIDBytes+1)
+	for _, raw := range []string{"a%FF", "a%FE", "%80", "caf%C3", "%ED%A0%80", long} {
+		for _, rt := range []struct {
+			method, path, body string
+		}{
+			{http.MethodPost, "/session/" + raw + "/events", `{"type":"a"}`},
+			{http.MethodGet, "/session/" + raw + "/events", ""},
+			{http.MethodHead, "/session/" + raw + "/events", ""},
+			{http.MethodGet, "/session/" + raw, ""},
+			{http.MethodDelete, "/session/" + raw, ""},
+			{http.MethodPost, "/session/" + raw + "/disconnect", ""},
+		} {
+			r := do(t, rt.method, ts.URL+rt.path, rt.body)
+			if r.status != http.StatusBadRequest {
+				t.Fatalf("%s %s: %d %s, want 400", rt.method, rt.path, r.status, r.body)
+			}
+			if rt.method != http.MethodHead {
+				if m := r.json(t); m["code"] != "invalid_session_id" || !strings.HasPrefix(m["error"].(string), "eventbus: invalid session id: ") {
+					t.Fatalf("%s %s: %s, want invalid_session_id", rt.method, rt.path, r.body)
+				}
+			}
+		}
+		r := do(t, http.MethodGet, ts.URL+"/events?session=ok&session="+raw, "")
+		if r.status != http.StatusBadRequest || r.json(t)["code"] != "invalid_sessions" || !strings.Contains(r.json(t)["error"].(string), "session 2: ") {
+			t.Fatalf("the multiplexed stream of %s: %d %s, want 400 invalid_sessions naming session 2", raw, r.status, r.body)
+		}
+	}
+	if n := s.hub.Len(); n != 0 {
+		t.Fatalf("%d sessions after the refused requests, want none", n)
+	}
+	// The same idempotent publish is refused too, before its key is read.
+	r := call(t, http.MethodPost, ts.URL+"/session/a%FF/events", http.Header{"Idempotency-Key": {"k"}}, `{"type":"a"}`)
 	if r.status != http.StatusBadRequest || r.json(t)["code"] != "invalid_session_id" {
-		t.Fatalf("%d %s", r.status, r.body)
+		t.Fatalf("keyed POST: %d %s", r.status, r.body)
+	}
+	// The longest id, and UTF-8 beyond ASCII, are sessions.
+	for _, raw := range []string{strings.Repeat("s", eventbus.MaxSessionIDBytes), "caf%C3%A9"} {
+		if r := publish(t, ts, raw, `{"type":"a"}`); r.status != http.StatusOK {
+			t.Fatalf("POST %s: %d %s", raw, r.status, r.body)
+		}
+		if st := status(t, ts, raw); st == nil {
+			t.Fatalf("no status of %s", raw)
+		}
+	}
+	if st := status(t, ts, "caf%C3%A9"); st["id"] != "caf\u00e9" {
+		t.Fatalf("status of caf\u00e9: %v", st)
 	}
 }
 
@@ -377,7 +425,7 @@ func TestMaxSessionsAndShutdownAreRefusedClearly(t *testing.T) {
 	if r := do(t, http.MethodGet, ts.URL+"/session/two/events", ""); r.status != http.StatusNotFound || r.json(t)["code"] != "session_not_found" {
 		t.Fatalf("GET of a second session: %d %v %s, want 404 (a GET never creates)", r.status, r.header, r.body)
 	}
-	if r := do(t, http.MethodGet, ts.URL+"/session/"+strings.Repeat("x", maxSessionIDBytes+1)+"/events", ""); r.status != http.StatusBadRequest ||
+	if r := do(t, http.MethodGet, ts.URL+"/session/"+strings.Repeat("x", eventbus.MaxSessionIDBytes+1)+"/events", ""); r.status != http.StatusBadRequest ||
 		r.json(t)["code"] != "invalid_session_id" {
 		t.Fatalf("GET of a too long id: %d %s", r.status, r.body)
 	}
@@ -757,5 +805,56 @@ func (s *server) create(t *testing.T, id string) {
 	t.Helper()
 	if _, err := s.hub.GetOrCreate(id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A Last-Event-ID the handler cannot use (malformed, or of an epoch that
+// disagrees with Event-Epoch) is served live, after
+// state_resync_required cursor_invalid naming the first id it delivers;
+// the status counts no resume (issue 32 point 3).
+func TestUnusableLastEventIDIsSaidInBand(t *testing.T) {
+	_, ts := newTestServer(t, eventbus.Options{})
+	var epoch string
+	for i := 1; i <= 3; i++ {
+		r := publish(t, ts, "s", `{"type":"a"}`)
+		epoch = r.json(t)["epoch"].(string)
+	}
+	other := strings.Repeat("f", 32)
+	next := 4
+	for _, h := range []http.Header{
+		{"Last-Event-Id": {"not-an-id"}},
+		{"Last-Event-Id": {"-1"}},
+		{"Last-Event-Id": {epoch + ":2"}, "Event-Epoch": {other}},
+	} {
+		s := openStream(t, ts.URL+"/session/s/events", h)
+		f, env := s.mustNext(t)
+		d, _ := env["data"].(map[string]any)
+		if f.event != eventbus.TypeStateResyncRequired || d["reason"] != "cursor_invalid" || d["lastDeliveredId"] != float64(0) ||
+			d["earliestAvailableId"] != float64(next) || d["epoch"] != epoch {
+			t.Fatalf("%v: first frame %s %s, want cursor_invalid from %d", h, f.event, f.data, next)
+		}
+		publish(t, ts, "s", `{"type":"a"}`)
+		if f, _ := s.mustNext(t); f.id != strconv.Itoa(next) {
+			t.Fatalf("%v: then %+v, want the live event %d", h, f, next)
+		}
+		s.close()
+		next++
+	}
+	// The query form too, and a resume that works is counted as one.
+	s := openStream(t, ts.URL+"/session/s/events?lastEventId=x", nil)
+	if f, _ := s.mustNext(t); f.event != eventbus.TypeStateResyncRequired {
+		t.Fatalf("?lastEventId=x: %+v", f)
+	}
+	s.close()
+	if st := status(t, ts, "s"); st["streamsResumed"] != float64(0) || st["lastResumeFrom"] != "" || st["streamsOpened"] != float64(4) {
+		t.Fatalf("status claims a resume that did not happen: %v", st)
+	}
+	s = openStream(t, ts.URL+"/session/s/events", http.Header{"Last-Event-Id": {"5"}})
+	if f, _ := s.mustNext(t); f.id != "6" {
+		t.Fatalf("a resume from 5: %+v", f)
+	}
+	s.close()
+	if st := status(t, ts, "s"); st["streamsResumed"] != float64(1) || st["lastResumeFrom"] != "5" {
+		t.Fatalf("status after a resume: %v", st)
 	}
 }

@@ -243,8 +243,10 @@ func TestMuxRouteRules(t *testing.T) {
 		if n := m.srv.hub.Len(); n != 3 {
 			t.Fatalf("the stream of unknown sessions left %d sessions, want 3: it must create none", n)
 		}
-		requireError(t, m.get(t, http.MethodGet, muxURL(base, []string{"a", strings.Repeat("x", maxSessionIDBytes+1)}), nil),
-			http.StatusBadRequest, "invalid_session_id", strings.Repeat("x", maxSessionIDBytes+1))
+		// An id the session id rule refuses is refused with the list.
+		for _, bad := range []string{strings.Repeat("x", eventbus.MaxSessionIDBytes+1), "a\xff", "a\xfe"} {
+			requireError(t, m.get(t, http.MethodGet, muxURL(base, []string{"a", bad}), nil), http.StatusBadRequest, "invalid_sessions", "")
+		}
 		r := m.get(t, http.MethodGet, muxURL(base, []string{"a", "full"}), nil)
 		requireError(t, r, http.StatusTooManyRequests, "subscriber_limit_exceeded", "full")
 		if r.header.Get("Retry-After") == "" || m.srv.subscribers("a") != 0 {
@@ -399,19 +401,81 @@ func TestMuxDeleteAndDisconnectWhileStreaming(t *testing.T) {
 	})
 }
 
-// A cursor that cannot be parsed is served live, never an error; a single
-// stream's id is none.
+// A cursor that cannot be parsed is served live, never an error, and
+// every session says so first: state_resync_required cursor_invalid, with
+// the first id it will deliver; a single stream's id is none, nor is a
+// cursor of more than 256 entries. The session's status does not count a
+// resume (issue 32 point 3).
 func TestMuxGarbageCursorIsLive(t *testing.T) {
+	// 257 entries: one more than any cursor holds.
+	group := eventbus.Cursor{eventbus.NewCursorEntry("s", eventbus.NewEpoch(), 1)}.String()[2:]
+	tooMany := "m1" + strings.Repeat(group, eventbus.MaxCursorEntries+1)
 	muxRuns(t, config{}, func(t *testing.T, m *muxServer) {
-		epoch := m.post(t, "a", 1)
-		for i, garbage := range []string{"1", epoch + ":1", "m1", "m1" + strings.Repeat("!", 24), "m2" + strings.Repeat("A", 24), "not a cursor, \"at all\""} {
-			s := m.open(t, []string{"a"}, garbage)
-			m.post(t, "a", 2)
-			if f, want := nextMux(t, s), "a#"+strconv.Itoa(i+2); f.String() != want {
-				t.Fatalf("garbage %q: %s, want the live event %s", garbage, f, want)
+		epochs := map[string]string{"a": m.post(t, "a", 1), "b": m.post(t, "b", 1)}
+		for i, garbage := range []string{"1", epochs["a"] + ":1", "m1", "m1" + strings.Repeat("!", 24), "m2" + strings.Repeat("A", 24),
+			"not a cursor, \"at all\"", tooMany} {
+			s := m.open(t, []string{"a", "b"}, garbage)
+			m.post(t, "a", i+2)
+			m.post(t, "b", i+2)
+			by, fs := readBySession(t, s, 4)
+			if want := (map[string][]string{"a": {"a:state_resync_required", "a#" + strconv.Itoa(i+2)}, "b": {"b:state_resync_required", "b#" + strconv.Itoa(i+2)}}); !mapsEqual(by, want) {
+				t.Fatalf("garbage %.40q: %v, want %v (the notice, then live; no replay_complete)", garbage, by, want)
+			}
+			for _, f := range fs {
+				if d := f.data(); f.event == eventbus.TypeStateResyncRequired && (d["reason"] != "cursor_invalid" || d["lastDeliveredId"] != float64(0) ||
+					d["earliestAvailableId"] != float64(i+2) || d["epoch"] != epochs[f.session]) {
+					t.Fatalf("garbage %.40q: %s's notice %v, want cursor_invalid from %d", garbage, f.session, d, i+2)
+				}
 			}
 			s.close()
 		}
+		if st := status(t, m.ts, "a"); st["streamsResumed"] != float64(0) || st["lastResumeFrom"] != "" {
+			t.Fatalf("a's status claims a resume that did not happen: %v", st)
+		}
+	})
+}
+
+// Issue 32 point 3, through the daemon: the cursor as served plus 30
+// entries of other sessions (794 bytes, more than the default 32 sessions'
+// 770) resumes: the 2 events missed meanwhile arrive, then
+// replay_complete; the status says the stream resumed, from where.
+func TestMuxServedCursorPlus30EntriesResumes(t *testing.T) {
+	muxRuns(t, config{}, func(t *testing.T, m *muxServer) {
+		ids := []string{"ca", "cb", "cc"}
+		epochs := map[string]string{}
+		for _, id := range ids {
+			epochs[id] = m.post(t, id, 1)
+		}
+		s := m.open(t, ids, "")
+		for _, id := range ids {
+			m.post(t, id, 2)
+		}
+		_, fs := readBySession(t, s, 3)
+		s.close()
+		c, err := eventbus.ParseCursor(lastCursor(t, fs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 30 {
+			c = c.Set("elsewhere-"+strconv.Itoa(i), eventbus.NewEpoch(), uint64(i+1))
+		}
+		cursor := c.String()
+		if len(cursor) != 794 {
+			t.Fatalf("cursor of %d bytes, want 794", len(cursor))
+		}
+		m.post(t, "ca", 3) // missed while disconnected
+		m.post(t, "ca", 4)
+		s = m.open(t, ids, cursor)
+		by, _ := readBySession(t, s, 5)
+		want := map[string][]string{"ca": {"ca#3", "ca#4", "ca:replay_complete"}, "cb": {"cb:replay_complete"}, "cc": {"cc:replay_complete"}}
+		if !mapsEqual(by, want) {
+			t.Fatalf("resume with 30 more entries: %v, want %v", by, want)
+		}
+		st := status(t, m.ts, "ca")
+		if st["streamsResumed"] != float64(1) || st["lastResumeFrom"] != fmt.Sprintf("%012x:2", eventbus.EpochTag(epochs["ca"])) {
+			t.Fatalf("ca's status: %v, want one resume from 2", st)
+		}
+		s.close()
 	})
 }
 

@@ -20,10 +20,6 @@ import (
 //go:embed index.html
 var indexHTML []byte
 
-// maxSessionIDBytes bounds the {id} path segment; sessions are map keys and
-// appear in logs.
-const maxSessionIDBytes = 128
-
 // bodySlack is what a POST body may carry beyond MaxEventBytes. A body past
 // MaxEventBytes+bodySlack is refused (413) before it is read to the end.
 const bodySlack = daemon.BodySlack
@@ -36,10 +32,7 @@ var publishErrors = daemon.PublishErrors{
 	KeyReused:  eventbus.ErrIdempotencyKeyReused,
 }
 
-var (
-	errShuttingDown   = errors.New("sessiond: shutting down")
-	errInvalidSession = fmt.Errorf("sessiond: session id longer than %d bytes", maxSessionIDBytes)
-)
+var errShuttingDown = errors.New("sessiond: shutting down")
 
 type config struct {
 	// Hub holds the sessions: its Bus options are every session's,
@@ -103,8 +96,9 @@ type session struct {
 	created time.Time
 	idem    daemon.Idempotency // the session's Idempotency-Keys (own lock)
 	// GET requests that reached the bus (after the handler's own checks; a
-	// 429 for the subscriber limit still counts), and those of them that
-	// carried a Last-Event-ID header or ?lastEventId=.
+	// 429 for the subscriber limit still counts), and those of them whose
+	// cursor (Last-Event-ID, else ?lastEventId=) the handler resumes from:
+	// not one it serves live after cursor_invalid.
 	streamsOpened  uint64
 	streamsResumed uint64
 	lastResumeFrom string // that value, as the client sent it (truncated)
@@ -209,11 +203,9 @@ func (s *server) forget(bus *eventbus.EventBus) {
 // withBus runs publish on the hub's bus of session id, made if needed
 // (hub.GetOrCreate), once more on a new bus when the session expired or
 // was deleted between the two (as hub.Publish does; this daemon needs the
-// bus for its epoch and its Idempotency-Keys).
+// bus for its epoch and its Idempotency-Keys). An id that
+// eventbus.CheckSessionID refuses is GetOrCreate's error.
 func (s *server) withBus(id string, publish func(*session) error) (*session, error) {
-	if len(id) > maxSessionIDBytes {
-		return nil, errInvalidSession
-	}
 	for retried := false; ; retried = true {
 		if s.closing.Load() {
 			return nil, errShuttingDown
@@ -362,14 +354,30 @@ func (s *server) serveTracked(w http.ResponseWriter, r *http.Request, h http.Han
 // lookup is the eventbus handler's Lookup: hub.LookupRequest, which never
 // creates a session (an unknown one is 404 session_not_found, HEAD
 // included; with CreateOnStream a GET or HEAD creates it), then it counts
-// the stream. What else it refuses it answers as
-// the other routes do (a StatusError): 400 invalid_session_id, 503
-// shutting_down with Retry-After.
+// the stream. What else it refuses it answers as the other routes do: an
+// id eventbus.CheckSessionID refuses is its error, which the handler
+// answers 400 invalid_session_id; 503 shutting_down with Retry-After (a
+// StatusError).
 func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	return s.streamBus(r, r.PathValue("id"), func() string {
+		query := r.URL.Query()
 		resume := r.Header.Get("Last-Event-ID")
 		if resume == "" {
-			resume = r.URL.Query().Get("lastEventId")
+			resume = query.Get("lastEventId")
+		}
+		// Counted as a resume only when the handler resumes: a cursor it
+		// cannot parse, or whose epoch disagrees with Event-Epoch or
+		// ?epoch=, is served live after cursor_invalid (docs/SPEC.md 6.2).
+		idEpoch, _, ok := eventbus.ParseEventID(resume)
+		if !ok {
+			return ""
+		}
+		epoch := r.Header.Get("Event-Epoch")
+		if epoch == "" {
+			epoch = query.Get("epoch")
+		}
+		if idEpoch != "" && epoch != "" && len(epoch) <= 64 && epoch != idEpoch {
+			return ""
 		}
 		return resume
 	})
@@ -378,7 +386,9 @@ func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 // lookupSession is the multiplexed stream's Lookup of one of its sessions:
 // hub.LookupSession (or with CreateOnStream GetOrCreate), with lookup's
 // refusals and counts; the session resumes when the request's cursor names
-// it, from "<epoch tag, 12 hex digits>:<id>" (what its counters show).
+// it, exactly as the handler reads it (any cursor ParseCursor accepts, its
+// entry for this session alone), from "<epoch tag, 12 hex digits>:<id>"
+// (what its counters show).
 func (s *server) lookupSession(r *http.Request, id string) (*eventbus.EventBus, error) {
 	return s.streamBus(r, id, func() string {
 		raw := r.Header.Get("Last-Event-ID")
@@ -391,7 +401,14 @@ func (s *server) lookupSession(r *http.Request, id string) (*eventbus.EventBus, 
 		}
 		e, ok := c.Entry(id)
 		if !ok {
-			return ""
+			return "" // not named, or named twice: live
+		}
+		// Another session of the stream with the same tag: the handler
+		// cannot tell whose entry it is and serves both live.
+		for _, other := range r.URL.Query()["session"] {
+			if other != id && eventbus.SessionTag(other) == e.Session {
+				return ""
+			}
 		}
 		return fmt.Sprintf("%012x:%d", e.Epoch, e.ID)
 	})
@@ -401,10 +418,10 @@ func (s *server) lookupSession(r *http.Request, id string) (*eventbus.EventBus, 
 // stream (not a HEAD) in the session's record, as resumed when resume
 // returns what it resumes from.
 func (s *server) streamBus(r *http.Request, id string, resume func() string) (*eventbus.EventBus, error) {
-	switch {
-	case len(id) > maxSessionIDBytes:
-		return nil, &eventbus.StatusError{Status: http.StatusBadRequest, Code: "invalid_session_id", Message: errInvalidSession.Error()}
-	case s.closing.Load():
+	if err := eventbus.CheckSessionID(id); err != nil {
+		return nil, err // the handlers answer 400 invalid_session_id
+	}
+	if s.closing.Load() {
 		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: errShuttingDown.Error(), RetryAfter: time.Second}
 	}
 	var bus *eventbus.EventBus
@@ -437,9 +454,8 @@ func (s *server) streamBus(r *http.Request, id string, resume func() string) (*e
 }
 
 func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if len(id) > maxSessionIDBytes {
-		daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", errInvalidSession.Error())
+	id, ok := daemon.SessionID(w, r)
+	if !ok {
 		return
 	}
 	key, keyed := daemon.IdempotencyKey(r)
@@ -474,8 +490,6 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		daemon.WritePublished(w, eventID, sess.bus.Epoch(), dup)
-	case errors.Is(err, errInvalidSession):
-		daemon.WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
 	case errors.Is(err, errShuttingDown):
 		daemon.WriteUnavailable(w, "shutting_down", err.Error())
 	case errors.Is(err, eventbus.ErrHubFull):
@@ -489,7 +503,10 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id, ok := daemon.SessionID(w, r)
+	if !ok {
+		return
+	}
 	bus, ok := s.hub.Lookup(id)
 	if !ok {
 		daemon.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
@@ -513,12 +530,19 @@ func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
-	s.deleteSession(r.PathValue("id"))
+	id, ok := daemon.SessionID(w, r)
+	if !ok {
+		return
+	}
+	s.deleteSession(id)
 	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id, ok := daemon.SessionID(w, r)
+	if !ok {
+		return
+	}
 	mode, err := daemon.ParseCutMode(r)
 	if err != nil {
 		daemon.WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())

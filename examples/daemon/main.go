@@ -75,7 +75,7 @@ func main() {
 		case errors.Is(err, eventbus.ErrHubFull), errors.Is(err, eventbus.ErrClosed):
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		case err != nil: // an invalid or too large event
+		case err != nil: // an invalid session id (CheckSessionID), an invalid or too large event
 			http.Error(w, err.Error(), http.StatusBadRequest)
 		default:
 			fmt.Fprintf(w, "{\"id\":%d}\n", f.ID())

@@ -248,6 +248,20 @@ func (p PublishRequest) Event() eventbus.Event {
 	return ev
 }
 
+// SessionID returns the session id of r's route (r.PathValue("id")), or
+// answers 400 invalid_session_id with eventbus.CheckSessionID's message and
+// reports false: every route of a daemon that names a session refuses the
+// ids the rule refuses before it does anything, as the streams' Lookup
+// does (docs/SPEC.md section 7).
+func SessionID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("id")
+	if err := eventbus.CheckSessionID(id); err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
+		return "", false
+	}
+	return id, true
+}
+
 // WriteJSON writes v as a JSON response with status, uncacheable, followed
 // by a newline. When v does not marshal it writes a 500
 // {"error":"internal","code":"internal"} instead. The caller must not have

@@ -53,8 +53,8 @@ type PublishErrors struct {
 	KeyReused error
 	// InvalidKey: 400 invalid_idempotency_key.
 	InvalidKey error
-	// InvalidSession: 400 invalid_event (a session id the backplane
-	// cannot store).
+	// InvalidSession: 400 invalid_session_id (a session id the backplane
+	// refuses), as eventbus.ErrInvalidSessionID is.
 	InvalidSession error
 	// Unavailable: the engine could not be reached and nothing was
 	// appended: 503 unavailable with Retry-After.
@@ -64,9 +64,10 @@ type PublishErrors struct {
 // Write writes the answer to a publish that failed with err and reports
 // true, or reports false, writing nothing, for an error it does not know
 // (the caller answers, typically 500). Besides the fields' sentinels it
-// knows eventbus.ErrEventTooLarge (413 event_too_large),
-// eventbus.ErrInvalidEvent (400 invalid_event) and eventbus.ErrClosed (503
-// shutting_down with Retry-After).
+// knows eventbus.ErrInvalidSessionID (400 invalid_session_id),
+// eventbus.ErrEventTooLarge (413 event_too_large), eventbus.ErrInvalidEvent
+// (400 invalid_event) and eventbus.ErrClosed (503 shutting_down with
+// Retry-After).
 func (pe PublishErrors) Write(w http.ResponseWriter, err error) bool {
 	is := func(target error) bool { return target != nil && errors.Is(err, target) }
 	switch {
@@ -76,9 +77,11 @@ func (pe PublishErrors) Write(w http.ResponseWriter, err error) bool {
 		WriteError(w, http.StatusUnprocessableEntity, "idempotency_key_reused", err.Error())
 	case is(pe.InvalidKey):
 		WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", err.Error())
+	case errors.Is(err, eventbus.ErrInvalidSessionID), is(pe.InvalidSession):
+		WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
 	case errors.Is(err, eventbus.ErrEventTooLarge):
 		WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
-	case errors.Is(err, eventbus.ErrInvalidEvent), is(pe.InvalidSession):
+	case errors.Is(err, eventbus.ErrInvalidEvent):
 		WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
 	case is(pe.Unavailable):
 		WriteUnavailable(w, "unavailable", "publish failed: the backplane is unreachable; the event was not appended")

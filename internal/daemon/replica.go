@@ -59,10 +59,11 @@ type Replica struct {
 // NewReplica returns r ready to serve with events as its SSE handler:
 // events' Lookup becomes the backplane's Bus (which checks the session's
 // epoch with the engine), its errors answered as eventbus.StatusError: an
-// invalid session 404, the engine unreachable 503 unavailable and a closed
-// backplane 503 shutting_down, both with Retry-After. With r.Auth set, it
-// then installs the access control on events. Its other fields stay as
-// set.
+// invalid session id 400 invalid_session_id (eventbus.CheckSessionID, or
+// the backplane's own rule), the engine unreachable 503 unavailable and a
+// closed backplane 503 shutting_down, both with Retry-After. With r.Auth
+// set, it then installs the access control on events. Its other fields
+// stay as set.
 func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
 	events.Lookup = r.lookup
 	r.Auth.Install(events)
@@ -72,10 +73,17 @@ func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
 }
 
 func (r *Replica) lookup(req *http.Request) (*eventbus.EventBus, error) {
-	bus, err := r.Backplane.Bus(req.Context(), req.PathValue("id"))
+	id := req.PathValue("id")
+	if err := eventbus.CheckSessionID(id); err != nil {
+		return nil, err // the handler answers 400 invalid_session_id
+	}
+	bus, err := r.Backplane.Bus(req.Context(), id)
 	switch {
+	case errors.Is(err, eventbus.ErrInvalidSessionID):
+		return nil, err
 	case r.isInvalidSession(err):
-		return nil, fmt.Errorf("%w: %w", eventbus.ErrSessionNotFound, err)
+		// A rule of the backplane's own, stricter than the shared one.
+		return nil, fmt.Errorf("%w: %w", eventbus.ErrInvalidSessionID, err)
 	case r.isUnavailable(err):
 		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 			Message: r.Engine + " unavailable; retry after Retry-After", RetryAfter: time.Second, Err: err}
@@ -140,8 +148,13 @@ func (r *Replica) ServeEvents(w http.ResponseWriter, req *http.Request) {
 }
 
 // ServePublish publishes the body's event, idempotently with an
-// Idempotency-Key header.
+// Idempotency-Key header; an invalid session id is 400 invalid_session_id
+// before the body is read.
 func (r *Replica) ServePublish(w http.ResponseWriter, req *http.Request) {
+	session, ok := SessionID(w, req)
+	if !ok {
+		return
+	}
 	key, keyed := IdempotencyKey(req)
 	body, ok := DecodePublish(w, req, r.MaxBody)
 	if !ok {
@@ -154,24 +167,29 @@ func (r *Replica) ServePublish(w http.ResponseWriter, req *http.Request) {
 		err   error
 	)
 	if keyed {
-		id, epoch, dup, err = r.Backplane.PublishIdempotent(req.Context(), req.PathValue("id"), key, body.Event())
+		id, epoch, dup, err = r.Backplane.PublishIdempotent(req.Context(), session, key, body.Event())
 	} else {
-		id, epoch, err = r.Backplane.Publish(req.Context(), req.PathValue("id"), body.Event())
+		id, epoch, err = r.Backplane.Publish(req.Context(), session, body.Event())
 	}
 	if err == nil {
 		WritePublished(w, id, epoch, dup)
 		return
 	}
 	if r.isUnavailable(err) {
-		r.Logger.Warn("publish failed", "session", req.PathValue("id"), "keyed", keyed, "err", err)
+		r.Logger.Warn("publish failed", "session", session, "keyed", keyed, "err", err)
 	}
 	if !r.Errors.Write(w, err) {
 		WriteError(w, http.StatusInternalServerError, "internal", err.Error())
 	}
 }
 
-// ServeSignal sends the body's change signal to every replica.
+// ServeSignal sends the body's change signal to every replica; an invalid
+// session id is 400 invalid_session_id.
 func (r *Replica) ServeSignal(w http.ResponseWriter, req *http.Request) {
+	session, ok := SessionID(w, req)
+	if !ok {
+		return
+	}
 	var body struct {
 		Type  string `json:"type"`
 		About string `json:"about"`
@@ -180,13 +198,15 @@ func (r *Replica) ServeSignal(w http.ResponseWriter, req *http.Request) {
 		WriteBodyError(w, err)
 		return
 	}
-	err := r.Backplane.Signal(req.Context(), req.PathValue("id"), body.Type, body.About)
+	err := r.Backplane.Signal(req.Context(), session, body.Type, body.About)
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, eventbus.ErrInvalidSessionID), r.isInvalidSession(err):
+		WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
 	case errors.Is(err, eventbus.ErrEventTooLarge):
 		WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
-	case errors.Is(err, eventbus.ErrInvalidEvent), r.isInvalidSession(err):
+	case errors.Is(err, eventbus.ErrInvalidEvent):
 		WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
 	default:
 		WriteUnavailable(w, "unavailable", err.Error())
@@ -194,12 +214,17 @@ func (r *Replica) ServeSignal(w http.ResponseWriter, req *http.Request) {
 }
 
 // ServeStatus describes the session as the engine and this replica see
-// it; 404 when the engine has none.
+// it; 404 when the engine has none, 400 invalid_session_id for an invalid
+// id.
 func (r *Replica) ServeStatus(w http.ResponseWriter, req *http.Request) {
-	in, err := r.Backplane.Info(req.Context(), req.PathValue("id"))
+	session, ok := SessionID(w, req)
+	if !ok {
+		return
+	}
+	in, err := r.Backplane.Info(req.Context(), session)
 	switch {
-	case r.isInvalidSession(err):
-		WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
+	case errors.Is(err, eventbus.ErrInvalidSessionID), r.isInvalidSession(err):
+		WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
 		return
 	case err != nil:
 		WriteUnavailable(w, "unavailable", err.Error())
@@ -209,28 +234,41 @@ func (r *Replica) ServeStatus(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r.mu.Lock()
-	open := len(r.streams[req.PathValue("id")])
+	open := len(r.streams[session])
 	r.mu.Unlock()
 	WriteJSON(w, http.StatusOK, map[string]any{
-		"id": req.PathValue("id"), "replica": r.Name,
+		"id": session, "replica": r.Name,
 		"epoch": in.Epoch, "lastEventId": in.LastEventID, "firstEventId": in.FirstEventID, "bytes": in.Bytes,
 		"local": in.Local, "localLastEventId": in.LocalLastEventID, "subscribers": in.Subscribers, "streams": open,
 	})
 }
 
-// ServeDelete forgets the session in the engine; an invalid id is 204.
+// ServeDelete forgets the session in the engine (204, an unknown session
+// too); an invalid id is 400 invalid_session_id.
 func (r *Replica) ServeDelete(w http.ResponseWriter, req *http.Request) {
-	if err := r.Backplane.Delete(req.Context(), req.PathValue("id")); err != nil && !r.isInvalidSession(err) {
-		WriteUnavailable(w, "unavailable", err.Error())
+	session, ok := SessionID(w, req)
+	if !ok {
 		return
 	}
-	w.WriteHeader(http.StatusNoContent)
+	switch err := r.Backplane.Delete(req.Context(), session); {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, eventbus.ErrInvalidSessionID), r.isInvalidSession(err):
+		WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
+	default:
+		WriteUnavailable(w, "unavailable", err.Error())
+	}
 }
 
 // ServeDisconnect cuts this replica's open streams of the session as
 // ?mode= says (clean, the default, or abort) and answers
-// {"disconnected":N,"mode":...}.
+// {"disconnected":N,"mode":...}; an invalid session id is 400
+// invalid_session_id.
 func (r *Replica) ServeDisconnect(w http.ResponseWriter, req *http.Request) {
+	session, ok := SessionID(w, req)
+	if !ok {
+		return
+	}
 	mode, err := ParseCutMode(req)
 	if err != nil {
 		WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())
@@ -238,7 +276,7 @@ func (r *Replica) ServeDisconnect(w http.ResponseWriter, req *http.Request) {
 	}
 	r.mu.Lock()
 	var cuts []*Stream
-	for st := range r.streams[req.PathValue("id")] {
+	for st := range r.streams[session] {
 		cuts = append(cuts, st)
 	}
 	r.mu.Unlock()

@@ -20,7 +20,8 @@ import (
 )
 
 // fakeBackplane is a one-process Backplane: a plain bus per session, and
-// an error to answer with instead when err is set.
+// an error to answer with instead when err is set. Its own session rule,
+// stricter than eventbus.CheckSessionID, refuses "bad" (errFakeSession).
 type fakeBackplane struct {
 	mu    sync.Mutex
 	buses map[string]*eventbus.EventBus
@@ -92,6 +93,9 @@ func (f *fakeBackplane) Delete(ctx context.Context, s string) error {
 	if f.err != nil {
 		return f.err
 	}
+	if s == "bad" {
+		return errFakeSession
+	}
 	if b := f.buses[s]; b != nil {
 		b.Close()
 		delete(f.buses, s)
@@ -104,6 +108,9 @@ func (f *fakeBackplane) Info(ctx context.Context, s string) (SessionInfo, error)
 	defer f.mu.Unlock()
 	if f.err != nil {
 		return SessionInfo{}, f.err
+	}
+	if s == "bad" {
+		return SessionInfo{}, errFakeSession
 	}
 	b := f.buses[s]
 	if b == nil {
@@ -213,8 +220,31 @@ func TestReplicaRoutes(t *testing.T) {
 		t.Fatalf("disconnect: %d %v", code, v)
 	}
 	s.Ended(5 * time.Second)
-	if code, _, _ := do("GET", "/session/bad/events", "", nil); code != 404 {
-		t.Fatalf("stream of an invalid session: %d", code)
+	// An id eventbus.CheckSessionID refuses ("a%FF"), and one the engine's
+	// own rule refuses ("bad"), are 400 invalid_session_id on every route;
+	// the first never reaches the engine.
+	for _, id := range []string{"a%FF", "a%FE", "bad"} {
+		for _, c := range []struct{ method, path, body string }{
+			{"GET", "/session/" + id + "/events", ""},
+			{"POST", "/session/" + id + "/events", `{"type":"e"}`},
+			{"POST", "/session/" + id + "/signal", `{"type":"doc.changed","about":"d"}`},
+			{"GET", "/session/" + id, ""},
+			{"DELETE", "/session/" + id, ""},
+			{"POST", "/session/" + id + "/disconnect", ""},
+		} {
+			if id == "bad" && strings.HasSuffix(c.path, "/disconnect") {
+				continue // the engine is not asked: nothing to refuse
+			}
+			if code, v, _ := do(c.method, c.path, c.body, nil); code != 400 || v["code"] != "invalid_session_id" {
+				t.Fatalf("%s %s: %d %v, want 400 invalid_session_id", c.method, c.path, code, v)
+			}
+		}
+	}
+	fb.mu.Lock()
+	_, reached := fb.buses["a\xff"]
+	fb.mu.Unlock()
+	if reached {
+		t.Fatal("an id that is not UTF-8 reached the engine")
 	}
 	if code, _, _ := do("DELETE", "/session/s", "", nil); code != 204 {
 		t.Fatalf("delete: %d", code)

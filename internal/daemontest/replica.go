@@ -72,6 +72,7 @@ var replicaChecks = []replicaCheck{
 	{"Signal", "", checkReplicaSignal},
 	{"Status", "", checkReplicaStatus},
 	{"Delete", "", checkReplicaDelete},
+	{"InvalidSessionIDs", "", checkReplicaInvalidSessionIDs},
 	{"IdempotencyKey", "", checkReplicaIdempotencyKey},
 	{"EngineHung", "pause", checkReplicaEngineHung},
 	{"EngineDown", "down", checkReplicaEngineDown},
@@ -87,7 +88,8 @@ var replicaChecks = []replicaCheck{
 // against daemon processes (two replicas where the check is about
 // replicas) sharing an engine h.Engine starts: publish and stream, a resume
 // on the other replica, ids contiguous across replicas, signals, the
-// status, DELETE, Idempotency-Key, a hung engine and one down (the 503
+// status, DELETE, the session id rule on every route, Idempotency-Key, a
+// hung engine and one down (the 503
 // answers, the streams' stream_error unavailable, the recovery), -epoch-ids
 // across replicas, /disconnect's modes, the JSON errors, -auth-token across
 // replicas, and the shutdown frame at SIGTERM.

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/backplane/backplanetest"
 )
 
@@ -205,6 +206,35 @@ func checkReplicaDelete(c *replicaRun) {
 	}
 	if id, e := c.publish(b, "s1", note(1)); id != 1 || e == epoch {
 		c.Fatalf("publish after DELETE: id %d epoch %q (the deleted one %q)", id, e, epoch)
+	}
+}
+
+// checkReplicaInvalidSessionIDs: every route that names a session
+// refuses an id eventbus.CheckSessionID refuses with 400
+// invalid_session_id, before the engine: "a%FF" and "a%FE" (both
+// "a\ufffd" in JSON), a truncated rune, and one byte too many. Valid
+// UTF-8 beyond ASCII is a session of its own.
+func checkReplicaInvalidSessionIDs(c *replicaRun) {
+	a := c.replica("A")
+	for _, raw := range []string{"a%FF", "a%FE", "caf%C3", strings.Repeat("x", eventbus.MaxSessionIDBytes+1)} {
+		for _, rt := range []struct{ method, path, body string }{
+			{http.MethodGet, "/session/" + raw + "/events", ""},
+			{http.MethodPost, "/session/" + raw + "/events", note(1)},
+			{http.MethodPost, "/session/" + raw + "/signal", `{"type":"doc.changed","about":"d"}`},
+			{http.MethodGet, "/session/" + raw, ""},
+			{http.MethodDelete, "/session/" + raw, ""},
+			{http.MethodPost, "/session/" + raw + "/disconnect", ""},
+		} {
+			r := a.Do(rt.method, rt.path, rt.body, nil)
+			if r.Status != http.StatusBadRequest || r.Code() != "invalid_session_id" || r.Header.Get("Content-Type") != "application/json" {
+				c.Fatalf("%s %s: %d %s, want 400 invalid_session_id", rt.method, rt.path, r.Status, r.Raw)
+			}
+		}
+	}
+	id, epoch := c.publish(a, "caf%C3%A9", note(1))
+	if r := a.Do(http.MethodGet, "/session/caf%C3%A9", "", nil); r.Status != http.StatusOK || r.JSON["id"] != "caf\u00e9" ||
+		r.JSON["epoch"] != epoch || id != 1 {
+		c.Fatalf("the session caf\u00e9: publish id %d, status %d %s", id, r.Status, r.Raw)
 	}
 }
 

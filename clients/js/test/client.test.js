@@ -326,6 +326,31 @@ test("an initial cursor in epoch form; a new epoch without epoch_reset is a rese
   }
 });
 
+test("cursor_invalid (the server could not use the cursor): reported as the other resyncs, missing from the client's cursor; then live", async () => {
+  const srv = await scripted((req, res) => {
+    open(res, { retry: 5000 });
+    // Live only, said first: no replay, no replay_complete.
+    res.write(syn("state_resync_required", { reason: "cursor_invalid", lastDeliveredId: 0, earliestAvailableId: 6, epoch: EPOCH_A }));
+    res.write(ev(6) + ev(7));
+  });
+  const r = record(srv.base + "/s/events", { lastEventId: EPOCH_A + ":2" });
+  try {
+    await r.until(() => r.ids().length === 2, "2 live events");
+    const [rs] = r.of("resync");
+    assert.deepEqual(
+      { reason: rs.reason, lastDeliveredId: rs.lastDeliveredId, earliestAvailableId: rs.earliestAvailableId, epoch: rs.epoch, missing: rs.missing },
+      { reason: "cursor_invalid", lastDeliveredId: 0, earliestAvailableId: 6, epoch: EPOCH_A, missing: { from: 3, to: 5 } },
+    );
+    assert.equal(r.of("resync").length, 1);
+    assert.deepEqual(r.ids(), [6, 7]);
+    assert.equal(r.of("caughtUp").length, 0);
+    assert.equal(r.client.stats.resyncs, 1);
+  } finally {
+    r.client.close();
+    await srv.close();
+  }
+});
+
 test("resync under the overflow policy: missing starts after what the client holds; replay_budget_exceeded resumes at once", async () => {
   const srv = await scripted((req, res, n) => {
     open(res, { retry: 5000 });

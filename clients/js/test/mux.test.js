@@ -290,6 +290,32 @@ test("the replay budget cuts one session's replay: the client resumes it at once
   }
 });
 
+test("cursor_invalid for every session (the server could not use the cursor): each reports what it misses from its own position, then goes on live", async () => {
+  const srv = await scripted((req, res) => {
+    res.writeHead(200, { "Content-Type": "text/event-stream", "Event-Epochs": EPOCH_A + "," + EPOCH_B });
+    res.write("retry: 5000\n\n");
+    res.write(msyn("a", "state_resync_required", { reason: "cursor_invalid", lastDeliveredId: 0, earliestAvailableId: 5, epoch: EPOCH_A }));
+    res.write(msyn("b", "state_resync_required", { reason: "cursor_invalid", lastDeliveredId: 0, earliestAvailableId: 2, epoch: EPOCH_B }));
+    res.write(mev("a", 5, cur(5, 1)));
+    res.write(mev("b", 2, cur(5, 2)));
+  });
+  const r = record(srv.base + "/events", { sessions: ["a", "b"], lastEventId: cur(1, 1) });
+  try {
+    await r.until(() => r.ids().length === 2, "a#5 and b#2");
+    assert.deepEqual(bySession(r.of("event")), { a: [5], b: [2] });
+    const rs = r.of("resync");
+    assert.equal(rs.length, 1, "b lacks nothing: " + JSON.stringify(rs));
+    assert.deepEqual(
+      { session: rs[0].session, reason: rs[0].reason, earliestAvailableId: rs[0].earliestAvailableId, epoch: rs[0].epoch, missing: rs[0].missing },
+      { session: "a", reason: "cursor_invalid", earliestAvailableId: 5, epoch: EPOCH_A, missing: { from: 2, to: 4 } },
+    );
+    assert.equal(r.of("caughtUp").length, 0);
+  } finally {
+    r.client.close();
+    await srv.close();
+  }
+});
+
 test("a frame of no session of the stream is a protocol error, skipped; an epoch the cursor does not know without epoch_reset is reported", async () => {
   const srv = await scripted((req, res) => {
     res.writeHead(200, { "Content-Type": "text/event-stream", "Event-Epochs": EPOCH_B + "," + EPOCH_B });
