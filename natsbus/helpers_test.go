@@ -108,9 +108,16 @@ func (n *natsServer) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(n.
 // reconnects.
 func connect(t testing.TB, url string) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.ReconnectBufSize(-1), nats.MaxReconnects(-1),
+	return connectWith(t, url, nats.ReconnectBufSize(-1), nats.MaxReconnects(-1),
 		nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(0, 0), nats.Timeout(time.Second),
 		nats.RetryOnFailedConnect(false))
+}
+
+// connectWith returns a JetStream client of url with opts, closed when t
+// ends.
+func connectWith(t testing.TB, url string, opts ...nats.Option) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,9 +152,15 @@ type replica struct {
 
 func newReplica(t testing.TB, url, name string, opts Options) *replica {
 	t.Helper()
+	return newReplicaOn(t, connect(t, url), name, opts)
+}
+
+// newReplicaOn is newReplica on a client of the test's own.
+func newReplicaOn(t testing.TB, js jetstream.JetStream, name string, opts Options) *replica {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	bp, err := New(ctx, connect(t, url), opts)
+	bp, err := New(ctx, js, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,9 +208,12 @@ func liveReplica(t testing.TB, url string, opts Options) (*replica, *sse) {
 // while stalled it reads nothing from either side (a hung server, as
 // SIGSTOP makes one), and on release it forwards what waited.
 type stall struct {
-	Addr    string
-	ln      net.Listener
-	held    atomic.Bool
+	Addr string
+	ln   net.Listener
+	held atomic.Bool
+	// parked counts the reads that waited for Release (or Cut) with
+	// bytes to forward.
+	parked  atomic.Int64
 	mu      sync.Mutex
 	release chan struct{}
 	conns   []net.Conn
@@ -241,6 +257,9 @@ func (p *stall) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && p.held.Load() {
+			p.parked.Add(1)
+		}
 		for p.held.Load() {
 			p.mu.Lock()
 			ch := p.release
@@ -274,6 +293,22 @@ func (p *stall) Release() {
 		close(p.release)
 		p.mu.Unlock()
 	}
+}
+
+// Cut resets every connection forwarded so far (what Hold kept of them
+// is lost: their clients see the connection cut under way) and forwards
+// again: a client that reconnects gets through.
+func (p *stall) Cut() {
+	p.mu.Lock()
+	for _, c := range p.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0) // a reset, not an orderly close
+		}
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.Release()
 }
 
 func (p *stall) close() {

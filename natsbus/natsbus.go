@@ -20,9 +20,10 @@
 // keeps it contiguous across replicas.
 //
 // Each replica keeps a local mirror eventbus.EventBus per session that has
-// subscribers there, fed by an ordered consumer filtered on the session's
-// subject (one goroutine per mirror): every replica delivers the same ids
-// in the same order, and queues, warnings and evictions stay local. A
+// subscribers there, fed by a consumer of the session's subject (one
+// goroutine per mirror; made again from the last message fed after a gap
+// or a cut of the connection): every replica delivers the same ids in the
+// same order, and queues, warnings and evictions stay local. A
 // resume the mirror's ring cannot answer is answered from the stream
 // (direct gets), outside the bus lock, ahead of the live frames.
 //
@@ -50,9 +51,21 @@
 // mirror with a terminal stream_error (errorKind "unavailable"). Signal
 // spreads change signals to every replica with core NATS publishes.
 //
-// Give the connection ReconnectBufSize -1 (nats.ReconnectBufSize(-1)), so
-// that a publish while it reconnects fails at once (nothing sent) rather
-// than being buffered and sent after its caller gave up.
+// Connect with ConnectOptions (nats.Connect(url,
+// natsbus.ConnectOptions()...)): ReconnectBufSize -1, so that a publish
+// while the connection reconnects is never buffered and sent after its
+// caller gave up, and a reconnect at once after a cut, then backing off
+// (ReconnectDelay). A call made while the connection reconnects (Publish,
+// the epoch check of a stream that opens, a resume's reads, Info, Delete,
+// Signal) waits for it: up to its own deadline (PublishTimeout), and no
+// longer than a second after the connection was lost (past that, NATS is
+// out rather than reconnecting), then fails with ErrUnavailable, nothing
+// sent. A read that a cut interrupts is sent again on the new connection;
+// a publish is sent again only when nats.go refused to send it, never
+// after a cut under way (its answer lost, it is ErrOutcomeUnknown). A
+// reader makes a new consumer from the last message it fed once the
+// connection is back. So a cut that the server survives costs a call a
+// round trip, not a refusal, and a stream nothing.
 package natsbus
 
 import (
@@ -189,6 +202,8 @@ type Backplane struct {
 	signals    *nats.Subscription // "<Subject>.sig.>", read by receiveSignals
 	signalMsgs chan *nats.Msg
 
+	link *link // the connection's state: calls wait for a reconnect
+
 	streamMu sync.Mutex // serialises ensureStream
 
 	pubMu sync.Mutex
@@ -262,6 +277,10 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Backplane,
 	if b.nc.Opts.ReconnectBufSize >= 0 {
 		b.log.Warn("natsbus: the nats connection buffers publishes while it reconnects (ReconnectBufSize is not -1): a publish then reads as outcome unknown, and may be sent after its caller gave up")
 	}
+	if b.nc.Opts.CustomReconnectDelayCB == nil && b.nc.Opts.ReconnectWait >= reconnectGrace {
+		b.log.Warn("natsbus: the nats connection waits ReconnectWait before it reconnects after a cut: calls meanwhile wait up to a second for it, then fail with ErrUnavailable; connect with natsbus.ConnectOptions() to reconnect at once",
+			"reconnectWait", b.nc.Opts.ReconnectWait)
+	}
 	if err := b.ensureStream(ctx); err != nil {
 		return nil, fmt.Errorf("%w: stream %s: %v", ErrUnavailable, opts.Stream, err)
 	}
@@ -270,12 +289,14 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Backplane,
 	if err != nil {
 		return nil, fmt.Errorf("%w: subscribe to signals: %v", ErrUnavailable, err)
 	}
+	b.link = newLink(b.nc)
 	b.set = backplane.New[*session](backplane.Config{
 		Name: "natsbus", Engine: "NATS", Store: "the stream", Bus: bus,
 		Timeout: opts.PublishTimeout, IdleTimeout: opts.IdleTimeout, OutageTimeout: opts.OutageTimeout,
 		Valid: validSession, Unavailable: unavailable, ErrUnavailable: ErrUnavailable,
 		ShutdownRetryAfter: opts.ShutdownRetryAfter,
 	}, engine{b})
+	b.set.Go(func() { b.link.run(b.set.Context()) })
 	b.set.Go(b.receiveSignals)
 	return b, nil
 }

@@ -197,7 +197,13 @@ func (b *Backplane) publish(ctx context.Context, session, key string, e eventbus
 			msg.Header.Set(hdrFp, fp)
 			opts = append(opts, jetstream.WithMsgID(epoch+":"+keyHash))
 		}
-		ack, err := b.js.PublishMsg(ctx, msg, opts...)
+		// Sent at most once: again only when nats.go refused to send it
+		// for a reconnect (link.send), never after a cut under it.
+		var ack *jetstream.PubAck
+		err := b.link.send(ctx, func() (err error) {
+			ack, err = b.js.PublishMsg(ctx, msg, opts...)
+			return err
+		})
 		if err == nil && !ack.Duplicate {
 			p.h = head{seq: ack.Sequence, epoch: epoch, id: id}
 			pub.Appended(epoch)
@@ -241,9 +247,9 @@ func (b *Backplane) duplicate(ctx context.Context, session string, seq uint64, e
 // publishError classifies a publish's failure. An answer from JetStream is
 // definite (an API error: nothing was stored), and so is a failure before
 // the message left (no responders means no stream took it; a closed
-// connection, or one that reconnects without buffering). Everything else
-// (a timeout, a connection lost after the write) may have been applied:
-// the outcome is unknown.
+// connection, or one that reconnects without buffering; no connection
+// came back in time). Everything else (a timeout, a connection lost after
+// the write) may have been applied: the outcome is unknown.
 func (b *Backplane) publishError(session string, err error) error {
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
@@ -258,7 +264,7 @@ func (b *Backplane) publishError(session string, err error) error {
 // notSent reports whether err says the message never reached a server that
 // could store it.
 func notSent(err error) bool {
-	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+	return errors.Is(err, errNoConnection) || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrReconnectBufExceeded) ||
 		errors.Is(err, nats.ErrInvalidConnection) || errors.Is(err, nats.ErrConnectionDraining)
 }

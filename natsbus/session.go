@@ -12,8 +12,8 @@ import (
 	"github.com/ssebus/eventbus/backplane"
 )
 
-// session is this replica's mirror of one session: a mirror bus fed by an
-// ordered consumer on the session's subject. The mirror set (b.set) opens
+// session is this replica's mirror of one session: a mirror bus fed by a
+// consumer of the session's subject. The mirror set (b.set) opens
 // it with engine.Open on the first lookup.
 type session struct {
 	backplane.Session
@@ -47,7 +47,14 @@ func (g engine) Open(ctx context.Context, s *session) (backplane.Start, error) {
 			return backplane.Start{Epoch: h.epoch, Last: h.id, Cursor: h.seq}, nil
 		}
 		epoch := eventbus.NewEpoch()
-		ack, err := b.js.PublishMsg(ctx, newMsg(s.subj, epoch, 0, nil), jetstream.WithExpectLastSequencePerSubject(h.seq))
+		// The marker is sent again after a cut under it (link.read): its
+		// condition lets at most one of the sends append, and a send that
+		// finds the first one appended conflicts and reads it as the head.
+		var ack *jetstream.PubAck
+		err = b.link.read(ctx, func(ctx context.Context) (err error) {
+			ack, err = b.js.PublishMsg(ctx, newMsg(s.subj, epoch, 0, nil), jetstream.WithExpectLastSequencePerSubject(h.seq))
+			return err
+		})
 		if err == nil {
 			return backplane.Start{Epoch: epoch, Cursor: ack.Sequence}, nil
 		}
@@ -79,10 +86,10 @@ const (
 	consumerInactive = 10 * time.Second
 )
 
-// run is the session's reader: an ordered consumer from the stream
-// sequence after Open's (the pump, its own goroutine) feeds the mirror,
-// while this goroutine checks the session's epoch whenever the pump has
-// been quiet for CheckInterval: a different epoch (a tombstone the pump
+// run is the session's reader: a consumer from the stream sequence after
+// Open's (the pump, its own goroutine) feeds the mirror, while this
+// goroutine checks the session's epoch whenever the pump has been quiet
+// for CheckInterval: a different epoch (a tombstone the pump
 // missed, a lost stream) releases the mirror, and no answer from JetStream
 // for OutageTimeout (pump and checks alike) ends it with a terminal
 // stream_error (outage). run returns when ctx ends, after the pump.
@@ -149,13 +156,18 @@ func (s *session) run(ctx context.Context, from backplane.Start) {
 	}
 }
 
-// pump feeds the mirror from an ordered consumer filtered on the session's
-// subject, from the stream sequence after Open's, until ctx ends or the
-// session is released (a tombstone, or a message of another epoch). The
-// ordered consumer recreates itself once after a gap or a lost heartbeat;
-// past that pump makes a new one, from the last sequence it fed, with
-// backoff. seq is the stream sequence of the last message the mirror has
-// (or Open read), last its id.
+// pump feeds the mirror from an ephemeral consumer of the session's
+// subject (in memory, one replica, no acks), from the stream sequence
+// after Open's, until ctx ends or the session is released (a tombstone,
+// or a message of another epoch). It makes a new consumer from the
+// sequence after the last message it fed whenever the one it reads may
+// have lost a message: at once after a gap in the consumer's delivery
+// sequence and after a cut of the connection (what was on its way on the
+// old connection is lost, and without a later message no gap would show
+// it), with backoff after a lost heartbeat (the consumer's server is
+// gone) or a failure. A consumer it leaves goes after consumerInactive.
+// seq is the stream sequence of the last message the mirror has (or Open
+// read), last its id.
 func (s *session) pump(ctx context.Context, seq, last uint64) {
 	b := s.b
 	var backoff backplane.Backoff
@@ -171,83 +183,137 @@ func (s *session) pump(ctx context.Context, seq, last uint64) {
 		return backoff.Sleep(ctx, 0)
 	}
 	for ctx.Err() == nil {
-		cctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
-		cons, err := b.js.OrderedConsumer(cctx, b.opts.Stream, jetstream.OrderedConsumerConfig{
-			FilterSubjects:    []string{s.subj},
+		it, cut, err := s.consume(ctx, seq+1)
+		if err == nil {
+			err = s.feed(ctx, it, cut, &seq, &last, func() {
+				backoff.Reset()
+				if failing {
+					failing = false
+					b.log.Info("natsbus: reader reconnected", "session", s.ID, "lastEventId", last)
+				}
+			})
+			it.Stop()
+		}
+		switch {
+		case errors.Is(err, errReleased):
+			return
+		case err == nil || errors.Is(err, errGap):
+			// A new consumer at once: after a cut, consume waits for the
+			// reconnect.
+			after := "a cut"
+			if err != nil {
+				after = "a gap"
+			}
+			b.log.Debug("natsbus: reader makes a new consumer", "session", s.ID, "lastEventId", last, "after", after)
+		case !fail(err):
+			return
+		}
+	}
+}
+
+var (
+	// errReleased ends a reader: ctx ended, or the session was released.
+	errReleased = errors.New("natsbus: the reader's session was released")
+	// errGap: the consumer skipped a delivery (lost on its way).
+	errGap = errors.New("natsbus: a gap in the consumer's deliveries")
+)
+
+// consume makes a consumer of the session's subject from stream sequence
+// from and starts pulling from it; cut is done once the connection it
+// pulls on is lost. It waits for a reconnect (link) within PublishTimeout.
+func (s *session) consume(ctx context.Context, from uint64) (it jetstream.MessagesContext, cut context.Context, err error) {
+	b := s.b
+	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
+	defer cancel()
+	var cons jetstream.Consumer
+	// Made again after a cut under way: the first, if it was made,
+	// goes unused after consumerInactive.
+	err = b.link.read(ctx, func(ctx context.Context) (err error) {
+		cons, err = b.js.CreateConsumer(ctx, b.opts.Stream, jetstream.ConsumerConfig{
+			FilterSubject:     s.subj,
 			DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
-			OptStartSeq:       seq + 1,
-			MaxResetAttempts:  1,
+			OptStartSeq:       from,
+			AckPolicy:         jetstream.AckNonePolicy,
 			InactiveThreshold: consumerInactive,
+			Replicas:          1,
+			MemoryStorage:     true,
 		})
-		cancel()
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	// The connection the pulls go out on: a cut before them reads as
+	// one under them, which costs a new consumer and loses nothing.
+	if cut, err = b.link.conn(ctx); err != nil {
+		return nil, nil, err
+	}
+	it, err = cons.Messages(jetstream.PullMaxMessages(b.opts.ReadCount), jetstream.PullExpiry(pullExpiry),
+		jetstream.PullHeartbeat(pullHeartbeat), jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	return it, cut, err
+}
+
+// feed appends what it reads from it to the mirror, advancing seq and
+// last, and calls onMessage at each message. It returns nil when cut is
+// done (the connection was lost: a new consumer is needed), errGap at a
+// gap in the deliveries, errReleased when ctx ends or the session is
+// released, and Next's error otherwise.
+func (s *session) feed(ctx context.Context, it jetstream.MessagesContext, cut context.Context, seq, last *uint64, onMessage func()) error {
+	b := s.b
+	// Next ends with ctx or the connection; the caller stops it (Next's
+	// goroutine, so no pull outlives the Stop).
+	nctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(cut, cancel)()
+	var delivered uint64 // the consumer's delivery sequence of the last message
+	for {
+		msg, err := it.Next(jetstream.NextContext(nctx))
+		switch {
+		case ctx.Err() != nil:
+			return errReleased
+		case cut.Err() != nil:
+			return nil
+		case err != nil:
+			return err
+		}
+		// The test hook holds the reader with what it got, before it
+		// feeds anything of it.
+		s.hook(ctx)
+		if ctx.Err() != nil {
+			return errReleased
+		}
+		md, err := msg.Metadata()
 		if err != nil {
-			if !fail(err) {
-				return
-			}
 			continue
 		}
-		it, err := cons.Messages(jetstream.PullMaxMessages(b.opts.ReadCount),
-			jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat))
+		if md.Sequence.Consumer != delivered+1 {
+			return errGap
+		}
+		delivered = md.Sequence.Consumer
+		s.heard.Store(time.Now().UnixNano())
+		onMessage()
+		m, err := parseMsg(md.Sequence.Stream, msg.Subject(), msg.Headers(), msg.Data(), true)
 		if err != nil {
-			if !fail(err) {
-				return
-			}
+			// Skipped: the next event is a gap, which resyncs.
+			b.log.Error("natsbus: malformed message", "session", s.ID, "seq", md.Sequence.Stream, "error", err)
+			*seq = md.Sequence.Stream
 			continue
 		}
-		// Next ends with ctx. (Stopping the iterator from another goroutine
-		// instead would race with the ordered consumer's own reset, which
-		// can leave a pull running after the Stop.)
-		for {
-			msg, err := it.Next(jetstream.NextContext(ctx))
-			if err != nil {
-				it.Stop()
-				if !fail(err) {
-					return
-				}
-				break
-			}
-			// The test hook holds the reader with what it got, before it
-			// feeds anything of it.
-			s.hook(ctx)
-			if ctx.Err() != nil {
-				it.Stop()
-				return
-			}
-			md, err := msg.Metadata()
-			if err != nil {
-				continue
-			}
-			s.heard.Store(time.Now().UnixNano())
-			if failing {
-				failing = false
-				b.log.Info("natsbus: reader reconnected", "session", s.ID, "lastEventId", last)
-			}
-			backoff.Reset()
-			m, err := parseMsg(md.Sequence.Stream, msg.Subject(), msg.Headers(), msg.Data(), true)
-			if err != nil {
-				// Skipped: the next event is a gap, which resyncs.
-				b.log.Error("natsbus: malformed message", "session", s.ID, "seq", md.Sequence.Stream, "error", err)
-				seq = md.Sequence.Stream
-				continue
-			}
-			if m.deleted || m.epoch != s.Epoch {
-				it.Stop()
-				b.set.Expire(s, "the session was deleted or has a new epoch")
-				return
-			}
-			seq = m.seq
-			if m.id == 0 {
-				continue // the epoch's marker
-			}
-			if err := s.Bus.Append(eventbus.LogEntry{ID: m.id, Type: m.typ, JSON: m.env}); err != nil {
-				if errors.Is(err, eventbus.ErrClosed) {
-					it.Stop()
-					return
-				}
-				b.log.Error("natsbus: message refused by the mirror", "session", s.ID, "id", m.id, "error", err)
-			}
-			last = m.id
+		if m.deleted || m.epoch != s.Epoch {
+			b.set.Expire(s, "the session was deleted or has a new epoch")
+			return errReleased
 		}
+		*seq = m.seq
+		if m.id == 0 {
+			continue // the epoch's marker
+		}
+		if err := s.Bus.Append(eventbus.LogEntry{ID: m.id, Type: m.typ, JSON: m.env}); err != nil {
+			if errors.Is(err, eventbus.ErrClosed) {
+				return errReleased
+			}
+			b.log.Error("natsbus: message refused by the mirror", "session", s.ID, "id", m.id, "error", err)
+		}
+		*last = m.id
 	}
 }
 

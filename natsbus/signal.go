@@ -21,8 +21,10 @@ type signalMsg struct {
 // Replicas without a mirror of the session ignore it.
 //
 // Signals are best effort, as on a single bus: a replica whose connection
-// is reconnecting misses them, and a signal may reach a replica before
-// events published ahead of it (a client refetches the resource anyway).
+// is reconnecting misses them, a signal sent again after a cut of this
+// replica's connection may arrive twice, and a signal may reach a replica
+// before events published ahead of it (a client refetches the resource
+// anyway).
 // Signal returns within PublishTimeout, once the server has the signal (a
 // flush): an error wrapping eventbus.ErrInvalidEvent or
 // eventbus.ErrEventTooLarge for a signal the bus would refuse,
@@ -38,10 +40,15 @@ func (b *Backplane) Signal(ctx context.Context, session, typ, about string) erro
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.opts.PublishTimeout)
 	defer cancel()
-	if err := b.nc.Publish(b.opts.Subject+".sig."+token(session), payload); err != nil {
-		return unavailable("signal", session, err)
-	}
-	if err := b.nc.FlushWithContext(ctx); err != nil {
+	// Sent again after a cut under it (link.read): a signal names what to
+	// refetch, so one delivered twice costs a refetch at most.
+	err = b.link.read(ctx, func(ctx context.Context) error {
+		if err := b.nc.Publish(b.opts.Subject+".sig."+token(session), payload); err != nil {
+			return err
+		}
+		return b.nc.FlushWithContext(ctx)
+	})
+	if err != nil {
 		return unavailable("signal", session, err)
 	}
 	return nil

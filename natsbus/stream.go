@@ -207,9 +207,15 @@ type msgGetRequest struct {
 // stream answers and which may lag): what the backplane decides by (the
 // epoch, the last id) is never stale. A missing stream is created again
 // (a lost stream: the sessions start new epochs) and reads as no message.
+// A read while the connection reconnects, or cut under it, waits for the
+// reconnect and is sent again (link.read), within ctx.
 func (b *Backplane) getMsg(ctx context.Context, req msgGetRequest, body bool) (logMsg, error) {
 	q, _ := json.Marshal(req)
-	resp, err := b.nc.RequestWithContext(ctx, b.api+"STREAM.MSG.GET."+b.opts.Stream, q)
+	var resp *nats.Msg
+	err := b.link.read(ctx, func(ctx context.Context) (err error) {
+		resp, err = b.nc.RequestWithContext(ctx, b.api+"STREAM.MSG.GET."+b.opts.Stream, q)
+		return err
+	})
 	if err != nil {
 		return logMsg{}, err
 	}
@@ -290,19 +296,34 @@ func (b *Backplane) nextEvent(ctx context.Context, subj, epoch string, from uint
 
 // tombstone rolls subj up: one message that purges every other message of
 // the subject, atomically, and expires after tombstoneTTL.
+//
+// It is sent at most once (link.send): a second tombstone could purge a
+// new epoch that another replica started after the first.
 func (b *Backplane) tombstone(ctx context.Context, subj string) error {
 	msg := &nats.Msg{Subject: subj, Header: nats.Header{}}
 	msg.Header.Set(hdrDeleted, "1")
 	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
-	_, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(tombstoneTTL))
-	return err
+	return b.link.send(ctx, func() error {
+		_, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(tombstoneTTL))
+		return err
+	})
 }
 
 // directBatch reads up to n messages of subj from stream sequence from on
 // with one batched direct get (answered by any replica of the stream,
 // which may lag the leader: the caller checks what it got). more reports
-// that the subject holds messages past the batch.
+// that the subject holds messages past the batch. Like getMsg, it waits
+// for a reconnect and is sent again after a cut, within ctx.
 func (b *Backplane) directBatch(ctx context.Context, subj string, from uint64, n int) (msgs []logMsg, more bool, err error) {
+	err = b.link.read(ctx, func(ctx context.Context) (err error) {
+		msgs, more, err = b.directBatchOnce(ctx, subj, from, n)
+		return err
+	})
+	return msgs, more, err
+}
+
+// directBatchOnce is one attempt of directBatch.
+func (b *Backplane) directBatchOnce(ctx context.Context, subj string, from uint64, n int) (msgs []logMsg, more bool, err error) {
 	inbox := b.nc.NewRespInbox()
 	sub, err := b.nc.SubscribeSync(inbox)
 	if err != nil {

@@ -62,10 +62,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	if err != nil {
 		return err
 	}
-	// A publish must never be buffered while the connection reconnects:
-	// it would be sent after its caller gave up.
-	nc, err := nats.Connect(natsURL, nats.Name("sessiond-nats "+rf.Name), nats.ReconnectBufSize(-1),
-		nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
+	// natsbus's options: no publish buffered while the connection
+	// reconnects, and the first reconnect after a cut at once (a request
+	// meanwhile waits for it). Retrying a failed first connect lets the
+	// replica start before NATS does.
+	nc, err := nats.Connect(natsURL, append(natsbus.ConnectOptions(),
+		nats.Name("sessiond-nats "+rf.Name), nats.RetryOnFailedConnect(true))...)
 	if err != nil {
 		return fmt.Errorf("-nats: %w", err)
 	}
