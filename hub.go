@@ -77,6 +77,15 @@ type HubStats struct {
 	Deleted       uint64 // closed by Delete
 	Refused       uint64 // GetOrCreate answered ErrHubFull
 	BudgetTrimmed uint64 // events removed from rings to keep MaxTotalBytes
+	// PinnedBytes is what subscribers hold beyond their sessions' rings
+	// now (frames the rings dropped that a queue or a transport's batch
+	// still holds), as the budget counts it: an upper bound, itself
+	// counted against MaxTotalBytes (docs/SPEC.md section 7).
+	PinnedBytes int64
+	// BudgetShed counts the subscribers the budget acted on for what they
+	// pinned: evicted (memory_budget), put behind under OverflowCatchUp,
+	// or their draining frames dropped.
+	BudgetShed uint64
 	// Buses sums the buses' Stats. Its counters cover every bus since
 	// NewHub (one that ended counts as it was when the hub let it go), so
 	// they never go down; its current values (Subscribers, CatchUp.Behind,
@@ -489,6 +498,8 @@ func (h *Hub) Stats() HubStats {
 		Deleted:       h.deleted.Load(),
 		Refused:       h.refused.Load(),
 		BudgetTrimmed: h.budget.trimmed.Load(),
+		PinnedBytes:   h.budget.pinned.Load(),
+		BudgetShed:    h.budget.shed.Load(),
 		Buses:         h.ended,
 	}
 	for _, e := range h.snapshot() {

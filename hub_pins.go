@@ -103,9 +103,6 @@ func (s *hubSession) heldLocked(from uint64) {
 func (s *hubSession) releasedLocked() {
 	if s.pins.base != 0 || s.pinned.Load() != 0 {
 		s.lookLocked(nil)
-		if s.pinned.Load() == 0 && s.bus.closed {
-			s.hub.budget.unretire(s)
-		}
 	}
 }
 
@@ -143,7 +140,7 @@ func (s *hubSession) lookLocked(out *[]pinHolder) {
 		hi := min(sp.hi, start)
 		// Only what is queued can be taken back; a batch the consumer took
 		// is let go when its write ends (residual).
-		actionable := !h.shed.Load() && sp.queued != 0 && sp.queued < start
+		actionable := !h.shed.Load() && sp.queuedBefore(start)
 		spans = append(spans, pinSpan{sp.lo, hi, !actionable})
 		if out != nil && actionable {
 			*out = append(*out, pinHolder{sess: s, sub: h, oldest: sp.oldest.at, bytes: hi - sp.lo})
@@ -161,6 +158,9 @@ func (s *hubSession) lookLocked(out *[]pinHolder) {
 	clear(spans)
 	p.spans = spans[:0]
 	s.publishPins(p.base, p.shed)
+	if p.base == 0 && b.closed {
+		s.hub.budget.unretire(s) // a closed session's holders let go
+	}
 }
 
 // unionBytes returns the bytes the spans cover together (sorted by lo),
@@ -288,7 +288,7 @@ func (s *hubSession) shed(sub *Subscription) {
 	sub.q.mu.Lock()
 	sp, ok := sub.q.heldSpanLocked()
 	sub.q.mu.Unlock()
-	if !ok || sp.queued == 0 || sp.queued >= b.ring.start() {
+	if !ok || !sp.queuedBefore(b.ring.start()) {
 		// Its consumer took what it queued since the look: what it holds
 		// now is a batch in flight, which its write lets go.
 		b.mu.Unlock()

@@ -777,9 +777,15 @@ func (q *boundedAsyncQueue) releaseTaken() {
 // heldSpan is the span of ring history (frame.pin) a subscriber holds.
 type heldSpan struct {
 	lo, hi uint64 // from the start of the oldest event held to the end of the newest
-	queued uint64 // where the oldest event in the queue starts; 0: none queued
+	queued uint64 // where the oldest event in the queue starts, when hasQueued
 	oldest *frame // the oldest event held
+	// hasQueued: an event is queued (not only taken).
+	hasQueued bool
 }
+
+// queuedBefore reports whether the span has a queued event that starts
+// before start: one the ring dropped.
+func (sp heldSpan) queuedBefore(start uint64) bool { return sp.hasQueued && sp.queued < start }
 
 // heldSpanLocked returns the span of ring history that the subscriber
 // holds: from the start of the oldest event it holds to the end of the
@@ -800,7 +806,7 @@ func (q *boundedAsyncQueue) heldSpanLocked() (sp heldSpan, ok bool) {
 	h, t := q.head.Load(), q.next
 	for p := h; p != t; p++ {
 		if f := q.buf[p&mask]; f.pin != 0 {
-			sp.queued = f.pin - uint64(f.held())
+			sp.queued, sp.hasQueued = f.pin-uint64(f.held()), true
 			if sp.oldest == nil {
 				sp.oldest, sp.lo = f, sp.queued
 			}

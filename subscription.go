@@ -201,7 +201,11 @@ func (s *Subscription) cancel(err error, fromCtx bool) int {
 	b := s.bus
 	b.mu.Lock()
 	s.cancelled = true
-	if !b.removeLocked(s) {
+	if b.removeLocked(s) {
+		if b.owner != nil {
+			b.owner.releasedLocked()
+		}
+	} else {
 		b.undetachLocked(s)
 	}
 	b.mu.Unlock()

@@ -190,7 +190,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          f.Limits(),
 		Debug:           f.Debug,
-		Memory:          f.MemoryBudget(srv.hub.Stats().MaxTotalBytes),
+		Memory:          f.HubMemoryBudget(srv.hub.Stats().MaxTotalBytes),
 	}
 	if f.Demo {
 		// The demo session exists from the start, so that a viewer can

@@ -673,9 +673,9 @@ func TestRunServesTheDemoAndShutsDownOnCancel(t *testing.T) {
 }
 
 // The daemon sets the Go memory limit from its budget and says so: at
-// -max-total-bytes 64 MiB and -max-subscribers 8 with the default body
-// budget (4 bodies of 17 MiB), (64 + 8*2 + 68) MiB, an eighth more and
-// 32 MiB.
+// -max-total-bytes 64 MiB with the default body budget (4 bodies of 17
+// MiB), (64 + 68) MiB, an eighth more and 32 MiB. The Hub's budget counts
+// what streams hold beyond the rings, so -max-subscribers adds nothing.
 func TestRunSetsTheMemoryLimit(t *testing.T) {
 	t.Setenv("GOMEMLIMIT", "") // empty counts as unset
 	ctx, cancel := context.WithCancel(context.Background())
@@ -690,8 +690,8 @@ func TestRunSetsTheMemoryLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	const mib = 1 << 20
-	want := fmt.Sprintf(`msg="memory limit from the budget" bytes=%d MiB=198 rings=%d subscribers=8 queuedBytes=%d bodies=%d`,
-		148*mib+148*mib/8+32*mib, 64*mib, 2*mib, 68*mib)
+	want := fmt.Sprintf(`msg="memory limit from the budget" bytes=%d MiB=180 rings=%d subscribers=0 queuedBytes=0 bodies=%d`,
+		132*mib+132*mib/8+32*mib, 64*mib, 68*mib)
 	if !strings.Contains(logs.String(), want) {
 		t.Errorf("no %q in the logs:\n%s", want, logs.String())
 	}

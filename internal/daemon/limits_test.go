@@ -348,6 +348,15 @@ func TestMemoryBudgetLimit(t *testing.T) {
 	if got, want := m.Limit(), int64(90*mib+90*mib/8+32*mib); got != want {
 		t.Fatalf("limit of %+v: %d, want %d", *m, got, want)
 	}
+	// A Hub's daemon: its budget counts what streams hold beyond the
+	// rings, so the streams add nothing.
+	m = (&Flags{MaxSubscribers: 8, BodyBudget: 10 * mib}).HubMemoryBudget(64 * mib)
+	if *m != (MemoryBudget{Rings: 64 * mib, Bodies: 10 * mib}) {
+		t.Fatalf("hub budget %+v", *m)
+	}
+	if got, want := m.Limit(), int64(74*mib+74*mib/8+32*mib); got != want {
+		t.Fatalf("limit of %+v: %d, want %d", *m, got, want)
+	}
 }
 
 // GOMEMLIMIT, when set, wins: the runtime has applied it and the budget

@@ -17,16 +17,18 @@ const MemoryReserve = 32 << 20
 // limit (see Limit). The zero value of a field counts nothing.
 type MemoryBudget struct {
 	// Rings bounds the replay rings' bytes together, at what each frame
-	// costs: sessiond's -max-total-bytes (HubOptions.MaxTotalBytes). A
-	// replica has no such bound: it keeps a ring for every session it
-	// mirrors, so it counts one full ring (Options.RingMaxBytes).
+	// costs: sessiond's -max-total-bytes (HubOptions.MaxTotalBytes), which
+	// also counts what streams hold beyond the rings (a frame queued for a
+	// stream after the budget trimmed it from its ring), however many
+	// streams there are (docs/SPEC.md section 7). A replica has no such
+	// bound: it keeps a ring for every session it mirrors, so it counts
+	// one full ring (Options.RingMaxBytes).
 	Rings int64
-	// Subscribers and QueuedBytes are the streams provided for and one
-	// stream's byte cap (-max-subscribers, the cap of one session, and
-	// Options.MaxQueuedBytes). A frame queued for a stream is the ring's
-	// own, but one the budget has trimmed from its ring lives on until the
-	// stream takes it: up to QueuedBytes per stream (a cap in envelope
-	// bytes; a frame holds its SSE encoding, a few dozen bytes more).
+	// Subscribers and QueuedBytes are, for a replica, the streams provided
+	// for and one stream's byte cap (-max-subscribers, the cap of one
+	// session, and Options.MaxQueuedBytes): a frame its ring dropped lives
+	// on until the stream takes it, up to QueuedBytes per stream. A Hub's
+	// daemon counts none: its budget holds them (see Rings).
 	Subscribers int
 	QueuedBytes int64
 	// Bodies bounds the request body bytes read at once (Limits.BodyBudget,
@@ -52,9 +54,19 @@ func (m MemoryBudget) Limit() int64 {
 	return sum + sum/8 + MemoryReserve
 }
 
-// MemoryBudget returns the memory budget of the flags with rings as its
-// Rings: -max-subscribers (its default when 0), the default per-stream byte
-// cap (no flag sets it), and -body-budget (0: Server.Run's default).
+// HubMemoryBudget returns the memory budget of a daemon whose sessions live
+// in a Hub of budget bytes (HubOptions.MaxTotalBytes): the budget, which
+// counts the rings and what streams hold beyond them, and -body-budget (0:
+// Server.Run's default). What each stream costs by itself (its goroutine,
+// its buffers, a batch it holds while its write blocks: at most 64 KiB of
+// envelopes or one larger frame) is outside: the reserve's.
+func (f *Flags) HubMemoryBudget(budget int64) *MemoryBudget {
+	return &MemoryBudget{Rings: budget, Bodies: f.BodyBudget}
+}
+
+// MemoryBudget returns the memory budget of a replica's flags with rings as
+// its Rings: -max-subscribers (its default when 0), the default per-stream
+// byte cap (no flag sets it), and -body-budget (0: Server.Run's default).
 func (f *Flags) MemoryBudget(rings int64) *MemoryBudget {
 	subs := f.MaxSubscribers
 	if subs == 0 {
