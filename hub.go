@@ -43,14 +43,16 @@ type HubOptions struct {
 	// from the later of its last publish and its last subscriber leaving;
 	// 0 means DefaultIdleTimeout, negative means sessions never expire.
 	IdleTimeout time.Duration
-	// MaxTotalBytes bounds the sum of every session's ring bytes, counting
-	// what each frame costs in memory, not only its envelope as
-	// Options.RingMaxBytes does (Frame.Size): its buffer with the whole SSE
-	// encoding and room for a longer id, the type string kept beside it,
-	// its header and ring slot, at most 2*MaxTypeLen+148 bytes (660 on
-	// 64-bit) more than its envelope (docs/SPEC.md sections 1.3 and 7); 0
-	// means DefaultMaxTotalBytes. Negative, or too small for one event of
-	// Bus.MaxEventBytes with the longest type, is an error.
+	// MaxTotalBytes bounds the sum of every session's ring bytes and of
+	// what subscribers hold beyond the rings (frames a ring dropped that a
+	// queue or a transport's batch still holds), counting what each frame
+	// costs in memory, not only its envelope as Options.RingMaxBytes does
+	// (Frame.Size): its buffer with the whole SSE encoding and room for a
+	// longer id, the type string kept beside it, its header and ring slot,
+	// at most 2*MaxTypeLen+156 bytes (668 on 64-bit) more than its envelope
+	// (docs/SPEC.md sections 1.3 and 7); 0 means DefaultMaxTotalBytes.
+	// Negative, or too small for one event of Bus.MaxEventBytes with the
+	// longest type, is an error.
 	MaxTotalBytes int64
 	// Logger receives the hub's diagnostics; nil means slog.Default().
 	Logger *slog.Logger
@@ -68,7 +70,7 @@ type HubStats struct {
 	Sessions int // live sessions now
 	// RingBytes is the sum of every ring's bytes now, as the budget
 	// counts them (see MaxTotalBytes): more than Buses.RingBytes, which
-	// counts envelopes (Frame.Size), by at most 660 bytes per frame on
+	// counts envelopes (Frame.Size), by at most 668 bytes per frame on
 	// 64-bit. At most MaxTotalBytes.
 	RingBytes     int64
 	MaxTotalBytes int64
@@ -108,7 +110,11 @@ type HubStats struct {
 // sum of every ring's bytes never exceeds MaxTotalBytes; a publish that
 // takes it over trims the oldest events of the largest rings, each under
 // its own bus lock, and never blocks for it; a resume that lost events to
-// it gets ring_evicted with exact ids.
+// it gets ring_evicted with exact ids. The budget also counts what
+// subscribers hold beyond the rings, however many streams hold it: when
+// that takes it over, the subscribers holding the oldest frames are put
+// behind (OverflowCatchUp) or evicted (client_evicted memory_budget)
+// first, and no ring is trimmed for them (docs/SPEC.md section 7).
 //
 // A Hub is safe for concurrent use. Lookup and the publish path of one
 // session take no hub-wide lock (the sessions are sharded); a bus's own

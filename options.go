@@ -60,7 +60,7 @@ const (
 // ReplayBudgetBytes) counts a frame's JSON envelope, what follows "data: "
 // on the wire (Frame.Size), as the original does; so do the byte counts of
 // slow_client_warning and client_evicted. What a frame costs beyond its
-// envelope is bounded per frame (at most 2*MaxTypeLen+148 bytes on 64-bit
+// envelope is bounded per frame (at most 2*MaxTypeLen+156 bytes on 64-bit
 // platforms), so the byte and count caps together bound the memory a bus
 // holds; a Hub's MaxTotalBytes counts every byte. The unit and the bound
 // are docs/SPEC.md section 1.3; the options and their defaults, 1.2.

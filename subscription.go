@@ -259,8 +259,8 @@ func (s *Subscription) Ready() <-chan struct{} { return s.q.ready }
 // and every frame it will deliver has been returned; dst then holds its last
 // frames (possibly a terminal one). The frames returned are the caller's
 // from then on: they count no longer toward the subscription's caps, so a
-// consumer that holds on to many of them holds them outside its caps. One
-// consumer at a time.
+// consumer that holds on to many of them holds them outside its caps (a
+// Hub counts them as held until the next call). One consumer at a time.
 //
 // AppendReady never blocks. When nothing is ready and its last call that
 // found frames found several (its publisher outpaces its wake-ups), it
@@ -279,8 +279,10 @@ func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
 
 // TakeReady is AppendReady for a transport, which writes the frames it
 // takes to a connection and reports each batch's fate itself: it appends
-// every frame that is ready to dst, without waiting, and returns the
-// extended slice and open as AppendReady does, but it counts nothing. The
+// the frames that are ready to dst, without waiting, up to 64 KiB of
+// envelopes (the frame that reaches the bound included, so at least one),
+// and returns the extended slice and open as AppendReady does, but it
+// counts nothing. The
 // caller reports every frame it took exactly once: MarkWritten once the
 // frames are written and flushed (Stats.FramesDelivered), MarkDiscarded for
 // frames it decided not to write (Stats.Dropped.Cancelled), or
@@ -293,7 +295,9 @@ func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
 // subscription's one consumer may call it. dst is the caller's, before and
 // after: TakeReady only appends to it, and keeps no reference to it; reuse
 // it (dst[:0]) to take batches without allocating. The frames taken count
-// no longer toward the subscription's caps, as with AppendReady. Under
+// no longer toward the subscription's caps, as with AppendReady, but the
+// bus's Hub counts them as held until they are reported (see
+// SubscribeOptions.Interrupt). Under
 // OverflowCatchUp a subscriber that is behind gets the next events from
 // the ring once its queue is drained, as with AppendReady.
 func (s *Subscription) TakeReady(dst []Frame) (frames []Frame, open bool) {

@@ -40,8 +40,8 @@
 // are bounded (-header-timeout, -body-timeout, -body-budget; see
 // internal/daemon.Limits). Unless GOMEMLIMIT is set, the Go runtime's memory
 // limit is set from the budget these flags make (internal/daemon.MemoryBudget:
-// the rings, -max-subscribers streams at their byte cap, the body budget, an
-// eighth more and 32 MiB) and logged at start. With -demo
+// -max-total-bytes, which holds the rings and what streams hold beyond
+// them, the body budget, an eighth more and 32 MiB) and logged at start. With -demo
 // the daemon publishes "tick" events to session "demo". The SSE ids carry the
 // epoch (-epoch-ids, on by default, so that a browser's own Last-Event-ID
 // names it); other origins may open the stream with -cors-origin. It serves HTTP/1.1 and h2c,
