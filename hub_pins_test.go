@@ -3,9 +3,13 @@ package eventbus
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -353,4 +357,68 @@ func TestHubPinsHoldTheHeapWithManyStalledSubscribers(t *testing.T) {
 		s.Close()
 	}
 	require.NoError(t, h.Close())
+}
+
+// Over HTTP: a multiplexed stream whose client never reads is blocked in a
+// write when the budget sheds its subscriptions; the MuxHandler's
+// Interrupt makes that write fail at once, and the handler returns and
+// lets go of what it held, long before its write deadline.
+func TestHubPinsInterruptAStalledMultiplexedStream(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const budget = 64 << 10
+		hub, err := NewHub(HubOptions{MaxTotalBytes: budget, Bus: Options{Now: testNow, RingSize: 2, MaxEventBytes: 8 << 10}})
+		require.NoError(t, err)
+		defer hub.Close()
+		for _, id := range []string{"a", "b"} {
+			_, err := hub.GetOrCreate(id)
+			require.NoError(t, err)
+		}
+		returned := make(chan struct{})
+		m := &MuxHandler{Handler: &Handler{RetryJitter: -1, WriteTimeout: time.Minute}, Lookup: hub.LookupSession}
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) {
+			defer close(returned)
+			m.ServeHTTP(w, r)
+		})
+		ln, srv, client, served := pipeHTTP(mux, false)
+		defer func() {
+			client.CloseIdleConnections()
+			_ = srv.Close()
+			<-served
+		}()
+		// The client reads the response's head and the retry: line, then
+		// stops: the handler's next write blocks with a batch in hand.
+		stuck := neverReads(t, ln, "/events?session=a&session=b")
+		defer stuck.Close()
+		head := make([]byte, 0, 1024)
+		for !strings.HasSuffix(string(head), "retry: 3000\n\r\n") { // the first chunk, read whole
+			buf := make([]byte, 1)
+			_, err := stuck.Read(buf)
+			require.NoError(t, err)
+			head = append(head, buf...)
+		}
+		synctest.Wait()
+		a, _ := hub.Lookup("a")
+		require.Equal(t, 1, a.SubscriberCount())
+		start := time.Now()
+		_, err = hub.Publish("a", pinsEvent(2000))
+		require.NoError(t, err)
+		synctest.Wait() // the handler took it and blocks writing it
+		for i := 0; hub.Stats().BudgetShed == 0; i++ {
+			require.Less(t, i, 200, "never shed")
+			_, err := hub.Publish("a", pinsEvent(2000))
+			require.NoError(t, err)
+		}
+		synctest.Wait()
+		select {
+		case <-returned:
+		default:
+			t.Fatal("the handler is still blocked in its write")
+		}
+		assert.Equal(t, start, time.Now(), "at once, not at the write deadline")
+		assert.Zero(t, a.SubscriberCount())
+		b, _ := hub.Lookup("b")
+		assert.Zero(t, b.SubscriberCount(), "the whole stream ended")
+		assert.Zero(t, hub.Stats().PinnedBytes)
+	})
 }
