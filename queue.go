@@ -574,18 +574,33 @@ func (q *boundedAsyncQueue) signalLocked() {
 // the newest resync supersedes the older ones and their warnings. Producer,
 // under mu: the consumer is not copying meanwhile.
 func (q *boundedAsyncQueue) dropLiveLocked() int {
+	_, live := q.retainLocked(func(_ *frame, fl entryFlags) bool {
+		return fl&entryForced != 0 && fl&entryMarker == 0
+	})
+	return live
+}
+
+// retainLocked keeps, in order, the queued entries keep accepts and drops
+// the others, and returns how many it dropped, and how many of them were
+// live. Every queued signal is dropped with the live entries or kept with
+// its position lost, so the coalescing index is cleared; only the two
+// callers below use it, and both drop every live entry. Producer, under
+// mu: the consumer is not copying meanwhile.
+func (q *boundedAsyncQueue) retainLocked(keep func(f *frame, fl entryFlags) bool) (dropped, live int) {
 	mask := uint64(len(q.buf) - 1)
-	kept, dropped, droppedBytes := q.head.Load(), 0, 0
+	kept, liveBytes := q.head.Load(), 0
 	tail := q.next
 	for p := q.head.Load(); p != tail; p++ {
 		f, fl := q.buf[p&mask], q.flags[p&mask]
-		switch {
-		case fl&entryForced == 0:
-			dropped++
-			droppedBytes += f.size()
-		case fl&entryMarker == 0:
+		if keep(f, fl) {
 			q.buf[kept&mask], q.flags[kept&mask] = f, fl
 			kept++
+			continue
+		}
+		dropped++
+		if fl&entryForced == 0 {
+			live++
+			liveBytes += f.size()
 		}
 	}
 	for p := kept; p != tail; p++ {
@@ -593,11 +608,10 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 	}
 	q.next = kept
 	q.tail.Store(kept)
-	q.pushedLive -= dropped
-	q.pushedBytes -= droppedBytes
-	// Every queued signal was live and is gone.
+	q.pushedLive -= live
+	q.pushedBytes -= liveBytes
 	clear(q.signals)
-	return dropped
+	return dropped, live
 }
 
 // shed drops what a Hub's budget takes back from the queue: every entry
@@ -612,38 +626,21 @@ func (q *boundedAsyncQueue) dropLiveLocked() int {
 func (q *boundedAsyncQueue) shed() (firstID uint64, dropped int, evicted bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	mask := uint64(len(q.buf) - 1)
-	kept, droppedBytes, droppedLive := q.head.Load(), 0, 0
-	tail := q.next
-	for p := q.head.Load(); p != tail; p++ {
-		f, fl := q.buf[p&mask], q.flags[p&mask]
+	dropped, _ = q.retainLocked(func(f *frame, fl entryFlags) bool {
 		switch {
 		case f.kind == kindEvent:
 			if firstID == 0 {
 				firstID = f.id
 			}
+			return false
 		case fl&entryForced == 0: // a signal
+			return false
 		case f.kind == kindTerminal && f.typ == TypeClientEvicted:
 			evicted = true
-		default:
-			q.buf[kept&mask], q.flags[kept&mask] = f, fl
-			kept++
-			continue
+			return false
 		}
-		dropped++
-		if fl&entryForced == 0 {
-			droppedLive++
-			droppedBytes += f.size()
-		}
-	}
-	for p := kept; p != tail; p++ {
-		q.buf[p&mask], q.flags[p&mask] = nil, 0
-	}
-	q.next = kept
-	q.tail.Store(kept)
-	q.pushedLive -= droppedLive
-	q.pushedBytes -= droppedBytes
-	clear(q.signals)
+		return true
+	})
 	return firstID, dropped, evicted
 }
 
