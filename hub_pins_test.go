@@ -278,15 +278,15 @@ func TestHubPinsInterruptATransportInAWrite(t *testing.T) {
 	assert.Zero(t, h.Stats().PinnedBytes)
 }
 
-// TakeReady takes at most 64 KiB of envelopes (and at least one frame), so
-// that a transport blocked in a write holds no more than that outside its
-// caps; what it did not take stays queued, under the caps.
+// TakeReady takes at most 256 KiB of envelopes (and at least one frame),
+// so that a transport blocked in a write holds no more than that outside
+// its caps; what it did not take stays queued, under the caps.
 func TestTakeReadyIsBounded(t *testing.T) {
-	b := newBus(t, Options{})
+	b := newBus(t, Options{MaxQueuedBytes: 4 << 20})
 	s, err := b.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
-	for range 10 {
-		_, err := b.Publish(pinsEvent(20 << 10))
+	for range 20 {
+		_, err := b.Publish(pinsEvent(80 << 10))
 		require.NoError(t, err)
 	}
 	batch, open := s.TakeReady(nil)
@@ -295,18 +295,22 @@ func TestTakeReadyIsBounded(t *testing.T) {
 	for _, f := range batch {
 		size += f.Size()
 	}
-	assert.Len(t, batch, 4, "the frame that reaches 64 KiB ends the take")
+	assert.Len(t, batch, 4, "the frame that reaches 256 KiB ends the take")
 	assert.GreaterOrEqual(t, size, takeReadyBytes)
 	s.MarkWritten(len(batch))
 	rest, _ := s.TakeReady(nil)
 	assert.Len(t, rest, 4)
 	assert.Equal(t, uint64(5), rest[0].ID(), "in order")
-
-	_, err = b.Publish(pinsEvent(200 << 10)) // larger than the bound alone
-	require.NoError(t, err)
 	s.MarkWritten(len(rest))
+	for range 3 {
+		more, _ := s.TakeReady(nil)
+		s.MarkWritten(len(more))
+	}
+	_, err = b.Publish(pinsEvent(600 << 10)) // larger than the bound alone
+	require.NoError(t, err)
 	last, _ := s.TakeReady(nil)
-	require.Len(t, last, 3, "the two left, then the large one: one frame past the bound at most")
+	require.Len(t, last, 1, "a frame larger than the bound is taken alone")
+	assert.Equal(t, uint64(21), last[0].ID())
 }
 
 // Many stalled subscribers over many sessions: what the daemon holds stays

@@ -498,10 +498,10 @@ type muxStream struct {
 }
 
 // muxBatchBytes bounds the envelopes one batch of a multiplexed stream
-// takes from its sessions (each TakeReady takes at most 64 KiB, and at
+// takes from its sessions (each TakeReady takes at most 256 KiB, and at
 // least one frame): a stream blocked in a write holds at most about that
 // much outside its sessions' caps, whatever the number of sessions.
-const muxBatchBytes = 64 << 10
+const muxBatchBytes = 256 << 10
 
 // buildIDLine lays out the id line with every session's entry.
 func (st *muxStream) buildIDLine() {

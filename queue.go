@@ -105,6 +105,9 @@ type boundedAsyncQueue struct {
 	// under mu by take, as it moves head, so that a look under mu sees
 	// every event either queued or here; cleared by the consumer.
 	taken, takenLast atomic.Pointer[frame]
+	// trackTaken: the bus's owner counts what subscribers hold (a Hub),
+	// so take records taken; on any other bus it costs nothing.
+	trackTaken bool
 	looked           atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
 
 	mu  sync.Mutex
@@ -737,7 +740,7 @@ func (q *boundedAsyncQueue) take(dst []Frame, wait bool, maxBytes int, sizes *[]
 		}
 		q.buf[i] = nil // clear, so the queue does not pin the frame
 	}
-	if first != nil {
+	if first != nil && q.trackTaken {
 		q.holdTaken(first, last)
 	}
 	if sizes != nil && live > 0 {

@@ -98,6 +98,7 @@ func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subsc
 	maxQueued := set.maxQueued
 	s := &Subscription{bus: b, filter: set.filter, policy: set.policy, stallMillis: set.stall.Milliseconds(), interrupt: opts.Interrupt}
 	s.q.init(maxQueued, b.opts.MaxQueuedBytes)
+	_, s.q.trackTaken = b.owner.(*hubSession)
 	s.warnFrames = WarnThresholdRatio * float64(maxQueued)
 	s.resetFrames = WarnResetRatio * float64(maxQueued)
 	s.warnBytes = WarnThresholdRatio * float64(b.opts.MaxQueuedBytes)
@@ -279,7 +280,7 @@ func (s *Subscription) AppendReady(dst []Frame) (frames []Frame, open bool) {
 
 // TakeReady is AppendReady for a transport, which writes the frames it
 // takes to a connection and reports each batch's fate itself: it appends
-// the frames that are ready to dst, without waiting, up to 64 KiB of
+// the frames that are ready to dst, without waiting, up to 256 KiB of
 // envelopes (the frame that reaches the bound included, so at least one),
 // and returns the extended slice and open as AppendReady does, but it
 // counts nothing. The
@@ -309,7 +310,7 @@ func (s *Subscription) TakeReady(dst []Frame) (frames []Frame, open bool) {
 // outside the caps until it has written it, so a bounded take bounds what
 // a stream blocked in a write holds; what it did not take stays queued,
 // under the caps.
-const takeReadyBytes = 64 << 10
+const takeReadyBytes = 256 << 10
 
 // MarkWritten reports n frames taken with TakeReady as delivered: written
 // and flushed to the client (Stats.FramesDelivered). It never blocks and
@@ -396,6 +397,9 @@ func (s *Subscription) take(dst []Frame, yield bool, maxBytes int, sizes *[]int)
 // ring while catching up, as held until it reports them done (see
 // boundedAsyncQueue.taken).
 func (s *Subscription) holdRead(frames []Frame) {
+	if !s.q.trackTaken {
+		return
+	}
 	var first, last *frame
 	for _, f := range frames {
 		if f.frame != nil && f.pin != 0 {

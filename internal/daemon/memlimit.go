@@ -58,7 +58,7 @@ func (m MemoryBudget) Limit() int64 {
 // in a Hub of budget bytes (HubOptions.MaxTotalBytes): the budget, which
 // counts the rings and what streams hold beyond them, and -body-budget (0:
 // Server.Run's default). What each stream costs by itself (its goroutine,
-// its buffers, a batch it holds while its write blocks: at most 64 KiB of
+// its buffers, a batch it holds while its write blocks: at most 256 KiB of
 // envelopes or one larger frame) is outside: the reserve's.
 func (f *Flags) HubMemoryBudget(budget int64) *MemoryBudget {
 	return &MemoryBudget{Rings: budget, Bodies: f.BodyBudget}
