@@ -17,7 +17,8 @@ const MemoryReserve = 32 << 20
 // limit (see Limit). The zero value of a field counts nothing.
 type MemoryBudget struct {
 	// Rings bounds the replay rings' bytes together, at what each frame
-	// costs: sessiond's -max-total-bytes (HubOptions.MaxTotalBytes). A
+	// costs: sessiond's -max-total-bytes (HubOptions.MaxTotalBytes, which
+	// counts the sessions' Idempotency-Keys too). A
 	// replica has no such bound: it keeps a ring for every session it
 	// mirrors, so it counts one full ring (Options.RingMaxBytes).
 	Rings int64
