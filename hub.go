@@ -20,7 +20,8 @@ const (
 	// DefaultIdleTimeout is how long a session may go without a publish
 	// and without a subscriber before its hub closes it.
 	DefaultIdleTimeout = 10 * time.Minute
-	// DefaultMaxTotalBytes bounds the sum of every session's ring bytes.
+	// DefaultMaxTotalBytes bounds the sum of every session's ring bytes
+	// and idempotency records.
 	DefaultMaxTotalBytes = 256 << 20
 )
 
@@ -43,9 +44,11 @@ type HubOptions struct {
 	// from the later of its last publish and its last subscriber leaving;
 	// 0 means DefaultIdleTimeout, negative means sessions never expire.
 	IdleTimeout time.Duration
-	// MaxTotalBytes bounds the sum of every session's ring bytes and of
-	// what subscribers hold beyond the rings (frames a ring dropped that a
-	// queue or a transport's batch still holds), counting what each frame
+	// MaxTotalBytes bounds the sum of every session's ring bytes, of what
+	// subscribers hold beyond the rings (frames a ring dropped that a queue
+	// or a transport's batch still holds) and of the sessions' idempotency
+	// records (PublishIdempotent: 128 bytes each plus its key rounded up
+	// to 16, an upper bound of what one holds), counting what each frame
 	// costs in memory, not only its envelope as Options.RingMaxBytes does
 	// (Frame.Size): its buffer with the whole SSE encoding and room for a
 	// longer id, the type string kept beside it, its header and ring slot,
@@ -62,6 +65,14 @@ type HubOptions struct {
 	// least that long. 0 means DefaultShutdownRetryAfter; negative is an
 	// error.
 	ShutdownRetryAfter time.Duration
+	// IdempotencyWindow is how long a session remembers an idempotency
+	// key of PublishIdempotent after its first publish; 0 means
+	// DefaultIdempotencyWindow, negative is an error.
+	IdempotencyWindow time.Duration
+	// MaxIdempotencyKeys is the most idempotency keys a session remembers:
+	// a new key forgets the oldest first when it holds that many. 0 means
+	// DefaultMaxIdempotencyKeys, negative is an error.
+	MaxIdempotencyKeys int
 }
 
 // HubStats is a snapshot of a hub's counters, read field by field without
@@ -71,7 +82,7 @@ type HubStats struct {
 	// RingBytes is the sum of every ring's bytes now, as the budget
 	// counts them (see MaxTotalBytes): more than Buses.RingBytes, which
 	// counts envelopes (Frame.Size), by at most 668 bytes per frame on
-	// 64-bit. At most MaxTotalBytes.
+	// 64-bit. With PinnedBytes and IdempotencyBytes, at most MaxTotalBytes.
 	RingBytes     int64
 	MaxTotalBytes int64
 	Created       uint64 // sessions created since NewHub
@@ -88,6 +99,11 @@ type HubStats struct {
 	// pinned: evicted (memory_budget), put behind under OverflowCatchUp,
 	// or their draining frames dropped.
 	BudgetShed uint64
+	// IdempotencyKeys is the number of idempotency keys the live sessions
+	// remember now (PublishIdempotent), and IdempotencyBytes what the
+	// budget counts for them (see MaxTotalBytes).
+	IdempotencyKeys  int
+	IdempotencyBytes int64
 	// Buses sums the buses' Stats. Its counters cover every bus since
 	// NewHub (one that ended counts as it was when the hub let it go), so
 	// they never go down; its current values (Subscribers, CatchUp.Behind,
@@ -99,21 +115,25 @@ type HubStats struct {
 // Hub holds a daemon's per-session buses, keyed by session id: lookup
 // without creating (a GET for an unknown session is a 404, never a new
 // bus), get-or-create where the embedder decides (on publish), a session
-// cap, idle expiry, one byte budget over every ring, and graceful shutdown.
-// The rules are docs/SPEC.md section 7.
+// cap, idle expiry, idempotent publish (PublishIdempotent), one byte
+// budget over every ring and every idempotency record, and graceful
+// shutdown. The rules are docs/SPEC.md section 7.
 //
 // A session with no subscriber and no publish for IdleTimeout is closed
 // and forgotten; one that has a subscriber never expires. One goroutine,
 // owned by the hub and ended by Close or Shutdown, sweeps the sessions; no
 // goroutine runs per session. A session's next use after expiry makes a
 // new bus with a new epoch, so a resume across it gets epoch_reset. The
-// sum of every ring's bytes never exceeds MaxTotalBytes; a publish that
-// takes it over trims the oldest events of the largest rings, each under
-// its own bus lock, and never blocks for it; a resume that lost events to
-// it gets ring_evicted with exact ids. The budget also counts what
-// subscribers hold beyond the rings, however many streams hold it: when
-// that takes it over, the subscribers holding the oldest frames are put
-// behind (OverflowCatchUp) or evicted (client_evicted memory_budget)
+// sum of every ring's bytes and every idempotency record's never exceeds
+// MaxTotalBytes; a publish that takes it over trims the oldest events of
+// the largest rings, each under its own bus lock, and never blocks for
+// it; a resume that lost events to it gets ring_evicted with exact ids.
+// Only when the rings are empty does it forget idempotency records, the
+// oldest of the sessions that hold the most. A session's records go with
+// its bus (Delete, idle expiry, Shutdown, Close). The budget also counts
+// what subscribers hold beyond the rings, however many streams hold it:
+// when that takes it over, the subscribers holding the oldest frames are
+// put behind (OverflowCatchUp) or evicted (client_evicted memory_budget)
 // first, and no ring is trimmed for them (docs/SPEC.md section 7).
 //
 // A Hub is safe for concurrent use. Lookup and the publish path of one
@@ -127,6 +147,9 @@ type Hub struct {
 	idle        int64         // ms; <= 0: never
 	logger      *slog.Logger
 	budget      *budget
+	enc         Encoder // for the fingerprints of PublishIdempotent
+	idemWindow  int64   // ms
+	idemMax     int
 
 	seed   maphash.Seed
 	shards [hubShards]hubShard
@@ -183,6 +206,10 @@ type hubSession struct {
 	// (hub_pins.go), written under the bus lock.
 	pins               pinState
 	pinned, pinnedShed atomic.Int64
+	// idem is the idempotency keys of the bus's PublishIdempotent calls
+	// (hub_idempotency.go), under their own lock, taken before the bus
+	// lock, never under it.
+	idem idemStore
 }
 
 // newSession makes a session with a new bus, used as of now.
@@ -219,11 +246,15 @@ func (s *hubSession) ringChangedLocked(reserved int64) {
 // (then its idle time starts).
 func (s *hubSession) used() { s.activity.Store(s.hub.nowMillis()) }
 
-// closed keeps the session known to the budget while its subscribers pin
-// frames (hub_pins.go): Close gave the ring's bytes back as it reset the
-// ring (ringChangedLocked), and the hub forgets a closed bus at its next
-// sweep, or when GetOrCreate finds it.
+// closed forgets the session's idempotency records, giving their bytes
+// back to the budget, and keeps the session known to the budget while its
+// subscribers pin frames (hub_pins.go): Close gave the ring's bytes back
+// as it reset the ring (ringChangedLocked), and the hub forgets a closed
+// bus at its next sweep, or when GetOrCreate finds it. Every way a bus of
+// the hub ends comes here (Delete, idle expiry, Shutdown, Close, its
+// owner's Close).
 func (s *hubSession) closed() {
+	s.clearRecords()
 	if s.pinned.Load() != 0 {
 		s.hub.budget.retire(s)
 	}
@@ -246,6 +277,18 @@ func NewHub(opts HubOptions) (*Hub, error) {
 	}
 	if opts.ShutdownRetryAfter < 0 {
 		return nil, fmt.Errorf("%w: ShutdownRetryAfter is %v, must not be negative", ErrInvalidOption, opts.ShutdownRetryAfter)
+	}
+	if opts.IdempotencyWindow < 0 {
+		return nil, fmt.Errorf("%w: IdempotencyWindow is %v, must not be negative", ErrInvalidOption, opts.IdempotencyWindow)
+	}
+	if opts.MaxIdempotencyKeys < 0 {
+		return nil, fmt.Errorf("%w: MaxIdempotencyKeys is %d, must not be negative", ErrInvalidOption, opts.MaxIdempotencyKeys)
+	}
+	if opts.IdempotencyWindow == 0 {
+		opts.IdempotencyWindow = DefaultIdempotencyWindow
+	}
+	if opts.MaxIdempotencyKeys == 0 {
+		opts.MaxIdempotencyKeys = DefaultMaxIdempotencyKeys
 	}
 	if opts.MaxSessions == 0 {
 		opts.MaxSessions = DefaultMaxSessions
@@ -272,6 +315,9 @@ func NewHub(opts HubOptions) (*Hub, error) {
 		retryAfter:  opts.ShutdownRetryAfter,
 		logger:      opts.Logger,
 		seed:        maphash.MakeSeed(),
+		enc:         Encoder{maxEventBytes: bo.MaxEventBytes, now: bo.Now},
+		idemWindow:  max(opts.IdempotencyWindow.Milliseconds(), 1),
+		idemMax:     opts.MaxIdempotencyKeys,
 	}
 	if opts.IdleTimeout > 0 {
 		h.idle = max(opts.IdleTimeout.Milliseconds(), 1)
@@ -361,8 +407,22 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 	if err := CheckSessionID(id); err != nil {
 		return nil, err
 	}
-	if b, ok := h.lookup(id); ok {
-		return b, nil
+	s, err := h.getOrCreate(id)
+	if err != nil {
+		return nil, err
+	}
+	return &s.bus, nil
+}
+
+// getOrCreate is GetOrCreate of an id already checked, returning the
+// session.
+func (h *Hub) getOrCreate(id string) (*hubSession, error) {
+	sh := h.shard(id)
+	sh.mu.RLock()
+	s := sh.m[id]
+	sh.mu.RUnlock()
+	if s != nil && !s.bus.isClosed.Load() {
+		return s, nil
 	}
 	if h.closed.Load() {
 		return nil, ErrClosed
@@ -370,7 +430,6 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 	// Made before the shard lock (New draws an epoch from crypto/rand),
 	// dropped if another GetOrCreate of id wins.
 	fresh := h.newSession()
-	sh := h.shard(id)
 	for swept := false; ; {
 		sh.mu.Lock()
 		// Under the shard lock: end, which takes every shard lock after
@@ -382,7 +441,7 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 		if old := sh.m[id]; old != nil {
 			sh.mu.Unlock()
 			if !old.bus.isClosed.Load() {
-				return &old.bus, nil // fresh holds nothing: the collector takes it
+				return old, nil // fresh holds nothing: the collector takes it
 			}
 			// Closed by its owner, or expired and not yet forgotten: it
 			// gives its place to the new one.
@@ -393,7 +452,7 @@ func (h *Hub) GetOrCreate(id string) (*EventBus, error) {
 			sh.m[id] = fresh
 			sh.mu.Unlock()
 			h.created.Add(1)
-			return &fresh.bus, nil
+			return fresh, nil
 		}
 		h.n.Add(-1)
 		sh.mu.Unlock()
@@ -516,6 +575,8 @@ func (h *Hub) Stats() HubStats {
 		}
 		st.Buses.add(e.s.bus.Stats())
 		st.RingBytes += e.s.held.Load()
+		st.IdempotencyKeys += int(e.s.idem.keys.Load())
+		st.IdempotencyBytes += e.s.idem.bytes.Load()
 	}
 	return st
 }
@@ -638,8 +699,9 @@ func (h *Hub) end() []*EventBus {
 }
 
 // sweep closes and forgets every session idle past IdleTimeout, forgets
-// the buses closed by their owners, and drops aged events (Options.MaxAge)
-// from the rings of quiet sessions.
+// the buses closed by their owners, drops aged events (Options.MaxAge)
+// from the rings of quiet sessions, and forgets the idempotency records
+// past their window.
 func (h *Hub) sweep() {
 	h.sweepMu.Lock()
 	defer h.sweepMu.Unlock()
@@ -673,6 +735,7 @@ func (h *Hub) sweep() {
 			}
 			b.mu.Unlock()
 		}
+		s.expireRecords(now)
 	}
 }
 

@@ -18,9 +18,14 @@ import (
 // what its ring grew by (its frame, less what the ring dropped for it by
 // its own bounds or by age) minus its reservation goes into used, and
 // every byte that leaves a ring otherwise (age, this budget, Close) is
-// given back the same way. So used is never below the sum of the rings,
-// and a ring that grew keeps its growth only while used is at most max:
-// the sum of every ring's bytes never exceeds max.
+// given back the same way. used also counts the sessions' idempotency
+// records (hub_idempotency.go), each from just before its publish to its
+// forgetting (its window, its session's cap, the bus's close, this
+// budget). So used is never below the sum of the rings and records, and a
+// ring that grew keeps its growth only while used is at most max: the sum
+// of every ring's bytes and every record's never exceeds max, but for the
+// records being made at that moment, whose publishes each make room right
+// after (see Hub.PublishIdempotent).
 //
 // The rule that keeps it. A publish whose frame would take used over max
 // reserves it and makes room before it takes its own lock: the largest
@@ -39,6 +44,14 @@ import (
 // replay. A resume past any of them gets ring_evicted with exact ids (the
 // ring's oldest id says where it starts), and a subscriber catching up
 // from the ring finds the slot emptied and is told the same.
+//
+// Idempotency records press on the budget as a ring's growth does: a
+// record that takes used over max makes room the same way, rings first.
+// Only when every ring is empty and the records alone keep used over low
+// are records forgotten, the oldest of the sessions that hold the most
+// (reclaim), and a publish that finds another trim under way gives back
+// from its own ring, then its own records. Records past their window go
+// before anything else.
 type budget struct {
 	used    atomic.Int64
 	max     int64
@@ -52,6 +65,9 @@ type budget struct {
 	// subscribers shed.
 	pinned, pinnedShed atomic.Int64
 	shed               atomic.Uint64
+	// records is what the sessions' idempotency records cost
+	// (hub_idempotency.go), summed; used counts it too.
+	records atomic.Int64
 	// retired are closed sessions whose subscribers still pin frames: the
 	// hub has forgotten them, the budget has not. Under retireMu, taken
 	// after a bus lock, never before one.
@@ -64,6 +80,8 @@ type budget struct {
 	rings []ringSize
 }
 
+// ringSize is a session and what its ring (or its records) holds, for a
+// trim.
 type ringSize struct {
 	s     *hubSession
 	bytes int64
@@ -162,7 +180,10 @@ func (bg *budget) settleLocked(s *hubSession, reserved int64) {
 
 // reclaim trims the largest rings down to a common level until used is at
 // low, unless another trim is running (then it does nothing: its caller
-// falls back on its own ring when it settles).
+// falls back on its own ring when it settles). Idempotency records past
+// their window are forgotten first, and when the rings are empty and used
+// is still over low, the oldest records of the sessions holding the most
+// record bytes go, down to a common level too.
 func (bg *budget) reclaim() {
 	if !bg.mu.TryLock() {
 		return
@@ -174,42 +195,33 @@ func (bg *budget) reclaim() {
 		// healthy sessions must not pay for them.
 		bg.shedPins()
 	}
+	var sessions []hubEntry
+	if bg.records.Load() > 0 {
+		// Records past their window answer nothing any more: they go
+		// before any event.
+		sessions = bg.hub.snapshot()
+		now := bg.hub.nowMillis()
+		for _, e := range sessions {
+			if o := e.s.idem.oldest.Load(); o != 0 && o <= now-bg.hub.idemWindow && e.s.idem.mu.TryLock() {
+				e.s.expireLocked(now)
+				e.s.idem.mu.Unlock()
+			}
+		}
+	}
 	over := bg.used.Load() + bg.unshedPins() - bg.low
 	if over <= 0 {
 		return
 	}
+	if sessions == nil {
+		sessions = bg.hub.snapshot()
+	}
 	rings := bg.rings[:0]
-	for _, e := range bg.hub.snapshot() {
+	for _, e := range sessions {
 		if n := e.s.held.Load(); n > 0 {
 			rings = append(rings, ringSize{e.s, n})
 		}
 	}
-	slices.SortFunc(rings, func(x, y ringSize) int {
-		switch {
-		case x.bytes > y.bytes:
-			return -1
-		case x.bytes < y.bytes:
-			return 1
-		}
-		return 0
-	})
-	// The level: trimming the k largest rings to the size of the next one
-	// frees sum(k) - k*next; the first k for which that covers over sets
-	// the level between the two, (sum(k) - over) / k.
-	var sum, level int64
-	k := 0
-	for k < len(rings) {
-		sum += rings[k].bytes
-		k++
-		next := int64(0)
-		if k < len(rings) {
-			next = rings[k].bytes
-		}
-		if sum-int64(k)*next >= over {
-			level = (sum - over) / int64(k)
-			break
-		}
-	}
+	k, level := cutLevel(rings, over)
 	// Largest first, and no more than needed: rings of the same size do
 	// not all go down at once.
 	for _, r := range rings[:k] {
@@ -218,8 +230,70 @@ func (bg *budget) reclaim() {
 		}
 		over -= bg.trim(r.s, level, over)
 	}
+	if over > 0 && k == len(rings) && bg.records.Load() > 0 {
+		// Every ring was cut (to 0 when they could not cover over) and the
+		// records keep the budget over: the oldest records of the sessions
+		// holding the most go, as the rings did. (With rings left uncut,
+		// over is what concurrent publishes added meanwhile, which their
+		// own settles give back.) A session whose publish holds its lock
+		// (the budget may run under it) is skipped; that publish gives
+		// back from its own records after.
+		recs := rings[:0]
+		for _, e := range sessions {
+			if n := e.s.idem.bytes.Load(); n > 0 {
+				recs = append(recs, ringSize{e.s, n})
+			}
+		}
+		k, level := cutLevel(recs, over)
+		for _, r := range recs[:k] {
+			if over <= 0 {
+				break
+			}
+			over -= r.s.forgetRecords(level, over, true)
+		}
+		rings = recs
+	}
 	clear(rings)
 	bg.rings = rings[:0]
+}
+
+// cutLevel sorts sizes largest first and returns how many of them to cut
+// and the level to cut them down to, so that together they free over: the
+// k largest cut to the size of the next one free sum(k) - k*next; the
+// first k for which that covers over sets the level between the two,
+// (sum(k) - over) / k. When even all of them do not cover it, all of them
+// go to 0.
+func cutLevel(sizes []ringSize, over int64) (k int, level int64) {
+	slices.SortFunc(sizes, func(x, y ringSize) int {
+		switch {
+		case x.bytes > y.bytes:
+			return -1
+		case x.bytes < y.bytes:
+			return 1
+		}
+		return 0
+	})
+	var sum int64
+	for k < len(sizes) {
+		sum += sizes[k].bytes
+		k++
+		next := int64(0)
+		if k < len(sizes) {
+			next = sizes[k].bytes
+		}
+		if sum-int64(k)*next >= over {
+			return k, (sum - over) / int64(k)
+		}
+	}
+	return k, 0
+}
+
+// giveBackRecords gives back what forgotten idempotency records cost.
+func (bg *budget) giveBackRecords(cost int64) {
+	if cost != 0 {
+		bg.used.Add(-cost)
+		bg.records.Add(-cost)
+	}
 }
 
 // trim drops s's oldest events while its ring holds more than level bytes

@@ -9,8 +9,9 @@ import (
 
 // Idempotent publish: within a key's window, a publish retried with the
 // same key appends nothing and answers the first one's id. The publish
-// itself belongs to whoever keeps the keys (each backplane's
-// PublishIdempotent, cmd/sessiond); this file is what they share: the
+// itself belongs to whoever keeps the keys (Hub.PublishIdempotent,
+// hub_idempotency.go; each backplane's PublishIdempotent); this file is
+// what they share: the
 // key's rule (CheckIdempotencyKey) and the event's identity
 // (Encoder.Fingerprint). Its sentinels, ErrInvalidIdempotencyKey and
 // ErrIdempotencyKeyReused, are in errors.go with the others. The rules are
@@ -22,9 +23,10 @@ const MaxIdempotencyKeyBytes = 255
 // CheckIdempotencyKey checks an idempotency key with the rule every
 // backplane and demo daemon applies: 1 to MaxIdempotencyKeyBytes bytes of
 // printable ASCII (0x20 to 0x7E). It returns nil or an error wrapping
-// ErrInvalidIdempotencyKey. Idempotent publish itself is a backplane's
-// (redisbus.PublishIdempotent): within its window, a publish with a key
-// already used appends nothing and answers the first publish's id.
+// ErrInvalidIdempotencyKey. Idempotent publish itself is a Hub's
+// (Hub.PublishIdempotent) or a backplane's (redisbus.PublishIdempotent):
+// within its window, a publish with a key already used appends nothing
+// and answers the first publish's id.
 func CheckIdempotencyKey(key string) error {
 	if len(key) == 0 || len(key) > MaxIdempotencyKeyBytes {
 		return fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidIdempotencyKey, len(key), MaxIdempotencyKeyBytes)
@@ -45,14 +47,24 @@ func CheckIdempotencyKey(key string) error {
 // (ErrIdempotencyKeyReused). It returns Encode's error for an event
 // Publish would refuse.
 func (enc *Encoder) Fingerprint(e Event) (string, error) {
+	sum, err := enc.fingerprint(e)
+	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// fingerprint is Fingerprint before its hex encoding: the first 16 bytes
+// of the SHA-256 of the encoding.
+func (enc *Encoder) fingerprint(e Event) ([16]byte, error) {
 	meta := make(map[string]any, len(e.Meta)+1)
 	maps.Copy(meta, e.Meta)
 	meta["serverTimestamp"] = 0
 	e.Meta = meta
 	ev, err := enc.Encode(e)
 	if err != nil {
-		return "", err
+		return [16]byte{}, err
 	}
 	sum := sha256.Sum256(ev.Tail)
-	return hex.EncodeToString(sum[:16]), nil
+	return [16]byte(sum[:16]), nil
 }

@@ -35,7 +35,8 @@
 // The sessions live in an eventbus.Hub: -max-sessions bounds them, a session
 // without a publish and without a stream for -idle-timeout is closed and
 // forgotten (a full hub of idle sessions makes room at once), and
-// -max-total-bytes bounds every replay ring together. A POST after DELETE or
+// -max-total-bytes bounds every replay ring and every remembered
+// Idempotency-Key together (the Hub keeps the keys). A POST after DELETE or
 // expiry starts a new session with a new epoch. Request headers and bodies
 // are bounded (-header-timeout, -body-timeout, -body-budget; see
 // internal/daemon.Limits). Unless GOMEMLIMIT is set, the Go runtime's memory
@@ -91,7 +92,8 @@ Routes:
                                     503 server_busy (-body-budget) or too_many_sessions
                                     (-max-sessions live, none idle) with Retry-After.
                                     With an Idempotency-Key header a retry of the same event within
-                                    -idempotency-window (up to 256 keys per session) appends nothing
+                                    -idempotency-window (up to 256 keys per session, counted in
+                                    -max-total-bytes) appends nothing
                                     -> {"id":<first>,"epoch":"...","duplicate":true}; the key with
                                     another event: 422 idempotency_key_reused
   GET    /session/{id}              session status as JSON; 404 if the session does not exist
@@ -125,7 +127,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 	var (
 		maxSessions   = fs.Int("max-sessions", 0, "sessions held at once; a new one beyond this, when none is idle, gets 503 too_many_sessions (0: eventbus default 1000)")
 		idleTimeout   = fs.Duration("idle-timeout", 0, "close and forget a session after this long without a publish and without a stream; its next publish starts a new epoch (0: eventbus default 10m; negative: never)")
-		maxTotalBytes = fs.Int64("max-total-bytes", 0, "bound on the sum of every session's replay ring bytes; past it the oldest events of the largest rings go, and resumes past them get ring_evicted (0: eventbus default 256 MiB)")
+		maxTotalBytes = fs.Int64("max-total-bytes", 0, "bound on the sum of every session's replay ring bytes and remembered Idempotency-Keys; past it the oldest events of the largest rings go, and resumes past them get ring_evicted, then, with every ring empty, the oldest keys (0: eventbus default 256 MiB)")
 		maxAge        = fs.Duration("max-age", 0, "events older than this leave the replay ring; resumes past them get ring_evicted (0: no age bound)")
 		createStream  = fs.Bool("create-on-stream", false, "a GET or HEAD of a stream (of /session/{id}/events, or of /events for each of its sessions) creates its session, as a POST does: the behavior before the hub, for tests of clients that reconnect across restarts (it lets a client fill -max-sessions with idle sessions for -idle-timeout)")
 	)
@@ -156,6 +158,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 			Logger:        logger,
 
 			ShutdownRetryAfter: f.ShutdownRetryAfter,
+			IdempotencyWindow:  f.IdempotencyWindow,
 		},
 		Stream:         f.Handler,
 		Logger:         logger,
@@ -163,8 +166,6 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		CreateOnStream: *createStream,
 
 		MaxStreamSessions: f.MaxStreamSessions,
-
-		IdempotencyWindow: f.IdempotencyWindow,
 	})
 	if err != nil {
 		return err

@@ -36,16 +36,14 @@ var errShuttingDown = errors.New("sessiond: shutting down")
 
 type config struct {
 	// Hub holds the sessions: its Bus options are every session's,
-	// MaxSessions, IdleTimeout and MaxTotalBytes bound them all.
+	// MaxSessions, IdleTimeout and MaxTotalBytes bound them all, and it
+	// keeps their Idempotency-Keys (IdempotencyWindow, MaxIdempotencyKeys;
+	// Hub.PublishIdempotent), within MaxTotalBytes too.
 	Hub eventbus.HubOptions
 	// Stream, when set, sets the SSE handler's stream settings (Heartbeat,
 	// Retry, EpochIDs, CORS...); nil keeps the handler's defaults.
 	Stream func(*eventbus.Handler) error
 	Logger *slog.Logger // nil: slog.Default()
-	// IdempotencyWindow is how long a session remembers an
-	// Idempotency-Key (at most daemon.DefaultIdempotencyKeys of them);
-	// 0: daemon.DefaultIdempotencyWindow.
-	IdempotencyWindow time.Duration
 	// CreateOnStream (-create-on-stream) makes a GET or HEAD of a
 	// stream (single, or each session of a multiplexed one) get-or-create
 	// its session, as before the hub. For tests of
@@ -68,15 +66,14 @@ type server struct {
 	logger  *slog.Logger
 	hub     *eventbus.Hub
 	maxBody int64
-	events  http.Handler      // the eventbus SSE handler; its Lookup is s.lookup
-	mux     http.Handler      // the multiplexed stream (GET /events); its Lookup is s.lookupSession
-	enc     *eventbus.Encoder // for the fingerprints of idempotent publishes
-	index   []byte            // the viewer page, told whether to show its login form
+	events  http.Handler // the eventbus SSE handler; its Lookup is s.lookup
+	mux     http.Handler // the multiplexed stream (GET /events); its Lookup is s.lookupSession
+	index   []byte       // the viewer page, told whether to show its login form
 
 	closing atomic.Bool // set by shutdown: new requests get 503 shutting_down
 
 	// meta is what the daemon records about each session's bus beside the
-	// hub (*eventbus.EventBus -> *session): its Idempotency-Keys and stream
+	// hub (*eventbus.EventBus -> *session): its creation and stream
 	// counts. A sync.Map, so that a publish to a known session takes no
 	// lock of the daemon's, as the hub takes none of its own. An entry
 	// lives as long as its bus is the hub's for its id; one of a bus the
@@ -88,13 +85,13 @@ type server struct {
 	streams map[string]map[*daemon.Stream]struct{} // open GET streams by session id, for /disconnect; each removes itself when it ends
 }
 
-// session is what the daemon records about one bus of the hub. Every
-// field but id, bus, created and idem is guarded by server.mu.
+// session is what the daemon records about one bus of the hub (its
+// Idempotency-Keys are the hub's). Every field but id, bus and created is
+// guarded by server.mu.
 type session struct {
 	id      string
 	bus     *eventbus.EventBus
 	created time.Time
-	idem    daemon.Idempotency // the session's Idempotency-Keys (own lock)
 	// GET requests that reached the bus (after the handler's own checks; a
 	// 429 for the subscriber limit still counts), and those of them whose
 	// cursor (Last-Event-ID, else ?lastEventId=) the handler resumes from:
@@ -114,12 +111,7 @@ func newServer(cfg config) (*server, error) {
 	if cfg.Hub.Bus.Logger == nil {
 		cfg.Hub.Bus.Logger = cfg.Logger
 	}
-	enc, err := eventbus.NewEncoder(cfg.Hub.Bus)
-	if err != nil {
-		return nil, err
-	}
 	s := &server{
-		enc:     enc,
 		cfg:     cfg,
 		logger:  cfg.Logger,
 		maxBody: daemon.MaxBody(cfg.Hub.Bus.MaxEventBytes),
@@ -132,9 +124,11 @@ func newServer(cfg config) (*server, error) {
 		}
 	}
 	// The hub last: its goroutine is only started once nothing can fail.
-	if s.hub, err = eventbus.NewHub(cfg.Hub); err != nil {
+	hub, err := eventbus.NewHub(cfg.Hub)
+	if err != nil {
 		return nil, err
 	}
+	s.hub = hub
 	cfg.Auth.Install(h)
 	s.events = h
 	// The multiplexed stream shares h: its settings, its Authorize (once
@@ -167,7 +161,6 @@ func (s *server) session(id string, bus *eventbus.EventBus) *session {
 		return v.(*session)
 	}
 	sess := &session{id: id, bus: bus, created: time.Now()}
-	sess.idem.Window = s.cfg.IdempotencyWindow
 	if v, loaded := s.meta.LoadOrStore(bus, sess); loaded {
 		return v.(*session)
 	}
@@ -203,8 +196,8 @@ func (s *server) forget(bus *eventbus.EventBus) {
 // withBus runs publish on the hub's bus of session id, made if needed
 // (hub.GetOrCreate), once more on a new bus when the session expired or
 // was deleted between the two (as hub.Publish does; this daemon needs the
-// bus for its epoch and its Idempotency-Keys). An id that
-// eventbus.CheckSessionID refuses is GetOrCreate's error.
+// bus for its epoch and its record). An id that eventbus.CheckSessionID
+// refuses is GetOrCreate's error.
 func (s *server) withBus(id string, publish func(*session) error) (*session, error) {
 	for retried := false; ; retried = true {
 		if s.closing.Load() {
@@ -233,17 +226,20 @@ func (s *server) publish(id string, ev eventbus.Event) (eventbus.Frame, *session
 	return f, sess, err
 }
 
-// publishIdempotent is publish with an Idempotency-Key whose event has
-// fingerprint fp (daemon.Idempotency.Publish).
-func (s *server) publishIdempotent(id, key, fp string, ev eventbus.Event) (eventID uint64, sess *session, duplicate bool, err error) {
-	sess, err = s.withBus(id, func(sess *session) (err error) {
-		eventID, duplicate, err = sess.idem.Publish(key, fp, func() (uint64, error) {
-			f, err := sess.bus.Publish(ev)
-			return f.ID(), err
-		})
-		return err
-	})
-	return eventID, sess, duplicate, err
+// publishIdempotent is publish with an Idempotency-Key: the hub keeps the
+// keys (hub.PublishIdempotent, within its byte budget) and answers the
+// epoch of the bus that holds the event.
+func (s *server) publishIdempotent(id, key string, ev eventbus.Event) (eventID uint64, epoch string, duplicate bool, err error) {
+	if s.closing.Load() {
+		return 0, "", false, errShuttingDown
+	}
+	eventID, epoch, duplicate, err = s.hub.PublishIdempotent(id, key, ev)
+	if err == nil {
+		if bus, ok := s.hub.Lookup(id); ok && bus.Epoch() == epoch {
+			s.session(id, bus) // its record, as a plain publish makes it
+		}
+	}
+	return eventID, epoch, duplicate, err
 }
 
 // deleteSession closes session id's bus and forgets it (hub.Delete); its
@@ -472,24 +468,23 @@ func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
 
 	var (
 		eventID uint64
-		sess    *session
+		epoch   string
 		dup     bool
 		err     error
 	)
 	ev := req.Event()
 	if keyed {
-		var fp string
-		if fp, err = s.enc.Fingerprint(ev); err == nil {
-			eventID, sess, dup, err = s.publishIdempotent(id, key, fp, ev)
-		}
+		eventID, epoch, dup, err = s.publishIdempotent(id, key, ev)
 	} else {
 		var f eventbus.Frame
-		f, sess, err = s.publish(id, ev)
-		eventID = f.ID()
+		var sess *session
+		if f, sess, err = s.publish(id, ev); err == nil {
+			eventID, epoch = f.ID(), sess.bus.Epoch()
+		}
 	}
 	switch {
 	case err == nil:
-		daemon.WritePublished(w, eventID, sess.bus.Epoch(), dup)
+		daemon.WritePublished(w, eventID, epoch, dup)
 	case errors.Is(err, errShuttingDown):
 		daemon.WriteUnavailable(w, "shutting_down", err.Error())
 	case errors.Is(err, eventbus.ErrHubFull):

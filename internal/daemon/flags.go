@@ -70,7 +70,8 @@ type Flags struct {
 	// every stream gets at shutdown (0: eventbus.DefaultShutdownRetryAfter)
 	ShutdownRetryAfter time.Duration
 	// -idempotency-window: how long an Idempotency-Key of a POST is
-	// remembered (0: DefaultIdempotencyWindow)
+	// remembered (0: eventbus.DefaultIdempotencyWindow; sessiond passes it
+	// to its Hub, the replicas to their backplane)
 	IdempotencyWindow time.Duration
 	// -auth-token: the static bearer token every /session route needs
 	// (Authorization: Bearer, or the cookie of POST /login); empty: none

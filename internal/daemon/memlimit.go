@@ -20,9 +20,9 @@ type MemoryBudget struct {
 	// costs: sessiond's -max-total-bytes (HubOptions.MaxTotalBytes), which
 	// also counts what streams hold beyond the rings (a frame queued for a
 	// stream after the budget trimmed it from its ring), however many
-	// streams there are (docs/SPEC.md section 7). A replica has no such
-	// bound: it keeps a ring for every session it mirrors, so it counts
-	// one full ring (Options.RingMaxBytes).
+	// streams there are, and the sessions' Idempotency-Keys (docs/SPEC.md
+	// section 7). A replica has no such bound: it keeps a ring for every
+	// session it mirrors, so it counts one full ring (Options.RingMaxBytes).
 	Rings int64
 	// Subscribers and QueuedBytes are, for a replica, the streams provided
 	// for and one stream's byte cap (-max-subscribers, the cap of one

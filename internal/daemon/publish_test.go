@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
-	"testing/synctest"
-	"time"
 
 	"github.com/ssebus/eventbus"
 )
@@ -83,82 +80,5 @@ func TestPublishErrorsWrite(t *testing.T) {
 	// Nil sentinels match nothing.
 	if (PublishErrors{}).Write(httptest.NewRecorder(), errUnknown) {
 		t.Fatal("an empty PublishErrors wrote an answer")
-	}
-}
-
-func TestIdempotencyStore(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var c Idempotency
-		next := uint64(0)
-		calls := 0
-		publish := func() (uint64, error) { calls++; next++; return next, nil }
-		pub := func(key, fp string) (uint64, bool, error) { return c.Publish(key, fp, publish) }
-
-		if id, dup, err := pub("k", "f1"); id != 1 || dup || err != nil {
-			t.Fatalf("first: %d %v %v", id, dup, err)
-		}
-		if id, dup, err := pub("k", "f1"); id != 1 || !dup || err != nil || calls != 1 {
-			t.Fatalf("retry: %d %v %v, %d publishes", id, dup, err, calls)
-		}
-		if _, _, err := pub("k", "f2"); !errors.Is(err, eventbus.ErrIdempotencyKeyReused) || calls != 1 {
-			t.Fatalf("other event: %v, %d publishes", err, calls)
-		}
-		time.Sleep(DefaultIdempotencyWindow - time.Second)
-		if _, dup, _ := pub("k", "f1"); !dup {
-			t.Fatal("forgotten within the window")
-		}
-		time.Sleep(time.Second) // the window, counted from the first publish
-		if id, dup, _ := pub("k", "f1"); id != 2 || dup {
-			t.Fatalf("after the window: %d %v, want a new publish", id, dup)
-		}
-		// A failed publish records nothing.
-		boom := errors.New("boom")
-		if _, _, err := c.Publish("x", "f", func() (uint64, error) { return 0, boom }); err != boom {
-			t.Fatalf("failed publish: %v", err)
-		}
-		if id, dup, _ := pub("x", "f"); dup || id != 3 {
-			t.Fatalf("after a failed publish: %d %v", id, dup)
-		}
-	})
-}
-
-// At most Max keys are held; the oldest is forgotten first.
-func TestIdempotencyStoreBound(t *testing.T) {
-	c := Idempotency{Max: 3}
-	next := uint64(0)
-	publish := func() (uint64, error) { next++; return next, nil }
-	for _, k := range []string{"a", "b", "c", "d"} {
-		c.Publish(k, "f", publish)
-	}
-	if len(c.byKey) != 3 || len(c.order) != 3 {
-		t.Fatalf("%d keys, %d entries held, want 3", len(c.byKey), len(c.order))
-	}
-	if _, dup, _ := c.Publish("a", "f", publish); dup {
-		t.Fatal("the oldest key was not forgotten")
-	}
-	if id, dup, _ := c.Publish("d", "f", publish); !dup || id != 4 {
-		t.Fatalf("d: %d %v", id, dup)
-	}
-}
-
-// Concurrent publishes with one key publish once.
-func TestIdempotencyStoreConcurrent(t *testing.T) {
-	var c Idempotency
-	var mu sync.Mutex
-	calls := 0
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Go(func() {
-			c.Publish("k", "f", func() (uint64, error) {
-				mu.Lock()
-				defer mu.Unlock()
-				calls++
-				return 1, nil
-			})
-		})
-	}
-	wg.Wait()
-	if calls != 1 {
-		t.Fatalf("%d publishes for one key", calls)
 	}
 }
