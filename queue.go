@@ -99,16 +99,17 @@ type boundedAsyncQueue struct {
 	// stores it once for every frame it yields (see Subscription.Events).
 	unyielded atomic.Uint64
 	waiting   atomic.Bool // the consumer found nothing and may be blocked on ready
+	looked    atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
 	// taken and takenLast are the oldest and the newest event the consumer
-	// took and has not reported done yet (Subscription.release): a batch
-	// in flight, which a Hub's budget counts as held (hub_pins.go). Set
-	// under mu by take, as it moves head, so that a look under mu sees
-	// every event either queued or here; cleared by the consumer.
+	// took and has not reported done yet (releaseTaken): a batch in
+	// flight, which a Hub's budget counts as held (hub_pins.go). Set under
+	// mu by take, as it moves head, so that a look under mu sees every
+	// event either queued or here; cleared by the consumer.
 	taken, takenLast atomic.Pointer[frame]
 	// trackTaken: the bus's owner counts what subscribers hold (a Hub),
-	// so take records taken; on any other bus it costs nothing.
+	// so take records taken; on any other bus it costs nothing. Set
+	// before the queue is shared, never changed.
 	trackTaken bool
-	looked           atomic.Bool // the consumer has popped at least once (Subscription.yieldFor)
 
 	mu  sync.Mutex
 	buf []*frame // power-of-two length; replaced by the producer under mu only
