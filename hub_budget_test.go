@@ -279,6 +279,13 @@ func TestHubBudgetTrimsUnderACatchUpReader(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
+		a.mu.Lock()
+		var last uint64
+		if len(got) > 0 {
+			last = got[len(got)-1].ID()
+		}
+		t.Logf("DBG got=%d last=%d behind=%v lagging=%v cursor=%d next=%d ring=[%d,%d] waiting=%v qlen=%d shed=%v subs=%d live=%+v ready=%d", len(got), last, s.behind, s.lagging.Load(), s.cursor.Load(), a.nextID, a.ring.firstID(), a.ring.lastID(), s.q.waiting.Load(), s.q.length(), s.shed.Load(), len(a.subs), s.q.liveCounts(), len(s.q.ready))
+		a.mu.Unlock()
 		t.Fatal("the consumer did not reach the last event")
 	}
 	s.Close()

@@ -22,15 +22,23 @@
 //	eventbus_sessions_created_total        counter  sessions created
 //	eventbus_sessions_closed_total         counter  reason: expired, deleted
 //	eventbus_sessions_refused_total        counter  ErrHubFull answers
+//	eventbus_pinned_bytes                  gauge    bytes subscribers hold beyond the rings
+//	                                                (HubStats.PinnedBytes)
+//	eventbus_idempotency_keys              gauge    idempotency keys the sessions remember
+//	eventbus_idempotency_bytes             gauge    what the budget counts for them
 //	eventbus_budget_trimmed_events_total   counter  events trimmed to keep MaxTotalBytes
+//	eventbus_budget_shed_subscribers_total counter  subscribers the budget acted on for
+//	                                                what they held beyond the rings
 //	eventbus_events_published_total       counter  events given an id
 //	eventbus_publishes_rejected_total      counter  reason: invalid, too_large, closed
 //	eventbus_signals_total                 counter  change signals
 //	eventbus_frames_delivered_total        counter  frames that reached their consumer
 //	eventbus_frames_dropped_total          counter  reason: coalesced, overflow, replay_budget,
-//	                                                cancelled, blocked, catchup_signal
+//	                                                cancelled, blocked, catchup_signal,
+//	                                                memory_budget
 //	eventbus_evictions_total               counter  reason: queue_overflow, queue_bytes_overflow,
-//	                                                repeated_overflow, catchup_stalled
+//	                                                repeated_overflow, catchup_stalled,
+//	                                                memory_budget
 //	eventbus_resyncs_total                 counter  reason: epoch_reset, ring_evicted,
 //	                                                replay_budget_exceeded, queue_overflow,
 //	                                                queue_bytes_overflow, cursor_invalid
@@ -110,8 +118,16 @@ var metrics = []metric{
 		labelled{"deleted", func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return h.Deleted }}),
 	counter("eventbus_sessions_refused_total", "New sessions refused because the hub was full of live sessions (ErrHubFull).",
 		func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return h.Refused }),
+	gauge("eventbus_pinned_bytes", "Bytes subscribers hold beyond their sessions' rings now, as the hub's budget counts them (HubStats.PinnedBytes).",
+		func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return uint64(h.PinnedBytes) }),
+	gauge("eventbus_idempotency_keys", "Idempotency keys the sessions remember now (Hub.PublishIdempotent).",
+		func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return uint64(h.IdempotencyKeys) }),
+	gauge("eventbus_idempotency_bytes", "What the hub's budget counts for the idempotency keys now.",
+		func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return uint64(h.IdempotencyBytes) }),
 	counter("eventbus_budget_trimmed_events_total", "Events removed from rings to keep the hub's byte budget.",
 		func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return h.BudgetTrimmed }),
+	counter("eventbus_budget_shed_subscribers_total", "Subscribers the hub's budget acted on for what they held beyond the rings (evicted, put behind, or their draining frames dropped).",
+		func(h *eventbus.HubStats, _ *eventbus.Stats) uint64 { return h.BudgetShed }),
 
 	counter("eventbus_events_published_total", "Events published (given an id).",
 		func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Published }),
@@ -129,12 +145,14 @@ var metrics = []metric{
 		labelled{"replay_budget", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Dropped.ReplayBudget }},
 		labelled{"cancelled", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Dropped.Cancelled }},
 		labelled{"blocked", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Dropped.Blocked }},
-		labelled{"catchup_signal", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Dropped.CatchUpSignals }}),
+		labelled{"catchup_signal", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Dropped.CatchUpSignals }},
+		labelled{"memory_budget", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Dropped.MemoryBudget }}),
 	byReason("eventbus_evictions_total", "Subscribers evicted (client_evicted), by reason.",
 		labelled{"queue_overflow", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Evictions.QueueOverflow }},
 		labelled{"queue_bytes_overflow", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Evictions.QueueBytesOverflow }},
 		labelled{"repeated_overflow", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Evictions.RepeatedOverflow }},
-		labelled{"catchup_stalled", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Evictions.CatchUpStalled }}),
+		labelled{"catchup_stalled", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Evictions.CatchUpStalled }},
+		labelled{"memory_budget", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Evictions.MemoryBudget }}),
 	byReason("eventbus_resyncs_total", "state_resync_required frames sent, by reason.",
 		labelled{"epoch_reset", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Resyncs.EpochReset }},
 		labelled{"ring_evicted", func(_ *eventbus.HubStats, b *eventbus.Stats) uint64 { return b.Resyncs.RingEvicted }},

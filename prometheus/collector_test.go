@@ -156,3 +156,63 @@ eventbus_sessions_closed_total{reason="expired"} 15
 		compare(t, ebprom.NewCollector(hub), final, "eventbus_events_published_total", "eventbus_sessions_closed_total")
 	})
 }
+
+// What the budget counts beyond the rings is exported: the bytes a
+// subscriber that never reads holds after its ring dropped them, the
+// subscriber shed when they take the budget over (evicted, reason
+// memory_budget), and the idempotency keys.
+func TestCollectorReportsPinsAndKeys(t *testing.T) {
+	hub := newHub(t, eventbus.HubOptions{MaxTotalBytes: 64 << 10, Bus: eventbus.Options{RingSize: 2, MaxEventBytes: 8 << 10}})
+	c := ebprom.NewCollector(hub)
+	if _, _, _, err := hub.PublishIdempotent("k", "key-1", eventbus.Event{Type: "note"}); err != nil {
+		t.Fatal(err)
+	}
+	bus, err := hub.GetOrCreate("slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := bus.Subscribe(context.Background(), eventbus.SubscribeOptions{}) // never read
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	big := eventbus.Event{Type: "note", Data: []byte(`"` + strings.Repeat("x", 2000) + `"`)}
+	for range 5 {
+		if _, err := hub.Publish("slow", big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := hub.Stats(); st.PinnedBytes <= 0 {
+		t.Fatalf("nothing pinned: %+v", st)
+	}
+	compare(t, c, fmt.Sprintf(`
+# HELP eventbus_pinned_bytes Bytes subscribers hold beyond their sessions' rings now, as the hub's budget counts them (HubStats.PinnedBytes).
+# TYPE eventbus_pinned_bytes gauge
+eventbus_pinned_bytes %d
+# HELP eventbus_idempotency_keys Idempotency keys the sessions remember now (Hub.PublishIdempotent).
+# TYPE eventbus_idempotency_keys gauge
+eventbus_idempotency_keys 1
+`, hub.Stats().PinnedBytes), "eventbus_pinned_bytes", "eventbus_idempotency_keys")
+	for i := 0; hub.Stats().BudgetShed == 0; i++ {
+		if i == 200 {
+			t.Fatal("the stalled subscriber was never shed")
+		}
+		if _, err := hub.Publish("slow", big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	compare(t, c, `
+# HELP eventbus_budget_shed_subscribers_total Subscribers the hub's budget acted on for what they held beyond the rings (evicted, put behind, or their draining frames dropped).
+# TYPE eventbus_budget_shed_subscribers_total counter
+eventbus_budget_shed_subscribers_total 1
+`, "eventbus_budget_shed_subscribers_total")
+	compare(t, c, `
+# HELP eventbus_evictions_total Subscribers evicted (client_evicted), by reason.
+# TYPE eventbus_evictions_total counter
+eventbus_evictions_total{reason="catchup_stalled"} 0
+eventbus_evictions_total{reason="memory_budget"} 1
+eventbus_evictions_total{reason="queue_bytes_overflow"} 0
+eventbus_evictions_total{reason="queue_overflow"} 0
+eventbus_evictions_total{reason="repeated_overflow"} 0
+`, "eventbus_evictions_total")
+}
