@@ -80,6 +80,7 @@ func TestChaosHTTP(t *testing.T) {
 		},
 		Logger:    slog.New(slog.DiscardHandler),
 		Heartbeat: 250 * time.Millisecond,
+		BareIDs:   true, // its clients resume with Event-Epoch and compare the SSE id with the envelope's
 		// A stalled reader whose writes block this long is dropped (no
 		// frame); it reconnects and resumes like any other. Not shorter
 		// under -short: a staller must fill its queue (and be evicted)

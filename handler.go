@@ -98,15 +98,20 @@ type Handler struct {
 	// 0 means Retry/2 (DefaultRetryJitterRatio); a negative value means
 	// none, every connection gets exactly Retry.
 	RetryJitter time.Duration
-	// EpochIDs makes the SSE id: line of every event "<epoch>:<N>" (the
-	// bus epoch, a colon, the decimal id) instead of "N", so that a
-	// browser's EventSource, which sends the last id back by itself but no
-	// Event-Epoch header, names the epoch of its cursor: one from before a
-	// daemon restart is then answered with epoch_reset. The envelope's "id"
-	// stays the number. Off by default ("id: N"). The handler accepts both
-	// forms whatever this says, so switching it is safe during a rolling
-	// deploy (docs/SPEC.md section 5.4).
-	EpochIDs bool
+	// BareIDs makes the SSE id: line of every event "N", the decimal id
+	// alone, as the original design's wire has it, instead of
+	// "<epoch>:<N>" (the bus epoch, a colon, the id), the default. The
+	// cost: a browser's EventSource sends the last id back by itself but
+	// no Event-Epoch header, so after a daemon restart, a Delete or an
+	// idle expiry its bare cursor cannot be told from one of the new bus:
+	// it resumes in the new epoch as if nothing had happened, and what it
+	// missed is lost silently (a client that sends ?epoch= or Event-Epoch
+	// is still told epoch_reset). Set it only for clients that cannot take
+	// the "<epoch>:<N>" form back. The envelope's "id" is the number
+	// either way, and the handler accepts both forms whatever this says,
+	// so switching it is safe during a rolling deploy (docs/SPEC.md
+	// section 5.4).
+	BareIDs bool
 	// CORS, when set, lets pages of other origins open the stream (see
 	// CORS). nil: no CORS headers but Access-Control-Expose-Headers, no
 	// preflight (OPTIONS is 405), no origin check. One that does not
@@ -271,7 +276,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 	writeStreamHeaders(w, r, bus)
 
 	s.s.init(h, w, r)
-	if h.EpochIDs {
+	if !h.BareIDs {
 		s.s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
 		s.s.idPrefix = append(append(append(s.s.idPrefix, idField...), bus.Epoch()...), ':')
 	}
@@ -523,7 +528,7 @@ func ParseLastEventID(s string) (uint64, bool) {
 // ParseEventID parses a Last-Event-ID value in either form a Handler
 // accepts: "N", as ParseLastEventID, or "<epoch>:<N>", an epoch of exactly
 // 32 lowercase hex digits (what EventBus.Epoch returns), a colon and N as
-// before (the id: lines of Handler.EpochIDs). It returns the epoch ("" for
+// before (the id: lines of a Handler without BareIDs). It returns the epoch ("" for
 // the plain form, else a substring of s), the id, and whether s is valid;
 // anything else (another epoch length, upper-case hex, a sign, a second
 // colon...) reports false. It never allocates. Clients that keep their own

@@ -44,7 +44,7 @@ func benchHandler(b *testing.B, h2c, epochIDs, grant bool) {
 	h := &Handler{
 		Lookup:   func(*http.Request) (*EventBus, error) { return bus, nil },
 		Logger:   slog.New(slog.DiscardHandler),
-		EpochIDs: epochIDs,
+		BareIDs:  !epochIDs,
 	}
 	if grant {
 		h.Authorize = func(*http.Request, *EventBus) (Grant, error) {

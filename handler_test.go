@@ -758,7 +758,7 @@ func epochEvent(epoch string, id uint64) sseEvent {
 }
 
 func TestHandlerEpochIDs(t *testing.T) {
-	e := newEnv(t, envOptions{handler: &Handler{EpochIDs: true}})
+	e := newEnv(t, envOptions{epochIDs: true})
 	setup := func(t *testing.T) (string, *EventBus) { return e.sessionWithEvents(t, 5) }
 	const other = "0123456789abcdef0123456789abcdef"
 	rc := wantReplayComplete
@@ -879,7 +879,7 @@ func TestHandlerEpochIDs(t *testing.T) {
 // id it last saw, and the new bus (a new epoch, already past that id) must
 // answer epoch_reset instead of resuming in the middle of its own sequence.
 func TestHandlerEpochIDsAcrossARestart(t *testing.T) {
-	e := newEnv(t, envOptions{handler: &Handler{EpochIDs: true}})
+	e := newEnv(t, envOptions{epochIDs: true})
 	old := e.bus(t, "s", Options{})
 	publishN(t, old, 3)
 	c := e.stream(t, "/session/s/events", hdr("Last-Event-ID", "0"))
@@ -1362,4 +1362,34 @@ func FuzzHandlerRequest(f *testing.F) {
 		require.NoError(t, err)
 		require.Equal(t, raw[:min(len(raw), 64)], v)
 	})
+}
+
+// The default is the safe one (issue 33): a Handler nobody configured
+// writes epoch ids, so a browser's own Last-Event-ID names the epoch, and
+// a resume after the session's bus was replaced (a daemon restart, a
+// Delete, an idle expiry) is told epoch_reset instead of joining the new
+// sequence silently. Only BareIDs, set on purpose, gives that up.
+func TestHandlerDefaultAnnouncesANewEpoch(t *testing.T) {
+	var bus atomic.Pointer[EventBus]
+	b1 := newBus(t, Options{})
+	bus.Store(b1)
+	srv := httptest.NewServer(&Handler{Lookup: func(*http.Request) (*EventBus, error) { return bus.Load(), nil }})
+	defer srv.Close()
+	publishN(t, b1, 3)
+	c := openStream(t, srv, "/session/s/events", hdr("Last-Event-ID", "0"))
+	last := ""
+	for !strings.HasSuffix(last, ":3") {
+		last = c.skipToEvent().ID
+	}
+	require.Equal(t, b1.Epoch()+":3", last, "the id line carries the epoch")
+	c.close()
+
+	b2 := newBus(t, Options{}) // the daemon restarted
+	bus.Store(b2)
+	publishN(t, b2, 6)
+	c = openStream(t, srv, "/session/s/events", hdr("Last-Event-ID", last))
+	ev := c.skipToEvent()
+	require.Equal(t, TypeStateResyncRequired, ev.Type, "a resume across the restart says so")
+	require.Contains(t, ev.Data, `"reason":"epoch_reset"`)
+	c.close()
 }

@@ -726,7 +726,10 @@ func testJitter(j time.Duration) time.Duration {
 }
 
 type envOptions struct {
-	handler        *Handler // Retry, RetryJitter, Heartbeat, WriteTimeout, EpochIDs, CORS and Authorize are used; nil: none
+	handler        *Handler // Retry, RetryJitter, Heartbeat, WriteTimeout, CORS and Authorize are used; nil: none
+	// epochIDs: the stream's id lines carry the epoch, the Handler's
+	// default; without it the tests read the bare ids of SPEC 5.3 (BareIDs).
+	epochIDs bool
 	wrap           func(http.Handler) http.Handler
 	maxHeaderBytes int
 	http2          bool
@@ -753,7 +756,7 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 		RetryJitter:  testJitter(o.handler.RetryJitter),
 		Heartbeat:    o.handler.Heartbeat,
 		WriteTimeout: o.handler.WriteTimeout,
-		EpochIDs:     o.handler.EpochIDs,
+		BareIDs:      !o.epochIDs,
 		CORS:         o.handler.CORS,
 		Authorize:    o.handler.Authorize,
 	}
@@ -1128,6 +1131,7 @@ func busHandler(b *EventBus, logs *logCapture) *Handler {
 		Lookup:      func(*http.Request) (*EventBus, error) { return b, nil },
 		Logger:      logs.logger(),
 		RetryJitter: testJitter(0),
+		BareIDs:     true, // the tests read SPEC 5.3's id lines; epoch ids have tests of their own
 	}
 }
 
@@ -1318,6 +1322,7 @@ func stampOf(t testing.TB, f Frame) int64 {
 // headers of up to 16 MiB, closed when the test ends.
 func serveSession(t testing.TB, b *EventBus, h *Handler) *httptest.Server {
 	t.Helper()
+	h.BareIDs = true // the tests read SPEC 5.3's id lines; epoch ids have tests of their own
 	h.Lookup = func(r *http.Request) (*EventBus, error) {
 		if r.PathValue("id") == "s" {
 			return b, nil

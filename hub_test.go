@@ -410,7 +410,7 @@ func TestHubResumeAcrossExpiryIsEpochReset(t *testing.T) {
 	clock := newHubClock()
 	h := newTestHub(t, HubOptions{IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
 	mux := http.NewServeMux()
-	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupRequest, EpochIDs: true})
+	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupRequest})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	url := srv.URL + "/s/x/events"
@@ -822,7 +822,7 @@ func TestHandlerHubShutdown(t *testing.T) {
 				bus, err := hub.GetOrCreate("s")
 				require.NoError(t, err)
 				mux := http.NewServeMux()
-				mux.Handle("GET /session/{id}/events", &Handler{Lookup: hub.LookupRequest, RetryJitter: -1, WriteTimeout: time.Minute})
+				mux.Handle("GET /session/{id}/events", &Handler{Lookup: hub.LookupRequest, RetryJitter: -1, WriteTimeout: time.Minute, BareIDs: true})
 				ln, srv, client, served := pipeHTTP(mux, h2c)
 				defer func() {
 					client.CloseIdleConnections()

@@ -102,7 +102,7 @@ const DefaultMaxStreamSessions = 32
 type MuxHandler struct {
 	// Handler holds the stream's settings: Logger, Retry, RetryJitter,
 	// Heartbeat, WriteTimeout and CORS, and Authorize when this
-	// MuxHandler's is nil. Its Lookup and EpochIDs are not used. Its
+	// MuxHandler's is nil. Its Lookup and BareIDs are not used. Its
 	// Revoke ends this MuxHandler's streams too (they share its
 	// registry), so a daemon that serves both routes from one Handler
 	// revokes both with one call. nil: the defaults, no CORS, no

@@ -903,7 +903,7 @@ func TestMuxCORS(t *testing.T) {
 // multiplexed stream's cursor always carries the epochs.
 func TestMuxEpochIDsSetting(t *testing.T) {
 	for _, on := range []bool{false, true} {
-		e := newEnv(t, envOptions{handler: &Handler{EpochIDs: on}})
+		e := newEnv(t, envOptions{epochIDs: on})
 		a := e.bus(t, "a", Options{})
 		publishN(t, a, 1)
 		single := e.stream(t, "/session/a/events", hdr("Last-Event-ID", "0"))

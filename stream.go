@@ -298,7 +298,7 @@ type stream struct {
 	// after the handler returns (see armLastChunk).
 	http1 bool
 	buf   []byte
-	// idPrefix is "id: <epoch>:" with Handler.EpochIDs, else nil. An
+	// idPrefix is "id: <epoch>:" unless Handler.BareIDs, else nil. An
 	// event's shared bytes start with "id: N"; the writer puts idPrefix
 	// in front of the bytes after "id: ", so the frames stay encoded once.
 	idPrefix []byte

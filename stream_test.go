@@ -1153,7 +1153,7 @@ func TestHandlerFramingForLenientClients(t *testing.T) {
 		publishN(t, b, 3)
 		h := busHandler(b, logs)
 		h.Heartbeat = time.Second
-		h.EpochIDs = true
+		h.BareIDs = false
 		w := newMemWriter()
 		_, done := serveMem(h, w, "/session/s/events", hdr("Last-Event-ID", "1"))
 		synctest.Wait()

@@ -30,6 +30,9 @@ func eventbusServer(cfg config, policy eventbus.OverflowPolicy) *httpServer {
 	h := &eventbus.Handler{
 		Lookup: func(*http.Request) (*eventbus.EventBus, error) { return bus, nil },
 		Logger: slog.New(slog.DiscardHandler),
+		// The peers send bare ids, and so do the naive handlers: the same
+		// wire for all (BenchmarkHandler measures the default epoch ids).
+		BareIDs: true,
 	}
 	return &httpServer{
 		handler: h,

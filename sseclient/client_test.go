@@ -58,7 +58,7 @@ func startOpen(t *testing.T, c *sseclient.Client, rcs ...*recorder) *recorder {
 
 func TestLiveThenCleanCutResumesWithoutGapOrDuplicate(t *testing.T) {
 	bothIDForms(t, func(t *testing.T, epochIDs bool) {
-		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) { h.EpochIDs = epochIDs }})
+		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) { h.BareIDs = !epochIDs }})
 		c := &sseclient.Client{URL: s.url("a")}
 		rc := startOpen(t, c)
 		for i := 1; i <= 3; i++ {
@@ -98,7 +98,7 @@ func TestLiveThenCleanCutResumesWithoutGapOrDuplicate(t *testing.T) {
 
 func TestAbruptCutResumes(t *testing.T) {
 	bothIDForms(t, func(t *testing.T, epochIDs bool) {
-		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) { h.EpochIDs = epochIDs }})
+		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) { h.BareIDs = !epochIDs }})
 		c := &sseclient.Client{URL: s.url("a")}
 		rc := startOpen(t, c)
 		for i := 1; i <= 3; i++ {
@@ -120,7 +120,7 @@ func TestAbruptCutResumes(t *testing.T) {
 
 func TestRestartIsAnEpochResetNeverASilentJoin(t *testing.T) {
 	bothIDForms(t, func(t *testing.T, epochIDs bool) {
-		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) { h.EpochIDs = epochIDs }})
+		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) { h.BareIDs = !epochIDs }})
 		g := newGate(http.DefaultTransport.(*http.Transport).Clone())
 		hc := &http.Client{Transport: g}
 		defer g.next.(*http.Transport).CloseIdleConnections()

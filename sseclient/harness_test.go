@@ -58,6 +58,9 @@ func newServer(t testing.TB, cfg serverConfig) *server {
 		// Exact retry: values, so tests can bound the client's delays.
 		RetryJitter: -1,
 		Logger:      quietLogger(),
+		// SPEC 5.3's id lines unless a test asks for the Handler's default
+		// epoch ids (cfg.handler clears it).
+		BareIDs: true,
 	}
 	if cfg.handler != nil {
 		cfg.handler(s.handler)

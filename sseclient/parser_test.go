@@ -211,7 +211,7 @@ func TestParserReadsTheHandlersWire(t *testing.T) {
 		s := newServer(t, serverConfig{handler: func(h *eventbus.Handler) {
 			h.Retry, h.RetryJitter = 1500*time.Millisecond, -1
 			h.Heartbeat = 20 * time.Millisecond
-			h.EpochIDs = epochIDs
+			h.BareIDs = !epochIDs
 		}})
 		s.publish("a", "note", map[string]string{"x": "\n\ndata: injected"})
 		resp, err := http.Get(s.url("a") + "?lastEventId=0")

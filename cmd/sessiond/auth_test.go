@@ -33,6 +33,9 @@ func newAuthServerWith(t *testing.T, lifetime time.Duration, cfg config) (*serve
 		t.Fatal(err)
 	}
 	cfg.Logger, cfg.Auth = slog.New(slog.NewTextHandler(io.Discard, nil)), auth
+	if cfg.Stream == nil {
+		cfg.Stream = bareIDs
+	}
 	s, err := newServer(cfg)
 	if err != nil {
 		t.Fatal(err)

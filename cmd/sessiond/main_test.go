@@ -39,6 +39,7 @@ func newTestServer(t *testing.T, opts eventbus.Options) (*server, *httptest.Serv
 	s, err := newServer(config{
 		Hub:    eventbus.HubOptions{Bus: opts},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Stream: bareIDs,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +53,13 @@ func newTestServer(t *testing.T, opts eventbus.Options) (*server, *httptest.Serv
 		http.DefaultClient.CloseIdleConnections()
 	})
 	return s, ts
+}
+
+// bareIDs is the Stream setting of the tests that read SPEC 5.3's id
+// lines ("id: N"); the daemon's own default (-epoch-ids) is tested apart.
+func bareIDs(h *eventbus.Handler) error {
+	h.BareIDs = true
+	return nil
 }
 
 type response struct {

@@ -37,7 +37,7 @@ func newMuxServer(t *testing.T, proto string, epochIDs bool, cfg config) *muxSer
 	t.Helper()
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Stream = func(h *eventbus.Handler) error {
-		h.EpochIDs = epochIDs
+		h.BareIDs = !epochIDs
 		return nil
 	}
 	s, err := newServer(cfg)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/sseclient"
 )
 
@@ -174,7 +175,7 @@ func testREADMEDaemon(t *testing.T, program func(t *testing.T, root string) stri
 	for err == nil && m.Kind != sseclient.KindEvent { // the retry field, a heartbeat
 		m, err = p.Next()
 	}
-	if err != nil || m.ID != "1" || m.Type != "note" || !strings.Contains(string(m.Data), `"data":{"text":"hi"}`) {
+	if _, id, ok := eventbus.ParseEventID(m.ID); err != nil || !ok || id != 1 || !strings.Contains(m.ID, ":") || m.Type != "note" || !strings.Contains(string(m.Data), `"data":{"text":"hi"}`) {
 		t.Fatalf("the stream's first event: %+v, %v", m, err)
 	}
 

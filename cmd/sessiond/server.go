@@ -41,7 +41,7 @@ type config struct {
 	// Hub.PublishIdempotent), within MaxTotalBytes too.
 	Hub eventbus.HubOptions
 	// Stream, when set, sets the SSE handler's stream settings (Heartbeat,
-	// Retry, EpochIDs, CORS...); nil keeps the handler's defaults.
+	// Retry, BareIDs, CORS...); nil keeps the handler's defaults.
 	Stream func(*eventbus.Handler) error
 	Logger *slog.Logger // nil: slog.Default()
 	// CreateOnStream (-create-on-stream) makes a GET or HEAD of a

@@ -358,7 +358,7 @@ func TestFlags(t *testing.T) {
 	if err := f.Handler(h); err != nil {
 		t.Fatal(err)
 	}
-	wantH := &eventbus.Handler{Heartbeat: time.Second, Retry: 2 * time.Second, RetryJitter: -1, WriteTimeout: 3 * time.Second,
+	wantH := &eventbus.Handler{Heartbeat: time.Second, Retry: 2 * time.Second, RetryJitter: -1, WriteTimeout: 3 * time.Second, BareIDs: true,
 		CORS: &eventbus.CORS{Origins: []string{"https://a.example", "http://b.example:8080"}, Credentials: true}}
 	if !reflect.DeepEqual(h, wantH) {
 		t.Fatalf("Handler: %+v, CORS %+v", h, h.CORS)
@@ -370,7 +370,7 @@ func TestFlags(t *testing.T) {
 
 func TestFlagsHandlerAndTLSErrors(t *testing.T) {
 	h := &eventbus.Handler{CORS: &eventbus.CORS{}}
-	if err := (&Flags{EpochIDs: true}).Handler(h); err != nil || h.CORS != nil || !h.EpochIDs {
+	if err := (&Flags{EpochIDs: true}).Handler(h); err != nil || h.CORS != nil || h.BareIDs {
 		t.Fatalf("no -cors-origin: %v %+v", err, h)
 	}
 	if err := (&Flags{CORSCredentials: true}).Handler(h); err == nil {

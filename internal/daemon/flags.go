@@ -212,7 +212,7 @@ func (f *Flags) Logger(out io.Writer) *slog.Logger {
 // read the streams with its visitors' cookies).
 func (f *Flags) Handler(h *eventbus.Handler) error {
 	h.Heartbeat, h.Retry, h.RetryJitter, h.WriteTimeout = f.Heartbeat, f.Retry, f.RetryJitter, f.WriteTimeout
-	h.EpochIDs = f.EpochIDs
+	h.BareIDs = !f.EpochIDs
 	h.CORS = nil
 	var origins []string
 	for o := range strings.SplitSeq(f.CORSOrigin, ",") {
