@@ -42,9 +42,9 @@ func benchHandler(b *testing.B, h2c, epochIDs, grant bool) {
 	}
 	defer bus.Close()
 	h := &Handler{
-		Lookup:   func(*http.Request) (*EventBus, error) { return bus, nil },
-		Logger:   slog.New(slog.DiscardHandler),
-		BareIDs:  !epochIDs,
+		Lookup:  func(*http.Request) (*EventBus, error) { return bus, nil },
+		Logger:  slog.New(slog.DiscardHandler),
+		BareIDs: !epochIDs,
 	}
 	if grant {
 		h.Authorize = func(*http.Request, *EventBus) (Grant, error) {

@@ -726,10 +726,10 @@ func testJitter(j time.Duration) time.Duration {
 }
 
 type envOptions struct {
-	handler        *Handler // Retry, RetryJitter, Heartbeat, WriteTimeout, CORS and Authorize are used; nil: none
+	handler *Handler // Retry, RetryJitter, Heartbeat, WriteTimeout, CORS and Authorize are used; nil: none
 	// epochIDs: the stream's id lines carry the epoch, the Handler's
 	// default; without it the tests read the bare ids of SPEC 5.3 (BareIDs).
-	epochIDs bool
+	epochIDs       bool
 	wrap           func(http.Handler) http.Handler
 	maxHeaderBytes int
 	http2          bool
