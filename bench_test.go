@@ -231,7 +231,8 @@ func benchNaive(b *testing.B, subs int, encode bool) {
 // subscription. The blocked one costs a yield on each publish from 75% of
 // its queue to its eviction: the publisher cannot tell it from a handler
 // whose client reads but was not scheduled, which those yields keep from
-// being evicted by a publisher in a tight loop (BENCHMARKS.md, item 19).
+// being evicted by a publisher in a tight loop (docs/bench/NOTES.md,
+// item 19).
 //
 // Under OverflowCatchUp (policy=catchup) the stalled or blocked one falls
 // behind instead and stays (it would be evicted after 30 s without a take,

@@ -494,7 +494,7 @@ func (b *EventBus) fanOutLocked(f *frame, lastID uint64, out *fanout) {
 			// test is inline because setting up checkWarningLocked's
 			// frame, sized for building a diagnostic, cost more than the
 			// push itself (8-10% of the profiles at 1 and 1000
-			// subscribers; BENCHMARKS.md, item 15).
+			// subscribers; docs/bench/NOTES.md, item 15).
 			if !s.warned && !s.anyPastWarning(c) {
 				continue
 			}

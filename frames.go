@@ -153,7 +153,8 @@ type Frame struct {
 
 // frame is what a Frame points to. Frames are immutable once made, so one
 // frame serves the ring, every queue and every consumer's batch: a
-// consumer copies a pointer per frame, not the header (BENCHMARKS.md).
+// consumer copies a pointer per frame, not the header (docs/bench/NOTES.md,
+// item 17).
 type frame struct {
 	// wire is the complete SSE frame; the JSON envelope is wire[json:len-2].
 	wire  []byte

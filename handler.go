@@ -166,7 +166,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// loop's few words, so the collector shrinks its stack back to what
 	// net/http alone needs however deep Lookup or Authorize went (a daemon
 	// that logs there grew it to 16 KiB, kept for the stream's life: issue
-	// 26, BENCHMARKS.md).
+	// 26, docs/bench/NOTES.md).
 	if st := h.open(w, r); st != nil {
 		serveStream(st, &st.s, st.sub.Ready(), st.ends, &st.end)
 	}

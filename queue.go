@@ -34,7 +34,7 @@ func (r pushResult) reason() string {
 // same index. One published frame is shared by the ring and every queue,
 // and a live push, the hot path, writes only its 8-byte pointer: the tags
 // of a free slot are always 0, so there is nothing else to write
-// (BENCHMARKS.md). Frames are immutable once made.
+// (docs/bench/NOTES.md, item 18). Frames are immutable once made.
 type entryFlags uint8
 
 const (
@@ -254,7 +254,8 @@ func unyieldedOf(live, bytes int) uint64 { return uint64(live)<<unyieldedShift |
 // run it at once, drain a single frame and wait again, before the next
 // event wakes it again: one wake-up per delivery. Woken together after the
 // fan-out, consumers are still queued to run when the next event comes, so
-// that event needs no wake-up and they drain batches (BENCHMARKS.md).
+// that event needs no wake-up and they drain batches (docs/bench/NOTES.md,
+// item 7).
 //
 // A single frame larger than the byte cap is accepted when no live entry is
 // queued, so an oversized event still reaches a keeping-up consumer; the next

@@ -151,7 +151,7 @@ func (st *sessionStream) batch() (more, done bool) {
 	// No yield before waiting: between batches the handler writes and
 	// flushes, which gives the publisher time to queue more, and in the
 	// peer harness's tight-publisher runs the yield gave 10x slower
-	// outliers (BENCHMARKS.md).
+	// outliers (docs/bench/NOTES.md, item 8).
 	frames, open := sub.TakeReady(st.frames[:0])
 	if st.end == endNone {
 		// After the take: a batch taken after Revoke returned is never
@@ -359,7 +359,7 @@ func (s *stream) appendHeartbeat() {
 // reserve makes room in the batch buffer for the frames add will copy,
 // in one allocation: growing by doubling while a large batch is copied
 // moved each byte several times and took a fifth of the handler's CPU with
-// 256 clients (profile in BENCHMARKS.md).
+// 256 clients (docs/bench/NOTES.md, item 10).
 func (s *stream) reserve(frames []Frame) {
 	need := 0
 	for _, f := range frames {

@@ -358,7 +358,8 @@ func (s *Subscription) take(dst []Frame, yield bool, maxBytes int, sizes *[]int)
 		// so the publisher (or the other consumers) can run, and look
 		// again; only a second empty look declares it waiting. With
 		// nothing else to run, Gosched returns at once. This halved the
-		// cost per delivery at 64 and 1000 subscribers (BENCHMARKS.md).
+		// cost per delivery at 64 and 1000 subscribers (docs/bench/NOTES.md,
+		// item 8).
 		consumerYield()
 		frames, open = s.q.take(dst, true, maxBytes, sizes)
 	}

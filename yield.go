@@ -5,16 +5,16 @@ import (
 	"time"
 )
 
-// The publisher's yield policy. A subscriber past 75% of a cap is often
-// not slow at all: its goroutine was woken but not scheduled yet, because
-// the publisher holds the processor (GOMAXPROCS is small, the publisher
-// runs a tight loop). So a publish that leaves such a subscriber behind it
-// yields the processor, after the bus lock, so that the consumer can run
-// before it is evicted: once, and past 90% until the first such consumer
-// is back under 90%, maxUrgentYields more yields went by, or the yields
-// of this publish have lasted maxYieldTime. A fixed 4 yields there still
-// lost a healthy consumer in about one tight stall run in sixteen once
-// Publish got faster (BENCHMARKS.md). This never waits for anyone: with
+// The publisher's yield policy. A subscriber past 75% of a cap is often not
+// slow at all: its goroutine was woken but not scheduled yet, because the
+// publisher holds the processor (GOMAXPROCS is small, the publisher runs a
+// tight loop). So a publish that leaves such a subscriber behind it yields
+// the processor, after the bus lock, so that the consumer can run before it
+// is evicted: once, and past 90% until the first such consumer is back
+// under 90%, maxUrgentYields more yields went by, or the yields of this
+// publish have lasted maxYieldTime. A fixed 4 yields there still lost a
+// healthy consumer in about one tight stall run in sixteen once Publish got
+// faster (docs/bench/NOTES.md, item 16). This never waits for anyone: with
 // nothing else to run Gosched returns at once, and a consumer that runs
 // drains its whole queue. But a yield lasts as long as the goroutines that
 // run in its place: with 200 consumers that read once and then blocked, 1
@@ -38,7 +38,8 @@ const maxUrgentYields = 16
 // consumer past 90%: no yield starts after it (the one under way when it
 // runs out ends when the scheduler gives the processor back). In the tight
 // loops the yields are for, one yield lets the consumers this publish woke
-// run and takes about 16 µs (BENCHMARKS.md), so all 17 fit well within it.
+// run and takes about 16 µs (docs/bench/NOTES.md), so all 17 fit well
+// within it.
 const maxYieldTime = 500 * time.Microsecond
 
 // yieldProcessor is runtime.Gosched; tests count the yields through it.

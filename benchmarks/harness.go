@@ -130,7 +130,8 @@ type fanout interface {
 	// them is registered (an event published afterwards reaches all of them)
 	// and every subscriber goroutine it starts is running: the workload is
 	// subscribers that drain, and a tight publisher on 2 cores can otherwise
-	// fill a goroutine that was never scheduled yet (see BENCHMARKS.md).
+	// fill a goroutine that was never scheduled yet (docs/bench/NOTES.md,
+	// item 16).
 	start(sinks []*sink) error
 	// publish publishes event seq (1-based). It may block if the library blocks.
 	publish(seq uint64) error

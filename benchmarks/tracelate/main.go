@@ -6,8 +6,8 @@
 // which a P recorded no event at all, with the goroutines that sat in its
 // run queue meanwhile (a P that was running; an idle P records nothing
 // either). It was written for issue 26's bimodal tail with a
-// yielding publisher (BENCHMARKS.md, "The frame's cost, apart from the
-// delivery's").
+// yielding publisher (docs/bench/NOTES.md, "The frame's cost, apart from
+// the delivery's").
 //
 // Usage, from benchmarks/:
 //

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 22's HTTP/2 rapid reset against the demo daemon, measured from
-# outside (BENCHMARKS.md, "HTTP/2 rapid reset against the demo daemon").
+# outside (BENCHMARKS.md, "Memory under attack"; docs/bench/NOTES.md,
+# "HTTP/2 rapid reset against the demo daemon").
 #
 #   bash docs/bench/rapidreset.sh [PREFIX_REF]
 #
