@@ -13,6 +13,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -21,7 +22,7 @@ import (
 // the checks, stream lifetimes and revocation.
 
 // authHandler is busHandler with an Authorize.
-func authHandler(b *EventBus, logs *logCapture, authorize func(*http.Request, *EventBus) (Grant, error)) *Handler {
+func authHandler(b *EventBus, logs *logCapture, authorize func(*http.Request, string, *EventBus) (Grant, error)) *Handler {
 	h := busHandler(b, logs)
 	h.Authorize = authorize
 	return h
@@ -69,10 +70,10 @@ func TestStatusErrorAnswers(t *testing.T) {
 				h := busHandler(b, logs)
 				authorized := false
 				if hook == "Lookup" {
-					h.Lookup = func(*http.Request) (*EventBus, error) { return nil, tc.err }
-					h.Authorize = func(*http.Request, *EventBus) (Grant, error) { authorized = true; return Grant{}, nil }
+					h.Lookup = func(*http.Request, string) (*EventBus, error) { return nil, tc.err }
+					h.Authorize = func(*http.Request, string, *EventBus) (Grant, error) { authorized = true; return Grant{}, nil }
 				} else {
-					h.Authorize = func(*http.Request, *EventBus) (Grant, error) { return Grant{Subject: "x"}, tc.err }
+					h.Authorize = func(*http.Request, string, *EventBus) (Grant, error) { return Grant{Subject: "x"}, tc.err }
 				}
 				st := serveOne(h, http.MethodGet, "/session/s/events", nil)
 				m := requireMemError(t, st, tc.status, tc.code)
@@ -113,7 +114,7 @@ func TestStatusErrorAnswers(t *testing.T) {
 	t.Run("a status outside 400..599 is a 500", func(t *testing.T) {
 		logs := &logCapture{}
 		b := newBus(t, logs.capture(Options{}))
-		h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
+		h := authHandler(b, logs, func(*http.Request, string, *EventBus) (Grant, error) {
 			return Grant{}, &StatusError{Status: http.StatusOK, Message: "fine?"}
 		})
 		st := serveOne(h, http.MethodGet, "/session/s/events", nil)
@@ -124,7 +125,7 @@ func TestStatusErrorAnswers(t *testing.T) {
 	t.Run("another Authorize error is a 500 whose cause is logged", func(t *testing.T) {
 		logs := &logCapture{}
 		b := newBus(t, logs.capture(Options{}))
-		h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) { return Grant{}, cause })
+		h := authHandler(b, logs, func(*http.Request, string, *EventBus) (Grant, error) { return Grant{}, cause })
 		st := serveOne(h, http.MethodGet, "/session/s/events", nil)
 		m := requireMemError(t, st, http.StatusInternalServerError, "internal")
 		require.Equal(t, "authorization failed", m["error"])
@@ -142,7 +143,7 @@ func TestStatusErrorAnswers(t *testing.T) {
 	t.Run("a grant that already expired is a 401", func(t *testing.T) {
 		logs := &logCapture{}
 		b := newBus(t, logs.capture(Options{}))
-		h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
+		h := authHandler(b, logs, func(*http.Request, string, *EventBus) (Grant, error) {
 			return Grant{Subject: "a", Expires: time.Now().Add(-time.Second)}, nil
 		})
 		st := serveOne(h, http.MethodGet, "/session/s/events", nil)
@@ -175,7 +176,7 @@ func TestAuthorizeOrder(t *testing.T) {
 	var mu sync.Mutex
 	var calls []string
 	h := &Handler{
-		Lookup: func(r *http.Request) (*EventBus, error) {
+		Lookup: func(r *http.Request, _ string) (*EventBus, error) {
 			switch r.PathValue("id") {
 			case "full":
 				return full, nil
@@ -184,7 +185,7 @@ func TestAuthorizeOrder(t *testing.T) {
 			}
 			return nil, ErrSessionNotFound
 		},
-		Authorize: func(r *http.Request, bus *EventBus) (Grant, error) {
+		Authorize: func(r *http.Request, _ string, bus *EventBus) (Grant, error) {
 			mu.Lock()
 			calls = append(calls, r.Method+" "+r.URL.Path)
 			mu.Unlock()
@@ -291,7 +292,7 @@ func TestStreamLifetime(t *testing.T) {
 			logs := &logCapture{}
 			b := newBus(t, logs.capture(Options{}))
 			const lifetime = 10 * time.Second
-			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
+			h := authHandler(b, logs, func(*http.Request, string, *EventBus) (Grant, error) {
 				return Grant{Subject: "alice", Expires: time.Now().Add(lifetime)}, nil
 			})
 			h.Heartbeat = 3 * time.Second // beats while it lives, do not disturb the end
@@ -344,7 +345,7 @@ func TestStreamLifetime(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
 			b := newBus(t, logs.capture(Options{}))
-			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
+			h := authHandler(b, logs, func(*http.Request, string, *EventBus) (Grant, error) {
 				return Grant{Subject: "alice", Expires: time.Now().Add(time.Second)}, nil
 			})
 			ctx, stop := context.WithCancel(context.Background())
@@ -416,7 +417,7 @@ func TestStreamLifetime(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
 			b := newBus(t, logs.capture(Options{}))
-			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) { return Grant{Subject: "alice"}, nil })
+			h := authHandler(b, logs, func(*http.Request, string, *EventBus) (Grant, error) { return Grant{Subject: "alice"}, nil })
 			w := newMemWriter()
 			cancel, done := serveMem(h, w, "/session/s/events", nil)
 			time.Sleep(24 * time.Hour)
@@ -434,7 +435,7 @@ func TestStreamLifetime(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			logs := &logCapture{}
 			b := newBus(t, logs.capture(Options{MaxQueued: 2048}))
-			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
+			h := authHandler(b, logs, func(*http.Request, string, *EventBus) (Grant, error) {
 				return Grant{Expires: time.Now().Add(time.Second)}, nil
 			})
 			w := newMemWriter()
@@ -466,7 +467,7 @@ func TestRevoke(t *testing.T) {
 		subject string
 		c       *sseStream
 	}
-	e := newEnv(t, envOptions{handler: &Handler{Authorize: func(r *http.Request, _ *EventBus) (Grant, error) {
+	e := newEnv(t, envOptions{handler: &Handler{Authorize: func(r *http.Request, _ string, _ *EventBus) (Grant, error) {
 		return Grant{Subject: r.URL.Query().Get("as")}, nil
 	}}})
 	b := e.bus(t, "s", Options{})
@@ -516,7 +517,7 @@ func TestRevoke(t *testing.T) {
 func TestRevokeDropsWhatWasQueued(t *testing.T) {
 	logs := &logCapture{}
 	b := newBus(t, logs.capture(Options{}))
-	h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) { return Grant{Subject: "alice"}, nil })
+	h := authHandler(b, logs, func(*http.Request, string, *EventBus) (Grant, error) { return Grant{Subject: "alice"}, nil })
 	w := newMemWriter()
 	reached, release := gateFlush(w, 2) // the flush of event 1
 	defer release()
@@ -557,7 +558,7 @@ func TestRevokeWhileAuthorizing(t *testing.T) {
 			logs := &logCapture{}
 			b := newBus(t, logs.capture(Options{}))
 			entered, proceed := make(chan struct{}), make(chan struct{})
-			h := authHandler(b, logs, func(*http.Request, *EventBus) (Grant, error) {
+			h := authHandler(b, logs, func(*http.Request, string, *EventBus) (Grant, error) {
 				close(entered)
 				<-proceed
 				return Grant{Subject: "alice"}, nil
@@ -605,7 +606,7 @@ func TestRevokeRace(t *testing.T) {
 		b := newBus(t, logs.capture(Options{MaxSubscribers: 1000}))
 		var valid atomic.Bool
 		valid.Store(true)
-		h := authHandler(b, logs, func(r *http.Request, _ *EventBus) (Grant, error) {
+		h := authHandler(b, logs, func(r *http.Request, _ string, _ *EventBus) (Grant, error) {
 			subject := r.URL.Query().Get("as")
 			ok := subject != "alice" || valid.Load()
 			// A credential store's answer takes a while: a Revoke may come
@@ -664,4 +665,53 @@ func TestRevokeRace(t *testing.T) {
 		}
 		requireRegistryEmpty(t, h)
 	}
+}
+
+// One Authorize for both routes, told the session it decides on (issue
+// 33): a deny-list written against the session refuses the denied one on
+// the single route and on a multiplexed stream alike, and allows the
+// others on both. (Before, a MuxHandler sharing the Handler called its
+// Authorize with the request alone, whose r.PathValue("id") is empty on
+// the multiplexed route: a check written that way refused every
+// multiplexed request, or, as a deny-list, let every one through.)
+func TestAuthorizeIsToldTheSessionOnBothRoutes(t *testing.T) {
+	var mu sync.Mutex
+	var asked []string
+	e := newEnv(t, envOptions{handler: &Handler{Authorize: func(_ *http.Request, session string, bus *EventBus) (Grant, error) {
+		mu.Lock()
+		asked = append(asked, session)
+		mu.Unlock()
+		if bus == nil {
+			return Grant{}, errors.New("no bus")
+		}
+		if session == "secret" {
+			return Grant{}, Forbidden("not yours")
+		}
+		return Grant{Subject: "u"}, nil
+	}}})
+	for _, id := range []string{"a", "b", "secret"} {
+		e.bus(t, id, Options{})
+	}
+	take := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := asked
+		asked = nil
+		return out
+	}
+
+	status := func(path string) int {
+		resp := e.do(t, http.MethodGet, path, nil)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, status("/session/a/events"))
+	assert.Equal(t, []string{"a"}, take())
+	require.Equal(t, http.StatusForbidden, status("/session/secret/events"))
+	assert.Equal(t, []string{"secret"}, take())
+
+	require.Equal(t, http.StatusOK, status("/events?session=a&session=b"))
+	assert.Equal(t, []string{"a", "b"}, take(), "once per session, in order")
+	require.Equal(t, http.StatusForbidden, status("/events?session=a&session=secret"), "the denied session refuses the multiplexed stream too")
+	assert.Equal(t, []string{"a", "secret"}, take())
 }

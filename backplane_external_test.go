@@ -196,7 +196,7 @@ func TestExternalBackplaneThroughTheHandler(t *testing.T) {
 	}
 	late := newReplica(t, l, eventbus.Options{RingSize: 1})
 	srv := httptest.NewServer(&eventbus.Handler{
-		Lookup: func(*http.Request) (*eventbus.EventBus, error) { return late.bus, nil },
+		Lookup: func(*http.Request, string) (*eventbus.EventBus, error) { return late.bus, nil },
 	})
 	defer srv.Close()
 	require.Eventually(t, func() bool { return late.bus.LastEventID() == 3 }, 5*time.Second, time.Millisecond)

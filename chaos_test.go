@@ -72,7 +72,7 @@ func TestChaosHTTP(t *testing.T) {
 		sessions[name] = b
 	}
 	h := &Handler{
-		Lookup: func(r *http.Request) (*EventBus, error) {
+		Lookup: func(r *http.Request, _ string) (*EventBus, error) {
 			if b := sessions[r.PathValue("id")]; b != nil {
 				return b, nil
 			}

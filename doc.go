@@ -49,7 +49,7 @@
 // optionally checks credentials ([Handler.Authorize], [Grant],
 // [Handler.Revoke]) and cross-origin access ([CORS]). A daemon with many
 // sessions keeps their buses in a [Hub] ([NewHub]): [Hub.GetOrCreate] or
-// [Hub.Publish] where it publishes, [Hub.LookupRequest] as the Handler's
+// [Hub.Publish] where it publishes, [Hub.LookupSession] as the Handler's
 // Lookup (an unknown session is a 404, never a new bus), a session cap,
 // idle expiry and one byte budget over every ring. A page that watches
 // several sessions opens one multiplexed stream instead, served by a

@@ -51,16 +51,15 @@ var (
 	ErrIdempotencyKeyReused = errors.New("eventbus: idempotency key reused for a different event")
 
 	// ErrSessionNotFound is what a Handler's or MuxHandler's Lookup returns
-	// (or wraps) for an unknown session, and what Hub.LookupRequest and
+	// (or wraps) for an unknown session, and what Hub.LookupSession and
 	// Hub.LookupSession wrap; the handlers answer 404.
 	ErrSessionNotFound = errors.New("eventbus: session not found")
 
 	// ErrInvalidSessionID is wrapped by the error of CheckSessionID for a
 	// session id that is empty, longer than MaxSessionIDBytes or not valid
 	// UTF-8, and so by every Hub method that returns an error for one
-	// (GetOrCreate, Publish, LookupRequest, LookupSession). A Handler's or
-	// MuxHandler's Lookup that returns it (or wraps it) is answered 400
-	// invalid_session_id.
+	// (GetOrCreate, Publish, LookupSession). A Handler's Lookup that
+	// returns it (or wraps it) is answered 400 invalid_session_id.
 	ErrInvalidSessionID = errors.New("eventbus: invalid session id")
 
 	// ErrEvicted is wrapped by Subscription.Err after the bus evicted the

@@ -285,10 +285,10 @@ func ExampleHub() {
 func ExampleMuxHandler() {
 	hub, _ := eventbus.NewHub(eventbus.HubOptions{Bus: eventbus.Options{Now: exampleClock}})
 	defer hub.Close()
-	single := &eventbus.Handler{Lookup: hub.LookupRequest}
+	single := &eventbus.Handler{Lookup: hub.LookupSession}
 	routes := http.NewServeMux()
 	routes.Handle("GET /session/{id}/events", single)
-	routes.Handle("GET /events", &eventbus.MuxHandler{Handler: single, Lookup: hub.LookupSession})
+	routes.Handle("GET /events", &eventbus.MuxHandler{Handler: single}) // the same Lookup and Authorize, once per session
 	srv := httptest.NewServer(routes)
 	defer srv.Close()
 	defer srv.Client().CloseIdleConnections()

@@ -46,33 +46,34 @@ import (
 // not change while it serves. It must not be copied after first use. Its
 // zero value answers 404 to everything because it has no Lookup.
 type Handler struct {
-	// Lookup finds the bus of a request, typically by r.PathValue("id").
-	// It returns an error wrapping ErrSessionNotFound (or a nil bus) for an
-	// unknown session (404 session_not_found), one wrapping
-	// ErrInvalidSessionID for an id CheckSessionID refuses (400
-	// invalid_session_id; Hub.LookupRequest returns both), and an error
-	// that is or wraps a *StatusError for another answer of its choice
-	// (503 with Retry-After when its store is unreachable, 401 when it
-	// checks credentials itself); any other error is a 500 whose cause is
-	// logged, not sent. Lookup runs before Authorize: a Lookup that
-	// creates sessions (or reads a remote store) should check credentials
-	// itself first, or an anonymous client makes it do that work before
-	// Authorize refuses it.
-	Lookup func(r *http.Request) (*EventBus, error)
-	// Authorize, when set, decides whether the request may open the stream
-	// of bus, after the request checks and Lookup and before subscribing
-	// (for a HEAD too; never for a CORS preflight). It is called on the
-	// request's goroutine, once per request, and may block (the client
-	// waits; its context is r.Context()). It returns what the stream may
-	// do: its subject, for Revoke, and when its lifetime ends (see Grant).
-	// An error that is or wraps a *StatusError is answered as that says
-	// (Unauthorized, Forbidden, Unavailable); another error is a 500 whose
-	// cause is logged. nil: every request that passes Lookup is served,
-	// without subject or lifetime. A MuxHandler that shares this Handler
-	// and has no Authorize of its own calls it once per session of its
-	// request, with that session's bus. The rules are docs/SPEC.md section
-	// 6.5.
-	Authorize func(r *http.Request, bus *EventBus) (Grant, error)
+	// Lookup finds the bus of session, for request r: the route's {id}
+	// wildcard (r.PathValue("id")) on this Handler's route, each session
+	// of the request on a MuxHandler's, which calls it once per session,
+	// in order. Hub.LookupSession fits it. It returns an error wrapping
+	// ErrSessionNotFound (or a nil bus) for an unknown session (404
+	// session_not_found), one wrapping ErrInvalidSessionID for an id
+	// CheckSessionID refuses (400 invalid_session_id), and an error that
+	// is or wraps a *StatusError for another answer of its choice (503
+	// with Retry-After when its store is unreachable, 401 when it checks
+	// credentials itself); any other error is a 500 whose cause is logged,
+	// not sent. Lookup runs before Authorize: a Lookup that creates
+	// sessions (or reads a remote store) should check credentials itself
+	// first, or an anonymous client makes it do that work before Authorize
+	// refuses it. It is called on the request's goroutine and may block.
+	Lookup func(r *http.Request, session string) (*EventBus, error)
+	// Authorize, when set, decides whether request r may stream session,
+	// whose bus Lookup found, after the request checks and Lookup and
+	// before subscribing (for a HEAD too; never for a CORS preflight): on
+	// this Handler's route once, on a MuxHandler's once per session, in
+	// order, the first refusal answering the request. It is called on the
+	// request's goroutine and may block (the client waits; its context is
+	// r.Context()). It returns what the stream may do: its subject, for
+	// Revoke, and when its lifetime ends (see Grant). An error that is or
+	// wraps a *StatusError is answered as that says (Unauthorized,
+	// Forbidden, Unavailable); another error is a 500 whose cause is
+	// logged. nil: every request that passes Lookup is served, without
+	// subject or lifetime. The rules are docs/SPEC.md section 6.5.
+	Authorize func(r *http.Request, session string, bus *EventBus) (Grant, error)
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 	// Retry is the SSE reconnection delay sent first; 0 means DefaultRetry.
@@ -218,10 +219,11 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 		}
 	}
 
+	session := r.PathValue("id")
 	var bus *EventBus
 	var err error
 	if h.Lookup != nil {
-		bus, err = h.Lookup(r)
+		bus, err = h.Lookup(r, session)
 	}
 	if !h.lookedUp(w, r, bus, err, "") {
 		return nil
@@ -250,7 +252,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 			// reaches this stream too (see Revoke).
 			ls = h.reg.begin()
 		}
-		if grant, err = h.Authorize(r, bus); !h.authorized(w, r, grant, err, "") {
+		if grant, err = h.Authorize(r, session, bus); !h.authorized(w, r, grant, err, "") {
 			return nil
 		}
 		if ls != nil {

@@ -42,12 +42,12 @@ func benchHandler(b *testing.B, h2c, epochIDs, grant bool) {
 	}
 	defer bus.Close()
 	h := &Handler{
-		Lookup:  func(*http.Request) (*EventBus, error) { return bus, nil },
+		Lookup:  func(*http.Request, string) (*EventBus, error) { return bus, nil },
 		Logger:  slog.New(slog.DiscardHandler),
 		BareIDs: !epochIDs,
 	}
 	if grant {
-		h.Authorize = func(*http.Request, *EventBus) (Grant, error) {
+		h.Authorize = func(*http.Request, string, *EventBus) (Grant, error) {
 			return Grant{Subject: "bench", Expires: time.Now().Add(time.Hour)}, nil
 		}
 	}

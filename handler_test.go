@@ -137,7 +137,7 @@ func TestHandlerSessionNotFound(t *testing.T) {
 	require.Len(t, m, 2)
 
 	t.Run("nil bus", func(t *testing.T) {
-		h := &Handler{Lookup: func(*http.Request) (*EventBus, error) { return nil, nil }, Logger: (&logCapture{}).logger()}
+		h := &Handler{Lookup: func(*http.Request, string) (*EventBus, error) { return nil, nil }, Logger: (&logCapture{}).logger()}
 		w := newMemWriter()
 		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/session/x/events", nil))
 		st := w.state()
@@ -151,7 +151,7 @@ func TestHandlerSessionNotFound(t *testing.T) {
 	})
 	t.Run("other lookup error is 500", func(t *testing.T) {
 		logs := &logCapture{}
-		h := &Handler{Lookup: func(*http.Request) (*EventBus, error) { return nil, errors.New("store down") }, Logger: logs.logger()}
+		h := &Handler{Lookup: func(*http.Request, string) (*EventBus, error) { return nil, errors.New("store down") }, Logger: logs.logger()}
 		w := newMemWriter()
 		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/session/x/events", nil))
 		st := w.state()
@@ -187,7 +187,7 @@ func TestHandlerCheckOrder(t *testing.T) {
 	full := newBus(t, logs.capture(Options{MaxSubscribers: 1}))
 	_, err := full.Subscribe(t.Context(), SubscribeOptions{})
 	require.NoError(t, err)
-	lookup := func(r *http.Request) (*EventBus, error) {
+	lookup := func(r *http.Request, _ string) (*EventBus, error) {
 		if r.PathValue("id") == "full" {
 			return full, nil
 		}
@@ -1373,7 +1373,7 @@ func TestHandlerDefaultAnnouncesANewEpoch(t *testing.T) {
 	var bus atomic.Pointer[EventBus]
 	b1 := newBus(t, Options{})
 	bus.Store(b1)
-	srv := httptest.NewServer(&Handler{Lookup: func(*http.Request) (*EventBus, error) { return bus.Load(), nil }})
+	srv := httptest.NewServer(&Handler{Lookup: func(*http.Request, string) (*EventBus, error) { return bus.Load(), nil }})
 	defer srv.Close()
 	publishN(t, b1, 3)
 	c := openStream(t, srv, "/session/s/events", hdr("Last-Event-ID", "0"))

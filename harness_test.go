@@ -750,7 +750,7 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 		o.handler = &Handler{}
 	}
 	e.h = &Handler{
-		Lookup:       e.lookup,
+		Lookup:       e.lookupSession,
 		Logger:       e.logs.logger(),
 		Retry:        o.handler.Retry,
 		RetryJitter:  testJitter(o.handler.RetryJitter),
@@ -765,8 +765,6 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 	}
 	e.mux = &MuxHandler{
 		Handler:           e.h,
-		Lookup:            e.lookupSession,
-		Authorize:         o.mux.Authorize,
 		Sessions:          o.mux.Sessions,
 		MaxStreamSessions: o.mux.MaxStreamSessions,
 	}
@@ -801,11 +799,7 @@ func newEnv(t *testing.T, o envOptions) *testEnv {
 	return e
 }
 
-func (e *testEnv) lookup(r *http.Request) (*EventBus, error) {
-	return e.lookupSession(r, r.PathValue("id"))
-}
-
-// lookupSession is the MuxHandler's Lookup over the same map.
+// lookupSession is the handlers' Lookup over the env's buses.
 func (e *testEnv) lookupSession(_ *http.Request, id string) (*EventBus, error) {
 	e.mu.Lock()
 	b, ok := e.buses[id]
@@ -1128,7 +1122,7 @@ func serveMem(h *Handler, w http.ResponseWriter, target string, hdr http.Header)
 
 func busHandler(b *EventBus, logs *logCapture) *Handler {
 	return &Handler{
-		Lookup:      func(*http.Request) (*EventBus, error) { return b, nil },
+		Lookup:      func(*http.Request, string) (*EventBus, error) { return b, nil },
 		Logger:      logs.logger(),
 		RetryJitter: testJitter(0),
 		BareIDs:     true, // the tests read SPEC 5.3's id lines; epoch ids have tests of their own
@@ -1323,7 +1317,7 @@ func stampOf(t testing.TB, f Frame) int64 {
 func serveSession(t testing.TB, b *EventBus, h *Handler) *httptest.Server {
 	t.Helper()
 	h.BareIDs = true // the tests read SPEC 5.3's id lines; epoch ids have tests of their own
-	h.Lookup = func(r *http.Request) (*EventBus, error) {
+	h.Lookup = func(r *http.Request, _ string) (*EventBus, error) {
 		if r.PathValue("id") == "s" {
 			return b, nil
 		}
@@ -1786,4 +1780,10 @@ func (l *memLog) Head(context.Context) (string, uint64, error) {
 		return "", 0, l.err
 	}
 	return l.epoch, max(l.next, 1) - 1, nil
+}
+
+// withLookup sets h's Lookup and returns h, for a MuxHandler's Handler.
+func withLookup(h *Handler, lookup func(*http.Request, string) (*EventBus, error)) *Handler {
+	h.Lookup = lookup
+	return h
 }

@@ -581,19 +581,12 @@ func (h *Hub) Stats() HubStats {
 	return st
 }
 
-// LookupRequest is Lookup for a request whose route names the session
-// {id} (r.PathValue("id")): it fits Handler.Lookup. An id CheckSessionID
-// refuses is its error, wrapping ErrInvalidSessionID (the Handler answers
-// 400 invalid_session_id); an unknown session is an error wrapping
-// ErrSessionNotFound (the Handler answers 404); it never creates one.
-func (h *Hub) LookupRequest(r *http.Request) (*EventBus, error) {
-	return h.LookupSession(r, r.PathValue("id"))
-}
-
-// LookupSession is Lookup for a MuxHandler: the live bus of session id,
-// never creating one. An id CheckSessionID refuses is its error (wrapping
-// ErrInvalidSessionID: 400 invalid_session_id); an unknown session is an
-// error wrapping ErrSessionNotFound (the MuxHandler answers 404 naming it).
+// LookupSession is Lookup for the stream handlers (it fits Handler.Lookup,
+// which a MuxHandler sharing that Handler calls too): the live bus of
+// session id, never creating one, so nobody fills the hub by reading. An
+// id CheckSessionID refuses is its error (wrapping ErrInvalidSessionID: 400
+// invalid_session_id); an unknown session is an error wrapping
+// ErrSessionNotFound (404 session_not_found). It does not block.
 func (h *Hub) LookupSession(_ *http.Request, id string) (*EventBus, error) {
 	if err := CheckSessionID(id); err != nil {
 		return nil, err

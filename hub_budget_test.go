@@ -195,7 +195,7 @@ func TestHubBudgetResumeGetsExactRingEvicted(t *testing.T) {
 
 	// Through the Handler, with Last-Event-ID.
 	mux := http.NewServeMux()
-	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupRequest})
+	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupSession})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	got := hubStream(t, srv.URL+"/s/a/events", http.Header{"Last-Event-Id": {"1"}}, TypeReplayComplete)

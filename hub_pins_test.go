@@ -378,7 +378,7 @@ func TestHubPinsInterruptAStalledMultiplexedStream(t *testing.T) {
 			require.NoError(t, err)
 		}
 		returned := make(chan struct{})
-		m := &MuxHandler{Handler: &Handler{RetryJitter: -1, WriteTimeout: time.Minute}, Lookup: hub.LookupSession}
+		m := &MuxHandler{Handler: withLookup(&Handler{RetryJitter: -1, WriteTimeout: time.Minute}, hub.LookupSession)}
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) {
 			defer close(returned)

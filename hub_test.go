@@ -381,10 +381,10 @@ func fillOnes(t *testing.T, s *Stats) {
 	require.NoError(t, json.Unmarshal(mustJSON(m), s))
 }
 
-func TestHubLookupRequest(t *testing.T) {
+func TestHubLookupSession(t *testing.T) {
 	h := newTestHub(t, HubOptions{})
 	mux := http.NewServeMux()
-	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupRequest})
+	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupSession})
 	for _, method := range []string{http.MethodGet, http.MethodHead} {
 		req := httptest.NewRequest(method, "/s/nobody/events", nil)
 		w := httptest.NewRecorder()
@@ -396,11 +396,10 @@ func TestHubLookupRequest(t *testing.T) {
 	}
 	assert.Zero(t, h.Len(), "a GET or HEAD never creates a session")
 	r := httptest.NewRequest("GET", "/", nil)
-	r.SetPathValue("id", "nobody")
-	_, err := h.LookupRequest(r)
+	_, err := h.LookupSession(r, "nobody")
 	assert.ErrorIs(t, err, ErrSessionNotFound)
 	// A route without {id}: the empty id, which no session has.
-	_, err = h.LookupRequest(httptest.NewRequest("GET", "/", nil))
+	_, err = h.LookupSession(r, "")
 	assert.ErrorIs(t, err, ErrInvalidSessionID)
 }
 
@@ -410,7 +409,7 @@ func TestHubResumeAcrossExpiryIsEpochReset(t *testing.T) {
 	clock := newHubClock()
 	h := newTestHub(t, HubOptions{IdleTimeout: time.Minute, Bus: Options{Now: clock.now}})
 	mux := http.NewServeMux()
-	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupRequest})
+	mux.Handle("GET /s/{id}/events", &Handler{Lookup: h.LookupSession})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	url := srv.URL + "/s/x/events"
@@ -822,7 +821,7 @@ func TestHandlerHubShutdown(t *testing.T) {
 				bus, err := hub.GetOrCreate("s")
 				require.NoError(t, err)
 				mux := http.NewServeMux()
-				mux.Handle("GET /session/{id}/events", &Handler{Lookup: hub.LookupRequest, RetryJitter: -1, WriteTimeout: time.Minute, BareIDs: true})
+				mux.Handle("GET /session/{id}/events", &Handler{Lookup: hub.LookupSession, RetryJitter: -1, WriteTimeout: time.Minute, BareIDs: true})
 				ln, srv, client, served := pipeHTTP(mux, h2c)
 				defer func() {
 					client.CloseIdleConnections()

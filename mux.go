@@ -41,9 +41,10 @@ const DefaultMaxStreamSessions = 32
 // UTF-8), else 400 invalid_sessions, whose message names the first bad
 // one; ?types= and ?maxQueued= as
 // Handler, applying to every session; then for each session in order,
-// Lookup (never creating a session: a Hub's LookupSession), whose
-// ErrSessionNotFound is 404 session_not_found for the first unknown id;
-// then Authorize for each session in order, the first refusal answering
+// the Handler's Lookup (never creating a session: a Hub's LookupSession),
+// whose ErrSessionNotFound is 404 session_not_found for the first unknown
+// id; then the Handler's Authorize for each session in order, with its id,
+// the first refusal answering
 // the request; then the subscriptions, all or none (a full bus is 429
 // subscriber_limit_exceeded, and the subscriptions already made are
 // closed). Every error answer about one session names it: its JSON body is
@@ -97,16 +98,17 @@ const DefaultMaxStreamSessions = 32
 //
 // A MuxHandler is safe for concurrent use once its fields are set; they
 // must not change while it serves. It must not be copied after first use.
-// Its zero value answers 404 session_not_found to a request with valid
-// sessions, since it has no Lookup.
+// Its zero value, without a Handler, answers 404 session_not_found to a
+// request with valid sessions, since it has no Lookup.
 type MuxHandler struct {
-	// Handler holds the stream's settings: Logger, Retry, RetryJitter,
-	// Heartbeat, WriteTimeout and CORS, and Authorize when this
-	// MuxHandler's is nil. Its Lookup and BareIDs are not used. Its
-	// Revoke ends this MuxHandler's streams too (they share its
-	// registry), so a daemon that serves both routes from one Handler
-	// revokes both with one call. nil: the defaults, no CORS, no
-	// Authorize but this MuxHandler's.
+	// Handler is the single-session route's Handler, whose Lookup and
+	// Authorize this route calls once per session (with the session's
+	// id) and whose settings it uses: Logger, Retry, RetryJitter,
+	// Heartbeat, WriteTimeout and CORS (BareIDs does not apply: the id
+	// line is the cursor). Its Revoke ends this MuxHandler's streams too
+	// (they share its registry), so a daemon that serves both routes
+	// from one Handler revokes both with one call. nil: no Lookup (every
+	// session is unknown) and the defaults.
 	Handler *Handler
 	// Sessions returns the session ids of a request, in the stream's
 	// order. nil: every "session" query parameter, in order (a pair that
@@ -115,25 +117,6 @@ type MuxHandler struct {
 	// invalid_sessions with its message. The ids it returns must then be
 	// 1 to MaxStreamSessions distinct ids that CheckSessionID accepts.
 	Sessions func(r *http.Request) ([]string, error)
-	// Lookup finds the bus of one session of a request, never creating
-	// one (Hub.LookupSession fits). It returns an error wrapping
-	// ErrSessionNotFound (or a nil bus) for an unknown session: 404
-	// session_not_found naming it; one wrapping ErrInvalidSessionID is 400
-	// invalid_session_id naming it; one that is or wraps a *StatusError
-	// is answered as that says, naming the session; another error is a
-	// 500 whose cause is logged. It is called once per session, in
-	// order, on the request's goroutine; the first failure answers.
-	Lookup func(r *http.Request, session string) (*EventBus, error)
-	// Authorize, when set, decides whether the request may stream
-	// session's bus: once per session, in order, after every Lookup and
-	// before subscribing (for a HEAD too; never for a CORS preflight),
-	// on the request's goroutine; it may block. Its Grant and its errors
-	// are those of Handler.Authorize: the first refusal answers the
-	// request, naming the session; every Grant's Subject files the stream
-	// for Revoke, and the earliest Expires ends it. nil: Handler's
-	// Authorize, when set, is called the same way (with the bus; it is
-	// not given the session id), else every session is served.
-	Authorize func(r *http.Request, session string, bus *EventBus) (Grant, error)
 	// MaxStreamSessions is the most sessions one stream serves; 0 (or a
 	// negative value) means DefaultMaxStreamSessions, above
 	// MaxCursorEntries means MaxCursorEntries.
@@ -216,8 +199,8 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 	for i, id := range ids {
 		var bus *EventBus
 		var err error
-		if m.Lookup != nil {
-			bus, err = m.Lookup(r, id)
+		if h.Lookup != nil {
+			bus, err = h.Lookup(r, id)
 		}
 		if !h.lookedUp(w, r, bus, err, id) {
 			return nil
@@ -233,10 +216,7 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 		}
 	}()
 	var expires time.Time
-	authorize := m.Authorize
-	if authorize == nil && h.Authorize != nil {
-		authorize = func(r *http.Request, _ string, bus *EventBus) (Grant, error) { return h.Authorize(r, bus) }
-	}
+	authorize := h.Authorize
 	if authorize != nil {
 		if r.Method != http.MethodHead {
 			// Filed before the first Authorize, as Handler does.

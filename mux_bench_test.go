@@ -55,10 +55,10 @@ func benchMux(b *testing.B, mux bool, window int) {
 		ids[i] = "session-" + strconv.Itoa(i)
 		buses[ids[i]], order[i] = bus, bus
 	}
-	single := &Handler{Logger: logger, Lookup: func(r *http.Request) (*EventBus, error) { return buses[r.PathValue("id")], nil }}
+	single := &Handler{Logger: logger, Lookup: func(r *http.Request, _ string) (*EventBus, error) { return buses[r.PathValue("id")], nil }}
 	routes := http.NewServeMux()
 	routes.Handle("GET /session/{id}/events", single)
-	routes.Handle("GET /events", &MuxHandler{Handler: single, Lookup: busesByID(buses)})
+	routes.Handle("GET /events", &MuxHandler{Handler: withLookup(single, busesByID(buses))})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)

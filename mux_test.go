@@ -254,7 +254,7 @@ func TestMuxRequestRules(t *testing.T) {
 func TestMuxLookupStatusError(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	e.bus(t, "a", Options{})
-	e.mux.Lookup = func(r *http.Request, id string) (*EventBus, error) {
+	e.h.Lookup = func(r *http.Request, id string) (*EventBus, error) {
 		if id == "down" {
 			return nil, Unavailable(2*time.Second, "store unreachable")
 		}
@@ -270,7 +270,7 @@ func TestMuxLookupStatusError(t *testing.T) {
 // answers, naming its session, and nothing is subscribed.
 func TestMuxAuthorize(t *testing.T) {
 	var asked []string
-	o := envOptions{mux: &MuxHandler{Authorize: func(r *http.Request, id string, _ *EventBus) (Grant, error) {
+	o := envOptions{handler: &Handler{Authorize: func(r *http.Request, id string, _ *EventBus) (Grant, error) {
 		asked = append(asked, id)
 		if id == "b" && r.Header.Get("Authorization") != "Bearer yes" {
 			return Grant{}, Forbidden("not yours")
@@ -306,7 +306,7 @@ func TestMuxAuthorize(t *testing.T) {
 // MuxHandler has none: once per session, with its bus.
 func TestMuxAuthorizeFromHandler(t *testing.T) {
 	var buses []*EventBus
-	e := newEnv(t, envOptions{handler: &Handler{Authorize: func(_ *http.Request, bus *EventBus) (Grant, error) {
+	e := newEnv(t, envOptions{handler: &Handler{Authorize: func(_ *http.Request, _ string, bus *EventBus) (Grant, error) {
 		buses = append(buses, bus)
 		return Grant{}, nil
 	}}})
@@ -321,7 +321,7 @@ func TestMuxAuthorizeFromHandler(t *testing.T) {
 // first.
 func TestMuxLifetime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		o := envOptions{h2c: true, mux: &MuxHandler{Authorize: func(_ *http.Request, id string, _ *EventBus) (Grant, error) {
+		o := envOptions{h2c: true, handler: &Handler{Authorize: func(_ *http.Request, id string, _ *EventBus) (Grant, error) {
 			d := time.Hour
 			if id == "b" {
 				d = time.Minute
@@ -773,7 +773,7 @@ type heldMux struct {
 
 // serveHeldMux starts it and returns once both sessions are subscribed.
 func serveHeldMux(t *testing.T, logs *logCapture, a, b *EventBus, fail error) *heldMux {
-	m := &MuxHandler{Handler: &Handler{Logger: logs.logger(), RetryJitter: testJitter(0)}, Lookup: busesByID(map[string]*EventBus{"a": a, "b": b})}
+	m := &MuxHandler{Handler: withLookup(&Handler{Logger: logs.logger(), RetryJitter: testJitter(0)}, busesByID(map[string]*EventBus{"a": a, "b": b}))}
 	hm := &heldMux{w: newMemWriter(), started: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
 	subscribed := make(chan struct{})
 	hm.w.beforeWrite = func(n int, _ []byte) error {
@@ -835,7 +835,7 @@ func muxRequest(t testing.TB, ids []string, h http.Header) *http.Request {
 // epoch_reset for it alone.
 func TestMuxHubDeleteAndRecreate(t *testing.T) {
 	hub := newTestHub(t, HubOptions{Bus: Options{Now: testNow}})
-	m := &MuxHandler{Handler: &Handler{RetryJitter: testJitter(0), Logger: (&logCapture{}).logger()}, Lookup: hub.LookupSession}
+	m := &MuxHandler{Handler: &Handler{RetryJitter: testJitter(0), Logger: (&logCapture{}).logger(), Lookup: hub.LookupSession}}
 	srv := httptest.NewServer(m)
 	t.Cleanup(srv.Close)
 	open := func(cursor string) *sseStream {
@@ -926,7 +926,7 @@ func TestMuxEpochIDsSetting(t *testing.T) {
 // stream found ready first, not a contract: each session's own order is.
 func TestMuxHubShutdown(t *testing.T) {
 	hub := newTestHub(t, HubOptions{Bus: Options{Now: testNow}})
-	m := &MuxHandler{Handler: &Handler{RetryJitter: testJitter(0), Logger: (&logCapture{}).logger()}, Lookup: hub.LookupSession}
+	m := &MuxHandler{Handler: &Handler{RetryJitter: testJitter(0), Logger: (&logCapture{}).logger(), Lookup: hub.LookupSession}}
 	srv := httptest.NewServer(m)
 	t.Cleanup(srv.Close)
 	a, err := hub.GetOrCreate("a")

@@ -63,10 +63,6 @@ func TestHubRefusesInvalidSessionIDs(t *testing.T) {
 			_, err = h.LookupSession(nil, id)
 			assert.ErrorIs(t, err, ErrInvalidSessionID, "LookupSession")
 			assert.False(t, errors.Is(err, ErrSessionNotFound), "LookupSession: invalid, not unknown")
-			r := httptest.NewRequest(http.MethodGet, "/", nil)
-			r.SetPathValue("id", id)
-			_, err = h.LookupRequest(r)
-			assert.ErrorIs(t, err, ErrInvalidSessionID, "LookupRequest")
 			assert.False(t, h.Delete(id), "Delete")
 		})
 	}
@@ -87,8 +83,8 @@ func TestHubRefusesInvalidSessionIDs(t *testing.T) {
 func TestStreamRoutesRefuseInvalidSessionIDs(t *testing.T) {
 	hub := newTestHub(t, HubOptions{})
 	mux := http.NewServeMux()
-	mux.Handle("GET /session/{id}/events", &Handler{Lookup: hub.LookupRequest, Logger: (&logCapture{}).logger()})
-	mux.Handle("GET /events", &MuxHandler{Handler: &Handler{Logger: (&logCapture{}).logger()}, Lookup: hub.LookupSession})
+	mux.Handle("GET /session/{id}/events", &Handler{Lookup: hub.LookupSession, Logger: (&logCapture{}).logger()})
+	mux.Handle("GET /events", &MuxHandler{Handler: &Handler{Logger: (&logCapture{}).logger(), Lookup: hub.LookupSession}})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	_, err := hub.GetOrCreate("a")

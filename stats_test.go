@@ -44,7 +44,7 @@ func (w *failWriter11) Write(p []byte) (int, error) {
 func serveFailing11(t testing.TB, b *EventBus, ok int, lastEventID string) {
 	t.Helper()
 	h := &Handler{
-		Lookup: func(*http.Request) (*EventBus, error) { return b, nil },
+		Lookup: func(*http.Request, string) (*EventBus, error) { return b, nil },
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	w := &failWriter11{header: http.Header{}, ok: ok}

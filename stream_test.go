@@ -575,7 +575,7 @@ func TestHandlerHTTP2RapidResetHeap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBus(t, Options{})
 		h := &Handler{
-			Lookup:       func(*http.Request) (*EventBus, error) { return b, nil },
+			Lookup:       func(*http.Request, string) (*EventBus, error) { return b, nil },
 			Logger:       slog.New(slog.DiscardHandler),
 			WriteTimeout: 30 * time.Second,
 		}
@@ -1298,7 +1298,7 @@ func TestStreamStackShrinksAfterADeepLookup(t *testing.T) {
 	const conns, depth = 100, 20
 	b := newBus(t, Options{MaxSubscribers: conns})
 	h := &Handler{Logger: slog.New(slog.DiscardHandler), Heartbeat: time.Hour,
-		Lookup: func(*http.Request) (*EventBus, error) { deepStack(depth); return b, nil }}
+		Lookup: func(*http.Request, string) (*EventBus, error) { deepStack(depth); return b, nil }}
 	naive := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		deepStack(depth)
 		w.WriteHeader(http.StatusOK)

@@ -494,13 +494,12 @@ func (t *Set[S]) Handler() *eventbus.Handler {
 	return &eventbus.Handler{Lookup: t.Lookup, Logger: t.cfg.Bus.Log}
 }
 
-// Lookup is an eventbus.Handler's Lookup: Bus for r.PathValue("id"); an
-// invalid id is an error wrapping eventbus.ErrInvalidSessionID (400
-// invalid_session_id), the engine unavailable 503 unavailable and a
-// closed set 503 shutting_down, both with Retry-After: 1, as
-// eventbus.StatusError wrapping the cause.
-func (t *Set[S]) Lookup(r *http.Request) (*eventbus.EventBus, error) {
-	id := r.PathValue("id")
+// Lookup is an eventbus.Handler's Lookup: Bus for session id, within the
+// request's context; an invalid id is an error wrapping
+// eventbus.ErrInvalidSessionID (400 invalid_session_id), the engine
+// unavailable 503 unavailable and a closed set 503 shutting_down, both
+// with Retry-After: 1, as eventbus.StatusError wrapping the cause.
+func (t *Set[S]) Lookup(r *http.Request, id string) (*eventbus.EventBus, error) {
 	if err := t.valid(id); err != nil {
 		if !errors.Is(err, eventbus.ErrInvalidSessionID) {
 			// A rule of the module's own, stricter than the shared one.

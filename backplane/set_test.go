@@ -181,8 +181,7 @@ func TestLookupAnswers(t *testing.T) {
 	set, eng := newSet(t, time.Minute)
 	lookup := func(id string) error {
 		r := httptest.NewRequest(http.MethodGet, "/session/x/events", nil)
-		r.SetPathValue("id", id)
-		_, err := set.Lookup(r)
+		_, err := set.Lookup(r, id)
 		return err
 	}
 	// An id Valid refuses, and one only the shared rule refuses: both

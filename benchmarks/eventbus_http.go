@@ -28,7 +28,7 @@ func eventbusServer(cfg config, policy eventbus.OverflowPolicy) *httpServer {
 		panic(err) // options are static; a failure here is a harness bug
 	}
 	h := &eventbus.Handler{
-		Lookup: func(*http.Request) (*eventbus.EventBus, error) { return bus, nil },
+		Lookup: func(*http.Request, string) (*eventbus.EventBus, error) { return bus, nil },
 		Logger: slog.New(slog.DiscardHandler),
 		// The peers send bare ids, and so do the naive handlers: the same
 		// wire for all (BenchmarkHandler measures the default epoch ids).

@@ -25,7 +25,7 @@ func Example() {
 	reg.MustRegister(ebprom.NewCollector(hub))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupRequest})
+	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupSession})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 

@@ -66,7 +66,7 @@ func TestALifetimeEndsWithReauthenticateAndTheClientResumesAtOnce(t *testing.T) 
 		var log authLog
 		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) {
 			h.Retry = 10 * time.Second // a backoff would take seconds: the reconnect must not wait for it
-			h.Authorize = func(r *http.Request, _ *eventbus.EventBus) (eventbus.Grant, error) {
+			h.Authorize = func(r *http.Request, _ string, _ *eventbus.EventBus) (eventbus.Grant, error) {
 				n := log.add(r)
 				return eventbus.Grant{Subject: "alice", Expires: time.Now().Add(lifetimes[min(n, len(lifetimes))-1])}, nil
 			}
@@ -120,7 +120,7 @@ func TestRevokeEndsExactlyTheSubjectAndItsReconnectIsRefusedForGood(t *testing.T
 		var mu sync.Mutex
 		valid := map[string]string{"ta": "alice", "tb": "bob"} // token -> subject
 		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) {
-			h.Authorize = func(r *http.Request, _ *eventbus.EventBus) (eventbus.Grant, error) {
+			h.Authorize = func(r *http.Request, _ string, _ *eventbus.EventBus) (eventbus.Grant, error) {
 				mu.Lock()
 				defer mu.Unlock()
 				subject, ok := valid[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
@@ -177,7 +177,7 @@ func TestAuthorizeAnswers401And403(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const challenge = `Bearer realm="test", error="invalid_token"`
 		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) {
-			h.Authorize = func(r *http.Request, _ *eventbus.EventBus) (eventbus.Grant, error) {
+			h.Authorize = func(r *http.Request, _ string, _ *eventbus.EventBus) (eventbus.Grant, error) {
 				switch r.Header.Get("Authorization") {
 				case "Bearer good":
 					return eventbus.Grant{Subject: "alice"}, nil

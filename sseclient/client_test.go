@@ -316,7 +316,7 @@ func TestApplicationDataIsNeverControl(t *testing.T) {
 
 func TestFinalAnswers(t *testing.T) {
 	s := newServer(t, serverConfig{})
-	s.handler.Lookup = func(r *http.Request) (*eventbus.EventBus, error) {
+	s.handler.Lookup = func(r *http.Request, _ string) (*eventbus.EventBus, error) {
 		if r.PathValue("id") == "missing" {
 			return nil, eventbus.ErrSessionNotFound
 		}

@@ -19,7 +19,7 @@ func ExampleClient() {
 	bus, _ := eventbus.New(eventbus.Options{})
 	defer bus.Close()
 	srv := httptest.NewServer(&eventbus.Handler{
-		Lookup: func(*http.Request) (*eventbus.EventBus, error) { return bus, nil },
+		Lookup: func(*http.Request, string) (*eventbus.EventBus, error) { return bus, nil },
 	})
 	defer srv.Close()
 	bus.Publish(eventbus.Event{Type: "greeting", Data: map[string]string{"text": "hello"}})
@@ -56,7 +56,7 @@ func ExampleClient() {
 func ExampleClient_credentials() {
 	bus, _ := eventbus.New(eventbus.Options{})
 	defer bus.Close()
-	h := &eventbus.Handler{Lookup: func(*http.Request) (*eventbus.EventBus, error) { return bus, nil }}
+	h := &eventbus.Handler{Lookup: func(*http.Request, string) (*eventbus.EventBus, error) { return bus, nil }}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer fresh" {
 			http.Error(w, `{"error":"token expired","code":"unauthorized"}`, http.StatusUnauthorized)
@@ -98,7 +98,7 @@ func ExampleClient_credentials() {
 func ExampleClient_sessions() {
 	hub, _ := eventbus.NewHub(eventbus.HubOptions{})
 	defer hub.Close()
-	srv := httptest.NewServer(&eventbus.MuxHandler{Lookup: hub.LookupSession})
+	srv := httptest.NewServer(&eventbus.MuxHandler{Handler: &eventbus.Handler{Lookup: hub.LookupSession}})
 	defer srv.Close()
 	a, _ := hub.GetOrCreate("a")
 	b, _ := hub.GetOrCreate("b")

@@ -53,8 +53,13 @@ type serverConfig struct {
 func newServer(t testing.TB, cfg serverConfig) *server {
 	s := &server{t: t, opts: cfg.opts, buses: map[string]*eventbus.EventBus{}, streams: map[*stream]string{}}
 	s.handler = &eventbus.Handler{
-		Lookup: func(r *http.Request) (*eventbus.EventBus, error) { return s.bus(r.PathValue("id")), nil },
-		Retry:  20 * time.Millisecond,
+		Lookup: func(r *http.Request, id string) (*eventbus.EventBus, error) {
+			if r.PathValue("id") == "" { // the multiplexed route, which never creates
+				return s.existing(r, id)
+			}
+			return s.bus(id), nil
+		},
+		Retry: 20 * time.Millisecond,
 		// Exact retry: values, so tests can bound the client's delays.
 		RetryJitter: -1,
 		Logger:      quietLogger(),
@@ -88,7 +93,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /session/{id}/events", func(w http.ResponseWriter, r *http.Request) {
 		s.serve(w, r, r.PathValue("id"), s.handler)
 	})
-	m := &eventbus.MuxHandler{Handler: s.handler, Lookup: s.existing}
+	m := &eventbus.MuxHandler{Handler: s.handler}
 	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, muxStreams, m) })
 	return mux
 }

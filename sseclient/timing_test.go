@@ -86,7 +86,7 @@ func Test503WithRetryAfterAnd5xxBackoff(t *testing.T) {
 		n := 0
 		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) {
 			h.Retry = 3 * time.Second
-			h.Authorize = func(r *http.Request, _ *eventbus.EventBus) (eventbus.Grant, error) {
+			h.Authorize = func(r *http.Request, _ string, _ *eventbus.EventBus) (eventbus.Grant, error) {
 				n++
 				switch n {
 				case 1:
@@ -221,7 +221,7 @@ func TestUnavailableAndInternalBackOffAndResume(t *testing.T) {
 func TestCancelWhileWaitingReturnsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newServer(t, serverConfig{pipe: true, handler: func(h *eventbus.Handler) {
-			h.Authorize = func(*http.Request, *eventbus.EventBus) (eventbus.Grant, error) {
+			h.Authorize = func(*http.Request, string, *eventbus.EventBus) (eventbus.Grant, error) {
 				return eventbus.Grant{}, eventbus.Unavailable(time.Hour, "down for maintenance")
 			}
 		}})

@@ -42,7 +42,7 @@ func sseServer(tb testing.TB) (*http.Server, *atomic.Int64) {
 		tb.Fatal(err)
 	}
 	h := &eventbus.Handler{
-		Lookup:       func(*http.Request) (*eventbus.EventBus, error) { return bus, nil },
+		Lookup:       func(*http.Request, string) (*eventbus.EventBus, error) { return bus, nil },
 		Logger:       slog.New(slog.DiscardHandler),
 		WriteTimeout: 30 * time.Second,
 	}

@@ -30,7 +30,7 @@
 // outlives this process.
 //
 //   - eventbus: an eventbus.Hub holding the sessions and an
-//     eventbus.Handler (Lookup: the hub's LookupRequest; Heartbeat from
+//     eventbus.Handler (Lookup: the hub's LookupSession; Heartbeat from
 //     -heartbeat; everything else its default).
 //   - sessiond: not a child of this program but the demo daemon itself,
 //     cmd/sessiond, built from the working tree (go build

@@ -189,7 +189,7 @@ func newBusServer(ids []string, perSession int, heartbeat time.Duration) (*busSe
 		}
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupRequest, Heartbeat: heartbeat, BareIDs: true /* the naive handler's wire */})
+	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupSession, Heartbeat: heartbeat, BareIDs: true /* the naive handler's wire */})
 	return &busServer{hub: hub, ids: ids}, mux, nil
 }
 

@@ -67,7 +67,7 @@ type server struct {
 	hub     *eventbus.Hub
 	maxBody int64
 	events  http.Handler // the eventbus SSE handler; its Lookup is s.lookup
-	mux     http.Handler // the multiplexed stream (GET /events); its Lookup is s.lookupSession
+	mux     http.Handler // the multiplexed stream (GET /events), sharing events' Lookup
 	index   []byte       // the viewer page, told whether to show its login form
 
 	closing atomic.Bool // set by shutdown: new requests get 503 shutting_down
@@ -131,12 +131,11 @@ func newServer(cfg config) (*server, error) {
 	s.hub = hub
 	cfg.Auth.Install(h)
 	s.events = h
-	// The multiplexed stream shares h: its settings, its Authorize (once
-	// per session) and its registry, so that h.Revoke (POST /logout,
+	// The multiplexed stream shares h: its settings, its Lookup and
+	// Authorize (once per session, so credentials are checked as on the
+	// single route) and its registry, so that h.Revoke (POST /logout,
 	// /revoke) ends both kinds of stream.
-	m := &eventbus.MuxHandler{Handler: h, Lookup: s.lookupSession, MaxStreamSessions: cfg.MaxStreamSessions}
-	cfg.Auth.InstallMux(m)
-	s.mux = m
+	s.mux = &eventbus.MuxHandler{Handler: h, MaxStreamSessions: cfg.MaxStreamSessions}
 	s.index = indexHTML
 	if cfg.Auth != nil {
 		s.index = bytes.Replace(indexHTML, []byte(`data-auth="off"`), []byte(`data-auth="on"`), 1)
@@ -347,15 +346,22 @@ func (s *server) serveTracked(w http.ResponseWriter, r *http.Request, h http.Han
 	h.ServeHTTP(w, r)
 }
 
-// lookup is the eventbus handler's Lookup: hub.LookupRequest, which never
+// lookup is the eventbus handler's Lookup: hub.LookupSession, which never
 // creates a session (an unknown one is 404 session_not_found, HEAD
 // included; with CreateOnStream a GET or HEAD creates it), then it counts
 // the stream. What else it refuses it answers as the other routes do: an
 // id eventbus.CheckSessionID refuses is its error, which the handler
 // answers 400 invalid_session_id; 503 shutting_down with Retry-After (a
 // StatusError).
-func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
-	return s.streamBus(r, r.PathValue("id"), func() string {
+//
+// The multiplexed stream (GET /events) shares the handler, so it calls
+// lookup once per session; there the cursor is the composite one (see
+// lookupMux).
+func (s *server) lookup(r *http.Request, id string) (*eventbus.EventBus, error) {
+	if r.PathValue("id") == "" {
+		return s.lookupMux(r, id)
+	}
+	return s.streamBus(r, id, func() string {
 		query := r.URL.Query()
 		resume := r.Header.Get("Last-Event-ID")
 		if resume == "" {
@@ -379,13 +385,13 @@ func (s *server) lookup(r *http.Request) (*eventbus.EventBus, error) {
 	})
 }
 
-// lookupSession is the multiplexed stream's Lookup of one of its sessions:
+// lookupMux is lookup for one session of a multiplexed stream:
 // hub.LookupSession (or with CreateOnStream GetOrCreate), with lookup's
 // refusals and counts; the session resumes when the request's cursor names
 // it, exactly as the handler reads it (any cursor ParseCursor accepts, its
 // entry for this session alone), from "<epoch tag, 12 hex digits>:<id>"
 // (what its counters show).
-func (s *server) lookupSession(r *http.Request, id string) (*eventbus.EventBus, error) {
+func (s *server) lookupMux(r *http.Request, id string) (*eventbus.EventBus, error) {
 	return s.streamBus(r, id, func() string {
 		raw := r.Header.Get("Last-Event-ID")
 		if raw == "" {

@@ -39,7 +39,7 @@ func main() {
 	}
 	mux := http.NewServeMux()
 	// The stream. An unknown session is a 404: a GET or HEAD never creates one.
-	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupRequest})
+	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupSession})
 	// Publish {"type":"...","data":...}, creating the session.
 	bodies := make(chan struct{}, 16) // at most 16 bodies (16 MiB) read at once
 	mux.HandleFunc("POST /session/{id}/events", func(w http.ResponseWriter, r *http.Request) {

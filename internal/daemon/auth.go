@@ -153,44 +153,27 @@ func checkToken(t string) error {
 // Check says, and its Lookup checks them before the daemon's own lookup
 // runs (which creates a session, or reads Redis: work an anonymous client
 // must not cause). With CORS set, Authorization becomes a header a
-// preflight may name. Revoke then ends h's streams. Call it once, after
-// h's Lookup and CORS are set and before h serves.
+// preflight may name. Revoke then ends h's streams, and those of a
+// MuxHandler that shares h, whose sessions go through the same Lookup and
+// Authorize. Call it once, after h's Lookup and CORS are set and before h
+// serves.
 func (a *Auth) Install(h *eventbus.Handler) {
 	if a == nil {
 		return
 	}
 	a.handler = h
 	lookup := h.Lookup
-	h.Lookup = func(r *http.Request) (*eventbus.EventBus, error) {
-		if _, err := a.Check(r); err != nil {
-			return nil, err
-		}
-		return lookup(r)
-	}
-	// Checked again: the lookup may have taken a while, and a logout
-	// meanwhile must refuse the stream.
-	h.Authorize = func(r *http.Request, _ *eventbus.EventBus) (eventbus.Grant, error) { return a.Check(r) }
-	if h.CORS != nil {
-		h.CORS.AllowHeaders = append(h.CORS.AllowHeaders, "Authorization")
-	}
-}
-
-// InstallMux makes m, a multiplexed stream serving the sessions of the
-// Handler given to Install (m.Handler), check credentials: its Lookup
-// checks them before the daemon's own lookup of each session runs, as
-// Install's does; m.Handler's Authorize (Install's) then grants the stream
-// once per session, and its Revoke ends m's streams too (they share its
-// registry). Call it once, after Install and after m's Lookup is set.
-func (a *Auth) InstallMux(m *eventbus.MuxHandler) {
-	if a == nil {
-		return
-	}
-	lookup := m.Lookup
-	m.Lookup = func(r *http.Request, session string) (*eventbus.EventBus, error) {
+	h.Lookup = func(r *http.Request, session string) (*eventbus.EventBus, error) {
 		if _, err := a.Check(r); err != nil {
 			return nil, err
 		}
 		return lookup(r, session)
+	}
+	// Checked again: the lookup may have taken a while, and a logout
+	// meanwhile must refuse the stream.
+	h.Authorize = func(r *http.Request, _ string, _ *eventbus.EventBus) (eventbus.Grant, error) { return a.Check(r) }
+	if h.CORS != nil {
+		h.CORS.AllowHeaders = append(h.CORS.AllowHeaders, "Authorization")
 	}
 }
 

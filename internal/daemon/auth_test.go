@@ -181,7 +181,7 @@ func newAuthServer(t *testing.T, lifetime time.Duration) *authServer {
 	t.Cleanup(func() { bus.Close() })
 	s := &authServer{a: a, clock: clock, bus: bus}
 	s.h = &eventbus.Handler{
-		Lookup: func(*http.Request) (*eventbus.EventBus, error) { s.lookups++; return bus, nil },
+		Lookup: func(*http.Request, string) (*eventbus.EventBus, error) { s.lookups++; return bus, nil },
 		CORS:   &eventbus.CORS{Origins: []string{"https://app.example"}},
 	}
 	a.Install(s.h)

@@ -72,8 +72,7 @@ func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
 	return r
 }
 
-func (r *Replica) lookup(req *http.Request) (*eventbus.EventBus, error) {
-	id := req.PathValue("id")
+func (r *Replica) lookup(req *http.Request, id string) (*eventbus.EventBus, error) {
 	if err := eventbus.CheckSessionID(id); err != nil {
 		return nil, err // the handler answers 400 invalid_session_id
 	}

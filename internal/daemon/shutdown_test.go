@@ -73,7 +73,7 @@ func TestServerRunShutdownSaysSoAndCutsAClientThatNeverReads(t *testing.T) {
 			t.Fatal(err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupRequest, Logger: quiet})
+		mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupSession, Logger: quiet})
 		ln := pipenet.Listen()
 		var logs logBuffer
 		s := &Server{
