@@ -322,13 +322,6 @@ func (f Frame) String() string {
 	return string(f.wire)
 }
 
-// StreamErrorFrame returns a terminal stream_error frame with data
-// {"error":msg,"errorKind":kind}, stamped with the current time. The HTTP
-// handler writes it when a stream must end for a reason other than eviction,
-// close or disconnect. For ErrorKindShutdown the data also holds
-// "retryAfter": DefaultShutdownRetryAfter in milliseconds, so that every
-// shutdown frame carries one.
-func StreamErrorFrame(msg, kind string) Frame { return streamErrorFrame(msg, kind, nowMillis(nil)) }
 
 // streamErrorFrame is StreamErrorFrame stamped with ts.
 func streamErrorFrame(msg, kind string, ts int64) Frame {

@@ -40,7 +40,7 @@ func TestSyntheticFramesHaveNoID(t *testing.T) {
 		resyncFrame(ReasonRingEvicted, "", 1, 5, "E", 1),
 		warningFrame(c, 7, "frames", 1),
 		evictedFrame(ReasonQueueOverflow, 8, c, -1, 1),
-		StreamErrorFrame("boom", "internal"),
+		streamErrorFrameNow("boom", "internal"),
 	} {
 		assert.Equal(t, uint64(0), f.ID(), f.Type())
 		assert.True(t, f.Synthetic(), f.Type())
@@ -56,7 +56,7 @@ func TestSyntheticFramesHaveNoID(t *testing.T) {
 func TestTerminalFrames(t *testing.T) {
 	c := queueCounts{}
 	assert.True(t, evictedFrame(ReasonQueueOverflow, 1, c, -1, 1).Terminal())
-	assert.True(t, StreamErrorFrame("x", "internal").Terminal())
+	assert.True(t, streamErrorFrameNow("x", "internal").Terminal())
 	assert.False(t, replayCompleteFrame(0, 0, "E", 1).Terminal())
 	assert.False(t, resyncFrame(ReasonEpochReset, "", 1, 1, "E", 1).Terminal())
 	assert.False(t, warningFrame(c, 1, "frames", 1).Terminal())
@@ -71,7 +71,7 @@ func TestTerminalFrames(t *testing.T) {
 
 func TestStreamErrorFrameData(t *testing.T) {
 	before := time.Now().UnixMilli()
-	f := StreamErrorFrame("write \"failed\"\n<now>", "internal")
+	f := streamErrorFrameNow("write \"failed\"\n<now>", "internal")
 	after := time.Now().UnixMilli()
 	assert.Equal(t, TypeStreamError, f.Type())
 	assert.Equal(t, `{"error":"write \"failed\"\n<now>","errorKind":"internal"}`, dataOf(t, f))
@@ -131,7 +131,7 @@ func TestFrameSizeIsTheEnvelope(t *testing.T) {
 		warningFrame(queueCounts{1, 16, 100, 1000}, 1, "bytes", 1),
 		signalFrame("doc.changed", "doc/42", testStamp),
 		signalFrame(maxType(2), strings.Repeat("r", 500), testStamp),
-		StreamErrorFrame("boom", ErrorKindInternal),
+		streamErrorFrameNow("boom", ErrorKindInternal),
 	} {
 		assert.Equal(t, len(f.JSON()), f.Size(), "%s", f.Type())
 		assert.True(t, bytes.HasSuffix(f.SSE(), []byte("\ndata: "+string(f.JSON())+"\n\n")), "the envelope is what follows data: (%s)", f.Type())
@@ -162,7 +162,7 @@ func TestFrameCostBeyondTheEnvelopeIsBounded(t *testing.T) {
 		publishEvent(t, b, Event{Type: escaped, Data: strings.Repeat("x", 1000)}),
 		warningFrame(queueCounts{1, 16, 100, 1000}, 1, "bytes", 1),
 		evictedFrame(ReasonQueueBytesOverflow, 1, queueCounts{1, 16, 100, 1000}, 100, 1),
-		StreamErrorFrame(strings.Repeat("\x02", 300), ErrorKindInternal),
+		streamErrorFrameNow(strings.Repeat("\x02", 300), ErrorKindInternal),
 	}
 	for i := range 20 { // ids of one to eighteen digits, each on a bus of its own
 		b2 := newBus(t, Options{})
@@ -251,10 +251,10 @@ func TestShutdownFrameWire(t *testing.T) {
 	}
 	// StreamErrorFrame and CloseWithError with the kind carry the default;
 	// every other kind keeps the wire it had: no retryAfter.
-	assert.Contains(t, string(StreamErrorFrame("bye", ErrorKindShutdown).JSON()),
+	assert.Contains(t, string(streamErrorFrameNow("bye", ErrorKindShutdown).JSON()),
 		`"data":{"error":"bye","errorKind":"shutdown","retryAfter":2000}`)
 	for _, kind := range []string{ErrorKindInternal, ErrorKindUnavailable, ErrorKindReauthenticate, ErrorKindRevoked} {
-		assert.Contains(t, string(StreamErrorFrame("m", kind).JSON()), `"data":{"error":"m","errorKind":"`+kind+`"},`)
+		assert.Contains(t, string(streamErrorFrameNow("m", kind).JSON()), `"data":{"error":"m","errorKind":"`+kind+`"},`)
 	}
 }
 
@@ -468,7 +468,7 @@ func FuzzStreamErrorFrame(f *testing.F) {
 	f.Add("line\nbreak\r\n", "kind\r")
 	f.Add("\xff\x00\"", "")
 	f.Fuzz(func(t *testing.T, msg, kind string) {
-		fr := StreamErrorFrame(msg, kind)
+		fr := streamErrorFrameNow(msg, kind)
 		require.True(t, fr.Terminal())
 		require.True(t, fr.Synthetic())
 		require.Zero(t, fr.ID())

@@ -1787,3 +1787,7 @@ func withLookup(h *Handler, lookup func(*http.Request, string) (*EventBus, error
 	h.Lookup = lookup
 	return h
 }
+
+// streamErrorFrameNow is a stream_error frame stamped with the wall clock,
+// as EventBus.StreamErrorFrame stamps it with the bus's.
+func streamErrorFrameNow(msg, kind string) Frame { return streamErrorFrame(msg, kind, nowMillis(nil)) }

@@ -524,7 +524,7 @@ func (st *muxStream) panicked(p any) {
 	s := &st.s
 	st.h.logger().LogAttrs(s.ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
 	s.buf = s.buf[:0]
-	st.add(StreamErrorFrame("internal error", ErrorKindInternal), st.current)
+	st.add(st.sess[st.current].bus.StreamErrorFrame("internal error", ErrorKindInternal), st.current)
 	_ = s.flushBatch()
 }
 
@@ -615,7 +615,7 @@ func (st *muxStream) batch() (more, done bool) {
 			}
 			// The bus closed (its own terminal frame, if any, came
 			// above): tell the client this session leaves.
-			f, ok := endErrorFrame(st.sess[i].sub)
+			f, ok := endErrorFrame(st.sess[i].bus, st.sess[i].sub)
 			if !ok {
 				f = st.sess[i].bus.StreamErrorFrame("session closed", ErrorKindClosed)
 			}

@@ -226,13 +226,13 @@ type SubscribeOptions struct {
 	// members at once (see ReadyGroup). nil: the subscription has its own.
 	Group *ReadyGroup
 	// Detached makes Subscribe's ctx bound the call only (its wait for a
-	// fed bus's feed, its read of the log), not the subscription: it ends
-	// by Close, CloseBlocked, eviction or the bus's Close, never by ctx.
-	// It is for a transport that watches its connection itself and ends
-	// the subscription on its own terms, as the Handler does: a context
-	// watched for the life of each subscription costs a callback on it,
-	// and on a context derived for it a map of its children, about 1 KiB
-	// per idle subscription. false: ctx cancels the subscription.
+	// fed bus's feed, its read of the log), not the subscription, which
+	// then ends by Close, CloseBlocked, eviction or the bus's Close, never
+	// by ctx. It is for a transport that watches its connection itself and
+	// ends the subscription on its own terms, as the Handler does, and
+	// saves it about 1 KiB of memory per subscription (what watching a
+	// context for the subscription's whole life costs). false: ctx
+	// cancels the subscription.
 	Detached bool
 	// Interrupt, when set, is called at most once, from another goroutine
 	// (a publisher's) and never under a lock of the bus, when the bus's

@@ -32,7 +32,7 @@ func TestReservedTypesAreTheSyntheticFrames(t *testing.T) {
 	for _, f := range []Frame{
 		replayCompleteFrame(0, 0, "E", 1), resyncFrame(ReasonEpochReset, "", 1, 1, "E", 1),
 		warningFrame(c, 1, "frames", 1), evictedFrame(ReasonQueueOverflow, 1, c, -1, 1),
-		StreamErrorFrame("x", ErrorKindInternal), shutdownFrame(DefaultShutdownRetryAfter, 1),
+		streamErrorFrameNow("x", ErrorKindInternal), shutdownFrame(DefaultShutdownRetryAfter, 1),
 	} {
 		require.True(t, f.Synthetic())
 		assert.Contains(t, want, f.Type())

@@ -51,10 +51,18 @@ type RejectedStats struct {
 
 // EvictionStats counts evictions by client_evicted reason.
 type EvictionStats struct {
-	QueueOverflow      uint64
+	// QueueOverflow: a live push found the subscriber's queue at MaxQueued
+	// frames (client_evicted reason queue_overflow).
+	QueueOverflow uint64
+	// QueueBytesOverflow: a live push would have taken the queue past
+	// MaxQueuedBytes (reason queue_bytes_overflow).
 	QueueBytesOverflow uint64
-	RepeatedOverflow   uint64
-	CatchUpStalled     uint64 // OverflowCatchUp: took nothing for CatchUpStallTimeout while behind
+	// RepeatedOverflow: OverflowResync's third overflow within
+	// OverflowWindow (reason repeated_overflow).
+	RepeatedOverflow uint64
+	// CatchUpStalled: under OverflowCatchUp, the subscriber took nothing
+	// for CatchUpStallTimeout while behind (reason catch_up_stalled).
+	CatchUpStalled uint64
 	// MemoryBudget: a Hub's budget took back the frames the subscriber
 	// held beyond its ring (docs/SPEC.md section 7).
 	MemoryBudget uint64
@@ -70,12 +78,23 @@ type CatchUpStats struct {
 
 // ResyncStats counts state_resync_required frames by reason.
 type ResyncStats struct {
-	EpochReset           uint64
-	RingEvicted          uint64
+	// EpochReset: a resume from another epoch, or from ahead of the bus
+	// (a daemon restart, a session deleted and made again).
+	EpochReset uint64
+	// RingEvicted: a resume, or a subscriber catching up, that the ring
+	// (or a backplane's log) no longer holds in full.
+	RingEvicted uint64
+	// ReplayBudgetExceeded: a resume that would replay more than
+	// ReplayBudgetBytes; the client resumes again from the last replayed
+	// id.
 	ReplayBudgetExceeded uint64
-	QueueOverflow        uint64 // resync overflow policy
-	QueueBytesOverflow   uint64 // resync overflow policy
-	CursorInvalid        uint64 // a cursor the transport could not use
+	// QueueOverflow and QueueBytesOverflow: OverflowResync's answer to a
+	// live push that a cap rejected (instead of an eviction).
+	QueueOverflow      uint64
+	QueueBytesOverflow uint64
+	// CursorInvalid: a cursor the transport could not use (malformed, two
+	// epochs that disagree); the stream is live from there.
+	CursorInvalid uint64
 }
 
 // DroppedStats counts dropped frames by reason.
@@ -166,13 +185,26 @@ type Diagnostic struct {
 	Attrs   []slog.Attr
 }
 
-// Diagnostic kinds.
+// Diagnostic kinds: Diagnostic.Kind, what Options.OnDiagnostic is told and
+// the log records (docs/SPEC.md section 1.5).
 const (
-	DiagPublishRejected    = "publish_rejected"
-	DiagSlowClient         = "slow_client"
-	DiagEvicted            = "subscriber_evicted"
-	DiagOverflowResync     = "overflow_resync"
-	DiagWriteFailed        = "write_failed"
+	// DiagPublishRejected: Publish or Signal refused an event (invalid,
+	// too large); its attributes say the type and the error.
+	DiagPublishRejected = "publish_rejected"
+	// DiagSlowClient: a subscriber reached WarnThresholdRatio of a cap and
+	// was sent slow_client_warning.
+	DiagSlowClient = "slow_client"
+	// DiagEvicted: a subscriber was evicted (client_evicted), with its
+	// reason and counts.
+	DiagEvicted = "subscriber_evicted"
+	// DiagOverflowResync: under OverflowResync, a subscriber's live frames
+	// were dropped for state_resync_required.
+	DiagOverflowResync = "overflow_resync"
+	// DiagWriteFailed: a transport's write failed or blocked past its
+	// deadline (Subscription.CloseBlocked); the subscriber was dropped.
+	DiagWriteFailed = "write_failed"
+	// DiagHistoryUnavailable: a fed bus could not read the history a
+	// resume needed from its log; the client was told ring_evicted.
 	DiagHistoryUnavailable = "history_unavailable"
 	// DiagMemoryBudget: a Hub's budget took back what a subscriber held
 	// beyond its ring (evicted, put behind, or its draining frames

@@ -137,7 +137,7 @@ func (st *sessionStream) failed(err error) { st.h.dropBlocked(st.s.ctx, st.sub, 
 func (st *sessionStream) panicked(p any) {
 	s := &st.s
 	st.h.logger().LogAttrs(s.ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-	s.buf = StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
+	s.buf = st.bus.StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
 	_ = s.flushBatch()
 }
 
@@ -185,7 +185,7 @@ func (st *sessionStream) batch() (more, done bool) {
 		s.add(st.bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
 		open = false
 	case !open && !terminal && !gone:
-		if f, ok := endErrorFrame(sub); ok {
+		if f, ok := endErrorFrame(st.bus, sub); ok {
 			s.add(f)
 		}
 	}
@@ -267,9 +267,9 @@ func dropWriteFailed(ctx context.Context, sub *Subscription, unwritten int, err 
 // that ended, without a terminal frame of its own, for a reason the client
 // would not otherwise learn (an eviction and CloseWithError queue their
 // own terminal frame, and a Close needs none on a single stream).
-func endErrorFrame(sub *Subscription) (Frame, bool) {
+func endErrorFrame(bus *EventBus, sub *Subscription) (Frame, bool) {
 	if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
-		return StreamErrorFrame(err.Error(), ErrorKindInternal), true
+		return bus.StreamErrorFrame(err.Error(), ErrorKindInternal), true
 	}
 	return Frame{}, false
 }
