@@ -322,7 +322,6 @@ func (f Frame) String() string {
 	return string(f.wire)
 }
 
-
 // streamErrorFrame is StreamErrorFrame stamped with ts.
 func streamErrorFrame(msg, kind string, ts int64) Frame {
 	var retry time.Duration
