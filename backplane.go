@@ -55,8 +55,8 @@ type feed struct {
 	lag time.Duration
 
 	mu sync.Mutex
-	// fed is closed at the next appendEntry (or Close) and then forgotten; nil
-	// while nobody waits for the feed (awaitFeed).
+	// fed is closed at the next appendEntry (or Close) and then forgotten;
+	// nil while nobody waits for the feed (awaitFeed).
 	fed chan struct{}
 }
 
@@ -68,7 +68,7 @@ type feed struct {
 // seam.DefaultLagTimeout).
 func newMirror(opts Options, fo seam.MirrorOptions) (*EventBus, error) {
 	if !validEpoch(fo.Epoch) {
-		return nil, fmt.Errorf("%w: feed epoch %q is not 32 lowercase hex characters", ErrInvalidOption, truncate(fo.Epoch, 64))
+		return nil, fmt.Errorf("%w: mirror epoch %q is not 32 lowercase hex characters", ErrInvalidOption, truncate(fo.Epoch, 64))
 	}
 	if fo.LagTimeout < 0 {
 		return nil, fmt.Errorf("%w: LagTimeout is %v, must not be negative", ErrInvalidOption, fo.LagTimeout)
