@@ -2,118 +2,73 @@ package eventbus
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // A backplane shares one session's events between the replicas of a daemon:
 // a log in a real engine (Redis Streams, PostgreSQL, ...) numbers them, and
-// each replica feeds a local bus from that log. This file is the seam it
-// plugs into, with three parts:
+// each replica feeds a local bus, its mirror, from that log. This file is
+// the mirror's half that needs the bus's internals, unexported: package
+// backplane exposes it (docs/SPEC.md section 8.2), reaching it through
+// package seam (internal/seam), to which init lends it:
 //
-//   - NewFed makes a bus whose epoch and ids come from the log; the
-//     backplane's reader feeds it with Append, in id order.
-//   - Log is what the bus asks the log for: history for a resume its ring
-//     cannot answer, and the log's head when a client resumes from an id
-//     this replica has not been fed yet.
-//   - Encoder validates and encodes an event as Publish would, without an
-//     id, so the backplane can number it in the log.
+//   - newMirror makes a bus whose epoch and ids come from the log
+//     (backplane.NewMirror); the backplane's reader feeds it with
+//     appendEntry (backplane.Append), in id order.
+//   - feed.log is what the bus asks the log for (backplane.Log): history
+//     for a resume its ring cannot answer (replay.go), and the log's head
+//     when a client resumes from an id this replica has not been fed yet.
+//   - the encoder (encode.go) validates and encodes an event as Publish
+//     would, without an id, so the backplane can number it in the log
+//     (backplane.Encoder); closeWithError (eventbus.go) ends a mirror whose
+//     engine stayed unreachable (backplane.CloseWithError).
 //
 // Everything else (queues, warnings, evictions, replay rules, the Handler)
-// is the bus's own and works on a fed bus unchanged. The rules are
-// docs/SPEC.md section 8.2; package backplane is the kit a backplane
-// module is built on (section 8.7).
+// is the bus's own and works on a mirror unchanged. Package backplane is
+// also the kit a backplane module is built on (section 8.7).
 
-// LogEntry is one already-numbered event of a shared log: its id, its type
-// and its complete JSON envelope, with "id" (EncodedEvent.Envelope builds
-// it).
-type LogEntry struct {
-	ID   uint64
-	Type string
-	JSON []byte
+func init() {
+	seam.Lend(seam.Root[*EventBus, Options, Event]{
+		NewMirror:      newMirror,
+		Append:         (*EventBus).appendEntry,
+		CloseWithError: (*EventBus).closeWithError,
+		NewEncoder: func(opts Options) (seam.Encoder[Event], error) {
+			enc, err := newEncoder(opts)
+			if err != nil {
+				return nil, err // no typed nil in the interface
+			}
+			return enc, nil
+		},
+	})
 }
 
-// HistoryRequest asks a Log for the entries a resume needs.
-type HistoryRequest struct {
-	// After and Upto bound the ids wanted: After < id <= Upto.
-	After, Upto uint64
-	// MaxBytes, when positive, lets the log stop after the first entry
-	// that takes the envelope bytes returned past it: the replay stops
-	// there anyway (the replay budget, which counts envelopes too). 0
-	// means every entry is needed (a filtered resume counts only the
-	// entries that match).
-	MaxBytes int
-}
-
-// Log is a shared log as a fed bus sees it: the interface a backplane
-// implements for NewFed. Its methods are called without any bus lock held,
-// on the goroutine of the Subscribe that needs them, and may do I/O; ctx is
-// that subscription's, bounded by FeedOptions.LagTimeout for Head. They
-// must be safe for concurrent use.
-type Log interface {
-	// ReadHistory returns the entries of req's range that the log still
-	// holds, in id order and contiguous, and the first id the log holds
-	// (0 when it holds none). An error means the history cannot be read
-	// now: the subscriber gets state_resync_required (ring_evicted, detail
-	// history_unavailable) and continues live.
-	ReadHistory(ctx context.Context, req HistoryRequest) (entries []LogEntry, first uint64, err error)
-	// Head returns the log's current epoch and the last id it assigned.
-	// A fed bus asks it when a client resumes, in the bus's epoch, from an
-	// id the bus has not been fed yet (the client read it through a
-	// replica whose reader is ahead): when the log holds that id, Subscribe
-	// waits for the feed to deliver it instead of answering epoch_reset.
-	Head(ctx context.Context) (epoch string, last uint64, err error)
-}
-
-// DefaultLagTimeout is FeedOptions.LagTimeout's default.
-const DefaultLagTimeout = 2 * time.Second
-
-// FeedOptions configures a bus fed by a shared log (NewFed).
-type FeedOptions struct {
-	// Epoch is the log's epoch: 32 lowercase hex characters (NewEpoch
-	// makes one). Every replica's bus of the log must use the same.
-	Epoch string
-	// NextID is the id of the next entry the bus will be fed; 0 means 1.
-	// A bus made for a log that already holds entries 1..n starts at n+1.
-	NextID uint64
-	// Log answers resumes the bus's ring cannot; nil means the ring only.
-	Log Log
-	// LagTimeout bounds how long Subscribe waits for the feed to reach a
-	// client's cursor (see Log.Head); 0 means DefaultLagTimeout.
-	LagTimeout time.Duration
-}
-
-// feed is a fed bus's owner (owner.go): the log it answers resumes from,
+// feed is a mirror's owner (owner.go): the log it answers resumes from,
 // and the Subscribes waiting for the feed to reach their cursor
-// (awaitFeed). Append and the replay reach it through fed.
+// (awaitFeed). appendEntry and the replay reach it through fed.
 type feed struct {
-	log Log
+	log seam.Log
 	lag time.Duration
 
 	mu sync.Mutex
-	// fed is closed at the next Append (or Close) and then forgotten; nil
-	// while nobody waits for the feed (awaitFeed).
+	// fed is closed at the next appendEntry (or Close) and then forgotten;
+	// nil while nobody waits for the feed (awaitFeed).
 	fed chan struct{}
 }
 
-// NewFed returns a bus whose epoch and ids come from a shared log: the
-// backplane feeds it with Append, and a resume its ring cannot answer is
-// read from fo.Log. Its Publish returns ErrFed for an event it would
-// otherwise accept (a backplane publishes to its log, and its reader feeds
-// every replica's bus, this one included);
-// Signal delivers to this bus's subscribers only (a backplane spreads
-// signals by calling Signal on every replica). Subscribe, Close, Stats and
-// every other method behave as on a bus made by New.
-//
-// It returns an error wrapping ErrInvalidOption for invalid opts, an epoch
-// that is not 32 lowercase hex characters, or a negative LagTimeout. The
-// fed bus's rules are docs/SPEC.md section 8.2.
-func NewFed(opts Options, fo FeedOptions) (*EventBus, error) {
+// newMirror returns a bus whose epoch and ids come from a shared log
+// (backplane.NewMirror, whose doc is the contract): fed with appendEntry,
+// its Publish refuses a valid event with seam.ErrMirror. It returns an
+// error wrapping ErrInvalidOption for invalid opts, an epoch that is not
+// 32 lowercase hex characters, or a negative LagTimeout (0 means
+// seam.DefaultLagTimeout).
+func newMirror(opts Options, fo seam.MirrorOptions) (*EventBus, error) {
 	if !validEpoch(fo.Epoch) {
-		return nil, fmt.Errorf("%w: feed epoch %q is not 32 lowercase hex characters", ErrInvalidOption, truncate(fo.Epoch, 64))
+		return nil, fmt.Errorf("%w: mirror epoch %q is not 32 lowercase hex characters", ErrInvalidOption, truncate(fo.Epoch, 64))
 	}
 	if fo.LagTimeout < 0 {
 		return nil, fmt.Errorf("%w: LagTimeout is %v, must not be negative", ErrInvalidOption, fo.LagTimeout)
@@ -124,7 +79,7 @@ func NewFed(opts Options, fo FeedOptions) (*EventBus, error) {
 	}
 	f := &feed{log: fo.Log, lag: fo.LagTimeout}
 	if f.lag == 0 {
-		f.lag = DefaultLagTimeout
+		f.lag = seam.DefaultLagTimeout
 	}
 	b := new(EventBus)
 	b.init(o, f)
@@ -134,23 +89,23 @@ func NewFed(opts Options, fo FeedOptions) (*EventBus, error) {
 	return b, nil
 }
 
-// fed returns the bus's feed, nil for a bus not made by NewFed.
+// fed returns the bus's feed, nil for a bus that is no mirror (newMirror).
 func (b *EventBus) fed() *feed {
 	f, _ := b.owner.(*feed)
 	return f
 }
 
 // publishing refuses Publish: a backplane publishes to its log, and its
-// reader feeds every replica's bus with Append.
-func (*feed) publishing(_, _ int64) (int64, error) { return 0, ErrFed }
+// reader feeds every replica's bus with appendEntry.
+func (*feed) publishing(_, _ int64) (int64, error) { return 0, seam.ErrMirror }
 
 // ringChangedLocked and used have nothing to do: the log, not the feed,
-// keeps the history, and a fed bus's use is its backplane's to watch.
+// keeps the history, and a mirror's use is its backplane's to watch.
 func (*feed) ringChangedLocked(int64) {}
 
 func (*feed) used() {}
 
-// heldLocked and releasedLocked have nothing to do: a fed bus has no
+// heldLocked and releasedLocked have nothing to do: a mirror has no
 // budget over what its subscribers hold.
 func (*feed) heldLocked(uint64) {}
 
@@ -173,7 +128,7 @@ func validEpoch(e string) bool {
 }
 
 // entryFrame builds the frame of an already-numbered log entry.
-func entryFrame(e LogEntry) (Frame, error) {
+func entryFrame(e seam.Entry) (Frame, error) {
 	if err := validType(e.Type); err != nil {
 		return Frame{}, err
 	}
@@ -194,25 +149,20 @@ func entryFrame(e LogEntry) (Frame, error) {
 	return Frame{&frame{wire: b, json: int32(j), kind: kindEvent, id: e.ID, typ: e.Type}}, nil
 }
 
-// Append feeds a fed bus (NewFed) one entry of its log: ring, fan-out,
-// warnings and evictions exactly as Publish, with the log's id. Entries
-// must come in id order from one goroutine (the backplane's reader). An id
-// below the bus's next id is ignored (a reader that re-read after a
-// reconnect); an id above it is a gap (the log trimmed entries while the
-// reader was away): every subscriber gets state_resync_required
-// (ring_evicted) first, because every one of them missed those entries.
-//
-// Append never blocks on a subscriber. It returns ErrFed on a bus made by
-// New, ErrClosed after Close, and an error wrapping ErrInvalidEvent for an
-// entry whose type Publish would refuse (a reserved one included) or whose
-// envelope holds CR or LF (nothing is delivered then).
-func (b *EventBus) Append(e LogEntry) error {
+// appendEntry feeds a mirror one entry of its log (backplane.Append, whose
+// doc is the contract): ring, fan-out, warnings and evictions exactly as
+// Publish, with the log's id; an id below the next one is ignored, an id
+// above it is a gap that every subscriber is told of first. It returns
+// seam.ErrMirror on a bus that is no mirror, ErrClosed after Close, and an
+// error wrapping ErrInvalidEvent for an entry Publish would refuse or whose
+// envelope holds CR or LF.
+func (b *EventBus) appendEntry(e seam.Entry) error {
 	fd := b.fed()
 	if fd == nil {
 		if b.closedOrZero() {
 			return ErrClosed
 		}
-		return ErrFed
+		return seam.ErrMirror
 	}
 	v, err := entryFrame(e)
 	if err != nil {
@@ -264,7 +214,7 @@ func (f *feed) wake() {
 	f.mu.Unlock()
 }
 
-// next returns a channel closed at the next Append or Close.
+// next returns a channel closed at the next appendEntry or Close.
 func (f *feed) next() <-chan struct{} {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -12,13 +12,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ssebus/eventbus/internal/seam"
 )
 
 const testEpoch = "0123456789abcdef0123456789abcdef"
 
-func newFed(t *testing.T, opts Options, next uint64, log Log) *EventBus {
+func newFed(t *testing.T, opts Options, next uint64, log seam.Log) *EventBus {
 	t.Helper()
-	b, err := NewFed(opts, FeedOptions{Epoch: testEpoch, NextID: next, Log: log})
+	b, err := newMirror(opts, seam.MirrorOptions{Epoch: testEpoch, NextID: next, Log: log})
 	require.NoError(t, err)
 	t.Cleanup(func() { b.Close() })
 	return b
@@ -42,7 +44,7 @@ func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
 	assert.Equal(t, uint64(40), b.LastEventID())
 
 	_, err := b.Publish(Event{Type: "x"})
-	assert.ErrorIs(t, err, ErrFed, "ids come from the log, not from Publish")
+	assert.ErrorIs(t, err, seam.ErrMirror, "ids come from the log, not from Publish")
 	_, err = b.Publish(Event{})
 	assert.ErrorIs(t, err, ErrInvalidEvent, "an event Publish refuses anyway says why")
 
@@ -51,8 +53,8 @@ func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
 	for range 41 {
 		log.add(t, "tick")
 	}
-	require.NoError(t, b.Append(log.entries[40]))
-	require.NoError(t, b.Append(log.entries[40]), "a duplicate is ignored")
+	require.NoError(t, b.appendEntry(log.entries[40]))
+	require.NoError(t, b.appendEntry(log.entries[40]), "a duplicate is ignored")
 	fs := readyNow(s)
 	require.Len(t, fs, 1)
 	assert.Equal(t, uint64(41), fs[0].ID())
@@ -60,23 +62,23 @@ func TestFedBusTakesEpochAndIDsFromTheLog(t *testing.T) {
 	assert.Equal(t, uint64(41), b.LastEventID())
 }
 
-func TestNewFedValidates(t *testing.T) {
-	for _, fo := range []FeedOptions{{}, {Epoch: "short"}, {Epoch: strings.ToUpper(testEpoch)}, {Epoch: testEpoch, LagTimeout: -1}} {
-		_, err := NewFed(Options{}, fo)
+func TestNewMirrorValidates(t *testing.T) {
+	for _, fo := range []seam.MirrorOptions{{}, {Epoch: "short"}, {Epoch: strings.ToUpper(testEpoch)}, {Epoch: testEpoch, LagTimeout: -1}} {
+		_, err := newMirror(Options{}, fo)
 		assert.ErrorIs(t, err, ErrInvalidOption, "%+v", fo)
 	}
-	_, err := NewFed(Options{RingSize: -1}, FeedOptions{Epoch: testEpoch})
+	_, err := newMirror(Options{RingSize: -1}, seam.MirrorOptions{Epoch: testEpoch})
 	assert.ErrorIs(t, err, ErrInvalidOption)
 
 	b, err := New(Options{})
 	require.NoError(t, err)
-	assert.ErrorIs(t, b.Append(LogEntry{ID: 1, Type: "x", JSON: []byte(`{"id":1}`)}), ErrFed, "a bus made by New numbers its own events")
+	assert.ErrorIs(t, b.appendEntry(seam.Entry{ID: 1, Type: "x", JSON: []byte(`{"id":1}`)}), seam.ErrMirror, "a bus made by New numbers its own events")
 	b.Close()
-	assert.ErrorIs(t, b.Append(LogEntry{ID: 1, Type: "x", JSON: []byte(`{"id":1}`)}), ErrClosed)
+	assert.ErrorIs(t, b.appendEntry(seam.Entry{ID: 1, Type: "x", JSON: []byte(`{"id":1}`)}), ErrClosed)
 
 	f := newFed(t, Options{}, 1, nil)
-	assert.ErrorIs(t, f.Append(LogEntry{ID: 1, Type: "", JSON: []byte(`{}`)}), ErrInvalidEvent)
-	assert.ErrorIs(t, f.Append(LogEntry{ID: 1, Type: "x", JSON: []byte("{\n}")}), ErrInvalidEvent)
+	assert.ErrorIs(t, f.appendEntry(seam.Entry{ID: 1, Type: "", JSON: []byte(`{}`)}), ErrInvalidEvent)
+	assert.ErrorIs(t, f.appendEntry(seam.Entry{ID: 1, Type: "x", JSON: []byte("{\n}")}), ErrInvalidEvent)
 	assert.Zero(t, f.LastEventID(), "a refused entry is not delivered")
 }
 
@@ -87,8 +89,8 @@ func TestFedAppendGapSendsRingEvictedResync(t *testing.T) {
 	for range 5 {
 		log.add(t, "tick")
 	}
-	require.NoError(t, b.Append(log.entries[0]))
-	require.NoError(t, b.Append(log.entries[4])) // 2..4 lost by the log
+	require.NoError(t, b.appendEntry(log.entries[0]))
+	require.NoError(t, b.appendEntry(log.entries[4])) // 2..4 lost by the log
 	fs := readyNow(s)
 	assert.Equal(t, []string{"1", TypeStateResyncRequired, "5"}, summary(fs))
 	assert.Contains(t, string(fs[1].JSON()), `"reason":"ring_evicted","lastDeliveredId":1,"earliestAvailableId":5`)
@@ -103,10 +105,10 @@ func TestFedAppendGapWhileCatchingUpSendsOneResyncFromTheCursor(t *testing.T) {
 		log.add(t, "tick")
 	}
 	for _, e := range log.entries[:4] {
-		require.NoError(t, b.Append(e)) // 1, 2 queued; behind at 3
+		require.NoError(t, b.appendEntry(e)) // 1, 2 queued; behind at 3
 	}
-	require.NoError(t, b.Append(log.entries[8])) // 5..8 lost by the log
-	require.NoError(t, b.Append(log.entries[9]))
+	require.NoError(t, b.appendEntry(log.entries[8])) // 5..8 lost by the log
+	require.NoError(t, b.appendEntry(log.entries[9]))
 	var fs []Frame
 	for {
 		more := readyNow(s)
@@ -128,26 +130,26 @@ func TestRemoteResumeReplaysFromTheLogAheadOfLiveFrames(t *testing.T) {
 	}
 	// This replica saw only 9 and 10.
 	b := newFed(t, Options{}, 9, log)
-	require.NoError(t, b.Append(log.entries[8]))
-	require.NoError(t, b.Append(log.entries[9]))
+	require.NoError(t, b.appendEntry(log.entries[8]))
+	require.NoError(t, b.appendEntry(log.entries[9]))
 
 	// A live event arrives while the history is being read: it must come
 	// after the replay, once.
 	log.onRead = func() {
 		log.onRead = nil
 		log.add(t, "tick")
-		require.NoError(t, b.Append(log.entries[10]))
+		require.NoError(t, b.appendEntry(log.entries[10]))
 	}
 	s := subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3})
 	fs := readyNow(s)
 	assert.Equal(t, []string{"4", "5", "6", "7", "8", "9", "10", TypeReplayComplete, "11"}, summary(fs))
 	require.Len(t, log.reqs, 1)
-	assert.Equal(t, HistoryRequest{After: 3, Upto: 10, MaxBytes: DefaultReplayBudgetBytes}, log.reqs[0])
+	assert.Equal(t, seam.HistoryRequest{After: 3, Upto: 10, MaxBytes: DefaultReplayBudgetBytes}, log.reqs[0])
 
 	log.reqs = nil
 	s = subscribe(t, b, SubscribeOptions{Resume: true, LastEventID: 3, Types: []string{"tick"}})
 	assert.Equal(t, []string{"4", "5", "6", "7", "8", "9", "10", "11", TypeReplayComplete}, summary(readyNow(s)))
-	assert.Equal(t, []HistoryRequest{{After: 3, Upto: 11}}, log.reqs, "a filtered resume needs every entry")
+	assert.Equal(t, []seam.HistoryRequest{{After: 3, Upto: 11}}, log.reqs, "a filtered resume needs every entry")
 }
 
 func TestResumeAheadOfTheFeedWaitsForIt(t *testing.T) {
@@ -158,7 +160,7 @@ func TestResumeAheadOfTheFeedWaitsForIt(t *testing.T) {
 		}
 		b := newFed(t, Options{}, 1, log)
 		for _, e := range log.entries[:3] {
-			require.NoError(t, b.Append(e))
+			require.NoError(t, b.appendEntry(e))
 		}
 		// The client read 1..5 through a replica whose reader is ahead:
 		// this one's reader delivers 4 and 5 while the resume waits. No
@@ -171,13 +173,13 @@ func TestResumeAheadOfTheFeedWaitsForIt(t *testing.T) {
 		}()
 		synctest.Wait()
 		require.Nil(t, s, "Subscribe waits for the feed")
-		require.NoError(t, b.Append(log.entries[3]))
+		require.NoError(t, b.appendEntry(log.entries[3]))
 		synctest.Wait()
 		require.Nil(t, s, "4 is not the cursor yet")
-		require.NoError(t, b.Append(log.entries[4]))
+		require.NoError(t, b.appendEntry(log.entries[4]))
 		synctest.Wait()
 		require.NotNil(t, s)
-		require.NoError(t, b.Append(log.entries[5]))
+		require.NoError(t, b.appendEntry(log.entries[5]))
 		assert.Equal(t, []string{TypeReplayComplete, "6"}, summary(readyNow(s)))
 
 		// A cursor the log does not hold is of an older epoch: answered
@@ -195,7 +197,7 @@ func TestResumeAheadOfTheFeedGivesUpAfterLagTimeout(t *testing.T) {
 		for range 6 {
 			log.add(t, "tick")
 		}
-		b, err := NewFed(Options{}, FeedOptions{Epoch: testEpoch, NextID: 1, Log: log, LagTimeout: time.Second})
+		b, err := newMirror(Options{}, seam.MirrorOptions{Epoch: testEpoch, NextID: 1, Log: log, LagTimeout: time.Second})
 		require.NoError(t, err)
 		defer b.Close()
 		start := time.Now()
@@ -222,7 +224,7 @@ func TestRemoteResumeAnswersResyncRulesFromTheLog(t *testing.T) {
 		log.add(t, "tick")
 	}
 	b := newFed(t, Options{}, 10, log)
-	require.NoError(t, b.Append(log.entries[9]))
+	require.NoError(t, b.appendEntry(log.entries[9]))
 	log.trim(4) // the log holds 7..10
 
 	t.Run("ring_evicted", func(t *testing.T) {
@@ -292,12 +294,12 @@ func testFrame(id uint64, size int) Frame {
 	for i := range json {
 		json[i] = 'x'
 	}
-	f, _ := entryFrame(LogEntry{ID: id, Type: "t", JSON: json})
+	f, _ := entryFrame(seam.Entry{ID: id, Type: "t", JSON: json})
 	return f
 }
 
 // The Handler subscribes detached from the request (subscribeRequest), but
-// the request still bounds the subscribing: a resume ahead of a fed bus's
+// the request still bounds the subscribing: a resume ahead of a mirror's
 // feed waits for the feed only until the client leaves, not for the whole
 // LagTimeout.
 func TestHandlerRequestBoundsTheWaitForTheFeed(t *testing.T) {
@@ -306,7 +308,7 @@ func TestHandlerRequestBoundsTheWaitForTheFeed(t *testing.T) {
 		for range 6 {
 			log.add(t, "tick")
 		}
-		b, err := NewFed(Options{Logger: quiet}, FeedOptions{Epoch: testEpoch, NextID: 1, Log: log, LagTimeout: time.Hour})
+		b, err := newMirror(Options{Logger: quiet}, seam.MirrorOptions{Epoch: testEpoch, NextID: 1, Log: log, LagTimeout: time.Hour})
 		require.NoError(t, err)
 		defer b.Close()
 		h := busHandler(b, &logCapture{})

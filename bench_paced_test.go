@@ -136,7 +136,7 @@ func runPaced(tb testing.TB, r pacedRun) pacedResult {
 		// event encoded by the bus's encoder and its frame, allocated as
 		// Publish allocates them. What it adds to naive is the frame's
 		// cost; what eventbus adds to it is the delivery's.
-		enc, err := NewEncoder(Options{})
+		enc, err := newEncoder(Options{})
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -73,11 +73,12 @@
 // A backplane shares a session between the replicas of a daemon through a
 // log in a real engine (the redisbus, pgbus and natsbus modules of this
 // repository are three, built on package backplane; docs/SPEC.md section
-// 8). It plugs into the public seam: [NewEncoder] encodes events as
-// Publish would, without an id, for the backplane to number in its log;
-// [NewFed] makes a bus whose epoch and ids come from that log, fed with
-// [EventBus.Append]; its [Log] answers resumes the ring cannot. The
-// Handler serves a fed bus unchanged.
+// 8). Everything that only a backplane needs is in that package, not
+// here: its Encoder encodes events as Publish would, without an id, for
+// the backplane to number in its log; its NewMirror makes a bus (an
+// *EventBus) whose epoch and ids come from that log, fed with its Append;
+// its Log answers resumes the ring cannot. The Handler, MuxHandler and
+// Subscribe serve a mirror unchanged.
 //
 // The package examples (Example, Example_resume, Example_eviction,
 // ExampleEventBus_Stats, ExampleHub, ExampleMuxHandler and

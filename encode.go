@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // wallClock reads the wall clock in Unix milliseconds from one monotonic
@@ -128,52 +130,37 @@ type Event struct {
 	OriginatorClientID string
 }
 
-// Encoder validates and encodes events exactly as Publish does, without
-// assigning an id: the seam for a backplane, which numbers events in its
-// shared log (see NewFed). Make one with NewEncoder.
-//
-// An Encoder is safe for concurrent use. Its zero value is not usable.
-type Encoder struct {
+// encoder validates and encodes events exactly as Publish does: every bus
+// and Hub has one (Publish's, and the fingerprints of PublishIdempotent),
+// and package backplane exposes it, assigning no id, as backplane.Encoder
+// (a backplane numbers events in its shared log), through package seam:
+// its exported methods are seam.Encoder's, whose contracts are
+// backplane.Encoder's. It is safe for concurrent use; its zero value is
+// not usable.
+type encoder struct {
 	maxEventBytes int
 	now           func() time.Time
 	clock         wallClock
 }
 
-// NewEncoder returns an encoder that applies opts' MaxEventBytes and stamps
+// newEncoder returns an encoder that applies opts' MaxEventBytes and stamps
 // serverTimestamp with opts.Now (nil: the wall clock). It returns an error
 // wrapping ErrInvalidOption when opts are invalid (as New would).
-func NewEncoder(opts Options) (*Encoder, error) {
+func newEncoder(opts Options) (*encoder, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	return &Encoder{maxEventBytes: o.MaxEventBytes, now: o.Now}, nil
+	return &encoder{maxEventBytes: o.MaxEventBytes, now: o.Now}, nil
 }
 
 // millis returns the current Unix milliseconds for stamps: the encoder's
 // Now when set, else its wall clock.
-func (enc *Encoder) millis() int64 {
+func (enc *encoder) millis() int64 {
 	if enc.now != nil {
 		return enc.now().UnixMilli()
 	}
 	return enc.clock.millis()
-}
-
-// EncodedEvent is an event encoded by an Encoder, everything but its id.
-type EncodedEvent struct {
-	// Type is the event's type (the SSE event: field).
-	Type string
-	// Tail is the JSON envelope after its leading `{"id":N`: the envelope
-	// of the event numbered N is `{"id":` + N + Tail. It is the caller's.
-	Tail []byte
-}
-
-// Envelope returns the complete JSON envelope of the event numbered id, as
-// a LogEntry's JSON holds it.
-func (e EncodedEvent) Envelope(id uint64) []byte {
-	b := make([]byte, 0, len(headJSON)+maxDigits+len(e.Tail))
-	b = strconv.AppendUint(append(b, headJSON...), id, 10)
-	return append(b, e.Tail...)
 }
 
 // Encode validates e and encodes it as Publish would. It returns an error
@@ -182,26 +169,26 @@ func (e EncodedEvent) Envelope(id uint64) []byte {
 // above MaxEventBytes (the envelope grows by the id's digits: a backplane
 // that must be exact checks again once it has the id). Encode never
 // panics, also when a MarshalJSON does.
-func (enc *Encoder) Encode(e Event) (EncodedEvent, error) {
+func (enc *encoder) Encode(e Event) (seam.Encoded, error) {
 	p, err := enc.encode(e, 1)
 	if err != nil {
-		return EncodedEvent{}, err
+		return seam.Encoded{}, err
 	}
 	end := len(p.buf) - 2 // without the frame's "\n\n"
-	return EncodedEvent{Type: p.typ, Tail: p.buf[p.head:end:end]}, nil
+	return seam.Encoded{Type: p.typ, Tail: p.buf[p.head:end:end]}, nil
 }
 
 // CheckSignal validates a signal as Signal would, without delivering it: a
 // backplane checks a signal before it spreads it to every replica. It
 // returns an error wrapping ErrInvalidEvent for an invalid type and one
 // wrapping ErrEventTooLarge above MaxEventBytes.
-func (enc *Encoder) CheckSignal(typ, about string) error {
+func (enc *encoder) CheckSignal(typ, about string) error {
 	_, err := enc.signal(typ, about)
 	return err
 }
 
 // signal builds the frame of a signal, or the error Signal returns.
-func (enc *Encoder) signal(typ, about string) (*frame, error) {
+func (enc *encoder) signal(typ, about string) (*frame, error) {
 	if err := validType(typ); err != nil {
 		return nil, err
 	}
@@ -382,7 +369,7 @@ func checkTypeBytes(t string) error {
 // encode validates e and encodes everything of its envelope but the id,
 // outside the bus lock, sized for an id of next's digits. The result needs
 // one allocation.
-func (enc *Encoder) encode(e Event, next uint64) (encoded, error) {
+func (enc *encoder) encode(e Event, next uint64) (encoded, error) {
 	if err := validType(e.Type); err != nil {
 		return encoded{}, err
 	}
@@ -456,7 +443,7 @@ const kTimestamp = `"serverTimestamp":`
 // assemble lays e's envelope out in the event's own buffer, given its
 // encoded data (written only with hasData) and the members of its "_meta".
 // It returns ErrEventTooLarge above MaxEventBytes for an id of next's digits.
-func (enc *Encoder) assemble(e Event, data []byte, hasData bool, meta []byte, next uint64) (encoded, error) {
+func (enc *encoder) assemble(e Event, data []byte, hasData bool, meta []byte, next uint64) (encoded, error) {
 	const (
 		vType  = `,"v":1,"type":`
 		kData  = `,"data":`

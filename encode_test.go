@@ -449,8 +449,8 @@ func TestPublishFastPathMatchesScratchPath(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// The clock, MaxTypeLen, the Encoder a backplane uses, and hostile input
-// end to end.
+// The clock, MaxTypeLen, the encoder a backplane uses (backplane.Encoder),
+// and hostile input end to end.
 
 func TestDefaultClockStampsWallTimeBetweenRebases(t *testing.T) {
 	// Without Options.Now the bus reads one monotonic clock per stamp and
@@ -502,7 +502,7 @@ func TestMaxTypeLen(t *testing.T) {
 	assert.Equal(t, at, fs[1].Type())
 
 	// The encoder and a type filter agree with Publish.
-	enc, err := NewEncoder(Options{})
+	enc, err := newEncoder(Options{})
 	require.NoError(t, err)
 	_, err = enc.Encode(Event{Type: past})
 	require.ErrorIs(t, err, ErrInvalidEvent)
@@ -511,7 +511,7 @@ func TestMaxTypeLen(t *testing.T) {
 
 func TestEncoderEncodesAsPublish(t *testing.T) {
 	now := func() time.Time { return time.UnixMilli(1719000000000) }
-	enc, err := NewEncoder(Options{Now: now})
+	enc, err := newEncoder(Options{Now: now})
 	require.NoError(t, err)
 	b, err := New(Options{Now: now})
 	require.NoError(t, err)
@@ -526,11 +526,11 @@ func TestEncoderEncodesAsPublish(t *testing.T) {
 
 	_, err = enc.Encode(Event{Type: "a\nb"})
 	assert.ErrorIs(t, err, ErrInvalidEvent)
-	small, err := NewEncoder(Options{MaxEventBytes: 40})
+	small, err := newEncoder(Options{MaxEventBytes: 40})
 	require.NoError(t, err)
 	_, err = small.Encode(Event{Type: "t", Data: strings.Repeat("x", 40)})
 	assert.ErrorIs(t, err, ErrEventTooLarge)
-	_, err = NewEncoder(Options{MaxEventBytes: -1})
+	_, err = newEncoder(Options{MaxEventBytes: -1})
 	assert.ErrorIs(t, err, ErrInvalidOption)
 }
 

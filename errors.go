@@ -23,8 +23,8 @@ var (
 	// ErrInvalidEvent is wrapped by the error Publish returns for an event it
 	// cannot accept: an empty type, a type with CR or LF or longer than
 	// MaxTypeLen, a type reserved for the synthetic frames (ReservedTypes),
-	// or data or metadata that cannot be encoded as JSON. Signal, Encode,
-	// CheckSignal and Append wrap it for the same types.
+	// or data or metadata that cannot be encoded as JSON. Signal wraps it
+	// for the same types, and so do package backplane's Encoder and Append.
 	ErrInvalidEvent = errors.New("eventbus: invalid event")
 
 	// ErrEventTooLarge is wrapped by the error Publish returns when the encoded
@@ -35,19 +35,15 @@ var (
 	// invalid SubscribeOptions.Types entry; the message names the filter.
 	ErrInvalidFilter = errors.New("eventbus: invalid type filter")
 
-	// ErrFed is returned by Publish on a bus fed by a shared log (NewFed):
-	// publish through its backplane, which numbers the event in the log.
-	// Append returns it on a bus made by New.
-	ErrFed = errors.New("eventbus: bus is fed by a shared log; publish through its backplane")
-
 	// ErrInvalidIdempotencyKey is wrapped by the error of CheckIdempotencyKey
 	// (and of a backplane's idempotent publish) for a key that is not 1 to
 	// MaxIdempotencyKeyBytes bytes of printable ASCII.
 	ErrInvalidIdempotencyKey = errors.New("eventbus: invalid idempotency key")
 
 	// ErrIdempotencyKeyReused is wrapped by the error of an idempotent
-	// publish (a backplane's, or a daemon's) whose key a publish of a
-	// different event (another Fingerprint) used within the key's window.
+	// publish (a backplane's, or Hub.PublishIdempotent's) whose key a publish of a
+	// different event (another fingerprint: backplane.Encoder.Fingerprint,
+	// which Hub.PublishIdempotent compares too) used within the key's window.
 	ErrIdempotencyKeyReused = errors.New("eventbus: idempotency key reused for a different event")
 
 	// ErrSessionNotFound is what a Handler's or MuxHandler's Lookup returns

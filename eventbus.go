@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-// EventBus is one session's in-memory event bus. Create it with New (or
-// NewFed for a backplane's replica). The model, the ids and the ring are
+// EventBus is one session's in-memory event bus. Create it with New (a
+// backplane's replica makes its mirrors with backplane.NewMirror). The model, the ids and the ring are
 // docs/SPEC.md sections 1 and 2; the queues and what a slow subscriber
 // gets, section 3.
 //
@@ -43,10 +43,10 @@ type EventBus struct {
 	subscribed atomic.Int64
 
 	stats counters
-	enc   Encoder // Publish's; its clock stamps synthetic frames too
+	enc   encoder // Publish's; its clock stamps synthetic frames too
 
 	// owner is what the bus belongs to (owner.go): a Hub's session, a
-	// shared log's feed (NewFed), nil for a bus of its own. Set when the
+	// shared log's feed (a mirror: newMirror), nil for a bus of its own. Set when the
 	// bus is built, never changed.
 	owner owner
 }
@@ -72,14 +72,14 @@ func (b *EventBus) init(o Options, own owner) {
 		epoch:  NewEpoch(),
 		nextID: 1,
 		ring:   newRing(o.RingSize, o.RingMaxBytes),
-		enc:    Encoder{maxEventBytes: o.MaxEventBytes, now: o.Now},
+		enc:    encoder{maxEventBytes: o.MaxEventBytes, now: o.Now},
 		owner:  own,
 	}
 }
 
 // NewEpoch returns a new epoch token: 32 lowercase hex characters from
 // crypto/rand. New gives every bus one; a backplane makes one per session
-// log and hands it to NewFed. It is safe for concurrent use.
+// log and hands it to backplane.NewMirror. It is safe for concurrent use.
 func NewEpoch() string {
 	var e [16]byte
 	_, _ = rand.Read(e[:]) // crypto/rand.Read never fails (Go 1.24+)
@@ -107,16 +107,12 @@ func (b *EventBus) SubscriberCount() int { return int(b.subscribed.Load()) }
 // Close and its two variants below are docs/SPEC.md section 2.5.
 func (b *EventBus) Close() error { return b.close(nil) }
 
-// CloseWithError is Close for a bus that ends because something failed,
-// such as a backplane whose engine stayed unreachable: every subscription
-// receives what was queued, then a terminal stream_error frame
-// {"error":message,"errorKind":kind} (ErrorKindUnavailable, say), so a
-// client learns why its stream ended and resumes when it reconnects; its
-// Err wraps ErrClosed and names kind and message. Like Close it is
-// idempotent (only the first Close or CloseWithError counts), does not
-// block, and returns nil. With ErrorKindShutdown the frame also carries
-// DefaultShutdownRetryAfter; CloseForShutdown chooses the delay.
-func (b *EventBus) CloseWithError(kind, message string) error {
+// closeWithError is Close for a bus that ends because something failed
+// (backplane.CloseWithError, whose doc is the contract): every
+// subscription receives what was queued, then a terminal stream_error
+// frame {"error":message,"errorKind":kind}; its Err wraps ErrClosed and
+// names kind and message. Only the first close of any kind counts.
+func (b *EventBus) closeWithError(kind, message string) error {
 	f := streamErrorFrame(message, kind, b.now())
 	return b.close(&f)
 }
@@ -129,8 +125,8 @@ func (b *EventBus) CloseWithError(kind, message string) error {
 // 5.2). retryAfter <= 0 means DefaultShutdownRetryAfter; it is sent in
 // whole milliseconds, at least 1. A subscription's Err then wraps
 // ErrClosed. Hub.Shutdown and Hub.Close close their buses this way. Like
-// Close it is idempotent (only the first Close, CloseWithError or
-// CloseForShutdown counts), does not block, and returns nil.
+// Close it is idempotent (only the first Close, CloseForShutdown or
+// backplane.CloseWithError counts), does not block, and returns nil.
 func (b *EventBus) CloseForShutdown(retryAfter time.Duration) error {
 	f := shutdownFrame(retryAfter, b.now())
 	return b.close(&f)
@@ -319,8 +315,9 @@ var wakePool = sync.Pool{New: func() any { return new([]*boundedAsyncQueue) }}
 // longer than MaxTypeLen, a type reserved for the synthetic frames
 // (ReservedTypes), or data or metadata that cannot be encoded (the
 // diagnostic is logged too; Stats counts it in Rejected.Invalid), an
-// error wrapping ErrEventTooLarge above MaxEventBytes, ErrFed for a valid
-// event on a bus made by NewFed, and ErrClosed after Close. A rejected
+// error wrapping ErrEventTooLarge above MaxEventBytes, backplane.ErrMirror
+// for a valid event on a backplane's mirror (backplane.NewMirror), and
+// ErrClosed after Close. A rejected
 // event uses no id and reaches nobody.
 func (b *EventBus) Publish(e Event) (Frame, error) {
 	if b.closedOrZero() {

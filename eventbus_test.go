@@ -674,8 +674,9 @@ func TestSignalOnClosedBusReturnsErrClosed(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// Close, CloseWithError, CloseForShutdown, and the zero EventBus (what a
-// subscription does once its bus is closed: subscription_test.go).
+// Close, closeWithError (backplane.CloseWithError), CloseForShutdown, and
+// the zero EventBus (what a subscription does once its bus is closed:
+// subscription_test.go).
 
 func TestBusCloseEndsEverySubscriptionWithDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -709,8 +710,8 @@ func TestBusCloseWithErrorEndsEverySubscriptionWithATerminalFrame(t *testing.T) 
 		never := subscribe(t, b, SubscribeOptions{})
 		polled := subscribe(t, b, SubscribeOptions{})
 		publishNumbered(t, b, 2)
-		require.NoError(t, b.CloseWithError(ErrorKindUnavailable, "backplane unreachable"))
-		require.NoError(t, b.CloseWithError(ErrorKindInternal, "again"), "idempotent")
+		require.NoError(t, b.closeWithError(ErrorKindUnavailable, "backplane unreachable"))
+		require.NoError(t, b.closeWithError(ErrorKindInternal, "again"), "idempotent")
 		require.NoError(t, b.Close(), "a later Close changes nothing")
 		for _, s := range []*Subscription{never, polled} {
 			fs := collectEvents(s)
@@ -736,7 +737,7 @@ func TestBusCloseForShutdown(t *testing.T) {
 		publishNumbered(t, b, 2)
 		require.NoError(t, b.CloseForShutdown(1500*time.Millisecond))
 		require.NoError(t, b.CloseForShutdown(time.Second), "idempotent")
-		require.NoError(t, b.CloseWithError(ErrorKindInternal, "again"), "only the first close counts")
+		require.NoError(t, b.closeWithError(ErrorKindInternal, "again"), "only the first close counts")
 		require.NoError(t, b.Close())
 		want := `"data":` + shutdownData(1500) + `,`
 		for name, s := range map[string]*Subscription{"never iterated": never, "polled": polled} {

@@ -27,20 +27,3 @@ func (r *ring) indexOf(id uint64) int {
 	}
 	return int(id - first)
 }
-
-// MemLog is the tests' in-memory Log (memLog, harness_test.go), for the
-// tests outside the package (backplane_external_test.go), which build a
-// backplane on the exported API with it as the engine's log.
-type MemLog = memLog
-
-// NewMemLog is newMemLog.
-func NewMemLog(keep int) *MemLog { return newMemLog(keep) }
-
-// Epoch is the log's epoch.
-func (l *memLog) Epoch() string { return l.epoch }
-
-// Append is append.
-func (l *memLog) Append(ev EncodedEvent) uint64 { return l.append(ev) }
-
-// After is after.
-func (l *memLog) After(id uint64) ([]LogEntry, <-chan struct{}) { return l.after(id) }

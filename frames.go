@@ -41,11 +41,12 @@ var reservedTypes = [...]string{
 // (docs/SPEC.md section 5.2), in a new slice the caller may keep or
 // modify. No publish path takes one as its type, compared exactly (case
 // and spaces count): EventBus.Publish, EventBus.Signal, Hub.Publish,
-// Encoder.Encode, Encoder.Fingerprint, Encoder.CheckSignal and
-// EventBus.Append return an error wrapping ErrInvalidEvent that says the
-// type is reserved, and use no id. So a frame with one of these event
-// names always comes from the server, never from a publisher: a plain
-// EventSource listener for "client_evicted" fires only on an eviction.
+// Hub.PublishIdempotent, and package backplane's Encoder (Encode,
+// Fingerprint, CheckSignal) and Append return an error wrapping
+// ErrInvalidEvent that says the type is reserved, and use no id. So a
+// frame with one of these event names always comes from the server, never
+// from a publisher: a plain EventSource listener for "client_evicted"
+// fires only on an eviction.
 func ReservedTypes() []string { return slices.Clone(reservedTypes[:]) }
 
 // reserved reports whether t is one of reservedTypes.

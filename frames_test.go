@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ssebus/eventbus/internal/seam"
 )
 
 func TestAppendSSEEventFrameFormat(t *testing.T) {
@@ -123,7 +125,7 @@ func TestFrameSizeIsTheEnvelope(t *testing.T) {
 	assert.Equal(t, 95, f.Size())
 
 	long := publishEvent(t, b, Event{Type: maxType(0), Data: 1})
-	entry, err := entryFrame(LogEntry{ID: 7, Type: maxType(1), JSON: []byte(`{"id":7,"v":1,"type":"` + maxType(1) + `"}`)})
+	entry, err := entryFrame(seam.Entry{ID: 7, Type: maxType(1), JSON: []byte(`{"id":7,"v":1,"type":"` + maxType(1) + `"}`)})
 	require.NoError(t, err)
 	for _, f := range []Frame{
 		long, entry,
@@ -154,7 +156,7 @@ func TestFrameCostBeyondTheEnvelopeIsBounded(t *testing.T) {
 	assert.Equal(t, maxFrameExtra, worst.held()-worst.Size(), "an event of the longest type and a one-digit id")
 
 	escaped := strings.Repeat("\x01", MaxTypeLen) // six bytes each in JSON
-	entry, err := entryFrame(LogEntry{ID: 1, Type: maxType(1), JSON: []byte(`{"id":1,"v":1,"type":"` + maxType(1) + `"}`)})
+	entry, err := entryFrame(seam.Entry{ID: 1, Type: maxType(1), JSON: []byte(`{"id":1,"v":1,"type":"` + maxType(1) + `"}`)})
 	require.NoError(t, err)
 	frames := []Frame{
 		worst, entry,
@@ -249,7 +251,7 @@ func TestShutdownFrameWire(t *testing.T) {
 		assert.Equal(t, TypeStreamError, f.Type())
 		assert.Equal(t, "event: stream_error\ndata: "+wantSynth(TypeStreamError, shutdownData(c.ms), "").Data+"\n\n", f.String(), "retry %v", c.retry)
 	}
-	// StreamErrorFrame and CloseWithError with the kind carry the default;
+	// StreamErrorFrame and closeWithError with the kind carry the default;
 	// every other kind keeps the wire it had: no retryAfter.
 	assert.Contains(t, string(streamErrorFrameNow("bye", ErrorKindShutdown).JSON()),
 		`"data":{"error":"bye","errorKind":"shutdown","retryAfter":2000}`)

@@ -441,7 +441,7 @@ func (h *Handler) authorized(w http.ResponseWriter, r *http.Request, grant Grant
 }
 
 // subscribeRequest subscribes to bus for request r. The request context
-// bounds the subscribing only (a fed bus's read of its log must stop when
+// bounds the subscribing only (a mirror's read of its log must stop when
 // the client leaves); the subscription is not tied to it. The handler ends
 // it itself, with Close or CloseBlocked: it waits on r.Context() in serve,
 // and on a failed write decides between cancelled and blocked. Left to the

@@ -34,6 +34,8 @@ import (
 
 	"github.com/ssebus/eventbus/internal/pipenet"
 	"github.com/ssebus/eventbus/sseclient"
+
+	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // ---------------------------------------------------------------------------
@@ -1661,41 +1663,32 @@ func pub11Size(b *EventBus, id uint64) int {
 // ---------------------------------------------------------------------------
 // A backplane's log.
 
-// memLog is the tests' backplane log in memory, the one Log fake of the
-// package's tests (the tests outside the package reach it as MemLog). It
-// numbers its entries from 1 under its own lock, as an engine's atomic
-// append would, keeps the newest keep of them (0: all), and closes the
-// channel after returns at every append, for the readers that feed
-// replicas. When err is set, ReadHistory and Head fail with it; onRead and
-// onHead run at the start of each, outside the lock (they may append);
-// calls and reqs count and record the ReadHistory calls. The zero value is
-// an empty log of no epoch that keeps everything.
+// memLog is the tests' backplane log in memory, the one seam.Log fake of
+// the package's tests (package backplane's tests have their own, over its
+// exported Log). It numbers its entries from 1 under its own lock, as an
+// engine's atomic append would. When err is set, ReadHistory and Head
+// fail with it; onRead and onHead run at the start of each, outside the
+// lock (they may append); calls and reqs count and record the ReadHistory
+// calls. The zero value is
+// an empty log of no epoch.
 type memLog struct {
 	epoch  string
-	keep   int
 	err    error
 	onRead func()
 	onHead func()
 
 	mu      sync.Mutex
-	entries []LogEntry
+	entries []seam.Entry
 	next    uint64 // the id of the next entry; 0 means 1
-	changed chan struct{}
 	calls   int
-	reqs    []HistoryRequest
+	reqs    []seam.HistoryRequest
 }
-
-// newMemLog is a log of a new epoch that keeps the newest keep entries.
-func newMemLog(keep int) *memLog { return &memLog{epoch: NewEpoch(), keep: keep} }
-
-// append numbers an encoded event and returns its id.
-func (l *memLog) append(ev EncodedEvent) uint64 { return l.put(ev).ID }
 
 // add appends an event of type typ, encoded as Publish would, and returns
 // its entry.
-func (l *memLog) add(t testing.TB, typ string) LogEntry {
+func (l *memLog) add(t testing.TB, typ string) seam.Entry {
 	t.Helper()
-	enc, err := NewEncoder(Options{})
+	enc, err := newEncoder(Options{})
 	require.NoError(t, err)
 	ev, err := enc.Encode(Event{Type: typ})
 	require.NoError(t, err)
@@ -1703,20 +1696,13 @@ func (l *memLog) add(t testing.TB, typ string) LogEntry {
 }
 
 // put numbers ev and appends it.
-func (l *memLog) put(ev EncodedEvent) LogEntry {
+func (l *memLog) put(ev seam.Encoded) seam.Entry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	id := max(l.next, 1)
 	l.next = id + 1
-	e := LogEntry{ID: id, Type: ev.Type, JSON: ev.Envelope(id)}
+	e := seam.Entry{ID: id, Type: ev.Type, JSON: ev.Envelope(id)}
 	l.entries = append(l.entries, e)
-	if l.keep > 0 && len(l.entries) > l.keep {
-		l.entries = l.entries[len(l.entries)-l.keep:]
-	}
-	if l.changed != nil {
-		close(l.changed)
-	}
-	l.changed = make(chan struct{})
 	return e
 }
 
@@ -1727,25 +1713,8 @@ func (l *memLog) trim(keep int) {
 	l.entries = l.entries[len(l.entries)-keep:]
 }
 
-// after returns the entries after id and a channel closed at the next
-// append.
-func (l *memLog) after(id uint64) ([]LogEntry, <-chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []LogEntry
-	for _, e := range l.entries {
-		if e.ID > id {
-			out = append(out, e)
-		}
-	}
-	if l.changed == nil {
-		l.changed = make(chan struct{})
-	}
-	return out, l.changed
-}
-
-// ReadHistory implements Log.
-func (l *memLog) ReadHistory(_ context.Context, req HistoryRequest) ([]LogEntry, uint64, error) {
+// ReadHistory implements seam.Log.
+func (l *memLog) ReadHistory(_ context.Context, req seam.HistoryRequest) ([]seam.Entry, uint64, error) {
 	if l.onRead != nil {
 		l.onRead()
 	}
@@ -1756,7 +1725,7 @@ func (l *memLog) ReadHistory(_ context.Context, req HistoryRequest) ([]LogEntry,
 	if l.err != nil {
 		return nil, 0, l.err
 	}
-	var out []LogEntry
+	var out []seam.Entry
 	for _, e := range l.entries {
 		if e.ID > req.After && e.ID <= req.Upto {
 			out = append(out, e)
@@ -1769,7 +1738,7 @@ func (l *memLog) ReadHistory(_ context.Context, req HistoryRequest) ([]LogEntry,
 	return out, first, nil
 }
 
-// Head implements Log.
+// Head implements seam.Log.
 func (l *memLog) Head(context.Context) (string, uint64, error) {
 	if l.onHead != nil {
 		l.onHead()

@@ -147,7 +147,7 @@ type Hub struct {
 	idle        int64         // ms; <= 0: never
 	logger      *slog.Logger
 	budget      *budget
-	enc         Encoder // for the fingerprints of PublishIdempotent
+	enc         encoder // for the fingerprints of PublishIdempotent
 	idemWindow  int64   // ms
 	idemMax     int
 
@@ -315,7 +315,7 @@ func NewHub(opts HubOptions) (*Hub, error) {
 		retryAfter:  opts.ShutdownRetryAfter,
 		logger:      opts.Logger,
 		seed:        maphash.MakeSeed(),
-		enc:         Encoder{maxEventBytes: bo.MaxEventBytes, now: bo.Now},
+		enc:         encoder{maxEventBytes: bo.MaxEventBytes, now: bo.Now},
 		idemWindow:  max(opts.IdempotencyWindow.Milliseconds(), 1),
 		idemMax:     opts.MaxIdempotencyKeys,
 	}

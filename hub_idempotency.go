@@ -226,7 +226,8 @@ func (st *idemStore) deleteLocked(r *idemRecord) {
 
 // PublishIdempotent is Publish with an idempotency key: within
 // IdempotencyWindow (from its first publish) a key already used on the
-// session's bus (its epoch) with the same event (Encoder.Fingerprint)
+// session's bus (its epoch) with the same event (the fingerprint of every
+// backplane's idempotent publish too: backplane.Encoder.Fingerprint)
 // appends nothing and returns the first publish's id, with duplicate true;
 // used with another event, it returns an error wrapping
 // ErrIdempotencyKeyReused and appends nothing. Otherwise it publishes e,

@@ -249,7 +249,7 @@ func TestHubIdempotencyNewBusForgets(t *testing.T) {
 	}{
 		{"Delete", func(*EventBus) { require.True(t, h.Delete("s")) }},
 		{"owner Close", func(b *EventBus) { require.NoError(t, b.Close()) }},
-		{"CloseWithError", func(b *EventBus) { b.CloseWithError(ErrorKindUnavailable, "gone") }},
+		{"CloseWithError", func(b *EventBus) { b.closeWithError(ErrorKindUnavailable, "gone") }},
 		{"idle expiry", func(*EventBus) {
 			clock.advance(2 * time.Minute)
 			h.sweep()

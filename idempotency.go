@@ -11,11 +11,11 @@ import (
 // same key appends nothing and answers the first one's id. The publish
 // itself belongs to whoever keeps the keys (Hub.PublishIdempotent,
 // hub_idempotency.go; each backplane's PublishIdempotent); this file is
-// what they share: the
-// key's rule (CheckIdempotencyKey) and the event's identity
-// (Encoder.Fingerprint). Its sentinels, ErrInvalidIdempotencyKey and
-// ErrIdempotencyKeyReused, are in errors.go with the others. The rules are
-// docs/SPEC.md section 8.3.
+// what they share: the key's rule (CheckIdempotencyKey) and the event's
+// identity (the encoder's fingerprint: the Hub's records hold it, and
+// package backplane exposes it as backplane.Encoder.Fingerprint). Its
+// sentinels, ErrInvalidIdempotencyKey and ErrIdempotencyKeyReused, are in
+// errors.go with the others. The rules are docs/SPEC.md section 8.3.
 
 // MaxIdempotencyKeyBytes bounds an idempotency key (CheckIdempotencyKey).
 const MaxIdempotencyKeyBytes = 255
@@ -39,14 +39,11 @@ func CheckIdempotencyKey(key string) error {
 	return nil
 }
 
-// Fingerprint is the identity of e for idempotent publish: a hash (32 hex
-// characters) of its encoding without the id and with serverTimestamp set
-// to 0, so its type, data (compacted: {"a": 1} is {"a":1}), the other _meta
-// keys and originatorClientId count, and the time of the attempt does not.
-// Two attempts with one key and different fingerprints are a reused key
-// (ErrIdempotencyKeyReused). It returns Encode's error for an event
-// Publish would refuse.
-func (enc *Encoder) Fingerprint(e Event) (string, error) {
+// Fingerprint is the identity of e for idempotent publish, in hex
+// (backplane.Encoder.Fingerprint, whose doc is the contract): the
+// fingerprint below, which Hub.PublishIdempotent compares, so that a Hub
+// and every backplane tell two events apart alike.
+func (enc *encoder) Fingerprint(e Event) (string, error) {
 	sum, err := enc.fingerprint(e)
 	if err != nil {
 		return "", err
@@ -54,9 +51,14 @@ func (enc *Encoder) Fingerprint(e Event) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
-// fingerprint is Fingerprint before its hex encoding: the first 16 bytes
-// of the SHA-256 of the encoding.
-func (enc *Encoder) fingerprint(e Event) ([16]byte, error) {
+// fingerprint is the identity of e for idempotent publish: the first 16
+// bytes of the SHA-256 of its encoding without the id and with
+// serverTimestamp set to 0, so its type, data (compacted: {"a": 1} is
+// {"a":1}), the other _meta keys and originatorClientId count, and the time
+// of the attempt does not. Two attempts with one key and different
+// fingerprints are a reused key (ErrIdempotencyKeyReused). It returns
+// Encode's error for an event Publish would refuse.
+func (enc *encoder) fingerprint(e Event) ([16]byte, error) {
 	meta := make(map[string]any, len(e.Meta)+1)
 	maps.Copy(meta, e.Meta)
 	meta["serverTimestamp"] = 0

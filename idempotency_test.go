@@ -21,7 +21,7 @@ func TestCheckIdempotencyKey(t *testing.T) {
 }
 
 func TestEncoderFingerprint(t *testing.T) {
-	enc, err := NewEncoder(Options{})
+	enc, err := newEncoder(Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,9 +88,10 @@ const DefaultMaxStreamSessions = 32
 // at most the sum of their caps. An eviction (client_evicted) ends the
 // whole stream after that frame: the client resumes every session with its
 // cursor. A session whose bus closes leaves the stream after its queued
-// frames and its terminal frame (the bus's own, from CloseWithError, else
-// stream_error with errorKind "closed", ErrorKindClosed); the others go on,
-// and the stream ends when no session is left. A stream that ends by
+// frames and its terminal frame (the bus's own, from CloseForShutdown or
+// backplane.CloseWithError, else stream_error with errorKind "closed",
+// ErrorKindClosed); the others go on, and the stream ends when no session
+// is left. A stream that ends by
 // itself for every session (its lifetime, Revoke, an internal error)
 // writes one stream_error naming the session it is about: for the
 // lifetime the session whose Grant expires first, for Revoke the first

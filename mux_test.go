@@ -668,7 +668,7 @@ func TestMuxSessionClosed(t *testing.T) {
 		require.Equal(t, []string{"b#1", "b#2", "b:stream_error"}, describeMux(fs))
 		require.Equal(t, wantSynth(TypeStreamError, `{"error":"session closed","errorKind":"closed"}`, "").Data, fs[2].Data)
 
-		_ = c.CloseWithError(ErrorKindUnavailable, "engine down")
+		_ = c.closeWithError(ErrorKindUnavailable, "engine down")
 		f := nextMux(s)
 		require.Equal(t, "c", f.Session)
 		require.Equal(t, wantSynth(TypeStreamError, `{"error":"engine down","errorKind":"unavailable"}`, "").Data, f.Data, "the bus's own terminal frame, once")

@@ -226,7 +226,7 @@ type SubscribeOptions struct {
 	// members at once (see ReadyGroup). nil: the subscription has its own.
 	Group *ReadyGroup
 	// Detached makes Subscribe's ctx bound the call only (its wait for a
-	// fed bus's feed, its read of the log), not the subscription, which
+	// mirror's feed, its read of the log), not the subscription, which
 	// then ends by Close, CloseBlocked, eviction or the bus's Close, never
 	// by ctx. It is for a transport that watches its connection itself and
 	// ends the subscription on its own terms, as the Handler does, and

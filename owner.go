@@ -2,7 +2,7 @@ package eventbus
 
 // owner is what a bus belongs to, when it belongs to anything: a Hub's
 // session (hubSession, hub.go: idle expiry and the byte budget) or a shared
-// log's feed (feed, backplane.go: NewFed). It is set when the bus is built
+// log's feed (feed, backplane.go: a backplane's mirror, newMirror). It is set when the bus is built
 // and never changes. The bus knows nothing of either: it tells its owner of
 // the few moments of its life that are the owner's business, here, and
 // nothing else of the bus refers to a Hub or a backplane. A bus on its own
@@ -19,12 +19,12 @@ type owner interface {
 	// publish's clock reading (Unix ms; 0 when it needed none: the caller
 	// stamped the event and there is no MaxAge). It returns what the owner
 	// reserved for the frame, handed back to ringChangedLocked, or an
-	// error that refuses the event, which Publish returns as it is (ErrFed
-	// on a fed bus).
+	// error that refuses the event, which Publish returns as it is
+	// (seam.ErrMirror on a mirror).
 	publishing(size, now int64) (reserved int64, err error)
 	// ringChangedLocked is called under the bus lock whenever the ring
 	// changed: Publish's append (with what publishing reserved, also when
-	// the bus turned out closed and the frame went nowhere), Append's, a
+	// the bus turned out closed and the frame went nowhere), appendEntry's, a
 	// drop by age, Close's reset, a trim (reserved 0). The owner may drop more of the
 	// ring, oldest first, the newest frame too (a Hub's budget).
 	ringChangedLocked(reserved int64)

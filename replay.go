@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+
+	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // replaySource is a contiguous run of published frames: the ring, or
@@ -141,11 +143,11 @@ func (b *EventBus) replayRemote(ctx context.Context, s *Subscription, opts Subsc
 	if epochMismatch(opts, b.epoch) || after > upto {
 		after = 0 // an epoch reset replays the whole log
 	}
-	req := HistoryRequest{After: after, Upto: upto}
+	req := seam.HistoryRequest{After: after, Upto: upto}
 	if len(opts.Types) == 0 {
 		req.MaxBytes = b.opts.ReplayBudgetBytes
 	}
-	var entries []LogEntry
+	var entries []seam.Entry
 	var first uint64
 	var err error
 	if upto > after {

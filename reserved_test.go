@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ssebus/eventbus/sseclient"
+
+	"github.com/ssebus/eventbus/internal/seam"
 )
 
 // A publisher must not forge a synthetic frame (issue 32): the types of
@@ -79,11 +81,11 @@ func TestSignalRejectsReservedTypes(t *testing.T) {
 	}
 }
 
-// The Encoder is what every backplane's publish and signal go through
-// (backplane.Set.Prepare and PrepareSignal), and Fingerprint what an
-// idempotent publish computes first.
+// The encoder is what every backplane's publish and signal go through
+// (backplane.Encoder, in backplane.Set.Prepare and PrepareSignal), and
+// Fingerprint what an idempotent publish computes first.
 func TestEncoderRejectsReservedTypes(t *testing.T) {
-	enc, err := NewEncoder(Options{})
+	enc, err := newEncoder(Options{})
 	require.NoError(t, err)
 	for _, typ := range ReservedTypes() {
 		_, err := enc.Encode(Event{Type: typ})
@@ -98,9 +100,9 @@ func TestEncoderRejectsReservedTypes(t *testing.T) {
 	}
 }
 
-// A fed bus refuses a reserved type from its Publish (before ErrFed), from
-// Append (a log entry written by anything but an Encoder, or by an older
-// replica) and from a log's history, which a resume then reports as
+// A mirror refuses a reserved type from its Publish (before
+// seam.ErrMirror), from appendEntry (backplane.Append: a log entry written
+// by anything but an Encoder, or by an older replica) and from a log's history, which a resume then reports as
 // unavailable rather than replaying a forged frame with an id.
 func TestFedRejectsReservedTypes(t *testing.T) {
 	b := newFed(t, Options{Logger: quiet}, 1, nil)
@@ -108,9 +110,9 @@ func TestFedRejectsReservedTypes(t *testing.T) {
 	for _, typ := range ReservedTypes() {
 		_, err := b.Publish(Event{Type: typ})
 		assert.ErrorIs(t, err, ErrInvalidEvent, "Publish %s", typ)
-		assert.NotErrorIs(t, err, ErrFed, "Publish %s", typ)
+		assert.NotErrorIs(t, err, seam.ErrMirror, "Publish %s", typ)
 		env := []byte(`{"id":1,"v":1,"type":"` + typ + `"}`)
-		err = b.Append(LogEntry{ID: 1, Type: typ, JSON: env})
+		err = b.appendEntry(seam.Entry{ID: 1, Type: typ, JSON: env})
 		assert.ErrorIs(t, err, ErrInvalidEvent, "Append %s", typ)
 	}
 	assert.Zero(t, b.LastEventID(), "a refused entry is not delivered")
@@ -118,7 +120,7 @@ func TestFedRejectsReservedTypes(t *testing.T) {
 
 	log := &memLog{}
 	log.add(t, "note")
-	log.put(EncodedEvent{Type: TypeClientEvicted, Tail: []byte(`,"v":1,"type":"client_evicted"}`)})
+	log.put(seam.Encoded{Type: TypeClientEvicted, Tail: []byte(`,"v":1,"type":"client_evicted"}`)})
 	log.add(t, "note")
 	fed := newFed(t, Options{Logger: quiet}, 4, log)
 	r := subscribe(t, fed, SubscribeOptions{Resume: true, LastEventID: 0})
@@ -156,7 +158,7 @@ func TestStreamNeverCarriesAForgedSyntheticFrame(t *testing.T) {
 		require.ErrorIs(t, b.Signal(typ, "x"), ErrInvalidEvent)
 	}
 	publishEvent(t, b, Event{Type: "note"})
-	require.NoError(t, b.CloseWithError(ErrorKindInternal, "done"))
+	require.NoError(t, b.closeWithError(ErrorKindInternal, "done"))
 
 	var got []string
 	for _, m := range c.messagesUntil(func(m sseclient.Message) bool { return m.Type == TypeStreamError }) {

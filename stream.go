@@ -265,7 +265,7 @@ func dropWriteFailed(ctx context.Context, sub *Subscription, unwritten int, err 
 
 // endErrorFrame returns the stream_error internal frame for a subscription
 // that ended, without a terminal frame of its own, for a reason the client
-// would not otherwise learn (an eviction and CloseWithError queue their
+// would not otherwise learn (an eviction and closeWithError queue their
 // own terminal frame, and a Close needs none on a single stream).
 func endErrorFrame(bus *EventBus, sub *Subscription) (Frame, bool) {
 	if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {

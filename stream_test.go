@@ -809,7 +809,7 @@ func TestHandlerCloseWithErrorWritesOneTerminalFrame(t *testing.T) {
 	_, done := serveMem(busHandler(b, logs), w, "/session/s/events", nil)
 	waitClosed(t, reached, "handler did not reach its first flush")
 	publishN(t, b, 2)
-	require.NoError(t, b.CloseWithError(ErrorKindUnavailable, "backplane unreachable"))
+	require.NoError(t, b.closeWithError(ErrorKindUnavailable, "backplane unreachable"))
 	release()
 	waitClosed(t, done, "the stream ends after its terminal frame")
 	recs := parseBody(t, w.state().body)

@@ -81,12 +81,12 @@ type Subscription struct {
 // Types entry, and a *SubscriberLimitError when the bus is full. Subscribe does not block on
 // other subscribers.
 //
-// On a bus fed by a shared log (NewFed), a resume the ring cannot answer
-// is answered from the log: Subscribe reads it (FeedOptions.Log) outside
-// the bus lock, and queues it ahead of the live frames that arrived
-// meanwhile; a resume from an id the log holds but the bus has not been fed
-// yet first waits for the feed, at most FeedOptions.LagTimeout. Both block
-// on the log's I/O, bounded by ctx.
+// On a backplane's mirror of a shared log (backplane.NewMirror), a resume
+// the ring cannot answer is answered from the log: Subscribe reads it
+// (MirrorOptions.Log) outside the bus lock, and queues it ahead of the live
+// frames that arrived meanwhile; a resume from an id the log holds but the
+// bus has not been fed yet first waits for the feed, at most
+// MirrorOptions.LagTimeout. Both block on the log's I/O, bounded by ctx.
 func (b *EventBus) Subscribe(ctx context.Context, opts SubscribeOptions) (*Subscription, error) {
 	if ctx == nil {
 		ctx = context.Background()
@@ -238,9 +238,9 @@ func (s *Subscription) Close() { s.cancel(context.Canceled, false) }
 
 // Err returns why the subscription ended: an error wrapping ErrEvicted after
 // an eviction, the context's error (or context.Canceled after Close) after a
-// cancellation, one wrapping ErrClosed after EventBus.CloseWithError or
-// CloseForShutdown (which Hub.Shutdown and Hub.Close use), and nil while it
-// is open or when the bus was closed by Close.
+// cancellation, one wrapping ErrClosed after CloseForShutdown (which
+// Hub.Shutdown and Hub.Close use) or backplane.CloseWithError, and nil
+// while it is open or when the bus was closed by Close.
 func (s *Subscription) Err() error {
 	if p := s.endErr.Load(); p != nil {
 		return *p

@@ -4,11 +4,23 @@
 // Last-Event-ID on any replica (docs/SPEC.md section 8). The redisbus,
 // pgbus and natsbus modules are built on it; so can be a backplane for
 // any other engine, in a module of its own. It imports only the standard
-// library and package eventbus.
+// library and package eventbus (and internal/seam, through which package
+// eventbus lends it the mirror's internals).
 //
-// Per session with subscribers on this replica, a Set holds a mirror: an
-// eventbus fed bus (eventbus.NewFed) whose epoch and ids come from the
-// log, fed by one reader goroutine. Every replica's mirror delivers the
+// It is also where everything lives that only a backplane does to a bus,
+// out of the way of a daemon author who reads package eventbus: the
+// mirror's seam (docs/SPEC.md section 8.2). NewMirror makes a mirror, an
+// *eventbus.EventBus whose epoch and ids come from a shared log; Append
+// feeds it, in id order; its Log (ReadHistory, Head, over LogEntry and
+// HistoryRequest) answers the resumes its ring cannot; its Publish returns
+// ErrMirror. Encoder encodes an event as Publish would, without an id
+// (EncodedEvent), fingerprints it for idempotent publish and checks
+// signals; CloseWithError ends a bus with a stream_error of a given kind.
+// The Handler, MuxHandler and Subscribe of package eventbus serve a mirror
+// unchanged.
+//
+// Per session with subscribers on this replica, a Set holds a mirror
+// (NewMirror), fed by one reader goroutine. Every replica's mirror delivers the
 // same ids in the same order; queues, warnings and evictions stay local.
 // A resume the mirror's ring cannot answer is answered from the log. The
 // Set opens a mirror once however many lookups ask at once, checks a
@@ -22,7 +34,7 @@
 // # What an engine does
 //
 // A backplane module writes two types. Its session type embeds Session
-// and is the mirror's eventbus.Log:
+// and is the mirror's Log:
 //
 //   - ReadHistory returns the log's entries in a range and the first id
 //     the log still holds (a resume from before it gets
@@ -36,7 +48,7 @@
 //   - Open reads, or atomically creates, the session's epoch and last id
 //     (a Start, with the engine's own cursor for Run);
 //   - Run is the reader: it appends the log's entries to the mirror in id
-//     order until its context ends, releases the mirror when the log lost
+//     order (Append) until its context ends, releases the mirror when the log lost
 //     its epoch (Set.Expire), and ends it when the engine is unreachable
 //     past the outage bound (Set.Outage), waiting a Backoff between
 //     failures;

@@ -19,8 +19,8 @@ type store struct {
 
 type toyLog struct {
 	epoch   string
-	entries []eventbus.LogEntry // ids 1, 2, 3 ...
-	changed chan struct{}       // closed and replaced by every append
+	entries []backplane.LogEntry // ids 1, 2, 3 ...
+	changed chan struct{}        // closed and replaced by every append
 }
 
 // log returns session's log, creating it (with a new epoch) when asked;
@@ -35,20 +35,20 @@ func (st *store) log(session string, create bool) *toyLog {
 }
 
 // session is a replica's mirror of one session: the kit's Session and the
-// mirror's eventbus.Log.
+// mirror's backplane.Log.
 type session struct {
 	backplane.Session
 	st *store
 }
 
-func (s *session) ReadHistory(_ context.Context, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+func (s *session) ReadHistory(_ context.Context, req backplane.HistoryRequest) ([]backplane.LogEntry, uint64, error) {
 	s.st.mu.Lock()
 	defer s.st.mu.Unlock()
 	l := s.st.log(s.ID, false)
 	if l == nil || l.epoch != s.Epoch {
 		return nil, 0, fmt.Errorf("toy: session %q lost epoch %s", s.ID, s.Epoch)
 	}
-	var out []eventbus.LogEntry
+	var out []backplane.LogEntry
 	for _, e := range l.entries {
 		if e.ID > req.After && e.ID <= req.Upto {
 			out = append(out, e)
@@ -90,7 +90,7 @@ func (g engine) Run(ctx context.Context, s *session, from backplane.Start) {
 		news, changed := l.entries[last:], l.changed
 		g.st.mu.Unlock()
 		for _, e := range news {
-			_ = s.Bus.Append(e) // in id order
+			_ = backplane.Append(s.Bus, e) // in id order
 			last = e.ID
 		}
 		select {
@@ -120,7 +120,7 @@ func newBackplane(st *store) *Backplane {
 	}
 	return &Backplane{st: st, set: backplane.New[*session](backplane.Config{
 		Name: "toy", Engine: "Toy", Store: "the store", Bus: bus,
-		Timeout: eventbus.DefaultLagTimeout, IdleTimeout: eventbus.DefaultLagTimeout,
+		Timeout: backplane.DefaultLagTimeout, IdleTimeout: backplane.DefaultLagTimeout,
 		Valid: func(id string) error {
 			if err := eventbus.CheckSessionID(id); err != nil {
 				return fmt.Errorf("toy: invalid session id: %w", err)
@@ -146,7 +146,7 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 	b.st.mu.Lock()
 	l := b.st.log(session, true)
 	id := uint64(len(l.entries)) + 1
-	l.entries = append(l.entries, eventbus.LogEntry{ID: id, Type: p.Event.Type, JSON: p.Event.Envelope(id)})
+	l.entries = append(l.entries, backplane.LogEntry{ID: id, Type: p.Event.Type, JSON: p.Event.Envelope(id)})
 	close(l.changed)
 	l.changed = make(chan struct{})
 	epoch := l.epoch

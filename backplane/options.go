@@ -41,7 +41,7 @@ func (d *Durations) Err() error { return d.err }
 type Bus struct {
 	Options  eventbus.Options // every mirror's; Logger is set
 	Log      *slog.Logger
-	Encoder  *eventbus.Encoder
+	Encoder  *Encoder
 	MaxLen   int // events a session's log keeps (the ring's RingSize)
 	MaxBytes int // bytes a session's log keeps (RingMaxBytes)
 	MaxEvent int // the largest encoded event (MaxEventBytes)
@@ -51,7 +51,7 @@ type Bus struct {
 // what the backplane derives from them: ringSize, when set, overrides
 // opts.RingSize (a module's Options.RingSize); logger, else opts.Logger,
 // else slog.Default() is the backplane's logger and the default of
-// opts.Logger. It fails with eventbus.NewEncoder's error (wrapping
+// opts.Logger. It fails with NewEncoder's error (wrapping
 // eventbus.ErrInvalidOption) when opts is invalid.
 func PrepareBus(opts *eventbus.Options, ringSize int, logger *slog.Logger) (Bus, error) {
 	if ringSize != 0 {
@@ -67,7 +67,7 @@ func PrepareBus(opts *eventbus.Options, ringSize int, logger *slog.Logger) (Bus,
 	if opts.Logger == nil {
 		opts.Logger = log
 	}
-	enc, err := eventbus.NewEncoder(*opts) // validates opts
+	enc, err := NewEncoder(*opts) // validates opts
 	if err != nil {
 		return Bus{}, err
 	}

@@ -18,10 +18,10 @@ type Publish[S Member] struct {
 	Key string
 	// Event is the event as the log stores it: Event.Envelope(id) is its
 	// JSON with the id the log assigns, Event.Type its type.
-	Event eventbus.EncodedEvent
+	Event EncodedEvent
 	// Fingerprint is the event's identity under Key
-	// (eventbus.Encoder.Fingerprint: type, data, _meta but
-	// serverTimestamp, originatorClientId), "" without a key: a keyed
+	// (Encoder.Fingerprint: type, data, _meta but serverTimestamp,
+	// originatorClientId), "" without a key: a keyed
 	// publish whose key the log already holds with another fingerprint
 	// fails with eventbus.ErrIdempotencyKeyReused.
 	Fingerprint string
@@ -80,7 +80,7 @@ func (p Publish[S]) Appended(epoch string) {
 // signal to the other replicas: it checks the session (Config.Valid, then
 // eventbus.CheckSessionID),
 // that the Set is open (else eventbus.ErrClosed), and the signal as the
-// bus would (eventbus.Encoder.CheckSignal: an error wrapping
+// bus would (Encoder.CheckSignal: an error wrapping
 // eventbus.ErrInvalidEvent or eventbus.ErrEventTooLarge).
 func (t *Set[S]) PrepareSignal(session, typ, about string) error {
 	if err := t.valid(session); err != nil {

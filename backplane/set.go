@@ -19,7 +19,7 @@ type Session struct {
 	ID string
 	// Bus and Epoch are the mirror and its epoch, set before Engine.Run
 	// starts (Set.Peek may see them zero while the session opens). A
-	// session's Bus is an eventbus fed bus: Run feeds it with Append.
+	// session's Bus is a mirror (NewMirror): Run feeds it with Append.
 	Bus   *eventbus.EventBus
 	Epoch string
 
@@ -44,13 +44,13 @@ func (s *Session) Ready() bool {
 }
 
 // Member is an engine's session type: a pointer to a struct embedding
-// Session, which is also the mirror's eventbus.Log (ReadHistory answers a
-// resume the mirror's ring cannot, Head tells a lagging mirror how far
-// the log is; see eventbus.Log). Its ReadHistory and Head may read the
+// Session, which is also the mirror's Log (ReadHistory answers a resume
+// the mirror's ring cannot, Head tells a lagging mirror how far the log
+// is; see Log). Its ReadHistory and Head may read the
 // embedded Session's Epoch: they run only once the mirror exists.
 type Member interface {
 	comparable
-	eventbus.Log
+	Log
 	Mirror() *Session
 }
 
@@ -89,10 +89,9 @@ type Engine[S Member] interface {
 	// Open runs before the mirror exists: it may set fields of s that Run
 	// and the Log methods read.
 	Open(ctx context.Context, s S) (Start, error)
-	// Run is the session's reader: it appends to s.Bus (eventbus.EventBus.
-	// Append), in id order, every entry of the log after from.Last (from
-	// from.Cursor, in the engine's terms), until ctx ends, and returns
-	// then. An id gap it cannot fill is no error: Append tells the
+	// Run is the session's reader: it appends to s.Bus (Append), in id
+	// order, every entry of the log after from.Last (from from.Cursor, in
+	// the engine's terms), until ctx ends, and returns then. An id gap it cannot fill is no error: Append tells the
 	// subscribers (state_resync_required, ring_evicted). When the log no
 	// longer holds the mirror's epoch (deleted, lost), Run calls
 	// Set.Expire and returns; when it cannot reach the engine for the
@@ -362,7 +361,7 @@ func (t *Set[S]) open(s S) {
 		fail(err)
 		return
 	}
-	bus, err := eventbus.NewFed(t.cfg.Bus.Options, eventbus.FeedOptions{
+	bus, err := NewMirror(t.cfg.Bus.Options, MirrorOptions{
 		Epoch: from.Epoch, NextID: from.Last + 1, Log: s, LagTimeout: t.cfg.Timeout})
 	if err != nil {
 		fail(err) // a corrupt epoch; the options were validated by the module's New
@@ -395,14 +394,14 @@ func (t *Set[S]) open(s S) {
 
 // Stop ends the reader of s and closes its mirror (its streams drain, then
 // end); with a kind, the streams end with a terminal stream_error of that
-// kind and message (eventbus.EventBus.CloseWithError). s must already be
-// out of the set. Idempotent.
+// kind and message (CloseWithError). s must already be out of the set.
+// Idempotent.
 func (t *Set[S]) Stop(s S, kind, message string) {
 	bus := t.halt(s)
 	switch {
 	case bus == nil:
 	case kind != "":
-		bus.CloseWithError(kind, message)
+		CloseWithError(bus, kind, message)
 	default:
 		bus.Close()
 	}

@@ -28,7 +28,7 @@ type fakeSession struct {
 	Session
 }
 
-func (*fakeSession) ReadHistory(context.Context, eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+func (*fakeSession) ReadHistory(context.Context, HistoryRequest) ([]LogEntry, uint64, error) {
 	return nil, 0, nil
 }
 func (*fakeSession) Head(context.Context) (string, uint64, error) { return "", 0, nil }

@@ -63,7 +63,7 @@ func TestCloseEndsStreamsWithTheShutdownFrame(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := bus.Append(eventbus.LogEntry{ID: 1, Type: "e", JSON: []byte(`{"id":1,"v":1,"type":"e"}`)}); err != nil {
+		if err := Append(bus, LogEntry{ID: 1, Type: "e", JSON: []byte(`{"id":1,"v":1,"type":"e"}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}

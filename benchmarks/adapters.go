@@ -13,6 +13,7 @@ import (
 	gosse "github.com/tmaxmax/go-sse"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 	"github.com/ssebus/eventbus/benchmarks/internal/naive"
 )
 
@@ -42,14 +43,14 @@ func newEnvelope(seq uint64) []byte { return appendEnvelope(make([]byte, 0, 96),
 type naiveMsg = naive.Msg
 
 // naiveFanout with encoder set encodes each event with eventbus's own
-// Encoder, which validates and encodes exactly as Publish does (one
-// allocation, the same bytes): issue 13's baseline for one subscriber is a
-// naive bus that delivers "the same encoded bytes (encode once, same
-// validation)". Without it, the event is the hand-built envelope of
+// encoder (backplane.Encoder), which validates and encodes exactly as
+// Publish does (one allocation, the same bytes): issue 13's baseline for
+// one subscriber is a naive bus that delivers "the same encoded bytes
+// (encode once, same validation)". Without it, the event is the hand-built envelope of
 // appendEnvelope: the same bytes, no validation.
 type naiveFanout struct {
 	cfg     config
-	encoder *eventbus.Encoder
+	encoder *backplane.Encoder
 	b       naive.Broker
 	wg      sync.WaitGroup
 }
@@ -273,9 +274,10 @@ func (f *r3Fanout) stop() {
 	f.srv.Close()
 }
 
-// newNaiveEncoding is the naive bus that encodes with eventbus's Encoder.
+// newNaiveEncoding is the naive bus that encodes with eventbus's encoder
+// (backplane.Encoder).
 func newNaiveEncoding(c config) fanout {
-	enc, err := eventbus.NewEncoder(eventbus.Options{})
+	enc, err := backplane.NewEncoder(eventbus.Options{})
 	if err != nil {
 		panic(err) // the zero Options are valid
 	}

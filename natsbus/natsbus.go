@@ -2,8 +2,8 @@
 // session's events get their ids from one shared log, so a client may
 // resume with Last-Event-ID on any replica of a daemon behind a load
 // balancer. It is the twin of redisbus and pgbus for daemons that already
-// run NATS, built on the public backplane kit (package backplane) and the
-// backplane seam of package eventbus (NewFed, Append, Log, Encoder).
+// run NATS, built on the public backplane kit alone (package backplane:
+// its Set, and the mirror's seam NewMirror, Append, Log, Encoder).
 //
 // Per session, one subject of one stream is the log: "<Subject>.s.<token>"
 // in stream Options.Stream, where the token is the session id with every
@@ -479,9 +479,10 @@ func (b *Backplane) Sessions() int { return b.set.Len() }
 // mirror of an epoch the stream no longer has (a Delete this replica's
 // reader has not seen yet) is released and a new one made, so a stream
 // never joins a dead epoch. It returns an error wrapping ErrUnavailable
-// when JetStream cannot be reached for that. The mirror is a fed bus: its
-// Subscribe answers resumes from the stream; its Publish returns
-// eventbus.ErrFed; its Signal reaches this replica's subscribers only.
+// when JetStream cannot be reached for that. The mirror is
+// backplane.NewMirror's: its Subscribe answers resumes from the stream;
+// its Publish returns backplane.ErrMirror; its Signal reaches this
+// replica's subscribers only.
 func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
 	return b.set.Bus(ctx, session)
 }

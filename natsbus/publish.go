@@ -126,7 +126,7 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 // whose outcome is unknown can be retried safely: within IdempotencyWindow
 // of the first publish with key in session (and in the same epoch), a
 // publish with the same key and the same event (the same
-// eventbus.Encoder.Fingerprint: type, data, _meta but serverTimestamp,
+// backplane.Encoder.Fingerprint: type, data, _meta but serverTimestamp,
 // originatorClientId) appends nothing and returns the first publish's id
 // with duplicate true; the same key with a different event is an error
 // wrapping eventbus.ErrIdempotencyKeyReused. JetStream's deduplication

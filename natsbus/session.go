@@ -307,7 +307,7 @@ func (s *session) feed(ctx context.Context, it jetstream.MessagesContext, cut co
 		if m.id == 0 {
 			continue // the epoch's marker
 		}
-		if err := s.Bus.Append(eventbus.LogEntry{ID: m.id, Type: m.typ, JSON: m.env}); err != nil {
+		if err := backplane.Append(s.Bus, backplane.LogEntry{ID: m.id, Type: m.typ, JSON: m.env}); err != nil {
 			if errors.Is(err, eventbus.ErrClosed) {
 				return errReleased
 			}
@@ -324,7 +324,7 @@ func (s *session) hook(ctx context.Context) {
 	}
 }
 
-// Head implements eventbus.Log: the session's epoch and last id, from the
+// Head implements backplane.Log: the session's epoch and last id, from the
 // subject's last message ("" and 0 when it has none).
 func (s *session) Head(ctx context.Context) (epoch string, last uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
@@ -336,14 +336,14 @@ func (s *session) Head(ctx context.Context) (epoch string, last uint64, err erro
 // historyBatch is the most messages one direct get of a resume reads.
 const historyBatch = 1000
 
-// ReadHistory implements eventbus.Log: the mirror's epoch's events in
+// ReadHistory implements backplane.Log: the mirror's epoch's events in
 // req's range, and the first id the subject holds. It finds the stream
 // sequence of the first event wanted (locate), then reads forward with
 // batched direct gets; a batch that a lagging replica of the stream
 // answers short is completed from the stream's leader. With req.MaxBytes
 // it stops after the first entry past it (the replay stops there anyway),
 // so a resume from far back does not read the whole ring.
-func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+func (s *session) ReadHistory(ctx context.Context, req backplane.HistoryRequest) ([]backplane.LogEntry, uint64, error) {
 	if req.Upto <= req.After {
 		return nil, 0, nil
 	}
@@ -359,7 +359,7 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 	case start.id == 0 || start.id > req.Upto:
 		return nil, first, nil // trimmed past the range, or nothing after it
 	}
-	var out []eventbus.LogEntry
+	var out []backplane.LogEntry
 	spent := 0
 	want := start.id // the next id to take
 	// take adds m; it reports whether the read is complete.
@@ -372,7 +372,7 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 		case m.id > want:
 			return false, fmt.Errorf("natsbus: session %q: id %d follows %d in the stream", s.ID, m.id, want-1)
 		}
-		out = append(out, eventbus.LogEntry{ID: m.id, Type: m.typ, JSON: m.env})
+		out = append(out, backplane.LogEntry{ID: m.id, Type: m.typ, JSON: m.env})
 		spent += len(m.env)
 		want++
 		return want > req.Upto || req.MaxBytes > 0 && len(out) > 1 && spent > req.MaxBytes, nil

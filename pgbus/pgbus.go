@@ -3,8 +3,8 @@
 // client may resume with Last-Event-ID on any replica of a daemon behind a
 // load balancer. It is the redisbus backplane's twin for daemons that
 // already run PostgreSQL and would rather not add Redis, built on the
-// public backplane seam of package eventbus alone (NewFed, Append, Log,
-// Encoder).
+// public backplane kit alone (package backplane: its Set, and the mirror's
+// seam NewMirror, Append, Log, Encoder).
 //
 // Per session, rows of a table are the log. Publish (on any replica)
 // encodes the event locally and calls one PL/pgSQL function that takes
@@ -24,7 +24,7 @@
 // listener is down readers poll the table. What the table no longer holds
 // is announced to subscribers as state_resync_required (ring_evicted). A
 // resume the mirror's ring cannot answer is answered from the table
-// (eventbus.Log), outside the bus lock, ahead of the live frames.
+// (backplane.Log), outside the bus lock, ahead of the live frames.
 //
 // The epoch (32 hex characters) lives in the sessions table. Delete
 // forgets a session; its next use starts a new epoch with ids from 1, and
@@ -293,7 +293,7 @@ func (b *Backplane) Publish(ctx context.Context, session string, e eventbus.Even
 // whose outcome is unknown can be retried safely: within
 // IdempotencyWindow of the first publish with key in session, a publish
 // with the same key and the same event (the same
-// eventbus.Encoder.Fingerprint: type, data, _meta but serverTimestamp,
+// backplane.Encoder.Fingerprint: type, data, _meta but serverTimestamp,
 // originatorClientId) appends nothing and returns the first publish's id
 // with duplicate true; the same key with a different event is an error
 // wrapping eventbus.ErrIdempotencyKeyReused. The check and the append
@@ -453,7 +453,7 @@ func (b *Backplane) Sessions() int { return b.set.Len() }
 // epoch. It returns an error wrapping ErrUnavailable when PostgreSQL
 // cannot be reached for that. Subscribe through the backplane (Subscribe,
 // or the Handler) or on this bus: its Subscribe answers resumes from the
-// table. Its Publish returns eventbus.ErrFed; Signal delivers to this
+// table. Its Publish returns backplane.ErrMirror; Signal delivers to this
 // replica's subscribers only.
 func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
 	return b.set.Bus(ctx, session)

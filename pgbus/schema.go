@@ -77,7 +77,7 @@ CREATE TABLE IF NOT EXISTS S.events (
 CREATE TABLE IF NOT EXISTS S.idempotency (
 	session     bytea NOT NULL,
 	key         text NOT NULL,
-	fingerprint text NOT NULL, -- eventbus.Encoder.Fingerprint
+	fingerprint text NOT NULL, -- backplane.Encoder.Fingerprint
 	id          bigint NOT NULL,
 	expires_at  timestamptz NOT NULL,
 	PRIMARY KEY (session, key)

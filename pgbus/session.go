@@ -177,8 +177,8 @@ func (s *session) catchUp(ctx context.Context, last *uint64, timeout time.Durati
 			if !id.Valid {
 				break // nothing new
 			}
-			e := eventbus.LogEntry{ID: uint64(id.Int64), Type: string(typ), JSON: env}
-			if err := s.Bus.Append(e); err != nil {
+			e := backplane.LogEntry{ID: uint64(id.Int64), Type: string(typ), JSON: env}
+			if err := backplane.Append(s.Bus, e); err != nil {
 				if errors.Is(err, eventbus.ErrClosed) {
 					return nil // stopped; ctx ends the reader
 				}
@@ -197,7 +197,7 @@ func (s *session) catchUp(ctx context.Context, last *uint64, timeout time.Durati
 	return n, lost, err
 }
 
-// Head implements eventbus.Log: the session's epoch and last id in the
+// Head implements backplane.Log: the session's epoch and last id in the
 // table ("" and 0 when it has none).
 func (s *session) Head(ctx context.Context) (epoch string, last uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
@@ -217,17 +217,17 @@ func (s *session) Head(ctx context.Context) (epoch string, last uint64, err erro
 // historyBatch is the most rows one query of a resume reads.
 const historyBatch = 1000
 
-// ReadHistory implements eventbus.Log: the mirror's epoch's rows in req's
+// ReadHistory implements backplane.Log: the mirror's epoch's rows in req's
 // range, and the first id the table holds. With req.MaxBytes it stops
 // after the first entry past it (the replay stops there anyway), so a
 // resume from far back does not read the whole ring.
-func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+func (s *session) ReadHistory(ctx context.Context, req backplane.HistoryRequest) ([]backplane.LogEntry, uint64, error) {
 	if req.Upto <= req.After {
 		return nil, 0, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
 	defer cancel()
-	var out []eventbus.LogEntry
+	var out []backplane.LogEntry
 	var first uint64
 	err := s.b.withConn(ctx, retryAlways, func(c *pgxpool.Conn) (err error) {
 		out, first, err = s.readHistory(ctx, c, req)
@@ -236,9 +236,9 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 	return out, first, err
 }
 
-func (s *session) readHistory(ctx context.Context, c *pgxpool.Conn, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+func (s *session) readHistory(ctx context.Context, c *pgxpool.Conn, req backplane.HistoryRequest) ([]backplane.LogEntry, uint64, error) {
 	b := s.b
-	var out []eventbus.LogEntry
+	var out []backplane.LogEntry
 	spent := 0
 	for from := req.After; from < req.Upto; {
 		rows, err := c.Query(ctx, b.q.history, s.key, s.Epoch, int64(from), int64(req.Upto), historyBatch)
@@ -255,7 +255,7 @@ func (s *session) readHistory(ctx context.Context, c *pgxpool.Conn, req eventbus
 				rows.Close()
 				return nil, 0, err
 			}
-			out = append(out, eventbus.LogEntry{ID: uint64(id), Type: string(typ), JSON: env})
+			out = append(out, backplane.LogEntry{ID: uint64(id), Type: string(typ), JSON: env})
 			got++
 			from = uint64(id)
 			spent += len(env)

@@ -318,10 +318,10 @@ func (b *Backplane) Sessions() int { return b.set.Len() }
 
 // Bus returns this replica's mirror bus of session, creating it (and its
 // reader) when needed, after checking with Redis that the mirror's epoch
-// is the session's (see Subscribe). The mirror is a fed bus: its Subscribe
-// answers resumes from the stream, so subscribing on it directly is the
-// same as Subscribe. Its Publish returns an error; Signal delivers to this
-// replica's subscribers only. It returns an error wrapping ErrUnavailable
+// is the session's (see Subscribe). The mirror is backplane.NewMirror's:
+// its Subscribe answers resumes from the stream, so subscribing on it
+// directly is the same as Subscribe. Its Publish returns
+// backplane.ErrMirror; Signal delivers to this replica's subscribers only. It returns an error wrapping ErrUnavailable
 // when Redis cannot be reached.
 func (b *Backplane) Bus(ctx context.Context, session string) (*eventbus.EventBus, error) {
 	return b.set.Bus(ctx, session)

@@ -141,7 +141,7 @@ func (s *session) run(ctx context.Context, last uint64) {
 					b.log.Error("redisbus: malformed stream entry", "session", s.ID, "entry", m.ID, "error", err)
 					continue
 				}
-				if err := s.Bus.Append(e); err != nil {
+				if err := backplane.Append(s.Bus, e); err != nil {
 					if errors.Is(err, eventbus.ErrClosed) {
 						return
 					}
@@ -171,7 +171,7 @@ func (s *session) currentEpoch(ctx context.Context, timeout time.Duration) (stri
 	return epochScript.Run(ctx, s.b.client, s.keys[:2]).Text()
 }
 
-// Head implements eventbus.Log: the stream's epoch and last id in Redis.
+// Head implements backplane.Log: the stream's epoch and last id in Redis.
 func (s *session) Head(ctx context.Context) (epoch string, last uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
 	defer cancel()
@@ -189,11 +189,11 @@ func (s *session) Head(ctx context.Context) (epoch string, last uint64, err erro
 // historyBatch is the most entries one XRANGE of a resume reads.
 const historyBatch = 1000
 
-// ReadHistory implements eventbus.Log: the stream's entries in req's
+// ReadHistory implements backplane.Log: the stream's entries in req's
 // range, and the first id it holds. With req.MaxBytes it stops after the
 // first entry past it (the replay stops there anyway), so a resume from far
 // back does not read the whole ring.
-func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+func (s *session) ReadHistory(ctx context.Context, req backplane.HistoryRequest) ([]backplane.LogEntry, uint64, error) {
 	after, upto := req.After, req.Upto
 	{
 		if upto <= after {
@@ -201,7 +201,7 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 		}
 		ctx, cancel := context.WithTimeout(ctx, s.b.opts.PublishTimeout)
 		defer cancel()
-		var out []eventbus.LogEntry
+		var out []backplane.LogEntry
 		spent := 0
 		for from := after + 1; from <= upto; {
 			msgs, err := s.b.client.XRangeN(ctx, s.stream, strconv.FormatUint(from, 10)+"-0",
@@ -245,16 +245,16 @@ func (s *session) ReadHistory(ctx context.Context, req eventbus.HistoryRequest) 
 }
 
 // parseEntry reads a stream entry "<id>-0" {t: type, j: envelope}.
-func parseEntry(m redis.XMessage) (eventbus.LogEntry, error) {
+func parseEntry(m redis.XMessage) (backplane.LogEntry, error) {
 	ms, seq, _ := strings.Cut(m.ID, "-")
 	id, err := strconv.ParseUint(ms, 10, 64)
 	if err != nil || seq != "0" || id == 0 {
-		return eventbus.LogEntry{}, fmt.Errorf("redisbus: entry id %q is not <id>-0", m.ID)
+		return backplane.LogEntry{}, fmt.Errorf("redisbus: entry id %q is not <id>-0", m.ID)
 	}
 	t, ok1 := m.Values["t"].(string)
 	j, ok2 := m.Values["j"].(string)
 	if !ok1 || !ok2 {
-		return eventbus.LogEntry{}, fmt.Errorf("redisbus: entry %q lacks t or j", m.ID)
+		return backplane.LogEntry{}, fmt.Errorf("redisbus: entry %q lacks t or j", m.ID)
 	}
-	return eventbus.LogEntry{ID: id, Type: t, JSON: []byte(j)}, nil
+	return backplane.LogEntry{ID: id, Type: t, JSON: []byte(j)}, nil
 }

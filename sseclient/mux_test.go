@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 	"github.com/ssebus/eventbus/sseclient"
 )
 
@@ -396,7 +397,7 @@ func TestMuxClientShutdownComesBackAfterRetryAfter(t *testing.T) {
 		const ra = 4 * time.Second
 		ended := time.Now()
 		for _, id := range ids {
-			next, err := eventbus.NewFed(eventbus.Options{Logger: quietLogger()}, eventbus.FeedOptions{Epoch: s.bus(id).Epoch(), NextID: 3})
+			next, err := backplane.NewMirror(eventbus.Options{Logger: quietLogger()}, backplane.MirrorOptions{Epoch: s.bus(id).Epoch(), NextID: 3})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 	"github.com/ssebus/eventbus/sseclient"
 )
 
 // A stream_error shutdown (issue 22, point 4) is a server going away: the
 // client waits a random delay in [retryAfter, 2*retryAfter], capped, and
-// resumes from its cursor, here on the "next replica": a fed bus of the
+// resumes from its cursor, here on the "next replica": a mirror of the
 // same epoch that goes on from the next id, so nothing is lost or resynced.
 func TestShutdownReconnectsAfterRetryAfterAndResumes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -28,7 +29,7 @@ func TestShutdownReconnectsAfterRetryAfterAndResumes(t *testing.T) {
 			mu.Unlock()
 			return true
 		}
-		enc, err := eventbus.NewEncoder(eventbus.Options{})
+		enc, err := backplane.NewEncoder(eventbus.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +47,7 @@ func TestShutdownReconnectsAfterRetryAfterAndResumes(t *testing.T) {
 			id := uint64(round + 1)
 			rc.wait(t, "the event", time.Minute, func() bool { return len(rc.events) == int(id) })
 			// The next replica, where the load balancer sends the client.
-			next, err := eventbus.NewFed(eventbus.Options{Logger: quietLogger()}, eventbus.FeedOptions{Epoch: epoch, NextID: id + 1})
+			next, err := backplane.NewMirror(eventbus.Options{Logger: quietLogger()}, backplane.MirrorOptions{Epoch: epoch, NextID: id + 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +75,7 @@ func TestShutdownReconnectsAfterRetryAfterAndResumes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := next.Append(eventbus.LogEntry{ID: id + 1, Type: "e", JSON: ev.Envelope(id + 1)}); err != nil {
+			if err := backplane.Append(next, backplane.LogEntry{ID: id + 1, Type: "e", JSON: ev.Envelope(id + 1)}); err != nil {
 				t.Fatal(err)
 			}
 		}

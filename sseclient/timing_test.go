@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 	"github.com/ssebus/eventbus/sseclient"
 )
 
@@ -183,7 +184,7 @@ func TestUnavailableAndInternalBackOffAndResume(t *testing.T) {
 		s.mu.Lock()
 		delete(s.buses, "a")
 		s.mu.Unlock()
-		old.CloseWithError(eventbus.ErrorKindUnavailable, "the backplane is unreachable")
+		backplane.CloseWithError(old, eventbus.ErrorKindUnavailable, "the backplane is unreachable")
 		rc.wait(t, "reopened", time.Minute, func() bool { return len(rc.openedAt()) == 2 && len(rc.resyncs) == 1 })
 		s.publish("a", "note", nil)
 		rc.wait(t, "the new bus's first event", time.Minute, func() bool { return len(rc.events) == 2 })

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // Publishes alternating over three replicas get ids 1, 2, 3 ... in one
@@ -268,7 +269,7 @@ func checkPublishValidation(t testing.TB, h *harness) {
 		}
 	}
 	// An event that fits with a one-digit id but not with id 10.
-	enc, err := eventbus.NewEncoder(eventbus.Options{})
+	enc, err := backplane.NewEncoder(eventbus.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // The log trimmed to RingSize: Info names what it holds, a resume from
@@ -52,7 +53,7 @@ func checkTrimByBytes(t testing.TB, h *harness) {
 	rs, _ := h.cluster(1, Options{RingMaxBytes: 1000})
 	a := rs[0]
 	ctx := context.Background()
-	enc, err := eventbus.NewEncoder(eventbus.Options{})
+	enc, err := backplane.NewEncoder(eventbus.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

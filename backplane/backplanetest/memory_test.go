@@ -51,7 +51,7 @@ type memStore struct {
 
 type memLog struct {
 	epoch   string
-	entries []eventbus.LogEntry // the ids it still holds, in order
+	entries []backplane.LogEntry // the ids it still holds, in order
 	last    uint64
 	bytes   int
 	keys    map[string]memKey
@@ -207,7 +207,7 @@ func (b *memBackplane) publish(ctx context.Context, session, key string, e event
 		st.mu.Unlock()
 		return 0, "", false, fmt.Errorf("%w: %d bytes with id %d", eventbus.ErrEventTooLarge, len(env), id)
 	}
-	l.entries = append(l.entries, eventbus.LogEntry{ID: id, Type: p.Event.Type, JSON: env})
+	l.entries = append(l.entries, backplane.LogEntry{ID: id, Type: p.Event.Type, JSON: env})
 	l.last, l.bytes = id, l.bytes+len(env)
 	for len(l.entries) > b.bus.MaxLen || len(l.entries) > 1 && l.bytes > b.bus.MaxBytes {
 		l.bytes -= len(l.entries[0].JSON)
@@ -285,13 +285,13 @@ func (b *memBackplane) Sessions() int              { return b.set.Len() }
 func (b *memBackplane) Handler() *eventbus.Handler { return b.set.Handler() }
 func (b *memBackplane) Close() error               { b.set.Close(nil); return nil }
 
-// memSession is a replica's mirror of one session, and its eventbus.Log.
+// memSession is a replica's mirror of one session, and its backplane.Log.
 type memSession struct {
 	backplane.Session
 	b *memBackplane
 }
 
-func (s *memSession) ReadHistory(_ context.Context, req eventbus.HistoryRequest) ([]eventbus.LogEntry, uint64, error) {
+func (s *memSession) ReadHistory(_ context.Context, req backplane.HistoryRequest) ([]backplane.LogEntry, uint64, error) {
 	if err := s.b.reach(); err != nil {
 		return nil, 0, err
 	}
@@ -301,7 +301,7 @@ func (s *memSession) ReadHistory(_ context.Context, req eventbus.HistoryRequest)
 	if l == nil || l.epoch != s.Epoch {
 		return nil, 0, fmt.Errorf("mem: session %q no longer has epoch %s", s.ID, s.Epoch)
 	}
-	var out []eventbus.LogEntry
+	var out []backplane.LogEntry
 	for _, e := range l.entries {
 		if e.ID > req.After && e.ID <= req.Upto {
 			out = append(out, e)
@@ -377,7 +377,7 @@ func (g memEngine) Run(ctx context.Context, s *memSession, from backplane.Start)
 			b.set.Expire(s, "the session was deleted or lost")
 			return
 		}
-		var news []eventbus.LogEntry
+		var news []backplane.LogEntry
 		for _, e := range l.entries {
 			if e.ID > last {
 				news = append(news, e)
@@ -386,7 +386,7 @@ func (g memEngine) Run(ctx context.Context, s *memSession, from backplane.Start)
 		changed := l.changed
 		st.mu.Unlock()
 		for _, e := range news {
-			if err := s.Bus.Append(e); errors.Is(err, eventbus.ErrClosed) {
+			if err := backplane.Append(s.Bus, e); errors.Is(err, eventbus.ErrClosed) {
 				return
 			}
 			last = e.ID

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 	"github.com/ssebus/eventbus/benchmarks/internal/naive"
 )
 
@@ -74,12 +75,12 @@ type floorSession struct {
 type floorServer struct {
 	raw      bool
 	sessions []*floorSession
-	enc      *eventbus.Encoder
+	enc      *backplane.Encoder
 	workers  int
 }
 
 func newFloorServer(ids []string, heartbeat time.Duration, raw bool) (*floorServer, http.Handler, error) {
-	enc, err := eventbus.NewEncoder(eventbus.Options{})
+	enc, err := backplane.NewEncoder(eventbus.Options{})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -57,7 +57,7 @@
 //     peer harness (an RWMutex, a buffered channel per client, one Write
 //     and one Flush per batch), with a heartbeat ticker per connection, the
 //     way a naive handler keeps a connection alive. Its frames carry the
-//     same bytes as eventbus's (the same Encoder).
+//     same bytes as eventbus's (the same encoder, backplane.Encoder).
 //   - floor and floor-raw: measuring instruments, not designs (floor.go).
 //     A pool of GOMAXPROCS workers writes every delivery, so no goroutine
 //     is woken per connection: through net/http's ResponseWriter (floor),

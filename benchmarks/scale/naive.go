@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 	"github.com/ssebus/eventbus/benchmarks/internal/naive"
 )
 
@@ -18,8 +18,8 @@ import (
 // handler's select, the way a naive handler keeps an idle connection alive)
 // and one broker per session behind a /session/{id}/events route. The frame
 // a message carries is encoded once at publish, with eventbus's own
-// Encoder, so that it holds the same bytes as the eventbus frame of the
-// same event (TestNaiveFrameMatchesEventbus).
+// encoder (backplane.Encoder), so that it holds the same bytes as the
+// eventbus frame of the same event (TestNaiveFrameMatchesEventbus).
 
 // naiveQueue is each subscriber's channel capacity, the harness's default
 // queue (and eventbus's default MaxQueued).
@@ -52,7 +52,7 @@ func naiveHandler(sessions map[string]*naiveSession, heartbeat time.Duration) ht
 // "id: N\nevent: T\ndata: <envelope>\n\n", the envelope being e.Envelope(id)
 // written in place. The bytes are those of eventbus's Frame.SSE for the
 // same event and id.
-func appendNaiveFrame(dst []byte, id uint64, e eventbus.EncodedEvent) []byte {
+func appendNaiveFrame(dst []byte, id uint64, e backplane.EncodedEvent) []byte {
 	dst = append(dst, "id: "...)
 	dst = strconv.AppendUint(dst, id, 10)
 	dst = append(dst, "\nevent: "...)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 	"go.uber.org/goleak"
 )
 
@@ -198,7 +199,7 @@ func TestNaiveFrameMatchesEventbus(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bus.Close()
-	enc, err := eventbus.NewEncoder(eventbus.Options{Now: at})
+	enc, err := backplane.NewEncoder(eventbus.Options{Now: at})
 	if err != nil {
 		t.Fatal(err)
 	}

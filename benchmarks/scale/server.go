@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 	"github.com/ssebus/eventbus/benchmarks/internal/naive"
 )
 
@@ -205,11 +206,11 @@ func (s *busServer) publishAll(sent int64) error {
 // naiveServer is the naive implementation: a broker per session.
 type naiveServer struct {
 	brokers []*naiveSession
-	enc     *eventbus.Encoder
+	enc     *backplane.Encoder
 }
 
 func newNaiveServer(ids []string, heartbeat time.Duration) (*naiveServer, http.Handler, error) {
-	enc, err := eventbus.NewEncoder(eventbus.Options{})
+	enc, err := backplane.NewEncoder(eventbus.Options{})
 	if err != nil {
 		return nil, nil, err
 	}
