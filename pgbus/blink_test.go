@@ -50,11 +50,23 @@ func TestConnectionsCut(t *testing.T) {
 	for i := range rounds {
 		warm(t, a.pool, idle)
 		warm(t, b.pool, idle)
-		if n := cutConnections(t, url, schema); n < 2*idle {
-			t.Fatalf("round %d: cut %d connections, want at least %d", i, n, 2*idle)
+		// The pools' idle connections, and the listeners' (a pool may
+		// have closed an idle one meanwhile: some must be cut, not all).
+		if n := cutConnections(t, url, schema); n < idle {
+			t.Fatalf("round %d: cut %d connections, want at least %d", i, n, idle)
 		}
 		resumed := b.open(t, "s", map[string]string{"Last-Event-ID": strconv.FormatUint(last-1, 10), "Event-Epoch": live.Epoch}, "")
-		wantIDs(t, resumed.Events(1, wait), last, last)
+		// B's reader may still be reconnecting after the cut, its mirror
+		// at last-1: then the resume replays nothing (replay_complete
+		// with 0) and last comes live, as soon as the reader catches up.
+		// Either way it comes, once.
+		f := resumed.Next(wait)
+		if f.ID == 0 && f.Event == eventbus.TypeReplayComplete {
+			f = resumed.Next(wait)
+		}
+		if f.ID != last {
+			t.Fatalf("round %d: the resume from %d got %+v, want event %d", i, last-1, f, last)
+		}
 		resumed.Close()
 		for k := range idle {
 			ev := eventbus.Event{Type: "e", Data: map[string]int{"round": i, "k": k}}
