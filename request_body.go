@@ -125,12 +125,45 @@ func (b *bodyBudget) readBody(w http.ResponseWriter, r *http.Request, l bodyLimi
 		body = make([]byte, r.ContentLength)
 		_, err = io.ReadFull(rd, body)
 	} else {
-		body, err = io.ReadAll(rd)
+		body, err = readAll(rd, l.max)
 	}
 	if err != nil {
 		return nil, release, bodyError(err)
 	}
 	return body, release, nil
+}
+
+// readAll reads rd, a http.MaxBytesReader of limit bytes, to its end into
+// a buffer that doubles from 4 KiB up to limit: a body of n bytes holds at
+// most 2n bytes at once, and limit + limit/2 while the last copy is made
+// (io.ReadAll's growth by a quarter allocates five times the body).
+func readAll(rd io.Reader, limit int64) ([]byte, error) {
+	buf := make([]byte, 0, min(limit, 4<<10))
+	for {
+		if len(buf) == cap(buf) {
+			if int64(cap(buf)) >= limit {
+				// Full: rd has only its end, or its error, left to give.
+				var one [1]byte
+				if n, err := rd.Read(one[:]); n == 0 && err == io.EOF {
+					return buf, nil
+				} else if err != nil {
+					return nil, err
+				}
+				return nil, &http.MaxBytesError{Limit: limit}
+			}
+			grown := make([]byte, len(buf), min(2*int64(cap(buf)), limit))
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }
 
 // bodyError is the error of a body that could not be read or decoded:
