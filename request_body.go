@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -172,16 +173,10 @@ func readAll(rd io.Reader, limit int64) ([]byte, error) {
 func bodyError(err error) error {
 	var se *StatusError
 	var mbe *http.MaxBytesError
-	if errors.As(err, &se) || errors.As(err, &mbe) || isDeadline(err) {
+	if errors.As(err, &se) || errors.As(err, &mbe) || errors.Is(err, os.ErrDeadlineExceeded) {
 		return err
 	}
 	return &StatusError{Status: http.StatusBadRequest, Code: "invalid_body", Message: "malformed body: " + err.Error(), Err: err}
-}
-
-// isDeadline reports whether err is the read deadline's.
-func isDeadline(err error) bool {
-	se, _ := errorStatus(err)
-	return se.Status == http.StatusRequestTimeout
 }
 
 // refuse prepares the answer to a request whose body is not read: the
