@@ -471,16 +471,23 @@ func (h *Hub) getOrCreate(id string) (*hubSession, error) {
 // session. It returns what GetOrCreate (ErrInvalidSessionID, ErrHubFull,
 // ErrClosed) and EventBus.Publish return.
 func (h *Hub) Publish(id string, e Event) (Frame, error) {
+	f, _, err := h.publish(id, e)
+	return f, err
+}
+
+// publish is Publish, also returning the bus that took the event (nil
+// when none did).
+func (h *Hub) publish(id string, e Event) (Frame, *EventBus, error) {
 	for retried := false; ; retried = true {
 		b, err := h.GetOrCreate(id)
 		if err != nil {
-			return Frame{}, err
+			return Frame{}, nil, err
 		}
 		f, err := b.Publish(e)
 		if errors.Is(err, ErrClosed) && !retried && !h.closed.Load() {
 			continue
 		}
-		return f, err
+		return f, b, err
 	}
 }
 

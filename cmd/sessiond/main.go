@@ -22,6 +22,8 @@
 //	                                      creates the session; 503 too_many_sessions when -max-sessions are live
 //	GET    /session/{id}                  status of a session as JSON (404 if it does not exist)
 //	DELETE /session/{id}                  close the session's bus and forget it (its streams drain and end) -> 204
+//	POST   /session/{id}/signal           change signal {"type":...,"about":...} to the session's streams (no id,
+//	                                      never stored) -> 204; a session that does not exist has none to tell
 //	POST   /session/{id}/disconnect       cut every open stream of the session, as a load balancer would:
 //	                                      ?mode=clean (default) ends the responses, ?mode=abort resets
 //	                                      their TCP connections; clients reconnect by themselves and
@@ -100,6 +102,8 @@ Routes:
   DELETE /session/{id}              close the session's bus and forget it -> 204; the next
                                     POST starts a new session with a new epoch (so does a POST
                                     after -idle-timeout without a publish or a stream)
+  POST   /session/{id}/signal       change signal {"type":"...","about":"..."} to the session's
+                                    streams (no id, not stored) -> 204
   POST   /session/{id}/disconnect   demo feature: cut every open stream of the session, as a
                                     load balancer would; clients reconnect and resume with
                                     Last-Event-ID -> {"disconnected":N,"mode":...}
@@ -166,6 +170,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		CreateOnStream: *createStream,
 
 		MaxStreamSessions: f.MaxStreamSessions,
+		BodyTimeout:       f.BodyTimeout,
+		BodyBudget:        f.BodyBudget,
 	})
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -68,8 +70,9 @@ func exampleProgram(t *testing.T, root string) string {
 // twenty lines", exactly as the README has it, and the complete one the
 // README links, examples/daemon), in a module of their own that uses this
 // repository, runs each on a free port, publishes an event and reads it
-// back from the stream, and checks that a GET of an unknown session is a
-// 404. The complete one is stopped with SIGTERM with a stream open and must
+// back from the stream, checks that a GET of an unknown session is a 404
+// and an invalid event a JSON 400 invalid_event, and (the short one) that
+// a DELETE is 204. The complete one is stopped with SIGTERM with a stream open and must
 // exit 0; the short one, which has no shutdown, is killed.
 func TestREADMEDaemon(t *testing.T) {
 	for _, c := range []struct {
@@ -77,7 +80,15 @@ func TestREADMEDaemon(t *testing.T) {
 		program  func(t *testing.T, root string) string
 		graceful bool
 	}{
-		{"In_twenty_lines", func(t *testing.T, root string) string { return readmeProgram(t, root, "In twenty lines") }, false},
+		{"In_twenty_lines", func(t *testing.T, root string) string {
+			code := readmeProgram(t, root, "In twenty lines")
+			// About twenty lines: main's body, and the whole program
+			// within 30 (issue 33: it was 42).
+			if n := strings.Count(code, "\n"); n > 30 {
+				t.Fatalf("the README's twenty-line daemon has %d lines", n)
+			}
+			return code
+		}, false},
 		{"A_complete_daemon", exampleProgram, true},
 	} {
 		t.Run(c.name, func(t *testing.T) { testREADMEDaemon(t, c.program, c.graceful) })
@@ -151,8 +162,24 @@ func testREADMEDaemon(t *testing.T, program func(t *testing.T, root string) stri
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(body)) != `{"id":1}` {
-		t.Fatalf("publish: %d %s", resp.StatusCode, body)
+	var published struct {
+		ID    uint64 `json:"id"`
+		Epoch string `json:"epoch"`
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &published) != nil || published.ID != 1 ||
+		!regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(published.Epoch) {
+		t.Fatalf("publish: %d %s, want 200 {\"id\":1,\"epoch\":...}", resp.StatusCode, body)
+	}
+	// The error table (docs/SPEC.md 6.9): a bad event is 400 invalid_event,
+	// as JSON.
+	resp, err = client.Post(base+"/session/s1/events", "application/json", strings.NewReader(`{"type":""}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"code":"invalid_event"`) {
+		t.Fatalf("publish of an invalid event: %d %s, want 400 invalid_event", resp.StatusCode, body)
 	}
 
 	if resp, err := client.Get(base + "/session/nobody/events"); err != nil || resp.StatusCode != http.StatusNotFound {
@@ -181,6 +208,18 @@ func testREADMEDaemon(t *testing.T, program func(t *testing.T, root string) stri
 
 	if !graceful {
 		stream.Body.Close()
+		// DELETE ends the session: 204, and its stream is gone.
+		req, _ := http.NewRequest(http.MethodDelete, base+"/session/s1", nil)
+		if resp, err := client.Do(req); err != nil || resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("DELETE: %v %v, want 204", resp, err)
+		} else {
+			resp.Body.Close()
+		}
+		if resp, err := client.Get(base + "/session/s1/events"); err != nil || resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("GET after DELETE: %v %v, want 404", resp, err)
+		} else {
+			resp.Body.Close()
+		}
 		return // the deferred kill ends it
 	}
 	// SIGTERM while the stream is open: the hub closes the bus, the stream

@@ -22,17 +22,11 @@ var indexHTML []byte
 
 // bodySlack is what a POST body may carry beyond MaxEventBytes. A body past
 // MaxEventBytes+bodySlack is refused (413) before it is read to the end.
-const bodySlack = daemon.BodySlack
+const bodySlack = eventbus.PublishBodySlack
 
-// publishErrors maps the idempotency errors (and the bus's own) to HTTP
-// answers, as the backplane daemons do; this daemon never answers
-// publish_outcome_unknown: its publishes are definite.
-var publishErrors = daemon.PublishErrors{
-	InvalidKey: eventbus.ErrInvalidIdempotencyKey,
-	KeyReused:  eventbus.ErrIdempotencyKeyReused,
-}
-
-var errShuttingDown = errors.New("sessiond: shutting down")
+// errShuttingDown is what the daemon's writes answer once it shuts down:
+// 503 shutting_down, as eventbus.ErrClosed.
+var errShuttingDown = fmt.Errorf("sessiond: shutting down: %w", eventbus.ErrClosed)
 
 type config struct {
 	// Hub holds the sessions: its Bus options are every session's,
@@ -58,17 +52,24 @@ type config struct {
 	// MaxStreamSessions is the most sessions one multiplexed stream (GET
 	// /events) serves; 0: eventbus.DefaultMaxStreamSessions.
 	MaxStreamSessions int
+	// BodyTimeout and BodyBudget bound the bodies of POST
+	// /session/{id}/events as eventbus.PublishHandler's fields do (0: its
+	// defaults): -body-timeout and -body-budget, which the server's
+	// limits apply to every route.
+	BodyTimeout time.Duration
+	BodyBudget  int64
 }
 
 // server serves the sessions of its hub. It is safe for concurrent use.
 type server struct {
-	cfg     config
-	logger  *slog.Logger
-	hub     *eventbus.Hub
-	maxBody int64
-	events  http.Handler // the eventbus SSE handler; its Lookup is s.lookup
-	mux     http.Handler // the multiplexed stream (GET /events), sharing events' Lookup
-	index   []byte       // the viewer page, told whether to show its login form
+	cfg    config
+	logger *slog.Logger
+	hub    *eventbus.Hub
+	events http.Handler // the eventbus SSE handler; its Lookup is s.lookup
+	mux    http.Handler // the multiplexed stream (GET /events), sharing events' Lookup
+	index  []byte       // the viewer page, told whether to show its login form
+	// The write routes, the library's on hubWrites{s}.
+	publishRoute, deleteRoute, signalRoute http.Handler
 
 	closing atomic.Bool // set by shutdown: new requests get 503 shutting_down
 
@@ -114,9 +115,13 @@ func newServer(cfg config) (*server, error) {
 	s := &server{
 		cfg:     cfg,
 		logger:  cfg.Logger,
-		maxBody: daemon.MaxBody(cfg.Hub.Bus.MaxEventBytes),
 		streams: make(map[string]map[*daemon.Stream]struct{}),
 	}
+	w := hubWrites{s}
+	s.publishRoute = &eventbus.PublishHandler{Publisher: w, MaxBodyBytes: daemon.MaxBody(cfg.Hub.Bus.MaxEventBytes),
+		BodyTimeout: cfg.BodyTimeout, BodyBudget: cfg.BodyBudget, Logger: cfg.Logger}
+	s.deleteRoute = &eventbus.DeleteHandler{Deleter: w, Logger: cfg.Logger}
+	s.signalRoute = &eventbus.SignalHandler{Signaler: w, BodyTimeout: cfg.BodyTimeout, Logger: cfg.Logger}
 	h := &eventbus.Handler{Lookup: s.lookup, Logger: cfg.Logger}
 	if cfg.Stream != nil {
 		if err := cfg.Stream(h); err != nil {
@@ -252,6 +257,36 @@ func (s *server) deleteSession(id string) bool {
 	s.forget(bus)
 	s.logger.Info("session deleted", "session", id, "epoch", bus.Epoch(), "lastEventId", bus.LastEventID())
 	return true
+}
+
+// hubWrites is the daemon's write side as the library's routes take it
+// (eventbus.Publisher, Deleter, Signaler): the hub's, refused with
+// errShuttingDown once the daemon shuts down, and keeping the daemon's
+// record of each session.
+type hubWrites struct{ s *server }
+
+func (w hubWrites) Publish(_ context.Context, id string, e eventbus.Event) (uint64, string, error) {
+	f, sess, err := w.s.publish(id, e)
+	if err != nil {
+		return 0, "", err
+	}
+	return f.ID(), sess.bus.Epoch(), nil
+}
+
+func (w hubWrites) PublishIdempotent(_ context.Context, id, key string, e eventbus.Event) (uint64, string, bool, error) {
+	return w.s.publishIdempotent(id, key, e)
+}
+
+func (w hubWrites) Delete(_ context.Context, id string) error {
+	w.s.deleteSession(id)
+	return nil
+}
+
+func (w hubWrites) Signal(ctx context.Context, id, typ, about string) error {
+	if w.s.closing.Load() {
+		return errShuttingDown
+	}
+	return w.s.hub.Publisher().Signal(ctx, id, typ, about)
 }
 
 // disconnect cuts every open stream of session id as mode says and
@@ -424,14 +459,14 @@ func (s *server) streamBus(r *http.Request, id string, resume func() string) (*e
 		return nil, err // the handlers answer 400 invalid_session_id
 	}
 	if s.closing.Load() {
-		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: errShuttingDown.Error(), RetryAfter: time.Second}
+		return nil, eventbus.ErrorStatus(errShuttingDown) // 503 shutting_down
 	}
 	var bus *eventbus.EventBus
 	var err error
 	if s.cfg.CreateOnStream && r.Method != http.MethodOptions {
 		bus, err = s.hub.GetOrCreate(id)
 		if errors.Is(err, eventbus.ErrHubFull) {
-			return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "too_many_sessions", Message: "too many sessions: " + err.Error(), RetryAfter: time.Second}
+			return nil, eventbus.ErrorStatus(err) // 503 too_many_sessions
 		}
 	} else {
 		bus, err = s.hub.LookupSession(r, id)
@@ -455,53 +490,12 @@ func (s *server) streamBus(r *http.Request, id string, resume func() string) (*e
 	return bus, nil
 }
 
-func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) {
-	id, ok := daemon.SessionID(w, r)
-	if !ok {
-		return
-	}
-	key, keyed := daemon.IdempotencyKey(r)
-	if keyed {
-		if err := eventbus.CheckIdempotencyKey(key); err != nil {
-			daemon.WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", err.Error())
-			return
-		}
-	}
-	req, ok := daemon.DecodePublish(w, r, s.maxBody)
-	if !ok {
-		return
-	}
+// ServePublish is eventbus.PublishHandler on the hub.
+func (s *server) ServePublish(w http.ResponseWriter, r *http.Request) { s.publishRoute.ServeHTTP(w, r) }
 
-	var (
-		eventID uint64
-		epoch   string
-		dup     bool
-		err     error
-	)
-	ev := req.Event()
-	if keyed {
-		eventID, epoch, dup, err = s.publishIdempotent(id, key, ev)
-	} else {
-		var f eventbus.Frame
-		var sess *session
-		if f, sess, err = s.publish(id, ev); err == nil {
-			eventID, epoch = f.ID(), sess.bus.Epoch()
-		}
-	}
-	switch {
-	case err == nil:
-		daemon.WritePublished(w, eventID, epoch, dup)
-	case errors.Is(err, errShuttingDown):
-		daemon.WriteUnavailable(w, "shutting_down", err.Error())
-	case errors.Is(err, eventbus.ErrHubFull):
-		daemon.WriteUnavailable(w, "too_many_sessions", "too many sessions: "+err.Error())
-	default:
-		if !publishErrors.Write(w, err) {
-			s.logger.Error("publish failed", "session", id, "err", err)
-			daemon.WriteError(w, http.StatusInternalServerError, "internal", "publish failed")
-		}
-	}
-}
+// ServeSignal is eventbus.SignalHandler on the hub: a change signal to the
+// streams of a live session (none: nothing to tell, 204).
+func (s *server) ServeSignal(w http.ResponseWriter, r *http.Request) { s.signalRoute.ServeHTTP(w, r) }
 
 func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 	id, ok := daemon.SessionID(w, r)
@@ -510,7 +504,7 @@ func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 	}
 	bus, ok := s.hub.Lookup(id)
 	if !ok {
-		daemon.WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
+		eventbus.WriteError(w, r, eventbus.ErrSessionNotFound)
 		return
 	}
 	sess := s.session(id, bus)
@@ -530,14 +524,8 @@ func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 	daemon.WriteJSON(w, http.StatusOK, st)
 }
 
-func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) {
-	id, ok := daemon.SessionID(w, r)
-	if !ok {
-		return
-	}
-	s.deleteSession(id)
-	w.WriteHeader(http.StatusNoContent)
-}
+// ServeDelete is eventbus.DeleteHandler on the hub.
+func (s *server) ServeDelete(w http.ResponseWriter, r *http.Request) { s.deleteRoute.ServeHTTP(w, r) }
 
 func (s *server) ServeDisconnect(w http.ResponseWriter, r *http.Request) {
 	id, ok := daemon.SessionID(w, r)

@@ -339,7 +339,7 @@ func (a *Auth) ServeLogin(w http.ResponseWriter, r *http.Request) {
 	var req loginRequest
 	dec := NewBodyDecoder(w, r, 4<<10)
 	if err := dec.Decode(&req); err != nil && err != io.EOF {
-		WriteBodyError(w, err)
+		WriteBodyError(w, r, err)
 		return
 	}
 	bearer := r.Header.Get("Authorization")
@@ -402,7 +402,7 @@ func (a *Auth) ServeRevoke(w http.ResponseWriter, r *http.Request) {
 		Subject string `json:"subject"`
 	}
 	if err := NewBodyDecoder(w, r, 4<<10).Decode(&req); err != nil {
-		WriteBodyError(w, err)
+		WriteBodyError(w, r, err)
 		return
 	}
 	if !validSubject(req.Subject) {

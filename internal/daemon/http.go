@@ -1,14 +1,11 @@
 package daemon
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"strings"
+	"time"
 
 	"github.com/ssebus/eventbus"
 )
@@ -22,6 +19,7 @@ type Routes interface {
 	ServeStatus(w http.ResponseWriter, r *http.Request)     // GET /session/{id}
 	ServeDelete(w http.ResponseWriter, r *http.Request)     // DELETE /session/{id}
 	ServeDisconnect(w http.ResponseWriter, r *http.Request) // POST /session/{id}/disconnect[?mode=clean|abort]
+	ServeSignal(w http.ResponseWriter, r *http.Request)     // POST /session/{id}/signal
 }
 
 // MuxRoutes is what a daemon that serves several sessions on one stream
@@ -50,6 +48,7 @@ func Mux(rt Routes) *http.ServeMux {
 	mux.HandleFunc("GET /session/{id}", rt.ServeStatus)
 	mux.HandleFunc("DELETE /session/{id}", rt.ServeDelete)
 	mux.HandleFunc("POST /session/{id}/disconnect", rt.ServeDisconnect)
+	mux.HandleFunc("POST /session/{id}/signal", rt.ServeSignal)
 	if m, ok := rt.(MuxRoutes); ok {
 		mux.HandleFunc(MuxPattern, m.ServeMuxEvents)
 		mux.HandleFunc(muxPreflight, m.ServeMuxEvents)
@@ -90,12 +89,13 @@ func (h *headerRecorder) Header() http.Header         { return h.header }
 func (h *headerRecorder) WriteHeader(code int)        { h.status = code }
 func (h *headerRecorder) Write(p []byte) (int, error) { return len(p), nil }
 
-// BodySlack is what a POST body may carry beyond the largest event: the
-// request's own field names and whitespace that compaction removes.
-const BodySlack = 1 << 20
+// BodySlack is what a POST body may carry beyond the largest event
+// (eventbus.PublishBodySlack).
+const BodySlack = eventbus.PublishBodySlack
 
 // MaxBody returns the largest POST body a daemon reads for events of at
-// most maxEventBytes (0: eventbus.DefaultMaxEventBytes), BodySlack more.
+// most maxEventBytes (0: eventbus.DefaultMaxEventBytes), BodySlack more:
+// eventbus.PublishHandler's default for a Hub of such events.
 func MaxBody(maxEventBytes int) int64 {
 	if maxEventBytes == 0 {
 		maxEventBytes = eventbus.DefaultMaxEventBytes
@@ -106,157 +106,38 @@ func MaxBody(maxEventBytes int) int64 {
 // NewBodyDecoder returns a JSON decoder of r's body that refuses unknown
 // fields and reads at most limit bytes: reading past it fails with a
 // *http.MaxBytesError, and the server then closes the connection after the
-// response. The server closes the body; the caller need not.
+// response. The server closes the body; the caller need not. For the
+// small bodies of the daemon's own routes (POST /login, /revoke); the
+// event routes are the library's (eventbus.PublishHandler,
+// SignalHandler).
 func NewBodyDecoder(w http.ResponseWriter, r *http.Request, limit int64) *json.Decoder {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	return dec
 }
 
-// DecodePublish reads the body of POST /session/{id}/events: exactly one
-// JSON object with the fields of PublishRequest (matched as encoding/json
-// matches them, without regard to case) and nothing after it, at most
-// limit bytes. On failure it has already answered (400 invalid_body, 413
-// body_too_large or 408 request_timeout: WriteBodyError) and reports
-// false. It does not close the body (the server does).
-//
-// It holds the body once: read into one buffer (of the Content-Length,
-// when the request has one), with the event's data a slice of it, not a
-// copy, so that a body of n bytes costs n bytes until the publish encodes
-// it (a json.Decoder would hold up to twice n in its buffer, plus a copy
-// of the data).
-func DecodePublish(w http.ResponseWriter, r *http.Request, limit int64) (PublishRequest, bool) {
-	var req PublishRequest
-	body, err := readBody(w, r, limit)
-	if err == nil {
-		err = decodePublish(body, &req)
-	}
-	if err != nil {
-		WriteBodyError(w, err)
-		return PublishRequest{}, false
-	}
-	return req, true
-}
-
-// readBody reads r's whole body, at most limit bytes (past it a
-// *http.MaxBytesError).
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	rd := http.MaxBytesReader(w, r.Body, limit)
-	if n := r.ContentLength; n > 0 && n <= limit {
-		// The server ends the body at Content-Length (short: an
-		// unexpected EOF), so the buffer is exactly the body.
-		buf := make([]byte, n)
-		if _, err := io.ReadFull(rd, buf); err != nil {
-			return nil, err
-		}
-		return buf, nil
-	}
-	return io.ReadAll(rd)
-}
-
-// rawSlice is a JSON value kept as the slice of the input it was decoded
-// from (json.RawMessage copies it): for a body the caller owns.
-type rawSlice []byte
-
-func (s *rawSlice) UnmarshalJSON(b []byte) error {
-	*s = b
-	return nil
-}
-
-// decodePublish decodes body into req with DisallowUnknownFields'
-// strictness: one JSON object, its keys the fields of PublishRequest
-// matched without regard to case, each at most once, nothing after it.
-// The data is a slice of body.
-func decodePublish(body []byte, req *PublishRequest) error {
-	if len(bytes.TrimSpace(body)) == 0 {
-		return errors.New("empty body")
-	}
-	var fields map[string]rawSlice
-	if err := json.Unmarshal(body, &fields); err != nil {
-		var typ *json.UnmarshalTypeError
-		switch {
-		case strings.Contains(err.Error(), "after top-level value"):
-			return errors.New("body holds more than one JSON value")
-		case errors.As(err, &typ):
-			return fmt.Errorf("body is a JSON %s, not an object", typ.Value)
-		}
-		return err
-	}
-	seen := map[string]bool{}
-	for k, v := range fields {
-		var field string
-		for _, name := range [...]string{"type", "data", "originatorClientId"} {
-			if strings.EqualFold(k, name) {
-				field = name
-			}
-		}
-		if field == "" {
-			return fmt.Errorf("json: unknown field %q", k)
-		}
-		if seen[field] {
-			return fmt.Errorf("json: field %q given twice", field)
-		}
-		seen[field] = true
-		var err error
-		switch field {
-		case "type":
-			err = json.Unmarshal(v, &req.Type)
-		case "originatorClientId":
-			err = json.Unmarshal(v, &req.OriginatorClientID)
-		default:
-			req.Data = json.RawMessage(v)
-		}
-		if err != nil {
-			return fmt.Errorf("json: field %q: %w", field, err)
-		}
-	}
-	return nil
-}
-
 // WriteBodyError answers a request whose body could not be read or
-// decoded with err: 413 body_too_large past a MaxBytesReader's limit, 408
-// request_timeout (and Connection: close) when the body did not arrive
-// within Limits.BodyTimeout, else 400 invalid_body naming err.
-func WriteBodyError(w http.ResponseWriter, err error) {
-	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large",
-			fmt.Sprintf("request body larger than %d bytes", mbe.Limit))
-		return
+// decoded with err, by the table of docs/SPEC.md 6.9 (eventbus.WriteError):
+// 413 body_too_large past a MaxBytesReader's limit, 408 request_timeout
+// (and Connection: close) when the body did not arrive within
+// Limits.BodyTimeout, else 400 invalid_body naming err.
+func WriteBodyError(w http.ResponseWriter, r *http.Request, err error) {
+	var mbe *http.MaxBytesError
+	if !errors.As(err, &mbe) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		err = &eventbus.StatusError{Status: http.StatusBadRequest, Code: "invalid_body", Message: "malformed body: " + err.Error(), Err: err}
 	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		w.Header().Set("Connection", "close")
-		WriteError(w, http.StatusRequestTimeout, "request_timeout", "the request body did not arrive in time")
-		return
-	}
-	WriteError(w, http.StatusBadRequest, "invalid_body", "malformed body: "+err.Error())
-}
-
-// PublishRequest is the body of POST /session/{id}/events.
-type PublishRequest struct {
-	Type               string          `json:"type"`
-	Data               json.RawMessage `json:"data"`
-	OriginatorClientID string          `json:"originatorClientId"`
-}
-
-// Event returns the event the request publishes. An absent "data" stays
-// nil (the event has no data); "data":null is kept as null.
-func (p PublishRequest) Event() eventbus.Event {
-	ev := eventbus.Event{Type: p.Type, OriginatorClientID: p.OriginatorClientID}
-	if p.Data != nil {
-		ev.Data = p.Data
-	}
-	return ev
+	eventbus.WriteError(w, r, err)
 }
 
 // SessionID returns the session id of r's route (r.PathValue("id")), or
 // answers 400 invalid_session_id with eventbus.CheckSessionID's message and
 // reports false: every route of a daemon that names a session refuses the
 // ids the rule refuses before it does anything, as the streams' Lookup
-// does (docs/SPEC.md section 7).
+// and the library's write routes do (docs/SPEC.md section 7).
 func SessionID(w http.ResponseWriter, r *http.Request) (string, bool) {
 	id := r.PathValue("id")
 	if err := eventbus.CheckSessionID(id); err != nil {
-		WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
+		eventbus.WriteError(w, r, err)
 		return "", false
 	}
 	return id, true
@@ -277,8 +158,17 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// WriteError writes the JSON error response {"code":code,"error":msg}
-// with status, as WriteJSON does.
+// WriteError writes the JSON error response {"error":msg,"code":code}
+// with status, uncacheable, as eventbus.WriteError writes every error
+// (one body for every route of the daemons, the library's included).
 func WriteError(w http.ResponseWriter, status int, code, msg string) {
-	WriteJSON(w, status, map[string]string{"error": msg, "code": code})
+	w.Header().Set("Cache-Control", "no-store")
+	(&eventbus.StatusError{Status: status, Code: code, Message: msg}).ServeHTTP(w, nil)
+}
+
+// WriteUnavailable writes a 503 with Retry-After: 1 and the JSON error
+// body {"error":msg,"code":code}.
+func WriteUnavailable(w http.ResponseWriter, code, msg string) {
+	w.Header().Set("Cache-Control", "no-store")
+	(&eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: code, Message: msg, RetryAfter: time.Second}).ServeHTTP(w, nil)
 }

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/ssebus/eventbus"
 )
 
 // The defaults of Limits.
@@ -20,7 +22,7 @@ const (
 	DefaultKeepAliveTimeout = 2 * time.Minute
 	// DefaultBodyTimeout bounds the time a client takes to send a request
 	// body, from the start of its handler: a 16 MiB body at 1 MB/s fits.
-	DefaultBodyTimeout = 30 * time.Second
+	DefaultBodyTimeout = eventbus.DefaultBodyTimeout
 	// DefaultBodyBudgetBodies is how many bodies of the largest size
 	// Limits.BodyBudget admits at once by default.
 	DefaultBodyBudgetBodies = 4
@@ -35,7 +37,8 @@ const (
 //   - headers slower than ReadHeaderTimeout: the connection is closed;
 //   - headers larger than MaxHeaderBytes: 431;
 //   - a body not received within BodyTimeout: 408 request_timeout (the
-//     handler's decoding answers it, see WriteBodyError), connection closed;
+//     handler's read answers it: eventbus.PublishHandler, SignalHandler,
+//     WriteBodyError), connection closed;
 //   - a Content-Length above MaxBody: 413 body_too_large before any byte
 //     of the body is read;
 //   - a body while BodyBudget is spent by bodies being read: 503
@@ -123,8 +126,7 @@ func (b *bodyLimiter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := r.ContentLength
 	if n > b.limits.MaxBody {
 		refuse(w)
-		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large",
-			fmt.Sprintf("request body larger than %d bytes", b.limits.MaxBody))
+		eventbus.WriteError(w, r, &http.MaxBytesError{Limit: b.limits.MaxBody})
 		return
 	}
 	if n < 0 { // chunked, or HTTP/2 without Content-Length: at most MaxBody

@@ -48,15 +48,26 @@ func limitedServer(t *testing.T, limits Limits, h http.Handler) (dial func() net
 	}
 }
 
-// publishHandler decodes the body as the daemons' POST routes do and
-// answers {"type":...,"bytes":N}.
-func publishHandler(limit int64) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		req, ok := DecodePublish(w, r, limit)
-		if ok {
-			WriteJSON(w, http.StatusOK, map[string]any{"type": req.Type, "bytes": len(req.Data)})
-		}
-	}
+// publishHandler is the daemons' POST route (eventbus.PublishHandler)
+// with bodies of at most limit bytes arriving within timeout (0: its
+// default), on a Publisher that answers the event's data's length as its
+// id and its type as its epoch.
+func publishHandler(limit int64, timeout time.Duration) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /session/{id}/events", &eventbus.PublishHandler{Publisher: echoPublisher{}, MaxBodyBytes: limit, BodyTimeout: timeout})
+	return mux
+}
+
+type echoPublisher struct{}
+
+func (echoPublisher) Publish(_ context.Context, _ string, e eventbus.Event) (uint64, string, error) {
+	raw, _ := e.Data.(json.RawMessage)
+	return uint64(len(raw)), e.Type, nil
+}
+
+func (p echoPublisher) PublishIdempotent(ctx context.Context, s, _ string, e eventbus.Event) (uint64, string, bool, error) {
+	id, epoch, err := p.Publish(ctx, s, e)
+	return id, epoch, false, err
 }
 
 // readResponse reads one HTTP response from c and its JSON body.
@@ -88,7 +99,7 @@ func wantClosed(t *testing.T, br *bufio.Reader) {
 
 func TestSlowBodyGets408AtTheBodyTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dial := limitedServer(t, Limits{BodyTimeout: 5 * time.Second}, publishHandler(MaxBody(0)))
+		dial := limitedServer(t, Limits{BodyTimeout: 5 * time.Second}, publishHandler(MaxBody(0), 5*time.Second))
 		c := dial()
 		start := time.Now()
 		// The probe: headers announcing 1,000,000 bytes, then a
@@ -124,7 +135,7 @@ func TestSlowBodyGets408OnHTTP2(t *testing.T) {
 		ln := pipenet.Listen()
 		ctx, cancel := context.WithCancel(context.Background())
 		done := runServer(ctx, &Server{
-			Name: "testd", Listener: ln, Handler: publishHandler(MaxBody(0)), Logger: slog.New(slog.DiscardHandler),
+			Name: "testd", Listener: ln, Handler: publishHandler(MaxBody(0), 5*time.Second), Logger: slog.New(slog.DiscardHandler),
 			Close: func(context.Context) {}, ShutdownTimeout: time.Second, Limits: Limits{BodyTimeout: 5 * time.Second},
 		})
 		var p http.Protocols
@@ -169,7 +180,7 @@ func TestSlowBodyGets408OnHTTP2(t *testing.T) {
 
 func TestSlowHeadersAreCutAtTheReadHeaderTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dial := limitedServer(t, Limits{}, publishHandler(MaxBody(0)))
+		dial := limitedServer(t, Limits{}, publishHandler(MaxBody(0), 0))
 		start := time.Now()
 		c := dial()
 		stop, stopped := make(chan struct{}), make(chan struct{})
@@ -198,7 +209,7 @@ func TestSlowHeadersAreCutAtTheReadHeaderTimeout(t *testing.T) {
 
 func TestHeadersLargerThanMaxHeaderBytesGet431(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dial := limitedServer(t, Limits{MaxHeaderBytes: 1 << 10}, publishHandler(MaxBody(0)))
+		dial := limitedServer(t, Limits{MaxHeaderBytes: 1 << 10}, publishHandler(MaxBody(0), 0))
 		c := dial()
 		go fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: pipe\r\nX-Big: %s\r\n\r\n", strings.Repeat("x", 8<<10))
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -214,7 +225,7 @@ func TestHeadersLargerThanMaxHeaderBytesGet431(t *testing.T) {
 
 func TestContentLengthOverMaxBodyIs413BeforeReading(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dial := limitedServer(t, Limits{MaxBody: 1000}, publishHandler(1000))
+		dial := limitedServer(t, Limits{MaxBody: 1000}, publishHandler(1000, 0))
 		c := dial()
 		start := time.Now()
 		io.WriteString(c, postHeaders(1001)) // and never a byte of the body

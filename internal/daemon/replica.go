@@ -17,13 +17,13 @@ import (
 
 // Backplane is what a backplane daemon serves: the methods every
 // backplane module's Backplane has (redisbus, pgbus, natsbus), whose Info
-// is backplane.Info.
+// is backplane.Info. Its write side is the library's: a backplane is an
+// eventbus.Publisher, Deleter and Signaler as it is.
 type Backplane interface {
+	eventbus.Publisher
+	eventbus.Deleter
+	eventbus.Signaler
 	Bus(ctx context.Context, session string) (*eventbus.EventBus, error)
-	Publish(ctx context.Context, session string, e eventbus.Event) (id uint64, epoch string, err error)
-	PublishIdempotent(ctx context.Context, session, key string, e eventbus.Event) (id uint64, epoch string, duplicate bool, err error)
-	Signal(ctx context.Context, session, typ, about string) error
-	Delete(ctx context.Context, session string) error
 	Info(ctx context.Context, session string) (SessionInfo, error)
 }
 
@@ -32,25 +32,34 @@ type SessionInfo = backplane.Info
 
 // Replica serves the routes of one replica of a backplane daemon
 // (sessiond-pg; sessiond-redis has the same routes), so that every engine
-// answers alike: a client cannot tell which is behind a daemon. Fill it in,
-// pass it to NewReplica with its SSE handler and serve Routes. It is safe
-// for concurrent use once serving.
+// answers alike: a client cannot tell which is behind a daemon. Its write
+// routes are the library's (eventbus.PublishHandler, DeleteHandler,
+// SignalHandler) on the Backplane, whose own errors Errors maps to the
+// table of docs/SPEC.md 6.9. Fill it in, pass it to NewReplica with its
+// SSE handler and serve Routes. It is safe for concurrent use once serving.
 type Replica struct {
 	Daemon    string // e.g. "sessiond-pg": the index page's title
 	Usage     string // the index page, after the title (the -h text without "Flags:")
 	Name      string // the replica's name, in the index and GET /session/{id}
 	Engine    string // e.g. "PostgreSQL": in log lines and 503 messages
 	Backplane Backplane
-	// Errors maps publish errors; its InvalidSession and Unavailable also
-	// serve the other routes.
-	Errors  PublishErrors
-	Logger  *slog.Logger
-	MaxBody int64 // the largest POST body (MaxBody)
+	// Errors maps the backplane's own errors on every route.
+	Errors EngineErrors
+	Logger *slog.Logger
+	// MaxBody (MaxBody), BodyTimeout and BodyBudget bound the bodies of
+	// POST /session/{id}/events as eventbus.PublishHandler's fields do (0:
+	// its defaults); the server's Limits bound every route's.
+	MaxBody     int64
+	BodyTimeout time.Duration
+	BodyBudget  int64
 	// Auth, when set (-auth-token), protects the routes (Auth.Protect) and
 	// the stream (Auth.Install, by NewReplica).
 	Auth *Auth
 
-	events *eventbus.Handler
+	events  *eventbus.Handler
+	publish *eventbus.PublishHandler
+	delete  *eventbus.DeleteHandler
+	signal  *eventbus.SignalHandler
 
 	mu      sync.Mutex
 	streams map[string]map[*Stream]struct{} // open streams by session, for /disconnect
@@ -68,6 +77,10 @@ func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
 	events.Lookup = r.lookup
 	r.Auth.Install(events)
 	r.events = events
+	w := replicaWrites{r}
+	r.publish = &eventbus.PublishHandler{Publisher: w, MaxBodyBytes: r.MaxBody, BodyTimeout: r.BodyTimeout, BodyBudget: r.BodyBudget, Logger: r.Logger}
+	r.delete = &eventbus.DeleteHandler{Deleter: w, Logger: r.Logger}
+	r.signal = &eventbus.SignalHandler{Signaler: w, BodyTimeout: r.BodyTimeout, Logger: r.Logger}
 	r.streams = map[string]map[*Stream]struct{}{}
 	return r
 }
@@ -77,29 +90,53 @@ func (r *Replica) lookup(req *http.Request, id string) (*eventbus.EventBus, erro
 		return nil, err // the handler answers 400 invalid_session_id
 	}
 	bus, err := r.Backplane.Bus(req.Context(), id)
-	switch {
-	case errors.Is(err, eventbus.ErrInvalidSessionID):
-		return nil, err
-	case r.isInvalidSession(err):
-		// A rule of the backplane's own, stricter than the shared one.
-		return nil, fmt.Errorf("%w: %w", eventbus.ErrInvalidSessionID, err)
-	case r.isUnavailable(err):
-		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "unavailable",
-			Message: r.Engine + " unavailable; retry after Retry-After", RetryAfter: time.Second, Err: err}
-	case errors.Is(err, eventbus.ErrClosed):
-		return nil, &eventbus.StatusError{Status: http.StatusServiceUnavailable, Code: "shutting_down",
-			Message: "the daemon is shutting down", RetryAfter: time.Second, Err: err}
+	if err == nil {
+		return bus, nil
 	}
-	return bus, err // another error: the client left while the session opened (500)
+	err = r.mapErr(err)
+	if errors.Is(err, eventbus.ErrClosed) {
+		return nil, eventbus.ErrorStatus(err) // 503 shutting_down
+	}
+	return nil, err // another error: the client left while the session opened (500)
 }
 
-// Routes returns the daemon's routes: Mux's and POST /session/{id}/signal,
-// behind r.Auth.Protect (JSONErrors alone when r.Auth is nil: a wrong
-// method is a JSON 405).
+// mapErr is r.Errors.Map with the message of an unreachable engine.
+func (r *Replica) mapErr(err error) error {
+	return r.Errors.Map(err, r.Engine+" unavailable; retry after Retry-After")
+}
+
+// replicaWrites is a Replica's Backplane as the library's write routes
+// take it (eventbus.Publisher, Deleter, Signaler), its errors mapped.
+type replicaWrites struct{ r *Replica }
+
+func (w replicaWrites) Publish(ctx context.Context, session string, e eventbus.Event) (uint64, string, error) {
+	id, epoch, err := w.r.Backplane.Publish(ctx, session, e)
+	return id, epoch, w.publishErr(err)
+}
+
+func (w replicaWrites) PublishIdempotent(ctx context.Context, session, key string, e eventbus.Event) (uint64, string, bool, error) {
+	id, epoch, dup, err := w.r.Backplane.PublishIdempotent(ctx, session, key, e)
+	return id, epoch, dup, w.publishErr(err)
+}
+
+// publishErr maps a publish's error; an unreachable engine's message says
+// that nothing was appended.
+func (w replicaWrites) publishErr(err error) error {
+	return w.r.Errors.Map(err, "publish failed: "+w.r.Engine+" is unreachable; the event was not appended")
+}
+
+func (w replicaWrites) Delete(ctx context.Context, session string) error {
+	return w.r.mapErr(w.r.Backplane.Delete(ctx, session))
+}
+
+func (w replicaWrites) Signal(ctx context.Context, session, typ, about string) error {
+	return w.r.mapErr(w.r.Backplane.Signal(ctx, session, typ, about))
+}
+
+// Routes returns the daemon's routes (Mux's) behind r.Auth.Protect
+// (JSONErrors alone when r.Auth is nil: a wrong method is a JSON 405).
 func (r *Replica) Routes() http.Handler {
-	mux := Mux(r)
-	mux.HandleFunc("POST /session/{id}/signal", r.ServeSignal)
-	return r.Auth.Protect(mux) // JSONErrors without Auth
+	return r.Auth.Protect(Mux(r)) // JSONErrors without Auth
 }
 
 // ServeIndex writes the usage text.
@@ -107,14 +144,6 @@ func (r *Replica) ServeIndex(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	fmt.Fprintf(w, "%s replica %s\n\n", r.Daemon, r.Name)
 	io.WriteString(w, strings.TrimSuffix(r.Usage, "Flags:\n"))
-}
-
-func (r *Replica) isInvalidSession(err error) bool {
-	return r.Errors.InvalidSession != nil && errors.Is(err, r.Errors.InvalidSession)
-}
-
-func (r *Replica) isUnavailable(err error) bool {
-	return r.Errors.Unavailable != nil && errors.Is(err, r.Errors.Unavailable)
 }
 
 // ServeEvents runs the SSE handler (whose Lookup finds the session's
@@ -146,70 +175,16 @@ func (r *Replica) ServeEvents(w http.ResponseWriter, req *http.Request) {
 	r.events.ServeHTTP(w, req)
 }
 
-// ServePublish publishes the body's event, idempotently with an
-// Idempotency-Key header; an invalid session id is 400 invalid_session_id
-// before the body is read.
+// ServePublish is eventbus.PublishHandler on the backplane: it publishes
+// the body's event, idempotently with an Idempotency-Key header.
 func (r *Replica) ServePublish(w http.ResponseWriter, req *http.Request) {
-	session, ok := SessionID(w, req)
-	if !ok {
-		return
-	}
-	key, keyed := IdempotencyKey(req)
-	body, ok := DecodePublish(w, req, r.MaxBody)
-	if !ok {
-		return
-	}
-	var (
-		id    uint64
-		epoch string
-		dup   bool
-		err   error
-	)
-	if keyed {
-		id, epoch, dup, err = r.Backplane.PublishIdempotent(req.Context(), session, key, body.Event())
-	} else {
-		id, epoch, err = r.Backplane.Publish(req.Context(), session, body.Event())
-	}
-	if err == nil {
-		WritePublished(w, id, epoch, dup)
-		return
-	}
-	if r.isUnavailable(err) {
-		r.Logger.Warn("publish failed", "session", session, "keyed", keyed, "err", err)
-	}
-	if !r.Errors.Write(w, err) {
-		WriteError(w, http.StatusInternalServerError, "internal", err.Error())
-	}
+	r.publish.ServeHTTP(w, req)
 }
 
-// ServeSignal sends the body's change signal to every replica; an invalid
-// session id is 400 invalid_session_id.
+// ServeSignal is eventbus.SignalHandler on the backplane: it sends the
+// body's change signal to every replica.
 func (r *Replica) ServeSignal(w http.ResponseWriter, req *http.Request) {
-	session, ok := SessionID(w, req)
-	if !ok {
-		return
-	}
-	var body struct {
-		Type  string `json:"type"`
-		About string `json:"about"`
-	}
-	if err := NewBodyDecoder(w, req, 1<<20).Decode(&body); err != nil {
-		WriteBodyError(w, err)
-		return
-	}
-	err := r.Backplane.Signal(req.Context(), session, body.Type, body.About)
-	switch {
-	case err == nil:
-		w.WriteHeader(http.StatusNoContent)
-	case errors.Is(err, eventbus.ErrInvalidSessionID), r.isInvalidSession(err):
-		WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
-	case errors.Is(err, eventbus.ErrEventTooLarge):
-		WriteError(w, http.StatusRequestEntityTooLarge, "event_too_large", err.Error())
-	case errors.Is(err, eventbus.ErrInvalidEvent):
-		WriteError(w, http.StatusBadRequest, "invalid_event", err.Error())
-	default:
-		WriteUnavailable(w, "unavailable", err.Error())
-	}
+	r.signal.ServeHTTP(w, req)
 }
 
 // ServeStatus describes the session as the engine and this replica see
@@ -222,14 +197,11 @@ func (r *Replica) ServeStatus(w http.ResponseWriter, req *http.Request) {
 	}
 	in, err := r.Backplane.Info(req.Context(), session)
 	switch {
-	case errors.Is(err, eventbus.ErrInvalidSessionID), r.isInvalidSession(err):
-		WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
-		return
 	case err != nil:
-		WriteUnavailable(w, "unavailable", err.Error())
+		eventbus.WriteError(w, req, r.mapErr(err))
 		return
 	case !in.Exists:
-		WriteError(w, http.StatusNotFound, "session_not_found", "session not found")
+		eventbus.WriteError(w, req, eventbus.ErrSessionNotFound)
 		return
 	}
 	r.mu.Lock()
@@ -242,21 +214,10 @@ func (r *Replica) ServeStatus(w http.ResponseWriter, req *http.Request) {
 	})
 }
 
-// ServeDelete forgets the session in the engine (204, an unknown session
-// too); an invalid id is 400 invalid_session_id.
+// ServeDelete is eventbus.DeleteHandler on the backplane: it forgets the
+// session in the engine (204, an unknown session too).
 func (r *Replica) ServeDelete(w http.ResponseWriter, req *http.Request) {
-	session, ok := SessionID(w, req)
-	if !ok {
-		return
-	}
-	switch err := r.Backplane.Delete(req.Context(), session); {
-	case err == nil:
-		w.WriteHeader(http.StatusNoContent)
-	case errors.Is(err, eventbus.ErrInvalidSessionID), r.isInvalidSession(err):
-		WriteError(w, http.StatusBadRequest, "invalid_session_id", err.Error())
-	default:
-		WriteUnavailable(w, "unavailable", err.Error())
-	}
+	r.delete.ServeHTTP(w, req)
 }
 
 // ServeDisconnect cuts this replica's open streams of the session as

@@ -146,10 +146,9 @@ func TestReplicaRoutes(t *testing.T) {
 	r := NewReplica(&Replica{
 		Daemon: "sessiond-test", Usage: "usage text\n\nFlags:\n", Name: "R1", Engine: "Fake",
 		Backplane: fb,
-		Errors: PublishErrors{OutcomeUnknown: errFakeUnknown, KeyReused: eventbus.ErrIdempotencyKeyReused,
-			InvalidKey: eventbus.ErrInvalidIdempotencyKey, InvalidSession: errFakeSession, Unavailable: errFakeUnavailable},
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		MaxBody: MaxBody(0),
+		Errors:    ReplicaErrors(errFakeUnknown, errFakeSession, errFakeUnavailable),
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MaxBody:   MaxBody(0),
 	}, &eventbus.Handler{Heartbeat: time.Hour})
 	srv := httptest.NewServer(r.Routes())
 	t.Cleanup(srv.Close)
@@ -292,7 +291,7 @@ func TestReplicaAuth(t *testing.T) {
 	}
 	r := NewReplica(&Replica{
 		Daemon: "sessiond-test", Name: "R1", Engine: "Fake", Backplane: fb,
-		Errors: PublishErrors{InvalidSession: errFakeSession, Unavailable: errFakeUnavailable},
+		Errors: EngineErrors{InvalidSession: errFakeSession, Unavailable: errFakeUnavailable},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBody: MaxBody(0), Auth: auth,
 	}, &eventbus.Handler{Heartbeat: time.Hour})
 	srv := httptest.NewServer(r.Routes())

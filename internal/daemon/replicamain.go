@@ -94,24 +94,18 @@ type ReplicaFlags struct {
 	daemon, engine string // ParseReplicaFlags's
 }
 
-// ReplicaErrors returns the PublishErrors of a backplane package whose
+// ReplicaErrors returns the EngineErrors of a backplane package whose
 // sentinels are outcomeUnknown, invalidSession and unavailable; the
-// idempotency errors are eventbus's.
-func ReplicaErrors(outcomeUnknown, invalidSession, unavailable error) PublishErrors {
-	return PublishErrors{
-		OutcomeUnknown: outcomeUnknown,
-		KeyReused:      eventbus.ErrIdempotencyKeyReused,
-		InvalidKey:     eventbus.ErrInvalidIdempotencyKey,
-		InvalidSession: invalidSession,
-		Unavailable:    unavailable,
-	}
+// idempotency errors are eventbus's, which the table answers as they are.
+func ReplicaErrors(outcomeUnknown, invalidSession, unavailable error) EngineErrors {
+	return EngineErrors{OutcomeUnknown: outcomeUnknown, InvalidSession: invalidSession, Unavailable: unavailable}
 }
 
 // ReplicaServer is a backplane replica daemon's engine, made after its
 // flags are parsed: what ReplicaFlags.Serve serves.
 type ReplicaServer struct {
-	Backplane Backplane     // the package's *Backplane
-	Errors    PublishErrors // ReplicaErrors of the package's sentinels
+	Backplane Backplane    // the package's *Backplane
+	Errors    EngineErrors // ReplicaErrors of the package's sentinels
 	// Events is the backplane's SSE handler (its Handler()); Serve sets
 	// the logger, the flags' stream settings (Flags.Handler), the access
 	// control and the replica's Lookup on it.
@@ -154,7 +148,7 @@ func (rf *ReplicaFlags) Serve(ctx context.Context, rs ReplicaServer) error {
 	r := &Replica{
 		Daemon: rf.daemon, Usage: rf.Usage, Name: rf.Name, Engine: rf.engine,
 		Backplane: rs.Backplane, Errors: rs.Errors, Logger: rf.Logger,
-		MaxBody: MaxBody(f.MaxEventBytes), Auth: auth,
+		MaxBody: MaxBody(f.MaxEventBytes), BodyTimeout: f.BodyTimeout, BodyBudget: f.BodyBudget, Auth: auth,
 	}
 	if r.Name == "" {
 		r.Name = ln.Addr().String()
