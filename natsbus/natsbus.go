@@ -110,13 +110,13 @@ var (
 	// Signal and of opening a stream when JetStream did not answer in time
 	// or failed. A publish error that wraps it without ErrOutcomeUnknown
 	// appended nothing.
-	ErrUnavailable = errors.New("natsbus: nats unavailable")
+	ErrUnavailable = backplane.UnavailableError("natsbus: nats unavailable")
 	// ErrOutcomeUnknown is wrapped (together with ErrUnavailable) by the
 	// error of a publish that was sent but not answered within
 	// PublishTimeout: the event may or may not have been appended.
 	// PublishIdempotent again with the same key applies it at most once; a
 	// retry of Publish may append it twice.
-	ErrOutcomeUnknown = errors.New("natsbus: publish outcome unknown")
+	ErrOutcomeUnknown = backplane.OutcomeUnknownError("natsbus: publish outcome unknown")
 	// ErrInvalidSession is wrapped by the error for a session id that
 	// eventbus.CheckSessionID refuses (empty, longer than
 	// MaxSessionIDBytes, or not valid UTF-8); the error wraps

@@ -81,12 +81,12 @@ var (
 	// ErrUnavailable is wrapped by the errors of Publish, Delete, Info,
 	// Signal and session creation when PostgreSQL did not answer in time
 	// or failed.
-	ErrUnavailable = errors.New("pgbus: postgresql unavailable")
+	ErrUnavailable = backplane.UnavailableError("pgbus: postgresql unavailable")
 	// ErrOutcomeUnknown is wrapped (with ErrUnavailable) by the error of a
 	// publish whose request reached PostgreSQL but whose answer did not
 	// come back: the event may or may not have been appended. A retry with
 	// PublishIdempotent and the same key applies it at most once.
-	ErrOutcomeUnknown = errors.New("pgbus: publish outcome unknown")
+	ErrOutcomeUnknown = backplane.OutcomeUnknownError("pgbus: publish outcome unknown")
 	// ErrInvalidSession is wrapped by the error for a session id that
 	// eventbus.CheckSessionID refuses (empty, longer than
 	// MaxSessionIDBytes, or not valid UTF-8); the error wraps

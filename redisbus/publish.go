@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 var (
@@ -19,7 +20,7 @@ var (
 	// event may or may not have been appended. PublishIdempotent again with
 	// the same key applies it at most once; a retry of Publish may append
 	// it twice.
-	ErrOutcomeUnknown = errors.New("redisbus: publish outcome unknown")
+	ErrOutcomeUnknown = backplane.OutcomeUnknownError("redisbus: publish outcome unknown")
 )
 
 // Publish appends e to session's log and returns its id and the session's

@@ -83,7 +83,7 @@ var (
 	// of opening a stream when Redis did not answer in time or failed. A
 	// publish error that wraps it without ErrOutcomeUnknown appended
 	// nothing.
-	ErrUnavailable = errors.New("redisbus: redis unavailable")
+	ErrUnavailable = backplane.UnavailableError("redisbus: redis unavailable")
 	// ErrInvalidSession is wrapped by the error for a session id that
 	// eventbus.CheckSessionID refuses (empty, longer than
 	// MaxSessionIDBytes, or not valid UTF-8); the error wraps
