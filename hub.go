@@ -140,6 +140,15 @@ type HubStats struct {
 // session take no hub-wide lock (the sessions are sharded); a bus's own
 // Publish takes only its bus lock. The zero Hub is not usable: make one
 // with NewHub, and end it with Shutdown or Close.
+//
+// A daemon shuts its HTTP server and its Hub down in this order, within
+// one deadline (docs/hub.md, "Shutting down", says why): http.Server.Shutdown
+// closes the listeners; then Shutdown runs beside it (register it with
+// http.Server.RegisterOnShutdown), so every stream writes what was queued
+// and a stream_error shutdown, and ends, which is what the server's
+// Shutdown waits for; when that returns the deadline's error,
+// http.Server.Close closes the connections left (a client that does not
+// read); then the daemon waits for Shutdown to return.
 type Hub struct {
 	opts        Options // every bus's, with defaults
 	maxSessions int64
@@ -615,8 +624,9 @@ func (h *Hub) LookupSession(_ *http.Request, id string) (*EventBus, error) {
 // ctx is done, never the others: each drains at its own pace. (A
 // transport blocked writing to such a client stays blocked when Shutdown
 // gives up: close its connection at the same deadline, as http.Server.Close
-// does, or let its write deadline pass.) Safe to call more than once, and
-// with Close.
+// does, or let its write deadline pass.) The order a daemon calls it in,
+// beside http.Server.Shutdown, is in the Hub's doc. Safe to call more than
+// once, and with Close.
 func (h *Hub) Shutdown(ctx context.Context) error {
 	var subs []*Subscription
 	for _, b := range h.end() {

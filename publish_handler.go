@@ -25,8 +25,9 @@ import (
 // nothing was appended and OutcomeUnknown(cause) when the event may have
 // been appended all the same. Any other error is a 500 whose cause is
 // logged, not sent. (redisbus, pgbus and natsbus return sentinels of their
-// own for those two, ErrUnavailable and ErrOutcomeUnknown: a daemon maps
-// them, as the repository's replica daemons do.)
+// own for those two, ErrUnavailable and ErrOutcomeUnknown, made with
+// backplane.UnavailableError and backplane.OutcomeUnknownError: each
+// carries its *StatusError, so they are answered so without a mapping.)
 type Publisher interface {
 	// Publish appends e to session's log, creating the session if it
 	// does not exist, and returns the event's id and the session's epoch.

@@ -223,14 +223,16 @@ func testREADMEDaemon(t *testing.T, program func(t *testing.T, root string) stri
 		return // the deferred kill ends it
 	}
 	// SIGTERM while the stream is open: the hub closes the bus, the stream
-	// ends, the server shuts down, the process exits 0.
+	// gets stream_error shutdown and ends (the order of docs/hub.md: the
+	// hub's Shutdown beside the server's, not the server's Close cutting
+	// it), the server shuts down, the process exits 0.
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	streamEnded := make(chan struct{})
+	streamEnded := make(chan string, 1)
 	go func() {
-		io.Copy(io.Discard, stream.Body)
-		close(streamEnded)
+		rest, _ := io.ReadAll(stream.Body)
+		streamEnded <- string(rest)
 	}()
 	select {
 	case err := <-exited:
@@ -240,6 +242,8 @@ func testREADMEDaemon(t *testing.T, program func(t *testing.T, root string) stri
 	case <-time.After(15 * time.Second):
 		t.Fatal("the README's daemon did not exit within 15s of SIGTERM")
 	}
-	<-streamEnded
+	if rest := <-streamEnded; !strings.Contains(rest, "event: stream_error\n") || !strings.Contains(rest, `"errorKind":"shutdown"`) {
+		t.Fatalf("the stream ended without stream_error shutdown; it ended with:\n%s", rest)
+	}
 	stream.Body.Close()
 }

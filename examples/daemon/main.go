@@ -67,14 +67,19 @@ func main() {
 		}
 	}()
 	<-ctx.Done()
-	// Every stream gets what is queued, then stream_error shutdown (its
-	// client comes back after retryAfter, here or elsewhere), and ends; the
-	// server stops accepting at once and waits for those. At the bound the
-	// connections left (a client that does not read) are closed.
+	// The order of docs/hub.md#shutting-down, within one deadline: the
+	// server stops accepting, then the hub closes every bus beside the
+	// server's shutdown (each stream gets what is queued, then
+	// stream_error shutdown: its client comes back after retryAfter, here
+	// or elsewhere), and the server waits for the streams to end; at the
+	// deadline the connections left (a client that does not read) are
+	// closed.
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	go hub.Shutdown(shutdown)
+	hubDone := make(chan error, 1)
+	srv.RegisterOnShutdown(func() { hubDone <- hub.Shutdown(shutdown) }) // once the listener is closed
 	if srv.Shutdown(shutdown) != nil {
 		srv.Close()
 	}
+	<-hubDone
 }

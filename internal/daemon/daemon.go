@@ -84,8 +84,8 @@ type Server struct {
 	// each open stream receives what it has queued and the stream_error
 	// shutdown (Hub.Shutdown, a backplane's Close), then its handler
 	// returns. Run calls it exactly once, on a goroutine of its own, once
-	// the demo has stopped, while the HTTP server shuts down gracefully
-	// beside it (which stops accepting at once and waits for those
+	// the demo has stopped and the HTTP server's graceful shutdown has
+	// closed the listener, beside that shutdown (which waits for those
 	// streams to end). Its ctx ends at the shutdown's deadline
 	// (ShutdownTimeout from the start of the shutdown, shared with the
 	// HTTP server's): a Close that waits for streams to drain
@@ -218,19 +218,20 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	stopDemo()
 	<-demoDone
-	// Close and the HTTP server's shutdown run side by side. The listener
-	// closes at once (a client told to come back finds another replica, or
-	// a refused connection, never a 503 loop), idle connections close, and
-	// each stream ends as soon as it has written what its bus queued and
-	// the shutdown frame; hs.Shutdown waits for those alone. A stream whose
-	// client does not read is blocked in a write, which only its
-	// connection closing ends: hs.Close does that at the deadline, and
-	// nothing else waits for it.
+	// The order of docs/hub.md ("Shutting down"). The listener closes at
+	// once (a client told to come back finds another replica, or a refused
+	// connection, never a 503 loop), then Close runs beside the HTTP
+	// server's shutdown (hs.Shutdown starts it once the listener is
+	// closed), idle connections close, and each stream ends as soon as it
+	// has written what its bus queued and the shutdown frame; hs.Shutdown
+	// waits for those alone. A stream whose client does not read is
+	// blocked in a write, which only its connection closing ends: hs.Close
+	// does that at the deadline, and nothing else waits for it.
 	closed := make(chan struct{})
-	go func() {
+	hs.RegisterOnShutdown(func() {
 		defer close(closed)
 		s.Close(sctx)
-	}()
+	})
 	err = hs.Shutdown(sctx)
 	if err != nil {
 		logger.Warn("shutdown timed out; closing connections", "err", err)
