@@ -3,7 +3,6 @@ package eventbus_test
 import (
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -45,9 +44,9 @@ var docPackages = map[string]string{
 // this module (it needs that module's dependencies), so this test skips it
 // and that module's docs test checks it.
 var otherModules = map[string]string{
-	"ebprom":     "prometheus/docs_test.go",
-	"prometheus": "prometheus/docs_test.go",
-	"promhttp":   "prometheus/docs_test.go",
+	"ebprom":     "the prometheus module's: prometheus/docs_test.go checks it",
+	"prometheus": "the prometheus module's: prometheus/docs_test.go checks it",
+	"promhttp":   "the prometheus module's: prometheus/docs_test.go checks it",
 }
 
 // TestDocsCompile type-checks every ```go block of this module's Markdown
@@ -59,36 +58,9 @@ var otherModules = map[string]string{
 // and not used" and "imported and not used" are forgiven: a block must
 // declare what it uses.
 func TestDocsCompile(t *testing.T) {
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("needs the go command")
-	}
-	files := markdownFiles(t)
-	c, err := doccheck.NewChecker(".", docPackages)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, file := range files {
-		blocks, err := doccheck.Blocks(file, file)
-		if err != nil {
-			t.Error(err)
-			continue
-		}
-		for _, b := range blocks {
-			if uses := c.Uses(b, otherModules); len(uses) > 0 {
-				t.Logf("%s:%d: skipped: it uses %s, checked by %s", b.File, b.Line, strings.Join(uses, ", "), otherModules[uses[0]])
-				continue
-			}
-			n++
-			if err := c.Check(b); err != nil {
-				t.Errorf("%s:%d: the block does not compile:\n%v", b.File, b.Line, err)
-			}
-		}
-	}
-	if n < 10 {
+	if n := doccheck.Run(t, docPackages, otherModules, markdownFiles(t)...); n < 15 {
 		t.Fatalf("checked %d blocks; the docs have more", n)
 	}
-	t.Logf("checked %d blocks of %d files", n, len(files))
 }
 
 // markdownFiles returns the Markdown files of this module: every *.md

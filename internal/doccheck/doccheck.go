@@ -30,7 +30,46 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"testing"
 )
+
+// Run type-checks every ```go block of the Markdown files (paths from the
+// test's directory, which name them in errors) with a Checker of packages
+// made in the test's directory, and fails t for each block that does not
+// compile, with its file, its line and the errors. A block that uses a
+// package named in skip (package name → why) is not checked: t logs it
+// with the reason. Run returns the number of blocks checked; it skips t
+// without the go command.
+func Run(t testing.TB, packages, skip map[string]string, files ...string) int {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("needs the go command")
+	}
+	c, err := NewChecker(".", packages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, file := range files {
+		blocks, err := Blocks(file, file)
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		for _, b := range blocks {
+			if uses := c.Uses(b, skip); len(uses) > 0 {
+				t.Logf("%s:%d: not checked: it uses %s: %s", b.File, b.Line, strings.Join(uses, ", "), skip[uses[0]])
+				continue
+			}
+			n++
+			if err := c.Check(b); err != nil {
+				t.Errorf("%s:%d: the block does not compile:\n%v", b.File, b.Line, err)
+			}
+		}
+	}
+	t.Logf("checked %d blocks of %d files", n, len(files))
+	return n
+}
 
 // A Block is one ```go block of a Markdown file.
 type Block struct {
