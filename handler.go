@@ -100,7 +100,8 @@ type Handler struct {
 	// none, every connection gets exactly Retry.
 	RetryJitter time.Duration
 	// BareIDs makes the SSE id: line of every event "N", the decimal id
-	// alone, as the original design's wire has it, instead of
+	// alone, as the TypeScript daemon's wire has it (the design this
+	// library implements, docs/SPEC.md), instead of
 	// "<epoch>:<N>" (the bus epoch, a colon, the id), the default. The
 	// cost: a browser's EventSource sends the last id back by itself but
 	// no Event-Epoch header, so after a daemon restart, a Delete or an

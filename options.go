@@ -58,7 +58,8 @@ const (
 //
 // Every byte cap (RingMaxBytes, MaxEventBytes, MaxQueuedBytes,
 // ReplayBudgetBytes) counts a frame's JSON envelope, what follows "data: "
-// on the wire (Frame.Size), as the original does; so do the byte counts of
+// on the wire (Frame.Size), as the TypeScript daemon whose design this
+// library implements does (docs/SPEC.md 1.3); so do the byte counts of
 // slow_client_warning and client_evicted. What a frame costs beyond its
 // envelope is bounded per frame (at most 2*MaxTypeLen+156 bytes on 64-bit
 // platforms), so the byte and count caps together bound the memory a bus

@@ -883,9 +883,9 @@ func TestEvictionDoesNotAffectSiblings(t *testing.T) {
 	b.mu.Unlock()
 }
 
-// The original's numbers (SPEC 1.3, 3.2, 3.3). A byte is a byte of the event's
-// JSON envelope: Buffer.byteLength(JSON.stringify(event), 'utf8') in the
-// TypeScript implementation, what follows "data: " on the wire here. These
+// The TypeScript daemon's numbers (SPEC's preamble, 1.3, 3.2, 3.3). A byte is
+// a byte of the event's JSON envelope: Buffer.byteLength(JSON.stringify(event),
+// 'utf8') in the TypeScript daemon, what follows "data: " on the wire here. These
 // are its queue scenarios with their exact numbers: session_update events
 // whose envelopes have a known length, small byte caps, and the frames
 // each push produces, with the warning's and the eviction's counts in

@@ -42,9 +42,10 @@ const (
 	entryMarker
 )
 
-// boundedAsyncQueue is the per-subscriber queue of SPEC section 6 (the
-// original's BoundedAsyncQueue): a ring of frames that caps live frames and
-// their bytes, the sum of their JSON envelopes (Frame.Size: the original's
+// boundedAsyncQueue is the per-subscriber queue of SPEC section 3.1 (the
+// TypeScript daemon's BoundedAsyncQueue, SPEC's preamble): a ring of frames
+// that caps live frames and their bytes, the sum of their JSON envelopes
+// (Frame.Size: the TypeScript daemon's
 // Buffer.byteLength(JSON.stringify(event)), SPEC 1.3), separately from forced
 // frames. What a frame costs beyond its envelope is at most maxFrameExtra
 // (a signal's resource aside), so maxQueued bounds it.

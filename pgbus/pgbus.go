@@ -12,7 +12,7 @@
 // assigns the next contiguous id (1, 2, 3 ...), inserts the envelope,
 // trims the session's rows to the ring's bounds (events and bytes), and
 // sends a NOTIFY with the session and the id. The lock is held until the
-// commit, so commit order is id order across replicas (ADR-0197): no
+// commit, so commit order is id order across replicas: no
 // replica can see id n+1 before n. Each replica keeps one LISTEN
 // connection; a notification wakes the reader of the local mirror
 // eventbus.EventBus of that session, which reads the new rows in id order

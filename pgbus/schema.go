@@ -22,7 +22,7 @@ import (
 // delete_session, expire_session) that first takes the transaction-scoped
 // advisory lock of the session (lock_session): writes of one session are
 // serialised across replicas, and since the lock is released only after
-// the commit, commit order is id order (ADR-0197): a reader never sees id
+// the commit, commit order is id order: a reader never sees id
 // n+1 committed before n. The notification a publish sends is delivered at
 // commit, in commit order, to every replica's listener.
 //
