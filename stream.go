@@ -185,9 +185,7 @@ func (st *sessionStream) batch() (more, done bool) {
 		s.add(st.bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
 		open = false
 	case !open && !terminal && !gone:
-		if f, ok := endErrorFrame(sub); ok {
-			s.add(f)
-		}
+		s.add(endFrame(st.bus, sub))
 	}
 	if len(s.buf) > 0 || s.pending {
 		if err := s.flushBatch(); err != nil {
@@ -263,10 +261,27 @@ func dropWriteFailed(ctx context.Context, sub *Subscription, unwritten int, err 
 	sub.CloseBlocked(unwritten, err)
 }
 
+// endFrame is the frame that ends a single stream whose subscription
+// ended without a terminal frame of its own: stream_error internal for a
+// failure (endErrorFrame), else, the bus having been closed by a plain
+// Close (a Hub's Delete, a backplane releasing a session whose epoch
+// ended), stream_error closed, as a multiplexed stream says it for that
+// session: the session this stream followed is gone (docs/SPEC.md 5.2).
+func endFrame(bus *EventBus, sub *Subscription) Frame {
+	if f, ok := endErrorFrame(sub); ok {
+		return f
+	}
+	return bus.StreamErrorFrame(sessionClosedMessage, ErrorKindClosed)
+}
+
+// sessionClosedMessage is the error of a stream_error closed.
+const sessionClosedMessage = "session closed"
+
 // endErrorFrame returns the stream_error internal frame for a subscription
 // that ended, without a terminal frame of its own, for a reason the client
 // would not otherwise learn (an eviction and CloseWithError queue their
-// own terminal frame, and a Close needs none on a single stream).
+// own terminal frame; a plain Close gets stream_error closed instead,
+// endFrame).
 func endErrorFrame(sub *Subscription) (Frame, bool) {
 	if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
 		return StreamErrorFrame(err.Error(), ErrorKindInternal), true

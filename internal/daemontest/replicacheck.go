@@ -189,8 +189,9 @@ func checkReplicaStatus(c *replicaRun) {
 	}
 }
 
-// checkReplicaDelete: DELETE on A ends the session's streams on B, and
-// the next publish starts a new epoch at id 1.
+// checkReplicaDelete: DELETE on A ends the session's streams on B with
+// stream_error closed (the session is gone: a client does not reconnect to
+// it), and the next publish starts a new epoch at id 1.
 func checkReplicaDelete(c *replicaRun) {
 	a, b := c.replica("A"), c.replica("B")
 	_, epoch := c.publish(a, "s1", note(1))
@@ -201,8 +202,8 @@ func checkReplicaDelete(c *replicaRun) {
 	if r := a.Do(http.MethodDelete, "/session/s1", "", nil); r.Status != http.StatusNoContent {
 		c.Fatalf("DELETE: %d %s", r.Status, r.Raw)
 	}
-	if rest := s.Ended(replicaWait); len(rest) != 0 {
-		c.Fatalf("frames after DELETE: %+v", rest)
+	if rest := s.Ended(replicaWait); len(rest) != 1 || rest[0].Event != "stream_error" || !strings.Contains(rest[0].Data, `"errorKind":"closed"`) {
+		c.Fatalf("frames after DELETE: %+v, want one stream_error closed", rest)
 	}
 	if id, e := c.publish(b, "s1", note(1)); id != 1 || e == epoch {
 		c.Fatalf("publish after DELETE: id %d epoch %q (the deleted one %q)", id, e, epoch)
