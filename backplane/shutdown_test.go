@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,8 +36,9 @@ func streamTail(t *testing.T, resp *http.Response) []string {
 
 // Close is a replica going away: every stream of every mirror gets what
 // was queued, then stream_error shutdown with Config.ShutdownRetryAfter,
-// through the set's Handler. Releasing one mirror (Expire) is no shutdown:
-// a plain end.
+// through the set's Handler. Releasing one mirror (Expire: its session was
+// deleted, or has a new epoch) is no shutdown: its streams end with
+// stream_error closed, the session they followed being gone.
 func TestCloseEndsStreamsWithTheShutdownFrame(t *testing.T) {
 	set, _ := newSet(t, time.Minute)
 	set.cfg.ShutdownRetryAfter = 1500 * time.Millisecond // read by Close alone
@@ -68,8 +70,8 @@ func TestCloseEndsStreamsWithTheShutdownFrame(t *testing.T) {
 		}
 	}
 	set.Expire(set.Get("c"), "a test")
-	if got := streamTail(t, released); len(got) != 0 {
-		t.Fatalf("a released mirror's stream ended with %q, want a plain end", got)
+	if got := streamTail(t, released); len(got) != 1 || !strings.Contains(got[0], `"errorKind":"closed"`) {
+		t.Fatalf("a released mirror's stream ended with %q, want stream_error closed", got)
 	}
 
 	set.Close(nil)
