@@ -149,12 +149,16 @@ func TestClientAgainstTheDaemon(t *testing.T) {
 			old := d.Status("s").Epoch
 			d = restart(t, d, graceful, addr)
 			for _, dc := range []*daemonClient{single, mux} {
-				dc.wait(t, "a 404", 20*time.Second, func() bool { return countOf(dc.errs, func(err error) bool { return errors.Is(err, sseclient.ErrSessionGone) }) > 0 })
+				dc.wait(t, "a 404", 20*time.Second, func() bool {
+					return countOf(dc.errs, func(err error) bool { return errors.Is(err, sseclient.ErrSessionGone) }) > 0
+				})
 			}
 			d.Publish("s", 1)
 			d.Publish("m1", 1)
 			d.Publish("m2", 1)
-			single.wait(t, "the new epoch's s#1", 20*time.Second, func() bool { return len(single.resyncs) == 1 && len(single.events) > 0 && single.events[len(single.events)-1].Epoch != old })
+			single.wait(t, "the new epoch's s#1", 20*time.Second, func() bool {
+				return len(single.resyncs) == 1 && len(single.events) > 0 && single.events[len(single.events)-1].Epoch != old
+			})
 			mux.wait(t, "m1#1 and m2#1 of the new epochs", 20*time.Second, func() bool { return len(mux.resyncs) == 2 && len(mux.events) == 3 })
 			if rs := single.snap().resyncs[0]; rs.Reason != "epoch_reset" || rs.PreviousEpoch != old || rs.Epoch != d.Status("s").Epoch {
 				t.Fatalf("resync %+v, want epoch_reset from %s", rs, old)
