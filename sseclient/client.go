@@ -134,8 +134,9 @@ type StateChange struct {
 // Set the fields, then call Run. The fields must not change while Run
 // runs. Callbacks run on Run's goroutine, one at a time, in stream order; a
 // callback that blocks holds the stream (the server then warns, and evicts
-// or resyncs the client, which resumes). Callbacks may call Cursor but not
-// Run. The zero Client has no URL: Run returns an error.
+// or resyncs the client, which resumes). Callbacks may call the methods
+// (Cursor, LastEventID, AddSession...) but not Run. The zero Client has no
+// URL: Run returns an error.
 type Client struct {
 	// URL is the stream, e.g. "http://127.0.0.1:8080/session/demo/events".
 	// Its lastEventId and epoch parameters are replaced by the client's.

@@ -35,6 +35,9 @@ var (
 	// stream either is Run's final error (the 404 once Client.RetryNotFound
 	// has passed); on a multiplexed stream it is SessionGone.Err.
 	ErrSessionGone = errors.New("sseclient: the session is gone")
+	// ErrNotMultiplexed is returned by AddSession and RemoveSession on a
+	// client without Sessions.
+	ErrNotMultiplexed = errors.New("sseclient: AddSession and RemoveSession need a multiplexed client (Sessions)")
 )
 
 // HTTPError is a non-200 answer. Run returns it as its final error for

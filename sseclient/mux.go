@@ -390,10 +390,6 @@ func (c *Client) ActiveSessions() []string {
 	return slices.Clone(c.mux.want)
 }
 
-// ErrNotMultiplexed is returned by AddSession and RemoveSession on a
-// client without Sessions.
-var ErrNotMultiplexed = errors.New("sseclient: AddSession and RemoveSession need a multiplexed client (Sessions)")
-
 // AddSession adds session id to a multiplexed client's stream: the
 // current connection, if one is open or opening, ends, and the next starts
 // at once with the new list and the cursor; id starts from its position
