@@ -82,7 +82,7 @@ func (c *Client) validateMux() error {
 		}
 	}
 	if c.ResumeEpoch != "" {
-		return errors.New("Sessions with ResumeEpoch: a multiplexed stream resumes from ResumeFrom, its composite cursor")
+		return errors.New("ResumeEpoch with Sessions: a multiplexed stream resumes from ResumeFrom, its composite cursor")
 	}
 	if c.ResumeFrom != "" && !isFromStart(c.ResumeFrom) {
 		if _, err := muxcursor.Parse(c.ResumeFrom, maxMuxSessions, nil); err != nil {
