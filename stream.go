@@ -185,7 +185,9 @@ func (st *sessionStream) batch() (more, done bool) {
 		s.add(st.bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
 		open = false
 	case !open && !terminal && !gone:
-		s.add(endFrame(st.bus, sub))
+		if f, ok := endFrame(st.bus, sub); ok {
+			s.add(f)
+		}
 	}
 	if len(s.buf) > 0 || s.pending {
 		if err := s.flushBatch(); err != nil {
@@ -263,15 +265,20 @@ func dropWriteFailed(ctx context.Context, sub *Subscription, unwritten int, err 
 
 // endFrame is the frame that ends a single stream whose subscription
 // ended without a terminal frame of its own: stream_error internal for a
-// failure (endErrorFrame), else, the bus having been closed by a plain
-// Close (a Hub's Delete, a backplane releasing a session whose epoch
-// ended), stream_error closed, as a multiplexed stream says it for that
-// session: the session this stream followed is gone (docs/SPEC.md 5.2).
-func endFrame(bus *EventBus, sub *Subscription) Frame {
+// failure (endErrorFrame); stream_error closed when the bus was closed by
+// a plain Close (a Hub's Delete, a backplane releasing a session that was
+// deleted or whose epoch ended: Err is nil), as a multiplexed stream says
+// it for that session: the session this stream followed is gone
+// (docs/SPEC.md 5.2). None otherwise (an eviction and the other closes
+// queue their own terminal frame).
+func endFrame(bus *EventBus, sub *Subscription) (Frame, bool) {
 	if f, ok := endErrorFrame(sub); ok {
-		return f
+		return f, true
 	}
-	return bus.StreamErrorFrame(sessionClosedMessage, ErrorKindClosed)
+	if sub.Err() == nil {
+		return bus.StreamErrorFrame(sessionClosedMessage, ErrorKindClosed), true
+	}
+	return Frame{}, false
 }
 
 // sessionClosedMessage is the error of a stream_error closed.
