@@ -250,8 +250,13 @@ func TestMuxAddAndRemoveSession(t *testing.T) {
 		u, _ := url.Parse(g.lastURL())
 		return len(u.Query()["session"]) == 10 && rc.states[len(rc.states)-1].State == sseclient.StateOpen
 	})
+	// A session that started live holds a position only once an event's
+	// cursor gives it one (a reconnect started by the last change may
+	// still be under way): a's event does, then x3's is never lost.
+	s.publish("a", "note", nil)
+	rc.wait(t, "a#4", waitLong, func() bool { return len(rc.events) == 6 })
 	s.publish("x3", "note", nil)
-	rc.wait(t, "x3#1", waitLong, func() bool { return len(rc.events) == 6 })
+	rc.wait(t, "x3#1", waitLong, func() bool { return len(rc.events) == 7 && rc.events[6].Session == "x3" })
 	if got := rc.snap(); len(got.errs) != 0 || len(rc.goneSnap()) != 0 {
 		t.Fatalf("errors %v, gone %v", got.errs, rc.goneSnap())
 	}
