@@ -114,12 +114,15 @@ const (
 	// delay of at least retryAfter and resume from the cursor (to another
 	// replica where there is one). See EventBus.CloseForShutdown.
 	ErrorKindShutdown = "shutdown"
-	// ErrorKindClosed: the session's bus was closed while a multiplexed
-	// stream (MuxHandler) served it, by a Hub's Delete or an
-	// EventBus.Close, after the frames queued for it. Only that session
-	// leaves the stream; the others go on. Drop the session, or open it
-	// again later (a 404 naming it then says it is gone). A single
-	// stream ends without a frame instead, as before.
+	// ErrorKindClosed: the session's bus was closed by a plain Close (a
+	// Hub's Delete, an EventBus.Close, a backplane releasing a session
+	// deleted on its replica) while a stream served it,
+	// after the frames queued for it: the session the stream followed is
+	// gone. A single stream (Handler) ends with it; on a multiplexed stream
+	// (MuxHandler) only that session leaves, and the others go on. Do not
+	// reconnect to it: a session of that id made later is another one (a
+	// 404 says there is none). CloseWithError and CloseForShutdown (a
+	// Hub's Shutdown and Close) send their own frame instead.
 	ErrorKindClosed = "closed"
 )
 

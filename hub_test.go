@@ -874,3 +874,34 @@ func TestHandlerHubShutdown(t *testing.T) {
 		})
 	}
 }
+
+// A Hub's Delete ends the session's single streams after what was queued
+// with stream_error closed (the session is gone: a client must not take it
+// for a cut); a Shutdown's frame is shutdown (TestHandlerHubShutdown).
+func TestHandlerHubDeleteSaysClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub, err := NewHub(HubOptions{Bus: Options{Now: testNow}})
+		require.NoError(t, err)
+		defer hub.Close()
+		bus, err := hub.GetOrCreate("s")
+		require.NoError(t, err)
+		mux := http.NewServeMux()
+		mux.Handle("GET /session/{id}/events", &Handler{Lookup: hub.LookupSession, RetryJitter: -1, BareIDs: true})
+		_, srv, client, served := pipeHTTP(mux, false)
+		defer func() {
+			client.CloseIdleConnections()
+			_ = srv.Close()
+			<-served
+		}()
+		r := readTimed(t, client, "http://pipe/session/s/events")
+		synctest.Wait()
+		publishN(t, bus, 2)
+		require.True(t, hub.Delete("s"))
+		<-r.done
+		want := []sseRecord{{Kind: sseRetryRecord, Retry: 3000},
+			{Kind: sseEventRecord, Event: wantEvent(1)}, {Kind: sseEventRecord, Event: wantEvent(2)},
+			{Kind: sseEventRecord, Event: wantSynth(TypeStreamError, `{"error":"session closed","errorKind":"closed"}`, "2")}}
+		require.Equal(t, want, r.recs)
+		require.Equal(t, io.EOF, r.err)
+	})
+}

@@ -60,7 +60,13 @@ const DefaultMaxStreamSessions = 32
 // state_resync_required (ring_evicted with exact ids,
 // replay_budget_exceeded, or epoch_reset when the entry's epoch is not its
 // bus's: a restart, a DELETE and re-creation). A session the cursor does
-// not name starts live, without replay_complete. A cursor that cannot be
+// not name starts live, without replay_complete. The cursor "0" (as a
+// single stream reads it: "00" too) starts every session from the start
+// of its ring, as its single stream with Last-Event-ID 0 would: its
+// replay (ring_evicted first when its ring no longer starts at id 1), its
+// replay_complete, then live, each under its own replay budget; so a new
+// page asks for what its sessions retain without building a cursor. Any
+// other single stream's id is no cursor. A cursor that cannot be
 // parsed is logged and never an error: every session starts live, and
 // its first frame says so, state_resync_required cursor_invalid
 // (SubscribeOptions.CursorInvalid), as does a session the cursor names
@@ -245,7 +251,7 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 		return nil
 	}
 
-	cursor, unusable := m.parseCursor(r, h, sq.cursor)
+	cursor, unusable, fromStart := m.parseCursor(r, h, sq.cursor)
 	st.group = NewReadyGroup(len(sess))
 	interrupt := st.s.interrupt // one for every session: any shed ends the stream
 	for i := range sess {
@@ -259,6 +265,10 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 				slog.String("session", quoteHead(ms.id, 64)))
 		}
 		switch {
+		case fromStart:
+			// "0": from the start of its ring, as its single stream with
+			// Last-Event-ID 0 (SPEC 6.8).
+			opts.Resume = true
 		case named != entryNamed:
 			// Live. Its entry is the bus's last id before subscribing:
 			// every later event is delivered, so a resume from it loses
@@ -362,22 +372,26 @@ func checkSessions(ids []string, maxSessions int) string {
 
 // parseCursor parses the request's cursor: nil when there is none, and
 // unusable set when one was given that ParseCursor refuses (logged; every
-// session is then served live, after its cursor_invalid notice). The bound
-// is ParseCursor's, MaxCursorEntries, not the stream's MaxStreamSessions: a
-// cursor may name more sessions than the URL (a client that dropped some,
-// or keeps one cursor for several streams), and the entries of sessions
-// the URL does not name are ignored.
-func (m *MuxHandler) parseCursor(r *http.Request, h *Handler, raw string) (c Cursor, unusable bool) {
+// session is then served live, after its cursor_invalid notice), fromStart
+// for "0" (every session from the start of its ring; "00" too, as a single
+// stream reads it). The bound is ParseCursor's, MaxCursorEntries, not the
+// stream's MaxStreamSessions: a cursor may name more sessions than the URL
+// (a client that dropped some, or keeps one cursor for several streams),
+// and the entries of sessions the URL does not name are ignored.
+func (m *MuxHandler) parseCursor(r *http.Request, h *Handler, raw string) (c Cursor, unusable, fromStart bool) {
 	if raw == "" {
-		return nil, false
+		return nil, false, false
+	}
+	if strings.Trim(raw, "0") == "" {
+		return nil, false, true
 	}
 	c, err := ParseCursor(raw)
 	if err != nil {
 		h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed multiplexed cursor, serving live only",
 			slog.String("value", quoteHead(raw, 64)), slog.Int("bytes", len(raw)), slog.String("error", err.Error()))
-		return nil, true
+		return nil, true, false
 	}
-	return c, false
+	return c, false, false
 }
 
 // How a cursor names one session of a stream (cursorEntryFor).

@@ -572,6 +572,64 @@ func TestMuxResumeReplayBudget(t *testing.T) {
 	r.close()
 }
 
+// The cursor "0" (Last-Event-ID or ?lastEventId=; "00" as a single stream
+// reads it) starts every session from the start of its ring, each as its
+// single stream with Last-Event-ID 0: its replay and its replay_complete
+// (with replayedCount 0 for an empty ring), ring_evicted first for a ring
+// that lost its start, the replay budget per session; then live.
+func TestMuxFromTheStart(t *testing.T) {
+	for _, how := range []string{"header", "query", "00"} {
+		t.Run(how, func(t *testing.T) {
+			muxEnvs(t, envOptions{}, func(t *testing.T, e *testEnv) {
+				size := len(wantEvent(1).Data)
+				a := e.bus(t, "a", Options{})
+				empty := e.bus(t, "empty", Options{})
+				budget := e.bus(t, "budget", Options{ReplayBudgetBytes: 2 * size})
+				evicted := e.bus(t, "evicted", Options{RingSize: 2})
+				publishN(t, a, 3)
+				publishN(t, budget, 5)
+				publishN(t, evicted, 4)
+				ids := []string{"a", "empty", "budget", "evicted"}
+				var s *sseStream
+				switch how {
+				case "header":
+					s = e.stream(t, muxPath(ids), hdr("Last-Event-ID", "0"))
+				case "query":
+					s = e.stream(t, muxPath(ids, "lastEventId", "0"), nil)
+				default:
+					s = e.stream(t, muxPath(ids), hdr("Last-Event-ID", "00"))
+				}
+				fs := readMux(s, 13)
+				by := map[string][]string{}
+				data := map[string][]string{}
+				for _, f := range fs {
+					by[f.Session] = append(by[f.Session], describeMux([]muxFrame{f})[0])
+					data[f.Session] = append(data[f.Session], f.Data)
+				}
+				require.Equal(t, map[string][]string{
+					"a":       {"a#1", "a#2", "a#3", "a:replay_complete"},
+					"empty":   {"empty:replay_complete"},
+					"budget":  {"budget#1", "budget#2", "budget:state_resync_required", "budget:replay_complete"},
+					"evicted": {"evicted:state_resync_required", "evicted#3", "evicted#4", "evicted:replay_complete"},
+				}, by)
+				require.Equal(t, wantReplayComplete(a, 3, 3, "").Data, data["a"][3])
+				require.Equal(t, wantReplayComplete(empty, 0, 0, "").Data, data["empty"][0])
+				require.Contains(t, data["budget"][2], `"reason":"replay_budget_exceeded","lastDeliveredId":2,"earliestAvailableId":3`)
+				require.Equal(t, wantReplayComplete(budget, 2, 2, "").Data, data["budget"][3])
+				require.Contains(t, data["evicted"][0], `"reason":"ring_evicted","lastDeliveredId":0,"earliestAvailableId":3`)
+				require.Empty(t, e.logs.find("malformed multiplexed cursor"), "0 is a cursor")
+
+				// Live: the cursor holds every session, an empty one at 0.
+				publishN(t, empty, 1)
+				f := nextMux(s)
+				require.Equal(t, []string{"empty#1"}, describeMux([]muxFrame{f}))
+				requireCursor(t, f.ID, map[string]at{"a": {a, 3}, "empty": {empty, 1}, "budget": {budget, 2}, "evicted": {evicted, 4}})
+				s.close()
+			})
+		})
+	}
+}
+
 // The cursor of 32 sessions, the most by default, is 2 + 24×32 bytes, and
 // resumes all of them.
 func TestMuxCursorLengthBound(t *testing.T) {

@@ -185,7 +185,7 @@ func (st *sessionStream) batch() (more, done bool) {
 		s.add(st.bus.StreamErrorFrame(lifetimeEndedMessage, ErrorKindReauthenticate))
 		open = false
 	case !open && !terminal && !gone:
-		if f, ok := endErrorFrame(st.bus, sub); ok {
+		if f, ok := endFrame(st.bus, sub); ok {
 			s.add(f)
 		}
 	}
@@ -263,10 +263,32 @@ func dropWriteFailed(ctx context.Context, sub *Subscription, unwritten int, err 
 	sub.CloseBlocked(unwritten, err)
 }
 
+// endFrame is the frame that ends a single stream whose subscription
+// ended without a terminal frame of its own: stream_error internal for a
+// failure (endErrorFrame); stream_error closed when the bus was closed by
+// a plain Close (a Hub's Delete, a backplane releasing a session deleted on its
+// replica: Err is nil), as a multiplexed stream says
+// it for that session: the session this stream followed is gone
+// (docs/SPEC.md 5.2). None otherwise (an eviction and the other closes
+// queue their own terminal frame).
+func endFrame(bus *EventBus, sub *Subscription) (Frame, bool) {
+	if f, ok := endErrorFrame(bus, sub); ok {
+		return f, true
+	}
+	if sub.Err() == nil {
+		return bus.StreamErrorFrame(sessionClosedMessage, ErrorKindClosed), true
+	}
+	return Frame{}, false
+}
+
+// sessionClosedMessage is the error of a stream_error closed.
+const sessionClosedMessage = "session closed"
+
 // endErrorFrame returns the stream_error internal frame for a subscription
 // that ended, without a terminal frame of its own, for a reason the client
 // would not otherwise learn (an eviction and closeWithError queue their
-// own terminal frame, and a Close needs none on a single stream).
+// own terminal frame; a plain Close gets stream_error closed instead,
+// endFrame).
 func endErrorFrame(bus *EventBus, sub *Subscription) (Frame, bool) {
 	if err := sub.Err(); err != nil && !errors.Is(err, ErrEvicted) && !errors.Is(err, ErrClosed) {
 		return bus.StreamErrorFrame(err.Error(), ErrorKindInternal), true

@@ -753,7 +753,11 @@ func TestHandlerSlowReaderDropped(t *testing.T) {
 	})
 }
 
+// A plain Close (a Hub's Delete) ends a single stream after what was
+// queued with stream_error closed: the session is gone, and the client
+// must not take the end for a cut and reconnect (SPEC 5.2).
 func TestHandlerBusCloseEndsStream(t *testing.T) {
+	closed := wantSynth(TypeStreamError, `{"error":"session closed","errorKind":"closed"}`, "")
 	t.Run("over HTTP", func(t *testing.T) {
 		e := newEnv(t, envOptions{})
 		b := e.bus(t, "s", Options{})
@@ -770,7 +774,10 @@ func TestHandlerBusCloseEndsStream(t *testing.T) {
 		for i := uint64(21); i <= 25; i++ {
 			want = append(want, sseRecord{Kind: sseEventRecord, Event: wantEvent(i)})
 		}
-		require.Equal(t, want, c.rest(), "every buffered frame, then EOF")
+		closed := closed
+		closed.ID = "25"
+		want = append(want, sseRecord{Kind: sseEventRecord, Event: closed})
+		require.Equal(t, want, c.rest(), "every buffered frame, stream_error closed, then EOF")
 		require.Zero(t, b.SubscriberCount())
 	})
 	t.Run("frames buffered at Close", func(t *testing.T) {
@@ -785,18 +792,32 @@ func TestHandlerBusCloseEndsStream(t *testing.T) {
 		release()
 		waitClosed(t, done, "Close must end the stream without a cancellation")
 		recs := parseBody(t, w.state().body)
-		require.Len(t, recs, 51)
+		require.Len(t, recs, 52)
 		for i := 1; i <= 50; i++ {
 			require.Equal(t, wantEvent(uint64(i)), recs[i].Event)
 		}
-		require.NotContains(t, w.state().body, TypeStreamError)
+		closed := closed
+		closed.ID = "50"
+		require.Equal(t, closed, recs[51].Event, "once, last")
+		require.Equal(t, 1, strings.Count(w.state().body, "event: "+TypeStreamError))
 	})
 	t.Run("subscribing to a closed bus", func(t *testing.T) {
 		e := newEnv(t, envOptions{})
 		b := e.bus(t, "s", Options{})
 		require.NoError(t, b.Close())
 		c := e.stream(t, "/session/s/events", nil)
-		require.Empty(t, c.rest())
+		require.Equal(t, []sseRecord{{Kind: sseEventRecord, Event: closed}}, c.rest())
+	})
+	t.Run("shutdown is its own frame", func(t *testing.T) {
+		// A Hub's Shutdown (CloseForShutdown) is no end of the session:
+		// stream_error shutdown, never closed.
+		e := newEnv(t, envOptions{})
+		b := e.bus(t, "s", Options{})
+		c := e.stream(t, "/session/s/events", nil)
+		publishN(t, b, 1)
+		require.NoError(t, b.CloseForShutdown(3*time.Second))
+		shutdown := wantSynth(TypeStreamError, `{"error":"`+shutdownMessage+`","errorKind":"shutdown","retryAfter":3000}`, "1")
+		require.Equal(t, []sseRecord{{Kind: sseEventRecord, Event: wantEvent(1)}, {Kind: sseEventRecord, Event: shutdown}}, c.rest())
 	})
 }
 
@@ -1165,19 +1186,20 @@ func TestHandlerFramingForLenientClients(t *testing.T) {
 		synctest.Wait()
 		time.Sleep(time.Second)
 		synctest.Wait()
-		b.Close() // the stream ends after a heartbeat
+		b.Close() // the stream ends after a heartbeat, with stream_error closed
 		<-done
 		body := w.state().body
 		// Heartbeats: the retry: line and two ":" after the replay, the
-		// retry: line after the live events. The tail after the last event
-		// always holds a field (go-sse stops for good on a tail of comments).
+		// retry: line after the live events, in the block of the frame
+		// that ends the stream.
 		require.Equal(t, 2, strings.Count(body, "\n:"), "lines that start with a colon")
 		require.Equal(t, 3, strings.Count(body, "retry: 3000\n"))
-		require.True(t, strings.HasSuffix(body, "}\n\nretry: 3000\n"), "%q", body[max(0, len(body)-64):])
+		require.True(t, strings.HasSuffix(body, "}\n\nretry: 3000\nevent: stream_error\ndata: "+
+			wantSynth(TypeStreamError, `{"error":"session closed","errorKind":"closed"}`, "").Data+"\n\n"), "%q", body[max(0, len(body)-200):])
 		requireEveryBlockHasData(t, body)
 		recs := parseBody(t, body)
 		require.Equal(t, sseRecord{Kind: sseRetryRecord, Retry: 3000}, recs[0], "a conforming parser applies retry: at once")
-		require.Len(t, sseEvents(recs), 5, "events 2..5 and replay_complete")
+		require.Len(t, sseEvents(recs), 6, "events 2..5, replay_complete and stream_error closed")
 	})
 
 	t.Run("a live stream that gets nothing", func(t *testing.T) {

@@ -110,7 +110,9 @@ func (t *Set[S]) DeliverSignal(session, typ, about string) {
 func (t *Set[S]) Deleted(session string) {
 	var zero S
 	if s := t.Get(session); s != zero {
-		t.Expire(s, "deleted")
+		// Known deleted: its streams end with stream_error closed (a plain
+		// Close), and clients drop the session.
+		t.release(s, "deleted", "", "")
 	}
 }
 

@@ -433,12 +433,24 @@ func (t *Set[S]) Remove(s S) bool {
 	return false
 }
 
-// Expire removes s from the set and stops it, logging why.
+// Expire removes s from the set and stops it, logging why: the engine no
+// longer has its epoch (a lost log, or a Delete made on another replica;
+// an engine cannot always tell which). Its streams end, after what was
+// queued, with stream_error unavailable: their clients reconnect and
+// resume, and learn there whether the session lives on in a new epoch
+// (epoch_reset) or is gone (404). A Delete on this replica (Deleted) ends
+// them with stream_error closed instead.
 func (t *Set[S]) Expire(s S, why string) {
+	t.release(s, why, eventbus.ErrorKindUnavailable, "the session's epoch ended ("+why+"): reconnect and resume from your cursor")
+}
+
+// release removes s from the set and stops it (Stop: kind and message as
+// there), logging why.
+func (t *Set[S]) release(s S, why, kind, message string) {
 	t.Remove(s)
 	m := s.Mirror()
 	t.cfg.Bus.Log.Info(t.cfg.Name+": session released", "session", m.ID, "epoch", m.Epoch, "reason", why)
-	t.Stop(s, "", "")
+	t.Stop(s, kind, message)
 }
 
 // Bus returns the mirror bus of session, creating it (and its reader)

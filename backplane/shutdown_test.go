@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,8 +36,12 @@ func streamTail(t *testing.T, resp *http.Response) []string {
 
 // Close is a replica going away: every stream of every mirror gets what
 // was queued, then stream_error shutdown with Config.ShutdownRetryAfter,
-// through the set's Handler. Releasing one mirror (Expire) is no shutdown:
-// a plain end.
+// through the set's Handler. Releasing one mirror is no shutdown: after a
+// Delete on this replica (Deleted) its streams end with stream_error
+// closed, the session they followed being gone; when its epoch ended
+// otherwise (Expire: a lost log, or a Delete elsewhere, which the engine
+// cannot tell apart) with stream_error unavailable, so that the client
+// reconnects and learns which (epoch_reset, or a 404).
 func TestCloseEndsStreamsWithTheShutdownFrame(t *testing.T) {
 	set, _ := newSet(t, time.Minute)
 	set.cfg.ShutdownRetryAfter = 1500 * time.Millisecond // read by Close alone
@@ -57,7 +62,7 @@ func TestCloseEndsStreamsWithTheShutdownFrame(t *testing.T) {
 		}
 		return resp
 	}
-	a, b, released := open("a"), open("b"), open("c")
+	a, b, released, deleted := open("a"), open("b"), open("c"), open("d")
 	for _, id := range []string{"a", "b"} {
 		bus, err := set.Bus(context.Background(), id)
 		if err != nil {
@@ -68,8 +73,12 @@ func TestCloseEndsStreamsWithTheShutdownFrame(t *testing.T) {
 		}
 	}
 	set.Expire(set.Get("c"), "a test")
-	if got := streamTail(t, released); len(got) != 0 {
-		t.Fatalf("a released mirror's stream ended with %q, want a plain end", got)
+	if got := streamTail(t, released); len(got) != 1 || !strings.Contains(got[0], `"errorKind":"unavailable"`) {
+		t.Fatalf("an expired mirror's stream ended with %q, want stream_error unavailable", got)
+	}
+	set.Deleted("d")
+	if got := streamTail(t, deleted); len(got) != 1 || !strings.Contains(got[0], `"errorKind":"closed"`) {
+		t.Fatalf("a deleted session's stream ended with %q, want stream_error closed", got)
 	}
 
 	set.Close(nil)

@@ -368,7 +368,8 @@ func screenshot(ctx context.Context, t *testing.T, name string) {
 // the daemon does not have (a GET never creates one): the EventSource
 // stops for good on the 404, and the page says plainly that the session
 // does not exist or has ended and offers to watch again; once a publish
-// has created the session, "Watch again" streams it.
+// has created the session, "Watch again" streams it; a DELETE then ends
+// it for good, and the page says so.
 func TestViewerSaysWhenTheSessionDoesNotExist(t *testing.T) {
 	chromium := chromiumPath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -422,6 +423,31 @@ func TestViewerSaysWhenTheSessionDoesNotExist(t *testing.T) {
 	})
 	if v.BannerClass != "banner" || !v.AgainHidden {
 		t.Fatalf("after Watch again the banner stays: %+v", v)
+	}
+
+	// A DELETE while the page watches: stream_error closed, which the page
+	// says at once, offering to watch again; the client does not reconnect
+	// (issue 33: it used to take the end for a cut and meet a 404).
+	d.Call(http.MethodDelete, "/session/"+session, "", http.StatusNoContent, nil)
+	daemontest.WaitUntil(t, 20*time.Second, "the page to say the session was deleted", func() (bool, string) {
+		v = read()
+		return strings.Contains(v.Banner, `Session "gone" was deleted while you watched it (stream_error closed)`) && !v.AgainHidden &&
+			v.ConnState == "closed", fmt.Sprintf("%+v", v)
+	})
+	type attempt struct {
+		Transport string `json:"transport"`
+	}
+	attempts, err := chromedp.Run(bctx, chromedp.Evaluate[[]attempt](`window.attempts`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	again, err := chromedp.Run(bctx, chromedp.Evaluate[[]attempt](`window.attempts`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again) != len(attempts) {
+		t.Fatalf("attempts after the delete: %d, then %d: the client reconnected", len(attempts), len(again))
 	}
 	d.Stop(20 * time.Second)
 }

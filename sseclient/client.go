@@ -134,8 +134,9 @@ type StateChange struct {
 // Set the fields, then call Run. The fields must not change while Run
 // runs. Callbacks run on Run's goroutine, one at a time, in stream order; a
 // callback that blocks holds the stream (the server then warns, and evicts
-// or resyncs the client, which resumes). Callbacks may call Cursor but not
-// Run. The zero Client has no URL: Run returns an error.
+// or resyncs the client, which resumes). Callbacks may call the methods
+// (Cursor, LastEventID, AddSession...) but not Run. The zero Client has no
+// URL: Run returns an error.
 type Client struct {
 	// URL is the stream, e.g. "http://127.0.0.1:8080/session/demo/events".
 	// Its lastEventId and epoch parameters are replaced by the client's.
@@ -153,14 +154,32 @@ type Client struct {
 	// is Run's final error.
 	Credentials func(ctx context.Context, reason CredentialsReason) (Credentials, error)
 
-	// Resume, LastEventID and Epoch are the cursor the first Run starts
-	// from: with Resume, the stream resumes after LastEventID (0 replays
-	// from the start) of Epoch (empty: unknown); without it, live only.
-	// Later Runs continue from where the previous one stopped. Not with
-	// Sessions (see ResumeCursor).
-	Resume      bool
-	LastEventID uint64
-	Epoch       string
+	// ResumeFrom is where the first Run starts (an option, read once:
+	// where the client stands later is LastEventID, the method). Empty:
+	// live only. "0": from the start of the ring, everything the server
+	// still holds (with Sessions: of every session's ring, each with its
+	// own OnCaughtUp). On a single stream "N" or "<epoch>:<N>": after
+	// that event, the form LastEventID returns (and an EventSource's
+	// lastEventId); with Sessions a composite cursor, an id line of the
+	// multiplexed stream or LastEventID of an earlier client (a session it
+	// does not name starts live). Later Runs continue from where the
+	// previous one stopped.
+	ResumeFrom string
+	// ResumeEpoch is, on a single stream, the epoch ResumeFrom's id belongs
+	// to when ResumeFrom is the plain form "N" (empty: unknown; the
+	// server then cannot tell an id of another epoch). Not with Sessions.
+	ResumeEpoch string
+
+	// RetryNotFound is how long a 404 session_not_found is retried, with
+	// backoff, before it is final: from the first 404 after the last
+	// stream that opened (or the start). 0: a 404 is final at once (on a
+	// multiplexed stream: the session it names is dropped). For daemons
+	// whose sessions come back: after a restart a session is unknown until
+	// something re-creates it (a publish, in the README's daemon), and the
+	// client resumes it then (epoch_reset). On a multiplexed stream the
+	// server refuses the whole request while one session is unknown, so
+	// the other sessions wait too: keep it short there.
+	RetryNotFound time.Duration
 
 	// MaxQueued is sent as ?maxQueued= (16 to 2048); 0 sends none.
 	MaxQueued int
@@ -199,8 +218,11 @@ type Client struct {
 	// OnState receives every state change, and each new wait.
 	OnState func(StateChange)
 	// OnError receives every error Run recovers from: *HTTPError,
-	// *StreamError, connection failures, ErrStreamCut, ErrIdleTimeout,
+	// *StreamError, connection failures, ErrStreamCut (the response ended
+	// without a terminal frame, or the connection failed), ErrIdleTimeout,
 	// ErrProtocol. Run's final error is its result (and StateClosed's Err).
+	// Error strings name the stream's URL without its query (which holds
+	// the cursor).
 	OnError func(error)
 
 	// Sessions, when set, makes the client read these sessions on one
@@ -210,24 +232,20 @@ type Client struct {
 	// parameters are replaced). Every callback's value then names its
 	// session (Event.Session...), each session is resumed, deduplicated
 	// and epoch-checked on its own, and the client sends the composite
-	// cursor of them all (CompositeCursor) as ?lastEventId=. A session the
-	// server says is gone (a 404 session_not_found naming it, or a
-	// stream_error "closed" for it: deleted) is dropped from the URL and
-	// reported to OnSessionGone, never retried by this Run; when none is
-	// left Run returns ErrNoSessions. Every Run starts from Sessions
-	// again, keeping the cursor of each session it still names: to add or
-	// remove sessions, end Run, change Sessions and Run again. At most
-	// 256 distinct ids, each 1 to 256 bytes of valid UTF-8 (the server's
-	// session id rule; its own bound, 32 sessions by default, answers
-	// 400). Resume, LastEventID and Epoch must not be set with it.
+	// cursor of them all (LastEventID) as ?lastEventId=. A session the
+	// server says is gone (a 404 session_not_found naming it, past
+	// RetryNotFound, or a stream_error "closed" for it: deleted) is
+	// dropped from the URL and reported to OnSessionGone, never retried;
+	// when none is left Run returns ErrNoSessions. Sessions is read once,
+	// by the first Run (or AddSession, RemoveSession): from then on the
+	// client streams ActiveSessions, which AddSession, RemoveSession and
+	// gone sessions change, across Runs too. At most 256 distinct ids,
+	// each 1 to 256 bytes of valid UTF-8 (the server's session id rule;
+	// its own bound, 32 sessions by default, answers 400). ResumeEpoch
+	// must not be set with it.
 	Sessions []string
-	// ResumeCursor is, with Sessions, the composite cursor the first Run
-	// starts from (an id line of a multiplexed stream, or CompositeCursor
-	// of an earlier client); a session it does not name starts live.
-	// Empty: every session starts live.
-	ResumeCursor string
-	// OnSessionGone is told that a session of Sessions is gone and was
-	// dropped from the stream.
+	// OnSessionGone is told that a session of the stream is gone and was
+	// dropped from it.
 	OnSessionGone func(SessionGone)
 
 	running atomic.Bool
@@ -235,7 +253,10 @@ type Client struct {
 	mu      sync.Mutex // guards the positions below, for Cursor and the multiplexed accessors
 	started bool       // the cursor fields have been read
 	pos     position   // a single stream's
-	mux     *muxState  // a multiplexed stream's, from its first Run on
+	mux     *muxState  // a multiplexed stream's, from its first Run (or AddSession, RemoveSession) on
+	// restart ends the current connection (nil between connections), for
+	// AddSession and RemoveSession.
+	restart context.CancelCauseFunc
 }
 
 // position is where a client stands in one sequence of events: a single
@@ -280,15 +301,49 @@ func (p *position) setEpoch(e string) {
 	}
 }
 
-// Cursor returns where the client stands: the epoch of the last delivered
-// event and its id, with ok false when it has none (a live-only start).
-// On a multiplexed stream (Sessions) it reports none: see SessionCursor
-// and CompositeCursor. It is safe to call from any goroutine, also while
-// Run runs.
+// Cursor returns where the client stands on a single stream: the epoch of
+// the last delivered event (empty while unknown) and its id, with ok false
+// when it has none (a live-only start before any event). On a multiplexed
+// stream (Sessions) it reports none: see SessionCursor. It is safe to call
+// from any goroutine, also while Run runs.
 func (c *Client) Cursor() (epoch string, lastEventID uint64, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.pos.epoch, c.pos.cursor, c.pos.hasCursor
+}
+
+// LastEventID returns where the client stands, in the form ResumeFrom
+// takes, to persist and resume from in a later client: what the next
+// connection resumes from, as EventSource.lastEventId is in a browser. On
+// a single stream "<epoch>:<N>" ("N" while the epoch is unknown; "0" for a
+// start from the beginning before any event); on a multiplexed stream the
+// composite cursor of the sessions streamed that have a position (the
+// sessions gone or removed left out: the server refuses a cursor of more
+// entries than its bound), "0" while a start from the beginning has given
+// none a position yet. "" when the client has none: a live start before
+// any event. Safe to call from any goroutine, also while Run runs; before
+// the first Run it reports ResumeFrom as the client will read it.
+func (c *Client) LastEventID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.Sessions) > 0 || c.mux != nil {
+		if c.mux == nil {
+			return c.ResumeFrom
+		}
+		return c.mux.lastEventID()
+	}
+	if !c.started {
+		return c.ResumeFrom
+	}
+	p := &c.pos
+	if !p.hasCursor {
+		return ""
+	}
+	id := strconv.FormatUint(p.cursor, 10)
+	if p.epoch != "" {
+		return p.epoch + ":" + id
+	}
+	return id
 }
 
 // cursorOf returns p's cursor fields under the client's lock.
@@ -306,14 +361,19 @@ func (c *Client) setCursor(p *position, epoch string, id uint64, has bool) {
 }
 
 // Run streams until ctx is done (it then returns ctx.Err()) or a final
-// error: a 400, 404, or other 4xx than 408, 425 and 429 (*HTTPError); a
-// 401 or 403 without Credentials, or right after fresh ones; a response
-// that is not an event stream (ErrNotEventStream); an event above
-// MaxEventBytes (ErrEventTooLarge); an error from Credentials; an invalid
-// field (ErrInvalidOption); with Sessions, every session gone
-// (ErrNoSessions: a 404 naming one of them drops it and reconnects at
-// once, it is not final). Everything else it recovers from, reporting it
-// through OnError. Run blocks; when it returns, every goroutine and
+// error: a 400, 404, or other 4xx than 408, 425 and 429 (*HTTPError; a 404
+// session_not_found only once RetryNotFound has passed); a 401 or 403
+// without Credentials, or right after fresh ones; a response that is not
+// an event stream (ErrNotEventStream); an event above MaxEventBytes
+// (ErrEventTooLarge); an error from Credentials; an invalid field
+// (ErrInvalidOption); on a single stream a stream_error closed (a
+// *StreamError: the session was deleted); with Sessions, every session
+// gone (ErrNoSessions: a 404 naming one of them, or its stream_error
+// closed, drops it and the stream goes on; it is not final). A session
+// that is gone, a 404 session_not_found or a stream_error closed, is an
+// error for which errors.Is(err, ErrSessionGone) holds. Everything else
+// it recovers from, reporting it through OnError. Run blocks; when it
+// returns, every goroutine and
 // connection it started has ended (with a caller's HTTPClient, its idle
 // connections stay in its pool). Run must not be called again while it
 // runs (it returns ErrRunning).
@@ -327,16 +387,26 @@ func (c *Client) Run(ctx context.Context) error {
 		return err
 	}
 	c.mu.Lock()
-	first := !c.started
-	if first {
+	if !c.started {
 		c.started = true
-		c.pos.epoch, c.pos.cursor, c.pos.hasCursor = c.Epoch, c.LastEventID, c.Resume
+		if len(c.Sessions) == 0 && c.ResumeFrom != "" {
+			e, id, _ := ParseEventID(c.ResumeFrom) // validated
+			c.pos.epochForm = e != ""
+			if e == "" {
+				e = c.ResumeEpoch
+			}
+			c.pos.epoch, c.pos.cursor, c.pos.hasCursor = e, id, true
+		}
 	}
 	var mux *muxState
-	if len(c.Sessions) > 0 {
-		mux = c.startMux(first)
+	if len(c.Sessions) > 0 || c.mux != nil {
+		mux = c.muxState()
 	}
+	none := mux != nil && len(mux.want) == 0
 	c.mu.Unlock()
+	if none {
+		return ErrNoSessions
+	}
 	hc := c.HTTPClient
 	if hc == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
@@ -383,16 +453,25 @@ func (c *Client) validate() (*url.URL, error) {
 		return nil, bad("negative MaxEventBytes %d", c.MaxEventBytes)
 	case c.InitialDelay < 0 || c.MaxDelay < 0 || c.IdleTimeout < 0:
 		return nil, bad("negative InitialDelay, MaxDelay or IdleTimeout")
-	case c.Resume && c.LastEventID > maxEventID:
-		return nil, bad("LastEventID %d above 2^53-1", c.LastEventID)
-	case c.Epoch != "" && !validEpoch(c.Epoch):
-		return nil, bad("Epoch %q is not 32 lowercase hex digits", c.Epoch)
+	case c.ResumeEpoch != "" && !validEpoch(c.ResumeEpoch):
+		return nil, bad("ResumeEpoch %q is not 32 lowercase hex digits", c.ResumeEpoch)
+	case c.RetryNotFound < 0:
+		return nil, bad("negative RetryNotFound")
 	case c.HTTPClient != nil && c.HTTPClient.Timeout != 0:
 		return nil, bad("HTTPClient.Timeout %v would end every stream", c.HTTPClient.Timeout)
 	}
 	for _, t := range c.Types {
 		if t == "" || strings.Contains(t, ",") {
 			return nil, bad("type filter %q is empty or holds a comma", t)
+		}
+	}
+	if len(c.Sessions) == 0 && c.ResumeFrom != "" {
+		e, _, ok := ParseEventID(c.ResumeFrom)
+		switch {
+		case !ok:
+			return nil, bad("ResumeFrom %q is not N or <epoch>:<N> (a composite cursor needs Sessions)", head(c.ResumeFrom))
+		case e != "" && c.ResumeEpoch != "" && e != c.ResumeEpoch:
+			return nil, bad("ResumeFrom's epoch and ResumeEpoch differ")
 		}
 	}
 	if err := c.validateMux(); err != nil {
@@ -432,6 +511,9 @@ type run struct {
 	creds         Credentials
 	attempt       int
 	mux           *muxState // nil on a single stream
+	// notFoundSince is the first 404 session_not_found since the last
+	// stream that opened (zero: none), for RetryNotFound.
+	notFoundSince time.Time
 }
 
 // how a connection ended
@@ -447,7 +529,8 @@ const (
 	endEvicted
 	endStreamError
 	endCancelled
-	endGone // a session of a multiplexed stream is gone: reconnect at once without it
+	endGone    // a session of a multiplexed stream is gone: reconnect at once without it
+	endRestart // AddSession or RemoveSession: reconnect at once with the new list
 )
 
 type result struct {
@@ -460,6 +543,10 @@ type result struct {
 	retryAfter time.Duration // of a stream_error shutdown
 	status     int
 	httpErr    *HTTPError
+	// notFound: a 404 session_not_found within RetryNotFound, retried
+	// with backoff (wait caps the delay at what is left of it).
+	notFound bool
+	wait     time.Duration
 }
 
 func (r *run) state(s State, delay time.Duration, err error) {
@@ -561,10 +648,14 @@ func (r *run) decide(res result) step {
 		// session of the URL.
 		r.lastImmediate = false
 		return step{}
+	case endRestart:
+		return step{}
 	case endHTTP:
 		r.lastImmediate = false
 		s := res.status
 		switch {
+		case res.notFound:
+			return step{delay: min(r.backoff(false), res.wait)}
 		case s == http.StatusUnauthorized || s == http.StatusForbidden:
 			if r.c.Credentials == nil || r.authFinal {
 				return step{final: res.err}
@@ -675,11 +766,35 @@ type conn struct {
 	stop end
 }
 
+// errSessionsChanged is the cause with which AddSession and
+// RemoveSession end a connection.
+var errSessionsChanged = errors.New("sseclient: the sessions changed")
+
 // connect makes one attempt and, when the server answers 200, reads the
-// stream to its end.
-func (r *run) connect() (res result) {
+// stream to its end. A connection that AddSession or RemoveSession ended
+// is endRestart, reported as nothing.
+func (r *run) connect() result {
 	ctx, cancel := context.WithCancelCause(r.ctx)
 	defer cancel(nil)
+	if r.mux != nil {
+		r.c.mu.Lock()
+		r.c.restart = cancel
+		r.c.mu.Unlock()
+		defer func() {
+			r.c.mu.Lock()
+			r.c.restart = nil
+			r.c.mu.Unlock()
+		}()
+	}
+	res := r.attempt1(ctx, cancel)
+	if r.ctx.Err() == nil && res.end != endFatal && res.end != endGone && errors.Is(context.Cause(ctx), errSessionsChanged) {
+		return result{end: endRestart, opened: res.opened, openedAt: res.openedAt, delivered: res.delivered}
+	}
+	return res
+}
+
+// attempt1 is connect's attempt, under ctx.
+func (r *run) attempt1(ctx context.Context, cancel context.CancelCauseFunc) (res result) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.url(), nil)
 	if err != nil {
 		return result{end: endFatal, err: fmt.Errorf("sseclient: %w", err)}
@@ -697,7 +812,7 @@ func (r *run) connect() (res result) {
 	req.Header.Set("Cache-Control", "no-cache")
 	resp, err := r.hc.Do(req)
 	if err != nil {
-		return result{end: endNetwork, err: fmt.Errorf("sseclient: connect: %w", err)}
+		return result{end: endNetwork, err: fmt.Errorf("sseclient: connect: %w", redactURL(err))}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -705,16 +820,27 @@ func (r *run) connect() (res result) {
 			return result{end: endFatal, err: fmt.Errorf("%w: 204 No Content", ErrNotEventStream)}
 		}
 		he := httpError(resp)
-		if r.mux != nil && he.StatusCode == http.StatusNotFound && he.Code == "session_not_found" && r.mux.active(he.Session) {
-			return r.gone(he.Session, "session_not_found", he)
+		res := result{end: endHTTP, err: he, status: resp.StatusCode, httpErr: he}
+		if he.StatusCode == http.StatusNotFound && he.Code == "session_not_found" {
+			if r.mux != nil && !r.mux.active(he.Session) {
+				return res // not about a session of the stream: final
+			}
+			if wait := r.notFoundWait(); wait > 0 {
+				res.notFound, res.wait = true, wait
+				return res
+			}
+			if r.mux != nil {
+				return r.gone(he.Session, "session_not_found", he)
+			}
 		}
-		return result{end: endHTTP, err: he, status: resp.StatusCode, httpErr: he}
+		return res
 	}
 	if mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || mt != "text/event-stream" {
 		return result{end: endFatal, err: fmt.Errorf("%w: Content-Type %q", ErrNotEventStream, resp.Header.Get("Content-Type"))}
 	}
 
 	r.authFinal = false
+	r.notFoundSince = time.Time{}
 	res = result{opened: true, openedAt: time.Now()}
 	cn := &conn{res: &res}
 	r.c.mu.Lock()
@@ -743,7 +869,7 @@ func (r *run) connect() (res result) {
 			case err == io.EOF:
 				res.end, res.err = endCut, fmt.Errorf("%w: the response ended", ErrStreamCut)
 			default:
-				res.end, res.err = endCut, fmt.Errorf("%w: %w", ErrStreamCut, err)
+				res.end, res.err = endCut, fmt.Errorf("%w: %w", ErrStreamCut, redactURL(err))
 			}
 			return res
 		}
@@ -759,6 +885,36 @@ func (r *run) connect() (res result) {
 		}
 	}
 }
+
+// notFoundWait returns how much of RetryNotFound is left since the first
+// 404 session_not_found after the last stream that opened (starting that
+// window at the first), 0 when none is: the 404 is then final.
+func (r *run) notFoundWait() time.Duration {
+	if r.c.RetryNotFound <= 0 {
+		return 0
+	}
+	if r.notFoundSince.IsZero() {
+		r.notFoundSince = time.Now()
+	}
+	return max(0, r.c.RetryNotFound-time.Since(r.notFoundSince))
+}
+
+// redactURL takes the query (the cursor, the sessions) out of the URL an
+// error of net/http names, so that error strings do not carry the
+// client's position: "Get \"http://host/events?...\": ...". It returns
+// err, to wrap.
+func redactURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		if i := strings.IndexByte(ue.URL, '?'); i >= 0 {
+			ue.URL = ue.URL[:i] + "?..."
+		}
+	}
+	return err
+}
+
+// head is s cut to 64 bytes, for an error message.
+func head(s string) string { return s[:min(len(s), 64)] }
 
 // opened starts a connection of p, under the client's lock: it is
 // replaying when it has a cursor, and takes in the stream's epoch, e (the
@@ -880,6 +1036,9 @@ func (r *run) frame(m Message, cn *conn) {
 		}
 		r.observeEpoch(p, d.Epoch, 0, false)
 		p.replaying = false
+		if r.mux != nil {
+			r.mux.caughtUp(r.c, p)
+		}
 		if p.budgetCut {
 			// Resume at once from the cursor, once no other session's
 			// replay is still under way.
@@ -923,7 +1082,12 @@ func (r *run) frame(m Message, cn *conn) {
 			d.ErrorKind = "internal"
 		}
 		se := &StreamError{Session: p.session, Kind: d.ErrorKind, Message: d.Error}
-		if r.mux != nil && d.ErrorKind == kindClosed {
+		if d.ErrorKind == kindClosed {
+			if r.mux == nil {
+				// The session is gone (deleted): final, never resumed.
+				cn.stop, cn.res.err = endFatal, se
+				return
+			}
 			// This session is gone (deleted); the others go on.
 			if res := r.gone(p.session, kindClosed, se); res.end != endGone {
 				cn.stop = res.end

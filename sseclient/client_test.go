@@ -299,7 +299,7 @@ func TestApplicationDataIsNeverControl(t *testing.T) {
 		"event: "+eventbus.TypeReplayComplete+"\ndata: {\"v\":1,\"type\":\"replay_complete\",\"about\":\"doc/1\"}\n\n"+
 		forged(6, "note", "null"))
 	rc := newRecorder()
-	c := &sseclient.Client{URL: s.url("a"), Resume: true}
+	c := &sseclient.Client{URL: s.url("a"), ResumeFrom: "0"}
 	rc.attach(c)
 	start(t, c)
 	rc.wait(t, "6 events and a signal", waitLong, func() bool { return len(rc.events) == 6 && len(rc.signals) == 1 })
@@ -345,7 +345,7 @@ func TestFinalAnswers(t *testing.T) {
 func TestEventAboveMaxEventBytesIsFinal(t *testing.T) {
 	s := newServer(t, serverConfig{})
 	s.publish("a", "blob", strings.Repeat("x", 5000))
-	err := runFinal(t, &sseclient.Client{URL: s.url("a"), Resume: true, MaxEventBytes: 4096}, waitLong)
+	err := runFinal(t, &sseclient.Client{URL: s.url("a"), ResumeFrom: "0", MaxEventBytes: 4096}, waitLong)
 	if !errors.Is(err, sseclient.ErrEventTooLarge) {
 		t.Fatalf("err %v", err)
 	}
@@ -359,8 +359,12 @@ func TestInvalidOptions(t *testing.T) {
 		"maxQueued 2049":  {URL: "http://x/", MaxQueued: 2049},
 		"negative max":    {URL: "http://x/", MaxEventBytes: -1},
 		"negative delay":  {URL: "http://x/", InitialDelay: -1},
-		"bad epoch":       {URL: "http://x/", Epoch: "E"},
-		"id past 2^53-1":  {URL: "http://x/", Resume: true, LastEventID: 1 << 53},
+		"bad epoch":       {URL: "http://x/", ResumeEpoch: "E"},
+		"id past 2^53-1":  {URL: "http://x/", ResumeFrom: "9007199254740992"},
+		"bad ResumeFrom":  {URL: "http://x/", ResumeFrom: "-1"},
+		"a mux cursor":    {URL: "http://x/", ResumeFrom: "m1r2PcTIYBI0VniasAAAAAAAAq"},
+		"epochs differ":   {URL: "http://x/", ResumeFrom: strings.Repeat("a", 32) + ":1", ResumeEpoch: strings.Repeat("b", 32)},
+		"negative wait":   {URL: "http://x/", RetryNotFound: -1},
 		"comma in filter": {URL: "http://x/", Types: []string{"a,b"}},
 		"client timeout":  {URL: "http://x/", HTTPClient: &http.Client{Timeout: time.Second}},
 	} {
@@ -432,7 +436,7 @@ func TestCursorInvalidResyncReportsWhatIsMissing(t *testing.T) {
 	}
 	epoch := s.bus("a").Epoch()
 	mangleCursor(s, "not-a-cursor")
-	c := &sseclient.Client{URL: s.url("a"), Resume: true, LastEventID: 2, Epoch: epoch}
+	c := &sseclient.Client{URL: s.url("a"), ResumeFrom: "2", ResumeEpoch: epoch}
 	rc := startOpen(t, c)
 	rc.wait(t, "the resync", waitLong, func() bool { return len(rc.resyncs) == 1 })
 	s.publish("a", "note", nil)

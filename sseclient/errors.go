@@ -28,6 +28,16 @@ var (
 	// ErrNoSessions is Run's final error on a multiplexed stream
 	// (Client.Sessions) once every session is gone (OnSessionGone).
 	ErrNoSessions = errors.New("sseclient: every session of the multiplexed stream is gone")
+	// ErrSessionGone matches (errors.Is) the errors that say a session is
+	// gone: a 404 session_not_found (*HTTPError: it does not exist, or the
+	// daemon restarted and nothing re-created it yet) and a stream_error
+	// closed (*StreamError: it was deleted while streaming). On a single
+	// stream either is Run's final error (the 404 once Client.RetryNotFound
+	// has passed); on a multiplexed stream it is SessionGone.Err.
+	ErrSessionGone = errors.New("sseclient: the session is gone")
+	// ErrNotMultiplexed is returned by AddSession and RemoveSession on a
+	// client without Sessions.
+	ErrNotMultiplexed = errors.New("sseclient: AddSession and RemoveSession need a multiplexed client (Sessions)")
 )
 
 // HTTPError is a non-200 answer. Run returns it as its final error for
@@ -53,6 +63,12 @@ type HTTPError struct {
 	Challenge string
 }
 
+// Is reports whether target is ErrSessionGone and e a 404
+// session_not_found.
+func (e *HTTPError) Is(target error) bool {
+	return target == ErrSessionGone && e.StatusCode == 404 && e.Code == "session_not_found"
+}
+
 // Error returns "sseclient: HTTP <status> <code>: <message>".
 func (e *HTTPError) Error() string {
 	s := "sseclient: HTTP " + strconv.Itoa(e.StatusCode)
@@ -67,10 +83,12 @@ func (e *HTTPError) Error() string {
 
 // StreamError is a stream_error frame: the server ended the stream. Kind is
 // its errorKind: internal, reauthenticate, revoked, unavailable, shutdown,
-// closed (on a multiplexed stream: one session was deleted, the others go
-// on; see SessionGone), or a newer server's kind. It is reported through OnError; the client
-// reconnects and resumes from its cursor: at once with fresh credentials
-// for reauthenticate and revoked, after a random delay in [RetryAfter,
+// closed (the session was deleted: on a single stream Run's final error,
+// on a multiplexed stream that session is dropped and the others go on, see
+// SessionGone; errors.Is(err, ErrSessionGone) holds), or a newer server's
+// kind. The others are reported through OnError; the client reconnects and
+// resumes from its cursor: at once with fresh credentials for
+// reauthenticate and revoked, after a random delay in [RetryAfter,
 // 2*RetryAfter] for shutdown (see Client), with backoff for the others.
 type StreamError struct {
 	// Session is, on a multiplexed stream, the session the frame named.
@@ -83,7 +101,17 @@ type StreamError struct {
 	RetryAfter time.Duration
 }
 
-// Error returns "sseclient: the server ended the stream (<kind>): <message>".
+// Error returns "sseclient: the server ended the stream (<kind>): <message>",
+// and for kind closed "sseclient: the session is gone (stream_error closed):
+// <message>".
 func (e *StreamError) Error() string {
+	if e.Kind == kindClosed {
+		return "sseclient: the session is gone (stream_error closed): " + e.Message
+	}
 	return "sseclient: the server ended the stream (" + e.Kind + "): " + e.Message
+}
+
+// Is reports whether target is ErrSessionGone and e of kind closed.
+func (e *StreamError) Is(target error) bool {
+	return target == ErrSessionGone && e.Kind == kindClosed
 }

@@ -27,8 +27,8 @@ func ExampleClient() {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &sseclient.Client{
-		URL:    srv.URL + "/session/demo/events",
-		Resume: true, // with LastEventID 0: everything the ring holds
+		URL:        srv.URL + "/session/demo/events",
+		ResumeFrom: "0", // from the start: everything the ring holds
 		OnEvent: func(e sseclient.Event) {
 			fmt.Println(e.ID, e.Type, string(e.Data), e.Replayed)
 		},
@@ -42,12 +42,12 @@ func ExampleClient() {
 	}
 	err := c.Run(ctx)
 	_, last, _ := c.Cursor()
-	fmt.Println(err, "at", last)
+	fmt.Println(err, "at", last, c.LastEventID() == bus.Epoch()+":2")
 	// Output:
 	// 1 greeting {"text":"hello"} true
 	// 2 greeting {"text":"again"} true
 	// caught up after 2 events
-	// context canceled at 2
+	// context canceled at 2 true
 }
 
 // Credentials are asked before the first connection and again when the
@@ -92,9 +92,10 @@ func ExampleClient_credentials() {
 	// open
 }
 
-// Several sessions on one connection (eventbus.MuxHandler): every value
-// names its session, and each session resumes from its own place in the
-// composite cursor. A session the server says is gone is dropped.
+// Several sessions on one connection (eventbus.MuxHandler), from the start
+// of each one's ring (ResumeFrom "0"): every value names its session, and
+// each session resumes from its own place in the composite cursor. A
+// session the server says is gone is dropped.
 func ExampleClient_sessions() {
 	hub, _ := eventbus.NewHub(eventbus.HubOptions{})
 	defer hub.Close()
@@ -104,14 +105,13 @@ func ExampleClient_sessions() {
 	b, _ := hub.GetOrCreate("b")
 	a.Publish(eventbus.Event{Type: "note", Data: 1})
 	b.Publish(eventbus.Event{Type: "note", Data: 2})
-	cursor := eventbus.Cursor{}.Set("a", a.Epoch(), 0).Set("b", b.Epoch(), 0)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	caught := 0
 	c := &sseclient.Client{
-		URL:          srv.URL + "/events",
-		Sessions:     []string{"a", "b", "gone"},
-		ResumeCursor: cursor.String(), // from the start of a and b
+		URL:        srv.URL + "/events",
+		Sessions:   []string{"a", "b", "gone"},
+		ResumeFrom: "0", // from the start of every session
 		OnEvent: func(e sseclient.Event) {
 			fmt.Println(e.Session, e.ID, string(e.Data))
 		},

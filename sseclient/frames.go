@@ -170,8 +170,9 @@ type streamErrorData struct {
 // ErrorKindShutdown).
 const kindShutdown = "shutdown"
 
-// kindClosed is the errorKind of one session of a multiplexed stream whose
-// bus closed (deleted) while the others go on (eventbus ErrorKindClosed).
+// kindClosed is the errorKind of a session whose bus closed (deleted)
+// while streaming (eventbus ErrorKindClosed): a single stream ends with it,
+// a multiplexed one drops that session and goes on.
 const kindClosed = "closed"
 
 // id returns the envelope's id, which must be an integer in [0, 2^53-1].

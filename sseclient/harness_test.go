@@ -146,16 +146,21 @@ func (s *server) remove(id string) {
 // muxURL is the multiplexed stream's URL (the client adds the sessions).
 func (s *server) muxURL() string { return s.srv.URL + "/events" }
 
-// close stops the server as a daemon does: every bus is closed (open
-// streams receive what is queued, then end), then the HTTP server.
+// close stops the server as a crash does: every connection is cut, then
+// every bus is closed (a plain Close would end each single stream with
+// stream_error closed, which a client takes for its session's end: the
+// daemon's restart is no delete), then the HTTP server.
 func (s *server) close() {
+	// No new connection (a client reconnecting at once would find the
+	// closed bus); a stream still being set up, or blocked writing, must
+	// not hold Close.
+	s.srv.Listener.Close()
+	s.srv.CloseClientConnections()
 	s.mu.Lock()
 	for _, b := range s.buses {
 		b.Close()
 	}
 	s.mu.Unlock()
-	// A stream still being set up, or blocked writing, must not hold Close.
-	s.srv.CloseClientConnections()
 	s.srv.Close()
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -34,38 +35,45 @@ type SessionGone struct {
 	Epoch       string
 }
 
-// muxState is a multiplexed client's positions, one per session of
-// Client.Sessions ever run, and the sessions of the current Run, guarded
-// by Client.mu but for their per-connection fields (Run's).
+// muxState is a multiplexed client's sessions and positions: one position
+// per session ever streamed, the list to stream (want), and the current
+// connection's sessions (order). Guarded by Client.mu, but for order and
+// the positions' per-connection fields, which Run's goroutine alone reads
+// (and writes under the lock).
 type muxState struct {
-	pos    map[string]*position
-	order  []*position // the current Run's sessions still streamed, in URL order
-	cursor []muxcursor.Entry
+	pos map[string]*position
+	// want is the sessions to stream: Sessions, then as AddSession,
+	// RemoveSession and gone sessions change it.
+	want []string
+	// from is ResumeFrom's entries, for a session added later.
+	from []muxcursor.Entry
+	// fromStart: ResumeFrom was "0"; while no session has a position the
+	// client asks for "0" again.
+	fromStart bool
+	// sentFromStart: the current connection asked for "0".
+	sentFromStart bool
+	order         []*position // the current connection's sessions still streamed, in URL order
+	cursor        []muxcursor.Entry
 }
 
 // epochTag is the tag of a bus epoch in a composite cursor.
 func epochTag(epoch string) uint64 { return muxcursor.EpochTag(epoch) }
 
+// isFromStart reports whether s is the cursor "0" (any run of zeros, as a
+// single stream reads N).
+func isFromStart(s string) bool { return s != "" && strings.Trim(s, "0") == "" }
+
 // validateMux checks the multiplexed fields.
 func (c *Client) validateMux() error {
 	if len(c.Sessions) == 0 {
-		if c.ResumeCursor != "" {
-			return errors.New("ResumeCursor without Sessions")
-		}
 		return nil
 	}
 	if len(c.Sessions) > maxMuxSessions {
 		return errors.New("more than 256 Sessions")
 	}
 	for i, id := range c.Sessions {
-		if id == "" {
-			return errors.New("an empty session in Sessions")
-		}
-		// The server's session id rule (docs/SPEC.md section 7): a
-		// session it would refuse with 400 is refused here, before any
-		// request.
-		if len(id) > maxSessionIDBytes || !utf8.ValidString(id) {
-			return fmt.Errorf("session %q in Sessions is not 1 to %d bytes of valid UTF-8", id[:min(len(id), 64)], maxSessionIDBytes)
+		if err := checkSessionID(id); err != nil {
+			return err
 		}
 		for _, other := range c.Sessions[:i] {
 			if other == id {
@@ -73,41 +81,64 @@ func (c *Client) validateMux() error {
 			}
 		}
 	}
-	if c.Resume || c.LastEventID != 0 || c.Epoch != "" {
-		return errors.New("sessions with Resume, LastEventID or Epoch: a multiplexed stream resumes from ResumeCursor")
+	if c.ResumeEpoch != "" {
+		return errors.New("ResumeEpoch with Sessions: a multiplexed stream resumes from ResumeFrom, its composite cursor")
 	}
-	if c.ResumeCursor != "" {
-		if _, err := muxcursor.Parse(c.ResumeCursor, maxMuxSessions, nil); err != nil {
-			return errors.New("ResumeCursor: " + strings.TrimPrefix(err.Error(), "eventbus: "))
+	if c.ResumeFrom != "" && !isFromStart(c.ResumeFrom) {
+		if _, err := muxcursor.Parse(c.ResumeFrom, maxMuxSessions, nil); err != nil {
+			return errors.New("ResumeFrom with Sessions is 0 or a composite cursor: " + strings.TrimPrefix(err.Error(), "eventbus: "))
 		}
 	}
 	return nil
 }
 
-// startMux sets up the positions of a Run of Sessions, from ResumeCursor on
-// the first one (validated). The caller holds c.mu.
-func (c *Client) startMux(first bool) *muxState {
-	if c.mux == nil {
-		c.mux = &muxState{pos: map[string]*position{}}
+// checkSessionID applies the server's session id rule (docs/SPEC.md
+// section 7): a session it would refuse with 400 is refused here, before
+// any request.
+func checkSessionID(id string) error {
+	if id == "" {
+		return errors.New("an empty session")
 	}
-	m := c.mux
-	var from []muxcursor.Entry
-	if first && c.ResumeCursor != "" {
-		from, _ = muxcursor.Parse(c.ResumeCursor, maxMuxSessions, nil)
+	if len(id) > maxSessionIDBytes || !utf8.ValidString(id) {
+		return fmt.Errorf("session %q is not 1 to %d bytes of valid UTF-8", head(id), maxSessionIDBytes)
 	}
-	m.order = m.order[:0]
+	return nil
+}
+
+// muxState returns the client's multiplexed state, made from Sessions and
+// ResumeFrom the first time. The caller holds c.mu.
+func (c *Client) muxState() *muxState {
+	if c.mux != nil {
+		return c.mux
+	}
+	m := &muxState{pos: map[string]*position{}}
+	if isFromStart(c.ResumeFrom) {
+		m.fromStart = true
+	} else if c.ResumeFrom != "" {
+		m.from, _ = muxcursor.Parse(c.ResumeFrom, maxMuxSessions, nil) // validated by Run (else nil)
+	}
 	for _, id := range c.Sessions {
-		p := m.pos[id]
-		if p == nil {
-			p = &position{session: id, mux: true}
-			m.pos[id] = p
-			if e, ok := entryOf(from, muxcursor.SessionTag(id)); ok {
-				p.hasCursor, p.cursor, p.tag = true, e.ID, e.Epoch
-			}
+		if !slices.Contains(m.want, id) {
+			m.want = append(m.want, id)
+			m.position(id)
 		}
-		m.order = append(m.order, p)
 	}
+	c.mux = m
 	return m
+}
+
+// position returns the position of session id, made (from ResumeFrom's
+// entry for it, if any) when the client has none.
+func (m *muxState) position(id string) *position {
+	p := m.pos[id]
+	if p == nil {
+		p = &position{session: id, mux: true}
+		if e, ok := entryOf(m.from, muxcursor.SessionTag(id)); ok {
+			p.hasCursor, p.cursor, p.tag = true, e.ID, e.Epoch
+		}
+		m.pos[id] = p
+	}
+	return p
 }
 
 // entryOf finds the entry of a session tag: the only one with it.
@@ -123,13 +154,19 @@ func entryOf(entries []muxcursor.Entry, tag uint64) (muxcursor.Entry, bool) {
 	return found, n == 1
 }
 
-// url is base with one session parameter per session of the stream and the
-// composite cursor of those with a position as lastEventId.
+// url is base with one session parameter per session of the stream and
+// the composite cursor of those with a position as lastEventId ("0" while
+// a start from the beginning has given none a position). It starts a
+// connection: the sessions are want's from now on.
 func (m *muxState) url(c *Client, base *url.URL) string {
 	u := *base
 	q := u.Query()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	m.order = m.order[:0]
+	for _, id := range m.want {
+		m.order = append(m.order, m.position(id))
+	}
 	m.cursor = m.cursor[:0]
 	for _, p := range m.order {
 		q.Add("session", p.session)
@@ -137,13 +174,39 @@ func (m *muxState) url(c *Client, base *url.URL) string {
 			m.cursor = append(m.cursor, muxcursor.Entry{Session: muxcursor.SessionTag(p.session), Epoch: p.tag, ID: p.cursor})
 		}
 	}
-	if len(m.cursor) > 0 {
+	m.sentFromStart = m.fromStart && len(m.cursor) == 0
+	switch {
+	case m.sentFromStart:
+		q.Set("lastEventId", "0")
+	case len(m.cursor) > 0:
 		if b, err := muxcursor.Append(nil, m.cursor); err == nil {
 			q.Set("lastEventId", string(b))
 		}
 	}
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// lastEventID is Client.LastEventID of a multiplexed client, under its
+// lock.
+func (m *muxState) lastEventID() string {
+	var entries []muxcursor.Entry
+	for _, id := range m.want {
+		if p := m.pos[id]; p != nil && p.hasCursor {
+			entries = append(entries, muxcursor.Entry{Session: muxcursor.SessionTag(id), Epoch: p.tag, ID: p.cursor})
+		}
+	}
+	if len(entries) == 0 {
+		if m.fromStart {
+			return "0"
+		}
+		return ""
+	}
+	b, err := muxcursor.Append(nil, entries)
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 // opened starts a connection, under the client's lock: header is its
@@ -159,7 +222,29 @@ func (m *muxState) opened(header string) {
 			e = strings.TrimSpace(epochs[i])
 		}
 		p.opened(e)
+		if m.sentFromStart {
+			// Every session replays from the start of its ring; one whose
+			// epoch the header gave stands at 0 of it from now on.
+			p.replaying = true
+			m.startAt0(p)
+		}
 	}
+}
+
+// startAt0 gives p, of a stream that asked for "0", the position 0 of its
+// epoch once that is known and it has none: a reconnect then asks for its
+// whole ring again. The caller holds the client's lock.
+func (m *muxState) startAt0(p *position) {
+	if m.sentFromStart && !p.hasCursor && p.epoch != "" {
+		p.hasCursor, p.cursor = true, 0
+	}
+}
+
+// caughtUp takes in p's replay_complete (its epoch observed already).
+func (m *muxState) caughtUp(c *Client, p *position) {
+	c.mu.Lock()
+	m.startAt0(p)
+	c.mu.Unlock()
 }
 
 // of returns the position of session id on the current stream, nil when
@@ -257,7 +342,12 @@ func (r *run) gone(id, reason string, err error) result {
 			break
 		}
 	}
-	left := len(m.order)
+	if i := slices.Index(m.want, id); i >= 0 {
+		m.want = slices.Delete(m.want, i, i+1)
+	}
+	// want, not order: a session AddSession added meanwhile is streamed
+	// next.
+	left := len(m.want)
 	c.mu.Unlock()
 	if f := c.OnSessionGone; f != nil {
 		f(g)
@@ -270,7 +360,7 @@ func (r *run) gone(id, reason string, err error) result {
 
 // SessionCursor returns where the client stands in session of a
 // multiplexed stream: the epoch of its last delivered event (empty while
-// only its tag is known: a position from ResumeCursor before the server
+// only its tag is known: a position from ResumeFrom before the server
 // confirmed it) and its id, with ok false when it has none (it started
 // live and nothing arrived on the stream yet). Safe to call from any
 // goroutine, also while Run runs.
@@ -284,45 +374,82 @@ func (c *Client) SessionCursor(session string) (epoch string, lastEventID uint64
 	return p.epoch, p.cursor, p.hasCursor
 }
 
-// CompositeCursor returns the composite cursor of the sessions the
-// current (or last) Run streams that the client has a position in, as the
-// server's id lines write it: what the next connection resumes from, and
-// what a later client's ResumeCursor, or a plain EventSource's
-// Last-Event-ID, may resume from. "" when it has none. (Sessions gone or
-// no longer in Sessions are left out: the server refuses a cursor of more
-// entries than its sessions' bound.) Safe to call from any goroutine, also
-// while Run runs.
-func (c *Client) CompositeCursor() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.mux == nil {
-		return ""
-	}
-	var entries []muxcursor.Entry
-	for _, p := range c.mux.order {
-		if p.hasCursor {
-			entries = append(entries, muxcursor.Entry{Session: muxcursor.SessionTag(p.session), Epoch: p.tag, ID: p.cursor})
-		}
-	}
-	b, err := muxcursor.Append(nil, entries)
-	if err != nil {
-		return ""
-	}
-	return string(b)
-}
-
-// ActiveSessions returns the sessions of a multiplexed stream the current
-// (or last) Run streams: Sessions without those gone. Safe to call from
+// ActiveSessions returns the sessions of a multiplexed stream the client
+// streams: Sessions, then as AddSession, RemoveSession and the sessions
+// gone change it (what the next connection asks for). Safe to call from
 // any goroutine, also while Run runs.
 func (c *Client) ActiveSessions() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.mux == nil {
+		if len(c.Sessions) == 0 {
+			return nil
+		}
+		c.muxState()
+	}
+	return slices.Clone(c.mux.want)
+}
+
+// AddSession adds session id to a multiplexed client's stream: the
+// current connection, if one is open or opening, ends, and the next starts
+// at once with the new list and the cursor; id starts from its position
+// when the client has one (streamed before, or named by ResumeFrom), else
+// live. A session streamed already is left as it is. The list carries
+// over to later Runs. Safe for concurrent use, from callbacks too, and
+// before Run. It returns ErrNotMultiplexed without Sessions, and an error
+// wrapping ErrInvalidOption for an id the server's rule refuses or a
+// 257th session.
+func (c *Client) AddSession(id string) error {
+	if err := checkSessionID(id); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidOption, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mux == nil && len(c.Sessions) == 0 {
+		return ErrNotMultiplexed
+	}
+	m := c.muxState()
+	if slices.Contains(m.want, id) {
 		return nil
 	}
-	ids := make([]string, len(c.mux.order))
-	for i, p := range c.mux.order {
-		ids[i] = p.session
+	if len(m.want) >= maxMuxSessions {
+		return fmt.Errorf("%w: more than 256 sessions", ErrInvalidOption)
 	}
-	return ids
+	m.want = append(m.want, id)
+	m.position(id)
+	c.restartLocked()
+	return nil
+}
+
+// RemoveSession stops streaming session id on a multiplexed client: the
+// current connection, if one is open or opening, ends, and the next starts
+// at once without it. The client keeps its position, should it be added
+// again. A session not streamed is no error; the last one cannot be
+// removed (cancel Run instead). Safe for concurrent use, from callbacks
+// too, and before Run. It returns ErrNotMultiplexed without Sessions.
+func (c *Client) RemoveSession(id string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mux == nil && len(c.Sessions) == 0 {
+		return ErrNotMultiplexed
+	}
+	m := c.muxState()
+	i := slices.Index(m.want, id)
+	switch {
+	case i < 0:
+		return nil
+	case len(m.want) == 1:
+		return fmt.Errorf("%w: %q is the last session of the stream: cancel Run instead", ErrInvalidOption, head(id))
+	}
+	m.want = slices.Delete(m.want, i, i+1)
+	c.restartLocked()
+	return nil
+}
+
+// restartLocked ends the current connection, if any, for the next to
+// start with the new sessions. The caller holds c.mu.
+func (c *Client) restartLocked() {
+	if c.restart != nil {
+		c.restart(errSessionsChanged)
+	}
 }

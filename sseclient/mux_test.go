@@ -97,7 +97,7 @@ func TestMuxClientResumesEachSessionExactly(t *testing.T) {
 	s.publish("b", "note", nil) // b#2
 	s.publish("a", "note", nil) // a#3
 	s.publish("c", "note", nil) // c#2
-	cursor := c.CompositeCursor()
+	cursor := c.LastEventID()
 	g.release()
 	rc.wait(t, "three catch-ups", waitLong, func() bool { return len(rc.caught) == 3 && len(rc.events) == 4 })
 	if got := bySession(rc.snap().events); !slices.Equal(got["a"], []uint64{2, 3}) || !slices.Equal(got["b"], []uint64{2}) || !slices.Equal(got["c"], []uint64{2}) {
@@ -259,7 +259,7 @@ func TestMuxClientReplayBudgetOfOneSession(t *testing.T) {
 	}
 	s.publish("b", "note", nil)
 	cur := eventbus.Cursor{}.Set("a", s.bus("a").Epoch(), 0).Set("b", s.bus("b").Epoch(), 0)
-	c := &sseclient.Client{Sessions: []string{"a", "b"}, ResumeCursor: cur.String()}
+	c := &sseclient.Client{Sessions: []string{"a", "b"}, ResumeFrom: cur.String()}
 	rc := startMux(t, s, c)
 	rc.wait(t, "everything", waitLong, func() bool { return len(rc.events) == 11 })
 	got := rc.snap()
@@ -274,7 +274,7 @@ func TestMuxClientReplayBudgetOfOneSession(t *testing.T) {
 	}
 }
 
-// The composite cursor's test vector: the token given as ResumeCursor is
+// The composite cursor's test vector: the token given as ResumeFrom is
 // sent as is, read as session "a" at 42 of epoch tag 0x0123456789ab; its
 // epoch is not the bus's, so the server answers epoch_reset.
 func TestMuxClientResumeCursorVector(t *testing.T) {
@@ -282,7 +282,7 @@ func TestMuxClientResumeCursorVector(t *testing.T) {
 	g := newGate(http.DefaultTransport)
 	s := newServer(t, serverConfig{})
 	s.publish("a", "note", nil)
-	c := &sseclient.Client{Sessions: []string{"a"}, ResumeCursor: token, HTTPClient: &http.Client{Transport: g}}
+	c := &sseclient.Client{Sessions: []string{"a"}, ResumeFrom: token, HTTPClient: &http.Client{Transport: g}}
 	if e, id, ok := c.SessionCursor("a"); ok || id != 0 || e != "" {
 		t.Fatal("a position before Run")
 	}
@@ -302,12 +302,10 @@ func TestMuxClientInvalidOptions(t *testing.T) {
 		"not UTF-8":       {Sessions: []string{"a", "a\xff"}},
 		"too long an id":  {Sessions: []string{"a", strings.Repeat("x", 257)}},
 		"repeated":        {Sessions: []string{"a", "a"}},
-		"with Resume":     {Sessions: []string{"a"}, Resume: true},
-		"with Epoch":      {Sessions: []string{"a"}, Epoch: strings.Repeat("a", 32)},
-		"bad cursor":      {Sessions: []string{"a"}, ResumeCursor: "5"},
-		"cursor, no mux":  {ResumeCursor: "m1r2PcTIYBI0VniasAAAAAAAAq"},
+		"with an epoch":   {Sessions: []string{"a"}, ResumeEpoch: strings.Repeat("a", 32)},
+		"bad cursor":      {Sessions: []string{"a"}, ResumeFrom: "5"},
 		"too many":        {Sessions: manyIDs(257)},
-		"cursor too long": {Sessions: []string{"a"}, ResumeCursor: "m1" + strings.Repeat("r2PcTIYBI0VniasAAAAAAAAq", 257)},
+		"cursor too long": {Sessions: []string{"a"}, ResumeFrom: "m1" + strings.Repeat("r2PcTIYBI0VniasAAAAAAAAq", 257)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c.URL = "http://127.0.0.1:1/events"
@@ -447,7 +445,7 @@ func TestMuxClientWithoutEventEpochs(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close) // after the client's stop, which start's cleanup does first
 	c := &sseclient.Client{URL: srv.URL + "/events", Sessions: []string{"a"},
-		ResumeCursor: eventbus.Cursor{}.Set("a", strings.Repeat("a", 32), 3).String()}
+		ResumeFrom: eventbus.Cursor{}.Set("a", strings.Repeat("a", 32), 3).String()}
 	rc := newRecorder()
 	rc.attach(c)
 	start(t, c)
@@ -475,7 +473,7 @@ func TestMuxClientCursorInvalid(t *testing.T) {
 	s.publish("b", "note", nil)
 	cur := eventbus.Cursor{}.Set("a", s.bus("a").Epoch(), 1).Set("b", s.bus("b").Epoch(), 1)
 	mangleCursor(s, "m1"+strings.Repeat("!", 24))
-	c := &sseclient.Client{Sessions: []string{"a", "b"}, ResumeCursor: cur.String()}
+	c := &sseclient.Client{Sessions: []string{"a", "b"}, ResumeFrom: cur.String()}
 	rc := startMux(t, s, c)
 	rc.wait(t, "a's resync", waitLong, func() bool { return len(rc.resyncs) == 1 })
 	s.publish("a", "note", nil)

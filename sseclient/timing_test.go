@@ -323,7 +323,7 @@ func TestANewEpochWithoutEpochResetIsReported(t *testing.T) {
 		// A server that ignores the epoch it is sent and joins numerically.
 		cursors := scripted(s, epochB, ev(8, "")+ev(9, ""))
 		c, rc := pipeClient(s, "a")
-		c.Resume, c.LastEventID, c.Epoch = true, 7, epochA
+		c.ResumeFrom, c.ResumeEpoch = "7", epochA
 		start(t, c)
 		rc.wait(t, "2 events", time.Minute, func() bool { return len(rc.events) == 2 })
 		want := sseclient.Resync{Reason: "epoch_reset", Detail: "epoch_changed", LastDeliveredID: 7, EarliestAvailableID: 8, Epoch: epochB, PreviousEpoch: epochA, Missing: sseclient.IDRange{From: 1, To: 7}}
@@ -352,7 +352,7 @@ func TestOverflowResyncRangeAndReplayBudgetCut(t *testing.T) {
 				ev(20, ""), // live, past what was not replayed: never delivered
 			ev(9, "")+ev(10, "")+syn("replay_complete", `{"replayedCount":2,"lastReplayedEventId":10,"lastEventId":10,"epoch":"`+epochA+`"}`))
 		c, rc := pipeClient(s, "a")
-		c.Resume = true
+		c.ResumeFrom = "0"
 		start(t, c)
 		rc.wait(t, "caught up", time.Minute, func() bool { return len(rc.caught) == 1 })
 		wantIDs(t, rc.snap().ids(), []uint64{1, 2, 3, 6, 7, 8, 9, 10})

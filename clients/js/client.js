@@ -45,6 +45,17 @@ export class EventBusError extends Error {
     this.session = fields.session;
     this.final = false;
   }
+
+  /**
+   * True when the error says the session is gone: a 404
+   * session_not_found (it does not exist, or the daemon restarted and
+   * nothing re-created it yet) or a stream_error closed (it was deleted
+   * while streaming).
+   */
+  get sessionGone() {
+    return (this.kind === "http" && this.status === 404 && this.code === "session_not_found") ||
+      (this.kind === "stream_error" && this.errorKind === "closed");
+  }
 }
 
 /**
@@ -128,6 +139,12 @@ function positive(name, v, def) {
   return v;
 }
 
+// isFromStart reports whether a lastEventId option is 0: from the start of
+// the ring (of every session's, with sessions).
+function isFromStart(v) {
+  return v === 0 || (typeof v === "string" && /^0+$/.test(v));
+}
+
 export class EventBusClient {
   #opts;
   #base; // the stream URL, without the cursor parameters
@@ -144,6 +161,8 @@ export class EventBusClient {
   #failures = 0;
   #lastImmediate = false;
   #authFinal = false; // fresh credentials were just fetched: a 401/403 now is final
+  #retryNotFound = 0; // ms a 404 session_not_found is retried
+  #notFoundSince = null; // the first 404 session_not_found since the last open stream
   #credentials = null; // the last credentials result
   #state = "idle";
   #closed = false;
@@ -185,6 +204,7 @@ export class EventBusClient {
     this.#maxDelay = positive("maxDelay", o.maxDelay, 30_000);
     if (o.idleTimeout === 0) this.#idleTimeout = 0;
     else this.#idleTimeout = positive("idleTimeout", o.idleTimeout, 45_000);
+    if (o.retryNotFound !== undefined && o.retryNotFound !== 0) this.#retryNotFound = positive("retryNotFound", o.retryNotFound, 0);
     if (!this.#mux && o.lastEventId !== undefined && o.lastEventId !== null) {
       const c = typeof o.lastEventId === "number" ? parseEventId(String(o.lastEventId)) : parseEventId(o.lastEventId);
       if (!c) throw new RangeError("eventbus: lastEventId must be N or <epoch>:<N>, got " + o.lastEventId);
@@ -219,8 +239,9 @@ export class EventBusClient {
   /**
    * The id of the last event delivered (the resume cursor), or null. On a
    * multiplexed stream: the composite cursor of the sessions streamed (what
-   * the next connection resumes from), or null while no session has a
-   * position.
+   * the next connection resumes from), "0" while a start from the
+   * beginning (lastEventId: 0) has given no session a position yet, or
+   * null while no session has a position.
    */
   get lastEventId() {
     if (this.#mux) return this.#compositeCursor();
@@ -289,11 +310,15 @@ export class EventBusClient {
       throw new TypeError("eventbus: sessions must be 1 to 256 distinct non-empty strings");
     }
     this.#base.searchParams.delete("session");
-    this.#mux = { all: new Map(), order: [] };
+    // fromStart: lastEventId 0, every session from the start of its ring;
+    // asked for again while no session has a position.
+    this.#mux = { all: new Map(), order: [], fromStart: false };
     let from = [];
-    if (o.lastEventId !== undefined && o.lastEventId !== null) {
+    if (isFromStart(o.lastEventId)) {
+      this.#mux.fromStart = true;
+    } else if (o.lastEventId !== undefined && o.lastEventId !== null) {
       from = parseCursor(o.lastEventId);
-      if (!from) throw new RangeError("eventbus: with sessions, lastEventId must be a composite cursor (m1...), got " + o.lastEventId);
+      if (!from) throw new RangeError("eventbus: with sessions, lastEventId must be 0 or a composite cursor (m1...), got " + o.lastEventId);
     }
     for (const id of ids) {
       const p = newPosition(id);
@@ -312,7 +337,21 @@ export class EventBusClient {
     for (const p of this.#mux.order) {
       if (p.cursor !== null) entries.push({ session: p.sessionTag, epoch: p.tag, id: p.cursor });
     }
-    return entries.length > 0 ? formatCursor(entries) : null;
+    if (entries.length > 0) return formatCursor(entries);
+    return this.#mux.fromStart ? "0" : null;
+  }
+
+  // #sendsFromStart reports whether the next connection asks for "0": every
+  // session from the start of its ring.
+  #sendsFromStart() {
+    return !!this.#mux?.fromStart && this.#mux.order.every((p) => p.cursor === null);
+  }
+
+  // #startAt0 gives p, of a connection that asked for "0", the position 0
+  // of its epoch once that is known: a reconnect then asks for its whole
+  // ring again.
+  #startAt0(p, conn) {
+    if (conn.fromStart && p.cursor === null && p.epoch !== null) p.cursor = 0;
   }
 
   // #reconnectNow ends the connection (if one is open or opening) so that
@@ -409,10 +448,10 @@ export class EventBusClient {
         if (r.error) this.#report(r.error);
         if (next.refresh && !(await this.#refreshCredentials(next.refresh, next.status))) return;
         if (this.#closed) return;
-        if (next.delay > 0) {
-          this.#setState("reconnecting", { delay: next.delay, attempt, error: r.error });
-          await this.#sleep(next.delay);
-        }
+        // Whole milliseconds: what onState shows, what the timer waits.
+        const delay = Math.round(next.delay ?? 0);
+        this.#setState("reconnecting", { delay, attempt, error: r.error });
+        if (delay > 0) await this.#sleep(delay);
       }
     } catch (e) {
       // A bug of ours: stop instead of looping on it.
@@ -457,13 +496,20 @@ export class EventBusClient {
       const refresh = this.#opts.credentials ? reason : null;
       return { refresh, delay: quick && wasImmediate ? this.#backoff(false) : 0 };
     };
-    if (r.end === "fatal" || r.end === "no_sessions") return { final: r.error };
+    if (r.end === "fatal" || r.end === "no_sessions" || r.end === "gone") return { final: r.error };
     if (r.end === "http") {
       this.#lastImmediate = false;
       const s = r.status;
-      if (s === 404 && r.error?.code === "session_not_found" && this.#mux?.order.some((p) => p.session === r.error.session)) {
-        // One session of the stream is gone: the next connection, at once,
-        // streams the others. Each such answer drops one session.
+      const mine = !this.#mux || this.#mux.order.some((p) => p.session === r.error?.session);
+      if (s === 404 && r.error?.code === "session_not_found" && mine) {
+        // The session does not exist (yet: a daemon that restarted knows
+        // it again once something re-creates it). Within retryNotFound,
+        // retry with backoff.
+        const left = this.#notFoundLeft();
+        if (left > 0) return { delay: Math.min(this.#backoff(false), left) };
+        // Gone. On a multiplexed stream the next connection, at once,
+        // streams the others: each such answer drops one session.
+        if (!this.#mux) return { final: r.error };
         const final = this.#gone(r.error.session, "session_not_found", r.error);
         return final ? { final } : { delay: 0 };
       }
@@ -502,6 +548,15 @@ export class EventBusClient {
     this.#lastImmediate = false;
     const stable = Date.now() - r.openedAt >= STABLE_MS || (r.end === "cut" && r.delivered);
     return { delay: this.#backoff(stable) };
+  }
+
+  // #notFoundLeft returns how much of retryNotFound is left since the first
+  // 404 session_not_found after the last stream that opened (that window
+  // starting now when this is the first), 0 when none is.
+  #notFoundLeft() {
+    if (this.#retryNotFound <= 0) return 0;
+    this.#notFoundSince ??= Date.now();
+    return Math.max(0, this.#retryNotFound - (Date.now() - this.#notFoundSince));
   }
 
   // Full-jitter exponential backoff: a uniform delay in [0, cap), cap
@@ -564,16 +619,18 @@ export class EventBusClient {
   }
 
   #newConn() {
+    const fromStart = this.#sendsFromStart();
     for (const p of this.#positions()) {
       p.streamEpoch = null;
-      p.replaying = p.cursor !== null;
+      p.replaying = p.cursor !== null || fromStart;
       p.budgetCut = false;
     }
     return {
+      fromStart, // a multiplexed connection that asks for "0"
       opened: false,
       openedAt: 0,
       delivered: false,
-      stop: null, // "budget" | "evicted" | "stream_error" | "no_sessions"
+      stop: null, // "budget" | "evicted" | "stream_error" | "no_sessions" | "gone"
       errorKind: undefined,
       retryAfter: undefined, // of a stream_error shutdown, in ms
       error: undefined,
@@ -587,12 +644,16 @@ export class EventBusClient {
     conn.openedAt = Date.now();
     this.#stats.connects++;
     this.#authFinal = false;
+    this.#notFoundSince = null;
     this.#headerEpochs(headers, (p, e) => {
       p.streamEpoch = e;
       // Only a client without a position adopts the header's epoch at once;
       // with a cursor, the first frame says whether the server accepted it
       // (an epoch_reset says it did not).
-      if (p.cursor === null) setEpoch(p, e);
+      if (p.cursor === null) {
+        setEpoch(p, e);
+        this.#startAt0(p, conn);
+      }
     });
     this.#setState("open");
   }
@@ -667,7 +728,9 @@ export class EventBusClient {
     try {
       for (;;) {
         const { done, value } = await reader.read();
-        if (done) return this.#result(conn, "cut");
+        if (done) {
+          return this.#result(conn, "cut", new EventBusError("network", "eventbus: the stream ended (the server closed the response without a terminal frame)"));
+        }
         arm();
         let recs;
         try {
@@ -734,7 +797,7 @@ export class EventBusClient {
     const ES = this.#opts.EventSource ?? globalThis.EventSource;
     const conn = this.#newConn();
     const url = this.#url();
-    if (this.#positions().some((p) => p.epoch === null && p.cursor === null)) await this.#probeEpoch(url);
+    if (this.#positions().some((p) => p.epoch === null && p.cursor === null)) await this.#probeEpoch(url, conn);
     if (this.#closed || this.#restart) return this.#result(conn, "closed");
     return new Promise((resolve) => {
       let es;
@@ -783,7 +846,7 @@ export class EventBusClient {
   // next resume would name the older epoch and get an epoch_reset: a
   // needless resync, never a silent join. A HEAD that fails or takes more
   // than 5 s is given up; the EventSource opens all the same.
-  async #probeEpoch(url) {
+  async #probeEpoch(url, conn) {
     if (!this.#fetch) return;
     const ac = new AbortController();
     this.#abort = () => ac.abort();
@@ -798,6 +861,7 @@ export class EventBusClient {
       if (res.ok) {
         this.#headerEpochs(res.headers, (p, e) => {
           if (p.epoch === null) setEpoch(p, e);
+          this.#startAt0(p, conn);
         });
       }
     } catch {
@@ -856,6 +920,7 @@ export class EventBusClient {
     switch (env.type) {
       case "replay_complete": {
         this.#observeEpoch(p, d.epoch, null);
+        this.#startAt0(p, conn);
         p.replaying = false;
         // A replay cut by the server's budget resumes at once from the
         // cursor, once no other session's replay is under way.
@@ -881,11 +946,20 @@ export class EventBusClient {
       case "stream_error": {
         const kind = typeof d.errorKind === "string" ? d.errorKind : "internal";
         const about = this.#mux ? " (session " + JSON.stringify(p.session) + ")" : "";
-        const err = new EventBusError("stream_error", "eventbus: the server ended the stream" + about + " (" + kind + "): " + (d.error ?? ""), {
+        const message = kind === "closed"
+          ? "eventbus: the session" + about + " is gone (stream_error closed): " + (d.error ?? "")
+          : "eventbus: the server ended the stream" + about + " (" + kind + "): " + (d.error ?? "");
+        const err = new EventBusError("stream_error", message, {
           errorKind: kind,
           session: this.#mux ? p.session : undefined,
         });
-        if (this.#mux && kind === "closed") {
+        if (kind === "closed") {
+          if (!this.#mux) {
+            // The session was deleted: final, never resumed.
+            conn.stop = "gone";
+            conn.error = err;
+            return undefined;
+          }
           // This session is gone (deleted); the others go on.
           const final = this.#gone(p.session, "closed", err);
           if (final) {

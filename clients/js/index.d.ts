@@ -118,17 +118,21 @@ export interface Eviction {
 export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
 
 export interface StateDetail {
-  /** While reconnecting: how long the client waits before the next attempt, in ms. */
+  /** While reconnecting: how long the client waits before the next attempt, in whole ms (0: at once). */
   delay?: number;
-  /** The attempt that just failed (1 for the first). */
+  /** The attempt that just ended (1 for the first). */
   attempt?: number;
-  /** What ended the previous connection or attempt. */
+  /**
+   * What ended the previous connection or attempt (undefined when nothing
+   * failed: a replay cut by the budget, a change of sessions); for
+   * "closed", the final error.
+   */
   error?: EventBusError;
 }
 
 export type ErrorKind =
   | "http" // a non-200 answer; see status, code, retryAfter
-  | "network" // could not connect, or the stream was cut
+  | "network" // could not connect, or the stream was cut or ended without a terminal frame
   | "idle_timeout" // nothing arrived for idleTimeout, not even a heartbeat
   | "stream_error" // the server ended the stream; see errorKind
   | "protocol" // a frame that is not an eventbus envelope (skipped)
@@ -145,8 +149,15 @@ export declare class EventBusError extends Error {
   readonly status: number | undefined;
   /** The JSON error body's "code" (session_not_found, subscriber_limit_exceeded, ...). */
   readonly code: string | undefined;
-  /** For kind "stream_error": internal | reauthenticate | revoked | unavailable | shutdown | closed (one session of a multiplexed stream deleted) | ... */
+  /** For kind "stream_error": internal | reauthenticate | revoked | unavailable | shutdown | closed (the session was deleted: final on a single stream; on a multiplexed one that session is dropped) | ... */
   readonly errorKind: string | undefined;
+  /**
+   * True when the error says the session is gone: a 404 session_not_found
+   * (it does not exist, or the daemon restarted and nothing re-created it
+   * yet; final, or retried within retryNotFound) or a stream_error closed
+   * (deleted while streaming; final on a single stream).
+   */
+  readonly sessionGone: boolean;
   /**
    * On a multiplexed stream: the session the answer or frame is about (the
    * JSON error body's "session": the unknown one of a 404, the refused one
@@ -186,7 +197,7 @@ export interface Credentials {
 /** What onSessionGone receives: a session of a multiplexed stream the server says no longer exists; the client dropped it from the URL. */
 export interface SessionGone {
   session: string;
-  /** "session_not_found": a 404 naming it (it does not exist, or the daemon restarted without it); "closed": a stream_error closed (deleted while streaming). */
+  /** "session_not_found": a 404 naming it (it does not exist, or the daemon restarted and nothing re-created it; past retryNotFound); "closed": a stream_error closed (deleted while streaming). */
   reason: "session_not_found" | "closed";
   error: EventBusError;
   /** Where the client stood in it (null: nowhere yet). */
@@ -229,10 +240,14 @@ export interface ClientOptions {
   withCredentials?: boolean;
 
   /**
-   * Resume after this id: N or "<epoch>:<N>". 0 replays from the start.
-   * Absent: live only. With sessions: a composite cursor ("m1...", an id
-   * line of a multiplexed stream or lastEventId of an earlier client); a
-   * session it does not name starts live.
+   * Where to start (read once; where the client stands later is
+   * client.lastEventId). Resume after this id: N or "<epoch>:<N>". 0
+   * replays from the start of the ring. Absent: live only. With sessions:
+   * 0 starts every session from the start of its ring (each with its own
+   * onCaughtUp), or a composite cursor ("m1...", an id line of a
+   * multiplexed stream or lastEventId of an earlier client) resumes each
+   * session it names; a session it does not name starts live (so does a
+   * session added later with addSession).
    */
   lastEventId?: number | string | null;
   /** The epoch lastEventId belongs to (not with sessions). */
@@ -276,6 +291,19 @@ export interface ClientOptions {
   maxDelay?: number;
   /** Reconnect when nothing (not even a heartbeat) arrives for this long, in ms; 0 disables. Default 45000. fetch transport only. */
   idleTimeout?: number;
+  /**
+   * How long, in ms, a 404 session_not_found is retried (with backoff, each
+   * one reported to onError with final false) before it is final; counted
+   * from the first 404 after the last stream that opened. Default 0: a 404
+   * is final at once (on a multiplexed stream: the session it names is
+   * dropped). For daemons whose sessions come back: after a restart a
+   * session is unknown until something re-creates it (a publish, in the
+   * README's daemon), and the client resumes it then (epoch_reset). On a
+   * multiplexed stream the server refuses the whole request while one
+   * session is unknown, so the others wait too: keep it short there. A
+   * stream_error closed (a DELETE) is final whatever this says.
+   */
+  retryNotFound?: number;
   /** The most bytes one event may hold. Default DEFAULT_MAX_EVENT_BYTES. */
   maxEventBytes?: number;
 
@@ -296,17 +324,23 @@ export interface EventSourceLike {
 /**
  * A resumable client of one eventbus stream. It connects as soon as it is
  * constructed (after the constructor returns) and reconnects until close()
- * or a final error: 404, 400 and other 4xx but 408/425/429, a second
- * 401/403, a 200 that is not an event stream, an event above maxEventBytes,
- * a failing credentials callback.
+ * or a final error: 404 (past retryNotFound), 400 and other 4xx but
+ * 408/425/429, a second 401/403, a 200 that is not an event stream, an
+ * event above maxEventBytes, a failing credentials callback, a stream_error
+ * closed on a single stream (the session was deleted), every session of a
+ * multiplexed stream gone. A final error is reported to onError (final:
+ * true), given to onState("closed", {error}) and resolves done.
  */
 export declare class EventBusClient {
   constructor(url: string | URL, options?: ClientOptions);
   readonly state: ConnectionState;
   /**
-   * The id of the last event delivered (the resume cursor), or null for
-   * none. With sessions: the composite cursor of the sessions streamed that
-   * have a position (what the next connection sends), or null.
+   * Where the client stands (the lastEventId option is only where it
+   * started): the id of the last event delivered (the resume cursor), or
+   * null for none. With sessions: the composite cursor of the sessions
+   * streamed that have a position (what the next connection sends), "0"
+   * while a start from the beginning has given none a position yet, or
+   * null.
    */
   readonly lastEventId: number | string | null;
   /** The epoch of lastEventId (or of the stream), or null while unknown; null with sessions (see session()). */

@@ -189,8 +189,12 @@ func checkReplicaStatus(c *replicaRun) {
 	}
 }
 
-// checkReplicaDelete: DELETE on A ends the session's streams on B, and
-// the next publish starts a new epoch at id 1.
+// checkReplicaDelete: DELETE on A ends the session's streams on B, which
+// learns of it from the engine: with stream_error closed where the engine
+// says the session was deleted (a client does not reconnect to it), or
+// stream_error unavailable where it cannot tell a deletion from a lost log
+// (a client reconnects, and then finds the session gone: 404). The next
+// publish starts a new epoch at id 1.
 func checkReplicaDelete(c *replicaRun) {
 	a, b := c.replica("A"), c.replica("B")
 	_, epoch := c.publish(a, "s1", note(1))
@@ -201,8 +205,13 @@ func checkReplicaDelete(c *replicaRun) {
 	if r := a.Do(http.MethodDelete, "/session/s1", "", nil); r.Status != http.StatusNoContent {
 		c.Fatalf("DELETE: %d %s", r.Status, r.Raw)
 	}
-	if rest := s.Ended(replicaWait); len(rest) != 0 {
-		c.Fatalf("frames after DELETE: %+v", rest)
+	rest := s.Ended(replicaWait)
+	if len(rest) != 1 || rest[0].Event != "stream_error" ||
+		!strings.Contains(rest[0].Data, `"errorKind":"closed"`) && !strings.Contains(rest[0].Data, `"errorKind":"unavailable"`) {
+		c.Fatalf("frames after DELETE: %+v, want one stream_error closed or unavailable", rest)
+	}
+	if r := b.Do(http.MethodGet, "/session/s1", "", nil); r.Status != http.StatusNotFound {
+		c.Fatalf("the deleted session on B: %d %s, want 404", r.Status, r.Raw)
 	}
 	if id, e := c.publish(b, "s1", note(1)); id != 1 || e == epoch {
 		c.Fatalf("publish after DELETE: id %d epoch %q (the deleted one %q)", id, e, epoch)
