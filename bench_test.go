@@ -468,7 +468,7 @@ func BenchmarkEncode(b *testing.B) {
 		buf := make([]byte, 0, 4096)
 		b.ReportAllocs()
 		for b.Loop() {
-			buf = f.AppendSSE(buf[:0])
+			buf = append(buf[:0], f.SSE()...)
 			_, _ = io.Discard.Write(buf)
 		}
 	})

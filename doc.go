@@ -55,8 +55,8 @@
 // several sessions opens one multiplexed stream instead, served by a
 // [MuxHandler] ("GET /events?session=a&session=b", [Hub.LookupSession] as
 // its Lookup): one connection, one goroutine, every frame naming its
-// session, and one [Cursor] in the id: lines that resumes each session
-// exactly.
+// session, and one composite cursor in the id: lines that resumes each
+// session exactly.
 //
 // In-process consumers range over [Subscription.Events]. A consumer that
 // must also wait on something else uses [Subscription.Ready] and

@@ -312,8 +312,8 @@ func TestPublishEnvelopeNeverContainsCROrLF(t *testing.T) {
 	for _, g := range []Frame{f, coreOne(t, s)} {
 		assert.False(t, bytes.ContainsAny(g.JSON(), "\r\n"), "%q", g.JSON())
 		// The wire has exactly the framing newlines.
-		assert.Equal(t, 4, bytes.Count(g.AppendSSE(nil), []byte("\n")))
-		assert.Equal(t, 0, bytes.Count(g.AppendSSE(nil), []byte("\r")))
+		assert.Equal(t, 4, bytes.Count(g.SSE(), []byte("\n")))
+		assert.Equal(t, 0, bytes.Count(g.SSE(), []byte("\r")))
 		var env struct {
 			Data map[string]any   `json:"data"`
 			Meta map[string]any   `json:"_meta"`

@@ -440,7 +440,7 @@ func TestSignalSSEWireHasNoIDLine(t *testing.T) {
 	f := readyNow(s)[0]
 	want := "event: doc.changed\ndata: {\"v\":1,\"type\":\"doc.changed\",\"about\":\"doc/42\",\"_meta\":{\"serverTimestamp\":1719000000000}}\n\n"
 	assert.Equal(t, want, f.String())
-	assert.Equal(t, "pre:"+want, string(f.AppendSSE([]byte("pre:"))))
+	assert.Equal(t, "pre:"+want, string(append([]byte("pre:"), f.SSE()...)))
 }
 
 func TestSignalOverHTTPHasNoIDLine(t *testing.T) {

@@ -64,7 +64,7 @@ func Example() {
 	// Close ends every subscription after its queued frames.
 	bus.Close()
 	for f := range sub.Events() {
-		fmt.Print(string(f.AppendSSE(nil)))
+		fmt.Print(string(f.SSE()))
 	}
 	// Output:
 	// id: 1
@@ -312,14 +312,14 @@ func ExampleMuxHandler() {
 		fmt.Println(err)
 		return
 	}
-	cursor, _ := eventbus.ParseCursor(m.ID)
-	chat, _ := cursor.Entry("chat")
-	build, _ := cursor.Entry("build")
-	fmt.Println("cursor: chat at", chat.ID, "build at", build.ID)
+	// The id: line is the composite cursor of both sessions, an opaque
+	// token a client sends back as Last-Event-ID to resume each session
+	// exactly (docs/SPEC.md 6.8; sseclient and the JS client keep it).
+	fmt.Printf("id: %s…, %d bytes: 2 + 24 per session\n", m.ID[:2], len(m.ID))
 	var env struct{ Session, Type, Data string }
 	_ = json.Unmarshal(m.Data, &env)
 	fmt.Println(env.Session, env.Type, env.Data)
 	// Output:
-	// cursor: chat at 1 build at 0
+	// id: m1…, 50 bytes: 2 + 24 per session
 	// chat message hello
 }

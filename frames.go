@@ -272,19 +272,7 @@ func maxFrameSize(maxEventBytes int) int {
 // frames by pointer (see entryFlags). f must not be the zero Frame.
 func (f Frame) ref() *frame { return f.frame }
 
-// AppendSSE appends the frame's Server-Sent Events encoding to dst and
-// returns the extended slice: an "id: N" line only for events with an id,
-// then "event: <type>", one "data: <envelope>" line and a blank line. The
-// encoding was built once, at publish; this is a single copy.
-func (f Frame) AppendSSE(dst []byte) []byte {
-	if f.frame == nil {
-		return dst
-	}
-	return append(dst, f.wire...)
-}
-
-// SSE returns the frame's Server-Sent Events encoding, the bytes AppendSSE
-// copies: for an event (ID not 0) it starts with its id line, "id: " and
+// SSE returns the frame's Server-Sent Events encoding: for an event (ID not 0) it starts with its id line, "id: " and
 // the decimal id, then come "event: <type>", one "data: <envelope>" line
 // and a blank line. It is the encoding built once, at publish, shared by
 // every subscriber and by the ring: a transport writes it as it is (or

@@ -23,8 +23,8 @@ func TestAppendSSEEventFrameFormat(t *testing.T) {
 	f := publishEvent(t, b, Event{Type: "session_update", Data: map[string]int{"a": 1}})
 	want := "id: 1\nevent: session_update\ndata: " +
 		`{"id":1,"v":1,"type":"session_update","data":{"a":1},"_meta":{"serverTimestamp":1719000000000}}` + "\n\n"
-	assert.Equal(t, want, string(f.AppendSSE(nil)))
-	assert.Equal(t, "prefix:"+want, string(f.AppendSSE([]byte("prefix:"))))
+	assert.Equal(t, want, string(f.SSE()))
+	assert.Equal(t, "prefix:"+want, string(append([]byte("prefix:"), f.SSE()...)))
 	assert.Equal(t, want, f.String())
 }
 
@@ -32,7 +32,7 @@ func TestAppendSSESyntheticFrameHasNoIDLine(t *testing.T) {
 	f := replayCompleteFrame(0, 0, "E", 5)
 	assert.Equal(t,
 		"event: replay_complete\ndata: "+`{"v":1,"type":"replay_complete","data":{"replayedCount":0,"epoch":"E"},"_meta":{"serverTimestamp":5}}`+"\n\n",
-		string(f.AppendSSE(nil)))
+		string(f.SSE()))
 }
 
 func TestSyntheticFramesHaveNoID(t *testing.T) {
@@ -46,7 +46,7 @@ func TestSyntheticFramesHaveNoID(t *testing.T) {
 	} {
 		assert.Equal(t, uint64(0), f.ID(), f.Type())
 		assert.True(t, f.Synthetic(), f.Type())
-		assert.False(t, bytes.HasPrefix(f.AppendSSE(nil), []byte("id:")), f.Type())
+		assert.False(t, bytes.HasPrefix(f.SSE(), []byte("id:")), f.Type())
 		var env map[string]json.RawMessage
 		require.NoError(t, json.Unmarshal(f.JSON(), &env))
 		assert.NotContains(t, env, "id", f.Type())
@@ -206,7 +206,7 @@ func TestZeroFrame(t *testing.T) {
 	assert.Empty(t, f.Type())
 	assert.Nil(t, f.JSON())
 	assert.Zero(t, f.Size())
-	assert.Equal(t, []byte("x"), f.AppendSSE([]byte("x")))
+	assert.Equal(t, []byte("x"), append([]byte("x"), f.SSE()...))
 	assert.False(t, f.Synthetic())
 	assert.False(t, f.Signal())
 	assert.Empty(t, f.About())
@@ -271,7 +271,7 @@ func TestFrameHeldCountsEveryByte(t *testing.T) {
 	for _, typ := range []string{"t", strings.Repeat("x", MaxTypeLen)} {
 		f, err := b.Publish(Event{Type: typ, Data: json.RawMessage(`{"a":1}`)})
 		require.NoError(t, err)
-		wire := f.AppendSSE(nil)
+		wire := f.SSE()
 		room := 2 * (maxDigits - len(strconv.FormatUint(f.ID(), 10))) // before the wire, in its buffer
 		assert.Equal(t, len(wire)+room+len(typ)+frameOverhead, f.held())
 		assert.Equal(t, len(f.JSON()), f.Size())
@@ -419,7 +419,7 @@ func FuzzFrameRoundTrip(f *testing.F) {
 		require.False(t, injectable, "a type that could inject SSE lines was accepted: %q", typ)
 		require.False(t, refused, "a type Publish must refuse was accepted: %q", typ)
 
-		wire := fr.AppendSSE(nil)
+		wire := fr.SSE()
 		require.Equal(t, fr.String(), string(wire))
 		js := fr.JSON()
 		require.NotContains(t, string(js), "\n")
@@ -474,7 +474,7 @@ func FuzzStreamErrorFrame(f *testing.F) {
 		require.True(t, fr.Terminal())
 		require.True(t, fr.Synthetic())
 		require.Zero(t, fr.ID())
-		recs, err := parseSSE(fr.AppendSSE(nil))
+		recs, err := parseSSE(fr.SSE())
 		require.NoError(t, err)
 		require.Len(t, recs, 1)
 		ev := recs[0].Event

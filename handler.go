@@ -506,11 +506,11 @@ func (h *Handler) refused(w http.ResponseWriter, r *http.Request, msg string, se
 	se.serve(w, session)
 }
 
-// ParseLastEventID parses a Last-Event-ID value strictly: one or more ASCII
-// digits (leading zeros allowed) whose value is at most MaxEventID. Anything
-// else, including a sign, a space or an empty string, reports false. It
-// never allocates and reads a hostile 10 MB value in one pass.
-func ParseLastEventID(s string) (uint64, bool) {
+// parseDecimalID parses the bare form of an event id strictly: one or more
+// ASCII digits (leading zeros allowed) whose value is at most MaxEventID.
+// Anything else, including a sign, a space or an empty string, reports
+// false. It never allocates and reads a hostile 10 MB value in one pass.
+func parseDecimalID(s string) (uint64, bool) {
 	if s == "" {
 		return 0, false
 	}
@@ -529,7 +529,8 @@ func ParseLastEventID(s string) (uint64, bool) {
 }
 
 // ParseEventID parses a Last-Event-ID value in either form a Handler
-// accepts: "N", as ParseLastEventID, or "<epoch>:<N>", an epoch of exactly
+// accepts: "N" (one or more ASCII digits, leading zeros allowed, at most
+// MaxEventID; no sign, no space), or "<epoch>:<N>", an epoch of exactly
 // 32 lowercase hex digits (what EventBus.Epoch returns), a colon and N as
 // before (the id: lines of a Handler without BareIDs). It returns the epoch ("" for
 // the plain form, else a substring of s), the id, and whether s is valid;
@@ -546,7 +547,7 @@ func ParseEventID(s string) (epoch string, id uint64, ok bool) {
 		}
 		epoch, s = s[:epochLen], s[epochLen+1:]
 	}
-	id, ok = ParseLastEventID(s)
+	id, ok = parseDecimalID(s)
 	if !ok {
 		return "", 0, false
 	}

@@ -52,8 +52,8 @@ const DefaultMaxStreamSessions = 32
 // and subscribes to nothing.
 //
 // The cursor: the stream reads Last-Event-ID, else ?lastEventId=, as a
-// Cursor (ParseCursor: up to MaxCursorEntries entries, whatever
-// MaxStreamSessions is; the entries of sessions the URL does not name are
+// composite cursor (docs/SPEC.md 6.8: up to MaxCursorEntries entries,
+// whatever MaxStreamSessions is; the entries of sessions the URL does not name are
 // ignored); Event-Epoch and ?epoch= are not used. A session the cursor
 // names resumes as its own single stream would, independently of the
 // others: what it missed and its replay_complete, or its
@@ -167,7 +167,7 @@ type muxSession struct {
 	member []byte
 	// entry is its position in the cursor; group the offset of its group
 	// in the stream's id line.
-	entry CursorEntry
+	entry muxcursor.Entry
 	group int
 	// Serve loop state.
 	todo     bool // take from it before waiting: its last take had frames, or it was woken
@@ -258,7 +258,7 @@ func (m *MuxHandler) open(w http.ResponseWriter, r *http.Request) *muxStream {
 		opts := SubscribeOptions{Types: sq.types, MaxQueued: sq.maxQueued, Group: st.group, Interrupt: interrupt}
 		ms := &sess[i]
 		epoch := ms.bus.Epoch()
-		ms.entry = CursorEntry{Session: SessionTag(ms.id), Epoch: EpochTag(epoch)}
+		ms.entry = muxcursor.Entry{Session: muxcursor.SessionTag(ms.id), Epoch: muxcursor.EpochTag(epoch)}
 		e, named := cursorEntryFor(cursor, sess, i)
 		if named == entryAmbiguous {
 			h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: multiplexed cursor names a session ambiguously, serving it live only",
@@ -371,21 +371,21 @@ func checkSessions(ids []string, maxSessions int) string {
 }
 
 // parseCursor parses the request's cursor: nil when there is none, and
-// unusable set when one was given that ParseCursor refuses (logged; every
+// unusable set when one was given that is not a composite cursor (logged; every
 // session is then served live, after its cursor_invalid notice), fromStart
 // for "0" (every session from the start of its ring; "00" too, as a single
 // stream reads it). The bound is ParseCursor's, MaxCursorEntries, not the
 // stream's MaxStreamSessions: a cursor may name more sessions than the URL
 // (a client that dropped some, or keeps one cursor for several streams),
 // and the entries of sessions the URL does not name are ignored.
-func (m *MuxHandler) parseCursor(r *http.Request, h *Handler, raw string) (c Cursor, unusable, fromStart bool) {
+func (m *MuxHandler) parseCursor(r *http.Request, h *Handler, raw string) (c muxcursor.Cursor, unusable, fromStart bool) {
 	if raw == "" {
 		return nil, false, false
 	}
 	if strings.Trim(raw, "0") == "" {
 		return nil, false, true
 	}
-	c, err := ParseCursor(raw)
+	c, err := muxcursor.ParseCursor(raw)
 	if err != nil {
 		h.logger().LogAttrs(r.Context(), slog.LevelWarn, "eventbus: malformed multiplexed cursor, serving live only",
 			slog.String("value", quoteHead(raw, 64)), slog.Int("bytes", len(raw)), slog.String("error", err.Error()))
@@ -406,13 +406,13 @@ const (
 // when entries have its tag but it cannot be told which session they are
 // for (another session of the stream has the same tag, about 2^-40 per
 // pair) or which entry counts (two entries with its tag).
-func cursorEntryFor(c Cursor, sess []muxSession, i int) (CursorEntry, int) {
+func cursorEntryFor(c muxcursor.Cursor, sess []muxSession, i int) (muxcursor.Entry, int) {
 	if c == nil {
-		return CursorEntry{}, entryNone
+		return muxcursor.Entry{}, entryNone
 	}
-	tag := SessionTag(sess[i].id)
+	tag := muxcursor.SessionTag(sess[i].id)
 	n := 0
-	var found CursorEntry
+	var found muxcursor.Entry
 	for _, e := range c {
 		if e.Session == tag {
 			found = e
@@ -420,15 +420,15 @@ func cursorEntryFor(c Cursor, sess []muxSession, i int) (CursorEntry, int) {
 		}
 	}
 	if n == 0 {
-		return CursorEntry{}, entryNone
+		return muxcursor.Entry{}, entryNone
 	}
 	for j := range sess {
-		if j != i && SessionTag(sess[j].id) == tag {
-			return CursorEntry{}, entryAmbiguous
+		if j != i && muxcursor.SessionTag(sess[j].id) == tag {
+			return muxcursor.Entry{}, entryAmbiguous
 		}
 	}
 	if n > 1 {
-		return CursorEntry{}, entryAmbiguous
+		return muxcursor.Entry{}, entryAmbiguous
 	}
 	return found, entryNamed
 }
@@ -505,7 +505,7 @@ func (st *muxStream) buildIDLine() {
 	for i := range st.sess {
 		st.sess[i].group = len(st.idLine)
 		st.idLine = append(st.idLine, make([]byte, muxcursor.EntryLen)...)
-		muxcursor.Put(st.idLine[st.sess[i].group:], muxcursor.Entry(st.sess[i].entry))
+		muxcursor.Put(st.idLine[st.sess[i].group:], st.sess[i].entry)
 	}
 	st.idLine = append(st.idLine, '\n')
 }
@@ -613,7 +613,7 @@ func (st *muxStream) batch() (more, done bool) {
 		st.current = i
 		if f.ID() != 0 {
 			st.sess[i].entry.ID = f.ID()
-			muxcursor.Put(st.idLine[st.sess[i].group:], muxcursor.Entry(st.sess[i].entry))
+			muxcursor.Put(st.idLine[st.sess[i].group:], st.sess[i].entry)
 		}
 		st.add(f, i)
 		if f.Terminal() {

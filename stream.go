@@ -137,7 +137,7 @@ func (st *sessionStream) failed(err error) { st.h.dropBlocked(st.s.ctx, st.sub, 
 func (st *sessionStream) panicked(p any) {
 	s := &st.s
 	st.h.logger().LogAttrs(s.ctx, slog.LevelError, "eventbus: stream panicked", slog.Any("panic", p))
-	s.buf = st.bus.StreamErrorFrame("internal error", ErrorKindInternal).AppendSSE(s.buf[:0])
+	s.buf = append(s.buf[:0], st.bus.StreamErrorFrame("internal error", ErrorKindInternal).SSE()...)
 	_ = s.flushBatch()
 }
 

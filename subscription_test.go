@@ -612,7 +612,7 @@ func TestDeliveryDoesNotAllocate(t *testing.T) {
 		_, _ = b.Publish(ev)
 		out, _ := s.AppendReady(batch)
 		for _, f := range out {
-			wire = f.AppendSSE(wire[:0])
+			wire = append(wire[:0], f.SSE()...)
 		}
 	})
 	assert.Equal(t, publish, both)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/internal/daemontest"
+	"github.com/ssebus/eventbus/internal/muxcursor"
 )
 
 // TestThirdPartyClientsOnTheMultiplexedStream: two plain SSE clients
@@ -147,9 +148,9 @@ func verifyMux(t *testing.T, c *client, session, epoch1, epoch2 string, counts [
 		json.Unmarshal(env.Data, &d)
 		switch {
 		case env.ID != nil:
-			cur, err := eventbus.ParseCursor(r.ID)
+			cur, err := muxcursor.ParseCursor(r.ID)
 			e, ok := cur.Entry(session)
-			if r.Type != "note" || *env.ID != next || err != nil || !ok || e != eventbus.NewCursorEntry(session, epochs[phase], next) {
+			if r.Type != "note" || *env.ID != next || err != nil || !ok || e != muxcursor.NewEntry(session, epochs[phase], next) {
 				t.Fatalf("record %d: %+v (cursor %+v %v), want note %d of epoch %s", i, r, e, err, next, epochs[phase])
 			}
 			next++

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/internal/muxcursor"
 	"github.com/ssebus/eventbus/sseclient"
 )
 
@@ -215,7 +216,7 @@ func TestMuxAddAndRemoveSession(t *testing.T) {
 	if len(got.errs) != 0 || len(got.resyncs) != 0 {
 		t.Fatalf("errors %v, resyncs %v: a change of sessions is no failure", got.errs, got.resyncs)
 	}
-	if want := (eventbus.Cursor{}).Set("b", s.bus("b").Epoch(), 3).Set("a", s.bus("a").Epoch(), 3).String(); c.LastEventID() != want {
+	if want := (muxcursor.Cursor{}).Set("b", s.bus("b").Epoch(), 3).Set("a", s.bus("a").Epoch(), 3).String(); c.LastEventID() != want {
 		t.Fatalf("LastEventID %q, want %q", c.LastEventID(), want)
 	}
 
@@ -286,7 +287,7 @@ func TestMuxFromTheStart(t *testing.T) {
 			t.Fatalf("%+v: replayed", e)
 		}
 	}
-	want := eventbus.Cursor{}.Set("a", s.bus("a").Epoch(), 3).Set("empty", s.bus("empty").Epoch(), 0).String()
+	want := muxcursor.Cursor{}.Set("a", s.bus("a").Epoch(), 3).Set("empty", s.bus("empty").Epoch(), 0).String()
 	if c.LastEventID() != want {
 		t.Fatalf("LastEventID %q, want %q", c.LastEventID(), want)
 	}

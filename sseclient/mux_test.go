@@ -15,6 +15,7 @@ import (
 
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/backplane"
+	"github.com/ssebus/eventbus/internal/muxcursor"
 	"github.com/ssebus/eventbus/sseclient"
 )
 
@@ -107,12 +108,12 @@ func TestMuxClientResumesEachSessionExactly(t *testing.T) {
 	if second.Query().Get("lastEventId") != cursor {
 		t.Fatalf("resumed with %q, want the composite cursor %q", second.Query().Get("lastEventId"), cursor)
 	}
-	cur, err := eventbus.ParseCursor(cursor)
+	cur, err := muxcursor.ParseCursor(cursor)
 	if err != nil || len(cur) != 3 {
 		t.Fatalf("cursor %q: %v", cursor, err)
 	}
 	for id, last := range map[string]uint64{"a": 2, "b": 1, "c": 1} {
-		if e, ok := cur.Entry(id); !ok || e != eventbus.NewCursorEntry(id, s.bus(id).Epoch(), last) {
+		if e, ok := cur.Entry(id); !ok || e != muxcursor.NewEntry(id, s.bus(id).Epoch(), last) {
 			t.Fatalf("cursor entry of %s: %+v, want %d of %s", id, e, last, s.bus(id).Epoch())
 		}
 	}
@@ -258,7 +259,7 @@ func TestMuxClientReplayBudgetOfOneSession(t *testing.T) {
 		s.publish("a", "note", strings.Repeat("x", 50))
 	}
 	s.publish("b", "note", nil)
-	cur := eventbus.Cursor{}.Set("a", s.bus("a").Epoch(), 0).Set("b", s.bus("b").Epoch(), 0)
+	cur := muxcursor.Cursor{}.Set("a", s.bus("a").Epoch(), 0).Set("b", s.bus("b").Epoch(), 0)
 	c := &sseclient.Client{Sessions: []string{"a", "b"}, ResumeFrom: cur.String()}
 	rc := startMux(t, s, c)
 	rc.wait(t, "everything", waitLong, func() bool { return len(rc.events) == 11 })
@@ -426,7 +427,7 @@ func TestMuxClientShutdownComesBackAfterRetryAfter(t *testing.T) {
 // tag other than its cursor's is reported as an epoch change.
 func TestMuxClientWithoutEventEpochs(t *testing.T) {
 	epochB := strings.Repeat("b", 32)
-	line := func(id uint64) string { return eventbus.Cursor{}.Set("a", epochB, id).String() }
+	line := func(id uint64) string { return muxcursor.Cursor{}.Set("a", epochB, id).String() }
 	var mu sync.Mutex
 	var cursors []string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -445,7 +446,7 @@ func TestMuxClientWithoutEventEpochs(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close) // after the client's stop, which start's cleanup does first
 	c := &sseclient.Client{URL: srv.URL + "/events", Sessions: []string{"a"},
-		ResumeFrom: eventbus.Cursor{}.Set("a", strings.Repeat("a", 32), 3).String()}
+		ResumeFrom: muxcursor.Cursor{}.Set("a", strings.Repeat("a", 32), 3).String()}
 	rc := newRecorder()
 	rc.attach(c)
 	start(t, c)
@@ -471,7 +472,7 @@ func TestMuxClientCursorInvalid(t *testing.T) {
 		s.publish("a", "note", nil)
 	}
 	s.publish("b", "note", nil)
-	cur := eventbus.Cursor{}.Set("a", s.bus("a").Epoch(), 1).Set("b", s.bus("b").Epoch(), 1)
+	cur := muxcursor.Cursor{}.Set("a", s.bus("a").Epoch(), 1).Set("b", s.bus("b").Epoch(), 1)
 	mangleCursor(s, "m1"+strings.Repeat("!", 24))
 	c := &sseclient.Client{Sessions: []string{"a", "b"}, ResumeFrom: cur.String()}
 	rc := startMux(t, s, c)

@@ -191,7 +191,7 @@ func TestUnavailableAndInternalBackOffAndResume(t *testing.T) {
 		// Nothing the Handler does on demand ends a stream with "internal"
 		// (a panic, a subscription failing for a reason of its own): the
 		// frame is written after the handler returns.
-		s.cut("a", old.StreamErrorFrame("boom", eventbus.ErrorKindInternal).AppendSSE(nil))
+		s.cut("a", old.StreamErrorFrame("boom", eventbus.ErrorKindInternal).SSE())
 		rc.wait(t, "reopened again", time.Minute, func() bool { return len(rc.openedAt()) == 3 })
 		s.publish("a", "note", nil)
 		rc.wait(t, "3", time.Minute, func() bool { return len(rc.events) == 3 })

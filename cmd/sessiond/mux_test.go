@@ -15,6 +15,7 @@ import (
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/internal/daemon"
 	"github.com/ssebus/eventbus/internal/daemontest"
+	"github.com/ssebus/eventbus/internal/muxcursor"
 )
 
 // The multiplexed stream, GET /events?session=<id>&session=<id>..., through
@@ -171,7 +172,7 @@ func requireEntries(t *testing.T, cursor string, want map[string]struct {
 	id    uint64
 }) {
 	t.Helper()
-	c, err := eventbus.ParseCursor(cursor)
+	c, err := muxcursor.ParseCursor(cursor)
 	if err != nil {
 		t.Fatalf("cursor %q: %v", cursor, err)
 	}
@@ -179,7 +180,7 @@ func requireEntries(t *testing.T, cursor string, want map[string]struct {
 		t.Fatalf("cursor %q has %d entries, want %d", cursor, len(c), len(want))
 	}
 	for id, w := range want {
-		if e, ok := c.Entry(id); !ok || e != eventbus.NewCursorEntry(id, w.epoch, w.id) {
+		if e, ok := c.Entry(id); !ok || e != muxcursor.NewEntry(id, w.epoch, w.id) {
 			t.Fatalf("cursor's entry of %s: %+v (found %v), want epoch %s id %d", id, e, ok, w.epoch, w.id)
 		}
 	}
@@ -268,13 +269,13 @@ func TestMuxRouteRules(t *testing.T) {
 		// ?types= and ?lastEventId= as on a single stream, for every session.
 		publish(t, m.ts, "a", `{"type":"b"}`)
 		publish(t, m.ts, "b", `{"type":"b"}`)
-		cur := eventbus.Cursor{}.Set("a", status(t, m.ts, "a")["epoch"].(string), 0).Set("b", status(t, m.ts, "b")["epoch"].(string), 1)
+		cur := muxcursor.Cursor{}.Set("a", status(t, m.ts, "a")["epoch"].(string), 0).Set("b", status(t, m.ts, "b")["epoch"].(string), 1)
 		s := openStreamWith(t, m.client, muxURL(base, []string{"b", "a"}, "types", "b", "lastEventId", cur.String()), nil)
 		by, _ := readBySession(t, s, 4)
 		if want := (map[string][]string{"a": {"a#2", "a:replay_complete"}, "b": {"b#2", "b:replay_complete"}}); !mapsEqual(by, want) {
 			t.Fatalf("types=b from the cursor: %v, want %v", by, want)
 		}
-		if st := status(t, m.ts, "a"); st["streams"] != float64(1) || st["lastResumeFrom"] != fmt.Sprintf("%012x:0", eventbus.EpochTag(st["epoch"].(string))) {
+		if st := status(t, m.ts, "a"); st["streams"] != float64(1) || st["lastResumeFrom"] != fmt.Sprintf("%012x:0", muxcursor.EpochTag(st["epoch"].(string))) {
 			t.Fatalf("a's status while the stream is open: %v", st)
 		}
 		s.close()
@@ -408,7 +409,7 @@ func TestMuxDeleteAndDisconnectWhileStreaming(t *testing.T) {
 // resume (issue 32 point 3).
 func TestMuxGarbageCursorIsLive(t *testing.T) {
 	// 257 entries: one more than any cursor holds.
-	group := eventbus.Cursor{eventbus.NewCursorEntry("s", eventbus.NewEpoch(), 1)}.String()[2:]
+	group := muxcursor.Cursor{muxcursor.NewEntry("s", eventbus.NewEpoch(), 1)}.String()[2:]
 	tooMany := "m1" + strings.Repeat(group, eventbus.MaxCursorEntries+1)
 	muxRuns(t, config{}, func(t *testing.T, m *muxServer) {
 		epochs := map[string]string{"a": m.post(t, "a", 1), "b": m.post(t, "b", 1)}
@@ -452,7 +453,7 @@ func TestMuxServedCursorPlus30EntriesResumes(t *testing.T) {
 		}
 		_, fs := readBySession(t, s, 3)
 		s.close()
-		c, err := eventbus.ParseCursor(lastCursor(t, fs))
+		c, err := muxcursor.ParseCursor(lastCursor(t, fs))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -472,7 +473,7 @@ func TestMuxServedCursorPlus30EntriesResumes(t *testing.T) {
 			t.Fatalf("resume with 30 more entries: %v, want %v", by, want)
 		}
 		st := status(t, m.ts, "ca")
-		if st["streamsResumed"] != float64(1) || st["lastResumeFrom"] != fmt.Sprintf("%012x:2", eventbus.EpochTag(epochs["ca"])) {
+		if st["streamsResumed"] != float64(1) || st["lastResumeFrom"] != fmt.Sprintf("%012x:2", muxcursor.EpochTag(epochs["ca"])) {
 			t.Fatalf("ca's status: %v, want one resume from 2", st)
 		}
 		s.close()

@@ -15,6 +15,7 @@ import (
 	"github.com/ssebus/eventbus"
 	jsclient "github.com/ssebus/eventbus/clients/js"
 	"github.com/ssebus/eventbus/internal/daemon"
+	"github.com/ssebus/eventbus/internal/muxcursor"
 )
 
 //go:embed index.html
@@ -432,7 +433,7 @@ func (s *server) lookupMux(r *http.Request, id string) (*eventbus.EventBus, erro
 		if raw == "" {
 			raw = r.URL.Query().Get("lastEventId")
 		}
-		c, err := eventbus.ParseCursor(raw)
+		c, err := muxcursor.ParseCursor(raw)
 		if err != nil {
 			return "" // the handler logs it and serves the session live
 		}
@@ -443,7 +444,7 @@ func (s *server) lookupMux(r *http.Request, id string) (*eventbus.EventBus, erro
 		// Another session of the stream with the same tag: the handler
 		// cannot tell whose entry it is and serves both live.
 		for _, other := range r.URL.Query()["session"] {
-			if other != id && eventbus.SessionTag(other) == e.Session {
+			if other != id && muxcursor.SessionTag(other) == e.Session {
 				return ""
 			}
 		}
