@@ -132,34 +132,47 @@ func testREADMEDaemon(t *testing.T, program func(t *testing.T, root string) stri
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	cmd := exec.Command(bin, "-addr", addr)
 	var logs strings.Builder
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
+	// start runs the daemon on addr; the process is killed at the end of
+	// the test if it is still running. exited gets Wait's answer.
+	start := func() (cmd *exec.Cmd, exited chan error) {
+		cmd = exec.Command(bin, "-addr", addr)
+		cmd.Stderr = &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
 		}
-	}()
+		exited = make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		t.Cleanup(func() {
+			if cmd.ProcessState == nil {
+				cmd.Process.Kill()
+				<-exited
+			}
+		})
+		return cmd, exited
+	}
+	cmd, exited := start()
 	base := "http://" + addr
 	client := &http.Client{Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
-	var resp *http.Response
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		resp, err = client.Post(base+"/session/s1/events", "application/json", strings.NewReader(`{"type":"note","data":{"text":"hi"}}`))
-		if err == nil || time.Now().After(deadline) {
-			break
+	// firstPublish posts until the daemon answers (it is starting).
+	firstPublish := func(event string) *http.Response {
+		t.Helper()
+		var resp *http.Response
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			resp, err = client.Post(base+"/session/s1/events", "application/json", strings.NewReader(event))
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		time.Sleep(20 * time.Millisecond)
+		if err != nil {
+			t.Fatalf("the README's daemon does not answer: %v\n%s", err, logs.String())
+		}
+		return resp
 	}
-	if err != nil {
-		t.Fatalf("the README's daemon does not answer: %v\n%s", err, logs.String())
-	}
+	resp := firstPublish(`{"type":"note","data":{"text":"hi"}}`)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	var published struct {
@@ -207,9 +220,76 @@ func testREADMEDaemon(t *testing.T, program func(t *testing.T, root string) stri
 	}
 
 	if !graceful {
+		// A restart behind a plain client that sets nothing (issue 33: the
+		// safe default): the client read through id 3 of the first run,
+		// the daemon is killed and starts again, the session's new run
+		// publishes 6 events. The resume with the last id the client saw
+		// must say state_resync_required epoch_reset, not skip ids 1-3 of
+		// the new run as if they were the ones already seen.
+		for _, text := range []string{"two", "three"} {
+			resp, err := client.Post(base+"/session/s1/events", "application/json", strings.NewReader(`{"type":"note","data":{"text":"`+text+`"}}`))
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("publish: %v %v", resp, err)
+			}
+			resp.Body.Close()
+		}
+		var last string
+		for last == "" || !strings.HasSuffix(last, ":3") {
+			if m, err = p.Next(); err != nil {
+				t.Fatalf("reading events 2 and 3: %v", err)
+			}
+			if m.Kind == sseclient.KindEvent {
+				last = m.ID
+			}
+		}
 		stream.Body.Close()
+		client.CloseIdleConnections()
+		cmd.Process.Kill()
+		<-exited
+		cmd, exited = start()
+		resp := firstPublish(`{"type":"note","data":{"text":"after 1"}}`)
+		resp.Body.Close()
+		for i := 2; i <= 6; i++ {
+			resp, err := client.Post(base+"/session/s1/events", "application/json", strings.NewReader(fmt.Sprintf(`{"type":"note","data":{"text":"after %d"}}`, i)))
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("publish after the restart: %v %v", resp, err)
+			}
+			resp.Body.Close()
+		}
+		req, _ := http.NewRequest(http.MethodGet, base+"/session/s1/events", nil)
+		req.Header.Set("Last-Event-ID", last)
+		stream, err := client.Do(req)
+		if err != nil || stream.StatusCode != http.StatusOK {
+			t.Fatalf("resume after the restart: %v %v", stream, err)
+		}
+		p := sseclient.NewParser(stream.Body)
+		var got []string
+		for len(got) < 8 {
+			m, err := p.Next()
+			if err != nil {
+				t.Fatalf("resume after the restart: %v after %q", err, got)
+			}
+			if m.Kind != sseclient.KindEvent {
+				continue
+			}
+			_, id, _ := eventbus.ParseEventID(m.ID)
+			if m.Type == eventbus.TypeStateResyncRequired {
+				if !strings.Contains(string(m.Data), `"reason":"epoch_reset"`) {
+					t.Fatalf("the resume's resync: %s, want epoch_reset", m.Data)
+				}
+				got = append(got, m.Type)
+				continue
+			}
+			got = append(got, fmt.Sprintf("%s#%d", m.Type, id))
+		}
+		stream.Body.Close()
+		want := []string{eventbus.TypeStateResyncRequired, "note#1", "note#2", "note#3", "note#4", "note#5", "note#6", eventbus.TypeReplayComplete + "#0"}
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("resume with %s after a restart:\n got %q\nwant %q", last, got, want)
+		}
+
 		// DELETE ends the session: 204, and its stream is gone.
-		req, _ := http.NewRequest(http.MethodDelete, base+"/session/s1", nil)
+		req, _ = http.NewRequest(http.MethodDelete, base+"/session/s1", nil)
 		if resp, err := client.Do(req); err != nil || resp.StatusCode != http.StatusNoContent {
 			t.Fatalf("DELETE: %v %v, want 204", resp, err)
 		} else {
