@@ -162,10 +162,13 @@ type liveStream struct {
 	revoked chan struct{} // closed by Revoke (or at commit), once
 	// Guarded by registry.mu:
 	subjects []string
-	pending  bool     // Authorize has not returned yet
-	during   []string // subjects revoked while pending
-	all      bool     // more than maxRevokedDuring of them
-	listed   bool     // in bySubject (a Revoke has not taken it out)
+	pending  bool // Authorize has not returned yet
+	// extending counts the Authorize calls of sessions being added
+	// (Stream.Add); the stream stays in pending while there are any.
+	extending int
+	during    []string // subjects revoked while pending
+	all       bool     // more than maxRevokedDuring of them
+	listed    bool     // in bySubject (a Revoke has not taken it out)
 	// by is the subject whose Revoke closed revoked ("" when unknown: more
 	// than maxRevokedDuring revoked meanwhile). Written before the close,
 	// so a reader that saw revoked closed may read it without the lock.
@@ -217,17 +220,88 @@ func (g *registry) commit(ls *liveStream, subjects ...string) {
 		if subject == "" || slices.Contains(ls.subjects, subject) {
 			continue
 		}
-		if g.bySubject == nil {
-			g.bySubject = make(map[string]map[*liveStream]struct{})
-		}
-		set := g.bySubject[subject]
-		if set == nil {
-			set = make(map[*liveStream]struct{})
-			g.bySubject[subject] = set
-		}
-		set[ls] = struct{}{}
-		ls.subjects = append(ls.subjects, subject)
-		ls.listed = true
+		g.fileLocked(ls, subject)
+	}
+}
+
+// fileLocked files ls under subject, for Revoke.
+func (g *registry) fileLocked(ls *liveStream, subject string) {
+	if g.bySubject == nil {
+		g.bySubject = make(map[string]map[*liveStream]struct{})
+	}
+	set := g.bySubject[subject]
+	if set == nil {
+		set = make(map[*liveStream]struct{})
+		g.bySubject[subject] = set
+	}
+	set[ls] = struct{}{}
+	ls.subjects = append(ls.subjects, subject)
+	ls.listed = true
+}
+
+// extendBegin marks ls, a stream that is open, as being authorized for
+// one more session (Stream.Add), so that a Revoke while Authorize runs is
+// remembered as for a stream being opened. nil: no registry entry (no
+// Authorize), nothing to do.
+func (g *registry) extendBegin(ls *liveStream) {
+	if ls == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.pending == nil {
+		g.pending = make(map[*liveStream]struct{})
+	}
+	g.pending[ls] = struct{}{}
+	ls.extending++
+}
+
+// extendCommit ends what extendBegin began: it files ls under subject too
+// (unless it is empty) and reports true, or reports false when subject
+// was revoked while Authorize ran (or the stream itself was revoked), and
+// files nothing.
+func (g *registry) extendCommit(ls *liveStream, subject string) bool {
+	if ls == nil {
+		return true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	revoked := ls.all || slices.Contains(ls.during, subject)
+	if ls.extending--; ls.extending == 0 && !ls.pending {
+		delete(g.pending, ls)
+		ls.during, ls.all = nil, false
+	}
+	select {
+	case <-ls.revoked:
+		return false
+	default:
+	}
+	if revoked && subject != "" {
+		return false
+	}
+	if subject != "" && !slices.Contains(ls.subjects, subject) {
+		g.fileLocked(ls, subject)
+	}
+	return true
+}
+
+// drop takes ls out from under subject, when the stream no longer has a
+// session of that subject (Stream.Remove).
+func (g *registry) drop(ls *liveStream, subject string) {
+	if ls == nil || subject == "" {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	i := slices.Index(ls.subjects, subject)
+	if i < 0 {
+		return
+	}
+	ls.subjects = slices.Delete(ls.subjects, i, i+1)
+	set := g.bySubject[subject]
+	delete(set, ls)
+	if len(set) == 0 {
+		delete(g.bySubject, subject)
 	}
 }
 

@@ -4,7 +4,10 @@ package eventbus
 // by helper "layout"; the same names and behaviour they had in queue.go
 // and ring.go.
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // popAll appends every buffered frame to dst. open is false once the queue
 // is closed and empty: dst then holds the last frames of the stream. A pop
@@ -26,4 +29,12 @@ func (r *ring) indexOf(id uint64) int {
 		return -1
 	}
 	return int(id - first)
+}
+
+// orDefault is d when positive, else def: a Handler's duration setting.
+func orDefault(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
 }

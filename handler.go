@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -132,30 +131,9 @@ func (h *Handler) logger() *slog.Logger {
 	return slog.Default()
 }
 
-func orDefault(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
-}
-
 // DefaultRetryJitterRatio is the Handler's default RetryJitter as a
 // fraction of its Retry.
 const DefaultRetryJitterRatio = 0.5
-
-// retryMillis is the retry: value of one connection, in milliseconds.
-func (h *Handler) retryMillis() int64 {
-	retry := orDefault(h.Retry, DefaultRetry)
-	jitter := h.RetryJitter
-	if jitter == 0 {
-		jitter = time.Duration(float64(retry) * DefaultRetryJitterRatio)
-	}
-	ms := retry.Milliseconds()
-	if j := jitter.Milliseconds(); j > 0 {
-		ms += rand.Int64N(j + 1)
-	}
-	return ms
-}
 
 // ServeHTTP implements http.Handler. It answers a refused request and
 // returns; a stream it serves until the stream ends (the client leaves,
@@ -164,21 +142,36 @@ func (h *Handler) retryMillis() int64 {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The request's checks, Lookup, Authorize and Subscribe run in open,
 	// whose large frame is gone before the stream first waits: between
-	// batches the goroutine holds only net/http's frames, this one and the
+	// batches the goroutine holds only net/http's frames, these and the
 	// loop's few words, so the collector shrinks its stack back to what
 	// net/http alone needs however deep Lookup or Authorize went (a daemon
 	// that logs there grew it to 16 KiB, kept for the stream's life: issue
 	// 26, docs/bench/NOTES.md).
 	if st := h.open(w, r); st != nil {
-		serveStream(st, &st.s, st.sub.Ready(), st.ends, &st.end)
+		h.serveSSE(st, w, r)
 	}
 }
 
-// open checks and answers the request, or subscribes and sends the
-// stream's headers and retry: line, and returns the stream to serve. It
-// returns nil when there is no stream to serve (refused, a HEAD, or the
-// first write failed), having undone what it did.
-func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStream) {
+// serveSSE sends an opened stream's headers and serves it with the SSE
+// transport, the single stream's wire or the multiplexed one.
+func (h *Handler) serveSSE(st *Stream, w http.ResponseWriter, r *http.Request) {
+	epoch := ""
+	if st.multiplexed {
+		writeSSEHeaders(w, r, "Event-Epochs", epochList(st))
+	} else {
+		writeSSEHeaders(w, r, "Event-Epoch", st.order[0].bus.Epoch())
+		if !h.BareIDs {
+			epoch = st.order[0].bus.Epoch()
+		}
+	}
+	t := newSSETransport(h, w, r, st.multiplexed, epoch)
+	t.finish(st.Serve(r.Context(), t))
+}
+
+// open checks and answers the request, or subscribes and returns the
+// stream to serve; nil when there is none (refused, or a HEAD), having
+// undone what it did.
+func (h *Handler) open(w http.ResponseWriter, r *http.Request) *Stream {
 	if !h.precheck(w, r) {
 		return nil
 	}
@@ -219,82 +212,17 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) (st *sessionStrea
 			opts.CursorInvalid = true
 		}
 	}
-
-	session := r.PathValue("id")
-	var bus *EventBus
-	var err error
-	if h.Lookup != nil {
-		bus, err = h.Lookup(r, session)
-	}
-	if !h.lookedUp(w, r, bus, err, "") {
-		return nil
-	}
-
-	var (
-		grant Grant
-		ls    *liveStream
-		sub   *Subscription
-	)
-	defer func() {
-		// Refused, failed or panicked (in Authorize, say): undo, in the
-		// order the stream's close would.
-		if st == nil {
-			if sub != nil {
-				sub.Close()
-			}
-			if ls != nil {
-				h.reg.remove(ls)
-			}
-		}
-	}()
-	if h.Authorize != nil {
-		if r.Method != http.MethodHead {
-			// Filed before Authorize runs, so that a Revoke while it runs
-			// reaches this stream too (see Revoke).
-			ls = h.reg.begin()
-		}
-		if grant, err = h.Authorize(r, session, bus); !h.authorized(w, r, grant, err, "") {
-			return nil
-		}
-		if ls != nil {
-			h.reg.commit(ls, grant.Subject)
-		}
-	}
-
-	if r.Method == http.MethodHead {
-		// The headers a GET would get, without subscribing: a HEAD takes
-		// no slot of the bus (and is never refused for a full one).
-		writeStreamHeaders(w, r, bus)
-		return nil
-	}
-
-	s := &sessionStream{h: h, bus: bus, ls: ls}
-	opts.Interrupt = s.s.interrupt
-	if sub, err = subscribeRequest(r, bus, opts); err != nil {
-		writeSubscribeError(w, err, "")
-		return nil
-	}
-	s.sub = sub
-
-	writeStreamHeaders(w, r, bus)
-
-	s.s.init(h, w, r)
-	if !h.BareIDs {
-		s.s.idPrefix = make([]byte, 0, len(idField)+len(bus.Epoch())+1)
-		s.s.idPrefix = append(append(append(s.s.idPrefix, idField...), bus.Epoch()...), ':')
-	}
-	if err := s.s.flushBatch(); err != nil {
-		h.dropBlocked(r.Context(), sub, &s.s, err)
-		return nil
-	}
-	if ls != nil {
-		s.ends.revoked = ls.revoked
-	}
-	if !grant.Expires.IsZero() {
-		s.lifetime = time.NewTimer(time.Until(grant.Expires))
-		s.ends.lifetime = s.lifetime.C
-	}
-	return s
+	return h.openStream(w, r, openPlan{
+		ids: []string{r.PathValue("id")},
+		sq:  sq,
+		head: func(st *Stream) {
+			// The headers a GET would get, without subscribing: a HEAD
+			// takes no slot of the bus (and is never refused for a full
+			// one).
+			writeSSEHeaders(w, r, "Event-Epoch", st.order[0].bus.Epoch())
+		},
+		options: func(*Stream, *Member) SubscribeOptions { return opts },
+	})
 }
 
 // precheck applies the checks that come before anything else, for the
@@ -385,46 +313,40 @@ func parseStreamQuery(w http.ResponseWriter, r *http.Request) (sq streamQuery, o
 	return sq, true
 }
 
-// lookedUp answers a Lookup that found no bus (the StatusError it
-// returned, 400 invalid_session_id, 404 session_not_found, or 500), naming
-// session in the body when it is not empty, and reports whether the
-// request goes on.
-func (h *Handler) lookedUp(w http.ResponseWriter, r *http.Request, bus *EventBus, err error, session string) bool {
+// lookupRefusal is the answer to a Lookup that found no bus (the
+// StatusError it returned, 400 invalid_session_id, 404 session_not_found,
+// or 500, logged), nil when it found one.
+func (h *Handler) lookupRefusal(r *http.Request, bus *EventBus, err error, session string) *StatusError {
 	var se *StatusError
 	switch {
 	case errors.As(err, &se):
-		h.refused(w, r, "eventbus: session lookup refused", se, session)
-		return false
+		h.logRefusal(r, "eventbus: session lookup refused", se, session)
+		return se
 	case errors.Is(err, ErrInvalidSessionID):
 		// CheckSessionID's message quotes the id escaped, which the
 		// "session" member, JSON, cannot do for an id that is not UTF-8.
-		writeJSONErrorFor(w, http.StatusBadRequest, err.Error(), "invalid_session_id", 0, session)
-		return false
+		return &StatusError{Status: http.StatusBadRequest, Code: "invalid_session_id", Message: err.Error()}
 	case errors.Is(err, ErrSessionNotFound) || (err == nil && bus == nil):
-		writeJSONErrorFor(w, http.StatusNotFound, "session not found", "session_not_found", 0, session)
-		return false
+		return &StatusError{Status: http.StatusNotFound, Code: "session_not_found", Message: "session not found"}
 	case err != nil:
 		h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: session lookup failed", slog.String("error", err.Error()))
-		writeJSONErrorFor(w, http.StatusInternalServerError, "session lookup failed", "internal", 0, session)
-		return false
+		return &StatusError{Status: http.StatusInternalServerError, Code: "internal", Message: "session lookup failed"}
 	}
-	return true
+	return nil
 }
 
-// authorized answers an Authorize that refused (its StatusError, or 500)
-// or granted a lifetime that has ended already (401 credentials_expired),
-// naming session in the body when it is not empty, and reports whether the
-// request goes on.
-func (h *Handler) authorized(w http.ResponseWriter, r *http.Request, grant Grant, err error, session string) bool {
+// authorizeRefusal is the answer to an Authorize that refused (its
+// StatusError, or 500, logged) or granted a lifetime that has ended
+// already (401 credentials_expired), nil when it granted the stream.
+func (h *Handler) authorizeRefusal(r *http.Request, grant Grant, err error, session string) *StatusError {
 	if err != nil {
 		var se *StatusError
 		if errors.As(err, &se) {
-			h.refused(w, r, "eventbus: authorization refused", se, session)
-		} else {
-			h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: authorization failed", slog.String("error", err.Error()))
-			writeJSONErrorFor(w, http.StatusInternalServerError, "authorization failed", "internal", 0, session)
+			h.logRefusal(r, "eventbus: authorization refused", se, session)
+			return se
 		}
-		return false
+		h.logger().LogAttrs(r.Context(), slog.LevelError, "eventbus: authorization failed", slog.String("error", err.Error()))
+		return &StatusError{Status: http.StatusInternalServerError, Code: "internal", Message: "authorization failed"}
 	}
 	if !grant.Expires.IsZero() && !time.Now().Before(grant.Expires) {
 		// A stream that would end at once would have its client
@@ -434,11 +356,10 @@ func (h *Handler) authorized(w http.ResponseWriter, r *http.Request, grant Grant
 		if scheme == "" {
 			scheme = "Bearer"
 		}
-		(&StatusError{Status: http.StatusUnauthorized, Code: "credentials_expired", Message: "credentials expired",
-			Challenge: scheme + ` error="invalid_token", error_description="credentials expired"`}).serve(w, session)
-		return false
+		return &StatusError{Status: http.StatusUnauthorized, Code: "credentials_expired", Message: "credentials expired",
+			Challenge: scheme + ` error="invalid_token", error_description="credentials expired"`}
 	}
-	return true
+	return nil
 }
 
 // subscribeRequest subscribes to bus for request r. The request context
@@ -471,29 +392,10 @@ func writeSubscribeError(w http.ResponseWriter, err error, session string) {
 	writeJSONErrorFor(w, http.StatusInternalServerError, err.Error(), "internal", 0, session)
 }
 
-// init makes s the batching writer of the response to r, with this
-// connection's retry: line in its buffer (no blank line after it: a block
-// of its own would be an empty event in lenient clients, see the type's
-// doc), ready for its first flushBatch, and its heartbeat timer started.
-func (s *stream) init(h *Handler, w http.ResponseWriter, r *http.Request) {
-	// Field by field: interrupt may have been called already (cut).
-	s.w = w
-	s.rc = http.NewResponseController(w)
-	s.ctx = r.Context()
-	s.timeout = orDefault(h.WriteTimeout, DefaultWriteTimeout)
-	s.http1 = r.ProtoMajor == 1
-	s.retry = h.retryMillis()
-	s.idle = orDefault(h.Heartbeat, DefaultHeartbeat)
-	s.rcp.Store(s.rc)
-	s.beat = time.NewTimer(s.idle)
-	s.appendRetry()
-}
-
-// refused answers a request that Lookup or Authorize refused with se (its
-// body naming session when that is not empty), and logs it: at Warn for a
-// 5xx (something the daemon depends on failed), at Debug otherwise (a
-// client without access is no event of the daemon's).
-func (h *Handler) refused(w http.ResponseWriter, r *http.Request, msg string, se *StatusError, session string) {
+// logRefusal logs that Lookup or Authorize refused session with se: at
+// Warn for a 5xx (something the daemon depends on failed), at Debug
+// otherwise (a client without access is no event of the daemon's).
+func (h *Handler) logRefusal(r *http.Request, msg string, se *StatusError, session string) {
 	level := slog.LevelDebug
 	if se.Status >= 500 || se.Status < 400 {
 		level = slog.LevelWarn
@@ -503,7 +405,38 @@ func (h *Handler) refused(w http.ResponseWriter, r *http.Request, msg string, se
 		attrs = append(attrs, slog.String("session", quoteHead(session, 64)))
 	}
 	h.logger().LogAttrs(r.Context(), level, msg, attrs...)
-	se.serve(w, session)
+}
+
+// writeSSEHeaders sends the stream's response headers, with the epoch
+// header epochName (exposed to CORS pages) set to epoch, and the 200
+// status.
+func writeSSEHeaders(w http.ResponseWriter, r *http.Request, epochName, epoch string) {
+	hd := w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-cache, no-transform")
+	if r.ProtoMajor == 1 {
+		hd.Set("Connection", "keep-alive")
+	}
+	hd.Set("X-Accel-Buffering", "no")
+	hd.Set(epochName, epoch)
+	hd.Set("Access-Control-Expose-Headers", epochName)
+	w.WriteHeader(http.StatusOK)
+}
+
+// canFlush reports whether w, or a writer it wraps (the Unwrap convention
+// of http.ResponseController), can flush. It is checked before subscribing:
+// once the status line is out it is too late to answer 500.
+func canFlush(w http.ResponseWriter) bool {
+	for {
+		switch x := w.(type) {
+		case http.Flusher:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return false
+		}
+	}
 }
 
 // parseDecimalID parses the bare form of an event id strictly: one or more

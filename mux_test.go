@@ -1021,35 +1021,32 @@ func TestMuxHubShutdown(t *testing.T) {
 // likewise. The serve loop's per-frame work, as serve does it.
 func TestMuxFramingDoesNotAllocate(t *testing.T) {
 	a, b := newBus(t, Options{RingSize: 64}), newBus(t, Options{RingSize: 64})
+	ma, mb := newMember("a", a), newMember(`b"`, b)
 	var frames []Frame
-	var owners []int
+	var owners []*Member
 	for i, f := range publishN(t, a, 8) {
-		frames, owners = append(frames, f, publishN(t, b, 1)[0]), append(owners, 0, 1)
+		frames, owners = append(frames, f, publishN(t, b, 1)[0]), append(owners, ma, mb)
 		if i == 3 {
-			frames, owners = append(frames, replayCompleteFrame(1, 4, a.Epoch(), 0)), append(owners, 0)
+			frames, owners = append(frames, replayCompleteFrame(1, 4, a.Epoch(), 0)), append(owners, ma)
 		}
 	}
-	st := muxStream{s: stream{w: newMemWriter()}, sess: []muxSession{
-		{id: "a", bus: a, member: sessionMember("a"), entry: NewCursorEntry("a", a.Epoch(), 0)},
-		{id: `b"`, bus: b, member: sessionMember(`b"`), entry: NewCursorEntry(`b"`, b.Epoch(), 0)},
-	}}
-	st.buildIDLine()
+	st := &Stream{order: []*Member{ma, mb}}
+	st.layCursor()
+	batch := &Batch{st: st, frames: frames, owners: owners}
+	s := &sseTransport{w: newMemWriter(), multiplexed: true}
 	frame := func() {
-		st.s.buf = st.s.buf[:0]
-		st.reserve(frames, owners)
-		for k, f := range frames {
-			ms := &st.sess[owners[k]]
-			if f.ID() != 0 {
-				ms.entry.ID = f.ID()
-				muxcursor.Put(st.idLine[ms.group:], muxcursor.Entry(ms.entry))
-			}
-			st.add(f, owners[k])
+		s.buf = s.buf[:0]
+		ma.entry.ID, mb.entry.ID = 0, 0
+		batch.applied = 0
+		s.reserve(batch)
+		for k := range frames {
+			s.addMux(batch, k)
 		}
 	}
 	frame()
 	require.Zero(t, testing.AllocsPerRun(100, frame))
 
-	recs, err := parseSSE(st.s.buf)
+	recs, err := parseSSE(s.buf)
 	require.NoError(t, err)
 	var fs []muxFrame
 	for _, ev := range sseEvents(recs) {

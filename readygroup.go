@@ -94,28 +94,35 @@ func (g *ReadyGroup) Member(i int) *Subscription {
 func (g *ReadyGroup) mark(i int) { g.marks[i/64].Or(1 << (i % 64)) }
 
 // join makes s a member, before it is registered with its bus (a push may
-// signal it as soon as it is). It returns an error wrapping
-// ErrInvalidOption when the group is full.
+// signal it as soon as it is), at the lowest number no member holds. It
+// returns an error wrapping ErrInvalidOption when the group is full.
 func (g *ReadyGroup) join(s *Subscription) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.n == len(g.members) {
+	i := 0
+	for i < g.n && g.members[i].Load() != nil {
+		i++
+	}
+	if i == len(g.members) {
 		return fmt.Errorf("%w: ReadyGroup is full (%d members)", ErrInvalidOption, len(g.members))
 	}
-	s.q.group, s.q.member, s.q.ready = g, g.n, g.ready
-	g.members[g.n].Store(s)
-	g.n++
+	s.q.group, s.q.member, s.q.ready = g, i, g.ready
+	g.members[i].Store(s)
+	g.n = max(g.n, i+1)
 	return nil
 }
 
-// leave undoes join for a subscription that Subscribe did not return (a
-// full bus), so that it takes no place: its number goes to the next member
-// when it is still the last one, else its place stays used, empty.
+// leave gives back the number of s, a member that Subscribe did not
+// return (a full bus) or whose consumer is done with it (a Stream's
+// Remove, once s is closed: a closed subscription signals no more), to the
+// next member to join. A mark s left is a stale wake-up of that member.
 func (g *ReadyGroup) leave(s *Subscription) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if i := s.q.member; i == g.n-1 && g.members[i].Load() == s {
+	if i := s.q.member; g.members[i].Load() == s {
 		g.members[i].Store(nil)
-		g.n--
+		for g.n > 0 && g.members[g.n-1].Load() == nil {
+			g.n--
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1058,7 +1059,7 @@ func TestHandlerBatchOneFlush(t *testing.T) {
 	t.Run("large frames are written directly, still one flush", func(t *testing.T) {
 		logs := &logCapture{}
 		b := newBus(t, logs.capture(Options{}))
-		big := strings.Repeat("y", directWriteSize)
+		big := strings.Repeat("y", sseDirectWriteSize)
 		var want []sseEvent
 		for i := range 6 {
 			typ, data := "small", any(i)
@@ -1084,21 +1085,25 @@ func TestHandlerBatchOneFlush(t *testing.T) {
 	})
 }
 
-// With EpochIDs the writer puts "id: <epoch>:" before each event's shared
-// bytes: framing a batch allocates nothing, as without it.
+// Without BareIDs the writer puts "id: <epoch>:" before each event's
+// shared bytes: framing a batch allocates nothing, as with bare ids.
 func TestEpochIDsFramingDoesNotAllocate(t *testing.T) {
 	b := newBus(t, Options{RingSize: 64})
 	frames := publishN(t, b, 16)
 	frames = append(frames, replayCompleteFrame(1, 16, b.Epoch(), 0))
+	m := newMember("s", b)
+	st := &Stream{order: []*Member{m}}
+	st.layCursor()
+	batch := &Batch{st: st, frames: frames, owners: slices.Repeat([]*Member{m}, len(frames))}
 	for _, epochIDs := range []bool{false, true} {
-		s := stream{w: newMemWriter()}
+		s := &sseTransport{w: newMemWriter()}
 		if epochIDs {
 			s.idPrefix = []byte("id: " + b.Epoch() + ":")
 		}
-		s.reserve(frames)
+		s.reserve(batch)
 		allocs := testing.AllocsPerRun(100, func() {
 			s.buf = s.buf[:0]
-			s.reserve(frames)
+			s.reserve(batch)
 			for _, f := range frames {
 				s.add(f)
 			}
@@ -1268,7 +1273,7 @@ func TestHandlerRetryJitter(t *testing.T) {
 	})
 	t.Run("jitter is drawn without allocating", func(t *testing.T) {
 		h := &Handler{}
-		require.Zero(t, testing.AllocsPerRun(100, func() { h.retryMillis() }))
+		require.Zero(t, testing.AllocsPerRun(100, func() { sseRetryMillis(h) }))
 	})
 }
 
