@@ -80,6 +80,24 @@ func (c *CORS) Validate() error {
 	return nil
 }
 
+// AllowsOrigin reports whether request r may open a stream as far as its
+// Origin header goes: true for a request without one (not a browser's), for
+// an Origin naming the host r was sent to (the scheme is not compared: a
+// TLS-terminating proxy hides it), and for an origin c allows (Origins,
+// AllowOrigin); a nil c allows only the first two. A transport with no
+// CORS of its own checks it before its handshake: browsers send a
+// WebSocket handshake with the visitor's cookies from any site, and read
+// its messages whatever CORS says (github.com/ssebus/eventbus/websocket
+// refuses 403 origin_not_allowed). It only reads c and r, and calls
+// AllowOrigin.
+func (c *CORS) AllowsOrigin(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" || sameHost(origin, r) {
+		return true
+	}
+	return c != nil && c.Validate() == nil && c.allowed(origin)
+}
+
 func (c *CORS) allowed(origin string) bool {
 	if slices.Contains(c.Origins, origin) || slices.Contains(c.Origins, "*") {
 		return true

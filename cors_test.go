@@ -2,6 +2,7 @@ package eventbus
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -192,4 +193,31 @@ func TestCORSUnset(t *testing.T) {
 	requireHTTPError(t, resp, http.StatusMethodNotAllowed, "method_not_allowed")
 	require.Equal(t, "GET, HEAD", resp.Header.Get("Allow"))
 	require.Empty(t, resp.Header.Values("Access-Control-Allow-Origin"))
+}
+
+// AllowsOrigin, the check of a transport with no CORS of its own (a
+// WebSocket): no Origin and the request's own host pass; another origin
+// only when CORS allows it, never with a CORS that does not validate.
+func TestCORSAllowsOrigin(t *testing.T) {
+	req := func(origin string) *http.Request {
+		r := httptest.NewRequest(http.MethodGet, "http://daemon.example:8080/ws", nil)
+		if origin != "" {
+			r.Header.Set("Origin", origin)
+		}
+		return r
+	}
+	var none *CORS
+	require.True(t, none.AllowsOrigin(req("")))
+	require.True(t, none.AllowsOrigin(req("http://daemon.example:8080")))
+	require.True(t, none.AllowsOrigin(req("https://DAEMON.example:8080")), "the scheme is not compared, the host case-insensitively")
+	require.False(t, none.AllowsOrigin(req("http://evil.example")))
+	require.False(t, none.AllowsOrigin(req("http://daemon.example:8081")), "another port is another origin")
+	require.False(t, none.AllowsOrigin(req("null")))
+
+	c := &CORS{Origins: []string{"https://app.example"}, AllowOrigin: func(o string) bool { return o == "https://other.example" }}
+	require.True(t, c.AllowsOrigin(req("https://app.example")))
+	require.True(t, c.AllowsOrigin(req("https://other.example")))
+	require.False(t, c.AllowsOrigin(req("https://app.example.evil")))
+	require.True(t, (&CORS{Origins: []string{"*"}}).AllowsOrigin(req("null")))
+	require.False(t, (&CORS{Origins: []string{"*"}, Credentials: true}).AllowsOrigin(req("https://app.example")), "an invalid CORS allows nothing")
 }
