@@ -82,15 +82,17 @@ const (
 // can be stale (see wake): waking finds nothing and waits again. No
 // goroutine is involved.
 type boundedAsyncQueue struct {
-	// The producer's side. tail is what the consumer sees; next is the
-	// producer's own copy, ahead of it only while a replay is appended
-	// under mu (published once, at its end: see publishLocked).
+	// The producer's side, written only by the producer, which holds its
+	// bus's lock for every push (SPEC 4). tail is what the consumer sees;
+	// next is the producer's own copy, ahead of it only while a replay is
+	// appended under mu (published once, at its end: see publishLocked).
 	tail        atomic.Uint64 // position after the newest entry
 	next        uint64
 	pushedLive  int // live entries appended, minus those a resync or close dropped
 	pushedBytes int
 
-	// The consumer's side, published for the producer.
+	// The consumer's side, written only by the one consuming goroutine,
+	// published for the producer.
 	head        atomic.Uint64 // position of the oldest entry, once the slots before it are cleared
 	poppedLive  atomic.Int64
 	poppedBytes atomic.Int64
@@ -128,6 +130,8 @@ type boundedAsyncQueue struct {
 	// lastID is the id of the last event the consumer dequeued. Under mu.
 	lastID uint64
 
+	// Set before the queue is shared (init, ReadyGroup.join), never
+	// changed.
 	maxQueued int
 	maxBytes  int
 	ready     chan struct{}

@@ -33,16 +33,18 @@ import (
 // ReadyGroup and takes from the sessions that are ready; the Stream starts
 // no goroutine. A Stream that is not served must be closed (Close).
 //
-// Locks and owners, in the order they may be taken: Stream.mu (the
-// sessions being added or removed) is never held while calling user code
-// (Lookup, Authorize) or the bus; the registry's lock (Revoke) is taken
-// when a stream opens, adds a session and ends; then the buses' locks and
-// the subscriptions' queue locks, in Subscribe, TakeReady and Close. The
-// serve loop's state (the members, the batch, the cursor, the timers) is
-// owned by Serve's goroutine and guarded by no lock: nothing else touches
-// it once Serve has started (before that, the goroutine that opened the
-// stream owns it). The atomic cut and tp are what other goroutines
-// (Interrupt) read.
+// Locks and owners. Stream.mu (the sessions being added or removed), the
+// registry's lock (Revoke's) and a ReadyGroup's lock (joining, leaving)
+// are leaves: each is held alone, never while another lock is taken, user
+// code (Lookup, Authorize) runs or a bus is called. A bus's lock comes
+// before its subscriptions' queue locks (a push under the bus's lock takes
+// a queue's, SPEC 4); the stream takes them only inside Subscribe,
+// TakeReady, MarkWritten and Close, and holds no lock while it writes.
+// The serve loop's state (the members, the batch, the cursor, the timers)
+// is owned by Serve's goroutine and guarded by no lock: nothing else
+// touches it once Serve has started (before that, the goroutine that
+// opened the stream owns it). The atomic cut and tp are what other
+// goroutines (a Hub's budget, through interrupt) read.
 type Stream struct {
 	h           *Handler
 	r           *http.Request // for Add's Lookup and Authorize

@@ -19,9 +19,10 @@ import (
 // to call from any goroutine. No goroutine runs per subscription.
 // Subscriptions are made by Subscribe; a zero Subscription is not usable.
 type Subscription struct {
-	bus *EventBus
-	q   boundedAsyncQueue
-
+	// Set by Subscribe before s is shared, never changed (q's own fields
+	// say who guards them).
+	bus    *EventBus
+	q      boundedAsyncQueue
 	filter *typeFilter
 	policy OverflowPolicy
 
@@ -48,6 +49,7 @@ type Subscription struct {
 	// lagging mirrors behind for the consumer's look without the lock.
 	lagging atomic.Bool
 
+	// Set by Subscribe, never changed.
 	warnFrames, resetFrames, warnBytes, resetBytes float64
 
 	// batching is the consumer's own (see take): its last take that
@@ -57,9 +59,9 @@ type Subscription struct {
 	// shed is set when a Hub's budget took back what s held (hub_pins.go);
 	// interrupt is SubscribeOptions.Interrupt.
 	shed      atomic.Bool
-	interrupt func()
+	interrupt func() // set by Subscribe, never changed
 
-	stop     func() bool // stops watching the context; nil if none
+	stop     func() bool // stops watching the context; nil if none; set by Subscribe before s is shared
 	released atomic.Bool
 	endErr   atomic.Pointer[error]
 	iterated atomic.Bool
