@@ -645,10 +645,7 @@ func (st *Stream) Add(session, cursor string) error {
 	}
 	st.adds = append(st.adds, m)
 	st.mu.Unlock()
-	select {
-	case st.wake <- struct{}{}:
-	default:
-	}
+	st.signal()
 	return nil
 }
 
@@ -726,11 +723,17 @@ func (st *Stream) Remove(session string) error {
 	st.names = slices.Delete(st.names, i, i+1)
 	st.removes = append(st.removes, session)
 	st.mu.Unlock()
+	st.signal()
+	return nil
+}
+
+// signal wakes the serve loop to apply the changes Add and Remove made; a
+// wake-up already pending covers this one.
+func (st *Stream) signal() {
 	select {
 	case st.wake <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // apply takes in the sessions Add subscribed and takes out those Remove
