@@ -25,6 +25,9 @@ const (
 	// DefaultIdleTimeout is how long a connection may stay silent (three of
 	// the server's default 15 s heartbeats) before the client reconnects.
 	DefaultIdleTimeout = 45 * time.Second
+	// DefaultWebSocketRetry is how long a client stays on SSE after its
+	// WebSocket failed (Client.WebSocketRetry).
+	DefaultWebSocketRetry = time.Minute
 
 	// A connection that stayed open this long, or that delivered something
 	// before a plain cut, resets the backoff.
@@ -110,7 +113,16 @@ type StateChange struct {
 	// Err is what ended the previous connection or attempt, or for
 	// StateClosed what Run returns.
 	Err error
+	// Transport is, for StateOpen, what the stream came on: "websocket"
+	// (Client.WebSocket) or "sse".
+	Transport string
 }
+
+// The transports a StateChange names.
+const (
+	TransportSSE       = "sse"
+	TransportWebSocket = "websocket"
+)
 
 // Client is a resumable client of one eventbus SSE stream (docs/SPEC.md
 // sections 4, 5 and 9). Run connects and reconnects until its context ends or a final
@@ -247,6 +259,30 @@ type Client struct {
 	// OnSessionGone is told that a session of the stream is gone and was
 	// dropped from it.
 	OnSessionGone func(SessionGone)
+
+	// WebSocket, when set (with Sessions), makes the client read the
+	// multiplexed stream over a WebSocket first (docs/SPEC.md 6.10), at
+	// WebSocketURL, and over SSE at URL as the fallback: when the
+	// WebSocket cannot be opened for a reason that is not the server's
+	// answer (a connection or handshake failure, a proxy's status without
+	// the server's JSON error), or is cut before its first message, the
+	// next connection is SSE at once, and SSE it stays for
+	// WebSocketRetry; then the client tries the WebSocket again. One
+	// cursor serves both: a client that falls back, or back, loses no
+	// event and sees none twice. The server's answers (401, 403, 404, 429,
+	// 503...) count the same on either transport. On an open WebSocket,
+	// AddSession and RemoveSession change the stream's sessions in place,
+	// without reconnecting. nil: SSE only. The package imports no
+	// WebSocket library: github.com/ssebus/eventbus/websocket's Dialer is
+	// one.
+	WebSocket WebSocketDialer
+	// WebSocketURL is the WebSocket route, e.g. "ws://127.0.0.1:8080/ws"
+	// (ws or wss): the client sets its session, lastEventId, types and
+	// maxQueued parameters, as on URL. Required with WebSocket.
+	WebSocketURL string
+	// WebSocketRetry is how long the client stays on SSE after the
+	// WebSocket failed; 0 means DefaultWebSocketRetry.
+	WebSocketRetry time.Duration
 
 	running atomic.Bool
 
@@ -425,6 +461,10 @@ func (c *Client) Run(ctx context.Context) error {
 		lastRetry: -1,
 		mux:       mux,
 	}
+	if c.WebSocket != nil {
+		r.wsBase, _ = url.Parse(c.WebSocketURL) // validated
+		c.setQuery(r.wsBase)
+	}
 	return r.loop()
 }
 
@@ -477,6 +517,25 @@ func (c *Client) validate() (*url.URL, error) {
 	if err := c.validateMux(); err != nil {
 		return nil, bad("%v", err)
 	}
+	if c.WebSocket != nil || c.WebSocketURL != "" {
+		wu, err := url.Parse(c.WebSocketURL)
+		switch {
+		case c.WebSocket == nil || len(c.Sessions) == 0:
+			return nil, bad("WebSocket and WebSocketURL go together, with Sessions")
+		case err != nil || (wu.Scheme != "ws" && wu.Scheme != "wss"):
+			return nil, bad("WebSocketURL %q is not ws or wss", head(c.WebSocketURL))
+		case c.WebSocketRetry < 0:
+			return nil, bad("negative WebSocketRetry")
+		}
+	}
+	c.setQuery(u)
+	return u, nil
+}
+
+// setQuery sets the client's parameters in u's query: its maxQueued and
+// types; no lastEventId, epoch or (with Sessions) session, which each
+// connection sets.
+func (c *Client) setQuery(u *url.URL) {
 	q := u.Query()
 	q.Del("lastEventId")
 	q.Del("epoch")
@@ -490,7 +549,6 @@ func (c *Client) validate() (*url.URL, error) {
 		q.Set("types", strings.Join(c.Types, ","))
 	}
 	u.RawQuery = q.Encode()
-	return u, nil
 }
 
 // run is the state of one Run.
@@ -514,6 +572,11 @@ type run struct {
 	// notFoundSince is the first 404 session_not_found since the last
 	// stream that opened (zero: none), for RetryNotFound.
 	notFoundSince time.Time
+	// wsBase is the WebSocket route with the client's parameters, nil
+	// without Client.WebSocket; sseUntil is when the client tries it again
+	// after it failed (zero: now).
+	wsBase   *url.URL
+	sseUntil time.Time
 }
 
 // how a connection ended
@@ -529,8 +592,9 @@ const (
 	endEvicted
 	endStreamError
 	endCancelled
-	endGone    // a session of a multiplexed stream is gone: reconnect at once without it
-	endRestart // AddSession or RemoveSession: reconnect at once with the new list
+	endGone     // a session of a multiplexed stream is gone: reconnect at once without it
+	endRestart  // AddSession or RemoveSession: reconnect at once with the new list
+	endFallback // the WebSocket failed (not the server's answer): SSE at once
 )
 
 type result struct {
@@ -552,6 +616,13 @@ type result struct {
 func (r *run) state(s State, delay time.Duration, err error) {
 	if f := r.c.OnState; f != nil {
 		f(StateChange{State: s, Attempt: r.attempt, Delay: delay, Err: err})
+	}
+}
+
+// stateOpen reports StateOpen on transport.
+func (r *run) stateOpen(transport string) {
+	if f := r.c.OnState; f != nil {
+		f(StateChange{State: StateOpen, Attempt: r.attempt, Transport: transport})
 	}
 }
 
@@ -649,6 +720,9 @@ func (r *run) decide(res result) step {
 		r.lastImmediate = false
 		return step{}
 	case endRestart:
+		return step{}
+	case endFallback:
+		r.lastImmediate = false
 		return step{}
 	case endHTTP:
 		r.lastImmediate = false
@@ -786,7 +860,12 @@ func (r *run) connect() result {
 			r.c.mu.Unlock()
 		}()
 	}
-	res := r.attempt1(ctx, cancel)
+	var res result
+	if r.wsBase != nil && !time.Now().Before(r.sseUntil) {
+		res = r.attemptWS(ctx, cancel)
+	} else {
+		res = r.attempt1(ctx, cancel)
+	}
 	if r.ctx.Err() == nil && res.end != endFatal && res.end != endGone && errors.Is(context.Cause(ctx), errSessionsChanged) {
 		return result{end: endRestart, opened: res.opened, openedAt: res.openedAt, delivered: res.delivered}
 	}
@@ -819,21 +898,7 @@ func (r *run) attempt1(ctx context.Context, cancel context.CancelCauseFunc) (res
 		if resp.StatusCode == http.StatusNoContent {
 			return result{end: endFatal, err: fmt.Errorf("%w: 204 No Content", ErrNotEventStream)}
 		}
-		he := httpError(resp)
-		res := result{end: endHTTP, err: he, status: resp.StatusCode, httpErr: he}
-		if he.StatusCode == http.StatusNotFound && he.Code == "session_not_found" {
-			if r.mux != nil && !r.mux.active(he.Session) {
-				return res // not about a session of the stream: final
-			}
-			if wait := r.notFoundWait(); wait > 0 {
-				res.notFound, res.wait = true, wait
-				return res
-			}
-			if r.mux != nil {
-				return r.gone(he.Session, "session_not_found", he)
-			}
-		}
-		return res
+		return r.refused(httpError(resp))
 	}
 	if mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || mt != "text/event-stream" {
 		return result{end: endFatal, err: fmt.Errorf("%w: Content-Type %q", ErrNotEventStream, resp.Header.Get("Content-Type"))}
@@ -850,7 +915,7 @@ func (r *run) attempt1(ctx context.Context, cancel context.CancelCauseFunc) (res
 		r.c.pos.opened(resp.Header.Get("Event-Epoch"))
 	}
 	r.c.mu.Unlock()
-	r.state(StateOpen, 0, nil)
+	r.stateOpen(TransportSSE)
 
 	body := &idleReader{rd: resp.Body, d: r.idle, fire: func() { cancel(ErrIdleTimeout) }}
 	defer body.stop()
@@ -884,6 +949,25 @@ func (r *run) attempt1(ctx context.Context, cancel context.CancelCauseFunc) (res
 			return res
 		}
 	}
+}
+
+// refused is how a connection the server answered with he ends: the
+// server's word, whichever the transport.
+func (r *run) refused(he *HTTPError) result {
+	res := result{end: endHTTP, err: he, status: he.StatusCode, httpErr: he}
+	if he.StatusCode == http.StatusNotFound && he.Code == "session_not_found" {
+		if r.mux != nil && !r.mux.active(he.Session) {
+			return res // not about a session of the stream: final
+		}
+		if wait := r.notFoundWait(); wait > 0 {
+			res.notFound, res.wait = true, wait
+			return res
+		}
+		if r.mux != nil {
+			return r.gone(he.Session, "session_not_found", he)
+		}
+	}
+	return res
 }
 
 // notFoundWait returns how much of RetryNotFound is left since the first
@@ -1010,8 +1094,10 @@ func (r *run) frame(m Message, cn *conn) {
 	p := &r.c.pos
 	if r.mux != nil {
 		if p = r.mux.of(env.Session); p == nil {
-			r.protocol("a frame of no session of the stream: %.64q", m.Data)
-			return
+			if p = r.adopt(env.Session); p == nil {
+				r.protocol("a frame of no session of the stream: %.64q", m.Data)
+				return
+			}
 		}
 	}
 	if env.ID != nil {

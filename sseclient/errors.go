@@ -35,6 +35,9 @@ var (
 	// stream either is Run's final error (the 404 once Client.RetryNotFound
 	// has passed); on a multiplexed stream it is SessionGone.Err.
 	ErrSessionGone = errors.New("sseclient: the session is gone")
+	// ErrWebSocketBinary is what a WebSocketConn's ReadMessage returns for
+	// a binary message: the server of docs/SPEC.md 6.10 sends text only.
+	ErrWebSocketBinary = errors.New("sseclient: a binary WebSocket message")
 	// ErrNotMultiplexed is returned by AddSession and RemoveSession on a
 	// client without Sessions.
 	ErrNotMultiplexed = errors.New("sseclient: AddSession and RemoveSession need a multiplexed client (Sessions)")

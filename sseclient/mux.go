@@ -54,6 +54,11 @@ type muxState struct {
 	sentFromStart bool
 	order         []*position // the current connection's sessions still streamed, in URL order
 	cursor        []muxcursor.Entry
+	// On an open WebSocket: the sessions asked for and not yet confirmed
+	// (or refused), and changes, which AddSession and RemoveSession signal
+	// instead of reconnecting (nil otherwise).
+	adding, removing map[string]bool
+	changes          chan struct{}
 }
 
 // epochTag is the tag of a bus epoch in a composite cursor.
@@ -447,8 +452,16 @@ func (c *Client) RemoveSession(id string) error {
 }
 
 // restartLocked ends the current connection, if any, for the next to
-// start with the new sessions. The caller holds c.mu.
+// start with the new sessions; an open WebSocket is told the change
+// instead. The caller holds c.mu.
 func (c *Client) restartLocked() {
+	if c.mux != nil && c.mux.changes != nil {
+		select {
+		case c.mux.changes <- struct{}{}:
+		default:
+		}
+		return
+	}
 	if c.restart != nil {
 		c.restart(errSessionsChanged)
 	}
