@@ -20,10 +20,11 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 node --version
 
-# One build of the demo daemon for every test file.
+# One build of the demo daemon for every test file (a module of its own:
+# built in its folder).
 bin="$(mktemp -d)"
 trap 'rm -rf "$bin"' EXIT
-go build -o "$bin/sessiond" ./cmd/sessiond
+(cd cmd/sessiond && go build -o "$bin/sessiond" .)
 
 export CI="${CI:-true}" SESSIOND="$bin/sessiond"
 cd clients/js

@@ -22,9 +22,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../internal/releasecheck"
 export PATH="/usr/local/go/bin:$HOME/go/bin:$PATH"
 
-# The modules nobody imports (test harnesses, this tool): never tagged.
-# Every other folder with a go.mod is published, and so checked here.
-UNPUBLISHED=e2e,interop,benchmarks,internal/releasecheck
+# The modules nobody imports (test harnesses, this tool, the demo daemon,
+# which is run from a checkout): never tagged. Every other folder with a
+# go.mod is published, and so checked here.
+UNPUBLISHED=e2e,interop,benchmarks,internal/releasecheck,cmd/sessiond
 
 cmd="${1:-check}"
 if [ "$cmd" = check ]; then

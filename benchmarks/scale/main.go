@@ -34,8 +34,9 @@
 //     -heartbeat; everything else its default).
 //   - sessiond: not a child of this program but the demo daemon itself,
 //     cmd/sessiond, built from the working tree (go build
-//     github.com/ssebus/eventbus/cmd/sessiond, from inside the repository:
-//     the benchmarks module replaces the root module with ../) unless
+//     github.com/ssebus/eventbus/cmd/sessiond in its module's folder,
+//     cmd/sessiond of the root module's, which the benchmarks module
+//     replaces with ../: run from inside the repository) unless
 //     -sessiond-bin names a binary (one that has -debug-addr), and run
 //     with its defaults (epoch ids, so its frames are 33 bytes longer; the
 //     memory limit of its budget, logged) but for -addr 127.0.0.1:0, -debug-addr

@@ -31,14 +31,24 @@ import (
 const sessiondPkg = "github.com/ssebus/eventbus/cmd/sessiond"
 
 // buildSessiond builds cmd/sessiond into dir and returns the binary's path.
-// Run from inside the repository (benchmarks/ or the root), the import path
-// resolves to the working tree: the benchmarks module replaces the root
-// module with ../.
+// cmd/sessiond is a module of its own, which neither the root module nor
+// this one contains, so it is built inside its folder: cmd/sessiond of the
+// root module's working tree, which go list names when run from inside the
+// repository (benchmarks/ or the root: the benchmarks module replaces the
+// root module with ../).
 func buildSessiond(dir string) (string, error) {
+	var stderr bytes.Buffer
+	list := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/ssebus/eventbus")
+	list.Stderr = &stderr
+	root, err := list.Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m github.com/ssebus/eventbus (run from inside the repository, or give -sessiond-bin): %w\n%s", err, stderr.Bytes())
+	}
 	bin := filepath.Join(dir, "sessiond")
 	cmd := exec.Command("go", "build", "-o", bin, sessiondPkg)
+	cmd.Dir = filepath.Join(strings.TrimSpace(string(root)), "cmd", "sessiond")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s (run from inside the repository, or give -sessiond-bin): %w\n%s", sessiondPkg, err, out)
+		return "", fmt.Errorf("go build %s in %s (run from inside the repository, or give -sessiond-bin): %w\n%s", sessiondPkg, cmd.Dir, err, out)
 	}
 	return bin, nil
 }

@@ -3,7 +3,12 @@
 //
 // Usage:
 //
-//	go run ./cmd/sessiond [-addr 127.0.0.1:8080] [-demo] [flags]
+//	cd cmd/sessiond && go run . [-addr 127.0.0.1:8080] [-demo] [flags]
+//
+// It is a module of its own (github.com/ssebus/eventbus/cmd/sessiond), so
+// that what it depends on never reaches the root module's importers; its
+// go.mod replaces the root module with the working tree, so it is run from
+// a checkout, never installed or imported.
 //
 // Routes (Go 1.22 ServeMux patterns):
 //

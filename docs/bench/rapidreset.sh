@@ -36,7 +36,7 @@ mkdir -p "$out"
 echo "== output in $out"
 
 echo "== building: sessiond at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo ' (with uncommitted changes)'), the tool"
-go build -o "$out/sessiond" ./cmd/sessiond
+(cd cmd/sessiond && go build -o "$out/sessiond" .)
 (cd benchmarks && go build -o "$out/rapidreset" ./rapidreset)
 case " $cases " in
 *" prefix"*)
@@ -44,7 +44,7 @@ case " $cases " in
   echo "== building: sessiond at $prefix_sha ($prefix_ref), in a throwaway worktree"
   git worktree add --detach "$out/prefix-src" "$prefix_ref" >/dev/null
   trap 'git worktree remove --force "$out/prefix-src" 2>/dev/null || true' EXIT
-  (cd "$out/prefix-src" && go build -o "$out/sessiond-prefix" ./cmd/sessiond)
+  (cd "$out/prefix-src/cmd/sessiond" && go build -o "$out/sessiond-prefix" .)
   git worktree remove --force "$out/prefix-src"
   ;;
 esac

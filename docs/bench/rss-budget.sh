@@ -36,7 +36,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-go build -o "$TMP/sessiond" ./cmd/sessiond
+(cd cmd/sessiond && go build -o "$TMP/sessiond" .)
 printf '{"type":"note","data":"%s"}' "$(head -c "$EVENT_BYTES" /dev/zero | tr '\0' x)" >"$TMP/event.json"
 
 # kib FIELD: a "Vm..." line of the daemon's /proc status, in KiB.

@@ -1,8 +1,9 @@
 // Package daemontest runs the demo daemon cmd/sessiond as a process for the
-// end-to-end tests of other modules (e2e/, interop/), which may import it
-// because their paths lie under github.com/ssebus/eventbus: it builds the
-// binary, starts it on a loopback port, stops it with SIGTERM, and talks to
-// its JSON routes. Every helper fails the test on an unexpected answer.
+// end-to-end tests of other modules (e2e/, interop/, cmd/sessiond's own),
+// which may import it because their paths lie under
+// github.com/ssebus/eventbus: it builds the binary, starts it on a
+// loopback port, stops it with SIGTERM, and talks to its JSON routes.
+// Every helper fails the test on an unexpected answer.
 //
 // ReplicaSuite does the same for the backplane modules' replica daemons
 // (sessiond-redis, sessiond-pg, sessiond-nats): one set of black-box
@@ -55,11 +56,14 @@ func (d *Daemon) LogText() string {
 	return d.logs.String()
 }
 
-// Build compiles cmd/sessiond of the root module in rootDir into a temp
-// dir, with -race when race is set, and returns the binary.
+// Build compiles cmd/sessiond of the repository whose root module is in
+// rootDir into a temp dir, with -race when race is set, and returns the
+// binary. cmd/sessiond is a module of its own (its dependencies stay out
+// of the root module), so it is built inside its folder, where its go.mod
+// replaces the root with the working tree.
 func Build(ctx context.Context, t testing.TB, rootDir string, race bool) string {
 	t.Helper()
-	return build(ctx, t, rootDir, "./cmd/sessiond", "sessiond", race)
+	return build(ctx, t, filepath.Join(rootDir, "cmd", "sessiond"), ".", "sessiond", race)
 }
 
 // build compiles the main package pkg in dir into a temp dir as name,

@@ -16,13 +16,14 @@ let built = null;
 
 // sessiondPath builds cmd/sessiond once per process (the Go build cache
 // makes later builds fast), unless SESSIOND names a binary already built.
+// cmd/sessiond is a Go module of its own: it is built in its folder.
 export function sessiondPath() {
   if (process.env.SESSIOND) return process.env.SESSIOND;
   if (built) return built;
   const dir = mkdtempSync(path.join(os.tmpdir(), "sessiond-"));
   const out = path.join(dir, "sessiond");
   const go = existsSync("/usr/local/go/bin/go") ? "/usr/local/go/bin/go" : "go";
-  execFileSync(go, ["build", "-o", out, "./cmd/sessiond"], { cwd: repoRoot, stdio: "inherit" });
+  execFileSync(go, ["build", "-o", out, "."], { cwd: path.join(repoRoot, "cmd", "sessiond"), stdio: "inherit" });
   built = out;
   return out;
 }
