@@ -63,12 +63,12 @@ type conn struct {
 
 	// Owned by Serve's goroutine.
 	buf       []byte
-	cursorLen int              // of the last cursor written, to size a batch
-	msg       io.WriteCloser   // the fragmented message being written; nil when none
-	err       error            // the first write error: the connection is unusable
-	inBatch   bool             // a WriteBatch has not returned (it panicked)
+	cursorLen int                // of the last cursor written, to size a batch
+	msg       io.WriteCloser     // the fragmented message being written; nil when none
+	err       error              // the first write error: the connection is unusable
+	inBatch   bool               // a WriteBatch has not returned (it panicked)
 	seen      []*eventbus.Member // the stream's members at the last batch whose cursor moved
-	announced bool             // the greeting was written
+	announced bool               // the greeting was written
 
 	// The watchdog: writing is the start of the write in progress (time
 	// since base, plus 1), 0 when none; the timer is armed (armed) only
