@@ -146,6 +146,7 @@ func (e *env) dial(query string, opts *ws.DialOptions) (*ws.Conn, *http.Response
 	defer cancel()
 	c, resp, err := ws.Dial(ctx, "ws://eventbus.test/ws?"+query, opts)
 	if c != nil {
+		c.SetReadLimit(-1) // a frame line is as long as the event
 		e.t.Cleanup(func() { _ = c.CloseNow() })
 	}
 	return c, resp, err
