@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -85,12 +86,13 @@ type env struct {
 // fields before it serves. It stops when the test ends.
 func newEnv(t *testing.T, configure func(e *env)) *env {
 	t.Helper()
-	hub, err := eventbus.NewHub(eventbus.HubOptions{})
+	quiet := slog.New(slog.DiscardHandler)
+	hub, err := eventbus.NewHub(eventbus.HubOptions{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &env{t: t, hub: hub}
-	e.streams = &eventbus.Handler{Lookup: hub.LookupSession, RetryJitter: -1}
+	e.streams = &eventbus.Handler{Lookup: hub.LookupSession, RetryJitter: -1, Logger: quiet}
 	e.mux = &eventbus.MuxHandler{Handler: e.streams}
 	e.ws = &websocket.Handler{Mux: e.mux}
 	if configure != nil {
