@@ -308,3 +308,41 @@ func TestCompression(t *testing.T) {
 		})
 	}
 }
+
+// TestBudgetInterrupt: a Hub whose memory budget sheds a subscriber whose
+// frames a blocked batch holds interrupts the stream's transport: the
+// write fails at once (not at the write timeout, an hour here), and the
+// connection is closed without a close frame.
+func TestBudgetInterrupt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnvHub(t, eventbus.HubOptions{Bus: eventbus.Options{MaxEventBytes: 256 << 10}, MaxTotalBytes: 1 << 20},
+			func(e *env) { e.streams.WriteTimeout = time.Hour })
+		bus := e.session("a")
+		stuck := e.mustDial("session=a", nil)
+		readMsg(t, stuck) // the greeting; then the client stops reading
+		start := time.Now()
+		data := strings.Repeat("z", 100<<10)
+		for i := 0; e.hub.Stats().BudgetShed == 0; i++ {
+			if i == 100 {
+				t.Fatal("the budget shed nobody")
+			}
+			if _, err := e.hub.Publish("a", eventbus.Event{Type: "n", Data: data}); err != nil {
+				t.Fatal(err)
+			}
+			synctest.Wait()
+		}
+		synctest.Wait()
+		// The server closed the connection at once, the client still not
+		// reading.
+		if n, closed := bus.SubscriberCount(), e.l.closed.Load(); n != 0 || closed != 1 || time.Since(start) != 0 {
+			t.Fatalf("%d subscribers, %d connections closed %v after the budget shed the stream", n, closed, time.Since(start))
+		}
+		var err error
+		for err == nil {
+			_, err = tryReadMsg(stuck)
+		}
+		if code := ws.CloseStatus(err); code != -1 {
+			t.Errorf("a close frame %d after an interrupted write", code)
+		}
+	})
+}

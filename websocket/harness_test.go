@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,9 +28,10 @@ import (
 
 // memListener is a net.Listener of in-memory connections (net.Pipe).
 type memListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
+	conns  chan net.Conn
+	done   chan struct{}
+	once   sync.Once
+	closed atomic.Int32 // server ends of connections closed
 }
 
 func newMemListener() *memListener {
@@ -57,13 +59,25 @@ func (l *memListener) Addr() net.Addr { return memAddr{} }
 func (l *memListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	client, server := net.Pipe()
 	select {
-	case l.conns <- server:
+	case l.conns <- &serverConn{Conn: server, l: l}:
 		return client, nil
 	case <-l.done:
 		return nil, net.ErrClosed
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// serverConn is the server's end of a connection: it counts its close.
+type serverConn struct {
+	net.Conn
+	l    *memListener
+	once sync.Once
+}
+
+func (c *serverConn) Close() error {
+	c.once.Do(func() { c.l.closed.Add(1) })
+	return c.Conn.Close()
 }
 
 type memAddr struct{}
@@ -80,14 +94,22 @@ type env struct {
 	mux     *eventbus.MuxHandler
 	ws      *websocket.Handler
 	client  *http.Client
+	l       *memListener
 }
 
 // newEnv starts the daemon; configure, when not nil, sets the handlers'
 // fields before it serves. It stops when the test ends.
 func newEnv(t *testing.T, configure func(e *env)) *env {
 	t.Helper()
+	return newEnvHub(t, eventbus.HubOptions{}, configure)
+}
+
+// newEnvHub is newEnv with the Hub's options.
+func newEnvHub(t *testing.T, opts eventbus.HubOptions, configure func(e *env)) *env {
+	t.Helper()
 	quiet := slog.New(slog.DiscardHandler)
-	hub, err := eventbus.NewHub(eventbus.HubOptions{Logger: quiet})
+	opts.Logger = quiet
+	hub, err := eventbus.NewHub(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,6 +124,7 @@ func newEnv(t *testing.T, configure func(e *env)) *env {
 	routes.Handle("/events", e.mux)
 	routes.Handle("/ws", e.ws)
 	l := newMemListener()
+	e.l = l
 	srv := &http.Server{Handler: routes}
 	served := make(chan struct{})
 	go func() {
