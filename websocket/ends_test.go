@@ -167,7 +167,7 @@ func TestClientThatNeverReads(t *testing.T) {
 		if ev := bus.Stats().Evictions; ev.QueueBytesOverflow+ev.QueueOverflow != 1 {
 			t.Errorf("evictions %+v, want the stuck client's alone", ev)
 		}
-		time.Sleep(start.Add(6 * time.Second).Sub(time.Now()))
+		time.Sleep(time.Until(start.Add(6 * time.Second)))
 		at, ok := logs.find("websocket: a write blocked past the write timeout, closing")
 		if !ok || at.Sub(start) != 5*time.Second {
 			t.Errorf("the blocked write was cut at %v (logged: %v), want the write timeout, 5s", at.Sub(start), ok)

@@ -167,7 +167,7 @@ func TestAddUnusableCursor(t *testing.T) {
 		r.next()
 		cursors := map[string]string{
 			"s1": "garbage",
-			"s2": "m1!!!!!!!!!!!!!!!!!!!!!!!!",                    // not base64url
+			"s2": "m1!!!!!!!!!!!!!!!!!!!!!!!!",                     // not base64url
 			"s3": "m1" + strings.Repeat("A", 25),                   // not a whole entry
 			"s4": "m1" + strings.Repeat("A", 24*257),               // more than MaxCursorEntries
 			"s5": "-1",                                             // not an id
