@@ -110,6 +110,7 @@ func newConn(h *Handler, st *eventbus.Stream, c *ws.Conn, raw net.Conn, r *http.
 		flate: flate, threshold: h.CompressionThreshold,
 		ctx: ctx, cancel: cancel, serveCtx: serveCtx, stop: stop,
 		base: time.Now(), changed: make(chan struct{}), tokens: MessageBurst,
+		cursorLen: 2 + 24*st.Len(), // the greeting's: "m1", then an entry per session
 	}
 	cn.dog = time.AfterFunc(time.Hour, cn.watch)
 	cn.dog.Stop()
