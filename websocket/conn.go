@@ -92,8 +92,9 @@ type conn struct {
 	changed chan struct{} // closed and replaced when names changes
 	greeted bool          // the greeting was written
 
-	// The reader's.
-	rbuf   [MaxMessageBytes + 1]byte
+	// The reader's. rbuf is allocated at the first message: most clients
+	// send none, and an idle connection should not hold 8 KiB for them.
+	rbuf   []byte
 	tokens float64
 	last   time.Duration
 }

@@ -49,7 +49,10 @@ func (c *conn) read() {
 			c.refuse(ws.StatusUnsupportedData, "unsupported_data")
 			return
 		}
-		n, err := readMessage(r, c.rbuf[:])
+		if c.rbuf == nil {
+			c.rbuf = make([]byte, MaxMessageBytes+1)
+		}
+		n, err := readMessage(r, c.rbuf)
 		switch {
 		case err != nil:
 			return
