@@ -166,3 +166,57 @@ func TestGreeting(t *testing.T) {
 		}
 	})
 }
+
+// TestCloseCodes: the close frame of each way a stream ends (SPEC 6.10),
+// none when the client left or a write failed.
+func TestCloseCodes(t *testing.T) {
+	want := map[eventbus.StreamEnd]struct {
+		code   ws.StatusCode
+		reason string
+	}{
+		eventbus.StreamClosed:   {1000, "closed"},
+		eventbus.StreamShutdown: {1001, "shutdown"},
+		eventbus.StreamExpired:  {4401, "reauthenticate"},
+		eventbus.StreamRevoked:  {4403, "revoked"},
+		eventbus.StreamEvicted:  {4429, "evicted"},
+		eventbus.StreamPanicked: {1011, "internal"},
+	}
+	for end := eventbus.StreamGone; end <= eventbus.StreamPanicked; end++ {
+		code, reason, ok := websocket.CloseCode(end)
+		w, closes := want[end]
+		if ok != closes || code != w.code || reason != w.reason {
+			t.Errorf("%s: %d %q %v, want %d %q %v", end, code, reason, ok, w.code, w.reason, closes)
+		}
+	}
+}
+
+// TestPanicInAdd: a Lookup that panics while a client adds a session ends
+// that connection with 1011 internal; the daemon and its other clients go
+// on.
+func TestPanicInAdd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, func(env *env) {
+			lookup := env.streams.Lookup
+			env.streams.Lookup = func(r *http.Request, id string) (*eventbus.EventBus, error) {
+				if id == "boom" {
+					panic("a bug in the embedder's Lookup")
+				}
+				return lookup(r, id)
+			}
+		})
+		e.session("a")
+		c := e.mustDial("session=a", nil)
+		r := newReader(t, c)
+		r.next()
+		other := newReader(t, e.mustDial("session=a", nil))
+		other.next()
+		send(t, c, `{"op":"add","session":"boom"}`)
+		if code := r.end(); code != ws.StatusInternalError {
+			t.Fatalf("closed with %d (%v), want 1011", code, r.err)
+		}
+		e.publish("a", "n", 1)
+		if l := other.until(func(l line) bool { return l.ID != 0 }); l[len(l)-1].ID != 1 {
+			t.Fatal(raws(l))
+		}
+	})
+}

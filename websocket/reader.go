@@ -40,6 +40,15 @@ type reply struct {
 func (c *conn) read() {
 	defer c.wg.Done()
 	defer c.stop()
+	defer func() {
+		// Add runs the embedder's Lookup and Authorize here, outside
+		// net/http's recovery: a panic there must end this connection only,
+		// as it would end the request that called them on the SSE route.
+		if p := recover(); p != nil {
+			c.log.LogAttrs(c.ctx, slog.LevelError, "websocket: panic serving a client message", slog.Any("panic", p))
+			c.refuse(ws.StatusInternalError, "internal")
+		}
+	}()
 	for {
 		typ, r, err := c.c.Reader(c.ctx)
 		if err != nil {
