@@ -267,7 +267,8 @@ type Client struct {
 	// answer (a connection or handshake failure, a proxy's status without
 	// the server's JSON error), or is cut before its first message, the
 	// next connection is SSE at once, and SSE it stays for
-	// WebSocketRetry; then the client tries the WebSocket again. One
+	// WebSocketRetry; then the client ends the SSE stream and tries the
+	// WebSocket again (falling back at once should it still fail). One
 	// cursor serves both: a client that falls back, or back, loses no
 	// event and sees none twice. The server's answers (401, 403, 404, 429,
 	// 503...) count the same on either transport. On an open WebSocket,
@@ -844,6 +845,11 @@ type conn struct {
 // RemoveSession end a connection.
 var errSessionsChanged = errors.New("sseclient: the sessions changed")
 
+// errBackToWebSocket is the cause with which an SSE connection of a client
+// with a WebSocket ends once WebSocketRetry has passed: the next
+// connection tries the WebSocket again.
+var errBackToWebSocket = errors.New("sseclient: back to the WebSocket")
+
 // connect makes one attempt and, when the server answers 200, reads the
 // stream to its end. A connection that AddSession or RemoveSession ended
 // is endRestart, reported as nothing.
@@ -861,12 +867,19 @@ func (r *run) connect() result {
 		}()
 	}
 	var res result
-	if r.wsBase != nil && !time.Now().Before(r.sseUntil) {
-		res = r.attemptWS(ctx, cancel)
-	} else {
+	switch {
+	case r.wsBase == nil:
 		res = r.attempt1(ctx, cancel)
+	case !time.Now().Before(r.sseUntil):
+		res = r.attemptWS(ctx, cancel)
+	default:
+		// SSE until WebSocketRetry has passed, then the WebSocket again:
+		// this connection ends then, and the next resumes from the cursor.
+		back := time.AfterFunc(time.Until(r.sseUntil), func() { cancel(errBackToWebSocket) })
+		res = r.attempt1(ctx, cancel)
+		back.Stop()
 	}
-	if r.ctx.Err() == nil && res.end != endFatal && res.end != endGone && errors.Is(context.Cause(ctx), errSessionsChanged) {
+	if r.ctx.Err() == nil && res.end != endFatal && res.end != endGone && (errors.Is(context.Cause(ctx), errSessionsChanged) || errors.Is(context.Cause(ctx), errBackToWebSocket)) {
 		return result{end: endRestart, opened: res.opened, openedAt: res.openedAt, delivered: res.delivered}
 	}
 	return res

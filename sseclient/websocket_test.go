@@ -260,11 +260,9 @@ func TestWebSocketFirstThenSSEAndBackWithOneCursor(t *testing.T) {
 		t.Fatalf("opened on %v, want SSE last", got)
 	}
 
-	// The WebSocket is back: after WebSocketRetry the client returns to it,
-	// again with the cursor SSE left.
+	// The WebSocket is back: after WebSocketRetry the client ends its SSE
+	// stream and returns to it, again with the cursor SSE left.
 	d.down.Store(false)
-	time.Sleep(c.WebSocketRetry) // the client's own clock: no server to wait on
-	s.cut(muxStreams, nil)
 	rc.wait(t, "the WebSocket again", waitLong, func() bool {
 		return len(rc.states) > 0 && rc.states[len(rc.states)-1].Transport == sseclient.TransportWebSocket
 	})

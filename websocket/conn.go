@@ -24,10 +24,11 @@ const (
 	maxKeptBuffer = 1 << 20
 )
 
-// The cursor line's text around the cursor.
+// The cursor line's text around the cursor, and before its epochs.
 const (
 	cursorOpen  = `{"op":"cursor","cursor":"`
 	cursorClose = `"}`
+	epochsOpen  = `,"epochs":{`
 )
 
 // conn is one WebSocket connection serving one Stream: the Transport
@@ -198,8 +199,15 @@ func (c *conn) writeBatch(b *eventbus.Batch) error {
 			direct += size
 		}
 	}
+	changed := false
 	if moved {
 		total += len(cursorOpen) + c.cursorLen + 24 + len(cursorClose) // 24: a session added since
+		if changed = c.sessionsChanged(); changed {
+			total += len(epochsOpen) + 1
+			for i := range c.st.Len() {
+				total += len(c.st.Member(i).SessionMember()) + 36
+			}
+		}
 	}
 	// A compressed message is one frame, made of every byte by the
 	// compressor, so the shared bytes are copied into the buffer then.
@@ -239,7 +247,11 @@ func (c *conn) writeBatch(b *eventbus.Batch) error {
 		at := len(buf) + len(cursorOpen)
 		buf = b.AppendCursor(append(buf, cursorOpen...), n-1)
 		c.cursorLen = len(buf) - at
-		buf = append(buf, cursorClose...)
+		buf = append(buf, '"')
+		if changed {
+			buf = c.appendEpochs(buf)
+		}
+		buf = append(buf, '}')
 	}
 	var err error
 	switch {
@@ -300,18 +312,46 @@ func (c *conn) fail(err error) error {
 	return err
 }
 
+// sessionsChanged reports whether the stream's sessions are not those of
+// the last cursor line written (or none was): a comparison of pointers per
+// session.
+func (c *conn) sessionsChanged() bool {
+	n := c.st.Len()
+	if !c.announced || n != len(c.seen) {
+		return true
+	}
+	for i := range n {
+		if c.st.Member(i) != c.seen[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// appendEpochs appends the cursor line's "epochs" member: every session's
+// epoch by id (SPEC 6.10), the ids as the envelopes quote them.
+func (c *conn) appendEpochs(buf []byte) []byte {
+	buf = append(buf, epochsOpen...)
+	for i := range c.st.Len() {
+		m := c.st.Member(i)
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		sm := m.SessionMember() // "session":"<id>",
+		buf = append(buf, sm[len(`"session":`):len(sm)-1]...)
+		buf = append(append(append(buf, `:"`...), m.Epoch()...), '"')
+	}
+	return append(buf, '}')
+}
+
 // noteSessions publishes the stream's sessions, as the cursor line just
 // written names them, for the reader's replies; it costs a comparison of
 // pointers per session unless they changed.
 func (c *conn) noteSessions() {
-	n := c.st.Len()
-	same := c.announced && n == len(c.seen)
-	for i := 0; same && i < n; i++ {
-		same = c.st.Member(i) == c.seen[i]
-	}
-	if same {
+	if !c.sessionsChanged() {
 		return
 	}
+	n := c.st.Len()
 	c.announced = true
 	c.seen = c.seen[:0]
 	names := make([]string, n)

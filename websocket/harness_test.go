@@ -95,6 +95,7 @@ type env struct {
 	ws      *websocket.Handler
 	client  *http.Client
 	l       *memListener
+	wsDown  atomic.Bool // GET /ws answers a plain 404, as a daemon without it
 }
 
 // newEnv starts the daemon; configure, when not nil, sets the handlers'
@@ -122,7 +123,13 @@ func newEnvHub(t *testing.T, opts eventbus.HubOptions, configure func(e *env)) *
 	}
 	routes := http.NewServeMux()
 	routes.Handle("/events", e.mux)
-	routes.Handle("/ws", e.ws)
+	routes.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
+		if e.wsDown.Load() { // a daemon without the route: a plain 404 page
+			http.NotFound(w, r)
+			return
+		}
+		e.ws.ServeHTTP(w, r)
+	})
 	l := newMemListener()
 	e.l = l
 	srv := &http.Server{Handler: routes}
@@ -215,15 +222,16 @@ func tryReadMsg(c *ws.Conn) ([]string, error) {
 // line is a message line, decoded.
 type line struct {
 	raw     string
-	Op      string          `json:"op"`
-	Cursor  string          `json:"cursor"`
-	Session string          `json:"session"`
-	ID      uint64          `json:"id"`
-	Type    string          `json:"type"`
-	Data    json.RawMessage `json:"data"`
-	Status  int             `json:"status"`
-	Code    string          `json:"code"`
-	Error   string          `json:"error"`
+	Op      string            `json:"op"`
+	Cursor  string            `json:"cursor"`
+	Epochs  map[string]string `json:"epochs"`
+	Session string            `json:"session"`
+	ID      uint64            `json:"id"`
+	Type    string            `json:"type"`
+	Data    json.RawMessage   `json:"data"`
+	Status  int               `json:"status"`
+	Code    string            `json:"code"`
+	Error   string            `json:"error"`
 }
 
 func decode(t *testing.T, raw string) line {

@@ -300,3 +300,34 @@ func TestRateLimit(t *testing.T) {
 		}
 	})
 }
+
+// The greeting's cursor line, and the one after each change of the
+// stream's sessions, say every session's epoch (what Event-Epochs says on
+// SSE); a cursor line after events alone does not repeat them.
+func TestCursorLineEpochs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, nil)
+		a, b := e.session("a"), e.session(`b"\`)
+		c := e.mustDial("session=a", nil)
+		r := newReader(t, c)
+		greeting := r.next()
+		if !isCursor(greeting) || len(greeting.Epochs) != 1 || greeting.Epochs["a"] != a.Epoch() {
+			t.Fatalf("greeting %s, want a's epoch", greeting.raw)
+		}
+		e.publish("a", "n", 1)
+		got := r.until(isCursor)
+		if l := got[len(got)-1]; l.Epochs != nil {
+			t.Fatalf("a cursor line after an event: %s, want no epochs", l.raw)
+		}
+		send(t, c, `{"op":"add","session":`+jsonString(`b"\`)+`}`)
+		got = r.until(func(l line) bool { return l.Op == "added" })
+		if l := got[len(got)-2]; !isCursor(l) || len(l.Epochs) != 2 || l.Epochs["a"] != a.Epoch() || l.Epochs[`b"\`] != b.Epoch() {
+			t.Fatalf("the cursor line after add: %s, want both epochs", l.raw)
+		}
+		send(t, c, `{"op":"remove","session":"a"}`)
+		got = r.until(func(l line) bool { return l.Op == "removed" })
+		if l := got[len(got)-2]; !isCursor(l) || len(l.Epochs) != 1 || l.Epochs[`b"\`] != b.Epoch() {
+			t.Fatalf("the cursor line after remove: %s, want b's epoch alone", l.raw)
+		}
+	})
+}
