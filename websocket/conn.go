@@ -103,9 +103,11 @@ type conn struct {
 // newConn returns the connection of stream st, upgraded to c over raw, for
 // request r; flate reports that permessage-deflate was negotiated.
 func newConn(h *Handler, st *eventbus.Stream, c *ws.Conn, raw net.Conn, r *http.Request, flate bool) *conn {
-	// Not r.Context() itself: net/http cancels it when the handler
-	// returns, and coder warns against it once hijacked; its values stay.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	// The request's context: net/http cancels it only when ServeHTTP
+	// returns (a hijacked connection's end is the reader's to see), so
+	// what else cancels it is the caller ending the stream, as a daemon
+	// cutting its streams does; the stream then ends (StreamGone).
+	ctx, cancel := context.WithCancel(r.Context())
 	serveCtx, stop := context.WithCancel(ctx)
 	cn := &conn{
 		h: h, st: st, c: c, raw: raw, log: h.logger(), timeout: h.writeTimeout(),

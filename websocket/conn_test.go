@@ -589,3 +589,33 @@ func TestBudgetInterrupt(t *testing.T) {
 		}
 	})
 }
+
+// A caller that cancels the request's context (a daemon cutting the
+// stream, as /disconnect does) ends the stream: the connection closes
+// without a close frame, the subscriptions end.
+func TestRequestContextEndsTheStream(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var cut context.CancelFunc
+		e := newEnv(t, nil)
+		e.wsRequest = func(r *http.Request) *http.Request {
+			ctx, cancel := context.WithCancel(r.Context())
+			cut = cancel
+			return r.WithContext(ctx)
+		}
+		bus := e.session("a")
+		c := e.mustDial("session=a", nil)
+		readMsg(t, c) // the greeting
+		synctest.Wait()
+		if n := bus.SubscriberCount(); n != 1 {
+			t.Fatalf("%d subscribers", n)
+		}
+		cut()
+		synctest.Wait()
+		if _, err := tryReadMsg(c); err == nil {
+			t.Fatal("the connection is still open")
+		}
+		if n := bus.SubscriberCount(); n != 0 {
+			t.Fatalf("%d subscribers after the cut", n)
+		}
+	})
+}
