@@ -1,6 +1,6 @@
 module github.com/ssebus/eventbus/websocket
 
-go 1.26.0
+go 1.25
 
 // Users get the root module at the release this file requires (one version
 // for every module of the repository, RELEASING.md); inside the

@@ -8,10 +8,16 @@ go 1.25
 // only to the main module.
 replace github.com/ssebus/eventbus => ../..
 
+replace github.com/ssebus/eventbus/websocket => ../../websocket
+
 require (
 	github.com/ssebus/eventbus v0.1.0
+	github.com/ssebus/eventbus/websocket v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 )
 
-require go.yaml.in/yaml/v3 v3.0.5 // indirect
+require (
+	github.com/coder/websocket v1.8.15 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)

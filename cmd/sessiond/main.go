@@ -23,6 +23,10 @@
 //	                                      session_not_found naming the first unknown one; every frame's
 //	                                      envelope names its session, every event's id line is the
 //	                                      composite cursor that resumes each session exactly
+//	GET    /ws?session=ID&session=ID…     the same stream over a WebSocket (github.com/ssebus/eventbus/websocket):
+//	                                      each event's line is the envelope of GET /events, the cursor comes
+//	                                      in its own line and resumes either route; sessions are added and
+//	                                      removed on the open socket ({"op":"add"|"remove",...})
 //	POST   /session/{id}/events           publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...};
 //	                                      creates the session; 503 too_many_sessions when -max-sessions are live
 //	GET    /session/{id}                  status of a session as JSON (404 if it does not exist)

@@ -16,6 +16,7 @@ import (
 	jsclient "github.com/ssebus/eventbus/clients/js"
 	"github.com/ssebus/eventbus/internal/daemon"
 	"github.com/ssebus/eventbus/internal/muxcursor"
+	"github.com/ssebus/eventbus/websocket"
 )
 
 //go:embed index.html
@@ -66,9 +67,10 @@ type server struct {
 	cfg    config
 	logger *slog.Logger
 	hub    *eventbus.Hub
-	events http.Handler // the eventbus SSE handler; its Lookup is s.lookup
-	mux    http.Handler // the multiplexed stream (GET /events), sharing events' Lookup
-	index  []byte       // the viewer page, told whether to show its login form
+	events http.Handler         // the eventbus SSE handler; its Lookup is s.lookup
+	mux    *eventbus.MuxHandler // the multiplexed stream (GET /events), sharing events' Lookup
+	ws     *websocket.Handler   // the multiplexed stream over a WebSocket (GET /ws), on mux
+	index  []byte               // the viewer page, told whether to show its login form
 	// The write routes, the library's on hubWrites{s}.
 	publishRoute, deleteRoute, signalRoute http.Handler
 
@@ -142,6 +144,7 @@ func newServer(cfg config) (*server, error) {
 	// single route) and its registry, so that h.Revoke (POST /logout,
 	// /revoke) ends both kinds of stream.
 	s.mux = &eventbus.MuxHandler{Handler: h, MaxStreamSessions: cfg.MaxStreamSessions}
+	s.ws = &websocket.Handler{Mux: s.mux}
 	s.index = indexHTML
 	if cfg.Auth != nil {
 		s.index = bytes.Replace(indexHTML, []byte(`data-auth="off"`), []byte(`data-auth="on"`), 1)
@@ -354,6 +357,20 @@ func (s *server) ServeMuxEvents(w http.ResponseWriter, r *http.Request) {
 		ids = nil // refused by the handler: nothing to track
 	}
 	s.serveTracked(w, r, s.mux, ids...)
+}
+
+// ServeWebSocket is GET /ws?session=<id>&session=<id>...: the multiplexed
+// stream over a WebSocket (github.com/ssebus/eventbus/websocket, docs/SPEC.md
+// 6.10), on the same MuxHandler: the same sessions, Lookup, Authorize,
+// limits and cursor as GET /events. A disconnect of any of the sessions of
+// its URL cuts it (clean: the connection closes; abort: a TCP reset); one
+// the client adds on the open socket is not tracked for /disconnect.
+func (s *server) ServeWebSocket(w http.ResponseWriter, r *http.Request) {
+	ids := r.URL.Query()["session"]
+	if len(ids) > eventbus.MaxCursorEntries {
+		ids = nil // refused by the handler: nothing to track
+	}
+	s.serveTracked(w, r, s.ws, ids...)
 }
 
 // serveTracked serves r with h as a stream of the sessions ids that

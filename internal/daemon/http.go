@@ -34,11 +34,25 @@ type MuxRoutes interface {
 // pattern serves HEAD too.
 const MuxPattern = "GET /events"
 
+// WebSocketRoutes is what a daemon that serves the multiplexed stream over
+// a WebSocket too (github.com/ssebus/eventbus/websocket, which this
+// package does not import: the root module keeps the standard library
+// only) adds to MuxRoutes.
+type WebSocketRoutes interface {
+	// ServeWebSocket is GET /ws?session=<id>&session=<id>...: the
+	// multiplexed stream over a WebSocket (docs/SPEC.md 6.10).
+	ServeWebSocket(w http.ResponseWriter, r *http.Request)
+}
+
+// WebSocketPattern is the route of the WebSocket (WebSocketRoutes).
+const WebSocketPattern = "GET /ws"
+
 // Mux returns a new ServeMux (Go 1.22 patterns) that serves the routes
 // with rt; a daemon may add routes of its own to it before it serves, then
 // serves it through JSONErrors. OPTIONS of the stream goes to ServeEvents
 // too (the eventbus handler answers CORS preflights, or 405). When rt is
-// also MuxRoutes, GET and OPTIONS /events go to its ServeMuxEvents.
+// also MuxRoutes, GET and OPTIONS /events go to its ServeMuxEvents; when
+// it is WebSocketRoutes, GET /ws to its ServeWebSocket.
 func Mux(rt Routes) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", rt.ServeIndex)
@@ -52,6 +66,9 @@ func Mux(rt Routes) *http.ServeMux {
 	if m, ok := rt.(MuxRoutes); ok {
 		mux.HandleFunc(MuxPattern, m.ServeMuxEvents)
 		mux.HandleFunc(muxPreflight, m.ServeMuxEvents)
+	}
+	if ws, ok := rt.(WebSocketRoutes); ok {
+		mux.HandleFunc(WebSocketPattern, ws.ServeWebSocket)
 	}
 	return mux
 }
