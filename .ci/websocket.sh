@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # WebSocket transport (module ./websocket, github.com/coder/websocket):
 # gofmt, vet, staticcheck, the check that it uses no internal package of
-# the root, and its tests with -race (synctest bubbles: seconds). Needs
+# the root, and its tests with -race (synctest bubbles: seconds), among
+# them TestScenarios, the scenario table run over the single SSE stream,
+# the multiplexed SSE stream and the WebSocket (scenarios_test.go). Needs
 # nothing but Go and the module proxy.
 set -euo pipefail
 cd "$(dirname "$0")/../websocket"
