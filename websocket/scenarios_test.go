@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/ssebus/eventbus"
+	"github.com/ssebus/eventbus/backplane"
 )
 
 // scenario is a row of the table: its name, the Hub's options, the
@@ -386,6 +387,19 @@ var scenarios = []scenario{
 			e.publish("a", 1)
 			_ = b.Close()
 			expect(t, k, "closed", s.take(2), "a 1", "a stream_error closed")
+			expectEnd(t, k, s, per(k, "eof", "close 1000 closed"))
+		},
+	},
+	{
+		name:    "a session's bus closed with an error mid-stream (backplane.CloseWithError)",
+		differs: "end: SSE eof after stream_error unavailable, websocket close 1000 closed",
+		run: func(t *testing.T, e *scEnv, k kind) {
+			b := e.session("a")
+			s := e.open(k, []string{"a"}, openOpts{})
+			synctest.Wait()
+			e.publish("a", 1)
+			_ = backplane.CloseWithError(b, eventbus.ErrorKindUnavailable, "engine unreachable")
+			expect(t, k, "unavailable", s.take(2), "a 1", "a stream_error unavailable")
 			expectEnd(t, k, s, per(k, "eof", "close 1000 closed"))
 		},
 	},
