@@ -36,12 +36,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/ssebus/eventbus"
 	shared "github.com/ssebus/eventbus/internal/daemon" // not "daemon": main_test.go has a func daemon
 	"github.com/ssebus/eventbus/natsbus"
+	"github.com/ssebus/eventbus/websocket"
 )
 
 func main() { shared.Main("sessiond-nats", run) }
@@ -97,6 +100,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Backplane: bp,
 		Errors:    shared.ReplicaErrors(natsbus.ErrOutcomeUnknown, natsbus.ErrInvalidSession, natsbus.ErrUnavailable),
 		Events:    bp.Handler(), Close: func() { bp.Close() }, Ready: ready,
+		WebSocket:   webSocket,
 		ListenAttrs: []any{"nats", natsURL, "stream", stream},
 	})
 }
+
+// webSocket is the replica's GET /ws: the multiplexed stream over a
+// WebSocket (github.com/ssebus/eventbus/websocket, docs/SPEC.md 6.10) on
+// the replica's MuxHandler, so with the same sessions, Lookup, Authorize,
+// limits and cursor as its GET /events.
+func webSocket(m *eventbus.MuxHandler) http.Handler { return &websocket.Handler{Mux: m} }

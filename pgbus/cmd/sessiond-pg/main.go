@@ -36,11 +36,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ssebus/eventbus"
 	shared "github.com/ssebus/eventbus/internal/daemon" // not "daemon": main_test.go has a func daemon
 	"github.com/ssebus/eventbus/pgbus"
+	"github.com/ssebus/eventbus/websocket"
 )
 
 func main() { shared.Main("sessiond-pg", run) }
@@ -94,6 +97,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Backplane: bp,
 		Errors:    shared.ReplicaErrors(pgbus.ErrOutcomeUnknown, pgbus.ErrInvalidSession, pgbus.ErrUnavailable),
 		Events:    bp.Handler(), Close: func() { bp.Close() }, Ready: ready,
+		WebSocket:   webSocket,
 		ListenAttrs: []any{"pg", cfg.ConnConfig.Host, "schema", schema},
 	})
 }
+
+// webSocket is the replica's GET /ws: the multiplexed stream over a
+// WebSocket (github.com/ssebus/eventbus/websocket, docs/SPEC.md 6.10) on
+// the replica's MuxHandler, so with the same sessions, Lookup, Authorize,
+// limits and cursor as its GET /events.
+func webSocket(m *eventbus.MuxHandler) http.Handler { return &websocket.Handler{Mux: m} }

@@ -34,12 +34,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/ssebus/eventbus"
 	shared "github.com/ssebus/eventbus/internal/daemon" // not "daemon": main_test.go has a func daemon
 	"github.com/ssebus/eventbus/redisbus"
+	"github.com/ssebus/eventbus/websocket"
 )
 
 func main() { shared.Main("sessiond-redis", run) }
@@ -92,6 +95,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Backplane: bp,
 		Errors:    shared.ReplicaErrors(redisbus.ErrOutcomeUnknown, redisbus.ErrInvalidSession, redisbus.ErrUnavailable),
 		Events:    bp.Handler(), Close: func() { bp.Close() }, Ready: ready,
+		WebSocket:   webSocket,
 		ListenAttrs: []any{"redis", ropts.Addr},
 	})
 }
+
+// webSocket is the replica's GET /ws: the multiplexed stream over a
+// WebSocket (github.com/ssebus/eventbus/websocket, docs/SPEC.md 6.10) on
+// the replica's MuxHandler, so with the same sessions, Lookup, Authorize,
+// limits and cursor as its GET /events.
+func webSocket(m *eventbus.MuxHandler) http.Handler { return &websocket.Handler{Mux: m} }
