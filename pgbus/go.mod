@@ -11,6 +11,7 @@ replace github.com/ssebus/eventbus => ../
 replace github.com/ssebus/eventbus/websocket => ../websocket
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/ssebus/eventbus v0.1.0
 	github.com/ssebus/eventbus/websocket v0.1.0
@@ -18,7 +19,6 @@ require (
 )
 
 require (
-	github.com/coder/websocket v1.8.15 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
