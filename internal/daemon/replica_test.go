@@ -293,6 +293,7 @@ func TestReplicaAuth(t *testing.T) {
 		Daemon: "sessiond-test", Name: "R1", Engine: "Fake", Backplane: fb,
 		Errors: EngineErrors{InvalidSession: errFakeSession, Unavailable: errFakeUnavailable},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBody: MaxBody(0), Auth: auth,
+		WebSocket: func(m *eventbus.MuxHandler) http.Handler { return m },
 	}, &eventbus.Handler{Heartbeat: time.Hour})
 	srv := httptest.NewServer(r.Routes())
 	defer srv.Close()
@@ -312,7 +313,10 @@ func TestReplicaAuth(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
-	for _, c := range []struct{ method, path string }{{"GET", "/session/s/events"}, {"POST", "/session/s/events"}, {"GET", "/session/s"}} {
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/session/s/events"}, {"POST", "/session/s/events"}, {"GET", "/session/s"},
+		{"GET", "/events?session=s"}, {"GET", "/ws?session=s"},
+	} {
 		if resp := send(c.method, c.path, `{"type":"e"}`, nil); resp.StatusCode != 401 || resp.Header.Get("WWW-Authenticate") != `Bearer realm="sessiond-test"` {
 			t.Fatalf("anonymous %s %s: %s %v", c.method, c.path, resp.Status, resp.Header)
 		}

@@ -13,6 +13,11 @@
 // (from the pgbus module: cd pgbus first). Routes:
 //
 //	GET    /session/{id}/events       the SSE stream (eventbus.Handler, resumes from the table)
+//	GET    /events?session=ID&...     the sessions on one SSE stream (eventbus.MuxHandler, SPEC 6.8): its
+//	                                  id line is a composite cursor; 404 for a session not in the engine
+//	                                  (never created here); 1 to -max-stream-sessions ids
+//	GET    /ws?session=ID&...         the same stream over a WebSocket (github.com/ssebus/eventbus/websocket,
+//	                                  SPEC 6.10): the same cursor resumes either route, on any replica
 //	POST   /session/{id}/events       publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...}
 //	                                  (an Idempotency-Key header makes a retry safe: see pgbus/README.md)
 //	GET    /session/{id}              the session as PostgreSQL and this replica see it (404 if it has none)
