@@ -3,6 +3,7 @@ module github.com/ssebus/eventbus/natsbus
 go 1.26.0
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	go.uber.org/goleak v1.3.0
@@ -21,8 +22,11 @@ require (
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/ssebus/eventbus v0.1.0
+	github.com/ssebus/eventbus/websocket v0.1.0
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 )
 
 replace github.com/ssebus/eventbus => ../
+
+replace github.com/ssebus/eventbus/websocket => ../websocket

@@ -8,9 +8,13 @@ go 1.26.0
 // only to the main module.
 replace github.com/ssebus/eventbus => ../
 
+replace github.com/ssebus/eventbus/websocket => ../websocket
+
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/ssebus/eventbus v0.1.0
+	github.com/ssebus/eventbus/websocket v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 

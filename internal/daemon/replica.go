@@ -31,12 +31,16 @@ type Backplane interface {
 type SessionInfo = backplane.Info
 
 // Replica serves the routes of one replica of a backplane daemon
-// (sessiond-pg; sessiond-redis has the same routes), so that every engine
-// answers alike: a client cannot tell which is behind a daemon. Its write
-// routes are the library's (eventbus.PublishHandler, DeleteHandler,
-// SignalHandler) on the Backplane, whose own errors Errors maps to the
-// table of docs/SPEC.md 6.9. Fill it in, pass it to NewReplica with its
-// SSE handler and serve Routes. It is safe for concurrent use once serving.
+// (sessiond-pg; sessiond-redis and sessiond-nats have the same routes), so
+// that every engine answers alike: a client cannot tell which is behind a
+// daemon. Its write routes are the library's (eventbus.PublishHandler,
+// DeleteHandler, SignalHandler) on the Backplane, whose own errors Errors
+// maps to the table of docs/SPEC.md 6.9. Its streams are the SSE stream of
+// one session, the multiplexed SSE stream (GET /events, an
+// eventbus.MuxHandler sharing the SSE handler) and, with WebSocket set, the
+// same multiplexed stream over a WebSocket (GET /ws). Fill it in, pass it
+// to NewReplica with its SSE handler and serve Routes. It is safe for
+// concurrent use once serving.
 type Replica struct {
 	Daemon    string // e.g. "sessiond-pg": the index page's title
 	Usage     string // the index page, after the title (the -h text without "Flags:")
@@ -55,8 +59,22 @@ type Replica struct {
 	// Auth, when set (-auth-token), protects the routes (Auth.Protect) and
 	// the stream (Auth.Install, by NewReplica).
 	Auth *Auth
+	// MaxStreamSessions is the most sessions one multiplexed stream (GET
+	// /events, GET /ws) serves; 0: eventbus.DefaultMaxStreamSessions.
+	MaxStreamSessions int
+	// WebSocket, when set, makes the handler of GET /ws from the
+	// replica's MuxHandler: typically
+	//
+	//	func(m *eventbus.MuxHandler) http.Handler { return &websocket.Handler{Mux: m} }
+	//
+	// with github.com/ssebus/eventbus/websocket, which the daemon's own
+	// module requires: this package, in the root module, imports the
+	// standard library and the root only. nil: no GET /ws (a JSON 404).
+	WebSocket func(*eventbus.MuxHandler) http.Handler
 
 	events  *eventbus.Handler
+	mux     *eventbus.MuxHandler // GET /events?session=..., sharing events
+	ws      http.Handler         // GET /ws: WebSocket(mux); nil without WebSocket
 	publish *eventbus.PublishHandler
 	delete  *eventbus.DeleteHandler
 	signal  *eventbus.SignalHandler
@@ -71,12 +89,18 @@ type Replica struct {
 // invalid session id 400 invalid_session_id (eventbus.CheckSessionID, or
 // the backplane's own rule), the engine unreachable 503 unavailable and a
 // closed backplane 503 shutting_down, both with Retry-After. With r.Auth
-// set, it then installs the access control on events. Its other fields
-// stay as set.
+// set, it then installs the access control on events. The multiplexed
+// stream (and the WebSocket's, with r.WebSocket set) shares events: its
+// settings, its Lookup and Authorize, and its registry, so that a Revoke
+// ends every kind of stream. Its other fields stay as set.
 func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
 	events.Lookup = r.lookup
 	r.Auth.Install(events)
 	r.events = events
+	r.mux = &eventbus.MuxHandler{Handler: events, MaxStreamSessions: r.MaxStreamSessions}
+	if r.WebSocket != nil {
+		r.ws = r.WebSocket(r.mux)
+	}
 	w := replicaWrites{r}
 	r.publish = &eventbus.PublishHandler{Publisher: w, MaxBodyBytes: r.MaxBody, BodyTimeout: r.BodyTimeout, BodyBudget: r.BodyBudget, Logger: r.Logger}
 	r.delete = &eventbus.DeleteHandler{Deleter: w, Logger: r.Logger}
@@ -85,19 +109,44 @@ func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
 	return r
 }
 
+// lookup is the handlers' Lookup. On the single stream it gets or creates
+// the session in the engine (Backplane.Bus), as it always has. On the
+// multiplexed streams (GET /events, GET /ws: no {id} in the path) it never
+// creates one, as docs/SPEC.md 6.8 asks: the engine is asked first
+// whether it holds the session (Backplane.Info), and one it does not is
+// 404 session_not_found; a URL of up to MaxStreamSessions ids, or a
+// WebSocket's adds, would otherwise make sessions in the engine for
+// anyone. The check and the open are two steps: a DELETE between them
+// (on any replica) lets the open make the session again, in a new epoch
+// with no events, as a stream of the single route would; the kit has no
+// Engine.Open that refuses to create (yet) to close that window.
 func (r *Replica) lookup(req *http.Request, id string) (*eventbus.EventBus, error) {
 	if err := eventbus.CheckSessionID(id); err != nil {
 		return nil, err // the handler answers 400 invalid_session_id
 	}
-	bus, err := r.Backplane.Bus(req.Context(), id)
-	if err == nil {
-		return bus, nil
+	if req.PathValue("id") == "" {
+		in, err := r.Backplane.Info(req.Context(), id)
+		if err != nil {
+			return nil, r.lookupErr(err)
+		}
+		if !in.Exists {
+			return nil, fmt.Errorf("%w: %q", eventbus.ErrSessionNotFound, id) // 404 naming the session
+		}
 	}
+	bus, err := r.Backplane.Bus(req.Context(), id)
+	if err != nil {
+		return nil, r.lookupErr(err)
+	}
+	return bus, nil
+}
+
+// lookupErr maps an error of the backplane's Bus or Info for a Lookup.
+func (r *Replica) lookupErr(err error) error {
 	err = r.mapErr(err)
 	if errors.Is(err, eventbus.ErrClosed) {
-		return nil, eventbus.ErrorStatus(err) // 503 shutting_down
+		return eventbus.ErrorStatus(err) // 503 shutting_down
 	}
-	return nil, err // another error: the client left while the session opened (500)
+	return err // another error: the client left while the session opened (500)
 }
 
 // mapErr is r.Errors.Map with the message of an unreachable engine.
@@ -133,10 +182,31 @@ func (w replicaWrites) Signal(ctx context.Context, session, typ, about string) e
 	return w.r.mapErr(w.r.Backplane.Signal(ctx, session, typ, about))
 }
 
-// Routes returns the daemon's routes (Mux's) behind r.Auth.Protect
-// (JSONErrors alone when r.Auth is nil: a wrong method is a JSON 405).
+// Routes returns the daemon's routes (Mux's: with the multiplexed stream,
+// and GET /ws when r.WebSocket is set) behind r.Auth.Protect (JSONErrors
+// alone when r.Auth is nil: a wrong method is a JSON 405).
 func (r *Replica) Routes() http.Handler {
-	return r.Auth.Protect(Mux(r)) // JSONErrors without Auth
+	var rt Routes = r
+	if r.ws != nil {
+		rt = replicaWebSocket{r}
+	}
+	return r.Auth.Protect(Mux(rt)) // JSONErrors without Auth
+}
+
+// replicaWebSocket is a Replica whose routes include GET /ws
+// (WebSocketRoutes): a Replica without WebSocket has no such method, so
+// that Mux does not register the route.
+type replicaWebSocket struct{ *Replica }
+
+// ServeWebSocket is GET /ws?session=<id>&session=<id>...: the multiplexed
+// stream over a WebSocket (docs/SPEC.md 6.10) on the replica's
+// MuxHandler: the same sessions, Lookup (which never creates a session),
+// Authorize, limits and cursor as GET /events. A disconnect of any of the
+// sessions of its URL cuts it (clean: the connection closes; abort: a TCP
+// reset); one the client adds on the open socket is not tracked for
+// /disconnect.
+func (r replicaWebSocket) ServeWebSocket(w http.ResponseWriter, req *http.Request) {
+	r.serveTracked(w, req, r.ws, muxSessions(req)...)
 }
 
 // ServeIndex writes the usage text.
@@ -154,25 +224,59 @@ func (r *Replica) ServeEvents(w http.ResponseWriter, req *http.Request) {
 		r.events.ServeHTTP(w, req)
 		return
 	}
-	id := req.PathValue("id")
+	r.serveTracked(w, req, r.events, req.PathValue("id"))
+}
+
+// ServeMuxEvents is GET /events?session=<id>&session=<id>...: the
+// sessions' mirrors on one SSE stream (eventbus.MuxHandler, sharing the
+// SSE handler; it answers a list of sessions that is empty, too long or
+// repeats one with 400 invalid_sessions, a session the engine does not
+// hold with 404 naming it). A disconnect of any of its sessions cuts the
+// whole stream, whose client then resumes every session with its cursor.
+func (r *Replica) ServeMuxEvents(w http.ResponseWriter, req *http.Request) {
+	if req.Method == http.MethodOptions {
+		r.mux.ServeHTTP(w, req) // a CORS preflight: no session, no stream
+		return
+	}
+	r.serveTracked(w, req, r.mux, muxSessions(req)...)
+}
+
+// muxSessions returns the sessions of a multiplexed stream's URL, for
+// /disconnect; none when there are more than any stream serves (the
+// handler refuses them: nothing to track).
+func muxSessions(req *http.Request) []string {
+	ids := req.URL.Query()["session"]
+	if len(ids) > eventbus.MaxCursorEntries {
+		return nil
+	}
+	return ids
+}
+
+// serveTracked serves req with h as a stream of the sessions ids that
+// /disconnect can cut.
+func (r *Replica) serveTracked(w http.ResponseWriter, req *http.Request, h http.Handler, ids ...string) {
 	st, req := Track(req)
 	defer st.Done()
 	r.mu.Lock()
-	if r.streams[id] == nil {
-		r.streams[id] = map[*Stream]struct{}{}
+	for _, id := range ids {
+		if r.streams[id] == nil {
+			r.streams[id] = map[*Stream]struct{}{}
+		}
+		r.streams[id][st] = struct{}{}
 	}
-	r.streams[id][st] = struct{}{}
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
-		delete(r.streams[id], st)
-		if len(r.streams[id]) == 0 {
-			delete(r.streams, id)
+		for _, id := range ids {
+			delete(r.streams[id], st)
+			if len(r.streams[id]) == 0 {
+				delete(r.streams, id)
+			}
 		}
 		r.mu.Unlock()
 	}()
-	r.Logger.Debug("stream opened", "session", id, "lastEventId", req.Header.Get("Last-Event-ID"), "remote", req.RemoteAddr)
-	r.events.ServeHTTP(w, req)
+	r.Logger.Debug("stream opened", "sessions", ids, "lastEventId", req.Header.Get("Last-Event-ID"), "remote", req.RemoteAddr)
+	h.ServeHTTP(w, req)
 }
 
 // ServePublish is eventbus.PublishHandler on the backplane: it publishes

@@ -293,6 +293,7 @@ func TestReplicaAuth(t *testing.T) {
 		Daemon: "sessiond-test", Name: "R1", Engine: "Fake", Backplane: fb,
 		Errors: EngineErrors{InvalidSession: errFakeSession, Unavailable: errFakeUnavailable},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBody: MaxBody(0), Auth: auth,
+		WebSocket: func(m *eventbus.MuxHandler) http.Handler { return m },
 	}, &eventbus.Handler{Heartbeat: time.Hour})
 	srv := httptest.NewServer(r.Routes())
 	defer srv.Close()
@@ -312,7 +313,10 @@ func TestReplicaAuth(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
-	for _, c := range []struct{ method, path string }{{"GET", "/session/s/events"}, {"POST", "/session/s/events"}, {"GET", "/session/s"}} {
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/session/s/events"}, {"POST", "/session/s/events"}, {"GET", "/session/s"},
+		{"GET", "/events?session=s"}, {"GET", "/ws?session=s"},
+	} {
 		if resp := send(c.method, c.path, `{"type":"e"}`, nil); resp.StatusCode != 401 || resp.Header.Get("WWW-Authenticate") != `Bearer realm="sessiond-test"` {
 			t.Fatalf("anonymous %s %s: %s %v", c.method, c.path, resp.Status, resp.Header)
 		}
@@ -353,5 +357,92 @@ func TestReplicaServeRefusesStarWithCredentials(t *testing.T) {
 	}
 	if closed != 1 {
 		t.Fatalf("the backplane was closed %d times, want 1", closed)
+	}
+}
+
+// The replica's multiplexed routes on a fake engine: GET /events serves
+// the sessions on one stream and never creates one (404 naming it, the
+// engine untouched), and GET /ws goes to the handler Replica.WebSocket
+// made from the replica's MuxHandler, tracked for /disconnect; without
+// WebSocket there is no /ws.
+func TestReplicaMuxAndWebSocketHook(t *testing.T) {
+	fb := &fakeBackplane{buses: map[string]*eventbus.EventBus{}, keys: map[string]uint64{}}
+	t.Cleanup(fb.close)
+	var hooked *eventbus.MuxHandler
+	r := NewReplica(&Replica{
+		Daemon: "sessiond-test", Name: "R1", Engine: "Fake", Backplane: fb,
+		Errors: ReplicaErrors(errFakeUnknown, errFakeSession, errFakeUnavailable),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBody: MaxBody(0),
+		MaxStreamSessions: 2,
+		// The daemons' hook is a websocket.Handler{Mux: m}; here the mux
+		// itself serves /ws (the root module has no WebSocket library).
+		WebSocket: func(m *eventbus.MuxHandler) http.Handler { hooked = m; return m },
+	}, &eventbus.Handler{Heartbeat: time.Hour})
+	if hooked == nil || hooked != r.mux || hooked.Handler != r.events {
+		t.Fatalf("the hook got %p, want the replica's MuxHandler on its SSE handler", hooked)
+	}
+	srv := httptest.NewServer(r.Routes())
+	t.Cleanup(srv.Close)
+	client := srv.Client()
+	t.Cleanup(client.CloseIdleConnections)
+	get := func(path string) (int, map[string]any) {
+		t.Helper()
+		resp, err := client.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]any
+		json.NewDecoder(resp.Body).Decode(&v)
+		return resp.StatusCode, v
+	}
+	for _, path := range []string{"/events?session=nope", "/ws?session=nope"} {
+		if code, v := get(path); code != 404 || v["code"] != "session_not_found" || v["session"] != "nope" {
+			t.Fatalf("GET %s: %d %v, want 404 naming nope", path, code, v)
+		}
+	}
+	if code, v := get("/events?session=a&session=b&session=c"); code != 400 || v["code"] != "invalid_sessions" {
+		t.Fatalf("three sessions past -max-stream-sessions 2: %d %v", code, v)
+	}
+	fb.mu.Lock()
+	made := len(fb.buses)
+	fb.mu.Unlock()
+	if made != 0 {
+		t.Fatalf("the multiplexed routes made %d sessions in the engine, want none", made)
+	}
+	fb.Publish(context.Background(), "a", eventbus.Event{Type: "e"})
+	fb.Publish(context.Background(), "b", eventbus.Event{Type: "e"})
+	for _, path := range []string{"/events", "/ws"} {
+		s := backplanetest.Open(t, client, srv.URL+path+"?session=a&session=b&lastEventId=0", nil)
+		seen := map[string]bool{}
+		for len(seen) < 2 {
+			f := s.Next(5 * time.Second)
+			if f.Event == "e" {
+				seen[f.Str(t, "session")] = true
+			}
+		}
+		resp, err := client.Post(srv.URL+"/session/b/disconnect", "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v map[string]any
+		json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		if v["disconnected"] != float64(1) {
+			t.Fatalf("%s: disconnect of b: %v, want the stream cut", path, v)
+		}
+		s.Ended(5 * time.Second)
+	}
+
+	plain := NewReplica(&Replica{Name: "R2", Backplane: fb, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, &eventbus.Handler{})
+	srv2 := httptest.NewServer(plain.Routes())
+	defer srv2.Close()
+	resp, err := srv2.Client().Get(srv2.URL + "/ws?session=a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 404 {
+		t.Fatalf("GET /ws without a WebSocket hook: %s, want 404", resp.Status)
 	}
 }

@@ -3,9 +3,11 @@ package daemon
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"time"
 
@@ -38,6 +40,14 @@ Routes:
                                     same event within -idempotency-window append nothing
                                     -> {"id":<first>,"epoch":"...","duplicate":true};
                                     the key with another event: 422 idempotency_key_reused
+  GET    /events?session=ID&session=ID...  the sessions on one SSE stream (SPEC 6.8): 1 to
+                                    -max-stream-sessions distinct ids, else 400 invalid_sessions;
+                                    404 for the first session ENGINE does not hold (never created here);
+                                    every frame's data names its session; the id line is a composite
+                                    cursor (Last-Event-ID or ?lastEventId=) resuming every session
+  GET    /ws?session=ID&session=ID...  the same stream over a WebSocket (SPEC 6.10): one text message
+                                    per batch, the cursor line {"op":"cursor",...} after it; the same
+                                    cursor resumes either; {"op":"add"|"remove","session":...} on the socket
   GET    /session/{id}              the session in ENGINE and on this replica; 404 if it has none
   DELETE /session/{id}              forget the session -> 204; the next use starts a new epoch
   POST   /session/{id}/disconnect   cut this replica's streams of the session -> {"disconnected":N,"mode":...}
@@ -64,7 +74,8 @@ func ParseReplicaFlags(daemon, module, pkg, engine string, args []string, out io
 		DefaultAddr:    "127.0.0.1:8081",
 		Ring:           "events each session keeps in " + engine + " for resumes (0: eventbus default 8000)",
 		MaxSubscribers: "concurrent streams per session on this replica (0: eventbus default 64)",
-		WriteTimeout:   "deadline of one SSE write+flush (0: handler default 30s)",
+		WriteTimeout:   "deadline of one SSE write+flush, or WebSocket message (0: handler default 30s)",
+		StreamSessions: "most sessions one multiplexed stream (GET /events, GET /ws) serves (1 to 256)",
 	})
 	fs.StringVar(&rf.Name, "name", "", "replica name for logs and GET /session/{id} (default: the listen address)")
 	fs.DurationVar(&rf.PublishTimeout, "publish-timeout", 0, "bound of one publish in "+engine+" (0: "+pkg+" default 2s)")
@@ -73,6 +84,9 @@ func ParseReplicaFlags(daemon, module, pkg, engine string, args []string, out io
 	own(fs)
 	if err := Parse(fs, args); err != nil {
 		return nil, err
+	}
+	if n := f.MaxStreamSessions; n < 1 || n > eventbus.MaxCursorEntries {
+		return nil, fmt.Errorf("-max-stream-sessions %d: must be 1 to %d", n, eventbus.MaxCursorEntries)
 	}
 	rf.Flags, rf.Logger = f, f.Logger(out)
 	return rf, nil
@@ -113,7 +127,12 @@ type ReplicaServer struct {
 	// Close closes the backplane (its mirrors: open streams drain, get
 	// stream_error shutdown and end); Serve calls it exactly once,
 	// whatever the outcome.
-	Close       func()
+	Close func()
+	// WebSocket makes the handler of GET /ws from the replica's
+	// MuxHandler (Replica.WebSocket): each replica daemon sets it to a
+	// websocket.Handler of github.com/ssebus/eventbus/websocket, which its
+	// module requires and the root does not. nil: no GET /ws.
+	WebSocket   func(*eventbus.MuxHandler) http.Handler
 	ListenAttrs []any             // after "addr" on the listening line, before "replica"
 	Ready       func(addr string) // see Server.Ready
 }
@@ -149,6 +168,7 @@ func (rf *ReplicaFlags) Serve(ctx context.Context, rs ReplicaServer) error {
 		Daemon: rf.daemon, Usage: rf.Usage, Name: rf.Name, Engine: rf.engine,
 		Backplane: rs.Backplane, Errors: rs.Errors, Logger: rf.Logger,
 		MaxBody: MaxBody(f.MaxEventBytes), BodyTimeout: f.BodyTimeout, BodyBudget: f.BodyBudget, Auth: auth,
+		MaxStreamSessions: f.MaxStreamSessions, WebSocket: rs.WebSocket,
 	}
 	if r.Name == "" {
 		r.Name = ln.Addr().String()

@@ -13,6 +13,11 @@
 // (from the natsbus module: cd natsbus first). Routes:
 //
 //	GET    /session/{id}/events       the SSE stream (eventbus.Handler, resumes from the stream)
+//	GET    /events?session=ID&...     the sessions on one SSE stream (eventbus.MuxHandler, SPEC 6.8): its
+//	                                  id line is a composite cursor; 404 for a session not in the engine
+//	                                  (never created here); 1 to -max-stream-sessions ids
+//	GET    /ws?session=ID&...         the same stream over a WebSocket (github.com/ssebus/eventbus/websocket,
+//	                                  SPEC 6.10): the same cursor resumes either route, on any replica
 //	POST   /session/{id}/events       publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...}
 //	                                  (an Idempotency-Key header makes a retry safe: see natsbus/README.md)
 //	GET    /session/{id}              the session as the stream and this replica see it (404 if it has none)
@@ -36,12 +41,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/ssebus/eventbus"
 	shared "github.com/ssebus/eventbus/internal/daemon" // not "daemon": main_test.go has a func daemon
 	"github.com/ssebus/eventbus/natsbus"
+	"github.com/ssebus/eventbus/websocket"
 )
 
 func main() { shared.Main("sessiond-nats", run) }
@@ -97,6 +105,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Backplane: bp,
 		Errors:    shared.ReplicaErrors(natsbus.ErrOutcomeUnknown, natsbus.ErrInvalidSession, natsbus.ErrUnavailable),
 		Events:    bp.Handler(), Close: func() { bp.Close() }, Ready: ready,
+		WebSocket:   webSocket,
 		ListenAttrs: []any{"nats", natsURL, "stream", stream},
 	})
 }
+
+// webSocket is the replica's GET /ws: the multiplexed stream over a
+// WebSocket (github.com/ssebus/eventbus/websocket, docs/SPEC.md 6.10) on
+// the replica's MuxHandler, so with the same sessions, Lookup, Authorize,
+// limits and cursor as its GET /events.
+func webSocket(m *eventbus.MuxHandler) http.Handler { return &websocket.Handler{Mux: m} }

@@ -13,6 +13,11 @@
 // (from the pgbus module: cd pgbus first). Routes:
 //
 //	GET    /session/{id}/events       the SSE stream (eventbus.Handler, resumes from the table)
+//	GET    /events?session=ID&...     the sessions on one SSE stream (eventbus.MuxHandler, SPEC 6.8): its
+//	                                  id line is a composite cursor; 404 for a session not in the engine
+//	                                  (never created here); 1 to -max-stream-sessions ids
+//	GET    /ws?session=ID&...         the same stream over a WebSocket (github.com/ssebus/eventbus/websocket,
+//	                                  SPEC 6.10): the same cursor resumes either route, on any replica
 //	POST   /session/{id}/events       publish {"type":..., "data":..., "originatorClientId":...} -> {"id":N,"epoch":...}
 //	                                  (an Idempotency-Key header makes a retry safe: see pgbus/README.md)
 //	GET    /session/{id}              the session as PostgreSQL and this replica see it (404 if it has none)
@@ -36,11 +41,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/ssebus/eventbus"
 	shared "github.com/ssebus/eventbus/internal/daemon" // not "daemon": main_test.go has a func daemon
 	"github.com/ssebus/eventbus/pgbus"
+	"github.com/ssebus/eventbus/websocket"
 )
 
 func main() { shared.Main("sessiond-pg", run) }
@@ -94,6 +102,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 		Backplane: bp,
 		Errors:    shared.ReplicaErrors(pgbus.ErrOutcomeUnknown, pgbus.ErrInvalidSession, pgbus.ErrUnavailable),
 		Events:    bp.Handler(), Close: func() { bp.Close() }, Ready: ready,
+		WebSocket:   webSocket,
 		ListenAttrs: []any{"pg", cfg.ConnConfig.Host, "schema", schema},
 	})
 }
+
+// webSocket is the replica's GET /ws: the multiplexed stream over a
+// WebSocket (github.com/ssebus/eventbus/websocket, docs/SPEC.md 6.10) on
+// the replica's MuxHandler, so with the same sessions, Lookup, Authorize,
+// limits and cursor as its GET /events.
+func webSocket(m *eventbus.MuxHandler) http.Handler { return &websocket.Handler{Mux: m} }
