@@ -8,7 +8,10 @@
 // ReplicaSuite does the same for the backplane modules' replica daemons
 // (sessiond-redis, sessiond-pg, sessiond-nats): one set of black-box
 // checks that each daemon's main_test.go runs with a harness of its
-// engine.
+// engine. RunReplica runs such a daemon in the test's process, and
+// WebSocketAcrossReplicas checks its GET /ws and GET /events across two
+// replicas, speaking WebSocket through sseclient's dialer interface so
+// that this package, like the root module, imports no WebSocket library.
 package daemontest
 
 import (

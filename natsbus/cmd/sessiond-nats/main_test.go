@@ -207,28 +207,7 @@ func clientOf(t *testing.T, s *server.Server, name string, not uint64) uint64 {
 // inProcess runs a replica of sessiond-nats in the test binary (run, as
 // main does) against url, until the test ends, and returns its base URL.
 func inProcess(t *testing.T, url, name string) string {
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-nats", url, "-name", name, "-stream", "K"}, io.Discard,
-			func(a string) { addr <- a })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("replica %s: %v", name, err)
-		}
-	})
-	select {
-	case a := <-addr:
-		return "http://" + a
-	case err := <-done:
-		t.Fatalf("replica %s: %v", name, err)
-	case <-time.After(30 * time.Second):
-		t.Fatalf("replica %s did not start", name)
-	}
-	return ""
+	return daemontest.RunReplica(t, run, "nats", daemontest.ReplicaEngine{URL: url, Flags: []string{"-stream", "K"}}, name)
 }
 
 // resume resumes url from id 1 of epoch and returns the status and, on
