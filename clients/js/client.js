@@ -858,13 +858,14 @@ export class EventBusClient {
 
   // #canWebSocket reports whether this client can open its WebSocket now: a
   // constructor (options.WebSocket, else the global one) and, when headers
-  // are to be sent (options.headers, a token, credential headers), an
-  // injected constructor that takes them (the npm ws package's third
-  // argument): a browser's WebSocket sends cookies and no header.
+  // are to be sent (options.headers, a token, credential headers), one that
+  // takes them (the npm ws package's third argument): the platform's own
+  // WebSocket (a browser's, Node's), or a subclass of it, sends cookies and
+  // no header.
   #canWebSocket() {
     const WS = this.#opts.WebSocket ?? globalThis.WebSocket;
     if (typeof WS !== "function") return false;
-    if (this.#opts.WebSocket) return true;
+    if (!nativeWebSocket(WS)) return true;
     const c = this.#credentials;
     const some = (h) => !!h && Object.keys(h).length > 0;
     return !(some(this.#opts.headers) || c?.token || some(c?.headers));
@@ -954,9 +955,9 @@ export class EventBusClient {
       };
       this.#abort = () => finish("closed");
       try {
-        sock = this.#opts.WebSocket
-          ? new WS(url, [WEBSOCKET_PROTOCOL], { headers: this.#headers(true), maxPayload: limit })
-          : new WS(url, [WEBSOCKET_PROTOCOL]);
+        sock = nativeWebSocket(WS)
+          ? new WS(url, [WEBSOCKET_PROTOCOL])
+          : new WS(url, [WEBSOCKET_PROTOCOL], { headers: this.#headers(true), maxPayload: limit });
       } catch (e) {
         fallback("could not be opened (" + (e?.message ?? e) + ")");
         return;
@@ -1483,6 +1484,13 @@ export class EventBusClient {
     this.#stats.resyncs++;
     return this.#call("onResync", this.#tagged(p, { reason, detail, lastDeliveredId, earliestAvailableId, epoch: p.epoch, previousEpoch, missing }));
   }
+}
+
+// nativeWebSocket reports whether WS is the platform's WebSocket (or a
+// subclass of it), which takes no headers.
+function nativeWebSocket(WS) {
+  const G = globalThis.WebSocket;
+  return typeof G === "function" && (WS === G || WS.prototype instanceof G);
 }
 
 async function readLimited(res, limit) {
