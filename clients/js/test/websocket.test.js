@@ -157,7 +157,7 @@ test("from the start (lastEventId 0) over the WebSocket, then the cursor resumes
   }
 });
 
-test("fallback: /ws refused by a proxy (a plain 404) -> SSE at once; back to the WebSocket after webSocketRetry; one cursor, no loss, no duplicate", async () => {
+test("fallback: /ws refused by a proxy (a plain 404) -> SSE at once; back to the WebSocket after webSocketRetry; one cursor, no loss, no duplicate", async (t) => {
   const ids = ["f-a", "f-b"];
   for (const id of ids) await d.publish(id, "note", {});
   const p = await proxy(d.port);
@@ -195,6 +195,14 @@ test("fallback: /ws refused by a proxy (a plain 404) -> SSE at once; back to the
     const transports = r.of("state").filter((s) => s.state === "open").map((s) => s.transport);
     assert.deepEqual(transports, ["sse", "websocket", "sse", "websocket"]);
     assert.ok(p.lines.filter((l) => l.startsWith("GET /ws")).length >= 4);
+    // What the switches cost: from the refused handshake to the SSE stream,
+    // and how long each SSE stretch lasted (webSocketRetry: 700 ms).
+    const at = (pred, from = 0) => r.log.findIndex((e, i) => i >= from && pred(e));
+    const refused = at((e) => e.kind === "error" && e.v.kind === "websocket");
+    const sse = at((e) => e.kind === "state" && e.v.state === "open" && e.v.transport === "sse", refused);
+    const back = at((e) => e.kind === "state" && e.v.state === "open" && e.v.transport === "websocket", sse);
+    t.diagnostic("refused WebSocket -> SSE open: " + (r.log[sse].at - r.log[refused].at) + " ms; SSE open -> WebSocket open: " +
+      (r.log[back].at - r.log[sse].at) + " ms (webSocketRetry 700); " + r.ids().length + " events, " + r.client.stats.connects + " connections");
   } finally {
     stop = true;
     await publisher;
@@ -274,7 +282,7 @@ test("an add the server refuses (404 session_not_found) is reported; the client 
 
 // wsServer is a scripted WebSocket server: each connection is handed to
 // onConnection(socket, url, n); it records the handshakes' URLs.
-async function wsServer(onConnection) {
+async function wsServer(onConnection, options = {}) {
   const s = await scripted((req, res) => {
     res.writeHead(404, { "Content-Type": "text/plain" });
     res.end("no SSE here");
@@ -284,7 +292,7 @@ async function wsServer(onConnection) {
     res.writeHead(404);
     res.end();
   });
-  const wss = new WebSocketServer({ server: http, handleProtocols: (ps) => (ps.has("eventbus.v1") ? "eventbus.v1" : false) });
+  const wss = new WebSocketServer({ server: http, handleProtocols: (ps) => (ps.has("eventbus.v1") ? "eventbus.v1" : false), ...options });
   const urls = [];
   wss.on("connection", (sock, req) => {
     const url = new URL(req.url, "http://x");
@@ -407,6 +415,33 @@ test("a hostile server: garbage lines, a binary message, a frame of no session, 
   }
 });
 
+test("a silent socket that answers no ping: idleTimeout ends it and the client resumes; one that answers pings stays", async () => {
+  const srv = await wsServer((sock, url, n) => {
+    sock.send(greeting(n === 1 ? 0 : 1));
+    if (n === 1) sock.send([frame(1), cursorLine(1)].join("\n"));
+    if (n === 2) sock.send([frame(2), cursorLine(2)].join("\n"));
+  }, { autoPong: false });
+  const r = record(srv.base + "/events", { sessions: ["a"], webSocketURL: "/ws", WebSocket, lastEventId: 0, idleTimeout: 300, initialDelay: 20 });
+  try {
+    await r.until(() => r.ids().length === 2, "resumed after the idle timeout");
+    assert.equal(r.of("error").find((e) => e.kind === "idle_timeout")?.final, false);
+    assert.equal(srv.urls[1].searchParams.get("lastEventId"), cursorOf([["a", EPOCH_A, 1]]));
+  } finally {
+    r.client.close();
+    await srv.close();
+  }
+  const live = await wsServer((sock) => sock.send(greeting(0)));
+  const q = record(live.base + "/events", { sessions: ["a"], webSocketURL: "/ws", WebSocket, idleTimeout: 300 });
+  try {
+    await sleep(1200); // four idle timeouts, kept alive by the pongs alone
+    assert.equal(live.urls.length, 1);
+    assert.equal(q.of("error").length, 0);
+  } finally {
+    q.client.close();
+    await live.close();
+  }
+});
+
 test("a socket cut before its first message, or a server that never answers the handshake: SSE at once, the same cursor", async () => {
   // A scripted server whose /ws accepts the handshake and closes at once,
   // and whose /events serves the multiplexed SSE stream.
@@ -452,7 +487,9 @@ test("the epoch changes under the WebSocket (a kill -9 and a restart): epoch_res
   const dd = await startDaemon(["-retry", "100ms"]);
   const ids = ["k-a", "k-b"];
   for (const id of ids) await dd.publish(id, "note", {});
-  const r = record(dd.base + "/events", { sessions: ids, webSocketURL: "/ws", WebSocket, initialDelay: 50 });
+  // The attempts while the daemon is down may fall back to SSE (no
+  // connection): webSocketRetry brings the client back soon.
+  const r = record(dd.base + "/events", { sessions: ids, webSocketURL: "/ws", WebSocket, initialDelay: 50, webSocketRetry: 500 });
   let dd2;
   try {
     await r.until(() => ids.every((id) => r.client.session(id) !== null), "open");
@@ -460,7 +497,17 @@ test("the epoch changes under the WebSocket (a kill -9 and a restart): epoch_res
     await r.until(() => r.ids().length === 2, "2 events");
     const old = Object.fromEntries(r.of("event").map((e) => [e.session, e.epoch]));
     await dd.kill();
-    dd2 = await startDaemon(["-retry", "100ms"], dd.port);
+    // The port can be briefly taken while the client keeps knocking (a
+    // loopback connect to a port of the ephemeral range with no listener
+    // can connect to itself): try again.
+    for (let i = 0; !dd2; i++) {
+      try {
+        dd2 = await startDaemon(["-retry", "100ms"], dd.port);
+      } catch (e) {
+        if (i === 10 || !/address already in use/.test(e.message)) throw e;
+        await sleep(100);
+      }
+    }
     await dd2.publish("k-a", "note", { gen: 2 });
     await r.until(() => r.of("resync").length === 2 && r.of("caughtUp").length === 2, "two epoch_resets");
     for (const x of r.of("resync")) {
@@ -469,8 +516,11 @@ test("the epoch changes under the WebSocket (a kill -9 and a restart): epoch_res
       assert.equal(x.epoch, (await dd2.status(x.session)).body.epoch);
     }
     await r.until(() => r.ids().length === 3, "k-a's new #1");
-    assert.deepEqual(bySession(r.of("event")), { "k-a": [2, 1], "k-b": [2] });
-    assert.equal(r.client.transport, "websocket");
+    await r.until(() => r.client.transport === "websocket", "on the WebSocket again");
+    await dd2.publish("k-b", "note", {});
+    await r.until(() => r.ids().length === 4, "k-b's new #1");
+    assert.deepEqual(bySession(r.of("event")), { "k-a": [2, 1], "k-b": [2, 1] });
+    assert.equal(r.client.stats.duplicates, 0);
   } finally {
     r.client.close();
     await dd2?.stop();
