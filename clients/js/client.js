@@ -924,7 +924,7 @@ export class EventBusClient {
           }
         },
       };
-      const finish = (end, error) => {
+      const finish = (end, error, result) => {
         if (done) return;
         done = true;
         clearTimeout(idle);
@@ -936,7 +936,7 @@ export class EventBusClient {
         } catch {
           // Closed already.
         }
-        resolve(this.#result(conn, end, error));
+        resolve(result ?? this.#result(conn, end, error));
       };
       const fallback = (why) => {
         this.#sseUntil = Date.now() + this.#webSocketRetry;
@@ -961,6 +961,32 @@ export class EventBusClient {
       } catch (e) {
         fallback("could not be opened (" + (e?.message ?? e) + ")");
         return;
+      }
+      if (!nativeWebSocket(WS) && typeof sock.on === "function") {
+        // The ws package shows the answer to a refused handshake: the
+        // server's own (its JSON error) counts as it would over SSE (a 401
+        // asks for credentials, a 404 drops its session); anything else (a
+        // proxy's page) falls back.
+        sock.on("unexpected-response", (req, res) => {
+          if (done) return;
+          readNodeBody(res, MAX_ERROR_BODY).then(async (body) => {
+            if (done) return;
+            let code;
+            try {
+              code = JSON.parse(body)?.code;
+            } catch {
+              // A proxy's page.
+            }
+            if (typeof code !== "string" || res.statusCode < 200) {
+              fallback("handshake was answered " + res.statusCode + " without the server's JSON error");
+              return;
+            }
+            const h = new Headers();
+            for (const [k, v] of Object.entries(res.headers)) if (v !== undefined) h.set(k, Array.isArray(v) ? v.join(", ") : v);
+            const r = await this.#httpFailure(new Response(body, { status: res.statusCode, headers: h }), conn);
+            finish(r.end, r.error, r);
+          }, () => fallback("handshake was answered " + res.statusCode));
+        });
       }
       sock.onopen = () => {
         if (done) return;
@@ -1484,6 +1510,26 @@ export class EventBusClient {
     this.#stats.resyncs++;
     return this.#call("onResync", this.#tagged(p, { reason, detail, lastDeliveredId, earliestAvailableId, epoch: p.epoch, previousEpoch, missing }));
   }
+}
+
+// readNodeBody reads a Node http.IncomingMessage's body, up to limit bytes,
+// as text, and releases it.
+function readNodeBody(res, limit) {
+  return new Promise((resolve, reject) => {
+    const parts = [];
+    let n = 0;
+    const end = () => {
+      res.destroy();
+      resolve(new TextDecoder().decode(Buffer.concat(parts).subarray(0, limit)));
+    };
+    res.on("data", (b) => {
+      parts.push(b);
+      n += b.length;
+      if (n >= limit) end();
+    });
+    res.on("end", end);
+    res.on("error", reject);
+  });
 }
 
 // nativeWebSocket reports whether WS is the platform's WebSocket (or a

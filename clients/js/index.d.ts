@@ -337,7 +337,9 @@ export interface ClientOptions {
    * has none: the npm ws package's). The platform's own (or a subclass)
    * sends cookies and no header, so with headers or a token the client uses
    * SSE; any other is given (url, ["eventbus.v1"], {headers, maxPayload}),
-   * as the ws package takes them.
+   * as the ws package takes them, and one with the ws package's
+   * "unexpected-response" event shows the answer to a refused handshake:
+   * the server's own (its JSON error) then counts as over SSE, no fallback.
    */
   WebSocket?: new (url: string, protocols: string[], options?: { headers?: Record<string, string>; maxPayload?: number }) => WebSocketLike;
 }

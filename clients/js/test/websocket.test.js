@@ -274,6 +274,11 @@ test("an add the server refuses (404 session_not_found) is reported; the client 
     assert.deepEqual(r.client.sessions, ["n-1"]);
     await dd.publish("n-1", "note", {});
     await r.until(() => r.ids().length === 1, "n-1 goes on");
+    // The handshake's 404 was the server's (its JSON error, which the ws
+    // package shows): it counted as over SSE, no fallback.
+    assert.equal(r.client.transport, "websocket");
+    assert.equal(r.of("error").filter((e) => e.kind === "websocket").length, 0);
+    assert.deepEqual(r.of("state").filter((s) => s.state === "open").map((s) => s.transport), ["websocket", "websocket"]);
     r.client.close();
   } finally {
     await dd.stop();
@@ -316,6 +321,58 @@ const cursorOf = (pairs) => formatCursor(pairs.map(([s, e, id]) => ({ session: s
 const greeting = (a) => JSON.stringify({ op: "cursor", cursor: cursorOf([["a", EPOCH_A, a]]), epochs: { a: EPOCH_A } });
 const frame = (id) => JSON.stringify({ session: "a", id, v: 1, type: "note", data: { id } });
 const cursorLine = (a) => JSON.stringify({ op: "cursor", cursor: cursorOf([["a", EPOCH_A, a]]) });
+
+test("the server's own answer to the handshake (ws shows it): a 401 asks for credentials, a 429 waits its Retry-After; a proxy's page falls back", async () => {
+  const asked = [];
+  const { createServer } = await import("node:http");
+  let n = 0;
+  // Its SSE route: a stream that stays open, until the client leaves it
+  // for the WebSocket.
+  const http = createServer((req, res) => {
+    res.writeHead(200, { "Content-Type": "text/event-stream", "Event-Epochs": EPOCH_A });
+    res.write("retry: 20\n\n");
+  });
+  const wss = new WebSocketServer({ noServer: true });
+  const urls = [];
+  http.on("upgrade", (req, socket, head) => {
+    n++;
+    urls.push({ url: new URL(req.url, "http://x"), auth: req.headers.authorization, at: Date.now() });
+    const answer = (status, headers, body) => {
+      socket.end("HTTP/1.1 " + status + " X\r\nConnection: close\r\nContent-Length: " + Buffer.byteLength(body) + "\r\n" + headers + "\r\n" + body);
+    };
+    if (n === 1) return answer(401, "Content-Type: application/json\r\nWWW-Authenticate: Bearer\r\n", JSON.stringify({ error: "no", code: "unauthorized" }));
+    if (n === 2) return answer(429, "Content-Type: application/json\r\nRetry-After: 1\r\n", JSON.stringify({ error: "full", code: "subscriber_limit_exceeded", session: "a" }));
+    if (n === 3) return answer(502, "Content-Type: text/html\r\n", "<h1>Bad Gateway</h1>");
+    wss.handleUpgrade(req, socket, head, (sock) => sock.send(greeting(0)));
+  });
+  await new Promise((r) => http.listen(0, "127.0.0.1", r));
+  const base = "http://127.0.0.1:" + http.address().port;
+  const r = record(base + "/events", {
+    sessions: ["a"],
+    webSocketURL: "/ws",
+    WebSocket,
+    webSocketRetry: 300,
+    credentials: ({ reason }) => {
+      asked.push(reason);
+      return { token: "t" + asked.length };
+    },
+  });
+  try {
+    await r.until(() => r.client.transport === "websocket", "on the WebSocket", 10_000);
+    assert.deepEqual(r.of("state").filter((s) => s.state === "open").map((s) => s.transport), ["sse", "websocket"]);
+    assert.deepEqual(asked, ["initial", "unauthorized"]);
+    assert.deepEqual(urls.map((u) => u.auth), ["Bearer t1", "Bearer t2", "Bearer t2", "Bearer t2"]);
+    const errs = r.of("error");
+    assert.deepEqual(errs.map((e) => e.kind + " " + (e.status ?? "")), ["http 401", "http 429", "websocket "]);
+    assert.equal(errs[1].retryAfter, 1000);
+    assert.ok(urls[2].at - urls[1].at >= 1000, "waited the Retry-After");
+  } finally {
+    r.client.close();
+    for (const c of wss.clients) c.terminate();
+    http.closeAllConnections();
+    await new Promise((res) => http.close(res));
+  }
+});
 
 test("close code 4429 (evicted, with and without its frame): resumed with the cursor, no loss, no duplicate", async () => {
   const srv = await wsServer((sock, url, n) => {
