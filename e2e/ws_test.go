@@ -158,6 +158,33 @@ func TestViewerWebSocketAcrossRestart(t *testing.T) {
 	}
 	t.Logf("transports across the restart: %v; attempts: %d", v.Transports, len(v.Attempts))
 	screenshot(tab, t, "viewer-websocket-after-restart.png")
+
+	// × and Add on the open socket: a remove and an add, no new connection.
+	attempts, connects := len(v.Attempts), v.Connects
+	if err := chromedp.Do(tab, chromedp.Click(`.col[data-session="wr2"] button.remove`)); err != nil {
+		t.Fatal(err)
+	}
+	d.Publish("wr3", 1)
+	if err := chromedp.Do(tab, chromedp.SendKeys("#newSession", "wr3\n")); err != nil {
+		t.Fatal(err)
+	}
+	daemontest.WaitUntil(t, 20*time.Second, "wr2 removed and wr3 added on the socket", func() (bool, string) {
+		st, ok := d.StatusIfAny("wr3")
+		return ok && st.Subscribers == 1 && d.Status("wr2").Subscribers == 0, v.summary()
+	})
+	d.Publish("wr3", 2)
+	d.Publish("wr2", 200)
+	daemontest.WaitUntil(t, 20*time.Second, "wr3's live event", func() (bool, string) {
+		v = readWSViewer(tab, t)
+		return slices.Equal(v.Sessions["wr3"].SeenIDs, []uint64{2}), v.summary()
+	})
+	v = readWSViewer(tab, t)
+	if len(v.Attempts) != attempts || v.Connects != connects || !v.on("websocket") {
+		t.Fatalf("attempts %d -> %d, connects %d -> %d: want the same socket (%s)", attempts, len(v.Attempts), connects, v.Connects, v.summary())
+	}
+	if _, ok := v.Sessions["wr2"]; ok {
+		t.Fatalf("wr2 still shown: %s", v.summary())
+	}
 	if errs := br.consoleErrors(); len(errs) > 0 {
 		t.Logf("console errors (the daemon was down): %v", errs)
 	}
