@@ -177,7 +177,7 @@ export class EventBusClient {
   #wsBase = null; // the WebSocket route (options.webSocketURL), or null: SSE only
   #webSocketRetry = WEBSOCKET_RETRY_MS;
   #sseUntil = 0; // after a WebSocket failure: SSE until then
-  #ws = null; // the open WebSocket: {conn, send, adding, removing}
+  #ws = null; // the open WebSocket: {conn, send, adding (the adds not answered yet)}
   #transport = null; // of the open connection: "websocket" | "sse"
 
   #single = newPosition(null); // the single stream's position
