@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tests of the JavaScript client (clients/js) under Node: the parser, scripted
-# servers, the demo daemon (cmd/sessiond, built here), and headless Chromium.
+# servers, the demo daemon (cmd/sessiond, built here: GET /events and GET /ws),
+# and headless Chromium.
 # Installs Debian's nodejs (and chromium) when missing; CI=true makes a
 # missing browser a failure instead of a skip. The Go client (sseclient) is
 # tested by the root module's go test ./... already.
@@ -28,4 +29,8 @@ trap 'rm -rf "$bin"' EXIT
 
 export CI="${CI:-true}" SESSIOND="$bin/sessiond"
 cd clients/js
+# The tests' one dependency (the npm ws package, a WebSocket client nobody
+# here wrote, for the WebSocket transport under Node 20), as package-lock.json
+# pins it; the client itself has none.
+npm ci --no-audit --no-fund --loglevel=error
 node --test test/

@@ -30,6 +30,27 @@ const MAX_ERROR_BODY = 64 * 1024;
 const SHUTDOWN_RETRY_AFTER_MS = 2_000;
 // The most sessions one multiplexed stream holds (eventbus.MaxCursorEntries).
 const MAX_SESSIONS = 256;
+// How long the client stays on SSE after the WebSocket failed (SPEC 9, Go
+// sseclient.DefaultWebSocketRetry).
+const WEBSOCKET_RETRY_MS = 60_000;
+// The subprotocol offered on the WebSocket (SPEC 6.10).
+const WEBSOCKET_PROTOCOL = "eventbus.v1";
+// A frame line of the WebSocket starts with the multiplexed envelope's
+// first member; any other line is a control line.
+const FRAME_PREFIX = '{"session":';
+// A WebSocket message is one batch: at most 256 KiB of envelopes and the
+// frame that reaches the bound. Longer than maxEventBytes and this is no
+// server of ours.
+const MAX_BATCH_SLACK = 512 * 1024;
+// The stream_error kind a WebSocket close code stands for (SPEC 6.10),
+// when the frames before it did not say.
+const CLOSE_KINDS = new Map([
+  [1001, "shutdown"],
+  [4401, "reauthenticate"],
+  [4403, "revoked"],
+  [1011, "internal"],
+]);
+const CLOSE_EVICTED = 4429;
 
 /** What an EventBusClient reports through onError and resolves done with. */
 export class EventBusError extends Error {
@@ -153,6 +174,11 @@ export class EventBusClient {
   #initialDelay;
   #maxDelay;
   #idleTimeout;
+  #wsBase = null; // the WebSocket route (options.webSocketURL), or null: SSE only
+  #webSocketRetry = WEBSOCKET_RETRY_MS;
+  #sseUntil = 0; // after a WebSocket failure: SSE until then
+  #ws = null; // the open WebSocket: {conn, send, adding (the adds not answered yet)}
+  #transport = null; // of the open connection: "websocket" | "sse"
 
   #single = newPosition(null); // the single stream's position
   #mux = null; // a multiplexed stream's: {all: Map(session -> position), order: the sessions streamed}
@@ -205,6 +231,16 @@ export class EventBusClient {
     if (o.idleTimeout === 0) this.#idleTimeout = 0;
     else this.#idleTimeout = positive("idleTimeout", o.idleTimeout, 45_000);
     if (o.retryNotFound !== undefined && o.retryNotFound !== 0) this.#retryNotFound = positive("retryNotFound", o.retryNotFound, 0);
+    if (o.webSocketURL !== undefined && o.webSocketURL !== null) {
+      if (!this.#mux) throw new TypeError("eventbus: webSocketURL needs sessions: the WebSocket serves the multiplexed stream");
+      this.#wsBase = new URL(String(o.webSocketURL), this.#base);
+      if (this.#wsBase.protocol === "http:") this.#wsBase.protocol = "ws:";
+      else if (this.#wsBase.protocol === "https:") this.#wsBase.protocol = "wss:";
+      if (!["ws:", "wss:"].includes(this.#wsBase.protocol)) throw new TypeError("eventbus: webSocketURL must be ws, wss, http or https");
+      for (const k of ["session", "lastEventId"]) this.#wsBase.searchParams.delete(k);
+      this.#webSocketRetry = positive("webSocketRetry", o.webSocketRetry, WEBSOCKET_RETRY_MS);
+    }
+    if (o.WebSocket !== undefined && typeof o.WebSocket !== "function") throw new TypeError("eventbus: WebSocket must be a constructor");
     if (!this.#mux && o.lastEventId !== undefined && o.lastEventId !== null) {
       const c = typeof o.lastEventId === "number" ? parseEventId(String(o.lastEventId)) : parseEventId(o.lastEventId);
       if (!c) throw new RangeError("eventbus: lastEventId must be N or <epoch>:<N>, got " + o.lastEventId);
@@ -235,6 +271,10 @@ export class EventBusClient {
   /** "idle" | "connecting" | "open" | "reconnecting" | "closed" */
   get state() {
     return this.#state;
+  }
+  /** What the open connection came on: "websocket" or "sse"; null while none is open. */
+  get transport() {
+    return this.#state === "open" ? this.#transport : null;
   }
   /**
    * The id of the last event delivered (the resume cursor), or null. On a
@@ -267,9 +307,10 @@ export class EventBusClient {
     return { lastEventId: p.cursor, epoch: p.epoch };
   }
   /**
-   * Adds session id to a multiplexed stream: the connection ends and the
-   * next, at once, streams it too (from its position when the client has
-   * one, else live). A session streamed already is left as it is.
+   * Adds session id to a multiplexed stream (from the client's position in
+   * it when it has one, else live): on an open WebSocket in place (an
+   * "add"), else the connection ends and the next, at once, streams it too.
+   * A session streamed already is left as it is.
    * @param {string} id
    */
   addSession(id) {
@@ -283,12 +324,13 @@ export class EventBusClient {
       this.#mux.all.set(id, p);
     }
     this.#mux.order.push(p);
-    this.#reconnectNow();
+    if (!this.#wsAdd(p)) this.#reconnectNow();
   }
   /**
-   * Removes session id from a multiplexed stream: the connection ends and
-   * the next, at once, streams the others. The last session cannot be
-   * removed (close the client instead).
+   * Removes session id from a multiplexed stream: on an open WebSocket in
+   * place (a "remove"), else the connection ends and the next, at once,
+   * streams the others. The last session cannot be removed (close the
+   * client instead).
    * @param {string} id
    */
   removeSession(id) {
@@ -297,7 +339,7 @@ export class EventBusClient {
     if (i < 0) return;
     if (this.#mux.order.length === 1) throw new RangeError("eventbus: the last session of the stream: close the client instead");
     this.#mux.order.splice(i, 1);
-    this.#reconnectNow();
+    if (!this.#wsRemove(id)) this.#reconnectNow();
   }
   /** Counters: connections opened, events delivered, duplicates dropped, resyncs reported. */
   get stats() {
@@ -335,7 +377,7 @@ export class EventBusClient {
   #compositeCursor() {
     const entries = [];
     for (const p of this.#mux.order) {
-      if (p.cursor !== null) entries.push({ session: p.sessionTag, epoch: p.tag, id: p.cursor });
+      if (p.cursor !== null && p.tag !== null) entries.push({ session: p.sessionTag, epoch: p.tag, id: p.cursor });
     }
     if (entries.length > 0) return formatCursor(entries);
     return this.#mux.fromStart ? "0" : null;
@@ -427,8 +469,21 @@ export class EventBusClient {
       while (!this.#closed) {
         this.#setState(this.#stats.connects === 0 && attempt === 0 ? "connecting" : "reconnecting");
         attempt++;
-        const useES = !forceFetch && this.#useEventSource();
-        const r = useES ? await this.#viaEventSource() : await this.#viaFetch();
+        let useES = false;
+        let r;
+        if (this.#useWebSocket()) {
+          r = await this.#viaWebSocket();
+        } else {
+          useES = !forceFetch && this.#useEventSource();
+          // SSE until webSocketRetry has passed since the WebSocket failed;
+          // then this connection ends and the next tries the WebSocket,
+          // resuming from the one cursor.
+          const back = this.#wsBase && this.#canWebSocket()
+            ? setTimeout(() => this.#reconnectNow(), Math.max(0, this.#sseUntil - Date.now()))
+            : null;
+          r = useES ? await this.#viaEventSource() : await this.#viaFetch();
+          clearTimeout(back);
+        }
         if (this.#closed) return;
         if (this.#restart) {
           // The sessions changed: whatever ended this connection, the next
@@ -497,6 +552,11 @@ export class EventBusClient {
       return { refresh, delay: quick && wasImmediate ? this.#backoff(false) : 0 };
     };
     if (r.end === "fatal" || r.end === "no_sessions" || r.end === "gone") return { final: r.error };
+    if (r.end === "fallback") {
+      // The WebSocket failed without the server's answer: SSE, at once.
+      this.#lastImmediate = false;
+      return { delay: 0 };
+    }
     if (r.end === "http") {
       this.#lastImmediate = false;
       const s = r.status;
@@ -609,8 +669,10 @@ export class EventBusClient {
     return this.#mux ? this.#mux.order : [this.#single];
   }
 
-  #headers() {
-    const h = { Accept: "text/event-stream" };
+  // #headers are the request's headers: the options', the credentials';
+  // without Accept for the WebSocket's handshake (ws).
+  #headers(ws = false) {
+    const h = ws ? {} : { Accept: "text/event-stream" };
     Object.assign(h, this.#opts.headers ?? {});
     const c = this.#credentials;
     if (c?.headers) Object.assign(h, c.headers);
@@ -638,8 +700,8 @@ export class EventBusClient {
   }
 
   // #opened starts an open stream; headers are its response headers (null
-  // for an EventSource, which does not show them).
-  #opened(conn, headers) {
+  // for an EventSource or a WebSocket, which do not show them).
+  #opened(conn, headers, transport = "sse") {
     conn.opened = true;
     conn.openedAt = Date.now();
     this.#stats.connects++;
@@ -655,7 +717,8 @@ export class EventBusClient {
         this.#startAt0(p, conn);
       }
     });
-    this.#setState("open");
+    this.#transport = transport;
+    this.#setState("open", { transport });
   }
 
   // #headerEpochs calls f(position, epoch) for each epoch the stream's
@@ -793,6 +856,330 @@ export class EventBusClient {
     return r;
   }
 
+  // #canWebSocket reports whether this client can open its WebSocket now: a
+  // constructor (options.WebSocket, else the global one) and, when headers
+  // are to be sent (options.headers, a token, credential headers), one that
+  // takes them (the npm ws package's third argument): the platform's own
+  // WebSocket (a browser's, Node's), or a subclass of it, sends cookies and
+  // no header.
+  #canWebSocket() {
+    const WS = this.#opts.WebSocket ?? globalThis.WebSocket;
+    if (typeof WS !== "function") return false;
+    if (!nativeWebSocket(WS)) return true;
+    const c = this.#credentials;
+    const some = (h) => !!h && Object.keys(h).length > 0;
+    return !(some(this.#opts.headers) || c?.token || some(c?.headers));
+  }
+
+  // #useWebSocket reports whether the next connection is the WebSocket:
+  // given its route, it can be opened, and it did not fail within
+  // webSocketRetry.
+  #useWebSocket() {
+    return this.#wsBase !== null && Date.now() >= this.#sseUntil && this.#canWebSocket();
+  }
+
+  // #wsURL is the WebSocket's URL: the multiplexed stream's sessions, its
+  // types and maxQueued, and the composite cursor.
+  #wsURL() {
+    const u = new URL(this.#wsBase);
+    for (const k of ["types", "maxQueued"]) {
+      const v = this.#base.searchParams.get(k);
+      if (v !== null) u.searchParams.set(k, v);
+    }
+    for (const p of this.#mux.order) u.searchParams.append("session", p.session);
+    const c = this.#compositeCursor();
+    if (c) u.searchParams.set("lastEventId", c);
+    return u.toString();
+  }
+
+  // #viaWebSocket is one connection over the WebSocket (SPEC 6.10): each
+  // text message is lines, a frame line handled as the multiplexed SSE
+  // frame's data, a control line ({"op":...}) as below. What fails before
+  // the server's first message (no connection, a handshake refused: a
+  // browser's WebSocket does not say by whom, a socket cut at once) falls
+  // back to SSE for webSocketRetry, at once and with the same cursor: the
+  // SSE route's answer then says what the server thinks (a 404, a 401).
+  #viaWebSocket() {
+    const WS = this.#opts.WebSocket ?? globalThis.WebSocket;
+    const conn = this.#newConn();
+    conn.dropped = new Set(); // sessions removed on this socket: their last frames are ignored
+    const url = this.#wsURL();
+    const limit = this.#maxEventBytes + MAX_BATCH_SLACK;
+    return new Promise((resolve) => {
+      let sock = null;
+      let done = false;
+      let greeted = false;
+      let idle = null;
+      let pinger = null;
+      let chain = Promise.resolve();
+      const ws = {
+        conn,
+        adding: new Set(),
+        send: (msg) => {
+          try {
+            sock.send(JSON.stringify(msg));
+            return true;
+          } catch {
+            return false;
+          }
+        },
+      };
+      const finish = (end, error, result) => {
+        if (done) return;
+        done = true;
+        clearTimeout(idle);
+        clearInterval(pinger);
+        if (this.#ws === ws) this.#ws = null;
+        this.#abort = null;
+        try {
+          if (sock && sock.readyState <= 1) sock.close(1000);
+        } catch {
+          // Closed already.
+        }
+        resolve(result ?? this.#result(conn, end, error));
+      };
+      const fallback = (why) => {
+        this.#sseUntil = Date.now() + this.#webSocketRetry;
+        finish("fallback", new EventBusError("websocket", "eventbus: the WebSocket " + why + "; SSE for " + this.#webSocketRetry + " ms"));
+      };
+      // Idle detection needs pings, which a browser's WebSocket cannot
+      // send (it answers the server's by itself, unseen): only a socket
+      // with ping() and "pong" events (the npm ws package) has it.
+      const canPing = (s) => this.#idleTimeout > 0 && typeof s.ping === "function" && typeof s.on === "function";
+      const arm = () => {
+        if (!canPing(sock)) return;
+        clearTimeout(idle);
+        idle = setTimeout(() => {
+          finish("idle", new EventBusError("idle_timeout", "eventbus: nothing received for " + this.#idleTimeout + " ms (no pong either); reconnecting"));
+        }, this.#idleTimeout);
+      };
+      this.#abort = () => finish("closed");
+      try {
+        sock = nativeWebSocket(WS)
+          ? new WS(url, [WEBSOCKET_PROTOCOL])
+          : new WS(url, [WEBSOCKET_PROTOCOL], { headers: this.#headers(true), maxPayload: limit });
+      } catch (e) {
+        fallback("could not be opened (" + (e?.message ?? e) + ")");
+        return;
+      }
+      if (!nativeWebSocket(WS) && typeof sock.on === "function") {
+        // The ws package shows the answer to a refused handshake: the
+        // server's own (its JSON error) counts as it would over SSE (a 401
+        // asks for credentials, a 404 drops its session); anything else (a
+        // proxy's page) falls back.
+        sock.on("unexpected-response", (req, res) => {
+          if (done) return;
+          readNodeBody(res, MAX_ERROR_BODY).then(async (body) => {
+            if (done) return;
+            let code;
+            try {
+              code = JSON.parse(body)?.code;
+            } catch {
+              // A proxy's page.
+            }
+            if (typeof code !== "string" || res.statusCode < 200) {
+              fallback("handshake was answered " + res.statusCode + " without the server's JSON error");
+              return;
+            }
+            const h = new Headers();
+            for (const [k, v] of Object.entries(res.headers)) if (v !== undefined) h.set(k, Array.isArray(v) ? v.join(", ") : v);
+            const r = await this.#httpFailure(new Response(body, { status: res.statusCode, headers: h }), conn);
+            finish(r.end, r.error, r);
+          }, () => fallback("handshake was answered " + res.statusCode));
+        });
+      }
+      sock.onopen = () => {
+        if (done) return;
+        this.#opened(conn, null, "websocket");
+        this.#ws = ws;
+        arm();
+        if (canPing(sock)) {
+          sock.on("pong", arm);
+          pinger = setInterval(() => {
+            try {
+              sock.ping();
+            } catch {
+              // The close event follows.
+            }
+          }, Math.max(1, this.#idleTimeout / 3));
+        }
+      };
+      // The close event follows (after a failed handshake too).
+      sock.onerror = () => {};
+      const handle = async (data) => {
+        if (typeof data !== "string") {
+          this.#protocol("a binary WebSocket message (the server sends text only)");
+          return;
+        }
+        if (data.length > limit) {
+          conn.stop = "fatal";
+          conn.error = new EventBusError("event_too_large", "eventbus: a WebSocket message of " + data.length + " characters, above maxEventBytes; raise maxEventBytes");
+          return;
+        }
+        for (const line of data.split("\n")) {
+          if (done || conn.stop) return;
+          if (line === "") continue;
+          if (line.length > this.#maxEventBytes) {
+            conn.stop = "fatal";
+            conn.error = new EventBusError("event_too_large", "eventbus: a frame of " + line.length + " characters, above maxEventBytes; raise maxEventBytes");
+            return;
+          }
+          if (!line.startsWith(FRAME_PREFIX)) {
+            this.#wsControl(line, ws, conn);
+            continue;
+          }
+          const p = this.#frame(line, null, conn);
+          if (p) {
+            // Backpressure as far as a WebSocket has it: the next line
+            // waits for the application (the socket buffers meanwhile).
+            clearTimeout(idle);
+            await p;
+            if (!done) arm();
+          }
+        }
+      };
+      sock.onmessage = (ev) => {
+        if (done) return;
+        greeted = true;
+        arm();
+        chain = chain.then(() => (done ? undefined : handle(ev.data))).then(
+          () => {
+            if (!done && conn.stop) finish(conn.stop);
+          },
+          (e) => {
+            if (!done) finish("fatal", new EventBusError("internal", "eventbus: client failed: " + (e?.message ?? e), { cause: e }));
+          },
+        );
+      };
+      sock.onclose = (ev) => {
+        if (done) return;
+        // The messages that came before it first.
+        chain = chain.then(() => {
+          if (done) return;
+          if (this.#closed || this.#restart) return finish("closed");
+          if (!greeted) {
+            return fallback(conn.opened
+              ? "closed before its first message (code " + ev.code + ")"
+              : "could not connect (a refused handshake, a proxy, no route: a WebSocket does not say)");
+          }
+          if (conn.stop) return finish(conn.stop);
+          const kind = CLOSE_KINDS.get(ev.code);
+          if (ev.code === CLOSE_EVICTED) {
+            // client_evicted was written (and handled) or lost: resume with the cursor.
+            conn.stop = "evicted";
+            return finish("evicted");
+          }
+          if (kind) {
+            conn.stop = "stream_error";
+            conn.errorKind = kind;
+            if (kind === "shutdown") conn.retryAfter = SHUTDOWN_RETRY_AFTER_MS;
+            return finish("stream_error", new EventBusError("stream_error", "eventbus: the server closed the WebSocket (" + ev.code + " " + kind + ")", { errorKind: kind, retryAfter: conn.retryAfter }));
+          }
+          finish("cut", new EventBusError("network", "eventbus: the WebSocket was closed (" + ev.code + (ev.reason ? " " + ev.reason : "") + ") without a terminal frame"));
+        });
+      };
+    });
+  }
+
+  // #wsControl handles a control line of the WebSocket: the cursor (with
+  // every session's epoch in the greeting and after a change), the answers
+  // to add and remove. An unknown op is a newer server's: skipped.
+  #wsControl(line, ws, conn) {
+    let c;
+    try {
+      c = JSON.parse(line);
+    } catch {
+      this.#protocol("a WebSocket line that is not JSON: " + line.slice(0, 64));
+      return;
+    }
+    if (c === null || typeof c !== "object" || typeof c.op !== "string") {
+      this.#protocol("a WebSocket line that is neither a frame nor a control line: " + line.slice(0, 64));
+      return;
+    }
+    switch (c.op) {
+      case "cursor": {
+        const entries = parseCursor(typeof c.cursor === "string" ? c.cursor : "");
+        if (!entries) {
+          this.#protocol("a cursor line whose cursor does not parse: " + String(c.cursor).slice(0, 64));
+          return;
+        }
+        const epochs = c.epochs !== null && typeof c.epochs === "object" ? c.epochs : {};
+        for (const p of this.#mux.order) {
+          const e = Object.hasOwn(epochs, p.session) ? epochs[p.session] : null;
+          if (typeof e === "string" && EPOCH.test(e)) {
+            // As Event-Epochs on SSE: a session without a position adopts
+            // it; one with a cursor learns from its first frame whether the
+            // server took the cursor.
+            p.streamEpoch = e;
+            if (p.cursor === null) setEpoch(p, e);
+            this.#startAt0(p, conn);
+          }
+          if (p.budgetCut) continue;
+          const en = entryOf(entries, p.sessionTag);
+          if (!en) continue;
+          if (p.cursor === null) {
+            // The live position the server holds: a reconnect loses none
+            // of its events.
+            p.cursor = en.id;
+            p.tag = en.epoch;
+          } else if (p.tag === null) {
+            p.tag = en.epoch; // an added session's first events came before its epoch
+          } else continue;
+          if (p.streamEpoch && epochTag(p.streamEpoch) === en.epoch) p.epoch = p.streamEpoch;
+        }
+        return;
+      }
+      case "added":
+        ws.adding.delete(c.session);
+        return;
+      case "removed":
+        return; // its last frames may still come: conn.dropped keeps ignoring them
+      case "error": {
+        const session = typeof c.session === "string" ? c.session : undefined;
+        const status = Number.isInteger(c.status) ? c.status : undefined;
+        const code = typeof c.code === "string" ? c.code : undefined;
+        const about = session === undefined ? "" : " (session " + JSON.stringify(session) + ")";
+        this.#report(new EventBusError("http", "eventbus: the server refused a change of the stream" + about + ": " + (status ?? "") + " " + (code ?? "") + ": " + (typeof c.error === "string" ? c.error : ""), { status, code, session }));
+        if (session !== undefined && ws.adding.has(session)) {
+          // A session it could not add: the next connection asks for the
+          // whole list, and the answer to that counts as on any connection.
+          ws.adding.delete(session);
+          this.#restart = true;
+          conn.stop = "closed";
+        }
+        return;
+      }
+      default:
+        return;
+    }
+  }
+
+  // #wsAdd sends an add for p on the open WebSocket (from the client's
+  // position in it as a one-entry cursor, else live) and reports whether it
+  // could.
+  #wsAdd(p) {
+    const ws = this.#ws;
+    if (!ws || ws.conn.stop) return false;
+    const msg = { op: "add", session: p.session };
+    if (p.cursor !== null && p.tag !== null) msg.lastEventId = formatCursor([{ session: p.sessionTag, epoch: p.tag, id: p.cursor }]);
+    p.streamEpoch = null;
+    p.replaying = p.cursor !== null;
+    p.budgetCut = false;
+    ws.conn.dropped.delete(p.session);
+    ws.adding.add(p.session);
+    return ws.send(msg);
+  }
+
+  // #wsRemove sends a remove for session id on the open WebSocket and
+  // reports whether it could.
+  #wsRemove(id) {
+    const ws = this.#ws;
+    if (!ws || ws.conn.stop) return false;
+    ws.conn.dropped.add(id);
+    ws.adding.delete(id);
+    return ws.send({ op: "remove", session: id });
+  }
+
   async #viaEventSource() {
     const ES = this.#opts.EventSource ?? globalThis.EventSource;
     const conn = this.#newConn();
@@ -905,6 +1292,9 @@ export class EventBusClient {
     let p = this.#single;
     if (this.#mux) {
       p = this.#mux.order.find((q) => q.session === env.session);
+      // A session removed on the open WebSocket: its last frames may
+      // still come.
+      if (!p && conn.dropped?.has(env.session)) return undefined;
       if (!p) {
         this.#protocol("a frame of no session of the stream: " + String(text).slice(0, 64));
         return undefined;
@@ -1120,6 +1510,33 @@ export class EventBusClient {
     this.#stats.resyncs++;
     return this.#call("onResync", this.#tagged(p, { reason, detail, lastDeliveredId, earliestAvailableId, epoch: p.epoch, previousEpoch, missing }));
   }
+}
+
+// readNodeBody reads a Node http.IncomingMessage's body, up to limit bytes,
+// as text, and releases it.
+function readNodeBody(res, limit) {
+  return new Promise((resolve, reject) => {
+    const parts = [];
+    let n = 0;
+    const end = () => {
+      res.destroy();
+      resolve(new TextDecoder().decode(Buffer.concat(parts).subarray(0, limit)));
+    };
+    res.on("data", (b) => {
+      parts.push(b);
+      n += b.length;
+      if (n >= limit) end();
+    });
+    res.on("end", end);
+    res.on("error", reject);
+  });
+}
+
+// nativeWebSocket reports whether WS is the platform's WebSocket (or a
+// subclass of it), which takes no headers.
+function nativeWebSocket(WS) {
+  const G = globalThis.WebSocket;
+  return typeof G === "function" && (WS === G || WS.prototype instanceof G);
 }
 
 async function readLimited(res, limit) {

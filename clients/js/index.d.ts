@@ -128,13 +128,19 @@ export interface StateDetail {
    * "closed", the final error.
    */
   error?: EventBusError;
+  /** For "open": what the connection came on, the WebSocket (webSocketURL) or SSE (fetch or EventSource). */
+  transport?: Transport;
 }
+
+/** What a connection comes on. */
+export type Transport = "websocket" | "sse";
 
 export type ErrorKind =
   | "http" // a non-200 answer; see status, code, retryAfter
   | "network" // could not connect, or the stream was cut or ended without a terminal frame
   | "idle_timeout" // nothing arrived for idleTimeout, not even a heartbeat
-  | "stream_error" // the server ended the stream; see errorKind
+  | "stream_error" // the server ended the stream; see errorKind (a WebSocket's close code when no frame said)
+  | "websocket" // the WebSocket failed before its first message (not the server's answer): SSE for webSocketRetry
   | "protocol" // a frame that is not an eventbus envelope (skipped)
   | "event_too_large" // an event above maxEventBytes (final)
   | "content_type" // a 200 that is not text/event-stream (final)
@@ -289,7 +295,7 @@ export interface ClientOptions {
    * caps a stream_error shutdown's retryAfter. Default 30000.
    */
   maxDelay?: number;
-  /** Reconnect when nothing (not even a heartbeat) arrives for this long, in ms; 0 disables. Default 45000. fetch transport only. */
+  /** Reconnect when nothing (not even a heartbeat) arrives for this long, in ms; 0 disables. Default 45000. fetch transport, and a WebSocket that can ping (the ws package's: pings every third of it, a pong counts). */
   idleTimeout?: number;
   /**
    * How long, in ms, a 404 session_not_found is retried (with backoff, each
@@ -311,6 +317,45 @@ export interface ClientOptions {
   fetch?: typeof fetch;
   /** An EventSource constructor to use instead of globalThis.EventSource. */
   EventSource?: new (url: string, init?: { withCredentials?: boolean }) => EventSourceLike;
+
+  /**
+   * With sessions: the WebSocket route of the same multiplexed stream (e.g.
+   * "/ws", resolved against the stream's URL; http(s) becomes ws(s)). The
+   * client then tries the WebSocket first, with the same sessions, cursor
+   * and filters; what fails before the server's first message (no
+   * connection, a refused handshake, which a WebSocket does not explain, a
+   * socket cut at once) falls back to SSE at once with the same cursor, for
+   * webSocketRetry, after which the SSE stream ends and the WebSocket is
+   * tried again. One composite cursor serves both: no event lost, none seen
+   * twice across a switch. Absent: SSE only.
+   */
+  webSocketURL?: string | URL;
+  /** How long, in ms, the client stays on SSE after the WebSocket failed. Default 60000. */
+  webSocketRetry?: number;
+  /**
+   * A WebSocket constructor to use instead of globalThis.WebSocket (Node 20
+   * has none: the npm ws package's). The platform's own (or a subclass)
+   * sends cookies and no header, so with headers or a token the client uses
+   * SSE; any other is given (url, ["eventbus.v1"], {headers, maxPayload}),
+   * as the ws package takes them, and one with the ws package's
+   * "unexpected-response" event shows the answer to a refused handshake:
+   * the server's own (its JSON error) then counts as over SSE, no fallback.
+   */
+  WebSocket?: new (url: string, protocols: string[], options?: { headers?: Record<string, string>; maxPayload?: number }) => WebSocketLike;
+}
+
+/** What the client needs of a WebSocket (the browser's, Node's, the npm ws package's). */
+export interface WebSocketLike {
+  readonly readyState: number;
+  onopen: ((ev: unknown) => void) | null;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+  onclose: ((ev: { code: number; reason: string }) => void) | null;
+  send(data: string): void;
+  close(code?: number, reason?: string): void;
+  /** The ws package's: with it (and "pong" events through on), the client pings every idleTimeout/3. */
+  ping?(): void;
+  on?(event: "pong", listener: () => void): unknown;
 }
 
 /** What the client needs of an EventSource. */
@@ -349,10 +394,12 @@ export declare class EventBusClient {
   readonly sessions: string[] | null;
   /** With sessions: where the client stands in session id (epoch null while only its tag is known), or null when it has no position there. */
   session(id: string): { lastEventId: number; epoch: string | null } | null;
-  /** With sessions: streams id too; the connection ends and the next starts at once (each session from its position). */
+  /** With sessions: streams id too (from the client's position in it, else live): on an open WebSocket an "add" on the same socket (one the server refuses is reported and the client reconnects), else the connection ends and the next starts at once. */
   addSession(id: string): void;
-  /** With sessions: stops streaming id; the connection ends and the next starts at once. Throws for the last session (close() instead). */
+  /** With sessions: stops streaming id: on an open WebSocket a "remove" on the same socket, else the connection ends and the next starts at once. Throws for the last session (close() instead). */
   removeSession(id: string): void;
+  /** What the open connection came on, "websocket" or "sse"; null while none is open. */
+  readonly transport: Transport | null;
   readonly stats: { connects: number; events: number; duplicates: number; resyncs: number };
   /** Resolves once the client has stopped: null after close(), else the final error. Never rejects. */
   readonly done: Promise<EventBusError | null>;

@@ -1,8 +1,10 @@
 // The client in a real browser (headless Chromium), against the demo
 // daemon: the EventSource transport for real (a plain GET, no headers), and
-// the fetch transport with a header. The page and the client's modules are
-// served by a small Node server that also forwards /session/ to the daemon
-// (same origin, so the test needs no CORS from the daemon).
+// the fetch transport with a header, and on a multiplexed stream the
+// browser's own WebSocket. The page and the client's modules are served by a
+// small Node server that also forwards /session/, /events and /ws (its
+// upgrade, byte for byte) to the daemon (same origin, so the test needs no
+// CORS from the daemon).
 //
 // Skipped when Chromium is missing, unless CI is set (then it fails).
 
@@ -10,6 +12,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import http from "node:http";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { test } from "node:test";
@@ -51,6 +54,9 @@ const mux = (name) => ({
 });
 new EventBusClient("/events", { sessions, EventSource: CountingEventSource, eventTypes: ["note"], ...mux("es") });
 new EventBusClient("/events", { sessions, headers: { "X-Viewer": "fetch" }, ...mux("fetch") });
+// The browser's own WebSocket (GET /ws), SSE when it fails, back after 500 ms.
+new EventBusClient("/events", { sessions, webSocketURL: "/ws", webSocketRetry: 500, eventTypes: ["note"], ...mux("ws"),
+  onState: (s, d) => report("ws", "state", { state: s, delay: d.delay, transport: d.transport }) });
 </script>`);
 
 // serve starts the page server with page; it forwards /session/ and
@@ -98,6 +104,27 @@ async function serve(target, page = PAGE) {
       res.writeHead(404).end();
     }
   });
+  // /ws: the WebSocket's handshake and then its bytes, as they are.
+  const tunnels = new Set();
+  srv.on("upgrade", (req, sock, head) => {
+    forwarded.push({ method: req.method, url: new URL(req.url, "http://x"), headers: req.headers, upgrade: true });
+    const t = new URL(target());
+    const up = net.connect(Number(t.port), t.hostname, () => {
+      up.write(req.method + " " + req.url + " HTTP/1.1\r\n" + Object.entries(req.headers).map(([k, v]) => k + ": " + v + "\r\n").join("") + "\r\n");
+      up.write(head);
+      sock.pipe(up);
+      up.pipe(sock);
+    });
+    tunnels.add(sock).add(up);
+    const end = () => {
+      sock.destroy();
+      up.destroy();
+      tunnels.delete(sock);
+      tunnels.delete(up);
+    };
+    up.on("error", end).on("close", end);
+    sock.on("error", end).on("close", end);
+  });
   await new Promise((r) => srv.listen(0, "127.0.0.1", r));
   const of = (client, kind) =>
     reports
@@ -120,6 +147,7 @@ async function serve(target, page = PAGE) {
       }
     },
     close: () => {
+      for (const t of tunnels) t.destroy();
       srv.closeAllConnections();
       return new Promise((r) => srv.close(r));
     },
@@ -219,7 +247,7 @@ for (const epochIds of [true, false]) test("in Chromium (-epoch-ids=" + epochIds
   }
 });
 
-test("in Chromium: three sessions on one stream, EventSource and fetch, across a /disconnect and a kill -9", { skip, timeout: 120_000 }, async () => {
+test("in Chromium: three sessions on one stream, EventSource, fetch and the WebSocket, across a /disconnect and a kill -9", { skip, timeout: 120_000 }, async () => {
   const flags = ["-retry", "200ms"];
   let d = await startDaemon(flags);
   const port = d.port;
@@ -228,8 +256,10 @@ test("in Chromium: three sessions on one stream, EventSource and fetch, across a
   const page = await serve(() => d.base, MUX_PAGE);
   const browser = openBrowser(page.url);
   try {
-    const both = (n) => page.ids("es").length >= n && page.ids("fetch").length >= n;
-    await page.until(() => ["es", "fetch"].every((c) => page.of(c, "state").some((s) => s.state === "open")), "both open");
+    const clients = ["es", "fetch", "ws"];
+    const both = (n) => clients.every((c) => page.ids(c).length >= n);
+    await page.until(() => clients.every((c) => page.of(c, "state").some((s) => s.state === "open")), "all open");
+    assert.equal(page.of("ws", "state").find((s) => s.state === "open").transport, "websocket");
     for (const id of sessions) await d.publish(id, "note", {});
     await page.until(() => both(3), "an event of each session in both");
     await d.post("/session/m2/disconnect"); // the whole stream
@@ -237,7 +267,7 @@ test("in Chromium: three sessions on one stream, EventSource and fetch, across a
     await page.until(() => both(6), "6 events in both");
     const epochs = {};
     for (const id of sessions) epochs[id] = (await d.status(id)).body.epoch;
-    for (const c of ["es", "fetch"]) {
+    for (const c of clients) {
       for (const id of sessions) {
         const evs = page.of(c, "event").filter((e) => e.session === id);
         assert.deepEqual(evs.map((e) => e.id), [2, 3], c + " " + id);
@@ -249,8 +279,11 @@ test("in Chromium: three sessions on one stream, EventSource and fetch, across a
     await d.kill();
     d = await startDaemon(flags, port);
     for (const id of sessions) await d.publish(id, "note", { gen: 2 });
-    await page.until(() => both(9) && page.of("es", "resync").length === 3 && page.of("fetch", "resync").length === 3, "the new epochs");
-    for (const c of ["es", "fetch"]) {
+    await page.until(() => both(9) && clients.every((c) => page.of(c, "resync").length === 3), "the new epochs");
+    // The WebSocket's attempts while the daemon was down fell back to SSE
+    // (or not, as the timing goes); it ends on the WebSocket.
+    await page.until(() => page.of("ws", "state").filter((s) => s.state === "open").at(-1)?.transport === "websocket", "the WebSocket again");
+    for (const c of clients) {
       for (const rs of page.of(c, "resync")) {
         assert.equal(rs.reason, "epoch_reset", c);
         assert.equal(rs.previousEpoch, epochs[rs.session], c);
@@ -260,8 +293,12 @@ test("in Chromium: three sessions on one stream, EventSource and fetch, across a
         assert.deepEqual(page.of(c, "event").filter((e) => e.session === id).map((e) => e.id), [2, 3, 1], c + " " + id);
       }
     }
-    const esGets = page.forwarded.filter((f) => f.method === "GET" && !f.headers["x-viewer"]);
+    const esGets = page.forwarded.filter((f) => f.method === "GET" && !f.headers["x-viewer"] && !f.upgrade);
     assert.ok(esGets.every((f) => f.url.pathname === "/events" && f.url.searchParams.getAll("session").join() === "m1,m2,m3"));
+    const upgrades = page.forwarded.filter((f) => f.upgrade);
+    assert.ok(upgrades.every((f) => f.url.pathname === "/ws" && f.url.searchParams.getAll("session").join() === "m1,m2,m3" && f.headers["sec-websocket-protocol"] === "eventbus.v1"));
+    assert.equal(upgrades[0].url.searchParams.get("lastEventId"), null, "live");
+    assert.ok(upgrades.slice(1).every((f) => parseCursor(f.url.searchParams.get("lastEventId") ?? "")?.length === 3), "the WebSocket resumed with the composite cursor");
     assert.ok(esGets.some((f) => parseCursor(f.url.searchParams.get("lastEventId") ?? "")?.length === 3), "the EventSource resumed with the composite cursor");
   } finally {
     await browser.close();

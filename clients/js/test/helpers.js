@@ -164,13 +164,18 @@ export function record(url, options = {}) {
     until(pred, what = "condition", ms = 20_000) {
       if (pred()) return Promise.resolve();
       return new Promise((resolve, reject) => {
+        // Checked at each report, and every 20 ms for what changes
+        // without one (a position taken from a WebSocket's cursor line).
+        const poll = setInterval(check, 20);
         const t = setTimeout(() => {
+          clearInterval(poll);
           reject(new Error("timed out waiting for " + what + "; log:\n" + JSON.stringify(log.map((e) => [e.kind, e.v]), null, 0).slice(-3000)));
         }, ms);
         waiters.push({
           pred,
           resolve: () => {
             clearTimeout(t);
+            clearInterval(poll);
             resolve();
           },
         });
