@@ -52,15 +52,17 @@ type conn struct {
 	flate     bool
 	threshold int
 
-	// ctx is the connection's: done once serve is finished with it (the
-	// reader and a ping in flight end then). serveCtx, its child, is
-	// Serve's: the reader cancels it (stop) when reading fails, so the
-	// stream ends (StreamGone) when the client leaves.
-	ctx      context.Context
-	cancel   context.CancelFunc
-	serveCtx context.Context
-	stop     context.CancelFunc
-	wg       sync.WaitGroup // the reader and a ping in flight
+	// ctx is Serve's and the connection's, a child of the request's: the
+	// reader cancels it when reading fails or it refuses a message, so the
+	// stream ends (StreamGone) when the client leaves, and serve cancels
+	// it once the stream is over. Neither the reader nor a ping waits on
+	// it: both end when the connection is closed, which serve does before
+	// it waits for them, and a context with a Done channel would cost each
+	// idle read a context.AfterFunc in coder (a registration held for as
+	// long as the connection is idle).
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the reader and a ping in flight
 
 	// Owned by Serve's goroutine.
 	buf       []byte
@@ -71,18 +73,20 @@ type conn struct {
 	seen      []*eventbus.Member // the stream's members at the last batch whose cursor moved
 	announced bool               // the greeting was written
 
-	// The watchdog: writing is the start of the write in progress (time
-	// since base, plus 1), 0 when none; the timer is armed (armed) only
-	// while a write may be in progress, and fires at most once per timeout
-	// whatever the number of batches (see begin, watch).
+	// The watchdog: writing is the start of the write in progress, and
+	// pinging the start of the ping waiting for its pong (time since base,
+	// plus 1), 0 when none; the timer is armed (armed) only while a write
+	// or a ping may be in progress, and fires at most once per timeout
+	// whatever the number of batches and pings (see start, watch): one
+	// timer per connection, none per ping.
 	base    time.Time
 	dog     *time.Timer
 	writing atomic.Int64
+	pinging atomic.Int64
 	armed   atomic.Bool
 	// Why the connection was killed, if it was.
 	blocked     atomic.Bool // a write blocked past the timeout
 	cut         atomic.Bool // Interrupt
-	pinging     atomic.Bool // a ping is in flight
 	pongMissing atomic.Bool // a ping's pong did not come in time
 	refused     atomic.Bool // the reader closed the socket for a bad message
 
@@ -108,11 +112,10 @@ func newConn(h *Handler, st *eventbus.Stream, c *ws.Conn, raw net.Conn, r *http.
 	// what else cancels it is the caller ending the stream, as a daemon
 	// cutting its streams does; the stream then ends (StreamGone).
 	ctx, cancel := context.WithCancel(r.Context())
-	serveCtx, stop := context.WithCancel(ctx)
 	cn := &conn{
 		h: h, st: st, c: c, raw: raw, log: h.logger(), timeout: h.writeTimeout(),
 		flate: flate, threshold: h.CompressionThreshold,
-		ctx: ctx, cancel: cancel, serveCtx: serveCtx, stop: stop,
+		ctx: ctx, cancel: cancel,
 		base: time.Now(), changed: make(chan struct{}), tokens: MessageBurst,
 		cursorLen: 2 + 24*st.Len(), // the greeting's: "m1", then an entry per session
 	}
@@ -126,7 +129,7 @@ func newConn(h *Handler, st *eventbus.Stream, c *ws.Conn, raw net.Conn, r *http.
 func (c *conn) serve() {
 	c.wg.Add(1)
 	go c.read()
-	end := c.st.Serve(c.serveCtx, c)
+	end := c.st.Serve(c.ctx, c)
 	c.finish(end)
 	c.cancel()
 	c.wg.Wait()
@@ -306,7 +309,7 @@ func (c *conn) fail(err error) error {
 	case c.pongMissing.Load():
 		err = errPongMissing
 	default:
-		c.stop()
+		c.cancel()
 	}
 	if c.err == nil {
 		c.err = err
@@ -383,7 +386,7 @@ func (c *conn) await(cond func(names []string) bool) bool {
 		}
 		select {
 		case <-ch:
-		case <-c.serveCtx.Done():
+		case <-c.ctx.Done():
 			return false
 		}
 	}
@@ -401,25 +404,24 @@ func (c *conn) Keepalive() error {
 	if c.cut.Load() {
 		return errInterrupted
 	}
-	if c.pinging.CompareAndSwap(false, true) {
+	if c.pinging.Load() == 0 {
+		// Marked here, on Serve's goroutine, so that the next Keepalive
+		// sees the ping in flight; the ping's goroutine clears it.
+		c.start(&c.pinging)
 		c.wg.Add(1)
 		go c.ping()
 	}
 	return nil
 }
 
-// ping sends a ping and waits for its pong, for Keepalive.
+// ping sends a ping and waits for its pong, for Keepalive. The watchdog
+// kills the connection when the pong is a timeout late; Ping returns
+// then, as when serve closes the connection, so it needs no context of
+// its own.
 func (c *conn) ping() {
 	defer c.wg.Done()
-	ctx, cancel := context.WithTimeout(c.ctx, c.timeout)
-	err := c.c.Ping(ctx)
-	cancel()
-	if err != nil && c.ctx.Err() == nil {
-		c.pongMissing.Store(true)
-		c.log.LogAttrs(c.ctx, slog.LevelDebug, "websocket: no pong within the write timeout, closing", slog.Any("error", err))
-		c.kill()
-	}
-	c.pinging.Store(false)
+	_ = c.c.Ping(background)
+	c.pinging.Store(0)
 }
 
 // Interrupt is eventbus.Transport's: the write in progress, and every
@@ -437,11 +439,14 @@ func (c *conn) kill() {
 	_ = c.raw.SetDeadline(time.Unix(1, 0))
 }
 
-// begin marks a write in progress for the watchdog, arming its timer if
-// it is not armed: a busy stream re-arms it about once per timeout, not
-// twice per batch.
-func (c *conn) begin() {
-	c.writing.Store(int64(time.Since(c.base)) + 1)
+// begin marks a write in progress for the watchdog.
+func (c *conn) begin() { c.start(&c.writing) }
+
+// start marks a write (writing) or a ping (pinging) in progress for the
+// watchdog, arming its timer if it is not armed: a busy stream re-arms it
+// about once per timeout, not twice per batch.
+func (c *conn) start(p *atomic.Int64) {
+	p.Store(int64(time.Since(c.base)) + 1)
 	if c.armed.CompareAndSwap(false, true) {
 		c.dog.Reset(c.timeout)
 	}
@@ -451,25 +456,39 @@ func (c *conn) begin() {
 func (c *conn) end() { c.writing.Store(0) }
 
 // watch is the watchdog's timer: it kills the connection when the write in
-// progress started a timeout ago or more, re-arms itself for the rest of
-// the timeout when one started later, and stays unarmed when none is in
-// progress (begin arms it again). armed is cleared before writing is read,
-// so a write that begins meanwhile either is seen here or arms the timer
+// progress, or the ping waiting for its pong, started a timeout ago or
+// more, re-arms itself for the rest of the timeout of the earliest that
+// started later, and stays unarmed when none is in progress (start arms it
+// again). armed is cleared before writing and pinging are read, so a write
+// or a ping that starts meanwhile either is seen here or arms the timer
 // itself.
 func (c *conn) watch() {
 	c.armed.Store(false)
-	start := c.writing.Load()
-	if start == 0 {
-		return
-	}
-	elapsed := time.Since(c.base) - time.Duration(start-1)
-	if elapsed >= c.timeout {
-		c.blocked.Store(true)
-		c.log.LogAttrs(c.ctx, slog.LevelDebug, "websocket: a write blocked past the write timeout, closing", slog.Duration("timeout", c.timeout))
+	now := time.Since(c.base)
+	var rest time.Duration // until the earliest in progress is late; 0: none
+	for _, p := range [...]*atomic.Int64{&c.writing, &c.pinging} {
+		start := p.Load()
+		if start == 0 {
+			continue
+		}
+		elapsed := now - time.Duration(start-1)
+		if elapsed < c.timeout {
+			if left := c.timeout - elapsed; rest == 0 || left < rest {
+				rest = left
+			}
+			continue
+		}
+		if p == &c.writing {
+			c.blocked.Store(true)
+			c.log.LogAttrs(c.ctx, slog.LevelDebug, "websocket: a write blocked past the write timeout, closing", slog.Duration("timeout", c.timeout))
+		} else {
+			c.pongMissing.Store(true)
+			c.log.LogAttrs(c.ctx, slog.LevelDebug, "websocket: no pong within the write timeout, closing", slog.Duration("timeout", c.timeout))
+		}
 		c.kill()
 		return
 	}
-	if c.armed.CompareAndSwap(false, true) {
-		c.dog.Reset(c.timeout - elapsed)
+	if rest > 0 && c.armed.CompareAndSwap(false, true) {
+		c.dog.Reset(rest)
 	}
 }

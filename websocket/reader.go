@@ -39,7 +39,7 @@ type reply struct {
 // cancels Serve's context, so that the stream ends.
 func (c *conn) read() {
 	defer c.wg.Done()
-	defer c.stop()
+	defer c.cancel()
 	defer func() {
 		// Add runs the embedder's Lookup and Authorize here, outside
 		// net/http's recovery: a panic there must end this connection only,
@@ -50,7 +50,9 @@ func (c *conn) read() {
 		}
 	}()
 	for {
-		typ, r, err := c.c.Reader(c.ctx)
+		// Without a Done channel: serve closes the connection before it
+		// waits for the reader (see conn.ctx).
+		typ, r, err := c.c.Reader(background)
 		if err != nil {
 			return // the client left or closed, or serve is done
 		}
@@ -115,7 +117,7 @@ func (c *conn) allow() bool {
 // the write timeout.
 func (c *conn) refuse(code ws.StatusCode, reason string) {
 	c.refused.Store(true)
-	c.stop()
+	c.cancel()
 	c.log.LogAttrs(c.ctx, slog.LevelDebug, "websocket: closing for a client message", slog.Int("code", int(code)), slog.String("reason", reason))
 	t := time.AfterFunc(c.timeout, c.kill)
 	_ = c.c.Close(code, reason)
