@@ -31,12 +31,21 @@ import (
 // are safe to call concurrently; a group is never closed, and is
 // collected with its members.
 type ReadyGroup struct {
-	ready   chan struct{}
-	marks   []atomic.Uint64 // bit i of word i/64: member i signalled
-	members []atomic.Pointer[Subscription]
-	mu      sync.Mutex // joining
-	n       int        // members joined, under mu
+	ready chan struct{}
+	marks []atomic.Uint64 // bit i of word i/64: member i signalled
+	// Member i is in chunks[i/groupChunk], a chunk allocated by the first
+	// join that needs it and never replaced, so that a group sized for
+	// many members (a stream that sessions may be added to) costs what
+	// its members use: a pointer per member it may have, a chunk per 8 it
+	// has had at once.
+	chunks []atomic.Pointer[[groupChunk]atomic.Pointer[Subscription]]
+	size   int
+	mu     sync.Mutex // joining
+	n      int        // members joined, under mu
 }
+
+// groupChunk is how many members a chunk of a ReadyGroup holds.
+const groupChunk = 8
 
 // NewReadyGroup returns a group for at most size subscriptions. A
 // Subscribe that would make it larger fails with ErrInvalidOption. size
@@ -46,10 +55,20 @@ func NewReadyGroup(size int) *ReadyGroup {
 		panic("eventbus: NewReadyGroup size must be positive")
 	}
 	return &ReadyGroup{
-		ready:   make(chan struct{}, 1),
-		marks:   make([]atomic.Uint64, (size+63)/64),
-		members: make([]atomic.Pointer[Subscription], size),
+		ready:  make(chan struct{}, 1),
+		marks:  make([]atomic.Uint64, (size+63)/64),
+		chunks: make([]atomic.Pointer[[groupChunk]atomic.Pointer[Subscription]], (size+groupChunk-1)/groupChunk),
+		size:   size,
 	}
+}
+
+// slot returns the place of member i, nil when its chunk has not been
+// allocated (no member ever had a number in it).
+func (g *ReadyGroup) slot(i int) *atomic.Pointer[Subscription] {
+	if c := g.chunks[i/groupChunk].Load(); c != nil {
+		return &c[i%groupChunk]
+	}
+	return nil
 }
 
 // Ready returns the channel that receives a value when a member may have
@@ -71,7 +90,7 @@ func (g *ReadyGroup) Woken(dst []int) []int {
 			continue
 		}
 		for m := g.marks[w].Swap(0); m != 0; m &= m - 1 {
-			if i := w*64 + bits.TrailingZeros64(m); g.members[i].Load() != nil {
+			if i := w*64 + bits.TrailingZeros64(m); g.Member(i) != nil {
 				dst = append(dst, i)
 			}
 		}
@@ -82,10 +101,13 @@ func (g *ReadyGroup) Woken(dst []int) []int {
 // Member returns member i (see Woken), nil when there is none: i out of
 // range, not joined yet, or given back by a Subscribe that failed.
 func (g *ReadyGroup) Member(i int) *Subscription {
-	if i < 0 || i >= len(g.members) {
+	if i < 0 || i >= g.size {
 		return nil
 	}
-	return g.members[i].Load()
+	if p := g.slot(i); p != nil {
+		return p.Load()
+	}
+	return nil
 }
 
 // mark records that member i signalled. The mark is set before the token
@@ -100,14 +122,20 @@ func (g *ReadyGroup) join(s *Subscription) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	i := 0
-	for i < g.n && g.members[i].Load() != nil {
+	for i < g.n && g.Member(i) != nil {
 		i++
 	}
-	if i == len(g.members) {
-		return fmt.Errorf("%w: ReadyGroup is full (%d members)", ErrInvalidOption, len(g.members))
+	if i == g.size {
+		return fmt.Errorf("%w: ReadyGroup is full (%d members)", ErrInvalidOption, g.size)
+	}
+	p := g.slot(i)
+	if p == nil {
+		c := new([groupChunk]atomic.Pointer[Subscription])
+		g.chunks[i/groupChunk].Store(c)
+		p = &c[i%groupChunk]
 	}
 	s.q.group, s.q.member, s.q.ready = g, i, g.ready
-	g.members[i].Store(s)
+	p.Store(s)
 	g.n = max(g.n, i+1)
 	return nil
 }
@@ -119,9 +147,9 @@ func (g *ReadyGroup) join(s *Subscription) error {
 func (g *ReadyGroup) leave(s *Subscription) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if i := s.q.member; g.members[i].Load() == s {
-		g.members[i].Store(nil)
-		for g.n > 0 && g.members[g.n-1].Load() == nil {
+	if p := g.slot(s.q.member); p != nil && p.Load() == s {
+		p.Store(nil)
+		for g.n > 0 && g.Member(g.n-1) == nil {
 			g.n--
 		}
 	}

@@ -54,3 +54,47 @@ func TestReadyGroup(t *testing.T) {
 	require.Same(t, s1b, g2.Member(0))
 	require.Panics(t, func() { NewReadyGroup(0) })
 }
+
+// TestReadyGroupChunks: a group sized for many members allocates their
+// places as members take them (a chunk of 8 at a time), numbers members
+// across chunks, gives a left place to the next member, and is full at its
+// size.
+func TestReadyGroupChunks(t *testing.T) {
+	b := newBus(t, Options{MaxSubscribers: 64})
+	g := NewReadyGroup(20)
+	chunks := func() (n int) {
+		for i := range g.chunks {
+			if g.chunks[i].Load() != nil {
+				n++
+			}
+		}
+		return n
+	}
+	require.Equal(t, 0, chunks(), "no place before a member")
+	subs := make([]*Subscription, 0, 20)
+	for range 9 {
+		subs = append(subs, subscribe(t, b, SubscribeOptions{Group: g}))
+	}
+	require.Equal(t, 2, chunks(), "9 members: two chunks of 8")
+	require.Same(t, subs[8], g.Member(8))
+	require.Nil(t, g.Member(9), "a place of an allocated chunk nobody took")
+	require.Nil(t, g.Member(16), "a place of a chunk not allocated")
+
+	publishN(t, b, 1)
+	<-g.Ready()
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7, 8}, g.Woken(nil))
+
+	subs[3].Close()
+	<-g.Ready()
+	require.Equal(t, []int{3}, g.Woken(nil), "an ended member is named once more")
+	g.leave(subs[3])
+	require.Nil(t, g.Member(3))
+	s := subscribe(t, b, SubscribeOptions{Group: g})
+	require.Same(t, s, g.Member(3), "the lowest free place")
+	for range 11 {
+		subscribe(t, b, SubscribeOptions{Group: g})
+	}
+	require.Equal(t, 3, chunks())
+	_, err := b.Subscribe(context.Background(), SubscribeOptions{Group: g})
+	require.ErrorIs(t, err, ErrInvalidOption, "20 members: full")
+}

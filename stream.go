@@ -252,8 +252,10 @@ func (st *Stream) take() (more bool, end StreamEnd) {
 	if st.group != nil {
 		st.woken = st.group.Woken(st.woken[:0])
 		for _, i := range st.woken {
-			if m := st.slots[i]; m != nil {
-				m.todo = true
+			// A member an Add joined after apply ran is past slots:
+			// the next apply takes it in with todo set.
+			if i < len(st.slots) && st.slots[i] != nil {
+				st.slots[i].todo = true
 			}
 		}
 	} else {
@@ -621,7 +623,7 @@ func (st *Stream) Add(session, cursor string) error {
 	case len(st.names) >= st.maxSessions:
 		st.mu.Unlock()
 		return streamError(http.StatusBadRequest, "invalid_sessions", "the stream has "+strconv.Itoa(st.maxSessions)+" sessions, its most")
-	case st.holding >= len(st.group.members):
+	case st.holding >= st.group.size:
 		// Removes the loop has not done yet (it is blocked in a write)
 		// still hold their places in the group.
 		st.mu.Unlock()
@@ -750,6 +752,9 @@ func (st *Stream) apply() bool {
 	changed := false
 	for _, m := range adds {
 		st.order = append(st.order, m)
+		if m.slot >= len(st.slots) {
+			st.slots = append(st.slots, make([]*Member, m.slot+1-len(st.slots))...)
+		}
 		st.slots[m.slot] = m
 		m.todo = true
 		st.active++
@@ -922,8 +927,10 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request, p openPlan)
 		st.holding = len(p.ids)
 	}
 	if size > 1 || p.dynamic {
+		// slots grows with the member numbers an Add gets (apply); the
+		// group's places cost a pointer each until a member takes one.
 		st.group = NewReadyGroup(size)
-		st.slots = make([]*Member, size)
+		st.slots = make([]*Member, len(st.order))
 	} else {
 		st.slots = st.order
 	}
