@@ -369,7 +369,7 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 
 	// (2) Connect, let the streams settle, measure.
 	start := time.Now()
-	fl, err := connect(child.sse(), cfg.conns, cfg.sessions, cfg.fanouts, child.idBase(), cfg.inflight)
+	fl, err := connect(child.sse(), routeOf(impl), cfg.conns, cfg.sessions, cfg.fanouts, child.idBase(), cfg.inflight)
 	if err != nil {
 		return nil, err
 	}
