@@ -44,6 +44,9 @@ const (
 	// control line {"op":...}; the heartbeat is the server's ping, counted
 	// when the client's reader answers it.
 	routeWS
+	// routeWSSmallBuf: the same on GET /ws-smallbuf?session=ID, the
+	// instrument ws-smallbuf.
+	routeWSSmallBuf
 )
 
 // routeOf is the route the clients of impl use.
@@ -53,6 +56,8 @@ func routeOf(impl string) route {
 		return routeMux
 	case "websocket":
 		return routeWS
+	case "ws-smallbuf":
+		return routeWSSmallBuf
 	}
 	return routeSingle
 }
@@ -64,6 +69,8 @@ func (rt route) path(s int) string {
 		return "/events?session=s" + strconv.Itoa(s)
 	case routeWS:
 		return "/ws?session=s" + strconv.Itoa(s)
+	case routeWSSmallBuf:
+		return "/ws-smallbuf?session=s" + strconv.Itoa(s)
 	}
 	return "/session/s" + strconv.Itoa(s) + "/events"
 }
@@ -147,7 +154,7 @@ func connect(addr string, rt route, n, sessions, rounds int, idBase uint64, infl
 				wc   *ws.Conn
 				err  error
 			)
-			if rt == routeWS {
+			if rt == routeWS || rt == routeWSSmallBuf {
 				wc, err = c.openWS(addr, sourceIP(i/perSourceAddr), rt.path(c.session))
 			} else {
 				body, err = c.open(addr, sourceIP(i/perSourceAddr), rt.path(c.session))

@@ -9,7 +9,7 @@
 // Usage, from benchmarks/:
 //
 //	go run ./scale [-conns 10000] [-sessions 200] [-heartbeat 1s] [-idle 10s]
-//	    [-fanouts 5] [-impl both|all|floors|transports|eventbus|mux|websocket|sessiond|floor|floor-raw|naive|LIST] [-runs 1]
+//	    [-fanouts 5] [-impl both|all|floors|transports|eventbus|mux|websocket|ws-smallbuf|sessiond|floor|floor-raw|naive|LIST] [-runs 1]
 //	    [-json] [-cpuprofile-server FILE] [-stackprofile FILE]
 //	    [-sessiond-bin PATH]
 //
@@ -50,6 +50,12 @@
 //     With -stackprofile, every child of this program (not sessiond)
 //     writes a heap profile too, FILE-<impl>.heap.pprof, after a
 //     collection: what the connections hold, by allocation site.
+//   - ws-smallbuf: an instrument, not a design: websocket, but coder's
+//     Conn gets a bufio.Reader and Writer of 512 bytes instead of the
+//     4 KiB ones of net/http's connection (server.go, smallBufWriter).
+//     It measures what smaller buffers alone would save while the stream
+//     runs on the request's goroutine (nothing: net/http's connection
+//     keeps its own 4 KiB ones reachable until ServeHTTP returns).
 //   - sessiond: not a child of this program but the demo daemon itself,
 //     cmd/sessiond, built from the working tree (go build
 //     github.com/ssebus/eventbus/cmd/sessiond in its module's folder,
@@ -203,7 +209,7 @@ func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
 	fs.DurationVar(&cfg.heartbeat, "heartbeat", time.Second, "the servers' heartbeat interval")
 	fs.DurationVar(&cfg.idle, "idle", 10*time.Second, "the idle window over which heartbeat CPU is measured")
 	fs.IntVar(&cfg.fanouts, "fanouts", 5, "fan-out rounds (one event to every session each)")
-	impl := fs.String("impl", "both", "implementations to measure: both (eventbus,naive), all (eventbus,sessiond,naive), floors (eventbus,floor,floor-raw,naive), transports (eventbus,mux,websocket,naive), eventbus, mux, websocket, sessiond, floor, floor-raw, naive, or a comma-separated list of them")
+	impl := fs.String("impl", "both", "implementations to measure: both (eventbus,naive), all (eventbus,sessiond,naive), floors (eventbus,floor,floor-raw,naive), transports (eventbus,mux,websocket,naive), eventbus, mux, websocket, ws-smallbuf, sessiond, floor, floor-raw, naive, or a comma-separated list of them")
 	fs.IntVar(&cfg.runs, "runs", 1, "repeat the whole comparison this many times, alternating the order")
 	fs.BoolVar(&cfg.jsonLines, "json", false, "also print one JSON line per implementation and run")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile-server", "", "write each child's CPU profile of the heartbeat window and the fan-outs to this file (-<impl> added)")
@@ -230,7 +236,7 @@ func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
 }
 
 // impls are the implementations, in the order of the report's columns.
-var impls = []string{"eventbus", "mux", "websocket", "sessiond", "floor", "floor-raw", "naive"}
+var impls = []string{"eventbus", "mux", "websocket", "ws-smallbuf", "sessiond", "floor", "floor-raw", "naive"}
 
 // parseImpls reads -impl: both, all, floors, or a comma-separated list of impls,
 // each once. The measurement order of the first run is the list's.

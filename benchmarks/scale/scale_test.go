@@ -157,7 +157,7 @@ func TestClientWSLines(t *testing.T) {
 			t.Errorf("wsHeaderLen(%d) = %d, want %d", n, got, want)
 		}
 	}
-	for impl, want := range map[string]string{"eventbus": "/session/s3/events", "sessiond": "/session/s3/events", "mux": "/events?session=s3", "websocket": "/ws?session=s3"} {
+	for impl, want := range map[string]string{"eventbus": "/session/s3/events", "sessiond": "/session/s3/events", "mux": "/events?session=s3", "websocket": "/ws?session=s3", "ws-smallbuf": "/ws-smallbuf?session=s3"} {
 		if got := routeOf(impl).path(3); got != want {
 			t.Errorf("%s: path %q, want %q", impl, got, want)
 		}

@@ -203,7 +203,9 @@ func newBusServer(ids []string, perSession int, heartbeat time.Duration) (*busSe
 	mux.Handle("GET /session/{id}/events", h)
 	streams := &eventbus.MuxHandler{Handler: h}
 	mux.Handle("GET /events", streams)
-	mux.Handle("GET /ws", &ebws.Handler{Mux: streams})
+	wsh := &ebws.Handler{Mux: streams}
+	mux.Handle("GET /ws", wsh)
+	mux.HandleFunc("GET /ws-smallbuf", func(w http.ResponseWriter, r *http.Request) { wsh.ServeHTTP(smallBufWriter{w}, r) })
 	return &busServer{hub: hub, ids: ids}, mux, nil
 }
 
@@ -425,7 +427,7 @@ func serveChild(impl string, sessions, perSession int, heartbeat time.Duration, 
 		err error
 	)
 	switch impl {
-	case "eventbus", "mux", "websocket":
+	case "eventbus", "mux", "websocket", "ws-smallbuf":
 		pub, h, err = newBusServer(ids, perSession, heartbeat)
 	case "naive":
 		pub, h, err = newNaiveServer(ids, heartbeat)
@@ -476,4 +478,27 @@ func serveChild(impl string, sessions, perSession int, heartbeat time.Duration, 
 		err = perr
 	}
 	return err
+}
+
+// smallBufSize is the size of the buffers ws-smallbuf gives coder's Conn.
+const smallBufSize = 512
+
+// smallBufWriter is the instrument ws-smallbuf (not a design): the
+// ResponseWriter the websocket Handler gets on GET /ws-smallbuf, whose
+// Hijack (which the Handler's reaches through http.ResponseController)
+// hands coder/websocket a bufio.Reader and Writer of smallBufSize over
+// the connection instead of net/http's 4 KiB ones, when the client sent
+// nothing past its handshake. It tells whether smaller buffers alone
+// would make an idle WebSocket cheaper while the stream runs on the
+// request's goroutine, whose net/http connection still holds its own.
+type smallBufWriter struct{ http.ResponseWriter }
+
+func (w smallBufWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w smallBufWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil || brw.Reader.Buffered() > 0 {
+		return c, brw, err
+	}
+	return c, bufio.NewReadWriter(bufio.NewReaderSize(c, smallBufSize), bufio.NewWriterSize(c, smallBufSize)), nil
 }
