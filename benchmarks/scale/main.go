@@ -3,8 +3,10 @@
 // Command scale measures what idle SSE connections cost a server, and how
 // long one event takes to reach all of them, for eventbus's Handler beside
 // a naive net/http SSE handler, in the same run, on loopback (issue 26),
-// and for the demo daemon cmd/sessiond, which serves that Handler the way
-// a user runs it. It is Linux only (it reads /proc).
+// for the demo daemon cmd/sessiond, which serves that Handler the way
+// a user runs it, and for the library's other transports on the same Hub:
+// the multiplexed SSE route and the WebSocket (issue 34). It is Linux only
+// (it reads /proc).
 //
 // Usage, from benchmarks/:
 //
@@ -26,7 +28,7 @@
 // internal flag) that serves only that implementation, so the server's
 // memory and CPU are measured alone. The child serves
 // GET /session/{id}/events for S sessions (s0..s{S-1}, all created at
-// start) on one port, and its control endpoints (GET /stats, POST
+// start; eventbus's children GET /events and GET /ws too) on one port, and its control endpoints (GET /stats, POST
 // /publish) on another; it exits when its stdin closes, so it never
 // outlives this process.
 //
@@ -93,7 +95,8 @@
 //     the kernel's write and the client's read.
 //
 // The clients are raw TCP connections (one goroutine each) that send an
-// HTTP/1.1 GET and parse the stream minimally; their source addresses
+// HTTP/1.1 GET and parse the stream minimally (the WebSocket's: coder's
+// client connections, one goroutine each reading messages); their source addresses
 // change every 10,000 connections (127.0.0.1, 127.0.0.2, ...) so that
 // ports never run out, and at most 200 connect at a time.
 //
