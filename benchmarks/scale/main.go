@@ -129,7 +129,12 @@
 //     this process's: a POST of the event to every session, one after
 //     another on one keep-alive connection, the timestamp this process's
 //     clock before the first, so its figures include an HTTP round trip
-//     per session that the others' in-process loop does not have. Then
+//     per session that the others' in-process loop does not have. Each
+//     round also reads the server's CPU (its stats) and this process's
+//     (getrusage) just before the publish and once the round is over: CPU
+//     per delivery, server and clients apart, since both share the
+//     machine (the clients' figure includes the wait loop's polling,
+//     a few µs a round). Then
 //     the memory figures once
 //     more, with the same collections: the stacks and heap per connection
 //     after the fan-outs, what a delivery leaves behind.

@@ -180,6 +180,9 @@ func checkResult(t *testing.T, cfg config, r *implResult) {
 	if r.StackPerConn > 64<<10 || r.HeapPerConn > 256<<10 {
 		t.Errorf("%s: per connection stacks %.0f B, heap %.0f B", impl, r.StackPerConn, r.HeapPerConn)
 	}
+	if r.ClientCPUPerDelivery <= 0 || r.ServerCPUPerDelivery < 0 {
+		t.Errorf("%s: CPU per delivery: server %.2f µs, clients %.2f µs", impl, r.ServerCPUPerDelivery, r.ClientCPUPerDelivery)
+	}
 	if r.Connected.GCs < minGCs || r.AfterFanout.GCs < minGCs {
 		t.Errorf("%s: %d and %d collections before the memory figures", impl, r.Connected.GCs, r.AfterFanout.GCs)
 	}
