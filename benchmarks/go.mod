@@ -8,9 +8,15 @@ go 1.26.0
 // only to the main module.
 replace github.com/ssebus/eventbus => ../
 
+// The scale program serves the WebSocket transport module of the working
+// tree beside the SSE routes.
+replace github.com/ssebus/eventbus/websocket => ../websocket
+
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/cskr/pubsub/v2 v2.0.2
 	github.com/r3labs/sse/v2 v2.10.0
+	github.com/ssebus/eventbus/websocket v0.1.0
 	github.com/tmaxmax/go-sse v0.11.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/exp v0.0.0-20261113113407-e3970619a1a4

@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,11 +16,64 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	ws "github.com/coder/websocket"
+	ebws "github.com/ssebus/eventbus/websocket"
 )
 
 // The clients: one raw TCP connection and one goroutine per SSE stream,
 // with a parser that does only what the measurement needs, so that the
-// parent, which shares the machine with the server, costs it little.
+// parent, which shares the machine with the server, costs it little; for
+// the WebSocket, a github.com/coder/websocket client connection per
+// stream and one goroutine reading its messages.
+
+// route is how the clients of an implementation open and read their
+// streams.
+type route int
+
+const (
+	// routeSingle: GET /session/{id}/events, the event's id in its id:
+	// line ("N", or "<epoch>:<N>").
+	routeSingle route = iota
+	// routeMux: GET /events?session=ID, the multiplexed SSE route, whose
+	// id: line is the composite cursor: the event's id is read from the
+	// data envelope's "id" member.
+	routeMux
+	// routeWS: GET /ws?session=ID, the WebSocket (docs/SPEC.md 6.10):
+	// each message is lines, a frame's line the multiplexed envelope, a
+	// control line {"op":...}; the heartbeat is the server's ping, counted
+	// when the client's reader answers it.
+	routeWS
+	// routeWSSmallBuf: the same on GET /ws-smallbuf?session=ID, the
+	// instrument ws-smallbuf.
+	routeWSSmallBuf
+)
+
+// routeOf is the route the clients of impl use.
+func routeOf(impl string) route {
+	switch impl {
+	case "mux":
+		return routeMux
+	case "websocket":
+		return routeWS
+	case "ws-smallbuf":
+		return routeWSSmallBuf
+	}
+	return routeSingle
+}
+
+// path is the request path of a stream of session s.
+func (rt route) path(s int) string {
+	switch rt {
+	case routeMux:
+		return "/events?session=s" + strconv.Itoa(s)
+	case routeWS:
+		return "/ws?session=s" + strconv.Itoa(s)
+	case routeWSSmallBuf:
+		return "/ws-smallbuf?session=s" + strconv.Itoa(s)
+	}
+	return "/session/s" + strconv.Itoa(s) + "/events"
+}
 
 const (
 	// perSourceAddr is how many connections share a source address: a new
@@ -55,6 +109,7 @@ type fleet struct {
 	// idBase is the id before round 1's event: round k's event (from 0)
 	// has id idBase+k+1.
 	idBase  uint64
+	route   route
 	readers sync.WaitGroup
 	closing atomic.Bool
 	ended   atomic.Int64 // connections whose stream ended before we closed it
@@ -74,8 +129,8 @@ func sourceIP(block int) net.IP {
 // inflight at a time, and returns once every one has its response's head
 // (the 200 and the first flush). Round k's event (from 0) has id
 // idBase+k+1. On an error it closes what it opened.
-func connect(addr string, n, sessions, rounds int, idBase uint64, inflight int) (*fleet, error) {
-	f := &fleet{conns: make([]*conn, n), got: make([]atomic.Int64, rounds), rounds: rounds, idBase: idBase}
+func connect(addr string, rt route, n, sessions, rounds int, idBase uint64, inflight int) (*fleet, error) {
+	f := &fleet{conns: make([]*conn, n), got: make([]atomic.Int64, rounds), rounds: rounds, idBase: idBase, route: rt}
 	sem := make(chan struct{}, inflight)
 	var (
 		opened sync.WaitGroup
@@ -94,7 +149,16 @@ func connect(addr string, n, sessions, rounds int, idBase uint64, inflight int) 
 		f.readers.Add(1)
 		go func() {
 			defer f.readers.Done()
-			body, err := c.open(addr, sourceIP(i/perSourceAddr), "/session/s"+strconv.Itoa(c.session)+"/events")
+			var (
+				body *bufio.Reader
+				wc   *ws.Conn
+				err  error
+			)
+			if rt == routeWS || rt == routeWSSmallBuf {
+				wc, err = c.openWS(addr, sourceIP(i/perSourceAddr), rt.path(c.session))
+			} else {
+				body, err = c.open(addr, sourceIP(i/perSourceAddr), rt.path(c.session))
+			}
 			<-sem
 			if err != nil {
 				mu.Lock()
@@ -107,7 +171,11 @@ func connect(addr string, n, sessions, rounds int, idBase uint64, inflight int) 
 				return
 			}
 			opened.Done()
-			c.read(body, f)
+			if wc != nil {
+				c.readWS(wc, f)
+			} else {
+				c.read(body, f)
+			}
 		}()
 	}
 	opened.Wait()
@@ -237,6 +305,9 @@ func (c *conn) read(r *bufio.Reader, f *fleet) {
 			case bytes.HasPrefix(line, []byte("data: ")):
 				at = time.Now().UnixNano()
 				sent = parseSent(line)
+				if f.route == routeMux {
+					id = envelopeID(line)
+				}
 			}
 		}
 	}
@@ -257,6 +328,118 @@ func parseSent(line []byte) int64 {
 		return 0
 	}
 	return n
+}
+
+// envelopeID returns the number after the first "id": of an envelope (the
+// multiplexed one: {"session":"s0","id":7,...}), or 0.
+func envelopeID(line []byte) uint64 {
+	_, v, ok := bytes.Cut(line, []byte(`"id":`))
+	if !ok {
+		return 0
+	}
+	end := 0
+	for end < len(v) && v[end] >= '0' && v[end] <= '9' {
+		end++
+	}
+	n, _ := strconv.ParseUint(string(v[:end]), 10, 64)
+	return n
+}
+
+// openWS opens the WebSocket of path from src with coder/websocket,
+// retrying what a loaded loopback can fail, and keeps the TCP connection
+// under it (c.nc) so that close can reset it. Each connection has an
+// http.Transport of its own, whose dial binds the source address and
+// records the connection; the pings it receives count as its heartbeats
+// (coder's reader answers them while readWS reads).
+func (c *conn) openWS(addr string, src net.IP, path string) (*ws.Conn, error) {
+	var err error
+	for attempt := range dialAttempts {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
+		}
+		var nc net.Conn
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src}, Timeout: handshakeTimeout}
+		tr := &http.Transport{
+			DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+				conn, err := d.DialContext(ctx, network, a)
+				nc = conn
+				return conn, err
+			},
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+		var (
+			wc   *ws.Conn
+			resp *http.Response
+		)
+		wc, resp, err = ws.Dial(ctx, "ws://"+addr+path, &ws.DialOptions{
+			HTTPClient:   &http.Client{Transport: tr},
+			Subprotocols: []string{ebws.Subprotocol},
+			OnPingReceived: func(context.Context, []byte) bool {
+				c.heartbeats.Add(1)
+				return true // coder answers with the pong
+			},
+		})
+		cancel()
+		if err != nil {
+			if nc != nil {
+				abort(nc)
+			}
+			if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+				return nil, &statusError{fmt.Sprintf("GET %s: %s: %v", path, resp.Status, err)}
+			}
+			continue
+		}
+		wc.SetReadLimit(-1)
+		c.nc = nc
+		return wc, nil
+	}
+	return nil, err
+}
+
+// readWS reads the WebSocket's messages until it ends: each line of a
+// message is a frame's envelope, or a control line ({"op":"cursor"...},
+// which every batch ends with), the latter skipped. The bytes of a
+// message that carried a round's event (its cursor line and the
+// WebSocket frame's header included) count as that event's frame bytes.
+func (c *conn) readWS(wc *ws.Conn, f *fleet) {
+	for {
+		_, p, err := wc.Read(context.Background())
+		if err != nil {
+			c.err = err
+			c.done.Store(true)
+			if !f.closing.Load() {
+				f.ended.Add(1)
+			}
+			return
+		}
+		at := time.Now().UnixNano()
+		wire := int64(len(p)) + wsHeaderLen(len(p))
+		before := c.frameBytes.Load()
+		framed := c.frames.Load()
+		for rest := p; len(rest) > 0; {
+			var line []byte
+			line, rest, _ = bytes.Cut(rest, []byte("\n"))
+			if len(line) == 0 || bytes.HasPrefix(line, []byte(`{"op":`)) {
+				continue
+			}
+			c.frame(f, envelopeID(line), parseSent(line), at, len(line))
+		}
+		if c.frames.Load() > framed {
+			c.frameBytes.Store(before + wire)
+		}
+	}
+}
+
+// wsHeaderLen is the length of the header of an unmasked server frame of
+// n bytes of payload (RFC 6455 5.2).
+func wsHeaderLen(n int) int64 {
+	switch {
+	case n < 126:
+		return 2
+	case n <= 0xffff:
+		return 4
+	}
+	return 10
 }
 
 func (c *conn) frame(f *fleet, id uint64, sent, at int64, size int) {

@@ -3,20 +3,23 @@
 // Command scale measures what idle SSE connections cost a server, and how
 // long one event takes to reach all of them, for eventbus's Handler beside
 // a naive net/http SSE handler, in the same run, on loopback (issue 26),
-// and for the demo daemon cmd/sessiond, which serves that Handler the way
-// a user runs it. It is Linux only (it reads /proc).
+// for the demo daemon cmd/sessiond, which serves that Handler the way
+// a user runs it, and for the library's other transports on the same Hub:
+// the multiplexed SSE route and the WebSocket (issue 34). It is Linux only
+// (it reads /proc).
 //
 // Usage, from benchmarks/:
 //
 //	go run ./scale [-conns 10000] [-sessions 200] [-heartbeat 1s] [-idle 10s]
-//	    [-fanouts 5] [-impl both|all|floors|eventbus|sessiond|floor|floor-raw|naive|LIST] [-runs 1]
+//	    [-fanouts 5] [-impl both|all|floors|transports|eventbus|mux|websocket|ws-smallbuf|sessiond|floor|floor-raw|naive|LIST] [-runs 1]
 //	    [-json] [-cpuprofile-server FILE] [-stackprofile FILE]
 //	    [-sessiond-bin PATH]
 //
 // -impl both (the default) is eventbus and naive, all adds sessiond
 // (eventbus, sessiond, naive), floors adds the two floors (eventbus, floor,
-// floor-raw, naive), and a comma-separated LIST names the implementations
-// in the order the first run measures them.
+// floor-raw, naive), transports the library's three transports beside
+// naive (eventbus, mux, websocket, naive: issue 34), and a comma-separated
+// LIST names the implementations in the order the first run measures them.
 //
 // # How
 //
@@ -25,13 +28,36 @@
 // internal flag) that serves only that implementation, so the server's
 // memory and CPU are measured alone. The child serves
 // GET /session/{id}/events for S sessions (s0..s{S-1}, all created at
-// start) on one port, and its control endpoints (GET /stats, POST
+// start; eventbus's children GET /events and GET /ws too) on one port, and its control endpoints (GET /stats, POST
 // /publish) on another; it exits when its stdin closes, so it never
 // outlives this process.
 //
 //   - eventbus: an eventbus.Hub holding the sessions and an
 //     eventbus.Handler (Lookup: the hub's LookupSession; Heartbeat from
 //     -heartbeat; everything else its default).
+//   - mux: the same Hub and Handler, its sessions served by an
+//     eventbus.MuxHandler on GET /events?session=ID (one session per
+//     connection): the multiplexed SSE route, whose id: line is the
+//     composite cursor (the clients read the event's id from the data
+//     envelope).
+//   - websocket: the same Hub, Handler and MuxHandler, served over a
+//     WebSocket by the websocket module's Handler{Mux: mux} on
+//     GET /ws?session=ID (one session per connection). The clients are
+//     github.com/coder/websocket connections (an http.Transport each, to
+//     bind the source address), one goroutine each reading messages; the
+//     heartbeat is the Handler's ping after -heartbeat of idle, which
+//     coder's reader answers with a pong, and which the clients count
+//     (OnPingReceived). A frame's bytes on the wire are those of the
+//     message that carried it, its cursor line and its header included.
+//     With -stackprofile, every child of this program (not sessiond)
+//     writes a heap profile too, FILE-<impl>.heap.pprof, after a
+//     collection: what the connections hold, by allocation site.
+//   - ws-smallbuf: an instrument, not a design: websocket, but coder's
+//     Conn gets a bufio.Reader and Writer of 512 bytes instead of the
+//     4 KiB ones of net/http's connection (server.go, smallBufWriter).
+//     It measures what smaller buffers alone would save while the stream
+//     runs on the request's goroutine (nothing: net/http's connection
+//     keeps its own 4 KiB ones reachable until ServeHTTP returns).
 //   - sessiond: not a child of this program but the demo daemon itself,
 //     cmd/sessiond, built from the working tree (go build
 //     github.com/ssebus/eventbus/cmd/sessiond in its module's folder,
@@ -69,7 +95,8 @@
 //     the kernel's write and the client's read.
 //
 // The clients are raw TCP connections (one goroutine each) that send an
-// HTTP/1.1 GET and parse the stream minimally; their source addresses
+// HTTP/1.1 GET and parse the stream minimally (the WebSocket's: coder's
+// client connections, one goroutine each reading messages); their source addresses
 // change every 10,000 connections (127.0.0.1, 127.0.0.2, ...) so that
 // ports never run out, and at most 200 connect at a time.
 //
@@ -102,7 +129,12 @@
 //     this process's: a POST of the event to every session, one after
 //     another on one keep-alive connection, the timestamp this process's
 //     clock before the first, so its figures include an HTTP round trip
-//     per session that the others' in-process loop does not have. Then
+//     per session that the others' in-process loop does not have. Each
+//     round also reads the server's CPU (its stats) and this process's
+//     (getrusage) just before the publish and once the round is over: CPU
+//     per delivery, server and clients apart, since both share the
+//     machine (the clients' figure includes the wait loop's polling,
+//     a few µs a round). Then
 //     the memory figures once
 //     more, with the same collections: the stacks and heap per connection
 //     after the fan-outs, what a delivery leaves behind.
@@ -185,7 +217,7 @@ func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
 	fs.DurationVar(&cfg.heartbeat, "heartbeat", time.Second, "the servers' heartbeat interval")
 	fs.DurationVar(&cfg.idle, "idle", 10*time.Second, "the idle window over which heartbeat CPU is measured")
 	fs.IntVar(&cfg.fanouts, "fanouts", 5, "fan-out rounds (one event to every session each)")
-	impl := fs.String("impl", "both", "implementations to measure: both (eventbus,naive), all (eventbus,sessiond,naive), floors (eventbus,floor,floor-raw,naive), eventbus, sessiond, floor, floor-raw, naive, or a comma-separated list of them")
+	impl := fs.String("impl", "both", "implementations to measure: both (eventbus,naive), all (eventbus,sessiond,naive), floors (eventbus,floor,floor-raw,naive), transports (eventbus,mux,websocket,naive), eventbus, mux, websocket, ws-smallbuf, sessiond, floor, floor-raw, naive, or a comma-separated list of them")
 	fs.IntVar(&cfg.runs, "runs", 1, "repeat the whole comparison this many times, alternating the order")
 	fs.BoolVar(&cfg.jsonLines, "json", false, "also print one JSON line per implementation and run")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile-server", "", "write each child's CPU profile of the heartbeat window and the fan-outs to this file (-<impl> added)")
@@ -212,7 +244,7 @@ func parseFlags(args []string, onError flag.ErrorHandling) (config, error) {
 }
 
 // impls are the implementations, in the order of the report's columns.
-var impls = []string{"eventbus", "sessiond", "floor", "floor-raw", "naive"}
+var impls = []string{"eventbus", "mux", "websocket", "ws-smallbuf", "sessiond", "floor", "floor-raw", "naive"}
 
 // parseImpls reads -impl: both, all, floors, or a comma-separated list of impls,
 // each once. The measurement order of the first run is the list's.
@@ -224,11 +256,13 @@ func parseImpls(v string) ([]string, error) {
 		return []string{"eventbus", "sessiond", "naive"}, nil
 	case "floors":
 		return []string{"eventbus", "floor", "floor-raw", "naive"}, nil
+	case "transports":
+		return []string{"eventbus", "mux", "websocket", "naive"}, nil
 	}
 	var out []string
 	for name := range strings.SplitSeq(v, ",") {
 		if !slices.Contains(impls, name) || slices.Contains(out, name) {
-			return nil, fmt.Errorf("-impl %q: want both, all, floors, or a list of distinct %s", v, strings.Join(impls, ", "))
+			return nil, fmt.Errorf("-impl %q: want both, all, floors, transports, or a list of distinct %s", v, strings.Join(impls, ", "))
 		}
 		out = append(out, name)
 	}

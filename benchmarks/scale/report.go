@@ -63,6 +63,8 @@ var metrics = []metric{
 	{name: "fan-out: p99", val: func(r *implResult) float64 { return r.P99Micros }, fmt: fmtMicros},
 	{name: "fan-out: last client reached", val: func(r *implResult) float64 { return r.LastMicros }, fmt: fmtMicros},
 	{name: "fan-out: the publish loop (sessiond: the parent's POSTs)", val: func(r *implResult) float64 { return r.LoopMicros }, fmt: fmtMicros},
+	{name: "fan-out: server CPU per delivery (sessiond: /proc, 10 ms ticks)", val: func(r *implResult) float64 { return r.ServerCPUPerDelivery }, fmt: fmtFloat(2, " µs")},
+	{name: "fan-out: client CPU per delivery (this process)", val: func(r *implResult) float64 { return r.ClientCPUPerDelivery }, fmt: fmtFloat(2, " µs")},
 	{name: "fan-out: heartbeats received during a round", val: func(r *implResult) float64 { return r.HeartbeatsPerRound }, fmt: fmtFloat(0, ""), noRatio: true},
 	{name: "bytes per event frame on the wire", val: func(r *implResult) float64 { return r.BytesPerFrame }, fmt: fmtFloat(1, " B")},
 	{name: "lost deliveries (missing after the timeout)", val: func(r *implResult) float64 { return float64(r.Lost) }, fmt: fmtFloat(0, ""), noRatio: true},

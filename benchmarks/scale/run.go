@@ -67,15 +67,20 @@ func checkFiles(conns int) error {
 
 // roundResult is one fan-out round of one implementation.
 type roundResult struct {
-	FirstMicros   float64 `json:"first_us"`   // the first client reached, from the event's timestamp
-	P50Micros     float64 `json:"p50_us"`     // the median client
-	P99Micros     float64 `json:"p99_us"`     // the 99th percentile
-	LastMicros    float64 `json:"last_us"`    // the last client reached
-	LoopMicros    float64 `json:"loop_us"`    // the server's publish loop, S publishes
-	Delivered     int     `json:"delivered"`  // connections that got the event in time
-	Missing       int     `json:"missing"`    // connections that did not
-	SentMismatch  int     `json:"mismatched"` // events whose timestamp is not the round's
-	WaitedSeconds float64 `json:"waited_s"`   // until every client had it, or the timeout
+	FirstMicros  float64 `json:"first_us"`   // the first client reached, from the event's timestamp
+	P50Micros    float64 `json:"p50_us"`     // the median client
+	P99Micros    float64 `json:"p99_us"`     // the 99th percentile
+	LastMicros   float64 `json:"last_us"`    // the last client reached
+	LoopMicros   float64 `json:"loop_us"`    // the server's publish loop, S publishes
+	Delivered    int     `json:"delivered"`  // connections that got the event in time
+	Missing      int     `json:"missing"`    // connections that did not
+	SentMismatch int     `json:"mismatched"` // events whose timestamp is not the round's
+	// CPU over the round, from before the publish to the last delivery
+	// seen: the server's (user+system, its stats before and after) and
+	// this process's, every client's reading included.
+	ServerCPUMicros float64 `json:"server_cpu_us"`
+	ClientCPUMicros float64 `json:"client_cpu_us"`
+	WaitedSeconds   float64 `json:"waited_s"` // until every client had it, or the timeout
 	// Heartbeats is how many heartbeat lines the clients received from the
 	// publish until the round ended: work the server did beside the
 	// fan-out, which differs by design (see the package doc).
@@ -123,12 +128,16 @@ type implResult struct {
 	LastMicros         float64       `json:"last_us"`
 	LoopMicros         float64       `json:"loop_us"`
 	HeartbeatsPerRound float64       `json:"heartbeats_per_round"` // median
-	BytesPerFrame      float64       `json:"bytes_per_frame"`
-	Lost               int           `json:"lost"`       // deliveries missing after the timeout, every round
-	Ended              int           `json:"ended"`      // connections whose stream ended early
-	Unexpected         int64         `json:"unexpected"` // frames that were no round's event, or repeats
-	LoadStart          string        `json:"load_start"` // /proc/loadavg
-	LoadEnd            string        `json:"load_end"`
+	// CPU per delivery of a round (the round's CPU over the connections
+	// reached), median of the rounds, in µs: the server's and the clients'.
+	ServerCPUPerDelivery float64 `json:"server_cpu_per_delivery_us"`
+	ClientCPUPerDelivery float64 `json:"client_cpu_per_delivery_us"`
+	BytesPerFrame        float64 `json:"bytes_per_frame"`
+	Lost                 int     `json:"lost"`       // deliveries missing after the timeout, every round
+	Ended                int     `json:"ended"`      // connections whose stream ended early
+	Unexpected           int64   `json:"unexpected"` // frames that were no round's event, or repeats
+	LoadStart            string  `json:"load_start"` // /proc/loadavg
+	LoadEnd              string  `json:"load_end"`
 }
 
 // runResult is one run: every implementation, in the order measured.
@@ -369,7 +378,7 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 
 	// (2) Connect, let the streams settle, measure.
 	start := time.Now()
-	fl, err := connect(child.sse(), cfg.conns, cfg.sessions, cfg.fanouts, child.idBase(), cfg.inflight)
+	fl, err := connect(child.sse(), routeOf(impl), cfg.conns, cfg.sessions, cfg.fanouts, child.idBase(), cfg.inflight)
 	if err != nil {
 		return nil, err
 	}
@@ -454,6 +463,16 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 	res.LastMicros = medianOf(res.Rounds, func(r roundResult) float64 { return r.LastMicros })
 	res.LoopMicros = medianOf(res.Rounds, func(r roundResult) float64 { return r.LoopMicros })
 	res.HeartbeatsPerRound = medianOf(res.Rounds, func(r roundResult) float64 { return float64(r.Heartbeats) })
+	perDelivery := func(cpu func(roundResult) float64) func(roundResult) float64 {
+		return func(r roundResult) float64 {
+			if r.Delivered == 0 {
+				return 0
+			}
+			return cpu(r) / float64(r.Delivered)
+		}
+	}
+	res.ServerCPUPerDelivery = medianOf(res.Rounds, perDelivery(func(r roundResult) float64 { return r.ServerCPUMicros }))
+	res.ClientCPUPerDelivery = medianOf(res.Rounds, perDelivery(func(r roundResult) float64 { return r.ClientCPUMicros }))
 	var frames, bytes int64
 	for _, c := range fl.conns {
 		frames += c.frames.Load()
@@ -485,6 +504,11 @@ func measure(cfg config, impl string, run int, logw io.Writer) (_ *implResult, e
 func fanout(child server, fl *fleet, k int, timeout time.Duration) (roundResult, error) {
 	var rd roundResult
 	hb := fl.totalHeartbeats()
+	s0, err := child.stats(false)
+	if err != nil {
+		return rd, err
+	}
+	c0 := cpuMicros()
 	start := time.Now()
 	reply, err := child.publish()
 	if err != nil {
@@ -492,6 +516,13 @@ func fanout(child server, fl *fleet, k int, timeout time.Duration) (roundResult,
 	}
 	got := fl.waitRound(k, timeout)
 	rd.WaitedSeconds = time.Since(start).Seconds()
+	c1 := cpuMicros()
+	s1, err := child.stats(false)
+	if err != nil {
+		return rd, err
+	}
+	rd.ServerCPUMicros = float64(s1.CPUMicros - s0.CPUMicros)
+	rd.ClientCPUMicros = float64(c1 - c0)
 	rd.Heartbeats = fl.totalHeartbeats() - hb
 	rd.LoopMicros = float64(reply.LoopNanos) / 1e3
 	lat := make([]float64, 0, got)

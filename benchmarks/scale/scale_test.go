@@ -107,6 +107,63 @@ func TestRunFloors(t *testing.T) {
 	}
 }
 
+// TestRunTransports runs the library's other two transports small, the
+// multiplexed SSE route and the WebSocket, beside the single stream, on
+// the same Hub: every delivery made, the heartbeat (the WebSocket's ping)
+// received, two goroutines per connection, the same events, and the
+// heap profile -stackprofile asks for.
+func TestRunTransports(t *testing.T) {
+	cfg := smallConfig(200, "websocket", "mux", "eventbus")
+	cfg.stackProfile = filepath.Join(t.TempDir(), "stacks.txt")
+	runs, out := runSmall(t, cfg)
+	if len(runs) != 1 || len(runs[0].Results) != 3 {
+		t.Fatalf("got %d runs", len(runs))
+	}
+	for _, impl := range []string{"eventbus", "mux", "websocket"} {
+		r := runs[0].Results[impl]
+		checkResult(t, cfg, r)
+		if r.RSSFreedPerConn <= 0 {
+			t.Errorf("%s: RSS after FreeOSMemory %.0f B", impl, r.RSSFreedPerConn)
+		}
+		for _, p := range []string{profilePath(cfg.stackProfile, impl, 1), heapProfilePath(profilePath(cfg.stackProfile, impl, 1))} {
+			if fi, err := os.Stat(p); err != nil || fi.Size() == 0 {
+				t.Errorf("profile %s: %v", p, err)
+			}
+		}
+	}
+	// The single stream's frame, then the session member and the
+	// composite cursor in the id: line (mux), or the session member, the
+	// cursor line and a header of 2 bytes (websocket).
+	single, mux, wsf := runs[0].Results["eventbus"].BytesPerFrame, runs[0].Results["mux"].BytesPerFrame, runs[0].Results["websocket"].BytesPerFrame
+	if single < 100 || mux <= single || wsf <= single {
+		t.Errorf("bytes per frame: eventbus %.1f, mux %.1f, websocket %.1f", single, mux, wsf)
+	}
+	if !strings.Contains(out, "| per connection, or per fan-out (median of the rounds) | eventbus | mux | websocket |") {
+		t.Errorf("the report's columns:\n%s", out)
+	}
+}
+
+// The WebSocket client reads the frames of a message's lines, skips the
+// control lines, and counts the message's bytes for its events.
+func TestClientWSLines(t *testing.T) {
+	if got := envelopeID([]byte(`{"session":"s1","id":12,"v":1,"data":{"sent":5}}`)); got != 12 {
+		t.Errorf("envelopeID %d", got)
+	}
+	if got := envelopeID([]byte(`data: {"session":"s1","v":1}`)); got != 0 {
+		t.Errorf("envelopeID without an id: %d", got)
+	}
+	for n, want := range map[int]int64{0: 2, 125: 2, 126: 4, 65535: 4, 65536: 10} {
+		if got := wsHeaderLen(n); got != want {
+			t.Errorf("wsHeaderLen(%d) = %d, want %d", n, got, want)
+		}
+	}
+	for impl, want := range map[string]string{"eventbus": "/session/s3/events", "sessiond": "/session/s3/events", "mux": "/events?session=s3", "websocket": "/ws?session=s3", "ws-smallbuf": "/ws-smallbuf?session=s3"} {
+		if got := routeOf(impl).path(3); got != want {
+			t.Errorf("%s: path %q, want %q", impl, got, want)
+		}
+	}
+}
+
 // checkResult checks that what run reported of one implementation is
 // whole and sane.
 func checkResult(t *testing.T, cfg config, r *implResult) {
@@ -122,6 +179,9 @@ func checkResult(t *testing.T, cfg config, r *implResult) {
 	}
 	if r.StackPerConn > 64<<10 || r.HeapPerConn > 256<<10 {
 		t.Errorf("%s: per connection stacks %.0f B, heap %.0f B", impl, r.StackPerConn, r.HeapPerConn)
+	}
+	if r.ClientCPUPerDelivery <= 0 || r.ServerCPUPerDelivery < 0 {
+		t.Errorf("%s: CPU per delivery: server %.2f µs, clients %.2f µs", impl, r.ServerCPUPerDelivery, r.ClientCPUPerDelivery)
 	}
 	if r.Connected.GCs < minGCs || r.AfterFanout.GCs < minGCs {
 		t.Errorf("%s: %d and %d collections before the memory figures", impl, r.Connected.GCs, r.AfterFanout.GCs)
@@ -275,6 +335,7 @@ func TestParseFlags(t *testing.T) {
 		"both": {"eventbus", "naive"}, "all": {"eventbus", "sessiond", "naive"}, "sessiond": {"sessiond"},
 		"naive,sessiond": {"naive", "sessiond"}, "floors": {"eventbus", "floor", "floor-raw", "naive"},
 		"floor-raw,floor": {"floor-raw", "floor"},
+		"transports":      {"eventbus", "mux", "websocket", "naive"}, "websocket,mux": {"websocket", "mux"},
 	} {
 		if cfg, err := parseFlags([]string{"-impl", arg, "-sessiond-bin", "/x/sessiond"}, flag.ContinueOnError); err != nil ||
 			!slices.Equal(cfg.impls, want) || cfg.sessiondBin != "/x/sessiond" {

@@ -13,10 +13,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/backplane"
 	"github.com/ssebus/eventbus/benchmarks/internal/naive"
+	ebws "github.com/ssebus/eventbus/websocket"
 )
 
 // The child: one implementation's SSE server, and a control server on
@@ -163,8 +166,14 @@ func collectStats(gc bool) (serverStats, error) {
 	return st, nil
 }
 
-// busServer is the eventbus implementation: a Hub with every session
-// created at start, and the library's Handler.
+// busServer is the eventbus implementations: a Hub with every session
+// created at start, and the library's three routes on it, the same
+// Handler's settings for all three: the single stream (eventbus:
+// GET /session/{id}/events, Handler), the multiplexed one (mux:
+// GET /events?session=ID, a MuxHandler on that Handler) and the WebSocket
+// (websocket: GET /ws?session=ID, the websocket module's Handler on that
+// MuxHandler). Each child serves all three; its parent's clients use the
+// one it measures.
 type busServer struct {
 	hub *eventbus.Hub
 	ids []string
@@ -190,7 +199,13 @@ func newBusServer(ids []string, perSession int, heartbeat time.Duration) (*busSe
 		}
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /session/{id}/events", &eventbus.Handler{Lookup: hub.LookupSession, Heartbeat: heartbeat, BareIDs: true /* the naive handler's wire */})
+	h := &eventbus.Handler{Lookup: hub.LookupSession, Heartbeat: heartbeat, BareIDs: true /* the naive handler's wire */}
+	mux.Handle("GET /session/{id}/events", h)
+	streams := &eventbus.MuxHandler{Handler: h}
+	mux.Handle("GET /events", streams)
+	wsh := &ebws.Handler{Mux: streams}
+	mux.Handle("GET /ws", wsh)
+	mux.HandleFunc("GET /ws-smallbuf", func(w http.ResponseWriter, r *http.Request) { wsh.ServeHTTP(smallBufWriter{w}, r) })
 	return &busServer{hub: hub, ids: ids}, mux, nil
 }
 
@@ -338,11 +353,36 @@ func (c *child) controlMux() *http.ServeMux {
 				err = cerr
 			}
 		}
+		if err == nil {
+			err = writeHeapProfile(heapProfilePath(c.stackProfile))
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	})
 	return mux
+}
+
+// heapProfilePath is the heap profile's file beside the stack profile's:
+// FILE.ext becomes FILE.heap.pprof.
+func heapProfilePath(stackProfile string) string {
+	return strings.TrimSuffix(stackProfile, filepath.Ext(stackProfile)) + ".heap.pprof"
+}
+
+// writeHeapProfile writes the heap profile (pprof's format, inuse_space
+// after a collection: what every connection holds, by allocation site) to
+// path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	err = pprof.Lookup("heap").WriteTo(f, 0)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // publishReply is what POST /publish answers.
@@ -360,7 +400,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 // returns the exit code.
 func childMain(args []string) int {
 	fs := flag.NewFlagSet("scale -serve", flag.ContinueOnError)
-	impl := fs.String("serve", "", "implementation to serve: eventbus or naive")
+	impl := fs.String("serve", "", "implementation to serve: eventbus, mux, websocket, floor, floor-raw or naive")
 	sessions := fs.Int("sessions", 200, "sessions")
 	perSession := fs.Int("per-session", 50, "clients per session the parent will open")
 	heartbeat := fs.Duration("heartbeat", time.Second, "heartbeat interval")
@@ -387,7 +427,7 @@ func serveChild(impl string, sessions, perSession int, heartbeat time.Duration, 
 		err error
 	)
 	switch impl {
-	case "eventbus":
+	case "eventbus", "mux", "websocket", "ws-smallbuf":
 		pub, h, err = newBusServer(ids, perSession, heartbeat)
 	case "naive":
 		pub, h, err = newNaiveServer(ids, heartbeat)
@@ -438,4 +478,27 @@ func serveChild(impl string, sessions, perSession int, heartbeat time.Duration, 
 		err = perr
 	}
 	return err
+}
+
+// smallBufSize is the size of the buffers ws-smallbuf gives coder's Conn.
+const smallBufSize = 512
+
+// smallBufWriter is the instrument ws-smallbuf (not a design): the
+// ResponseWriter the websocket Handler gets on GET /ws-smallbuf, whose
+// Hijack (which the Handler's reaches through http.ResponseController)
+// hands coder/websocket a bufio.Reader and Writer of smallBufSize over
+// the connection instead of net/http's 4 KiB ones, when the client sent
+// nothing past its handshake. It tells whether smaller buffers alone
+// would make an idle WebSocket cheaper while the stream runs on the
+// request's goroutine, whose net/http connection still holds its own.
+type smallBufWriter struct{ http.ResponseWriter }
+
+func (w smallBufWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w smallBufWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil || brw.Reader.Buffered() > 0 {
+		return c, brw, err
+	}
+	return c, bufio.NewReadWriter(bufio.NewReaderSize(c, smallBufSize), bufio.NewWriterSize(c, smallBufSize)), nil
 }
