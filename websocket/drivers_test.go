@@ -83,21 +83,7 @@ func newScEnv(t *testing.T, opts eventbus.HubOptions, configure func(e *scEnv)) 
 	routes.Handle("GET /session/{id}/events", e.streams)
 	routes.Handle("/events", e.mux)
 	routes.Handle("/ws", e.ws)
-	l := newMemListener()
-	srv := &http.Server{Handler: routes}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = srv.Serve(l)
-	}()
-	tr := &http.Transport{DialContext: l.dial}
-	e.client = &http.Client{Transport: tr}
-	t.Cleanup(func() {
-		tr.CloseIdleConnections()
-		_ = srv.Close()
-		<-served
-		_ = e.currentHub().Close()
-	})
+	_, e.client = serveInMemory(t, routes, func() { _ = e.currentHub().Close() })
 	return e
 }
 

@@ -136,22 +136,7 @@ func newEnvHub(t *testing.T, opts eventbus.HubOptions, configure func(e *env)) *
 		}
 		e.ws.ServeHTTP(w, r)
 	})
-	l := newMemListener()
-	e.l = l
-	srv := &http.Server{Handler: routes}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = srv.Serve(l)
-	}()
-	tr := &http.Transport{DialContext: l.dial}
-	e.client = &http.Client{Transport: tr}
-	t.Cleanup(func() {
-		tr.CloseIdleConnections()
-		_ = srv.Close()
-		<-served
-		_ = hub.Close()
-	})
+	e.l, e.client = serveInMemory(t, routes, func() { _ = hub.Close() })
 	return e
 }
 
@@ -451,4 +436,25 @@ func (e *env) handshake(method, query string, plain bool, extra map[string]strin
 		e.t.Fatalf("%s /ws?%s: %s, body: %v", method, query, resp.Status, err)
 	}
 	return resp.StatusCode, body.Code, resp.Header
+}
+
+// serveInMemory serves routes on an in-memory listener until the test
+// ends, then closes the server, waits for it and calls done; it returns
+// the listener and a client that dials it.
+func serveInMemory(t *testing.T, routes http.Handler, done func()) (*memListener, *http.Client) {
+	l := newMemListener()
+	srv := &http.Server{Handler: routes}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(l)
+	}()
+	tr := &http.Transport{DialContext: l.dial}
+	t.Cleanup(func() {
+		tr.CloseIdleConnections()
+		_ = srv.Close()
+		<-served
+		done()
+	})
+	return l, &http.Client{Transport: tr}
 }

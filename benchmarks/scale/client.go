@@ -314,26 +314,16 @@ func (c *conn) read(r *bufio.Reader, f *fleet) {
 }
 
 // parseSent returns the number after "sent": in a data line, or 0.
-func parseSent(line []byte) int64 {
-	_, v, ok := bytes.Cut(line, []byte(`"sent":`))
-	if !ok {
-		return 0
-	}
-	end := 0
-	for end < len(v) && v[end] >= '0' && v[end] <= '9' {
-		end++
-	}
-	n, err := strconv.ParseInt(string(v[:end]), 10, 64)
-	if err != nil {
-		return 0
-	}
-	return n
-}
+func parseSent(line []byte) int64 { return int64(numberAfter(line, `"sent":`)) }
 
 // envelopeID returns the number after the first "id": of an envelope (the
 // multiplexed one: {"session":"s0","id":7,...}), or 0.
-func envelopeID(line []byte) uint64 {
-	_, v, ok := bytes.Cut(line, []byte(`"id":`))
+func envelopeID(line []byte) uint64 { return numberAfter(line, `"id":`) }
+
+// numberAfter returns the decimal number right after the first key in
+// line, or 0.
+func numberAfter(line []byte, key string) uint64 {
+	_, v, ok := bytes.Cut(line, []byte(key))
 	if !ok {
 		return 0
 	}
