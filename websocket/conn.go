@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -62,6 +61,7 @@ type conn struct {
 	// long as the connection is idle).
 	ctx    context.Context
 	cancel context.CancelFunc
+	done   func()         // StreamContext's, called last by serve
 	wg     sync.WaitGroup // the reader and a ping in flight
 
 	// Owned by Serve's goroutine.
@@ -106,16 +106,11 @@ type conn struct {
 
 // newConn returns the connection of stream st, upgraded to c over raw, for
 // request r; flate reports that permessage-deflate was negotiated.
-func newConn(h *Handler, st *eventbus.Stream, c *ws.Conn, raw net.Conn, r *http.Request, flate bool) *conn {
-	// The request's context: net/http cancels it only when ServeHTTP
-	// returns (a hijacked connection's end is the reader's to see), so
-	// what else cancels it is the caller ending the stream, as a daemon
-	// cutting its streams does; the stream then ends (StreamGone).
-	ctx, cancel := context.WithCancel(r.Context())
+func newConn(h *Handler, st *eventbus.Stream, c *ws.Conn, raw net.Conn, flate bool, ctx context.Context, cancel context.CancelFunc, done func()) *conn {
 	cn := &conn{
 		h: h, st: st, c: c, raw: raw, log: h.logger(), timeout: h.writeTimeout(),
 		flate: flate, threshold: h.CompressionThreshold,
-		ctx: ctx, cancel: cancel,
+		ctx: ctx, cancel: cancel, done: done,
 		base: time.Now(), changed: make(chan struct{}), tokens: MessageBurst,
 		cursorLen: 2 + 24*st.Len(), // the greeting's: "m1", then an entry per session
 	}
@@ -125,8 +120,21 @@ func newConn(h *Handler, st *eventbus.Stream, c *ws.Conn, raw net.Conn, r *http.
 }
 
 // serve serves the stream until it ends, closes the connection as the end
-// says, and returns once the reader and any ping have ended.
+// says, and returns once the reader and any ping have ended, calling
+// StreamContext's done last. It runs on a goroutine of its own, outside
+// net/http's recovery: a panic past the Stream's own (which ends the
+// stream with stream_error internal) closes this connection only.
 func (c *conn) serve() {
+	defer c.done()
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.LogAttrs(c.ctx, slog.LevelError, "websocket: panic serving a stream", slog.Any("panic", p))
+			_ = c.c.CloseNow()
+			c.cancel()
+			c.wg.Wait()
+			c.dog.Stop()
+		}
+	}()
 	c.wg.Add(1)
 	go c.read()
 	end := c.st.Serve(c.ctx, c)

@@ -590,32 +590,54 @@ func TestBudgetInterrupt(t *testing.T) {
 	})
 }
 
-// A caller that cancels the request's context (a daemon cutting the
-// stream, as /disconnect does) ends the stream: the connection closes
-// without a close frame, the subscriptions end.
-func TestRequestContextEndsTheStream(t *testing.T) {
+// StreamContext: ServeHTTP returns once the connection is upgraded (the
+// request's context, which net/http then cancels, does not end the
+// stream); cancelling the context StreamContext gave ends the stream as a
+// daemon cutting it (/disconnect) does: the connection closes without a
+// close frame, the subscriptions end, and done is called once, after.
+// A refused handshake calls done too.
+func TestStreamContextEndsTheStream(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var cut context.CancelFunc
-		e := newEnv(t, nil)
-		e.wsRequest = func(r *http.Request) *http.Request {
-			ctx, cancel := context.WithCancel(r.Context())
-			cut = cancel
-			return r.WithContext(ctx)
-		}
+		var (
+			cut     context.CancelFunc
+			dones   atomic.Int32
+			opening atomic.Int32
+		)
+		e := newEnv(t, func(e *env) {
+			e.ws.StreamContext = func(r *http.Request) (context.Context, func()) {
+				opening.Add(1)
+				ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+				cut = cancel
+				return ctx, func() { dones.Add(1); cancel() }
+			}
+		})
 		bus := e.session("a")
 		c := e.mustDial("session=a", nil)
 		readMsg(t, c) // the greeting
 		synctest.Wait()
-		if n := bus.SubscriberCount(); n != 1 {
-			t.Fatalf("%d subscribers", n)
+		if n := bus.SubscriberCount(); n != 1 || dones.Load() != 0 {
+			t.Fatalf("%d subscribers, %d dones", n, dones.Load())
+		}
+		// The stream outlives its request: net/http cancelled the
+		// request's context when ServeHTTP returned, and it is served.
+		e.publish("a", "n", 1)
+		if l := strings.Join(readMsg(t, c), "\n"); !strings.Contains(l, `"id":1`) {
+			t.Fatalf("got %s", l)
 		}
 		cut()
 		synctest.Wait()
 		if _, err := tryReadMsg(c); err == nil {
 			t.Fatal("the connection is still open")
 		}
-		if n := bus.SubscriberCount(); n != 0 {
-			t.Fatalf("%d subscribers after the cut", n)
+		if n := bus.SubscriberCount(); n != 0 || dones.Load() != 1 {
+			t.Fatalf("%d subscribers, %d dones after the cut", n, dones.Load())
+		}
+		// A handshake refused after StreamContext (an unknown session).
+		if _, resp, err := e.dial("session=nope", nil); err == nil || resp == nil || resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("unknown session: %v %v", resp, err)
+		}
+		if dones.Load() != opening.Load() {
+			t.Fatalf("%d StreamContext calls, %d dones", opening.Load(), dones.Load())
 		}
 	})
 }

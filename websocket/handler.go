@@ -57,10 +57,17 @@ const (
 // refusals with the multiplexed route's JSON; only then the upgrade. Every
 // refusal is JSON {"error":...,"code":...}, as the root's handlers answer.
 //
-// A stream is served on the request's goroutine, which returns when the
-// stream has ended and the connection is closed; one more goroutine per
-// connection reads the client's messages, and one at a time may wait for a
-// ping's pong; both end before ServeHTTP returns. Each batch of the stream
+// ServeHTTP returns once the connection is upgraded, and the stream is
+// served on a goroutine of its own until it ends, under StreamContext's
+// context: net/http then releases the request's goroutine and its state,
+// so that an idle WebSocket costs no more than an idle SSE stream
+// (BENCHMARKS.md). The stream ends when its client leaves, when its
+// sessions end (EventBus.Close, Hub.Delete, Hub.Shutdown), when
+// Handler.Revoke names its subject, when its lifetime ends, when a write
+// fails, or when StreamContext's context is cancelled; its goroutine then
+// closes the connection and returns. One more goroutine per connection
+// reads the client's messages, and one at a time may wait for a ping's
+// pong; both end before the stream's goroutine does. Each batch of the stream
 // is one text message written under the Handler's WriteTimeout: a write
 // that blocks longer closes the connection without a close frame. A stream
 // that ends by itself is closed with the close code of its end (1000
@@ -87,6 +94,17 @@ type Handler struct {
 	// messages of at least that many bytes. 0 (or negative): off, and not
 	// negotiated.
 	CompressionThreshold int
+	// StreamContext, when set, is called once a connection is upgraded,
+	// with its request, and returns the context its stream is served
+	// under and a func that the stream's goroutine calls once the stream
+	// has ended and the connection is closed (nil: none). Cancelling ctx
+	// ends the stream as a client leaving does: the connection closes
+	// without a close frame. A daemon that cuts streams (its own
+	// /disconnect, say) or counts them sets it. It must not return a
+	// context derived from the request's cancellation, which net/http
+	// cancels as soon as ServeHTTP returns: context.WithoutCancel(
+	// r.Context()) keeps its values. nil: that context, and no func.
+	StreamContext func(r *http.Request) (ctx context.Context, done func())
 
 	def eventbus.MuxHandler // when Mux is nil
 }
@@ -119,13 +137,15 @@ func (h *Handler) logger() *slog.Logger {
 }
 
 // ServeHTTP implements http.Handler: it checks the handshake, opens the
-// stream, upgrades the connection and serves the stream on the calling
-// goroutine until it ends (see Handler).
+// stream, upgrades the connection, and returns, the stream served on a
+// goroutine of its own until it ends (see Handler).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// As the root's handlers: the checks and the opening run in a call
-	// whose frame is gone while the stream waits.
 	if c := h.open(w, r); c != nil {
-		c.serve()
+		// Not on the request's goroutine: its stack (8 KiB, most of it
+		// net/http's frames) and net/http's connection state would stay
+		// for as long as the stream, 5 KiB an idle connection
+		// (docs/bench/scale-ws.md, part 5).
+		go c.serve()
 	}
 }
 
@@ -162,8 +182,23 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) *conn {
 		refuse(w, r, http.StatusInternalServerError, "streaming_unsupported", "websocket: the connection cannot be taken over from net/http")
 		return nil
 	}
+	// The stream's context (see conn.ctx), which the request's
+	// cancellation ends too until the upgrade: a client that leaves
+	// during the opening ends it. The Stream keeps r, and calls Lookup and
+	// Authorize with it for the sessions the client adds: with this
+	// context, not the request's, which net/http cancels once ServeHTTP
+	// has returned.
+	ctx, cancel, done := h.streamContext(r)
+	stop := context.AfterFunc(r.Context(), cancel)
+	r = r.WithContext(ctx)
+	fail := func() {
+		stop()
+		cancel()
+		done()
+	}
 	st := h.mux().OpenStream(w, r)
 	if st == nil {
+		fail()
 		return nil // it answered
 	}
 	hj := &hijackRecorder{ResponseWriter: w}
@@ -180,6 +215,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) *conn {
 	c, err := ws.Accept(hj, r, opts)
 	if err != nil || hj.raw == nil {
 		st.Close()
+		fail()
 		if c != nil {
 			_ = c.CloseNow()
 		}
@@ -188,7 +224,23 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) *conn {
 	}
 	c.SetReadLimit(MaxMessageBytes)
 	flate := w.Header().Get("Sec-WebSocket-Extensions") != "" // Accept set it: negotiated
-	return newConn(h, st, c, hj.raw, r, flate)
+	stop()                                                    // a cancel that came meanwhile ends the stream at once
+	return newConn(h, st, c, hj.raw, flate, ctx, cancel, done)
+}
+
+// streamContext returns the context of a stream of r (StreamContext's,
+// else r's without its cancellation) with its cancel, and the func to call
+// once the stream has ended.
+func (h *Handler) streamContext(r *http.Request) (context.Context, context.CancelFunc, func()) {
+	base, done := context.WithoutCancel(r.Context()), func() {}
+	if h.StreamContext != nil {
+		base, done = h.StreamContext(r)
+		if done == nil {
+			done = func() {}
+		}
+	}
+	ctx, cancel := context.WithCancel(base)
+	return ctx, cancel, done
 }
 
 // checkHandshake returns why r is not a WebSocket handshake that

@@ -96,9 +96,6 @@ type env struct {
 	client  *http.Client
 	l       *memListener
 	wsDown  atomic.Bool // GET /ws answers a plain 404, as a daemon without it
-	// wsRequest, when set, replaces the request GET /ws serves (a
-	// context the test cancels).
-	wsRequest func(*http.Request) *http.Request
 }
 
 // newEnv starts the daemon; configure, when not nil, sets the handlers'
@@ -130,9 +127,6 @@ func newEnvHub(t *testing.T, opts eventbus.HubOptions, configure func(e *env)) *
 		if e.wsDown.Load() { // a daemon without the route: a plain 404 page
 			http.NotFound(w, r)
 			return
-		}
-		if e.wsRequest != nil {
-			r = e.wsRequest(r)
 		}
 		e.ws.ServeHTTP(w, r)
 	})
