@@ -83,10 +83,10 @@ type server struct {
 	// lives as long as its bus is the hub's for its id; one of a bus the
 	// hub has expired or deleted is left for prune.
 	meta    sync.Map
-	metaLen atomic.Int64                           // entries in meta
-	pruning sync.Mutex                             // one prune at a time
-	mu      sync.Mutex                             // guards streams and the sessions' stream counts
-	streams map[string]map[*daemon.Stream]struct{} // open GET streams by session id, for /disconnect; each removes itself when it ends
+	metaLen atomic.Int64   // entries in meta
+	pruning sync.Mutex     // one prune at a time
+	mu      sync.Mutex     // guards the sessions' stream counts
+	streams daemon.Streams // open streams by session id, for /disconnect; each removes itself when it ends
 }
 
 // session is what the daemon records about one bus of the hub (its
@@ -116,9 +116,8 @@ func newServer(cfg config) (*server, error) {
 		cfg.Hub.Bus.Logger = cfg.Logger
 	}
 	s := &server{
-		cfg:     cfg,
-		logger:  cfg.Logger,
-		streams: make(map[string]map[*daemon.Stream]struct{}),
+		cfg:    cfg,
+		logger: cfg.Logger,
 	}
 	w := hubWrites{s}
 	s.publishRoute = &eventbus.PublishHandler{Publisher: w, MaxBodyBytes: daemon.MaxBody(cfg.Hub.Bus.MaxEventBytes),
@@ -144,7 +143,11 @@ func newServer(cfg config) (*server, error) {
 	// single route) and its registry, so that h.Revoke (POST /logout,
 	// /revoke) ends both kinds of stream.
 	s.mux = &eventbus.MuxHandler{Handler: h, MaxStreamSessions: cfg.MaxStreamSessions}
-	s.ws = &websocket.Handler{Mux: s.mux}
+	// A WebSocket's stream outlives its request: the handler tracks it
+	// for /disconnect from the upgrade to its end.
+	s.ws = &websocket.Handler{Mux: s.mux, StreamContext: func(r *http.Request) (context.Context, func()) {
+		return s.streams.Context(r, muxSessions(r)...)
+	}}
 	s.index = indexHTML
 	if cfg.Auth != nil {
 		s.index = bytes.Replace(indexHTML, []byte(`data-auth="off"`), []byte(`data-auth="on"`), 1)
@@ -296,16 +299,7 @@ func (w hubWrites) Signal(ctx context.Context, id, typ, about string) error {
 // disconnect cuts every open stream of session id as mode says and
 // returns how many.
 func (s *server) disconnect(id string, mode daemon.CutMode) int {
-	s.mu.Lock()
-	var cuts []*daemon.Stream
-	for st := range s.streams[id] {
-		cuts = append(cuts, st)
-	}
-	s.mu.Unlock()
-	for _, c := range cuts {
-		c.Cut(mode)
-	}
-	return len(cuts)
+	return s.streams.Cut(id, mode)
 }
 
 // shutdown refuses new requests and shuts the hub down: every bus is
@@ -338,7 +332,7 @@ func (s *server) ServeEvents(w http.ResponseWriter, r *http.Request) {
 		s.events.ServeHTTP(w, r) // a CORS preflight: no session, no stream
 		return
 	}
-	s.serveTracked(w, r, s.events, r.PathValue("id"))
+	s.streams.Serve(w, r, s.events, r.PathValue("id"))
 }
 
 // ServeMuxEvents is GET /events?session=<id>&session=<id>...: the
@@ -352,11 +346,18 @@ func (s *server) ServeMuxEvents(w http.ResponseWriter, r *http.Request) {
 		s.mux.ServeHTTP(w, r)
 		return
 	}
+	s.streams.Serve(w, r, s.mux, muxSessions(r)...)
+}
+
+// muxSessions returns the sessions of a multiplexed stream's URL, for
+// /disconnect; none when there are more than any stream serves (the
+// handler refuses them: nothing to track).
+func muxSessions(r *http.Request) []string {
 	ids := r.URL.Query()["session"]
 	if len(ids) > eventbus.MaxCursorEntries {
-		ids = nil // refused by the handler: nothing to track
+		return nil
 	}
-	s.serveTracked(w, r, s.mux, ids...)
+	return ids
 }
 
 // ServeWebSocket is GET /ws?session=<id>&session=<id>...: the multiplexed
@@ -364,39 +365,11 @@ func (s *server) ServeMuxEvents(w http.ResponseWriter, r *http.Request) {
 // 6.10), on the same MuxHandler: the same sessions, Lookup, Authorize,
 // limits and cursor as GET /events. A disconnect of any of the sessions of
 // its URL cuts it (clean: the connection closes; abort: a TCP reset); one
-// the client adds on the open socket is not tracked for /disconnect.
+// the client adds on the open socket is not tracked for /disconnect. The
+// stream is tracked by the handler's StreamContext, as it outlives the
+// request.
 func (s *server) ServeWebSocket(w http.ResponseWriter, r *http.Request) {
-	ids := r.URL.Query()["session"]
-	if len(ids) > eventbus.MaxCursorEntries {
-		ids = nil // refused by the handler: nothing to track
-	}
-	s.serveTracked(w, r, s.ws, ids...)
-}
-
-// serveTracked serves r with h as a stream of the sessions ids that
-// /disconnect can cut.
-func (s *server) serveTracked(w http.ResponseWriter, r *http.Request, h http.Handler, ids ...string) {
-	st, r := daemon.Track(r)
-	defer st.Done()
-	s.mu.Lock()
-	for _, id := range ids {
-		if s.streams[id] == nil {
-			s.streams[id] = make(map[*daemon.Stream]struct{})
-		}
-		s.streams[id][st] = struct{}{}
-	}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		for _, id := range ids {
-			delete(s.streams[id], st)
-			if len(s.streams[id]) == 0 {
-				delete(s.streams, id)
-			}
-		}
-		s.mu.Unlock()
-	}()
-	h.ServeHTTP(w, r)
+	s.ws.ServeHTTP(w, r)
 }
 
 // lookup is the eventbus handler's Lookup: hub.LookupSession, which never
@@ -532,7 +505,7 @@ func (s *server) ServeStatus(w http.ResponseWriter, r *http.Request) {
 		"epoch":          bus.Epoch(),
 		"lastEventId":    bus.LastEventID(),
 		"subscribers":    bus.SubscriberCount(),
-		"streams":        len(s.streams[id]),
+		"streams":        s.streams.Count(id),
 		"streamsOpened":  sess.streamsOpened,
 		"streamsResumed": sess.streamsResumed,
 		"lastResumeFrom": sess.lastResumeFrom,

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ssebus/eventbus"
@@ -63,14 +62,17 @@ type Replica struct {
 	// /events, GET /ws) serves; 0: eventbus.DefaultMaxStreamSessions.
 	MaxStreamSessions int
 	// WebSocket, when set, makes the handler of GET /ws from the
-	// replica's MuxHandler: typically
+	// replica's MuxHandler and the StreamContext that tracks its streams
+	// for /disconnect: typically
 	//
-	//	func(m *eventbus.MuxHandler) http.Handler { return &websocket.Handler{Mux: m} }
+	//	func(m *eventbus.MuxHandler, track StreamContext) http.Handler {
+	//		return &websocket.Handler{Mux: m, StreamContext: track}
+	//	}
 	//
 	// with github.com/ssebus/eventbus/websocket, which the daemon's own
 	// module requires: this package, in the root module, imports the
 	// standard library and the root only. nil: no GET /ws (a JSON 404).
-	WebSocket func(*eventbus.MuxHandler) http.Handler
+	WebSocket func(m *eventbus.MuxHandler, track StreamContext) http.Handler
 
 	events  *eventbus.Handler
 	mux     *eventbus.MuxHandler // GET /events?session=..., sharing events
@@ -79,9 +81,13 @@ type Replica struct {
 	delete  *eventbus.DeleteHandler
 	signal  *eventbus.SignalHandler
 
-	mu      sync.Mutex
-	streams map[string]map[*Stream]struct{} // open streams by session, for /disconnect
+	streams Streams // open streams by session, for /disconnect
 }
+
+// StreamContext is websocket.Handler's StreamContext, for
+// Replica.WebSocket: it tracks a WebSocket's stream, which outlives its
+// request, for /disconnect (Streams.Context).
+type StreamContext = func(*http.Request) (context.Context, func())
 
 // NewReplica returns r ready to serve with events as its SSE handler:
 // events' Lookup becomes the backplane's Bus (which checks the session's
@@ -99,13 +105,14 @@ func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
 	r.events = events
 	r.mux = &eventbus.MuxHandler{Handler: events, MaxStreamSessions: r.MaxStreamSessions}
 	if r.WebSocket != nil {
-		r.ws = r.WebSocket(r.mux)
+		r.ws = r.WebSocket(r.mux, func(req *http.Request) (context.Context, func()) {
+			return r.streams.Context(req, muxSessions(req)...)
+		})
 	}
 	w := replicaWrites{r}
 	r.publish = &eventbus.PublishHandler{Publisher: w, MaxBodyBytes: r.MaxBody, BodyTimeout: r.BodyTimeout, BodyBudget: r.BodyBudget, Logger: r.Logger}
 	r.delete = &eventbus.DeleteHandler{Deleter: w, Logger: r.Logger}
 	r.signal = &eventbus.SignalHandler{Signaler: w, BodyTimeout: r.BodyTimeout, Logger: r.Logger}
-	r.streams = map[string]map[*Stream]struct{}{}
 	return r
 }
 
@@ -206,7 +213,8 @@ type replicaWebSocket struct{ *Replica }
 // reset); one the client adds on the open socket is not tracked for
 // /disconnect.
 func (r replicaWebSocket) ServeWebSocket(w http.ResponseWriter, req *http.Request) {
-	r.serveTracked(w, req, r.ws, muxSessions(req)...)
+	r.Logger.Debug("stream opened", "sessions", muxSessions(req), "lastEventId", req.URL.Query().Get("lastEventId"), "remote", req.RemoteAddr)
+	r.ws.ServeHTTP(w, req) // tracked by the StreamContext NewReplica gave it
 }
 
 // ServeIndex writes the usage text.
@@ -255,28 +263,8 @@ func muxSessions(req *http.Request) []string {
 // serveTracked serves req with h as a stream of the sessions ids that
 // /disconnect can cut.
 func (r *Replica) serveTracked(w http.ResponseWriter, req *http.Request, h http.Handler, ids ...string) {
-	st, req := Track(req)
-	defer st.Done()
-	r.mu.Lock()
-	for _, id := range ids {
-		if r.streams[id] == nil {
-			r.streams[id] = map[*Stream]struct{}{}
-		}
-		r.streams[id][st] = struct{}{}
-	}
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		for _, id := range ids {
-			delete(r.streams[id], st)
-			if len(r.streams[id]) == 0 {
-				delete(r.streams, id)
-			}
-		}
-		r.mu.Unlock()
-	}()
 	r.Logger.Debug("stream opened", "sessions", ids, "lastEventId", req.Header.Get("Last-Event-ID"), "remote", req.RemoteAddr)
-	h.ServeHTTP(w, req)
+	r.streams.Serve(w, req, h, ids...)
 }
 
 // ServePublish is eventbus.PublishHandler on the backplane: it publishes
@@ -308,9 +296,7 @@ func (r *Replica) ServeStatus(w http.ResponseWriter, req *http.Request) {
 		eventbus.WriteError(w, req, eventbus.ErrSessionNotFound)
 		return
 	}
-	r.mu.Lock()
-	open := len(r.streams[session])
-	r.mu.Unlock()
+	open := r.streams.Count(session)
 	WriteJSON(w, http.StatusOK, map[string]any{
 		"id": session, "replica": r.Name,
 		"epoch": in.Epoch, "lastEventId": in.LastEventID, "firstEventId": in.FirstEventID, "bytes": in.Bytes,
@@ -338,16 +324,8 @@ func (r *Replica) ServeDisconnect(w http.ResponseWriter, req *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_mode", err.Error())
 		return
 	}
-	r.mu.Lock()
-	var cuts []*Stream
-	for st := range r.streams[session] {
-		cuts = append(cuts, st)
-	}
-	r.mu.Unlock()
-	for _, st := range cuts {
-		st.Cut(mode)
-	}
-	WriteJSON(w, http.StatusOK, map[string]any{"disconnected": len(cuts), "mode": mode.String()})
+	n := r.streams.Cut(session, mode)
+	WriteJSON(w, http.StatusOK, map[string]any{"disconnected": n, "mode": mode.String()})
 }
 
 // PublishDemo is a Demo's Publish; an error after the demo was stopped is

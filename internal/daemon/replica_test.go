@@ -293,7 +293,7 @@ func TestReplicaAuth(t *testing.T) {
 		Daemon: "sessiond-test", Name: "R1", Engine: "Fake", Backplane: fb,
 		Errors: EngineErrors{InvalidSession: errFakeSession, Unavailable: errFakeUnavailable},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBody: MaxBody(0), Auth: auth,
-		WebSocket: func(m *eventbus.MuxHandler) http.Handler { return m },
+		WebSocket: func(m *eventbus.MuxHandler, track StreamContext) http.Handler { return trackedMux{m, track} },
 	}, &eventbus.Handler{Heartbeat: time.Hour})
 	srv := httptest.NewServer(r.Routes())
 	defer srv.Close()
@@ -374,9 +374,13 @@ func TestReplicaMuxAndWebSocketHook(t *testing.T) {
 		Errors: ReplicaErrors(errFakeUnknown, errFakeSession, errFakeUnavailable),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBody: MaxBody(0),
 		MaxStreamSessions: 2,
-		// The daemons' hook is a websocket.Handler{Mux: m}; here the mux
-		// itself serves /ws (the root module has no WebSocket library).
-		WebSocket: func(m *eventbus.MuxHandler) http.Handler { hooked = m; return m },
+		// The daemons' hook is a websocket.Handler{Mux: m, StreamContext:
+		// track}; here the mux itself serves /ws, under track's context
+		// (the root module has no WebSocket library).
+		WebSocket: func(m *eventbus.MuxHandler, track StreamContext) http.Handler {
+			hooked = m
+			return trackedMux{m, track}
+		},
 	}, &eventbus.Handler{Heartbeat: time.Hour})
 	if hooked == nil || hooked != r.mux || hooked.Handler != r.events {
 		t.Fatalf("the hook got %p, want the replica's MuxHandler on its SSE handler", hooked)
@@ -445,4 +449,18 @@ func TestReplicaMuxAndWebSocketHook(t *testing.T) {
 	if resp.StatusCode != 404 {
 		t.Fatalf("GET /ws without a WebSocket hook: %s, want 404", resp.Status)
 	}
+}
+
+// trackedMux serves a multiplexed SSE stream as websocket.Handler serves
+// its streams: under the context its StreamContext (track) gives, calling
+// its func once the stream has ended.
+type trackedMux struct {
+	m     *eventbus.MuxHandler
+	track StreamContext
+}
+
+func (t trackedMux) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx, done := t.track(r)
+	defer done()
+	t.m.ServeHTTP(w, r.WithContext(ctx))
 }

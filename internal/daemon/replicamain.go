@@ -132,7 +132,7 @@ type ReplicaServer struct {
 	// MuxHandler (Replica.WebSocket): each replica daemon sets it to a
 	// websocket.Handler of github.com/ssebus/eventbus/websocket, which its
 	// module requires and the root does not. nil: no GET /ws.
-	WebSocket   func(*eventbus.MuxHandler) http.Handler
+	WebSocket   func(*eventbus.MuxHandler, StreamContext) http.Handler
 	ListenAttrs []any             // after "addr" on the listening line, before "replica"
 	Ready       func(addr string) // see Server.Ready
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 )
 
 // CutMode is how POST /session/{id}/disconnect ends a stream.
@@ -90,4 +91,80 @@ func abort(c net.Conn) {
 		_ = tc.SetLinger(0)
 	}
 	_ = c.Close()
+}
+
+// Streams is a daemon's open streams by session, which POST
+// /session/{id}/disconnect cuts. Its zero value is ready; its methods are
+// safe for concurrent use.
+type Streams struct {
+	mu sync.Mutex
+	m  map[string]map[*Stream]struct{}
+}
+
+// Serve serves req with h as a stream of the sessions ids, tracked until
+// h returns (the SSE routes serve their streams on the request's
+// goroutine).
+func (s *Streams) Serve(w http.ResponseWriter, req *http.Request, h http.Handler, ids ...string) {
+	st, req := Track(req)
+	defer s.add(st, ids)()
+	h.ServeHTTP(w, req)
+}
+
+// Context is a websocket.Handler's StreamContext for a stream of the
+// sessions ids: the stream outlives its request (ServeHTTP returns once
+// the connection is upgraded), so it is tracked from here until the
+// returned func is called, and its context is the request's values
+// without the request's cancellation, which a clean Cut cancels.
+func (s *Streams) Context(req *http.Request, ids ...string) (context.Context, func()) {
+	st, req := Track(req.WithContext(context.WithoutCancel(req.Context())))
+	return req.Context(), s.add(st, ids)
+}
+
+// add tracks st under ids and returns the func that stops tracking it and
+// releases its context.
+func (s *Streams) add(st *Stream, ids []string) func() {
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[string]map[*Stream]struct{}{}
+	}
+	for _, id := range ids {
+		if s.m[id] == nil {
+			s.m[id] = map[*Stream]struct{}{}
+		}
+		s.m[id][st] = struct{}{}
+	}
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		for _, id := range ids {
+			delete(s.m[id], st)
+			if len(s.m[id]) == 0 {
+				delete(s.m, id)
+			}
+		}
+		s.mu.Unlock()
+		st.Done()
+	}
+}
+
+// Count returns how many open streams serve session id.
+func (s *Streams) Count(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m[id])
+}
+
+// Cut cuts every open stream of session id as mode says and returns how
+// many.
+func (s *Streams) Cut(id string, mode CutMode) int {
+	s.mu.Lock()
+	cuts := make([]*Stream, 0, len(s.m[id]))
+	for st := range s.m[id] {
+		cuts = append(cuts, st)
+	}
+	s.mu.Unlock()
+	for _, st := range cuts {
+		st.Cut(mode)
+	}
+	return len(cuts)
 }

@@ -110,5 +110,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready func(addr s
 // webSocket is the replica's GET /ws: the multiplexed stream over a
 // WebSocket (github.com/ssebus/eventbus/websocket, docs/SPEC.md 6.10) on
 // the replica's MuxHandler, so with the same sessions, Lookup, Authorize,
-// limits and cursor as its GET /events.
-func webSocket(m *eventbus.MuxHandler) http.Handler { return &websocket.Handler{Mux: m} }
+// limits and cursor as its GET /events; track keeps its streams for
+// /disconnect, as they outlive their requests.
+func webSocket(m *eventbus.MuxHandler, track shared.StreamContext) http.Handler {
+	return &websocket.Handler{Mux: m, StreamContext: track}
+}
