@@ -23,4 +23,10 @@
 // and getting nothing twice. A stream that ends by itself is closed with a
 // code that says why (1000, 1001, StatusReauthenticate, StatusRevoked,
 // StatusEvicted, 1011).
+//
+// ServeHTTP returns once the connection is upgraded; the stream is then
+// served on a goroutine of its own until it ends, under the context
+// Handler.StreamContext gives (by default the request's values without its
+// cancellation), so that an idle connection does not keep the request's
+// goroutine and net/http's state.
 package websocket
