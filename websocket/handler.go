@@ -94,14 +94,16 @@ type Handler struct {
 	// messages of at least that many bytes. 0 (or negative): off, and not
 	// negotiated.
 	CompressionThreshold int
-	// StreamContext, when set, is called once a connection is upgraded,
-	// with its request, and returns the context its stream is served
-	// under and a func that the stream's goroutine calls once the stream
-	// has ended and the connection is closed (nil: none). Cancelling ctx
-	// ends the stream as a client leaving does: the connection closes
-	// without a close frame. A daemon that cuts streams (its own
-	// /disconnect, say) or counts them sets it. It must not return a
-	// context derived from the request's cancellation, which net/http
+	// StreamContext, when set, is called with the request of a handshake
+	// that passed the checks above, before the stream opens, and returns
+	// the context the stream is opened and served under and a func (nil:
+	// none) called once: when the stream has ended and the connection is
+	// closed, or at once when the opening is refused or the upgrade fails.
+	// Cancelling ctx ends the stream as a client leaving does: the
+	// connection closes without a close frame. Until the upgrade the
+	// request's cancellation ends the opening too. A daemon that cuts its
+	// streams (its own /disconnect, say) or counts them sets it. ctx must
+	// not be derived from the request's cancellation, which net/http
 	// cancels as soon as ServeHTTP returns: context.WithoutCancel(
 	// r.Context()) keeps its values. nil: that context, and no func.
 	StreamContext func(r *http.Request) (ctx context.Context, done func())
