@@ -138,25 +138,12 @@ func (m *muxState) position(id string) *position {
 	p := m.pos[id]
 	if p == nil {
 		p = &position{session: id, mux: true}
-		if e, ok := entryOf(m.from, muxcursor.SessionTag(id)); ok {
+		if e, ok := muxcursor.Cursor(m.from).Entry(id); ok {
 			p.hasCursor, p.cursor, p.tag = true, e.ID, e.Epoch
 		}
 		m.pos[id] = p
 	}
 	return p
-}
-
-// entryOf finds the entry of a session tag: the only one with it.
-func entryOf(entries []muxcursor.Entry, tag uint64) (muxcursor.Entry, bool) {
-	var found muxcursor.Entry
-	n := 0
-	for _, e := range entries {
-		if e.Session == tag {
-			found = e
-			n++
-		}
-	}
-	return found, n == 1
 }
 
 // url is base with one session parameter per session of the stream and
@@ -310,14 +297,14 @@ func (m *muxState) event(c *Client, p *position, msg Message, id uint64) (shown 
 		if q == p || q.hasCursor || q.budgetCut {
 			continue
 		}
-		if e, ok := entryOf(entries, muxcursor.SessionTag(q.session)); ok {
+		if e, ok := muxcursor.Cursor(entries).Entry(q.session); ok {
 			q.hasCursor, q.cursor, q.tag = true, e.ID, e.Epoch
 			if q.streamEpoch != "" && epochTag(q.streamEpoch) == e.Epoch {
 				q.epoch = q.streamEpoch
 			}
 		}
 	}
-	own, ok := entryOf(entries, muxcursor.SessionTag(p.session))
+	own, ok := muxcursor.Cursor(entries).Entry(p.session)
 	if p.epoch != "" || p.streamEpoch != "" || !ok || own.ID != id || (p.hasCursor && own.Epoch == p.tag) {
 		return p.streamEpoch, nil
 	}

@@ -340,7 +340,7 @@ func (m *muxState) cursorLine(entries []muxcursor.Entry, epochs map[string]strin
 		if p.hasCursor || p.budgetCut {
 			continue
 		}
-		if e, ok := entryOf(entries, muxcursor.SessionTag(p.session)); ok {
+		if e, ok := muxcursor.Cursor(entries).Entry(p.session); ok {
 			p.hasCursor, p.cursor, p.tag = true, e.ID, e.Epoch
 			if p.streamEpoch != "" && epochTag(p.streamEpoch) == e.Epoch {
 				p.epoch = p.streamEpoch
