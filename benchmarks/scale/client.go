@@ -261,6 +261,17 @@ func abort(nc net.Conn) {
 // each event frame records when its data line arrived and the timestamp it
 // carries. An event's id is its round (every session gets one event per
 // round) after the fleet's idBase; an id "<epoch>:<N>" (eventbus's
+
+// fail records that the connection's read ended with err, counting it as a
+// stream that ended early unless the fleet is closing.
+func (c *conn) fail(f *fleet, err error) {
+	c.err = err
+	c.done.Store(true)
+	if !f.closing.Load() {
+		f.ended.Add(1)
+	}
+}
+
 // EpochIDs, sessiond's default) is read as N.
 func (c *conn) read(r *bufio.Reader, f *fleet) {
 	var (
@@ -273,11 +284,7 @@ func (c *conn) read(r *bufio.Reader, f *fleet) {
 	for {
 		line, err := r.ReadSlice('\n')
 		if err != nil {
-			c.err = err
-			c.done.Store(true)
-			if !f.closing.Load() {
-				f.ended.Add(1)
-			}
+			c.fail(f, err)
 			return
 		}
 		switch {
@@ -395,11 +402,7 @@ func (c *conn) readWS(wc *ws.Conn, f *fleet) {
 	for {
 		_, p, err := wc.Read(context.Background())
 		if err != nil {
-			c.err = err
-			c.done.Store(true)
-			if !f.closing.Load() {
-				f.ended.Add(1)
-			}
+			c.fail(f, err)
 			return
 		}
 		at := time.Now().UnixNano()
