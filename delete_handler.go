@@ -34,6 +34,8 @@ type DeleteHandler struct {
 	Logger *slog.Logger
 }
 
+// ServeHTTP implements http.Handler: it serves one request as DeleteHandler says
+// (its refusals, in order, and what it blocks on).
 func (h *DeleteHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	logger := h.Logger
 	if logger == nil {

@@ -131,6 +131,8 @@ type published struct {
 	Duplicate bool   `json:"duplicate,omitempty"`
 }
 
+// ServeHTTP implements http.Handler: it serves one request as PublishHandler says
+// (its refusals, in order, and what it blocks on).
 func (h *PublishHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !allowMethod(w, r, http.MethodPost, h.logger()) {
 		return

@@ -51,6 +51,8 @@ type SignalHandler struct {
 	bodies bodyBudget
 }
 
+// ServeHTTP implements http.Handler: it serves one request as SignalHandler says
+// (its refusals, in order, and what it blocks on).
 func (h *SignalHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	logger := h.Logger
 	if logger == nil {
