@@ -88,9 +88,9 @@ func (r *run) attemptWS(ctx context.Context, cancel context.CancelCauseFunc) (re
 		if resp != nil {
 			he := httpError(resp)
 			resp.Body.Close()
-			if he.Code != "" {
-				// The server's own answer, with its JSON error: it counts
-				// as it would over SSE.
+			if he.Code != "" && !webSocketUnavailable(he) {
+				// The server's own answer about the stream, with its JSON
+				// error: it counts as it would over SSE.
 				return r.refused(he)
 			}
 		}
@@ -347,4 +347,23 @@ func (m *muxState) cursorLine(entries []muxcursor.Entry, epochs map[string]strin
 			}
 		}
 	}
+}
+
+// webSocketUnavailable reports whether a server's JSON refusal of the
+// handshake says that no WebSocket is served there, rather than anything
+// about the stream: a route it does not have (404 other than
+// session_not_found, 405), a handshake that reached it without its Upgrade
+// headers (426 upgrade_required: a proxy that does not forward them), a
+// connection it cannot take over (500 streaming_unsupported). The SSE
+// route may serve the stream all the same: the client falls back to it.
+func webSocketUnavailable(he *HTTPError) bool {
+	switch he.StatusCode {
+	case http.StatusNotFound:
+		return he.Code != "session_not_found"
+	case http.StatusMethodNotAllowed, http.StatusUpgradeRequired:
+		return true
+	case http.StatusInternalServerError:
+		return he.Code == "streaming_unsupported"
+	}
+	return false
 }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -36,8 +37,11 @@ type memWS struct {
 	// down makes a dial fail as a network does; proxy as a proxy's page
 	// (a status without the server's JSON error) does.
 	down, proxy atomic.Bool
-	mu          sync.Mutex
-	conns       []*memConn
+	// answer, when set, is the handshake's answer: a status and a JSON
+	// error body, as a server that serves no WebSocket there gives.
+	answer atomic.Pointer[handshakeAnswer]
+	mu     sync.Mutex
+	conns  []*memConn
 }
 
 func newMemWS(s *server) *memWS { return &memWS{m: &eventbus.MuxHandler{Handler: s.handler}} }
@@ -52,6 +56,13 @@ func (d *memWS) DialWebSocket(ctx context.Context, rawURL string, header http.He
 		rec.WriteHeader(http.StatusBadGateway)
 		rec.WriteString("<html>bad gateway</html>")
 		return nil, rec.Result(), errors.New("expected 101, got 502")
+	case d.answer.Load() != nil:
+		a := d.answer.Load()
+		rec := httptest.NewRecorder()
+		rec.Header().Set("Content-Type", "application/json")
+		rec.WriteHeader(a.status)
+		rec.WriteString(`{"error":"no websocket here","code":"` + a.code + `"}`)
+		return nil, rec.Result(), fmt.Errorf("expected 101, got %d", a.status)
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -291,6 +302,40 @@ func TestWebSocketProxyRefusalFallsBack(t *testing.T) {
 	}
 	if d.dials.Load() != 1 {
 		t.Fatalf("%d dials, want 1 (then SSE for WebSocketRetry)", d.dials.Load())
+	}
+}
+
+// handshakeAnswer is a JSON refusal of a handshake (memWS.answer).
+type handshakeAnswer struct {
+	status int
+	code   string
+}
+
+// An answer that says the WebSocket is not served there, with the JSON
+// error of a server (a route without /ws, a proxy that stripped the
+// Upgrade headers before the handler, a writer that cannot be taken over)
+// is no answer about the stream: the client falls back to SSE, where the
+// same server serves it.
+func TestWebSocketUnavailableFallsBack(t *testing.T) {
+	for _, a := range []handshakeAnswer{
+		{http.StatusNotFound, "not_found"},
+		{http.StatusMethodNotAllowed, "method_not_allowed"},
+		{http.StatusUpgradeRequired, "upgrade_required"},
+		{http.StatusInternalServerError, "streaming_unsupported"},
+	} {
+		t.Run(a.code, func(t *testing.T) {
+			s := newServer(t, serverConfig{})
+			d := newMemWS(s)
+			d.answer.Store(&a)
+			s.publish("a", "note", 1)
+			c := wsClient(s, d, "a")
+			c.ResumeFrom = "0"
+			rc := startOpen(t, c)
+			rc.wait(t, "the event over SSE", waitLong, func() bool { return len(rc.events) == 1 })
+			if got := rc.transports(); !slices.Equal(got, []string{sseclient.TransportSSE}) {
+				t.Fatalf("opened on %v, want SSE", got)
+			}
+		})
 	}
 }
 
