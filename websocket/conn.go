@@ -34,9 +34,10 @@ const (
 // given to Stream.Serve, the reader of the client's messages, and the
 // watchdog that bounds every batch's write.
 //
-// Goroutines: the request's runs serve (Stream.Serve, so WriteBatch and
-// Keepalive, then the close); the reader runs read; at most one runs ping;
-// the watchdog's timer runs watch. Interrupt comes from any goroutine.
+// Goroutines: the stream's own (started by ServeHTTP once the connection
+// is upgraded) runs serve (Stream.Serve, so WriteBatch and Keepalive, then
+// the close); the reader runs read; at most one runs ping; the watchdog's
+// timer runs watch. Interrupt comes from any goroutine.
 // coder's Conn serializes the messages and frames written by several of
 // them.
 type conn struct {
@@ -51,7 +52,7 @@ type conn struct {
 	flate     bool
 	threshold int
 
-	// ctx is Serve's and the connection's, a child of the request's: the
+	// ctx is Serve's and the connection's, a child of StreamContext's: the
 	// reader cancels it when reading fails or it refuses a message, so the
 	// stream ends (StreamGone) when the client leaves, and serve cancels
 	// it once the stream is over. Neither the reader nor a ping waits on
@@ -72,6 +73,7 @@ type conn struct {
 	inBatch   bool               // a WriteBatch has not returned (it panicked)
 	seen      []*eventbus.Member // the stream's members at the last batch whose cursor moved
 	announced bool               // the greeting was written
+	namesDue  bool               // the batch being written names sessions the reader has not been told of
 
 	// The watchdog: writing is the start of the write in progress, and
 	// pinging the start of the ping waiting for its pong (time since base,
@@ -125,7 +127,16 @@ func newConn(h *Handler, st *eventbus.Stream, c *ws.Conn, raw net.Conn, flate bo
 // net/http's recovery: a panic past the Stream's own (which ends the
 // stream with stream_error internal) closes this connection only.
 func (c *conn) serve() {
-	defer c.done()
+	defer func() {
+		// StreamContext's func is the embedder's: a panic there must
+		// not take the process down either.
+		defer func() {
+			if p := recover(); p != nil {
+				c.log.LogAttrs(c.ctx, slog.LevelError, "websocket: panic in StreamContext's func", slog.Any("panic", p))
+			}
+		}()
+		c.done()
+	}()
 	defer func() {
 		if p := recover(); p != nil {
 			c.log.LogAttrs(c.ctx, slog.LevelError, "websocket: panic serving a stream", slog.Any("panic", p))
@@ -151,6 +162,12 @@ func (c *conn) serve() {
 func (c *conn) finish(end eventbus.StreamEnd) {
 	if c.refused.Load() {
 		return // the reader is closing it with the code of the bad message
+	}
+	switch {
+	case c.blocked.Load():
+		c.log.LogAttrs(c.ctx, slog.LevelDebug, "websocket: a write blocked past the write timeout, closed", slog.Duration("timeout", c.timeout))
+	case c.pongMissing.Load():
+		c.log.LogAttrs(c.ctx, slog.LevelDebug, "websocket: no pong within the write timeout, closed", slog.Duration("timeout", c.timeout))
 	}
 	code, reason, ok := closeCode(end)
 	if !ok || c.err != nil || c.blocked.Load() || c.cut.Load() || c.pongMissing.Load() {
@@ -192,7 +209,7 @@ func (c *conn) WriteBatch(b *eventbus.Batch) error {
 	if err != nil {
 		return c.fail(err)
 	}
-	if b.CursorMoved() {
+	if c.namesDue {
 		c.noteSessions()
 	}
 	return nil
@@ -222,6 +239,7 @@ func (c *conn) writeBatch(b *eventbus.Batch) error {
 			}
 		}
 	}
+	c.namesDue = changed
 	// A compressed message is one frame, made of every byte by the
 	// compressor, so the shared bytes are copied into the buffer then.
 	whole := c.flate && total >= c.threshold
@@ -358,12 +376,10 @@ func (c *conn) appendEpochs(buf []byte) []byte {
 }
 
 // noteSessions publishes the stream's sessions, as the cursor line just
-// written names them, for the reader's replies; it costs a comparison of
-// pointers per session unless they changed.
+// written names them (writeBatch found them changed: namesDue), for the
+// reader's replies.
 func (c *conn) noteSessions() {
-	if !c.sessionsChanged() {
-		return
-	}
+	c.namesDue = false
 	n := c.st.Len()
 	c.announced = true
 	c.seen = c.seen[:0]
@@ -486,12 +502,12 @@ func (c *conn) watch() {
 			}
 			continue
 		}
+		// Logged by finish, on the stream's goroutine: this one runs
+		// the embedder's logger outside any recover.
 		if p == &c.writing {
 			c.blocked.Store(true)
-			c.log.LogAttrs(c.ctx, slog.LevelDebug, "websocket: a write blocked past the write timeout, closing", slog.Duration("timeout", c.timeout))
 		} else {
 			c.pongMissing.Store(true)
-			c.log.LogAttrs(c.ctx, slog.LevelDebug, "websocket: no pong within the write timeout, closing", slog.Duration("timeout", c.timeout))
 		}
 		c.kill()
 		return

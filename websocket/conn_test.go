@@ -391,7 +391,7 @@ func TestClientThatNeverReads(t *testing.T) {
 			t.Errorf("evictions %+v, want the stuck client's alone", ev)
 		}
 		time.Sleep(time.Until(start.Add(6 * time.Second)))
-		at, ok := logs.find("websocket: a write blocked past the write timeout, closing")
+		at, ok := logs.find("websocket: a write blocked past the write timeout, closed")
 		if !ok || at.Sub(start) != 5*time.Second {
 			t.Errorf("the blocked write was cut at %v (logged: %v), want the write timeout, 5s", at.Sub(start), ok)
 		}
@@ -615,8 +615,8 @@ func TestStreamContextEndsTheStream(t *testing.T) {
 		c := e.mustDial("session=a", nil)
 		readMsg(t, c) // the greeting
 		synctest.Wait()
-		if n := bus.SubscriberCount(); n != 1 || dones.Load() != 0 {
-			t.Fatalf("%d subscribers, %d dones", n, dones.Load())
+		if n := bus.SubscriberCount(); n != 1 || dones.Load() != 0 || e.wsReturned.Load() != 1 {
+			t.Fatalf("%d subscribers, %d dones, %d ServeHTTP returned; want 1, 0 and 1 (the stream outlives its request)", n, dones.Load(), e.wsReturned.Load())
 		}
 		// The stream outlives its request: net/http cancelled the
 		// request's context when ServeHTTP returned, and it is served.

@@ -193,14 +193,23 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) *conn {
 	ctx, cancel, done := h.streamContext(r)
 	stop := context.AfterFunc(r.Context(), cancel)
 	r = r.WithContext(ctx)
-	fail := func() {
-		stop()
-		cancel()
-		done()
-	}
-	st := h.mux().OpenStream(w, r)
+	var st *eventbus.Stream
+	opened := false
+	defer func() {
+		// Refused, failed, or panicked (in the embedder's Lookup or
+		// Authorize, say, which net/http then recovers): undo, and call
+		// StreamContext's func all the same.
+		if !opened {
+			if st != nil {
+				st.Close()
+			}
+			stop()
+			cancel()
+			done()
+		}
+	}()
+	st = h.mux().OpenStream(w, r)
 	if st == nil {
-		fail()
 		return nil // it answered
 	}
 	hj := &hijackRecorder{ResponseWriter: w}
@@ -216,8 +225,6 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) *conn {
 	}
 	c, err := ws.Accept(hj, r, opts)
 	if err != nil || hj.raw == nil {
-		st.Close()
-		fail()
 		if c != nil {
 			_ = c.CloseNow()
 		}
@@ -226,8 +233,10 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request) *conn {
 	}
 	c.SetReadLimit(MaxMessageBytes)
 	flate := w.Header().Get("Sec-WebSocket-Extensions") != "" // Accept set it: negotiated
-	stop()                                                    // a cancel that came meanwhile ends the stream at once
-	return newConn(h, st, c, hj.raw, flate, ctx, cancel, done)
+	cn := newConn(h, st, c, hj.raw, flate, ctx, cancel, done)
+	stop() // a cancel that came meanwhile ends the stream at once
+	opened = true
+	return cn
 }
 
 // streamContext returns the context of a stream of r (StreamContext's,

@@ -2,6 +2,7 @@ package websocket_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"log/slog"
 	"net"
@@ -105,11 +106,20 @@ func TestUpgradeFailureClosesTheStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bus.Close()
-	looked := 0
+	looked, contexts, dones := 0, 0, 0
 	h := &websocket.Handler{Mux: &eventbus.MuxHandler{Handler: &eventbus.Handler{
 		Logger: slog.New(slog.DiscardHandler),
-		Lookup: func(*http.Request, string) (*eventbus.EventBus, error) { looked++; return bus, nil },
-	}}}
+		Lookup: func(r *http.Request, id string) (*eventbus.EventBus, error) {
+			looked++
+			if id == "boom" {
+				panic("the embedder's Lookup")
+			}
+			return bus, nil
+		},
+	}}, StreamContext: func(r *http.Request) (context.Context, func()) {
+		contexts++
+		return context.WithoutCancel(r.Context()), func() { dones++ }
+	}}
 	req := func() *http.Request {
 		r := httptest.NewRequest(http.MethodGet, "/ws?session=a", nil)
 		r.Header.Set("Connection", "Upgrade")
@@ -131,6 +141,17 @@ func TestUpgradeFailureClosesTheStream(t *testing.T) {
 	}
 	if n := bus.SubscriberCount(); n != 0 {
 		t.Errorf("%d subscribers after a failed upgrade, want 0", n)
+	}
+	// A panic in the embedder's Lookup (net/http recovers it) still calls
+	// StreamContext's func: a daemon's tracking does not leak the stream.
+	func() {
+		defer func() { _ = recover() }()
+		r := req()
+		r.URL.RawQuery = "session=boom"
+		h.ServeHTTP(failingHijacker{httptest.NewRecorder()}, r)
+	}()
+	if contexts != 2 || dones != 2 {
+		t.Errorf("StreamContext called %d times, its func %d times; want each once per opening that reached it (2)", contexts, dones)
 	}
 }
 

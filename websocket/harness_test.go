@@ -96,6 +96,9 @@ type env struct {
 	client  *http.Client
 	l       *memListener
 	wsDown  atomic.Bool // GET /ws answers a plain 404, as a daemon without it
+	// wsReturned counts the calls of the WebSocket Handler's ServeHTTP
+	// that have returned.
+	wsReturned atomic.Int32
 }
 
 // newEnv starts the daemon; configure, when not nil, sets the handlers'
@@ -129,6 +132,7 @@ func newEnvHub(t *testing.T, opts eventbus.HubOptions, configure func(e *env)) *
 			return
 		}
 		e.ws.ServeHTTP(w, r)
+		e.wsReturned.Add(1)
 	})
 	e.l, e.client = serveInMemory(t, routes, func() { _ = hub.Close() })
 	return e

@@ -145,9 +145,7 @@ func newServer(cfg config) (*server, error) {
 	s.mux = &eventbus.MuxHandler{Handler: h, MaxStreamSessions: cfg.MaxStreamSessions}
 	// A WebSocket's stream outlives its request: the handler tracks it
 	// for /disconnect from the upgrade to its end.
-	s.ws = &websocket.Handler{Mux: s.mux, StreamContext: func(r *http.Request) (context.Context, func()) {
-		return s.streams.Context(r, muxSessions(r)...)
-	}}
+	s.ws = &websocket.Handler{Mux: s.mux, StreamContext: s.streams.MuxContext}
 	s.index = indexHTML
 	if cfg.Auth != nil {
 		s.index = bytes.Replace(indexHTML, []byte(`data-auth="off"`), []byte(`data-auth="on"`), 1)
@@ -346,18 +344,7 @@ func (s *server) ServeMuxEvents(w http.ResponseWriter, r *http.Request) {
 		s.mux.ServeHTTP(w, r)
 		return
 	}
-	s.streams.Serve(w, r, s.mux, muxSessions(r)...)
-}
-
-// muxSessions returns the sessions of a multiplexed stream's URL, for
-// /disconnect; none when there are more than any stream serves (the
-// handler refuses them: nothing to track).
-func muxSessions(r *http.Request) []string {
-	ids := r.URL.Query()["session"]
-	if len(ids) > eventbus.MaxCursorEntries {
-		return nil
-	}
-	return ids
+	s.streams.Serve(w, r, s.mux, daemon.MuxSessions(r)...)
 }
 
 // ServeWebSocket is GET /ws?session=<id>&session=<id>...: the multiplexed

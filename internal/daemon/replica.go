@@ -105,9 +105,7 @@ func NewReplica(r *Replica, events *eventbus.Handler) *Replica {
 	r.events = events
 	r.mux = &eventbus.MuxHandler{Handler: events, MaxStreamSessions: r.MaxStreamSessions}
 	if r.WebSocket != nil {
-		r.ws = r.WebSocket(r.mux, func(req *http.Request) (context.Context, func()) {
-			return r.streams.Context(req, muxSessions(req)...)
-		})
+		r.ws = r.WebSocket(r.mux, r.streams.MuxContext)
 	}
 	w := replicaWrites{r}
 	r.publish = &eventbus.PublishHandler{Publisher: w, MaxBodyBytes: r.MaxBody, BodyTimeout: r.BodyTimeout, BodyBudget: r.BodyBudget, Logger: r.Logger}
@@ -213,7 +211,7 @@ type replicaWebSocket struct{ *Replica }
 // reset); one the client adds on the open socket is not tracked for
 // /disconnect.
 func (r replicaWebSocket) ServeWebSocket(w http.ResponseWriter, req *http.Request) {
-	r.Logger.Debug("stream opened", "sessions", muxSessions(req), "lastEventId", req.URL.Query().Get("lastEventId"), "remote", req.RemoteAddr)
+	r.Logger.Debug("stream opened", "sessions", MuxSessions(req), "lastEventId", req.URL.Query().Get("lastEventId"), "remote", req.RemoteAddr)
 	r.ws.ServeHTTP(w, req) // tracked by the StreamContext NewReplica gave it
 }
 
@@ -246,18 +244,7 @@ func (r *Replica) ServeMuxEvents(w http.ResponseWriter, req *http.Request) {
 		r.mux.ServeHTTP(w, req) // a CORS preflight: no session, no stream
 		return
 	}
-	r.serveTracked(w, req, r.mux, muxSessions(req)...)
-}
-
-// muxSessions returns the sessions of a multiplexed stream's URL, for
-// /disconnect; none when there are more than any stream serves (the
-// handler refuses them: nothing to track).
-func muxSessions(req *http.Request) []string {
-	ids := req.URL.Query()["session"]
-	if len(ids) > eventbus.MaxCursorEntries {
-		return nil
-	}
-	return ids
+	r.serveTracked(w, req, r.mux, MuxSessions(req)...)
 }
 
 // serveTracked serves req with h as a stream of the sessions ids that

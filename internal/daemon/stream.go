@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"sync"
+
+	"github.com/ssebus/eventbus"
 )
 
 // CutMode is how POST /session/{id}/disconnect ends a stream.
@@ -167,4 +169,21 @@ func (s *Streams) Cut(id string, mode CutMode) int {
 		st.Cut(mode)
 	}
 	return len(cuts)
+}
+
+// MuxContext is Context for a multiplexed stream: the sessions of its URL
+// (MuxSessions). It is a websocket.Handler's StreamContext as it is.
+func (s *Streams) MuxContext(req *http.Request) (context.Context, func()) {
+	return s.Context(req, MuxSessions(req)...)
+}
+
+// MuxSessions returns the sessions of a multiplexed stream's URL, for
+// /disconnect; none when there are more than any stream serves (the
+// handler refuses them: nothing to track).
+func MuxSessions(req *http.Request) []string {
+	ids := req.URL.Query()["session"]
+	if len(ids) > eventbus.MaxCursorEntries {
+		return nil
+	}
+	return ids
 }
