@@ -172,11 +172,16 @@ func (c *conn) replyError(session *string, err error) {
 		c.log.LogAttrs(c.ctx, slog.LevelError, "websocket: a change of the stream's sessions failed", slog.Any("error", err))
 	}
 	r := reply{Op: "error", Session: session, Status: se.Status, Code: se.Code, Error: se.Message}
+	if r.Status < 400 || r.Status > 599 {
+		// As the routes answer a StatusError outside the error statuses
+		// (StatusError.ServeHTTP).
+		r.Status, r.Code, r.Error = http.StatusInternalServerError, "internal", "internal error"
+	}
 	if r.Code == "" {
-		r.Code = strings.ReplaceAll(strings.ToLower(http.StatusText(se.Status)), " ", "_")
+		r.Code = strings.ReplaceAll(strings.ToLower(http.StatusText(r.Status)), " ", "_")
 	}
 	if r.Error == "" {
-		r.Error = http.StatusText(se.Status)
+		r.Error = http.StatusText(r.Status)
 	}
 	if c.await(func([]string) bool { return true }) {
 		c.send(r)

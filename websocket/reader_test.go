@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	ws "github.com/coder/websocket"
+	"github.com/ssebus/eventbus"
 	"github.com/ssebus/eventbus/websocket"
 )
 
@@ -328,6 +330,32 @@ func TestCursorLineEpochs(t *testing.T) {
 		got = r.until(func(l line) bool { return l.Op == "removed" })
 		if l := got[len(got)-2]; !isCursor(l) || len(l.Epochs) != 1 || l.Epochs[`b"\`] != b.Epoch() {
 			t.Fatalf("the cursor line after remove: %s, want b's epoch alone", l.raw)
+		}
+	})
+}
+
+// An embedder's refusal with a status outside the error statuses (a
+// StatusError of Authorize's with none) is answered as the routes answer
+// it: 500 internal, never an error line without a status or a code.
+func TestAddRefusalOutsideTheErrorStatuses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, func(e *env) {
+			e.streams.Authorize = func(_ *http.Request, session string, _ *eventbus.EventBus) (eventbus.Grant, error) {
+				if session == "odd" {
+					return eventbus.Grant{}, &eventbus.StatusError{Message: "no status"}
+				}
+				return eventbus.Grant{}, nil
+			}
+		})
+		e.session("a")
+		e.session("odd")
+		c := e.mustDial("session=a", nil)
+		r := newReader(t, c)
+		r.next() // the greeting
+		send(t, c, `{"op":"add","session":"odd"}`)
+		got := r.until(func(l line) bool { return l.Op == "error" })
+		if l := got[len(got)-1]; l.Session != "odd" || l.Status != 500 || l.Code != "internal" {
+			t.Fatalf("%s, want 500 internal for odd", l.raw)
 		}
 	})
 }
