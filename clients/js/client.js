@@ -912,6 +912,11 @@ export class EventBusClient {
       let idle = null;
       let pinger = null;
       let chain = Promise.resolve();
+      // What the messages waiting for the application hold (characters),
+      // and whether the socket was paused for it (see onmessage).
+      let queued = 0;
+      let paused = false;
+      let oversized = null; // the ws package refused a message too long
       const ws = {
         conn,
         adding: new Set(),
@@ -929,6 +934,7 @@ export class EventBusClient {
         done = true;
         clearTimeout(idle);
         clearInterval(pinger);
+        sock?.off?.("pong", arm);
         if (this.#ws === ws) this.#ws = null;
         this.#abort = null;
         try {
@@ -947,7 +953,7 @@ export class EventBusClient {
       // with ping() and "pong" events (the npm ws package) has it.
       const canPing = (s) => this.#idleTimeout > 0 && typeof s.ping === "function" && typeof s.on === "function";
       const arm = () => {
-        if (!canPing(sock)) return;
+        if (done || !canPing(sock)) return;
         clearTimeout(idle);
         idle = setTimeout(() => {
           finish("idle", new EventBusError("idle_timeout", "eventbus: nothing received for " + this.#idleTimeout + " ms (no pong either); reconnecting"));
@@ -981,6 +987,10 @@ export class EventBusClient {
               fallback("handshake was answered " + res.statusCode + " without the server's JSON error");
               return;
             }
+            if (webSocketUnavailable(res.statusCode, code)) {
+              fallback("is not served there (" + res.statusCode + " " + code + ")");
+              return;
+            }
             const h = new Headers();
             for (const [k, v] of Object.entries(res.headers)) if (v !== undefined) h.set(k, Array.isArray(v) ? v.join(", ") : v);
             const r = await this.#httpFailure(new Response(body, { status: res.statusCode, headers: h }), conn);
@@ -1006,6 +1016,17 @@ export class EventBusClient {
       };
       // The close event follows (after a failed handshake too).
       sock.onerror = () => {};
+      if (!nativeWebSocket(WS) && typeof sock.on === "function") {
+        // The ws package closes a socket whose message passes maxPayload
+        // (1009) and says why here: final, as the same batch would come
+        // again on every resume (an oversized event, as over SSE).
+        // Told at the close, after the messages that came before it.
+        sock.on("error", (e) => {
+          if (e?.code === "WS_ERR_UNSUPPORTED_MESSAGE_LENGTH") {
+            oversized = new EventBusError("event_too_large", "eventbus: a WebSocket message above maxEventBytes and a batch's slack; raise maxEventBytes");
+          }
+        });
+      }
       const handle = async (data) => {
         if (typeof data !== "string") {
           this.#protocol("a binary WebSocket message (the server sends text only)");
@@ -1030,8 +1051,8 @@ export class EventBusClient {
           }
           const p = this.#frame(line, null, conn);
           if (p) {
-            // Backpressure as far as a WebSocket has it: the next line
-            // waits for the application (the socket buffers meanwhile).
+            // The next line waits for the application; the messages that
+            // come meanwhile wait in chain (see onmessage's bound).
             clearTimeout(idle);
             await p;
             if (!done) arm();
@@ -1042,8 +1063,24 @@ export class EventBusClient {
         if (done) return;
         greeted = true;
         arm();
+        // Backpressure: a slow onEvent holds messages here. Past twice a
+        // batch's bound the ws package's socket is paused (it stops
+        // reading, so the server's queue for this client fills and its
+        // rules apply: warning, eviction, catch-up) until the application
+        // has caught up; a browser's WebSocket cannot be paused.
+        const size = typeof ev.data === "string" ? ev.data.length : 0;
+        queued += size;
+        if (!paused && queued > 2 * limit && typeof sock.pause === "function") {
+          paused = true;
+          sock.pause();
+        }
         chain = chain.then(() => (done ? undefined : handle(ev.data))).then(
           () => {
+            queued -= size;
+            if (paused && queued <= limit && !done) {
+              paused = false;
+              sock.resume();
+            }
             if (!done && conn.stop) finish(conn.stop);
           },
           (e) => {
@@ -1057,6 +1094,10 @@ export class EventBusClient {
         chain = chain.then(() => {
           if (done) return;
           if (this.#closed || this.#restart) return finish("closed");
+          if (oversized && !conn.stop) {
+            conn.stop = "fatal";
+            conn.error = oversized;
+          }
           if (!greeted) {
             return fallback(conn.opened
               ? "closed before its first message (code " + ev.code + ")"
@@ -1510,6 +1551,25 @@ export class EventBusClient {
     this.#stats.resyncs++;
     return this.#call("onResync", this.#tagged(p, { reason, detail, lastDeliveredId, earliestAvailableId, epoch: p.epoch, previousEpoch, missing }));
   }
+}
+
+// webSocketUnavailable reports whether a server's JSON refusal of the
+// handshake says that no WebSocket is served there rather than anything
+// about the stream (SPEC 9): a route it does not have (404 other than
+// session_not_found, 405), a handshake that reached it without its Upgrade
+// headers (426: a proxy that does not forward them), a connection it cannot
+// take over (500 streaming_unsupported). The client falls back to SSE.
+function webSocketUnavailable(status, code) {
+  switch (status) {
+    case 404:
+      return code !== "session_not_found";
+    case 405:
+    case 426:
+      return true;
+    case 500:
+      return code === "streaming_unsupported";
+  }
+  return false;
 }
 
 // readNodeBody reads a Node http.IncomingMessage's body, up to limit bytes,

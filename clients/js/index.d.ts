@@ -355,7 +355,12 @@ export interface WebSocketLike {
   close(code?: number, reason?: string): void;
   /** The ws package's: with it (and "pong" events through on), the client pings every idleTimeout/3. */
   ping?(): void;
-  on?(event: "pong", listener: () => void): unknown;
+  /** The ws package's events the client listens to: "pong", "unexpected-response" (a refused handshake's answer), "error" (a message above maxPayload). */
+  on?(event: "pong" | "unexpected-response" | "error", listener: (...args: any[]) => void): unknown;
+  off?(event: "pong", listener: () => void): unknown;
+  /** The ws package's: the client pauses the socket while its application is far behind, and resumes it. */
+  pause?(): void;
+  resume?(): void;
 }
 
 /** What the client needs of an EventSource. */

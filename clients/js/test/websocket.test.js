@@ -444,10 +444,8 @@ test("a hostile server: garbage lines, a binary message, a frame of no session, 
       sock.send(["not json", "{", "[1,2]", '{"op":7}', '{"op":"surprise","x":1}', frame(1), '{"session":"zz","id":9,"v":1,"type":"x"}', '{"session":"a","id":-1,"v":1,"type":"x"}', '{"op":"cursor","cursor":"m1bogus"}', '{"op":"cursor","cursor":"m1r2PcTIYBI0VniasAAAAAAAAq","epochs":{"__proto__":"x","a":5}}', cursorLine(1)].join("\n"));
       sock.send(Buffer.from([0, 1, 2]), { binary: true });
       sock.send("\n\n\n" + frame(2) + "\n");
-      // Above maxEventBytes (4 KiB here) + the batch's slack: the ws
-      // package's maxPayload closes the socket with 1009; the client cuts
-      // and resumes.
-      sock.send("x".repeat(600 * 1024));
+      // A cut: the client resumes with its cursor.
+      setTimeout(() => sock.terminate(), 50);
     } else {
       sock.send(greeting(2));
       sock.send([frame(3), cursorLine(3)].join("\n"));
@@ -598,3 +596,114 @@ test("Node's own WebSocket global, where there is one (Node 22+)", { skip: typeo
   }
 });
 
+test("a message above maxEventBytes and a batch's slack (the ws package closes the socket, 1009) is final: event_too_large, no resume", async () => {
+  const srv = await wsServer((sock) => {
+    sock.send(greeting(0));
+    sock.send([frame(1), cursorLine(1)].join("\n"));
+    sock.send("x".repeat(600 * 1024));
+  });
+  const r = record(srv.base + "/events", { sessions: ["a"], webSocketURL: "/ws", WebSocket, lastEventId: 0, maxEventBytes: 4096, initialDelay: 20 });
+  try {
+    const err = await r.client.done;
+    assert.equal(err.kind, "event_too_large");
+    assert.equal(err.final, true);
+    assert.deepEqual(r.ids(), [1]);
+    assert.equal(srv.urls.length, 1, "no resume: the same batch would come again");
+  } finally {
+    r.client.close();
+    await srv.close();
+  }
+});
+
+test("with the ws package, a slow onEvent pauses the socket past twice a batch's bound and resumes it once caught up: nothing lost, nothing twice", async () => {
+  let sock;
+  // A socket of the ws package's shape, driven by the test.
+  class PausableWS {
+    constructor() {
+      sock = this;
+      this.readyState = 0;
+      this.pauses = 0;
+      this.resumes = 0;
+      setTimeout(() => {
+        this.readyState = 1;
+        this.onopen?.();
+      }, 0);
+    }
+    on() {}
+    off() {}
+    send() {}
+    close() {
+      if (this.readyState === 3) return;
+      this.readyState = 3;
+      setTimeout(() => this.onclose?.({ code: 1000, reason: "" }), 0);
+    }
+    pause() {
+      this.pauses++;
+    }
+    resume() {
+      this.resumes++;
+    }
+  }
+  let release;
+  const gate = new Promise((res) => (release = res));
+  const r = record("http://127.0.0.1:9/events", {
+    sessions: ["a"],
+    webSocketURL: "/ws",
+    WebSocket: PausableWS,
+    lastEventId: 0,
+    maxEventBytes: 4096,
+    onEvent: (e) => (e.id === 1 ? gate : undefined),
+  });
+  try {
+    await r.until(() => sock?.readyState === 1, "the socket open");
+    sock.onmessage({ data: greeting(0) });
+    // 5 messages of 100 frames of about 3 KiB: 1.5 M characters, past
+    // twice the bound (4 KiB + 512 KiB) while event 1 is held.
+    const big = (id) => JSON.stringify({ session: "a", id, v: 1, type: "note", data: "y".repeat(3000) });
+    let id = 0;
+    for (let m = 0; m < 5; m++) {
+      const lines = [];
+      for (let k = 0; k < 100; k++) lines.push(big(++id));
+      lines.push(cursorLine(id));
+      sock.onmessage({ data: lines.join("\n") });
+    }
+    await sleep(50);
+    assert.equal(sock.pauses, 1, "paused once, past the bound");
+    assert.equal(sock.resumes, 0, "not resumed while the application holds event 1");
+    release();
+    await r.until(() => r.ids().length === 500, "500 events");
+    assert.equal(sock.resumes, 1, "resumed once caught up");
+    assert.deepEqual(r.ids(), range(1, 500));
+  } finally {
+    r.client.close();
+  }
+});
+
+test("a JSON refusal that says no WebSocket is served there (426 upgrade_required: a proxy that dropped the Upgrade headers; 404 not_found: a daemon without /ws) falls back to SSE, not final", async () => {
+  const { createServer } = await import("node:http");
+  let n = 0;
+  const http = createServer((req, res) => {
+    res.writeHead(200, { "Content-Type": "text/event-stream", "Event-Epochs": EPOCH_A });
+    res.write("retry: 20\n\n");
+  });
+  http.on("upgrade", (req, socket) => {
+    n++;
+    const [status, code] = n === 1 ? [426, "upgrade_required"] : [404, "not_found"];
+    const body = JSON.stringify({ error: "no websocket here", code });
+    socket.end("HTTP/1.1 " + status + " X\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " + Buffer.byteLength(body) + "\r\n\r\n" + body);
+  });
+  await new Promise((r) => http.listen(0, "127.0.0.1", r));
+  const base = "http://127.0.0.1:" + http.address().port;
+  const r = record(base + "/events", { sessions: ["a"], webSocketURL: "/ws", WebSocket, webSocketRetry: 200 });
+  try {
+    await r.until(() => n >= 2 && r.of("state").filter((s) => s.state === "open").length >= 2, "two handshakes refused, SSE after each", 10_000);
+    const kinds = r.of("error").map((e) => e.kind);
+    assert.ok(kinds.length >= 2 && kinds.every((k) => k === "websocket"), "each refusal a fallback: " + kinds.join(", "));
+    assert.ok(r.of("state").filter((s) => s.state === "open").every((s) => s.transport === "sse"));
+    assert.equal(r.of("error").some((e) => e.final), false);
+  } finally {
+    r.client.close();
+    http.closeAllConnections();
+    await new Promise((res) => http.close(res));
+  }
+});
