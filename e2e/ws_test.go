@@ -39,11 +39,16 @@ type wsViewer struct {
 		Kind string `json:"kind"`
 	} `json:"errors"`
 	Texts map[string][]string `json:"texts"`
+	// Duplicates is the client's count of events it dropped as seen
+	// already (stats.duplicates): 0 when every resume started exactly
+	// where the last connection stopped.
+	Duplicates int `json:"duplicates"`
 }
 
 func readWSViewer(ctx context.Context, t *testing.T) wsViewer {
 	t.Helper()
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[wsViewer](`({...window.mux, attempts: window.attempts,
+		duplicates: window.muxClient?.stats.duplicates ?? -1,
 		shown: document.getElementById("muxTransport").textContent,
 		texts: Object.fromEntries([...document.querySelectorAll(".col")].map((c) => [c.dataset.session, [...c.querySelectorAll("li")].map((li) => li.textContent)]))})`))
 	if err != nil {
@@ -293,6 +298,9 @@ func TestViewerFallsBackToSSE(t *testing.T) {
 		if c := v.Sessions[id]; c.Resyncs != 0 || c.EpochChanges != 0 {
 			t.Fatalf("%s: %+v: the switch must lose nothing", id, c)
 		}
+	}
+	if v.Duplicates != 0 {
+		t.Fatalf("the client dropped %d duplicates: a switch resumed from behind where the last connection stopped", v.Duplicates)
 	}
 	ws := v.Attempts[len(v.Attempts)-1]
 	if ws.Transport != "WebSocket" || !strings.HasPrefix(ws.LastEventID, "m1") {

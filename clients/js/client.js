@@ -636,12 +636,10 @@ export class EventBusClient {
     if (t === "fetch") return false;
     if (t === "eventsource") return true;
     if (!(o.EventSource ?? globalThis.EventSource)) return false;
-    if (o.headers) return false;
     // Decided per connection, from the credentials in hand: a token or
     // headers need fetch; a callback that returned none (a cookie session
     // whose callback renewed the cookie) leaves the EventSource usable.
-    const c = this.#credentials;
-    if (c?.token || (c?.headers && Object.keys(c.headers).length > 0)) return false;
+    if (this.#sendsHeaders()) return false;
     // An EventSource delivers only the event types it listens for by name.
     const exactFilter = Array.isArray(o.filter) && o.filter.length > 0 && o.filter.every((f) => !f.endsWith("*"));
     return (Array.isArray(o.eventTypes) && o.eventTypes.length > 0) || exactFilter;
@@ -866,9 +864,16 @@ export class EventBusClient {
     const WS = this.#opts.WebSocket ?? globalThis.WebSocket;
     if (typeof WS !== "function") return false;
     if (!nativeWebSocket(WS)) return true;
+    return !this.#sendsHeaders();
+  }
+
+  // #sendsHeaders reports whether the next connection must send headers
+  // (options.headers, or a token or headers from credentials), which
+  // neither a browser's EventSource nor its WebSocket can.
+  #sendsHeaders() {
     const c = this.#credentials;
     const some = (h) => !!h && Object.keys(h).length > 0;
-    return !(some(this.#opts.headers) || c?.token || some(c?.headers));
+    return some(this.#opts.headers) || !!c?.token || some(c?.headers);
   }
 
   // #useWebSocket reports whether the next connection is the WebSocket:
