@@ -18,6 +18,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,11 +35,11 @@ import (
 type memWS struct {
 	m     *eventbus.MuxHandler
 	dials atomic.Int32
-	// down makes a dial fail as a network does; proxy as a proxy's page
-	// (a status without the server's JSON error) does.
-	down, proxy atomic.Bool
+	// down makes a dial fail as a network does.
+	down atomic.Bool
 	// answer, when set, is the handshake's answer: a status and a JSON
-	// error body, as a server that serves no WebSocket there gives.
+	// error body with its code, as a server that serves no WebSocket there
+	// gives; a proxy's page when the code is "".
 	answer atomic.Pointer[handshakeAnswer]
 	mu     sync.Mutex
 	conns  []*memConn
@@ -51,17 +52,17 @@ func (d *memWS) DialWebSocket(ctx context.Context, rawURL string, header http.He
 	switch {
 	case d.down.Load():
 		return nil, nil, errors.New("dial tcp: connection refused")
-	case d.proxy.Load():
-		rec := httptest.NewRecorder()
-		rec.WriteHeader(http.StatusBadGateway)
-		rec.WriteString("<html>bad gateway</html>")
-		return nil, rec.Result(), errors.New("expected 101, got 502")
 	case d.answer.Load() != nil:
 		a := d.answer.Load()
 		rec := httptest.NewRecorder()
-		rec.Header().Set("Content-Type", "application/json")
-		rec.WriteHeader(a.status)
-		rec.WriteString(`{"error":"no websocket here","code":"` + a.code + `"}`)
+		if a.code == "" {
+			rec.WriteHeader(a.status)
+			rec.WriteString("<html>bad gateway</html>")
+		} else {
+			rec.Header().Set("Content-Type", "application/json")
+			rec.WriteHeader(a.status)
+			rec.WriteString(`{"error":"no websocket here","code":"` + a.code + `"}`)
+		}
 		return nil, rec.Result(), fmt.Errorf("expected 101, got %d", a.status)
 	}
 	u, err := url.Parse(rawURL)
@@ -286,44 +287,27 @@ func TestWebSocketFirstThenSSEAndBackWithOneCursor(t *testing.T) {
 	}
 }
 
-// A proxy's answer to the handshake (no JSON error of the server's) is
-// no answer of the server: the client falls back to SSE at once.
-func TestWebSocketProxyRefusalFallsBack(t *testing.T) {
-	s := newServer(t, serverConfig{})
-	d := newMemWS(s)
-	d.proxy.Store(true)
-	s.publish("a", "note", 1)
-	c := wsClient(s, d, "a")
-	c.ResumeFrom = "0"
-	rc := startOpen(t, c)
-	rc.wait(t, "the event over SSE", waitLong, func() bool { return len(rc.events) == 1 })
-	if got := rc.transports(); !slices.Equal(got, []string{sseclient.TransportSSE}) {
-		t.Fatalf("opened on %v, want SSE", got)
-	}
-	if d.dials.Load() != 1 {
-		t.Fatalf("%d dials, want 1 (then SSE for WebSocketRetry)", d.dials.Load())
-	}
-}
-
 // handshakeAnswer is a JSON refusal of a handshake (memWS.answer).
 type handshakeAnswer struct {
 	status int
 	code   string
 }
 
-// An answer that says the WebSocket is not served there, with the JSON
-// error of a server (a route without /ws, a proxy that stripped the
-// Upgrade headers before the handler, a writer that cannot be taken over)
-// is no answer about the stream: the client falls back to SSE, where the
-// same server serves it.
+// A proxy's answer to the handshake (no JSON error of the server's), and
+// one that says the WebSocket is not served there with the JSON error of a
+// server (a route without /ws, a proxy that stripped the Upgrade headers
+// before the handler, a writer that cannot be taken over), are no answer
+// about the stream: the client falls back to SSE at once, where the same
+// server serves it, and dials no more for WebSocketRetry.
 func TestWebSocketUnavailableFallsBack(t *testing.T) {
 	for _, a := range []handshakeAnswer{
+		{http.StatusBadGateway, ""}, // a proxy's page
 		{http.StatusNotFound, "not_found"},
 		{http.StatusMethodNotAllowed, "method_not_allowed"},
 		{http.StatusUpgradeRequired, "upgrade_required"},
 		{http.StatusInternalServerError, "streaming_unsupported"},
 	} {
-		t.Run(a.code, func(t *testing.T) {
+		t.Run(strconv.Itoa(a.status)+"_"+a.code, func(t *testing.T) {
 			s := newServer(t, serverConfig{})
 			d := newMemWS(s)
 			d.answer.Store(&a)
@@ -334,6 +318,9 @@ func TestWebSocketUnavailableFallsBack(t *testing.T) {
 			rc.wait(t, "the event over SSE", waitLong, func() bool { return len(rc.events) == 1 })
 			if got := rc.transports(); !slices.Equal(got, []string{sseclient.TransportSSE}) {
 				t.Fatalf("opened on %v, want SSE", got)
+			}
+			if d.dials.Load() != 1 {
+				t.Fatalf("%d dials, want 1 (then SSE for WebSocketRetry)", d.dials.Load())
 			}
 		})
 	}
